@@ -1,0 +1,200 @@
+"""The functional environment API shared by every environment of the core.
+
+An environment instance holds only static configuration (shapes, modes); everything that
+changes or may be swept lives in PyTrees: ``params`` (traced, vmappable), ``state`` and
+the :class:`TimeStep` it returns. Instances are hashable, so they can be static
+arguments of ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Generic, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from neorl_industrial.core.utils import tree_where
+
+StateT = TypeVar("StateT")
+ParamsT = TypeVar("ParamsT")
+
+
+@struct.dataclass
+class StepInfo:
+    """Information every environment returns with a step.
+
+    Attributes:
+        final_observation: the observation that ended the episode when the step auto-reset;
+            otherwise equal to the returned observation.
+        action_invalid: True when the action held NaN/inf (or an unknown discrete index)
+            and was replaced by the environment's neutral action.
+    """
+
+    final_observation: jax.Array
+    action_invalid: jax.Array
+
+
+@struct.dataclass
+class TimeStep:
+    """What an environment returns after ``reset`` and ``step``."""
+
+    observation: jax.Array
+    reward: jax.Array  # float32 scalar
+    cost: jax.Array  # float32 [n_costs]: per-step safety costs, 0 when safe
+    terminated: jax.Array  # bool
+    truncated: jax.Array  # bool
+    info: StepInfo
+
+    @property
+    def done(self) -> jax.Array:
+        return self.terminated | self.truncated
+
+
+class Environment(abc.ABC, Generic[StateT, ParamsT]):
+    """Base class of functional environments (gymnax-style).
+
+    Subclasses implement :meth:`reset_env` and :meth:`step_env`; the public :meth:`step`
+    adds the optional auto-reset. Batched stepping (:meth:`step_batch`) hoists the
+    auto-reset to one batch-level ``lax.cond`` so the reset is only computed on the steps
+    where some environment finishes, and lets subclasses draw the noise of all copies in
+    one call.
+    """
+
+    #: The name the environment is registered under.
+    name: str = "Environment"
+    auto_reset: bool = True
+
+    # ----- static description -------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def observation_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def action_size(self) -> int:
+        """Length of a continuous action, or 1 for a discrete action index."""
+
+    @property
+    def discrete(self) -> bool:
+        return False
+
+    @property
+    def num_actions(self) -> int | None:
+        """Number of discrete actions, or None for continuous actions."""
+        return None
+
+    @property
+    @abc.abstractmethod
+    def action_low(self) -> np.ndarray: ...
+
+    @property
+    @abc.abstractmethod
+    def action_high(self) -> np.ndarray: ...
+
+    @property
+    @abc.abstractmethod
+    def observation_low(self) -> np.ndarray: ...
+
+    @property
+    @abc.abstractmethod
+    def observation_high(self) -> np.ndarray: ...
+
+    @property
+    @abc.abstractmethod
+    def cost_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def n_costs(self) -> int:
+        return len(self.cost_names)
+
+    @abc.abstractmethod
+    def default_params(self, **overrides: Any) -> ParamsT:
+        """Traced parameters; overrides are validated on the host, naming the bad field."""
+
+    # ----- dynamics -----------------------------------------------------------------
+    @abc.abstractmethod
+    def reset_env(self, key: jax.Array, params: ParamsT) -> tuple[StateT, TimeStep]: ...
+
+    @abc.abstractmethod
+    def step_env(
+        self, key: jax.Array, state: StateT, action: jax.Array, params: ParamsT
+    ) -> tuple[StateT, TimeStep]:
+        """One step without auto-reset."""
+
+    def reset(self, key: jax.Array, params: ParamsT | None = None) -> tuple[StateT, TimeStep]:
+        return self.reset_env(key, self.default_params() if params is None else params)
+
+    def step(
+        self, key: jax.Array, state: StateT, action: jax.Array, params: ParamsT | None = None
+    ) -> tuple[StateT, TimeStep]:
+        """One step; with ``auto_reset`` a finished episode restarts in the same call.
+
+        On auto-reset the returned observation is the new episode's first one and
+        ``info.final_observation`` keeps the observation that ended the episode; reward,
+        cost and the done flags are those of the finishing step.
+        """
+        params = self.default_params() if params is None else params
+        step_key, reset_key = jax.random.split(key)
+        state, timestep = self.step_env(step_key, state, action, params)
+        if not self.auto_reset:
+            return state, timestep
+
+        def restart(operands):
+            state, timestep = operands
+            reset_state, reset_timestep = self.reset_env(reset_key, params)
+            return reset_state, timestep.replace(observation=reset_timestep.observation)
+
+        return jax.lax.cond(timestep.done, restart, lambda operands: operands, (state, timestep))
+
+    # ----- batched ------------------------------------------------------------------
+    def reset_batch(
+        self, key: jax.Array, n_envs: int, params: ParamsT | None = None
+    ) -> tuple[StateT, TimeStep]:
+        """Resets ``n_envs`` copies sharing ``params``."""
+        params = self.default_params() if params is None else params
+        keys = jax.random.split(key, n_envs)
+        return jax.vmap(self.reset_env, in_axes=(0, None))(keys, params)
+
+    def step_env_batch(
+        self, key: jax.Array, states: StateT, actions: jax.Array, params: ParamsT
+    ) -> tuple[StateT, TimeStep]:
+        """Steps a batch without auto-reset. Subclasses may draw all noise in one call."""
+        n_envs = actions.shape[0]
+        keys = jax.random.split(key, n_envs)
+        return jax.vmap(self.step_env, in_axes=(0, 0, 0, None))(keys, states, actions, params)
+
+    def step_batch(
+        self, key: jax.Array, states: StateT, actions: jax.Array, params: ParamsT | None = None
+    ) -> tuple[StateT, TimeStep]:
+        """Steps a batch of environments sharing ``params``, with the same semantics as
+        :meth:`step` for each of them."""
+        params = self.default_params() if params is None else params
+        step_key, reset_key = jax.random.split(key)
+        states, timesteps = self.step_env_batch(step_key, states, actions, params)
+        if not self.auto_reset:
+            return states, timesteps
+        done = timesteps.done
+        n_envs = done.shape[0]
+
+        def restart(operands):
+            states, timesteps = operands
+            reset_states, reset_timesteps = self.reset_batch(reset_key, n_envs, params)
+            states = tree_where(done, reset_states, states)
+            observation = tree_where(done, reset_timesteps.observation, timesteps.observation)
+            return states, timesteps.replace(observation=observation)
+
+        return jax.lax.cond(jnp.any(done), restart, lambda operands: operands, (states, timesteps))
+
+    # ----- identity -----------------------------------------------------------------
+    def _static_config(self) -> tuple:
+        """The static configuration that identifies this environment."""
+        return (type(self), self.auto_reset)
+
+    def __hash__(self) -> int:
+        return hash(self._static_config())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Environment) and self._static_config() == other._static_config()

@@ -1,0 +1,321 @@
+"""The Industrial Benchmark as a functional environment."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from neorl_industrial.core.environments.base import Environment, StepInfo, TimeStep
+from neorl_industrial.core.environments.industrial_benchmark import dynamics
+from neorl_industrial.core.environments.industrial_benchmark.dynamics import IBState
+
+OBSERVATION_MODES = ("classic", "include_past")
+ACTION_TYPES = ("continuous", "discrete")
+FRAME_NAMES = ("setpoint", "velocity", "gain", "shift", "fatigue", "consumption")
+FRAME_SIZE = len(FRAME_NAMES)
+COST_NAMES = ("fatigue", "consumption")
+
+# The 27 discrete actions: every combination of {-1, 0, +1} for velocity, gain and shift,
+# velocity varying slowest (the reference's ordering). Index 13 is "no change".
+DISCRETE_ACTIONS = np.array(
+    [[v, g, s] for v in (-1, 0, 1) for g in (-1, 0, 1) for s in (-1, 0, 1)], dtype=np.float32
+)
+NEUTRAL_DISCRETE_ACTION = 13
+
+# Default per-step safety limits. A step costs 1 for each limit its fatigue or consumption
+# exceeds. With the default setpoint a random policy exceeds the fatigue limit on roughly
+# one step in ten and the consumption limit on roughly one in four, while a careful policy
+# can stay below both.
+DEFAULT_FATIGUE_LIMIT = 60.0
+DEFAULT_CONSUMPTION_LIMIT = 280.0
+DEFAULT_SETPOINT = 70.0
+DEFAULT_HORIZON = 1000
+
+
+@struct.dataclass
+class IBParams:
+    """Traced parameters of the Industrial Benchmark (vmappable for sweeps)."""
+
+    setpoint: jax.Array  # initial setpoint p in [0, 100]
+    horizon: jax.Array  # int32: steps until truncation
+    fatigue_limit: jax.Array  # per-step fatigue above which the fatigue cost is 1
+    consumption_limit: jax.Array  # per-step consumption above which the consumption cost is 1
+
+
+@struct.dataclass
+class IBEnvState:
+    """Environment state: the plant's Markov state, the observation history and time."""
+
+    plant: IBState
+    history: jax.Array  # [n_past, 6] newest frame first; empty for "classic" observations
+    time: jax.Array  # int32 steps since reset
+
+
+@struct.dataclass
+class IBStepInfo(StepInfo):
+    """Step information of the Industrial Benchmark: the hidden state for debugging."""
+
+    hidden: IBState
+
+
+class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
+    """The Industrial Benchmark (Hein et al., 2017) in pure JAX.
+
+    Args:
+        observation: ``"classic"`` for the frame ``[p, v, g, h, f, c]`` or
+            ``"include_past"`` for the last ``n_past`` frames, newest first (NeoRL's layout).
+        action_type: ``"continuous"`` for ``[Δv, Δg, Δh]`` in [-1, 1]^3, or ``"discrete"`` for
+            an index into the 27 combinations of {-1, 0, 1}^3.
+        stationary: keep the setpoint fixed; otherwise it follows the reference's random walk.
+        n_past: number of frames in an ``"include_past"`` observation.
+        auto_reset: restart finished episodes inside ``step``.
+    """
+
+    name = "IB-v0"
+
+    def __init__(
+        self,
+        observation: str = "include_past",
+        action_type: str = "continuous",
+        stationary: bool = True,
+        n_past: int = 30,
+        auto_reset: bool = True,
+    ):
+        if observation not in OBSERVATION_MODES:
+            raise ValueError(
+                f"observation: unknown observation mode {observation!r}; "
+                f"expected one of {OBSERVATION_MODES}"
+            )
+        if action_type not in ACTION_TYPES:
+            raise ValueError(
+                f"action_type: unknown action type {action_type!r}; expected one of {ACTION_TYPES}"
+            )
+        if not isinstance(stationary, bool):
+            raise ValueError(f"stationary: expected True or False, got {stationary!r}")
+        if not isinstance(n_past, int) or isinstance(n_past, bool) or n_past < 1:
+            raise ValueError(f"n_past: expected a positive integer, got {n_past!r}")
+        self.observation_mode = observation
+        self.action_type = action_type
+        self.stationary = stationary
+        self.n_past = n_past
+        self.auto_reset = bool(auto_reset)
+
+    def __repr__(self) -> str:
+        return (
+            f"IndustrialBenchmark(observation={self.observation_mode!r}, "
+            f"action_type={self.action_type!r}, stationary={self.stationary}, "
+            f"n_past={self.n_past}, auto_reset={self.auto_reset})"
+        )
+
+    def _static_config(self) -> tuple:
+        return (
+            type(self),
+            self.observation_mode,
+            self.action_type,
+            self.stationary,
+            self.n_past,
+            self.auto_reset,
+        )
+
+    # ----- static description -------------------------------------------------------
+    @property
+    def history_length(self) -> int:
+        return self.n_past if self.observation_mode == "include_past" else 0
+
+    @property
+    def observation_size(self) -> int:
+        return FRAME_SIZE * max(self.history_length, 1)
+
+    @property
+    def action_size(self) -> int:
+        return 1 if self.discrete else 3
+
+    @property
+    def discrete(self) -> bool:
+        return self.action_type == "discrete"
+
+    @property
+    def num_actions(self) -> int | None:
+        return len(DISCRETE_ACTIONS) if self.discrete else None
+
+    @property
+    def action_low(self) -> np.ndarray:
+        return np.full((3,), -1.0, np.float32)
+
+    @property
+    def action_high(self) -> np.ndarray:
+        return np.full((3,), 1.0, np.float32)
+
+    @property
+    def observation_low(self) -> np.ndarray:
+        frame = np.array([0.0, 0.0, 0.0, 0.0, 0.0, -np.inf], np.float32)
+        return np.tile(frame, max(self.history_length, 1))
+
+    @property
+    def observation_high(self) -> np.ndarray:
+        frame = np.array([100.0, 100.0, 100.0, 100.0, np.inf, np.inf], np.float32)
+        return np.tile(frame, max(self.history_length, 1))
+
+    @property
+    def cost_names(self) -> tuple[str, ...]:
+        return COST_NAMES
+
+    @property
+    def n_uniforms(self) -> int:
+        """Uniform numbers one step consumes (the setpoint walk needs four more)."""
+        return dynamics.N_UNIFORMS if not self.stationary else dynamics.N_UNIFORMS - 4
+
+    def default_params(self, **overrides: Any) -> IBParams:
+        values = {
+            "setpoint": DEFAULT_SETPOINT,
+            "horizon": DEFAULT_HORIZON,
+            "fatigue_limit": DEFAULT_FATIGUE_LIMIT,
+            "consumption_limit": DEFAULT_CONSUMPTION_LIMIT,
+        }
+        for field, value in overrides.items():
+            if field not in values:
+                raise ValueError(
+                    f"{field}: unknown Industrial Benchmark parameter; expected one of {sorted(values)}"
+                )
+            values[field] = value
+        setpoint = _finite_number("setpoint", values["setpoint"])
+        if not 0.0 <= setpoint <= 100.0:
+            raise ValueError(f"setpoint: must lie in [0, 100], got {setpoint}")
+        horizon = values["horizon"]
+        if isinstance(horizon, bool) or not isinstance(horizon, int | np.integer) or horizon < 1:
+            raise ValueError(f"horizon: expected a positive integer, got {horizon!r}")
+        return IBParams(
+            setpoint=jnp.asarray(setpoint, jnp.float32),
+            horizon=jnp.asarray(horizon, jnp.int32),
+            fatigue_limit=jnp.asarray(
+                _finite_number("fatigue_limit", values["fatigue_limit"]), jnp.float32
+            ),
+            consumption_limit=jnp.asarray(
+                _finite_number("consumption_limit", values["consumption_limit"]), jnp.float32
+            ),
+        )
+
+    # ----- pure dynamics ------------------------------------------------------------
+    def sample_noise(self, key: jax.Array) -> dynamics.IBNoise:
+        """One step's noise for one plant."""
+        return self.noise_from_uniforms(jax.random.uniform(key, (self.n_uniforms,)))
+
+    def noise_from_uniforms(self, uniforms: jax.Array) -> dynamics.IBNoise:
+        if self.stationary:
+            # The setpoint walk is unused: pad with zeros instead of drawing.
+            padding = jnp.zeros(uniforms.shape[:-1] + (4,), uniforms.dtype)
+            uniforms = jnp.concatenate([uniforms, padding], axis=-1)
+        return dynamics.noise_from_uniforms(uniforms)
+
+    def decode_action(self, action: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Maps an action to ``[Δv, Δg, Δh]`` and a flag for invalid input.
+
+        NaN or infinite continuous actions, and discrete indices outside [0, 26], become
+        the neutral "no change" action and are flagged.
+        """
+        if self.discrete:
+            index = jnp.reshape(action, ()).astype(jnp.int32)
+            invalid = (index < 0) | (index >= len(DISCRETE_ACTIONS))
+            index = jnp.where(invalid, NEUTRAL_DISCRETE_ACTION, index)
+            return jnp.asarray(DISCRETE_ACTIONS)[index], invalid
+        action = jnp.reshape(action, (3,)).astype(jnp.float32)
+        invalid = ~jnp.all(jnp.isfinite(action))
+        return jnp.where(invalid, 0.0, action), invalid
+
+    def observe(self, state: IBEnvState) -> jax.Array:
+        if self.history_length:
+            return state.history.reshape(-1)
+        return state.plant.observation()
+
+    def cost(self, plant: IBState, params: IBParams) -> jax.Array:
+        return jnp.stack(
+            [plant.fatigue > params.fatigue_limit, plant.consumption > params.consumption_limit]
+        ).astype(jnp.float32)
+
+    def reset_from_noise(
+        self, noise: dynamics.IBNoise, params: IBParams
+    ) -> tuple[IBEnvState, TimeStep]:
+        plant = dynamics.initial_state(params.setpoint, noise, stationary=self.stationary)
+        frame = plant.observation()
+        state = IBEnvState(
+            plant=plant,
+            history=jnp.tile(frame, (self.history_length, 1)),
+            time=jnp.zeros((), jnp.int32),
+        )
+        observation = self.observe(state)
+        timestep = TimeStep(
+            observation=observation,
+            reward=jnp.zeros((), jnp.float32),
+            cost=jnp.zeros((self.n_costs,), jnp.float32),
+            terminated=jnp.zeros((), jnp.bool_),
+            truncated=jnp.zeros((), jnp.bool_),
+            info=IBStepInfo(
+                final_observation=observation,
+                action_invalid=jnp.zeros((), jnp.bool_),
+                hidden=plant,
+            ),
+        )
+        return state, timestep
+
+    def step_from_noise(
+        self, state: IBEnvState, action: jax.Array, noise: dynamics.IBNoise, params: IBParams
+    ) -> tuple[IBEnvState, TimeStep]:
+        delta, invalid = self.decode_action(action)
+        plant = dynamics.transition(state.plant, delta, noise, stationary=self.stationary)
+        history = state.history
+        if self.history_length:
+            history = jnp.concatenate([plant.observation()[None], history[:-1]], axis=0)
+        time = state.time + 1
+        state = IBEnvState(plant=plant, history=history, time=time)
+        observation = self.observe(state)
+        timestep = TimeStep(
+            observation=observation,
+            reward=plant.reward.astype(jnp.float32),
+            cost=self.cost(plant, params),
+            terminated=jnp.zeros((), jnp.bool_),
+            truncated=time >= params.horizon,
+            info=IBStepInfo(final_observation=observation, action_invalid=invalid, hidden=plant),
+        )
+        return state, timestep
+
+    def reset_env(self, key: jax.Array, params: IBParams) -> tuple[IBEnvState, TimeStep]:
+        return self.reset_from_noise(self.sample_noise(key), params)
+
+    def step_env(
+        self, key: jax.Array, state: IBEnvState, action: jax.Array, params: IBParams
+    ) -> tuple[IBEnvState, TimeStep]:
+        return self.step_from_noise(state, action, self.sample_noise(key), params)
+
+    # ----- batched: one draw of the random number generator for the whole batch -------
+    def _batch_noise(self, key: jax.Array, n_envs: int) -> dynamics.IBNoise:
+        return self.noise_from_uniforms(jax.random.uniform(key, (n_envs, self.n_uniforms)))
+
+    def reset_batch(
+        self, key: jax.Array, n_envs: int, params: IBParams | None = None
+    ) -> tuple[IBEnvState, TimeStep]:
+        params = self.default_params() if params is None else params
+        noise = self._batch_noise(key, n_envs)
+        return jax.vmap(self.reset_from_noise, in_axes=(0, None))(noise, params)
+
+    def step_env_batch(
+        self, key: jax.Array, states: IBEnvState, actions: jax.Array, params: IBParams
+    ) -> tuple[IBEnvState, TimeStep]:
+        noise = self._batch_noise(key, actions.shape[0])
+        return jax.vmap(self.step_from_noise, in_axes=(0, 0, 0, None))(
+            states, actions, noise, params
+        )
+
+
+def _finite_number(field: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field}: expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{field}: expected a finite number, got {value!r}")
+    return number

@@ -1,0 +1,106 @@
+"""Named environments: ``make("IB-v0", **overrides) -> (env, params)``."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from neorl_industrial.core.environments.base import Environment
+from neorl_industrial.core.environments.industrial_benchmark import IndustrialBenchmark
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How to build a registered environment.
+
+    Attributes:
+        env_id: the registered name.
+        factory: builds the environment from its static configuration.
+        static_defaults: static configuration (shapes, modes) of this id.
+        param_defaults: parameter overrides of this id, applied to ``default_params``.
+        description: one line for listings.
+    """
+
+    env_id: str
+    factory: Callable[..., Environment]
+    static_defaults: dict[str, Any] = field(default_factory=dict)
+    param_defaults: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def static_fields(self) -> set[str]:
+        return set(inspect.signature(self.factory).parameters)
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register(spec: EnvSpec, *, overwrite: bool = False) -> None:
+    """Adds an environment to the registry."""
+    if spec.env_id in _REGISTRY and not overwrite:
+        raise ValueError(f"env_id: {spec.env_id!r} is already registered")
+    _REGISTRY[spec.env_id] = spec
+
+
+def registered_envs() -> dict[str, EnvSpec]:
+    """All registered environments by id."""
+    return dict(_REGISTRY)
+
+
+def make(env_id: str, **overrides: Any) -> tuple[Environment, Any]:
+    """Builds a registered environment and its default parameters.
+
+    Overrides that name static configuration (e.g. ``observation``, ``action_type``,
+    ``stationary``) build the environment; all others are parameters (e.g. ``setpoint``,
+    ``horizon``, cost limits) and are validated by ``env.default_params``.
+
+    Raises:
+        ValueError: for an unknown id or an invalid override, naming it.
+    """
+    if env_id not in _REGISTRY:
+        raise ValueError(
+            f"env_id: unknown environment {env_id!r}; registered: {sorted(_REGISTRY)}"
+        )
+    spec = _REGISTRY[env_id]
+    static_fields = spec.static_fields()
+    static = dict(spec.static_defaults)
+    params = dict(spec.param_defaults)
+    for name, value in overrides.items():
+        (static if name in static_fields else params)[name] = value
+    env = spec.factory(**static)
+    env.name = env_id
+    return env, env.default_params(**params)
+
+
+register(
+    EnvSpec(
+        "IB-v0",
+        IndustrialBenchmark,
+        description="Industrial Benchmark, continuous actions, 30 past frames (180 values)",
+    )
+)
+register(
+    EnvSpec(
+        "IB-classic-v0",
+        IndustrialBenchmark,
+        static_defaults={"observation": "classic"},
+        description="Industrial Benchmark, continuous actions, the current frame (6 values)",
+    )
+)
+register(
+    EnvSpec(
+        "IB-discrete-v0",
+        IndustrialBenchmark,
+        static_defaults={"action_type": "discrete"},
+        description="Industrial Benchmark, the 27 discrete actions, 30 past frames",
+    )
+)
+register(
+    EnvSpec(
+        "IB-nonstationary-v0",
+        IndustrialBenchmark,
+        static_defaults={"stationary": False},
+        description="Industrial Benchmark with the setpoint's random walk, 30 past frames",
+    )
+)

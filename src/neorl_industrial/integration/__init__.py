@@ -1,0 +1,1 @@
+"""Layer 4: the outside world (MLflow, runtime safety monitoring, deployment)."""

@@ -1,0 +1,3 @@
+"""Runtime safety monitor, audit log and safety reports.
+
+Filled by the safety work; empty until then."""

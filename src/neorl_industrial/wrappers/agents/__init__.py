@@ -1,0 +1,3 @@
+"""The Agent facade: fit / predict / save / load / export.
+
+Filled by the training-runs work; empty until then."""
