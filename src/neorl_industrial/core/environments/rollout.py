@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from neorl_industrial.core.environments.base import Environment
+from neorl_industrial.core.utils import random as fast_random
 
 #: ``policy(policy_params, observation, key) -> action`` for one environment.
 Policy = Callable[[Any, jax.Array, jax.Array], jax.Array]
@@ -182,10 +183,10 @@ def uniform_random_policy(env: Environment) -> Policy:
 
         return discrete_policy
     low = jnp.asarray(env.action_low)
-    high = jnp.asarray(env.action_high)
+    span = jnp.asarray(env.action_high) - low
 
     def continuous_policy(_params, _observation, key):
-        return jax.random.uniform(key, low.shape, minval=low, maxval=high)
+        return low + span * fast_random.uniform(key, low.shape)
 
     return continuous_policy
 

@@ -1,5 +1,10 @@
-"""Gymnasium shells over the functional environments (filled below)."""
+"""Gymnasium shells over the functional environments: ``gymnasium.Env``, ``VectorEnv``."""
 
+from neorl_industrial.wrappers.environments.gymnasium_env import GymnasiumEnv
+from neorl_industrial.wrappers.environments.registration import (
+    NAMESPACE,
+    register_gymnasium_envs,
+)
+from neorl_industrial.wrappers.environments.vector_env import VectorEnv
 
-def register_gymnasium_envs() -> None:
-    pass
+__all__ = ["NAMESPACE", "GymnasiumEnv", "VectorEnv", "register_gymnasium_envs"]

@@ -46,6 +46,7 @@ SETPOINT_SEGMENT_MAX = 100  # segment lengths are drawn from [1, SETPOINT_SEGMEN
 SETPOINT_STILL_PROBABILITY = 0.1
 
 N_UNIFORMS = 12  # uniforms consumed by :func:`noise_from_uniforms`
+N_STATIONARY_UNIFORMS = 8  # the same without the four of the setpoint walk
 
 
 @struct.dataclass
@@ -111,16 +112,21 @@ class IBNoise:
 
 
 def noise_from_uniforms(uniforms: jax.Array) -> IBNoise:
-    """Transforms ``uniforms[..., N_UNIFORMS]`` in [0, 1) into one step's noise.
+    """Transforms ``uniforms[N_UNIFORMS, ...]`` in [0, 1) into one step's noise.
 
-    Works on any leading batch shape, so a batch of environments draws its noise with a
-    single call of the random number generator.
+    The uniforms' index comes first and any batch shape follows, so a batch of
+    environments draws its noise with a single call of the random number generator and
+    each noise field is a contiguous slice.
     """
-    u = jnp.moveaxis(uniforms, -1, 0)
+    u = uniforms
+    if u.shape[0] == N_STATIONARY_UNIFORMS:
+        # A stationary setpoint needs no walk: its fields are zeros, never read.
+        zeros = jnp.zeros(u.shape[1:], uniforms.dtype)
+        u = [*u, zeros, zeros, zeros, zeros]
     dtype = uniforms.dtype
     one = jnp.asarray(1.0, dtype)
     # Inverse CDF of the exponential; 1 - u lies in (0, 1], so the log is finite.
-    exponential = -FATIGUE_EXP_SCALE * jnp.log(one - u[0:2])
+    exponential = [-FATIGUE_EXP_SCALE * jnp.log(one - u[i]) for i in (0, 1)]
     # Box-Muller: one log, one sqrt and a sin/cos pair give both normals.
     radius = jnp.sqrt(-2.0 * jnp.log(one - u[6]))
     angle = (2.0 * math.pi) * u[7]
