@@ -1,0 +1,56 @@
+# Set-up and everyday commands. `make run` and `make test` do all the set-up on a fresh
+# machine with Python 3.11+ and make: each creates .venv and installs what it needs.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+BENCH ?= env_throughput
+DESCRIPTION ?= local run
+TAG ?= dev
+# Pin benchmarks to one core so our code and the reference share the same processor.
+PIN := $(shell command -v taskset >/dev/null 2>&1 && echo "taskset -c 0")
+
+.PHONY: install install-dev run test test-all lint format bench compare clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+run: install
+	$(BIN)/neorl-industrial run
+
+test: install-dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-all: install-dev
+	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
+
+lint: install-dev
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m ruff format --check .
+
+format: install-dev
+	$(BIN)/python -m ruff format .
+	$(BIN)/python -m ruff check --fix .
+
+bench: install-dev
+	$(PIN) $(BIN)/python -m benchmarks.run $(BENCH) -d "$(DESCRIPTION)" -t "$(TAG)"
+
+compare: install-dev
+	$(BIN)/python -m benchmarks.compare
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,508 @@
+"""Environment throughput: environment steps per second, ours against the reference.
+
+What is measured, all in one process on one machine (run it pinned to one core with
+``taskset -c 0`` so that the reference and JAX get the same single CPU):
+
+* **reference** - the reference Python Industrial Benchmark
+  (``industrial_benchmark_python.IDS.IDS(70, stationary_p=True, inital_seed=0)``) stepped in a
+  Python loop with uniform random actions in [-1, 1]^3. Its observation is the 6 values of
+  the current frame, so the like-for-like JAX environment is ``IB-classic-v0``.
+* **scan_single** - one ``IB-classic-v0`` environment under ``jax.lax.scan``
+  (``scan_single``), the whole episode loop compiled into one call.
+* **batched** - ``rollout`` of ``n_envs`` environments (``vmap`` over environments inside
+  ``lax.scan`` over time) for ``IB-classic-v0`` and ``IB-v0`` (whose observation is the 180
+  values of the 30 past frames, more work per step). Throughput is
+  ``n_envs * n_steps / seconds``.
+* **compile** - wall time of ``jax.jit(f).lower(key).compile()`` (trace, lower and compile)
+  for the batched rollout at ``n_envs = 1000`` and for ``scan_single``, measured after the
+  backend is initialised. The first rollout compiled in the process also pays one-time
+  set-up costs, so ``IB-classic-v0``'s batched compile is measured first and a second,
+  identical compile is reported as ``repeat`` for comparison.
+* **gymnasium** - the ``gymnasium.make("neorl_industrial/IB-classic-v0")`` wrapper stepped
+  in a Python loop (one jitted call and one device-to-host transfer per step), resetting
+  on episode end; and the ``VectorEnv`` from ``gymnasium.make_vec`` with 1024 environments
+  (throughput counts every environment's step).
+* **state_bytes** - bytes of one environment's state (``tree_bytes`` of ``env.reset``).
+
+Every policy, ours and the reference's, draws its actions inside the timed loop. Each time
+is the best of several repeats after an untimed warm-up call.
+
+How to read the ratios: every ``ratio`` is ``steps_per_s / reference steps_per_s`` with both
+numbers from the same run (same process, machine, pinning), so ratios from different
+machines can be compared while absolute steps/s cannot. ``ratio`` > 1 means faster than the
+reference. The ``targets`` entry records each goal (batched best ratio >= 400 for
+``IB-classic-v0``, single-environment scan ratio >= 10, batched compile < 2 s for every
+environment id) with its measured value and whether it was met; a miss is data, not an
+error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.harness import Table, rate, ratio, time_best
+
+NAME = "env_throughput"
+DESCRIPTION = "Environment steps/s: reference Python IB vs JAX scan, vmap batches, Gymnasium"
+
+#: The like-for-like id for the reference (the 6-value observation of the current frame).
+CLASSIC_ID = "IB-classic-v0"
+#: The default id (180-value observation of the 30 past frames).
+HISTORY_ID = "IB-v0"
+#: Batch size at which compile time is reported.
+COMPILE_N_ENVS = 1000
+#: Number of environments of the Gymnasium ``VectorEnv``.
+VECTOR_NUM_ENVS = 1024
+
+#: Goals recorded with each run: name -> (comparison, threshold, what is compared).
+TARGETS: dict[str, tuple[str, float, str]] = {
+    "batched_best_ratio": (">=", 400.0, f"best batched steps/s of {CLASSIC_ID} / reference"),
+    "scan_single_ratio": (">=", 10.0, f"single-env lax.scan steps/s of {CLASSIC_ID} / reference"),
+    "compile_s": ("<", 2.0, f"batched rollout compile at n_envs={COMPILE_N_ENVS}, worst env id"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Sizes of one run."""
+
+    quick: bool
+    repeats: int
+    reference_steps: int
+    scan_steps: int
+    batch_sizes: tuple[int, ...]
+    env_ids: tuple[str, ...]
+    gym_steps: int
+    vector_steps: int
+
+    def batched_steps(self, n_envs: int) -> int:
+        """Steps per rollout call at ``n_envs``: about 0.3-1 s of work per call."""
+        if self.quick:
+            return max(20, min(500, 400_000 // n_envs))
+        return max(50, min(2000, 4_000_000 // n_envs))
+
+
+def settings(quick: bool) -> Settings:
+    """The full run, or with ``quick`` a small one of a few tens of seconds."""
+    if quick:
+        return Settings(
+            quick=True,
+            repeats=3,
+            reference_steps=500,
+            scan_steps=10_000,
+            batch_sizes=(1, 100, 1000),
+            env_ids=(CLASSIC_ID, HISTORY_ID),
+            gym_steps=300,
+            vector_steps=20,
+        )
+    return Settings(
+        quick=False,
+        repeats=3,
+        reference_steps=5000,
+        scan_steps=100_000,
+        batch_sizes=(1, 10, 100, 1000, 4096, 16384),
+        env_ids=(CLASSIC_ID, HISTORY_ID),
+        gym_steps=3000,
+        vector_steps=200,
+    )
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def _progress(message: str) -> None:
+    """One line on standard error, so that a long run shows where it is."""
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def measure_reference(n_steps: int, repeats: int) -> dict[str, Any]:
+    """Steps/s of the reference Python Industrial Benchmark, or an ``error`` entry when the
+    ``industrial-benchmark-python`` package is not installed."""
+    import numpy as np
+
+    if "float" not in np.__dict__:
+        np.float = float  # the reference still uses the alias numpy removed
+    try:
+        from industrial_benchmark_python.IDS import IDS
+    except ImportError as error:
+        return {"error": f"reference not available: {error}", "steps_per_s": None}
+
+    env = IDS(70, stationary_p=True, inital_seed=0)
+    np.random.seed(0)
+
+    def loop() -> None:
+        for _ in range(n_steps):
+            env.step(2 * np.random.rand(3) - 1)
+
+    best, times = time_best(loop, repeats)
+    return {
+        "env": "IDS(70, stationary_p=True, inital_seed=0)",
+        "n_steps": n_steps,
+        "best_s": best,
+        "all_s": times,
+        "steps_per_s": rate(n_steps, best),
+    }
+
+
+def _compile(fn: Callable[[Any], Any], key: Any) -> tuple[Any, float]:
+    """``jax.jit(fn).lower(key).compile()`` and its wall time in seconds."""
+    import jax
+
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(key).compile()
+    return compiled, time.perf_counter() - start
+
+
+def _batched_fn(env_id: str, n_envs: int, n_steps: int) -> Callable[[Any], Any]:
+    from neorl_industrial.core.environments import make, rollout, uniform_random_policy
+
+    env, params = make(env_id)
+    policy = uniform_random_policy(env)
+    return lambda key: rollout(key, env, params, policy, n_envs, n_steps).total_reward
+
+
+def _scan_fn(env_id: str, n_steps: int) -> Callable[[Any], Any]:
+    from neorl_industrial.core.environments import make, scan_single, uniform_random_policy
+
+    env, params = make(env_id)
+    policy = uniform_random_policy(env)
+    return lambda key: scan_single(key, env, params, policy, n_steps)[1]
+
+
+def _time_compiled(compiled: Any, key: Any, repeats: int) -> tuple[float, list[float], Any]:
+    import jax
+
+    output: list[Any] = []
+
+    def call() -> None:
+        output[:] = [jax.block_until_ready(compiled(key))]
+
+    best, times = time_best(call, repeats)
+    return best, times, output[0]
+
+
+def measure_gymnasium(env_id: str, n_steps: int, repeats: int) -> dict[str, Any]:
+    """Steps/s of the single-environment Gymnasium wrapper in a Python loop."""
+    import gymnasium
+
+    import neorl_industrial  # noqa: F401  (registers the Gymnasium ids)
+
+    env = gymnasium.make(f"neorl_industrial/{env_id}")
+    env.reset(seed=0)
+    episodes = [0]
+
+    def loop() -> None:
+        for _ in range(n_steps):
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            if terminated or truncated:
+                env.reset()
+                episodes[0] += 1
+
+    try:
+        best, times = time_best(loop, repeats)
+    finally:
+        env.close()
+    return {
+        "env_id": env_id,
+        "n_steps": n_steps,
+        "best_s": best,
+        "all_s": times,
+        "steps_per_s": rate(n_steps, best),
+        "resets": episodes[0],
+    }
+
+
+def measure_vector_env(env_id: str, num_envs: int, n_steps: int, repeats: int) -> dict[str, Any]:
+    """Steps/s (all environments counted) of the Gymnasium ``VectorEnv`` in a Python loop."""
+    import gymnasium
+
+    import neorl_industrial  # noqa: F401  (registers the Gymnasium ids)
+
+    env = gymnasium.make_vec(
+        f"neorl_industrial/{env_id}", num_envs=num_envs, vectorization_mode="vector_entry_point"
+    )
+    env.reset(seed=0)
+
+    def loop() -> None:
+        for _ in range(n_steps):
+            env.step(env.action_space.sample())
+
+    try:
+        best, times = time_best(loop, repeats)
+    finally:
+        env.close()
+    return {
+        "env_id": env_id,
+        "num_envs": num_envs,
+        "n_steps": n_steps,
+        "best_s": best,
+        "all_s": times,
+        "steps_per_s": rate(num_envs * n_steps, best),
+    }
+
+
+def state_bytes(env_id: str) -> int:
+    """Bytes of one environment's state after ``reset``."""
+    import jax
+
+    from neorl_industrial.core.environments import make
+    from neorl_industrial.core.utils import tree_bytes
+
+    env, params = make(env_id)
+    state, _ = env.reset(jax.random.PRNGKey(0), params)
+    return tree_bytes(state)
+
+
+def evaluate_targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each goal in :data:`TARGETS` with its measured value and whether it was met (None
+    when the value is missing)."""
+    summary = results.get("summary", {})
+    values = {
+        "batched_best_ratio": summary.get("batched_best_ratio"),
+        "scan_single_ratio": summary.get("scan_single_ratio"),
+        "compile_s": summary.get("compile_s"),
+    }
+    targets = {}
+    for name, (comparison, threshold, what) in TARGETS.items():
+        value = values[name]
+        passed = None
+        if value is not None:
+            passed = bool(value >= threshold if comparison == ">=" else value < threshold)
+        targets[name] = {
+            "value": value,
+            "comparison": comparison,
+            "threshold": threshold,
+            "passed": passed,
+            "what": what,
+        }
+    return targets
+
+
+def _summarise(results: dict[str, Any]) -> dict[str, Any]:
+    classic_rows = results["batched"].get(CLASSIC_ID, [])
+    best_row = max(classic_rows, key=lambda row: row["steps_per_s"] or 0.0, default=None)
+    compile_times = [entry["compile_s"] for entry in results["compile"]["batched"].values()]
+    scan = results["scan_single"].get(CLASSIC_ID, {})
+    return {
+        "reference_steps_per_s": results["reference"].get("steps_per_s"),
+        "scan_single_steps_per_s": scan.get("steps_per_s"),
+        "scan_single_ratio": scan.get("ratio"),
+        "batched_best_env_id": CLASSIC_ID,
+        "batched_best_n_envs": best_row["n_envs"] if best_row else None,
+        "batched_best_steps_per_s": best_row["steps_per_s"] if best_row else None,
+        "batched_best_ratio": best_row["ratio"] if best_row else None,
+        "compile_s": max(compile_times) if compile_times else None,
+        "gymnasium_steps_per_s": results["gymnasium"].get("steps_per_s"),
+        "gymnasium_ratio": results["gymnasium"].get("ratio"),
+        "vector_env_steps_per_s": results["vector_env"].get("steps_per_s"),
+        "vector_env_ratio": results["vector_env"].get("ratio"),
+    }
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Runs the benchmark.
+
+    Args:
+        quick: a small version (a few tens of seconds) for smoke tests.
+
+    Returns:
+        ``(config, results)`` for a :class:`benchmarks.harness.BenchmarkResult`.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    cfg = settings(quick)
+    key = jax.random.PRNGKey(0)
+    # Initialise the backend (and JAX's dispatch path) before any timed compile.
+    jax.block_until_ready(jax.jit(lambda x: x + 1)(jnp.zeros(())))
+
+    # Compile times first, in a fixed order, before any other rollout has been compiled.
+    compiled: dict[tuple[str, int, int], Any] = {}
+    compile_results: dict[str, Any] = {"batched": {}, "batched_repeat": {}, "scan_single": {}}
+    compile_steps = cfg.batched_steps(COMPILE_N_ENVS)
+    _progress(f"compile times (rollout at n_envs={COMPILE_N_ENVS}, scan_single)")
+    for env_id in cfg.env_ids:
+        fn = _batched_fn(env_id, COMPILE_N_ENVS, compile_steps)
+        executable, seconds = _compile(fn, key)
+        compiled[(env_id, COMPILE_N_ENVS, compile_steps)] = executable
+        compile_results["batched"][env_id] = {
+            "n_envs": COMPILE_N_ENVS,
+            "n_steps": compile_steps,
+            "compile_s": seconds,
+        }
+    _, seconds = _compile(_batched_fn(CLASSIC_ID, COMPILE_N_ENVS, compile_steps), key)
+    compile_results["batched_repeat"][CLASSIC_ID] = {
+        "n_envs": COMPILE_N_ENVS,
+        "n_steps": compile_steps,
+        "compile_s": seconds,
+    }
+    scan_executable, seconds = _compile(_scan_fn(CLASSIC_ID, cfg.scan_steps), key)
+    compile_results["scan_single"][CLASSIC_ID] = {"n_steps": cfg.scan_steps, "compile_s": seconds}
+
+    _progress(f"reference Python IB, {cfg.reference_steps} steps")
+    reference = measure_reference(cfg.reference_steps, cfg.repeats)
+    reference_rate = reference.get("steps_per_s")
+
+    _progress(f"{CLASSIC_ID} scan_single, {cfg.scan_steps} steps")
+    best, times, total = _time_compiled(scan_executable, key, cfg.repeats)
+    scan_rate = rate(cfg.scan_steps, best)
+    scan_results = {
+        CLASSIC_ID: {
+            "n_steps": cfg.scan_steps,
+            "best_s": best,
+            "all_s": times,
+            "steps_per_s": scan_rate,
+            "ratio": ratio(scan_rate, reference_rate),
+            "reward_per_step": float(total) / cfg.scan_steps,
+        }
+    }
+
+    batched: dict[str, list[dict[str, Any]]] = {}
+    for env_id in cfg.env_ids:
+        rows = []
+        for n_envs in cfg.batch_sizes:
+            n_steps = cfg.batched_steps(n_envs)
+            _progress(f"{env_id} rollout, n_envs={n_envs}, {n_steps} steps")
+            executable = compiled.pop((env_id, n_envs, n_steps), None)
+            compile_s = compile_results["batched"][env_id]["compile_s"]
+            if executable is None:
+                executable, compile_s = _compile(_batched_fn(env_id, n_envs, n_steps), key)
+            best, times, total = _time_compiled(executable, key, cfg.repeats)
+            steps_per_s = rate(n_envs * n_steps, best)
+            rows.append(
+                {
+                    "n_envs": n_envs,
+                    "n_steps": n_steps,
+                    "best_s": best,
+                    "all_s": times,
+                    "steps_per_s": steps_per_s,
+                    "ratio": ratio(steps_per_s, reference_rate),
+                    "compile_s": compile_s,
+                    "reward_per_step": float(jnp.mean(total)) / n_steps,
+                }
+            )
+        batched[env_id] = rows
+
+    _progress(f"Gymnasium wrapper, {cfg.gym_steps} steps; VectorEnv x{VECTOR_NUM_ENVS}")
+    gym = measure_gymnasium(CLASSIC_ID, cfg.gym_steps, cfg.repeats)
+    gym["ratio"] = ratio(gym["steps_per_s"], reference_rate)
+    vector = measure_vector_env(CLASSIC_ID, VECTOR_NUM_ENVS, cfg.vector_steps, cfg.repeats)
+    vector["ratio"] = ratio(vector["steps_per_s"], reference_rate)
+
+    results: dict[str, Any] = {
+        "reference": reference,
+        "scan_single": scan_results,
+        "batched": batched,
+        "compile": compile_results,
+        "gymnasium": gym,
+        "vector_env": vector,
+        "state_bytes": {env_id: state_bytes(env_id) for env_id in cfg.env_ids},
+    }
+    results["summary"] = _summarise(results)
+    results["targets"] = evaluate_targets(results)
+
+    config = {
+        "quick": cfg.quick,
+        "repeats": cfg.repeats,
+        "warmup": 1,
+        "timing": "best of repeats after one untimed warm-up call",
+        "reference": {"n_steps": cfg.reference_steps},
+        "scan_single": {"env_id": CLASSIC_ID, "n_steps": cfg.scan_steps},
+        "batched": {
+            "env_ids": list(cfg.env_ids),
+            "batch_sizes": list(cfg.batch_sizes),
+            "n_steps": {str(n): cfg.batched_steps(n) for n in cfg.batch_sizes},
+        },
+        "compile": {
+            "n_envs": COMPILE_N_ENVS,
+            "n_steps": compile_steps,
+            "order": [*cfg.env_ids, f"{CLASSIC_ID} (repeat)", f"{CLASSIC_ID} scan_single"],
+        },
+        "gymnasium": {"env_id": CLASSIC_ID, "n_steps": cfg.gym_steps},
+        "vector_env": {
+            "env_id": CLASSIC_ID,
+            "num_envs": VECTOR_NUM_ENVS,
+            "n_steps": cfg.vector_steps,
+        },
+        "targets": {name: {"comparison": c, "threshold": t} for name, (c, t, _) in TARGETS.items()},
+    }
+    return config, results
+
+
+def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
+    """Tables for the runner's printed summary."""
+    reference = results.get("reference", {})
+    overview = Table(
+        "env_throughput: steps/s",
+        ["measurement", "steps/s", "ratio"],
+        [["reference Python IB (IDS)", reference.get("steps_per_s"), 1.0]],
+        caption="ratio = steps/s / reference steps/s, both from this run",
+    )
+    for env_id, entry in results.get("scan_single", {}).items():
+        overview.rows.append(
+            [f"{env_id} single env, lax.scan", entry.get("steps_per_s"), entry.get("ratio")]
+        )
+    for name, label in (("gymnasium", "gymnasium.make wrapper"), ("vector_env", "VectorEnv")):
+        entry = results.get(name, {})
+        if "num_envs" in entry:
+            label = f"{label} x{entry['num_envs']}"
+        overview.rows.append(
+            [
+                f"{entry.get('env_id', CLASSIC_ID)} {label}",
+                entry.get("steps_per_s"),
+                entry.get("ratio"),
+            ]
+        )
+    if reference.get("error"):
+        overview.caption = f"{overview.caption}; {reference['error']}"
+
+    env_ids = list(results.get("batched", {}))
+    scaling = Table(
+        "batched rollout (vmap in lax.scan): steps/s and ratio to reference",
+        ["n_envs", "n_steps"] + [f"{e} {c}" for e in env_ids for c in ("steps/s", "ratio")],
+        [],
+    )
+    sizes: list[int] = sorted(
+        {row["n_envs"] for rows in results.get("batched", {}).values() for row in rows}
+    )
+    for n_envs in sizes:
+        cells: list[Any] = [n_envs, None]
+        for env_id in env_ids:
+            row = next((r for r in results["batched"][env_id] if r["n_envs"] == n_envs), {})
+            cells[1] = cells[1] or row.get("n_steps")
+            cells += [row.get("steps_per_s"), row.get("ratio")]
+        scaling.rows.append(cells)
+
+    compile_table = Table(
+        "compile seconds (trace + lower + compile) and state size", ["measurement", "value"], []
+    )
+    compile_results = results.get("compile", {})
+    for kind, label in (
+        ("batched", "rollout"),
+        ("batched_repeat", "rollout, second compile"),
+        ("scan_single", "scan_single"),
+    ):
+        for env_id, entry in compile_results.get(kind, {}).items():
+            where = f" n_envs={entry['n_envs']}" if "n_envs" in entry else ""
+            compile_table.rows.append([f"{env_id} {label}{where}, s", entry.get("compile_s")])
+    for env_id, size in results.get("state_bytes", {}).items():
+        compile_table.rows.append([f"{env_id} state bytes per env", size])
+
+    targets = Table("targets", ["target", "value", "threshold", "met"], [])
+    for name, entry in results.get("targets", {}).items():
+        targets.rows.append(
+            [
+                f"{name} ({entry.get('what', '')})",
+                entry.get("value"),
+                f"{entry.get('comparison', '')} {entry.get('threshold')}",
+                entry.get("passed"),
+            ]
+        )
+    return [overview, scaling, compile_table, targets]
