@@ -78,3 +78,24 @@ def test_discrete_random_policy_stays_in_range():
     assert actions.min() >= 0 and actions.max() <= 26
     assert len(np.unique(actions)) > 10
     assert int(result.invalid_actions.sum()) == 0
+
+
+def test_scan_single_auto_resets_with_presampled_noise():
+    env, params = make("IB-classic-v0", horizon=5)
+    state, _ = scan_single(jax.random.PRNGKey(0), env, params, constant_policy(jnp.ones(3)), 12)
+    assert int(state.time) == 2  # two episodes of 5 steps, then 2 steps into the third
+    assert float(state.plant.velocity) == 52.0
+
+
+def test_presampled_steps_are_deterministic_and_distinct():
+    env, params = make("IB-classic-v0")
+    state, _ = env.reset(jax.random.PRNGKey(0), params)
+    samples = env.presample(jax.random.PRNGKey(1), 3)
+    first = jax.tree.map(lambda leaf: leaf[0], samples)
+    second = jax.tree.map(lambda leaf: leaf[1], samples)
+    action = jnp.zeros(3)
+    _, a = env.step_presampled(first, state, action, params)
+    _, b = env.step_presampled(first, state, action, params)
+    _, c = env.step_presampled(second, state, action, params)
+    np.testing.assert_array_equal(a.observation, b.observation)
+    assert float(a.observation[5]) != float(c.observation[5])

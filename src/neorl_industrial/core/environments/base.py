@@ -139,6 +139,12 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
         params = self.default_params() if params is None else params
         step_key, reset_key = jax.random.split(key)
         state, timestep = self.step_env(step_key, state, action, params)
+        return self.maybe_reset(reset_key, state, timestep, params)
+
+    def maybe_reset(
+        self, reset_key: jax.Array, state: StateT, timestep: TimeStep, params: ParamsT
+    ) -> tuple[StateT, TimeStep]:
+        """Applies auto-reset after a step of one environment (a no-op without it)."""
         if not self.auto_reset:
             return state, timestep
 
@@ -148,6 +154,21 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
             return reset_state, timestep.replace(observation=reset_timestep.observation)
 
         return jax.lax.cond(timestep.done, restart, lambda operands: operands, (state, timestep))
+
+    # ----- randomness drawn ahead -----------------------------------------------------
+    def presample(self, key: jax.Array, n_steps: int) -> Any:
+        """The randomness of ``n_steps`` steps of one environment, drawn in one call.
+
+        The result is scanned over (leading axis ``n_steps``) and each slice is passed to
+        :meth:`step_presampled`. By default it is one key per step.
+        """
+        return jax.random.split(key, n_steps)
+
+    def step_presampled(
+        self, sample: Any, state: StateT, action: jax.Array, params: ParamsT
+    ) -> tuple[StateT, TimeStep]:
+        """:meth:`step` with its randomness taken from one slice of :meth:`presample`."""
+        return self.step(sample, state, action, params)
 
     # ----- batched ------------------------------------------------------------------
     def reset_batch(

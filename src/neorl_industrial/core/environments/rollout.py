@@ -155,20 +155,23 @@ def scan_single(
 ) -> tuple[Any, jax.Array]:
     """Runs one environment (no batch axis) for ``n_steps``; returns the final state and
     the total reward. The single-environment counterpart of :func:`rollout`."""
-    reset_key, loop_key = jax.random.split(key)
+    reset_key, policy_key, env_key = jax.random.split(key, 3)
     state, timestep = env.reset(reset_key, params)
+    # All randomness is drawn ahead in two vectorized calls; the loop is deterministic.
+    samples = env.presample(env_key, n_steps)
+    policy_keys = jax.random.split(policy_key, n_steps)
 
-    def one_step(carry, step_key):
+    def one_step(carry, inputs):
         state, observation, total = carry
-        policy_key, env_key = jax.random.split(step_key)
-        action = policy(policy_params, observation, policy_key)
-        state, ts = env.step(env_key, state, action, params)
+        sample, step_policy_key = inputs
+        action = policy(policy_params, observation, step_policy_key)
+        state, ts = env.step_presampled(sample, state, action, params)
         return (state, ts.observation, total + ts.reward), None
 
     (state, _, total), _ = jax.lax.scan(
         one_step,
         (state, timestep.observation, jnp.zeros((), jnp.float32)),
-        jax.random.split(loop_key, n_steps),
+        (samples, policy_keys),
     )
     return state, total
 

@@ -293,6 +293,24 @@ class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
     ) -> tuple[IBEnvState, TimeStep]:
         return self.step_from_noise(state, action, self.sample_noise(key), params)
 
+    # ----- single environment: the noise of many steps drawn ahead in one call -------
+    def presample(self, key: jax.Array, n_steps: int) -> tuple[jax.Array, jax.Array]:
+        noise_key, reset_key = jax.random.split(key)
+        uniforms = fast_random.uniform(noise_key, (n_steps, self.n_uniforms))
+        return jax.random.split(reset_key, n_steps), uniforms
+
+    def step_presampled(
+        self,
+        sample: tuple[jax.Array, jax.Array],
+        state: IBEnvState,
+        action: jax.Array,
+        params: IBParams,
+    ) -> tuple[IBEnvState, TimeStep]:
+        reset_key, uniforms = sample
+        noise = self.noise_from_uniforms(uniforms)
+        state, timestep = self.step_from_noise(state, action, noise, params)
+        return self.maybe_reset(reset_key, state, timestep, params)
+
     # ----- batched: one draw of the random number generator for the whole batch -------
     def _batch_noise(self, key: jax.Array, n_envs: int) -> dynamics.IBNoise:
         return self.noise_from_uniforms(fast_random.uniform(key, (self.n_uniforms, n_envs)))
