@@ -448,9 +448,14 @@ def render_tables(tables: list[Table], file: Any = None) -> None:
     for table in tables:
         rich_table = RichTable(title=table.title, caption=table.caption or None)
         for index, column in enumerate(table.columns):
+            text = all(
+                row[index] is None or isinstance(row[index], str)
+                for row in table.rows
+                if index < len(row)
+            )
             rich_table.add_column(
                 column,
-                justify="left" if index == 0 or column in table.wrap else "right",
+                justify="left" if text or column in table.wrap else "right",
                 no_wrap=column not in table.wrap,
             )
         for row in table.rows:

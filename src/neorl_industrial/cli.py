@@ -112,8 +112,10 @@ def _report_table(reports: Sequence[RolloutReport], cost_names: Sequence[str]) -
 
 def command_run(args: argparse.Namespace) -> int:
     console = _console()
-    console.print(f"[bold]neorl_industrial[/bold] main job on {jax.default_backend()} "
-                  f"({len(jax.devices())} device(s))")
+    console.print(
+        f"[bold]neorl_industrial[/bold] main job on {jax.default_backend()} "
+        f"({len(jax.devices())} device(s))"
+    )
     reports = [
         run_rollouts(env_id, policy, args.n_envs, args.n_steps, args.seed)
         for env_id in ("IB-v0", "IB-nonstationary-v0", "IB-discrete-v0")

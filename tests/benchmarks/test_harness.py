@@ -452,3 +452,21 @@ def test_env_throughput_report_reads_synthetic_results(tmp_path: Path) -> None:
     scaling = next(table for table in tables if table.columns[0] == "n_envs")
     assert [row[0] for row in scaling.rows] == [1, 100, 1000]
     assert scaling.rows[2][2] == 400_000.0  # IB-classic-v0 steps/s at n_envs=1000
+
+
+def test_env_throughput_functions_keep_the_observation_work() -> None:
+    import jax
+
+    key = jax.random.PRNGKey(0)
+    total, observation = jax.eval_shape(env_throughput._batched_fn("IB-v0", 2, 3), key)
+    assert total.shape == (2,)
+    assert observation.shape == (2, 180)
+    # The observation history is part of the timed program, so IB-v0's differs from classic's.
+    programs = [
+        jax.jit(env_throughput._batched_fn(env_id, 2, 3)).lower(key).as_text()
+        for env_id in ("IB-classic-v0", "IB-v0")
+    ]
+    assert programs[0] != programs[1]
+    total, state = jax.eval_shape(env_throughput._scan_fn("IB-v0", 3), key)
+    assert total.shape == ()
+    assert state.history.shape == (30, 6)

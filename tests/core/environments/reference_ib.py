@@ -159,8 +159,6 @@ def run_reference(
     rows += [_parse_step(draws, []) for draws in per_step[1:]]
     noise = {name: np.array([row[name] for row in rows]) for name in rows[0]}
     states = {name: np.stack([snap[0][name] for snap in snapshots]) for name in MARKOV_FIELDS}
-    walk = {
-        name: np.array([snap[2][name] for snap in snapshots]) for name in snapshots[0][2]
-    }
+    walk = {name: np.array([snap[2][name] for snap in snapshots]) for name in snapshots[0][2]}
     rewards = np.array([snap[1] for snap in snapshots])
     return ReferenceRun(noise=noise, states=states, rewards=rewards, setpoint_walk=walk)

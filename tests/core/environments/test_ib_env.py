@@ -109,16 +109,18 @@ def test_step_does_not_recompile_for_new_states():
     for t in range(5):
         action = jnp.full(3, 0.1 * t, dtype=jnp.float32)
         state, _ = step(jax.random.PRNGKey(t), state, action, params)
-    state, _ = step(KEY, state, jnp.zeros(3, jnp.float32), params.replace(setpoint=jnp.float32(20.0)))
+    state, _ = step(
+        KEY, state, jnp.zeros(3, jnp.float32), params.replace(setpoint=jnp.float32(20.0))
+    )
     assert len(traces) == 1
 
 
 def test_params_vmap_over_setpoints():
     env, params = make("IB-classic-v0")
     setpoints = jnp.array([10.0, 50.0, 90.0])
-    batched = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (3,) + leaf.shape), params)
+    batched = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (3, *leaf.shape)), params)
     batched = batched.replace(setpoint=setpoints)
-    states, ts = jax.vmap(env.reset, in_axes=(None, 0))(KEY, batched)
+    _, ts = jax.vmap(env.reset, in_axes=(None, 0))(KEY, batched)
     np.testing.assert_array_equal(ts.observation[:, 0], setpoints)
     assert len(set(np.asarray(ts.observation[:, 5]).round(3))) == 3
 

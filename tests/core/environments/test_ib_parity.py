@@ -93,6 +93,7 @@ def test_float32_replay_tracks_reference():
     actions = 2.0 * rng.random((N_STEPS, 3)) - 1.0
     reference = run_reference(60.0, False, 77, actions)
     states, rewards = _replay(60.0, False, reference.noise, actions, jnp.float32)
+    np.testing.assert_allclose(rewards, reference.rewards, rtol=1e-3, atol=1e-3)
     for ref_name, port_name in MARKOV_FIELDS.items():
         np.testing.assert_allclose(
             np.asarray(getattr(states, port_name), np.float64),

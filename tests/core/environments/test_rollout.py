@@ -33,9 +33,7 @@ def test_rollout_records_consistent_transitions():
     # Within an episode the next observation is the following step's observation.
     np.testing.assert_array_equal(tr.next_observation[:8], tr.observation[1:9])
     # Completed-episode returns are the sums of their steps.
-    np.testing.assert_allclose(
-        result.episode_return_sum, tr.reward[:20].sum(0), rtol=1e-5
-    )
+    np.testing.assert_allclose(result.episode_return_sum, tr.reward[:20].sum(0), rtol=1e-5)
 
 
 def test_rollout_is_deterministic_per_key():

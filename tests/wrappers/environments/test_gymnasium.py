@@ -13,9 +13,7 @@ import neorl_industrial  # noqa: F401  (registers the environments)
 from neorl_industrial.wrappers.environments import GymnasiumEnv, VectorEnv
 
 
-@pytest.mark.parametrize(
-    "env_id", ["neorl_industrial/IB-v0", "neorl_industrial/IB-discrete-v0"]
-)
+@pytest.mark.parametrize("env_id", ["neorl_industrial/IB-v0", "neorl_industrial/IB-discrete-v0"])
 def test_check_env_passes_without_warnings(env_id):
     env = gymnasium.make(env_id)
     with warnings.catch_warnings():
@@ -32,7 +30,7 @@ def test_make_with_overrides_and_seeded_reset_is_reproducible():
     assert obs_a.shape == (6,) and obs_a[0] == 30.0
     np.testing.assert_array_equal(obs_a, obs_b)
     np.testing.assert_array_equal(np.stack(steps_a), np.stack(steps_b))
-    obs_c, _ = env.reset(seed=4)
+    env.reset(seed=4)
     env.step(np.zeros(3, np.float32))
     assert not np.array_equal(env.step(np.zeros(3, np.float32))[0], steps_a[1])
 
@@ -40,7 +38,7 @@ def test_make_with_overrides_and_seeded_reset_is_reproducible():
 def test_step_returns_gymnasium_types_and_cost_in_info():
     env = GymnasiumEnv("IB-v0", horizon=3)
     env.reset(seed=0)
-    for t in range(3):
+    for _ in range(3):
         obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
         assert isinstance(reward, float) and isinstance(truncated, bool)
         assert obs.dtype == np.float32 and obs.shape == (180,)

@@ -149,7 +149,7 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
             return state, timestep
 
         def restart(operands):
-            state, timestep = operands
+            _, timestep = operands
             reset_state, reset_timestep = self.reset_env(reset_key, params)
             return reset_state, timestep.replace(observation=reset_timestep.observation)
 

@@ -59,9 +59,7 @@ def make(env_id: str, **overrides: Any) -> tuple[Environment, Any]:
         ValueError: for an unknown id or an invalid override, naming it.
     """
     if env_id not in _REGISTRY:
-        raise ValueError(
-            f"env_id: unknown environment {env_id!r}; registered: {sorted(_REGISTRY)}"
-        )
+        raise ValueError(f"env_id: unknown environment {env_id!r}; registered: {sorted(_REGISTRY)}")
     spec = _REGISTRY[env_id]
     static_fields = spec.static_fields()
     static = dict(spec.static_defaults)

@@ -8,7 +8,7 @@ host.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import jax
@@ -34,7 +34,9 @@ def _step(env: Environment, key: jax.Array, state: Any, action: jax.Array, param
 
 def observation_space(env: Environment) -> spaces.Box:
     return spaces.Box(
-        low=env.observation_low, high=env.observation_high, shape=(env.observation_size,),
+        low=env.observation_low,
+        high=env.observation_high,
+        shape=(env.observation_size,),
         dtype=np.float32,
     )
 
@@ -72,7 +74,7 @@ class GymnasiumEnv(gymnasium.Env):
         **overrides: static configuration and parameters, as for ``make``.
     """
 
-    metadata = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, env_id: str = "IB-v0", render_mode: str | None = None, **overrides: Any):
         if render_mode is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import jax
@@ -45,7 +45,10 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         **overrides: static configuration and parameters, as for ``make``.
     """
 
-    metadata = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": [],
+        "autoreset_mode": AutoresetMode.SAME_STEP,
+    }
 
     def __init__(self, num_envs: int, env_id: str = "IB-v0", **overrides: Any):
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:

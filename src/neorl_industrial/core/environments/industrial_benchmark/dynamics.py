@@ -193,10 +193,14 @@ def _update_setpoint(state: IBState, noise: IBNoise, stationary: bool) -> IBStat
         return state
     segment_over = state.setpoint_segment_step == state.setpoint_segment_length
     new_change = 2.0 * noise.setpoint_change_uniform - 1.0
-    new_change = jnp.where(noise.setpoint_still_uniform < SETPOINT_STILL_PROBABILITY, 0.0, new_change)
+    new_change = jnp.where(
+        noise.setpoint_still_uniform < SETPOINT_STILL_PROBABILITY, 0.0, new_change
+    )
     change = jnp.where(segment_over, new_change.astype(state.setpoint.dtype), state.setpoint_change)
     segment_step = jnp.where(segment_over, 0, state.setpoint_segment_step)
-    segment_length = jnp.where(segment_over, noise.setpoint_segment_length, state.setpoint_segment_length)
+    segment_length = jnp.where(
+        segment_over, noise.setpoint_segment_length, state.setpoint_segment_length
+    )
 
     moved = state.setpoint + change
     out_of_range = (moved > 100.0) | (moved < 0.0)
@@ -241,12 +245,16 @@ def transition(
     noise_gain = 2.0 * (1.0 / (1.0 + jnp.exp(-noise.gain_exponential)) - 0.5)
     noise_velocity = 2.0 * (1.0 / (1.0 + jnp.exp(-noise.velocity_exponential)) - 0.5)
     bernoulli_gain = noise.gain_bernoulli_uniform < jnp.clip(effective_gain, 0.001, 0.999)
-    bernoulli_velocity = noise.velocity_bernoulli_uniform < jnp.clip(effective_velocity, 0.001, 0.999)
+    bernoulli_velocity = noise.velocity_bernoulli_uniform < jnp.clip(
+        effective_velocity, 0.001, 0.999
+    )
     noise_gain = noise_gain + jnp.where(
         bernoulli_gain, (1.0 - noise_gain) * noise.gain_uniform * effective_gain, 0.0
     )
     noise_velocity = noise_velocity + jnp.where(
-        bernoulli_velocity, (1.0 - noise_velocity) * noise.velocity_uniform * effective_velocity, 0.0
+        bernoulli_velocity,
+        (1.0 - noise_velocity) * noise.velocity_uniform * effective_velocity,
+        0.0,
     )
     hidden_gain = _hidden_fatigue(effective_gain, state.hidden_gain, noise_gain)
     hidden_velocity = _hidden_fatigue(effective_velocity, state.hidden_velocity, noise_velocity)

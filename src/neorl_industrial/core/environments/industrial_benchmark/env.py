@@ -186,7 +186,8 @@ class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
         for field, value in overrides.items():
             if field not in values:
                 raise ValueError(
-                    f"{field}: unknown Industrial Benchmark parameter; expected one of {sorted(values)}"
+                    f"{field}: unknown Industrial Benchmark parameter; "
+                    f"expected one of {sorted(values)}"
                 )
             values[field] = value
         setpoint = _finite_number("setpoint", values["setpoint"])

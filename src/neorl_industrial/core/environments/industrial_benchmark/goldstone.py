@@ -127,7 +127,9 @@ def transition(
     position_sign = jnp.sign(position).astype(domain.dtype)
 
     new_domain = jnp.where(in_safe_zone, domain, position_sign)
-    system_response = jnp.where(new_domain != domain, jnp.ones_like(system_response), system_response)
+    system_response = jnp.where(
+        new_domain != domain, jnp.ones_like(system_response), system_response
+    )
 
     at_turning_point = phi_idx == -new_domain * k
     angular_step = jnp.where(
