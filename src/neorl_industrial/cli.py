@@ -26,6 +26,7 @@ from neorl_industrial.core.environments import (
     rollout,
     uniform_random_policy,
 )
+from neorl_industrial.runtime import enable_compilation_cache
 
 POLICIES = ("random", "hold")
 
@@ -165,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="neorl-industrial",
         description="Safe offline reinforcement learning for industrial control.",
     )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not keep compiled programs on disk (see NEORL_INDUSTRIAL_JAX_CACHE)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run the main job end to end and print a report")
@@ -199,6 +205,8 @@ def _positive_int(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not args.no_cache:
+        enable_compilation_cache()
     try:
         return args.handler(args)
     except ValueError as error:
