@@ -1,0 +1,391 @@
+"""The offline dataset as a PyTree on device, with its episode structure precomputed.
+
+Observations are stored once per step, episode by episode, with each episode's final
+next-observation appended: an episode of ``T`` steps holds ``T + 1`` observations, and the
+next observation of transition ``i`` is the row after ``observation_index[i]``. Memory per
+transition stays within ``(T + 1) / T`` of the raw observations, and no second copy of
+every observation exists.
+
+Everything sampling needs (episode ids, steps to the episode's end, valid window starts)
+is computed once here, on the host, so a batch is a handful of gathers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+
+@struct.dataclass
+class Dataset:
+    """Transitions of many episodes and the indices that make sampling cheap.
+
+    Shapes: ``N`` transitions, ``E`` episodes, ``N + E`` stored observations.
+    """
+
+    observations: jax.Array  # [N + E, obs_size] float32, episode-major with final obs
+    actions: jax.Array  # [N, action_size] float32, or [N] int32 for discrete actions
+    rewards: jax.Array  # [N] float32
+    costs: jax.Array  # [N, n_costs] float32
+    terminals: jax.Array  # [N] bool: the episode ended in a terminal state
+    timeouts: jax.Array  # [N] bool: the episode was cut off (no terminal state)
+    observation_index: jax.Array  # [N] int32: row of transition i's observation
+    episode_id: jax.Array  # [N] int32
+    steps_to_end: jax.Array  # [N] int32: transitions left in the episode, >= 1
+    episode_starts: jax.Array  # [E] int32: first transition of each episode
+    episode_lengths: jax.Array  # [E] int32
+
+    # ----- sizes (static: read from shapes) ------------------------------------------
+    @property
+    def n_transitions(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def n_episodes(self) -> int:
+        return int(self.episode_starts.shape[0])
+
+    @property
+    def observation_size(self) -> int:
+        return int(self.observations.shape[1])
+
+    @property
+    def action_size(self) -> int:
+        return 1 if self.actions.ndim == 1 else int(self.actions.shape[1])
+
+    @property
+    def discrete(self) -> bool:
+        return self.actions.ndim == 1
+
+    @property
+    def n_costs(self) -> int:
+        return int(self.costs.shape[1])
+
+    def __len__(self) -> int:
+        return self.n_transitions
+
+    # ----- views ----------------------------------------------------------------------
+    def transition_observations(self) -> jax.Array:
+        """``[N, obs_size]`` observation of every transition (a gather; allocates)."""
+        return self.observations[self.observation_index]
+
+    def next_observations(self) -> jax.Array:
+        """``[N, obs_size]`` next observation of every transition (a gather; allocates)."""
+        return self.observations[self.observation_index + 1]
+
+    def episode_returns(self) -> jax.Array:
+        """``[E]`` undiscounted return of every episode."""
+        return jax.ops.segment_sum(self.rewards, self.episode_id, self.n_episodes)
+
+    def episode_costs(self) -> jax.Array:
+        """``[E, n_costs]`` summed costs of every episode."""
+        return jax.ops.segment_sum(self.costs, self.episode_id, self.n_episodes)
+
+    def nbytes(self) -> int:
+        """Bytes held on device by the dataset, indices included."""
+        return sum(int(leaf.nbytes) for leaf in jax.tree.leaves(self))
+
+    def raw_nbytes(self) -> int:
+        """Bytes of the same data as flat arrays: observations, actions, rewards, costs
+        and flags per transition, without next observations or indices."""
+        n = self.n_transitions
+        per_transition = (
+            self.observations.shape[1] * self.observations.dtype.itemsize
+            + int(np.prod(self.actions.shape[1:], dtype=np.int64)) * self.actions.dtype.itemsize
+            + self.rewards.dtype.itemsize
+            + self.n_costs * self.costs.dtype.itemsize
+            + 2
+        )
+        return n * per_transition
+
+    # ----- construction ---------------------------------------------------------------
+    @classmethod
+    def from_episodes(cls, episodes: Sequence[dict[str, Any]], *, name: str = "dataset") -> Dataset:
+        """Builds a dataset from per-episode arrays.
+
+        Each episode is a mapping with ``observations`` ``[T + 1, obs]`` (the last row is the
+        final next-observation), ``actions`` ``[T, act]`` (or ``[T]`` discrete), ``rewards``
+        ``[T]`` and optionally ``costs`` ``[T, n_costs]`` and ``terminated`` (bool: whether
+        the episode ended in a terminal state; otherwise it timed out).
+
+        Raises:
+            ValueError: naming the episode and field when shapes disagree or values are
+                not finite.
+        """
+        if not episodes:
+            raise ValueError(f"{name}: no episodes")
+        columns = _EpisodeColumns(name)
+        for number, episode in enumerate(episodes):
+            columns.add(number, episode)
+        return columns.build()
+
+    @classmethod
+    def from_flat(
+        cls,
+        observations: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        next_observations: np.ndarray,
+        terminals: np.ndarray,
+        timeouts: np.ndarray | None = None,
+        costs: np.ndarray | None = None,
+        *,
+        name: str = "dataset",
+    ) -> Dataset:
+        """Builds a dataset from flat transition arrays (the D4RL / NeoRL layout).
+
+        Episodes end where a transition is terminal or timed out, or where the next
+        observation differs from the following transition's observation (logs cut
+        without a flag). The final next-observation of each episode is kept.
+
+        Raises:
+            ValueError: naming the field and row when lengths disagree or values are not
+                finite.
+        """
+        n = len(rewards)
+        arrays = {
+            "observations": observations,
+            "actions": actions,
+            "rewards": rewards,
+            "next_observations": next_observations,
+            "terminals": terminals,
+        }
+        if timeouts is not None:
+            arrays["timeouts"] = timeouts
+        if costs is not None:
+            arrays["costs"] = costs
+        for field, array in arrays.items():
+            if len(array) != n:
+                raise ValueError(
+                    f"{name}: {field} has {len(array)} rows but rewards has {n}; "
+                    "every field needs one row per transition"
+                )
+        if n == 0:
+            raise ValueError(f"{name}: no transitions")
+        observations = np.asarray(observations, np.float32)
+        next_observations = np.asarray(next_observations, np.float32)
+        terminals = np.asarray(terminals, bool).reshape(n)
+        timeouts = np.zeros(n, bool) if timeouts is None else np.asarray(timeouts, bool).reshape(n)
+        continues = np.zeros(n, bool)
+        continues[:-1] = np.all(next_observations[:-1] == observations[1:], axis=1)
+        ends = terminals | timeouts | ~continues
+        boundaries = np.flatnonzero(ends) + 1
+        starts = np.concatenate([[0], boundaries[:-1]])
+        episodes = []
+        for start, stop in zip(starts, boundaries, strict=True):
+            episodes.append(
+                {
+                    "observations": np.concatenate(
+                        [observations[start:stop], next_observations[stop - 1 : stop]]
+                    ),
+                    "actions": np.asarray(actions)[start:stop],
+                    "rewards": np.asarray(rewards)[start:stop],
+                    "costs": None if costs is None else np.asarray(costs)[start:stop],
+                    "terminated": bool(terminals[stop - 1]),
+                    "first_row": int(start),
+                }
+            )
+        return cls.from_episodes(episodes, name=name)
+
+    @classmethod
+    def from_rollout(cls, transitions: Any, *, name: str = "rollout") -> Dataset:
+        """Builds a dataset from recorded rollout transitions (time-major
+        ``[n_steps, n_envs, ...]``), one episode per environment and finished episode.
+
+        Episodes still running at the end of the rollout are kept, cut off as timeouts.
+        """
+        host = jax.device_get(transitions)
+        n_steps, n_envs = host.reward.shape
+        done = np.asarray(host.terminated) | np.asarray(host.truncated)
+        episodes = []
+        for env in range(n_envs):
+            ends = np.flatnonzero(done[:, env]) + 1
+            if not len(ends) or ends[-1] != n_steps:
+                ends = np.append(ends, n_steps)
+            start = 0
+            for stop in ends:
+                steps = slice(start, stop)
+                observations = host.observation[steps, env]
+                episodes.append(
+                    {
+                        "observations": np.concatenate(
+                            [observations, host.next_observation[stop - 1 : stop, env]]
+                        ),
+                        "actions": host.action[steps, env],
+                        "rewards": host.reward[steps, env],
+                        "costs": host.cost[steps, env],
+                        "terminated": bool(host.terminated[stop - 1, env]),
+                    }
+                )
+                start = stop
+        return cls.from_episodes(episodes, name=name)
+
+    def to_flat(self) -> dict[str, np.ndarray]:
+        """Flat host arrays in the D4RL / NeoRL layout (with next observations)."""
+        host = jax.device_get(self)
+        rows = np.asarray(host.observation_index)
+        return {
+            "observations": np.asarray(host.observations)[rows],
+            "next_observations": np.asarray(host.observations)[rows + 1],
+            "actions": np.asarray(host.actions),
+            "rewards": np.asarray(host.rewards),
+            "costs": np.asarray(host.costs),
+            "terminals": np.asarray(host.terminals),
+            "timeouts": np.asarray(host.timeouts),
+            "episode_id": np.asarray(host.episode_id),
+        }
+
+    def select_episodes(self, episode_ids: np.ndarray) -> Dataset:
+        """A new dataset made of the given episodes, in the given order (on the host)."""
+        host = jax.device_get(self)
+        episodes = []
+        for episode in np.asarray(episode_ids):
+            start = int(host.episode_starts[episode])
+            length = int(host.episode_lengths[episode])
+            first_row = int(host.observation_index[start])
+            episodes.append(
+                {
+                    "observations": host.observations[first_row : first_row + length + 1],
+                    "actions": host.actions[start : start + length],
+                    "rewards": host.rewards[start : start + length],
+                    "costs": host.costs[start : start + length],
+                    "terminated": bool(host.terminals[start + length - 1]),
+                }
+            )
+        return Dataset.from_episodes(episodes)
+
+
+def split_episodes(
+    dataset: Dataset, validation_fraction: float, seed: int = 0
+) -> tuple[Dataset, Dataset]:
+    """Splits by whole episodes, shuffled with ``seed``: ``(train, validation)``.
+
+    Raises:
+        ValueError: if the fraction is not in (0, 1) or leaves either side empty.
+    """
+    if not 0.0 < validation_fraction < 1.0:
+        raise ValueError(
+            f"validation_fraction: must lie strictly between 0 and 1, got {validation_fraction}"
+        )
+    n_validation = round(dataset.n_episodes * validation_fraction)
+    if n_validation < 1 or n_validation >= dataset.n_episodes:
+        raise ValueError(
+            f"validation_fraction: {validation_fraction} of {dataset.n_episodes} episodes "
+            f"leaves an empty side; use more episodes or another fraction"
+        )
+    order = np.random.default_rng(seed).permutation(dataset.n_episodes)
+    validation = np.sort(order[:n_validation])
+    train = np.sort(order[n_validation:])
+    return dataset.select_episodes(train), dataset.select_episodes(validation)
+
+
+class _EpisodeColumns:
+    """Accumulates validated episodes and builds the index arrays once."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.parts: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("observations", "actions", "rewards", "costs", "terminals", "timeouts")
+        }
+        self.lengths: list[int] = []
+        self.obs_size: int | None = None
+        self.action_shape: tuple[int, ...] | None = None
+        self.n_costs: int | None = None
+
+    def _where(self, number: int, episode: dict[str, Any], field: str, row: int | None = None):
+        first_row = episode.get("first_row")
+        if row is not None and first_row is not None:
+            return f"{self.name}: {field} at row {first_row + row} (episode {number})"
+        if row is not None:
+            return f"{self.name}: episode {number}, {field} step {row}"
+        return f"{self.name}: episode {number}, {field}"
+
+    def add(self, number: int, episode: dict[str, Any]) -> None:
+        for field in ("observations", "actions", "rewards"):
+            if episode.get(field) is None:
+                raise ValueError(f"{self._where(number, episode, field)}: missing")
+        observations = np.asarray(episode["observations"], np.float32)
+        rewards = np.asarray(episode["rewards"], np.float32).reshape(-1)
+        length = len(rewards)
+        if length == 0:
+            raise ValueError(f"{self._where(number, episode, 'rewards')}: empty episode")
+        if observations.ndim != 2 or len(observations) != length + 1:
+            raise ValueError(
+                f"{self._where(number, episode, 'observations')}: expected shape "
+                f"[{length + 1}, obs_size] (one more than the {length} steps), "
+                f"got {observations.shape}"
+            )
+        actions = np.asarray(episode["actions"])
+        discrete = np.issubdtype(actions.dtype, np.integer) and actions.ndim == 1
+        actions = actions.astype(np.int32 if discrete else np.float32)
+        if actions.ndim == 1 and not discrete:
+            actions = actions[:, None]
+        if len(actions) != length:
+            raise ValueError(
+                f"{self._where(number, episode, 'actions')}: {len(actions)} rows for {length} steps"
+            )
+        costs = episode.get("costs")
+        costs = (
+            np.zeros((length, 0), np.float32)
+            if costs is None
+            else np.asarray(costs, np.float32).reshape(length, -1)
+        )
+        for field, array in (
+            ("observations", observations),
+            ("actions", actions),
+            ("rewards", rewards),
+            ("costs", costs),
+        ):
+            if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+                bad = int(np.argwhere(~np.isfinite(array))[0][0])
+                raise ValueError(f"{self._where(number, episode, field, bad)}: NaN or infinite")
+        self._check_consistent(number, "observation size", observations.shape[1], "obs_size")
+        self._check_consistent(number, "action shape", actions.shape[1:], "action_shape")
+        self._check_consistent(number, "number of costs", costs.shape[1], "n_costs")
+        terminated = bool(episode.get("terminated", False))
+        terminals = np.zeros(length, bool)
+        timeouts = np.zeros(length, bool)
+        (terminals if terminated else timeouts)[-1] = True
+        for field, array in (
+            ("observations", observations),
+            ("actions", actions),
+            ("rewards", rewards),
+            ("costs", costs),
+            ("terminals", terminals),
+            ("timeouts", timeouts),
+        ):
+            self.parts[field].append(array)
+        self.lengths.append(length)
+
+    def _check_consistent(self, number: int, what: str, value: Any, attribute: str) -> None:
+        current = getattr(self, attribute)
+        if current is None:
+            setattr(self, attribute, value)
+        elif current != value:
+            raise ValueError(
+                f"{self.name}: episode {number} has {what} {value}, earlier episodes {current}"
+            )
+
+    def build(self) -> Dataset:
+        lengths = np.asarray(self.lengths, np.int32)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
+        episode_id = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+        position = np.arange(int(lengths.sum()), dtype=np.int32) - starts[episode_id]
+        arrays = {field: np.concatenate(parts) for field, parts in self.parts.items()}
+        return Dataset(
+            observations=jnp.asarray(arrays["observations"]),
+            actions=jnp.asarray(arrays["actions"]),
+            rewards=jnp.asarray(arrays["rewards"]),
+            costs=jnp.asarray(arrays["costs"]),
+            terminals=jnp.asarray(arrays["terminals"]),
+            timeouts=jnp.asarray(arrays["timeouts"]),
+            observation_index=jnp.asarray(np.arange(len(episode_id), dtype=np.int32) + episode_id),
+            episode_id=jnp.asarray(episode_id),
+            steps_to_end=jnp.asarray(lengths[episode_id] - position),
+            episode_starts=jnp.asarray(starts),
+            episode_lengths=jnp.asarray(lengths),
+        )
