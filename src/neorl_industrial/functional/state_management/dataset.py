@@ -224,6 +224,89 @@ class Dataset:
                 start = stop
         return cls.from_episodes(episodes, name=name)
 
+    @classmethod
+    def from_trajectories(
+        cls,
+        observations: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        costs: np.ndarray,
+        terminated: np.ndarray,
+        *,
+        name: str = "trajectories",
+    ) -> Dataset:
+        """Builds a dataset from equal-length trajectories, batch-major.
+
+        Args:
+            observations: ``[n, T + 1, obs_size]``, each trajectory's final observation last.
+            actions: ``[n, T, action_size]`` or ``[n, T]`` (discrete).
+            rewards: ``[n, T]``.
+            costs: ``[n, T, n_costs]``.
+            terminated: ``[n, T]``; a trajectory is cut after its first terminal step and
+                the steps after it are dropped. Trajectories that never terminate are
+                timeouts at their last step.
+
+        Without early terminals this is a reshape: no per-episode work on the host.
+        """
+        observations = np.asarray(observations, np.float32)
+        terminated = np.asarray(terminated, bool)
+        n, length = terminated.shape
+        if observations.shape[:2] != (n, length + 1):
+            raise ValueError(
+                f"{name}: observations have shape {observations.shape}, expected "
+                f"[{n}, {length + 1}, obs_size] for {n} trajectories of {length} steps"
+            )
+        if terminated[:, :-1].any():
+            episodes = []
+            for row in range(n):
+                ends = np.flatnonzero(terminated[row])
+                stop = int(ends[0]) + 1 if len(ends) else length
+                episodes.append(
+                    {
+                        "observations": observations[row, : stop + 1],
+                        "actions": actions[row, :stop],
+                        "rewards": rewards[row, :stop],
+                        "costs": costs[row, :stop],
+                        "terminated": bool(len(ends)),
+                    }
+                )
+            return cls.from_episodes(episodes, name=name)
+        arrays = {
+            "observations": observations,
+            "rewards": np.asarray(rewards, np.float32),
+            "costs": np.asarray(costs, np.float32),
+        }
+        for field, array in arrays.items():
+            if not np.all(np.isfinite(array)):
+                trajectory, step = np.argwhere(~np.isfinite(array))[0][:2]
+                raise ValueError(
+                    f"{name}: trajectory {trajectory}, {field} step {step}: NaN or infinite"
+                )
+        actions = np.asarray(actions)
+        actions = actions.astype(
+            np.int32 if actions.ndim == 2 and actions.dtype.kind in "iu" else np.float32
+        )
+        terminals = np.zeros((n, length), bool)
+        terminals[:, -1] = terminated[:, -1]
+        timeouts = np.zeros((n, length), bool)
+        timeouts[:, -1] = ~terminated[:, -1]
+        lengths = np.full(n, length, np.int32)
+        episode_id = np.repeat(np.arange(n, dtype=np.int32), length)
+        position = np.tile(np.arange(length, dtype=np.int32), n)
+        return cls(
+            observations=jnp.asarray(observations.reshape(n * (length + 1), -1)),
+            actions=jnp.asarray(actions.reshape(n * length, *actions.shape[2:])),
+            rewards=jnp.asarray(arrays["rewards"].reshape(-1)),
+            costs=jnp.asarray(arrays["costs"].reshape(n * length, -1)),
+            terminals=jnp.asarray(terminals.reshape(-1)),
+            timeouts=jnp.asarray(timeouts.reshape(-1)),
+            observation_index=jnp.asarray(np.arange(n * length, dtype=np.int32) + episode_id),
+            episode_id=jnp.asarray(episode_id),
+            steps_to_end=jnp.asarray(length - position),
+            episode_starts=jnp.asarray(np.arange(n, dtype=np.int32) * length),
+            episode_lengths=jnp.asarray(lengths),
+        )
+
     def to_flat(self) -> dict[str, np.ndarray]:
         """Flat host arrays in the D4RL / NeoRL layout (with next observations)."""
         host = jax.device_get(self)
