@@ -68,7 +68,8 @@ def test_vector_env_steps_batches_and_auto_resets_same_step():
         vectorization_mode="vector_entry_point",
         horizon=2,
     )
-    assert envs.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.SAME_STEP
+    if hasattr(gymnasium.vector, "AutoresetMode"):  # named from Gymnasium 1.1 on
+        assert envs.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.SAME_STEP
     obs, _ = envs.reset(seed=0)
     assert obs.shape == (4, 6)
     actions = np.tile(np.array([1.0, 0.0, 0.0], np.float32), (4, 1))

@@ -7,29 +7,74 @@ host.
 
 from __future__ import annotations
 
-from functools import partial
+import functools
 from typing import Any, ClassVar
 
 import gymnasium
 import jax
+import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
+from jax.flatten_util import ravel_pytree
 
 from neorl_industrial.core.environments import Environment, make
 
 
-@partial(jax.jit, static_argnums=0)
-def _reset(env: Environment, key: jax.Array, params: Any):
-    key, reset_key = jax.random.split(key)
-    state, timestep = env.reset_env(reset_key, params)
-    return key, state, timestep
+class _FlatStepper:
+    """Jitted reset and step of one environment over a flat state vector.
+
+    Dispatching a jitted call costs time per argument leaf; the Industrial Benchmark's
+    state has dozens. Raveling it into one float32 vector (its integer and boolean
+    leaves are small and exact in float32) and packing each step's outputs into another
+    makes a step one call with three small arguments and one host transfer. The PRNG
+    key stays a separate uint32 array, which float32 could not hold exactly.
+    """
+
+    def __init__(self, env: Environment, params: Any):
+        example = jax.eval_shape(env.reset_env, jax.random.PRNGKey(0), params)[0]
+        _, self.unravel = ravel_pytree(
+            jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), example)
+        )
+        n_obs, n_costs = env.observation_size, env.n_costs
+
+        def pack(state, timestep):
+            flat_state, _ = ravel_pytree(state)
+            flags = jnp.stack(
+                [timestep.terminated, timestep.truncated, timestep.info.action_invalid]
+            ).astype(jnp.float32)
+            outputs = jnp.concatenate(
+                [timestep.observation, timestep.reward[None], timestep.cost, flags]
+            )
+            return flat_state, outputs
+
+        def reset(key, params):
+            key, reset_key = jax.random.split(key)
+            return key, *pack(*env.reset_env(reset_key, params))
+
+        def step(key, flat_state, action, params):
+            key, step_key = jax.random.split(key)
+            return key, *pack(*env.step_env(step_key, self.unravel(flat_state), action, params))
+
+        self.reset = jax.jit(reset)
+        self.step = jax.jit(step)
+        self.slices = (n_obs, n_obs + 1, n_obs + 1 + n_costs)
 
 
-@partial(jax.jit, static_argnums=0)
-def _step(env: Environment, key: jax.Array, state: Any, action: jax.Array, params: Any):
-    key, step_key = jax.random.split(key)
-    state, timestep = env.step_env(step_key, state, action, params)
-    return key, state, timestep
+@functools.lru_cache(maxsize=32)
+def _stepper(env: Environment, params_key: tuple) -> _FlatStepper:
+    return _FlatStepper(env, _params_from_key(params_key))
+
+
+def _params_key(params: Any) -> tuple:
+    leaves, treedef = jax.tree.flatten(params)
+    return treedef, tuple(
+        (np.asarray(leaf).dtype.str, np.asarray(leaf).tolist()) for leaf in leaves
+    )
+
+
+def _params_from_key(params_key: tuple) -> Any:
+    treedef, leaves = params_key
+    return jax.tree.unflatten(treedef, [jnp.asarray(v, dtype=d) for d, v in leaves])
 
 
 def observation_space(env: Environment) -> spaces.Box:
@@ -83,45 +128,42 @@ class GymnasiumEnv(gymnasium.Env):
         self.observation_space = observation_space(self.env)
         self.action_space = action_space(self.env)
         self.render_mode = None
+        self._stepper = _stepper(self.env, _params_key(self.params))
         self._key: jax.Array | None = None
-        self._state: Any = None
+        self._flat_state: jax.Array | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         if seed is not None or self._key is None:
             self._key = jax.random.PRNGKey(int(self.np_random.integers(0, 2**31 - 1)))
-        self._key, self._state, timestep = _reset(self.env, self._key, self.params)
-        observation, info = jax.device_get((timestep.observation, self._info(timestep)))
-        return np.asarray(observation, np.float32), info
+        self._key, self._flat_state, outputs = self._stepper.reset(self._key, self.params)
+        observation, _, cost, _, _, _ = self._unpack(outputs)
+        return observation, {"cost": cost, "action_invalid": False}
 
     def step(self, action: Any):
-        if self._state is None:
+        if self._flat_state is None:
             raise RuntimeError("step() called before reset()")
         action = validate_action(self.env, action)
-        self._key, self._state, timestep = _step(
-            self.env, self._key, self._state, action, self.params
+        self._key, self._flat_state, outputs = self._stepper.step(
+            self._key, self._flat_state, action, self.params
         )
-        observation, reward, terminated, truncated, info = jax.device_get(
-            (
-                timestep.observation,
-                timestep.reward,
-                timestep.terminated,
-                timestep.truncated,
-                self._info(timestep),
-            )
-        )
-        return (
-            np.asarray(observation, np.float32),
-            float(reward),
-            bool(terminated),
-            bool(truncated),
-            info,
-        )
+        observation, reward, cost, terminated, truncated, invalid = self._unpack(outputs)
+        return observation, reward, terminated, truncated, {"cost": cost, "action_invalid": invalid}
 
-    def _info(self, timestep) -> dict[str, Any]:
-        return {"cost": timestep.cost, "action_invalid": timestep.info.action_invalid}
+    def _unpack(self, outputs: jax.Array):
+        outputs = np.asarray(outputs)
+        obs_end, reward_end, cost_end = self._stepper.slices
+        terminated, truncated, invalid = (bool(flag) for flag in outputs[cost_end:])
+        return (
+            outputs[:obs_end].astype(np.float32),
+            float(outputs[obs_end]),
+            outputs[reward_end:cost_end].astype(np.float32),
+            terminated,
+            truncated,
+            invalid,
+        )
 
     @property
     def state(self) -> Any:
         """The functional environment state (a PyTree), for inspection."""
-        return self._state
+        return None if self._flat_state is None else self._stepper.unravel(self._flat_state)

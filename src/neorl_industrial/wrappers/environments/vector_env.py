@@ -8,7 +8,13 @@ from typing import Any, ClassVar
 import gymnasium
 import jax
 import numpy as np
-from gymnasium.vector import AutoresetMode
+
+try:  # Gymnasium >= 1.1 names the autoreset modes; 1.0 has only next-step semantics.
+    from gymnasium.vector import AutoresetMode
+
+    _SAME_STEP: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}
+except ImportError:  # pragma: no cover - exercised only with Gymnasium 1.0
+    _SAME_STEP = {}
 from gymnasium.vector.utils import batch_space
 
 from neorl_industrial.core.environments import Environment, make
@@ -45,10 +51,7 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         **overrides: static configuration and parameters, as for ``make``.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {
-        "render_modes": [],
-        "autoreset_mode": AutoresetMode.SAME_STEP,
-    }
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": [], **_SAME_STEP}
 
     def __init__(self, num_envs: int, env_id: str = "IB-v0", **overrides: Any):
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
