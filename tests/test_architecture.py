@@ -14,7 +14,7 @@ LAYER_PACKAGES = {
     "core": ["agents", "environments", "safety", "utils"],
     "functional": ["state_management", "transformations", "optimizers"],
     "wrappers": ["agents", "environments", "training"],
-    "integration": ["mlflow", "safety", "deployment"],
+    "integration": ["mlflow", "safety", "deployment", "datasets"],
 }
 
 

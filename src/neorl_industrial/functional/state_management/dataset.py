@@ -104,6 +104,46 @@ class Dataset:
 
     # ----- construction ---------------------------------------------------------------
     @classmethod
+    def from_arrays(
+        cls,
+        observations: Any,
+        actions: Any,
+        rewards: Any,
+        costs: Any,
+        terminals: Any,
+        timeouts: Any,
+        episode_lengths: Any,
+    ) -> Dataset:
+        """The dataset of already laid-out arrays: the episode structure follows from the
+        episode lengths, so the sampling indices are computed here, once, in numpy.
+
+        ``observations`` has ``N + E`` rows (each episode's steps, then its final
+        observation); the others have ``N`` rows. Arrays may be memory-mapped: each is
+        read once, straight into device memory. Callers validate untrusted input.
+        """
+        lengths = np.asarray(episode_lengths, np.int32)
+        ends = np.cumsum(lengths, dtype=np.int64)
+        starts = ends - lengths
+        n_transitions = int(ends[-1])
+        episode_id = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+        transition = np.arange(n_transitions, dtype=np.int32)
+        actions = np.asarray(actions)
+        actions = actions.astype(np.int32 if actions.dtype.kind in "iu" else np.float32)
+        return cls(
+            observations=jnp.asarray(observations, jnp.float32),
+            actions=jnp.asarray(actions),
+            rewards=jnp.asarray(rewards, jnp.float32),
+            costs=jnp.asarray(costs, jnp.float32),
+            terminals=jnp.asarray(terminals, bool),
+            timeouts=jnp.asarray(timeouts, bool),
+            observation_index=jnp.asarray(transition + episode_id),
+            episode_id=jnp.asarray(episode_id),
+            steps_to_end=jnp.asarray((ends[episode_id] - transition).astype(np.int32)),
+            episode_starts=jnp.asarray(starts.astype(np.int32)),
+            episode_lengths=jnp.asarray(lengths),
+        )
+
+    @classmethod
     def from_episodes(cls, episodes: Sequence[dict[str, Any]], *, name: str = "dataset") -> Dataset:
         """Builds a dataset from per-episode arrays.
 
@@ -283,28 +323,18 @@ class Dataset:
                     f"{name}: trajectory {trajectory}, {field} step {step}: NaN or infinite"
                 )
         actions = np.asarray(actions)
-        actions = actions.astype(
-            np.int32 if actions.ndim == 2 and actions.dtype.kind in "iu" else np.float32
-        )
         terminals = np.zeros((n, length), bool)
         terminals[:, -1] = terminated[:, -1]
         timeouts = np.zeros((n, length), bool)
         timeouts[:, -1] = ~terminated[:, -1]
-        lengths = np.full(n, length, np.int32)
-        episode_id = np.repeat(np.arange(n, dtype=np.int32), length)
-        position = np.tile(np.arange(length, dtype=np.int32), n)
-        return cls(
-            observations=jnp.asarray(observations.reshape(n * (length + 1), -1)),
-            actions=jnp.asarray(actions.reshape(n * length, *actions.shape[2:])),
-            rewards=jnp.asarray(arrays["rewards"].reshape(-1)),
-            costs=jnp.asarray(arrays["costs"].reshape(n * length, -1)),
-            terminals=jnp.asarray(terminals.reshape(-1)),
-            timeouts=jnp.asarray(timeouts.reshape(-1)),
-            observation_index=jnp.asarray(np.arange(n * length, dtype=np.int32) + episode_id),
-            episode_id=jnp.asarray(episode_id),
-            steps_to_end=jnp.asarray(length - position),
-            episode_starts=jnp.asarray(np.arange(n, dtype=np.int32) * length),
-            episode_lengths=jnp.asarray(lengths),
+        return cls.from_arrays(
+            observations=observations.reshape(n * (length + 1), -1),
+            actions=actions.reshape(n * length, *actions.shape[2:]),
+            rewards=arrays["rewards"].reshape(-1),
+            costs=arrays["costs"].reshape(n * length, -1),
+            terminals=terminals.reshape(-1),
+            timeouts=timeouts.reshape(-1),
+            episode_lengths=np.full(n, length, np.int32),
         )
 
     def to_flat(self) -> dict[str, np.ndarray]:
@@ -454,21 +484,5 @@ class _EpisodeColumns:
             )
 
     def build(self) -> Dataset:
-        lengths = np.asarray(self.lengths, np.int32)
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
-        episode_id = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
-        position = np.arange(int(lengths.sum()), dtype=np.int32) - starts[episode_id]
         arrays = {field: np.concatenate(parts) for field, parts in self.parts.items()}
-        return Dataset(
-            observations=jnp.asarray(arrays["observations"]),
-            actions=jnp.asarray(arrays["actions"]),
-            rewards=jnp.asarray(arrays["rewards"]),
-            costs=jnp.asarray(arrays["costs"]),
-            terminals=jnp.asarray(arrays["terminals"]),
-            timeouts=jnp.asarray(arrays["timeouts"]),
-            observation_index=jnp.asarray(np.arange(len(episode_id), dtype=np.int32) + episode_id),
-            episode_id=jnp.asarray(episode_id),
-            steps_to_end=jnp.asarray(lengths[episode_id] - position),
-            episode_starts=jnp.asarray(starts),
-            episode_lengths=jnp.asarray(lengths),
-        )
+        return Dataset.from_arrays(**arrays, episode_lengths=np.asarray(self.lengths, np.int32))

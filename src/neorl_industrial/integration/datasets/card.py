@@ -1,0 +1,203 @@
+"""The dataset card: what a dataset is, where it came from and how to check it.
+
+A card travels with every dataset (``dataset.json`` in the native format) and is built on
+the fly for formats that carry less (NeoRL ``.npz``, Minari, plant logs). Only the array
+schema and checksums are needed to load a native dataset; everything else is optional
+provenance that makes results comparable (reference returns, cost limits, seeds).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+import neorl_industrial
+from neorl_industrial.functional.state_management import Dataset
+from neorl_industrial.integration.datasets.errors import DatasetFormatError
+
+CARD_FORMAT_VERSION = 1
+
+
+class BehaviourPolicy(BaseModel):
+    """The policy that generated the data, when one did."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    version: str | None = None
+    mean_return: float | None = Field(None, description="measured mean episode return")
+
+
+class ColumnInfo(BaseModel):
+    """Physical meaning of one observation or action column (known for plant logs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    unit: str | None = None
+    bounds: tuple[float, float] | None = None
+
+    @field_validator("bounds")
+    @classmethod
+    def _ordered(cls, bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+        if bounds is not None and bounds[0] > bounds[1]:
+            raise ValueError(f"low {bounds[0]} is above high {bounds[1]}")
+        return bounds
+
+
+class ArraySpec(BaseModel):
+    """dtype and shape of one stored array, checked on load."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: str
+    shape: list[int]
+
+
+class DatasetSizes(BaseModel):
+    """Sizes a reader can check (or show) without opening the arrays."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_transitions: int
+    n_episodes: int
+    observation_size: int
+    action_size: int
+    n_costs: int = 0
+    discrete: bool = False
+
+    @classmethod
+    def of(cls, dataset: Dataset) -> DatasetSizes:
+        """The sizes of ``dataset``."""
+        return cls(
+            n_transitions=dataset.n_transitions,
+            n_episodes=dataset.n_episodes,
+            observation_size=dataset.observation_size,
+            action_size=dataset.action_size,
+            n_costs=dataset.n_costs,
+            discrete=dataset.discrete,
+        )
+
+
+class DatasetCard(BaseModel):
+    """Provenance, reference numbers and integrity data of one dataset.
+
+    Unknown keys are kept (``extra="allow"``) so a card written by a newer version loads
+    and re-saves without losing fields.
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    format_version: int = CARD_FORMAT_VERSION
+    name: str = "dataset"
+    description: str | None = None
+    source: str | None = Field(
+        None, description='where the data came from: "generated", "neorl", "minari", "plant-log"'
+    )
+    env_id: str | None = None
+    env_params: dict[str, Any] = Field(default_factory=dict)
+    behaviour_policy: BehaviourPolicy | None = None
+    random_return: float | None = None
+    expert_return: float | None = None
+    cost_names: list[str] = Field(default_factory=list)
+    cost_limits: dict[str, float] = Field(
+        default_factory=dict, description="episode-level limit per cost name"
+    )
+    seed: int | None = None
+    package_version: str = Field(default_factory=lambda: neorl_industrial.__version__)
+    created: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    sampling_period: float | None = Field(None, description="seconds between steps")
+    observation_columns: list[ColumnInfo] | None = None
+    action_columns: list[ColumnInfo] | None = None
+    definitions: dict[str, str] = Field(
+        default_factory=dict, description="how reward and costs were computed (expressions)"
+    )
+    sizes: DatasetSizes | None = None
+    # "schema" would shadow a (deprecated) BaseModel attribute, hence the alias.
+    array_schema: dict[str, ArraySpec] = Field(default_factory=dict, alias="schema")
+    checksums: dict[str, str] = Field(default_factory=dict, description="sha256 per array file")
+
+    @model_validator(mode="after")
+    def _limits_name_known_costs(self) -> DatasetCard:
+        unknown = sorted(set(self.cost_limits) - set(self.cost_names))
+        if unknown:
+            raise ValueError(
+                f"cost_limits names {unknown} that are not in cost_names {self.cost_names}"
+            )
+        return self
+
+    # ----- use ------------------------------------------------------------------------
+    def normalized_score(self, returns: Any) -> np.ndarray:
+        """D4RL-style score ``100 * (R - random) / (expert - random)`` of episode returns.
+
+        Raises:
+            ValueError: if the card has no reference returns.
+        """
+        if self.random_return is None or self.expert_return is None:
+            raise ValueError(
+                f"dataset card '{self.name}': normalized_score needs random_return and "
+                "expert_return; set both on the card"
+            )
+        return normalized_score(returns, self.random_return, self.expert_return)
+
+    def with_sizes(self, dataset: Dataset) -> DatasetCard:
+        """A copy with ``sizes`` (and default cost names) taken from ``dataset``.
+
+        Raises:
+            ValueError: if the card names a different number of costs than the data has.
+        """
+        cost_names = self.cost_names or [f"cost_{i}" for i in range(dataset.n_costs)]
+        if len(cost_names) != dataset.n_costs:
+            raise ValueError(
+                f"dataset card '{self.name}': cost_names {cost_names} has {len(cost_names)} "
+                f"entries but the data has {dataset.n_costs} costs"
+            )
+        return self.model_copy(
+            update={"sizes": DatasetSizes.of(dataset), "cost_names": list(cost_names)}
+        )
+
+    # ----- files ----------------------------------------------------------------------
+    def to_json(self) -> str:
+        """The card as indented JSON, with the ``schema`` key spelled as in the file."""
+        return self.model_dump_json(by_alias=True, indent=2)
+
+    @classmethod
+    def read(cls, path: str | Path) -> DatasetCard:
+        """Reads a card from a JSON file.
+
+        Raises:
+            DatasetFormatError: naming the file and pydantic's field path when the card is
+                malformed.
+        """
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise DatasetFormatError("dataset card not found", path=path) from None
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as error:
+            raise DatasetFormatError(f"invalid dataset card\n{error}", path=path) from error
+
+
+def normalized_score(returns: Any, random_return: float, expert_return: float) -> np.ndarray:
+    """D4RL-style normalized score ``100 * (R - random) / (expert - random)``.
+
+    Args:
+        returns: one episode return or an array of them.
+        random_return: mean return of a uniformly random policy (scores 0).
+        expert_return: mean return of an expert policy (scores 100).
+
+    Raises:
+        ValueError: if the two reference returns are equal.
+    """
+    if expert_return == random_return:
+        raise ValueError(
+            f"expert_return and random_return are both {expert_return}; the score is undefined"
+        )
+    returns = np.asarray(returns, np.float64)
+    return 100.0 * (returns - random_return) / (expert_return - random_return)

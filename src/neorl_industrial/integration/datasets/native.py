@@ -1,0 +1,191 @@
+"""The native format: a directory of ``.npy`` arrays plus ``dataset.json`` (the card).
+
+::
+
+    my-dataset/
+      dataset.json          card: provenance, sizes, schema (dtype, shape), sha256 per file
+      observations.npy      [N + E, obs] float32, episode-major, final observation appended
+      actions.npy           [N, act] float32, or [N] int32 (discrete)
+      rewards.npy           [N] float32
+      costs.npy             [N, n_costs] float32
+      terminals.npy         [N] bool
+      timeouts.npy          [N] bool
+      episode_lengths.npy   [E] int32
+
+Plain ``.npy`` files can be memory-mapped, which is what makes
+:class:`~neorl_industrial.integration.datasets.memmap.MemmapSampler` possible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from neorl_industrial.functional.state_management import Dataset
+from neorl_industrial.integration.datasets.arrays import (
+    STORED_ARRAYS,
+    check_consistent,
+    dataset_arrays,
+    dataset_from_arrays,
+)
+from neorl_industrial.integration.datasets.atomic import atomic_directory
+from neorl_industrial.integration.datasets.card import ArraySpec, DatasetCard
+from neorl_industrial.integration.datasets.errors import DatasetFormatError
+
+CARD_FILE = "dataset.json"
+
+
+class _HashingWriter:
+    """A write-only file wrapper that hashes what passes through it, so a checksum costs
+    no second read of the file."""
+
+    def __init__(self, file: BinaryIO):
+        self._file = file
+        self._hash = hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self._hash.update(data)
+        return self._file.write(data)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def is_native(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a directory holding a native dataset card."""
+    return Path(path, CARD_FILE).is_file()
+
+
+def save_native(
+    dataset: Dataset,
+    path: str | os.PathLike[str],
+    card: DatasetCard | None = None,
+    *,
+    overwrite: bool = False,
+) -> DatasetCard:
+    """Writes ``dataset`` as a native directory, atomically.
+
+    Args:
+        dataset: the dataset to write.
+        path: the directory to create.
+        card: provenance to store with it; sizes, schema and checksums are filled in.
+        overwrite: replace an existing native dataset at ``path`` (never a directory
+            that is not one).
+
+    Returns:
+        The card as written.
+
+    Raises:
+        FileExistsError: if ``path`` exists and ``overwrite`` is false.
+        ValueError: if the card's cost names do not match the data.
+    """
+    path = Path(path)
+    card = (card or DatasetCard(name=path.name)).with_sizes(dataset)
+    arrays = dataset_arrays(dataset)
+    with atomic_directory(path, overwrite=overwrite, replaceable=is_native) as staging:
+        schema, checksums = {}, {}
+        for name, array in arrays.items():
+            with open(staging / f"{name}.npy", "wb") as file:
+                writer = _HashingWriter(file)
+                # A non-file writer makes numpy stream the array in chunks through it.
+                np.save(writer, array, allow_pickle=False)  # type: ignore[arg-type]
+            schema[name] = ArraySpec(dtype=array.dtype.str, shape=list(array.shape))
+            checksums[f"{name}.npy"] = writer.hexdigest()
+        card = card.model_copy(update={"array_schema": schema, "checksums": checksums})
+        (staging / CARD_FILE).write_text(card.to_json(), encoding="utf-8")
+    return card
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def read_native_arrays(
+    path: str | os.PathLike[str], *, verify: bool = True, mmap: bool = False
+) -> tuple[dict[str, np.ndarray], DatasetCard]:
+    """Opens the arrays of a native dataset after checking them against its card.
+
+    Args:
+        path: the dataset directory.
+        verify: compare every file's sha256 with the card (reads every byte once).
+        mmap: memory-map the arrays (read-only) instead of reading them into memory.
+
+    Raises:
+        DatasetFormatError: naming the file that is missing, corrupt, or whose dtype or
+            shape disagrees with the card.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise DatasetFormatError("not a directory (a native dataset is one)", path=path)
+    card = DatasetCard.read(path / CARD_FILE)
+    arrays = {}
+    for name in STORED_ARRAYS:
+        file = path / f"{name}.npy"
+        if not file.is_file():
+            raise DatasetFormatError(f"missing array file {file.name}", path=path)
+        if verify:
+            _verify_checksum(file, card)
+        try:
+            array = np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
+        except ValueError as error:
+            raise DatasetFormatError(f"unreadable .npy file: {error}", path=file) from error
+        _check_against_schema(file, name, array, card)
+        arrays[name] = array
+    check_consistent(arrays, path)
+    return arrays, card
+
+
+def _verify_checksum(file: Path, card: DatasetCard) -> None:
+    recorded = card.checksums.get(file.name)
+    if recorded is None:
+        raise DatasetFormatError(
+            f"{CARD_FILE} records no checksum for this file; load with verify=False to skip "
+            "the check",
+            path=file,
+        )
+    actual = file_sha256(file)
+    if actual != recorded:
+        raise DatasetFormatError(
+            f"sha256 mismatch: the file hashes to {actual}, {CARD_FILE} records {recorded}; "
+            "the file is corrupt or was changed after the dataset was saved",
+            path=file,
+        )
+
+
+def _check_against_schema(file: Path, name: str, array: np.ndarray, card: DatasetCard) -> None:
+    spec = card.array_schema.get(name)
+    if spec is None:
+        return
+    if np.dtype(spec.dtype) != array.dtype or list(array.shape) != spec.shape:
+        raise DatasetFormatError(
+            f"holds {array.dtype.str} {list(array.shape)}, but {CARD_FILE} declares "
+            f"{spec.dtype} {spec.shape}",
+            path=file,
+        )
+
+
+def load_native(
+    path: str | os.PathLike[str], *, verify: bool = True, mmap: bool = False
+) -> tuple[Dataset, DatasetCard]:
+    """Loads a native dataset onto the device.
+
+    Args:
+        path: the dataset directory.
+        verify: check every file's sha256 against the card.
+        mmap: memory-map the files, so the only full copy made is the device's (no
+            intermediate host copy of every array).
+
+    Returns:
+        ``(dataset, card)``.
+
+    Raises:
+        DatasetFormatError: naming the file that is missing, corrupt or inconsistent.
+    """
+    arrays, card = read_native_arrays(path, verify=verify, mmap=mmap)
+    return dataset_from_arrays(arrays), card

@@ -1,0 +1,405 @@
+"""Plant logs (CSV or Parquet, read with pyarrow) turned into episodes by a YAML schema.
+
+Rows are samples in time. Consecutive rows of one episode make a transition: observation
+and action of row ``t``, reward and costs evaluated on row ``t`` (or ``t + 1`` with
+``reward_row: next``), next observation from row ``t + 1``. The last row of an episode
+only provides the final next observation. Episodes end where the ``episode`` column
+changes, where the time gap exceeds ``gap_factor * sampling_period``, and after a row
+flagged ``terminal``; a stretch of a single row makes no transition and is skipped (with
+a warning).
+
+Rows in error messages are 0-based data rows, the header not counted (as pandas and
+pyarrow number them).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from neorl_industrial.functional.state_management import Dataset
+from neorl_industrial.integration.datasets.card import ColumnInfo, DatasetCard
+from neorl_industrial.integration.datasets.errors import DatasetFormatError
+from neorl_industrial.integration.datasets.expressions import Expression
+from neorl_industrial.integration.datasets.plant_schema import PlantLogSchema, load_plant_schema
+
+CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def is_table(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a CSV or Parquet file (by its suffix)."""
+    name = Path(path).name.lower()
+    return name.endswith(CSV_SUFFIXES + PARQUET_SUFFIXES)
+
+
+def load_plant_log(
+    table_path: str | os.PathLike[str], schema_path: str | os.PathLike[str]
+) -> tuple[Dataset, DatasetCard]:
+    """Reads a plant log as episodes of transitions, as its schema describes.
+
+    Args:
+        table_path: a ``.csv`` (optionally compressed) or ``.parquet`` file.
+        schema_path: the YAML schema (see :class:`PlantLogSchema`).
+
+    Returns:
+        ``(dataset, card)``; the card carries units and bounds of every column, the
+        reward and cost definitions, cost limits and the sampling period.
+
+    Raises:
+        DatasetFormatError: naming the file, column and row of a missing column, a null,
+            NaN or infinite value, a timestamp out of order, an action outside its bounds,
+            or naming the schema file and field of a schema error.
+    """
+    table_path, schema_path = Path(table_path), Path(schema_path)
+    schema = load_plant_schema(schema_path)
+    available = _column_names(table_path)
+    definitions = {"reward": _resolve(schema.reward, "reward", available, schema_path)}
+    for cost in schema.costs:
+        definitions[f"costs '{cost.name}'"] = _resolve(
+            cost.definition, f"costs '{cost.name}'", available, schema_path
+        )
+    numeric = _numeric_columns(schema, definitions)
+    _require_columns(table_path, schema_path, schema, numeric, available)
+    table = _read_table(table_path, schema, numeric)
+    values = {column: _numeric(table, column, table_path) for column in numeric}
+    log = _LogSegments(table, schema, table_path)
+    for spec in schema.actions:
+        _check_bounds(values[spec.column], spec.column, spec.bounds, table_path)
+    offset = 1 if schema.reward_row == "next" else 0
+    used = log.transition_rows(offset)
+    signals = {
+        field: _evaluate(definition, values, log.n_rows, used, field, table_path)
+        for field, definition in definitions.items()
+    }
+    observations = np.stack([values[s.column] for s in schema.observations], axis=1)
+    actions = np.stack([values[s.column] for s in schema.actions], axis=1)
+    costs = [signals[f"costs '{cost.name}'"] for cost in schema.costs]
+    cost_matrix = np.stack(costs, axis=1) if costs else None
+    episodes = []
+    for start, stop in log.segments:
+        steps = slice(start + offset, stop - 1 + offset)
+        episodes.append(
+            {
+                "observations": observations[start:stop],
+                "actions": actions[start : stop - 1],
+                "rewards": signals["reward"][steps],
+                "costs": None if cost_matrix is None else cost_matrix[steps],
+                "terminated": bool(log.terminal[stop - 1]),
+                "first_row": start,
+            }
+        )
+    try:
+        dataset = Dataset.from_episodes(episodes, name=str(table_path))
+    except ValueError as error:
+        raise DatasetFormatError(str(error)) from error
+    return dataset, _card(schema, table_path, dataset)
+
+
+# ----- columns -------------------------------------------------------------------------
+def _column_names(path: Path) -> list[str]:
+    try:
+        if path.name.lower().endswith(PARQUET_SUFFIXES):
+            return list(pq.read_schema(path).names)
+        if path.name.lower().endswith(CSV_SUFFIXES):
+            with pcsv.open_csv(path) as reader:
+                return list(reader.schema.names)
+    except FileNotFoundError:
+        raise DatasetFormatError("file not found", path=path) from None
+    except (pa.ArrowException, OSError) as error:
+        raise DatasetFormatError(f"unreadable table: {error}", path=path) from error
+    raise DatasetFormatError(
+        f"unknown table type; expected one of {CSV_SUFFIXES + PARQUET_SUFFIXES}", path=path
+    )
+
+
+def _resolve(text: str, field: str, available: list[str], schema_path: Path) -> str | Expression:
+    """A definition that is exactly a column name is that column (whatever characters it
+    has); anything else is an expression."""
+    if text in available:
+        return text
+    try:
+        return Expression(text)
+    except ValueError as error:
+        raise DatasetFormatError(f"{field}: {error}", path=schema_path) from error
+
+
+def _numeric_columns(
+    schema: PlantLogSchema, definitions: dict[str, str | Expression]
+) -> dict[str, str]:
+    """Every numeric column the schema uses, mapped to the first field that uses it."""
+    used: dict[str, str] = {}
+    for spec in schema.observations:
+        used.setdefault(spec.column, "observations")
+    for spec in schema.actions:
+        used.setdefault(spec.column, "actions")
+    for field, definition in definitions.items():
+        names = [definition] if isinstance(definition, str) else sorted(definition.names)
+        for name in names:
+            used.setdefault(name, field)
+    return used
+
+
+def _require_columns(
+    table_path: Path,
+    schema_path: Path,
+    schema: PlantLogSchema,
+    numeric: dict[str, str],
+    available: list[str],
+) -> None:
+    referenced = dict(numeric)
+    referenced.setdefault(schema.timestamp, "timestamp")
+    for field in ("episode", "terminal"):
+        if getattr(schema, field) is not None:
+            referenced.setdefault(getattr(schema, field), field)
+    for column, field in referenced.items():
+        if column not in available:
+            raise DatasetFormatError(
+                f"not in the file, but {schema_path.name} uses it ({field}); the file has "
+                f"columns: {', '.join(available)}",
+                path=table_path,
+                column=column,
+            )
+
+
+def _read_table(path: Path, schema: PlantLogSchema, numeric: dict[str, str]) -> pa.Table:
+    columns = list(dict.fromkeys([*numeric, schema.timestamp]))
+    columns += [c for c in (schema.episode, schema.terminal) if c is not None and c not in columns]
+    try:
+        if path.name.lower().endswith(PARQUET_SUFFIXES):
+            return pq.read_table(path, columns=columns)
+        # Declared types: inference from the first block would make an integer-looking
+        # start of a float column fail later in the file.
+        types = {column: pa.float64() for column in numeric}
+        if schema.episode is not None:
+            types[schema.episode] = pa.string()
+        options = pcsv.ConvertOptions(include_columns=columns, column_types=types)
+        return pcsv.read_csv(path, convert_options=options)
+    except (pa.ArrowException, OSError) as error:
+        raise DatasetFormatError(f"unreadable table: {error}", path=path) from error
+
+
+def _first_null(array: pa.ChunkedArray) -> int | None:
+    if array.null_count == 0:
+        return None
+    return int(np.flatnonzero(pc.is_null(array).to_numpy())[0])
+
+
+def _numeric(table: pa.Table, column: str, path: Path) -> np.ndarray:
+    array = table.column(column)
+    kind = array.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+        raise DatasetFormatError(f"holds {kind}, expected numbers", path=path, column=column)
+    row = _first_null(array)
+    if row is not None:
+        raise DatasetFormatError(
+            "missing value (empty, NA or NaN)", path=path, column=column, row=row
+        )
+    values = array.to_numpy().astype(np.float64)
+    finite = np.isfinite(values)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        raise DatasetFormatError(
+            f"{values[row]} is not a finite number", path=path, column=column, row=row
+        )
+    return values
+
+
+def _check_bounds(values: np.ndarray, column: str, bounds: tuple[float, float], path: Path) -> None:
+    low, high = bounds
+    outside = (values < low) | (values > high)
+    if outside.any():
+        row = int(np.argmax(outside))
+        raise DatasetFormatError(
+            f"action {values[row]} is outside the declared bounds [{low}, {high}]",
+            path=path,
+            column=column,
+            row=row,
+        )
+
+
+def _evaluate(
+    definition: str | Expression,
+    values: dict[str, np.ndarray],
+    n_rows: int,
+    used: np.ndarray,
+    field: str,
+    path: Path,
+) -> np.ndarray:
+    if isinstance(definition, str):
+        return values[definition]
+    result = definition.evaluate(values, n_rows)
+    bad = used & ~np.isfinite(result)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise DatasetFormatError(
+            f"{field} = {definition.source} is {result[row]} (not finite)", path=path, row=row
+        )
+    return result
+
+
+# ----- time and episodes -----------------------------------------------------------------
+class _LogSegments:
+    """Episode boundaries of a log: explicit ids, time gaps and terminal rows."""
+
+    def __init__(self, table: pa.Table, schema: PlantLogSchema, path: Path):
+        self.n_rows = table.num_rows
+        if self.n_rows < 2:
+            raise DatasetFormatError(
+                f"{self.n_rows} row(s); a transition needs at least two", path=path
+            )
+        starts = np.zeros(self.n_rows, bool)
+        starts[0] = True
+        if schema.episode is not None:
+            starts |= _episode_changes(table.column(schema.episode), schema.episode, path)
+        stamps = table.column(schema.timestamp)
+        nanoseconds = _nanoseconds(stamps, schema.timestamp, path)
+        steps = np.diff(nanoseconds)
+        backwards = (steps <= 0) & ~starts[1:]
+        if backwards.any():
+            row = int(np.argmax(backwards)) + 1
+            raise DatasetFormatError(
+                f"timestamp {stamps[row].as_py()} is not after the previous row's "
+                f"{stamps[row - 1].as_py()}; sort the log by time and drop duplicate rows",
+                path=path,
+                column=schema.timestamp,
+                row=row,
+            )
+        limit_ns = schema.gap_factor * schema.sampling_period * 1e9
+        starts[1:] |= steps > limit_ns
+        self.terminal = np.zeros(self.n_rows, bool)
+        if schema.terminal is not None:
+            self.terminal = _numeric(table, schema.terminal, path) != 0
+            starts[1:] |= self.terminal[:-1]
+        first = np.flatnonzero(starts)
+        stops = np.append(first[1:], self.n_rows)
+        long_enough = stops - first >= 2
+        if not long_enough.any():
+            raise DatasetFormatError(
+                "no two consecutive rows belong to one episode: check sampling_period "
+                f"({schema.sampling_period} s) and gap_factor ({schema.gap_factor})",
+                path=path,
+            )
+        if not long_enough.all():
+            warnings.warn(
+                f"{path}: skipped {int((~long_enough).sum())} isolated row(s) that make no "
+                "transition (an episode boundary on both sides)",
+                stacklevel=3,
+            )
+        self.segments = list(
+            zip(first[long_enough].tolist(), stops[long_enough].tolist(), strict=True)
+        )
+
+    def transition_rows(self, offset: int) -> np.ndarray:
+        """Mask of the rows whose reward and costs are used (``offset`` 1: the next row)."""
+        used = np.zeros(self.n_rows, bool)
+        for start, stop in self.segments:
+            used[start + offset : stop - 1 + offset] = True
+        return used
+
+
+def _episode_changes(ids: pa.ChunkedArray, column: str, path: Path) -> np.ndarray:
+    row = _first_null(ids)
+    if row is not None:
+        raise DatasetFormatError("missing episode id", path=path, column=column, row=row)
+    values = ids.to_numpy()
+    changes = np.zeros(len(values), bool)
+    changes[1:] = values[1:] != values[:-1]
+    seen: set[Any] = {values[0]}
+    for row in np.flatnonzero(changes).tolist():
+        if values[row] in seen:
+            raise DatasetFormatError(
+                f"episode {values[row]!r} appears again after other episodes; sort the log "
+                "by episode, then by time",
+                path=path,
+                column=column,
+                row=row,
+            )
+        seen.add(values[row])
+    return changes
+
+
+def _nanoseconds(stamps: pa.ChunkedArray, column: str, path: Path) -> np.ndarray:
+    """Timestamps as int64 nanoseconds (ISO, date or timestamp types), or numeric seconds
+    scaled to nanoseconds."""
+    row = _first_null(stamps)
+    if row is not None:
+        raise DatasetFormatError("missing timestamp", path=path, column=column, row=row)
+    kind = stamps.type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        seconds = stamps.to_numpy().astype(np.float64)
+        if not np.isfinite(seconds).all():
+            row = int(np.argmin(np.isfinite(seconds)))
+            raise DatasetFormatError(
+                f"{seconds[row]} is not finite", path=path, column=column, row=row
+            )
+        return np.round(seconds * 1e9).astype(np.int64)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        stamps = _parse_iso(stamps, column, path)
+    elif pa.types.is_date(kind):
+        stamps = pc.cast(stamps, pa.timestamp("s"))
+    elif not pa.types.is_timestamp(stamps.type):
+        raise DatasetFormatError(
+            f"holds {kind}; expected ISO timestamps or numeric seconds", path=path, column=column
+        )
+    tz = stamps.type.tz
+    return pc.cast(pc.cast(stamps, pa.timestamp("ns", tz=tz)), pa.int64()).to_numpy()
+
+
+def _parse_iso(stamps: pa.ChunkedArray, column: str, path: Path) -> pa.ChunkedArray:
+    for target in (pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")):
+        try:
+            return pc.cast(stamps, target)
+        except pa.ArrowInvalid:
+            continue
+    # Error path only: find the first row neither form parses, to name it.
+    naive, aware = pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")
+    expects_zone = _parses(stamps[0], aware)
+    target = aware if expects_zone else naive
+    for row in range(len(stamps)):
+        if not _parses(stamps[row], target):
+            raise DatasetFormatError(
+                f"{stamps[row].as_py()!r} is not an ISO 8601 timestamp "
+                f"({'with' if expects_zone else 'without'} a zone offset, like row 0)",
+                path=path,
+                column=column,
+                row=row,
+            )
+    raise AssertionError("unreachable: the column failed to parse as a whole")
+
+
+def _parses(value: pa.Scalar, target: pa.DataType) -> bool:
+    try:
+        pc.cast(pa.array([value.as_py()], pa.string()), target)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+# ----- card ------------------------------------------------------------------------------
+def _card(schema: PlantLogSchema, table_path: Path, dataset: Dataset) -> DatasetCard:
+    def columns(specs: list[Any]) -> list[ColumnInfo]:
+        return [ColumnInfo(name=s.column, unit=s.unit, bounds=s.bounds) for s in specs]
+
+    card = DatasetCard(
+        name=schema.name or table_path.name.split(".")[0],
+        description=schema.description,
+        source="plant-log",
+        env_id=schema.env_id,
+        sampling_period=schema.sampling_period,
+        cost_names=[cost.name for cost in schema.costs],
+        cost_limits={cost.name: cost.limit for cost in schema.costs if cost.limit is not None},
+        observation_columns=columns(schema.observations),
+        action_columns=columns(schema.actions),
+        definitions={"reward": schema.reward}
+        | {cost.name: cost.definition for cost in schema.costs},
+    )
+    return card.with_sizes(dataset)

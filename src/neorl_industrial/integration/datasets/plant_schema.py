@@ -1,0 +1,146 @@
+"""The YAML schema that says how a plant log (CSV or Parquet) becomes transitions.
+
+Example::
+
+    name: boiler-3-2024
+    timestamp: time             # ISO timestamps or numeric seconds
+    sampling_period: 60         # seconds between rows
+    gap_factor: 1.5             # a gap > 1.5 x 60 s starts a new episode
+    episode: batch_id           # optional: explicit episode ids
+    terminal: tripped           # optional: true on a row whose state is terminal
+    observations:
+      - {column: temperature, unit: degC, bounds: [0, 500]}
+      - pressure                # a bare column name: no unit, no bounds
+    actions:
+      - {column: valve, unit: "%", bounds: [0, 100]}   # bounds are required
+    reward: -abs(temperature - 350) - 0.01 * valve
+    costs:
+      - {name: overheating, expression: max(temperature - 420, 0), limit: 5.0}
+      - {name: alarm}           # the column 'alarm' itself
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from neorl_industrial.integration.datasets.errors import DatasetFormatError
+
+
+class ColumnSpec(BaseModel):
+    """One observation column; a bare string is shorthand for ``{column: <string>}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    column: str = Field(min_length=1)
+    unit: str | None = None
+    bounds: tuple[float, float] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, data: Any) -> Any:
+        return {"column": data} if isinstance(data, str) else data
+
+    @field_validator("bounds")
+    @classmethod
+    def _ordered(cls, bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+        if bounds is not None and not bounds[0] <= bounds[1]:
+            raise ValueError(f"low {bounds[0]} must not exceed high {bounds[1]}")
+        return bounds
+
+
+class ActionColumnSpec(ColumnSpec):
+    """One action column; its bounds are required and every logged value is checked."""
+
+    bounds: tuple[float, float]
+
+
+class CostSpec(BaseModel):
+    """A named per-step cost: an expression over columns, or the column of that name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    expression: str | None = None
+    limit: float | None = Field(None, description="episode-level cost limit")
+
+    @property
+    def definition(self) -> str:
+        return self.expression if self.expression is not None else self.name
+
+
+class PlantLogSchema(BaseModel):
+    """How the columns of a plant log map to observations, actions, reward and costs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = None
+    description: str | None = None
+    env_id: str | None = None
+    timestamp: str = Field(min_length=1)
+    sampling_period: PositiveFloat = Field(description="seconds between consecutive rows")
+    gap_factor: float = Field(1.5, ge=1.0)
+    episode: str | None = None
+    terminal: str | None = None
+    observations: list[ColumnSpec] = Field(min_length=1)
+    actions: list[ActionColumnSpec] = Field(min_length=1)
+    reward: str = Field(min_length=1, description="a column name or an expression")
+    reward_row: Literal["current", "next"] = Field(
+        "current",
+        description="evaluate reward and costs of transition t on row t, or on row t + 1",
+    )
+    costs: list[CostSpec] = Field(default_factory=list)
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _number_as_text(cls, reward: Any) -> Any:
+        # YAML reads `reward: 0` as a number; it is a (constant) expression all the same.
+        return str(reward) if isinstance(reward, int | float) else reward
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> PlantLogSchema:
+        for what, names in (
+            ("observations", [spec.column for spec in self.observations]),
+            ("actions", [spec.column for spec in self.actions]),
+            ("costs", [spec.name for spec in self.costs]),
+        ):
+            repeated = sorted({name for name in names if names.count(name) > 1})
+            if repeated:
+                raise ValueError(f"{what} lists {repeated} more than once")
+        return self
+
+
+def load_plant_schema(path: str | os.PathLike[str]) -> PlantLogSchema:
+    """Reads and validates a plant-log schema.
+
+    Raises:
+        DatasetFormatError: naming the schema file, with pydantic's field path and message
+            for a wrong or missing field, or YAML's line for a syntax error.
+    """
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DatasetFormatError("schema file not found", path=path) from None
+    except yaml.YAMLError as error:
+        raise DatasetFormatError(f"invalid YAML: {error}", path=path) from error
+    if not isinstance(document, dict):
+        raise DatasetFormatError(
+            f"expected a mapping of schema fields, got {type(document).__name__}", path=path
+        )
+    try:
+        return PlantLogSchema.model_validate(document)
+    except ValidationError as error:
+        raise DatasetFormatError(f"invalid plant-log schema\n{error}", path=path) from error

@@ -1,0 +1,245 @@
+"""Plant logs in CSV and Parquet with a YAML schema: episodes, signals, card and errors."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from neorl_industrial.integration.datasets import DatasetFormatError, load_any, load_plant_log
+
+SCHEMA = """\
+name: boiler-3
+timestamp: time
+sampling_period: 60
+observations:
+  - {column: temperature, unit: degC, bounds: [0, 500]}
+  - pressure
+actions:
+  - {column: valve, unit: "%", bounds: [0, 100]}
+reward: -abs(temperature - 350) - 0.01 * valve
+costs:
+  - {name: overheating, expression: "max(temperature - 420, 0)", limit: 5.0}
+  - {name: alarm}
+"""
+
+# Two stretches of four rows, 60 s apart (one step 80 s: within 1.5 x 60 s), then a gap.
+SECONDS = [0, 60, 140, 200, 900, 960, 1020, 1080]
+TEMPERATURE = [340.0, 355.0, 430.0, 400.0, 350.0, 351.5, 349.0, 425.0]
+PRESSURE = [1.0, 1.1, 1.2, 1.3, 2.0, 2.1, 2.2, 2.3]
+VALVE = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]
+ALARM = [0, 0, 1, 0, 0, 0, 0, 1]
+
+
+def _table(**changes):
+    columns = {
+        "time": pa.array(np.datetime64("2024-03-01T08:00:00", "s") + np.asarray(SECONDS)),
+        "temperature": TEMPERATURE,
+        "pressure": PRESSURE,
+        "valve": VALVE,
+        "alarm": ALARM,
+        "operator": ["ann"] * 8,  # not used by the schema: ignored
+    }
+    columns.update(changes)
+    return pa.table(columns)
+
+
+def _write(tmp_path, table, kind="csv", schema=SCHEMA):
+    table_path = tmp_path / f"log.{kind}"
+    if kind == "csv":
+        pcsv.write_csv(table, table_path)
+    else:
+        pq.write_table(table, table_path)
+    schema_path = tmp_path / "schema.yaml"
+    schema_path.write_text(textwrap.dedent(schema))
+    return table_path, schema_path
+
+
+def _expected_reward(rows):
+    temperature, valve = np.asarray(TEMPERATURE)[rows], np.asarray(VALVE)[rows]
+    return -np.abs(temperature - 350) - 0.01 * valve
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_log_becomes_episodes_split_at_the_gap(tmp_path, kind):
+    dataset, _ = load_plant_log(*_write(tmp_path, _table(), kind))
+    assert dataset.episode_lengths.tolist() == [3, 3]
+    np.testing.assert_allclose(
+        dataset.observations, np.stack([TEMPERATURE, PRESSURE], axis=1), rtol=1e-6
+    )
+    np.testing.assert_allclose(dataset.actions[:, 0], [10, 20, 30, 50, 60, 70])
+    np.testing.assert_allclose(dataset.rewards, _expected_reward([0, 1, 2, 4, 5, 6]), rtol=1e-6)
+    np.testing.assert_allclose(dataset.costs[:, 0], [0, 0, 10, 0, 0, 0], atol=1e-4)
+    np.testing.assert_allclose(dataset.costs[:, 1], [0, 0, 1, 0, 0, 0])
+    assert dataset.timeouts.tolist() == [False, False, True] * 2
+    assert not dataset.terminals.any()
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_card_carries_units_bounds_definitions_and_limits(tmp_path, kind):
+    _, card = load_plant_log(*_write(tmp_path, _table(), kind))
+    assert card.name == "boiler-3" and card.source == "plant-log"
+    assert card.sampling_period == 60
+    temperature, pressure = card.observation_columns
+    assert (temperature.name, temperature.unit, temperature.bounds) == (
+        "temperature",
+        "degC",
+        (0, 500),
+    )
+    assert (pressure.unit, pressure.bounds) == (None, None)
+    assert card.action_columns[0].bounds == (0, 100) and card.action_columns[0].unit == "%"
+    assert card.cost_names == ["overheating", "alarm"]
+    assert card.cost_limits == {"overheating": 5.0}
+    assert card.definitions["reward"] == "-abs(temperature - 350) - 0.01 * valve"
+    assert card.definitions["alarm"] == "alarm"
+    assert card.sizes.n_transitions == 6 and card.sizes.n_costs == 2
+
+
+def test_episode_and_terminal_columns_with_numeric_seconds(tmp_path):
+    schema = SCHEMA + "episode: batch\nterminal: tripped\nreward_row: next\n"
+    table = _table(
+        time=[0.0, 60.0, 120.0, 180.0, 0.0, 60.0, 120.0, 180.0],  # time restarts per batch
+        batch=["a"] * 4 + ["b"] * 4,
+        tripped=[False, False, True, False, False, False, False, False],
+    )
+    # Batch a ends at the trip (row 2); row 3 alone makes no transition; batch b is whole.
+    with pytest.warns(UserWarning, match="skipped 1 isolated row"):
+        dataset, _ = load_plant_log(*_write(tmp_path, table, "parquet", schema))
+    assert dataset.episode_lengths.tolist() == [2, 3]
+    assert dataset.terminals.tolist() == [False, True, False, False, False]
+    assert dataset.timeouts.tolist() == [False, False, False, False, True]
+    # reward_row: next evaluates transition t's reward on row t + 1.
+    np.testing.assert_allclose(dataset.rewards, _expected_reward([1, 2, 5, 6, 7]), rtol=1e-6)
+
+
+def test_isolated_rows_are_skipped_with_a_warning(tmp_path):
+    seconds = [0, 60, 120, 1000, 2000, 2060]
+    table = _table(
+        time=pa.array(np.asarray(seconds, np.float64)),
+        temperature=TEMPERATURE[:6],
+        pressure=PRESSURE[:6],
+        valve=VALVE[:6],
+        alarm=ALARM[:6],
+        operator=["ann"] * 6,
+    )
+    with pytest.warns(UserWarning, match="skipped 1 isolated row"):
+        dataset, _ = load_plant_log(*_write(tmp_path, table))
+    assert dataset.episode_lengths.tolist() == [2, 1]
+
+
+# ----- bad input ---------------------------------------------------------------------------
+def test_a_missing_column_is_named_with_the_columns_that_exist(tmp_path):
+    schema = SCHEMA.replace("0.01 * valve", "0.01 * valve_position")
+    table_path, _ = _write(tmp_path, _table(), schema=schema)
+    with pytest.raises(DatasetFormatError) as caught:
+        load_plant_log(table_path, tmp_path / "schema.yaml")
+    message = str(caught.value)
+    assert message.startswith(f"{table_path}: column 'valve_position': not in the file")
+    assert "schema.yaml uses it (reward)" in message
+    assert "time, temperature, pressure, valve, alarm, operator" in message
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "message"),
+    [
+        ("csv", np.nan, "column 'pressure', row 5: missing value"),
+        ("csv", np.inf, "column 'pressure', row 5: inf is not a finite number"),
+        ("parquet", np.nan, "column 'pressure', row 5: nan is not a finite number"),
+    ],
+)
+def test_nan_and_inf_name_file_column_and_row(tmp_path, kind, value, message):
+    pressure = list(PRESSURE)
+    pressure[5] = value
+    table_path, schema_path = _write(tmp_path, _table(pressure=pressure), kind)
+    with pytest.raises(DatasetFormatError, match=message) as caught:
+        load_plant_log(table_path, schema_path)
+    assert caught.value.path == str(table_path)
+    assert (caught.value.column, caught.value.row) == ("pressure", 5)
+
+
+def test_timestamps_out_of_order_name_the_row(tmp_path):
+    seconds = list(SECONDS)
+    seconds[3] = 100  # before row 2 (140 s)
+    table = _table(time=pa.array(np.datetime64("2024-03-01T08:00:00", "s") + np.asarray(seconds)))
+    with pytest.raises(
+        DatasetFormatError, match=r"column 'time', row 3: timestamp .* is not after"
+    ):
+        load_plant_log(*_write(tmp_path, table))
+
+
+def test_unparseable_timestamp_names_the_row(tmp_path):
+    stamps = [f"2024-03-01T08:{m:02d}:00" for m in range(8)]
+    stamps[6] = "yesterday"
+    with pytest.raises(
+        DatasetFormatError, match="column 'time', row 6: 'yesterday' is not an ISO 8601"
+    ):
+        load_plant_log(*_write(tmp_path, _table(time=stamps), "parquet"))
+
+
+def test_action_outside_its_bounds_names_column_row_value_and_bounds(tmp_path):
+    valve = list(VALVE)
+    valve[2] = 120.0
+    with pytest.raises(
+        DatasetFormatError,
+        match=r"column 'valve', row 2: action 120.0 is outside the declared bounds \[0.0, 100.0\]",
+    ):
+        load_plant_log(*_write(tmp_path, _table(valve=valve)))
+
+
+def test_a_reward_that_is_not_finite_names_the_row(tmp_path):
+    schema = SCHEMA.replace(
+        "reward: -abs(temperature - 350) - 0.01 * valve", "reward: log(temperature - 345)"
+    )
+    with pytest.raises(DatasetFormatError, match=r"row 0: reward = log\(temperature - 345\)"):
+        load_plant_log(*_write(tmp_path, _table(), schema=schema))
+
+
+def test_episode_ids_must_not_come_back(tmp_path):
+    schema = SCHEMA + "episode: batch\n"
+    table = _table(batch=["a", "a", "b", "b", "a", "a", "c", "c"])
+    with pytest.raises(DatasetFormatError, match="column 'batch', row 4: episode 'a' appears"):
+        load_plant_log(*_write(tmp_path, table, schema=schema))
+
+
+@pytest.mark.parametrize(
+    ("schema", "field", "complaint"),
+    [
+        (SCHEMA.replace(", bounds: [0, 100]}", "}"), "actions.0.bounds", "Field required"),
+        (SCHEMA.replace("sampling_period: 60", "sampling_period: -60"), "sampling_period", ""),
+        (SCHEMA.replace("observations:", "observation:"), "observation", "Extra inputs"),
+        (SCHEMA.replace("bounds: [0, 500]", "bounds: [500, 0]"), "observations.0.bounds", ""),
+    ],
+)
+def test_schema_errors_name_the_schema_file_and_field(tmp_path, schema, field, complaint):
+    table_path, schema_path = _write(tmp_path, _table(), schema=schema)
+    with pytest.raises(DatasetFormatError) as caught:
+        load_plant_log(table_path, schema_path)
+    message = str(caught.value)
+    assert message.startswith(f"{schema_path}: invalid plant-log schema")
+    assert f"\n{field}\n" in message and complaint in message
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["__import__('os').system('true')", "temperature.real", "[temperature][0]", "valve > 3"],
+)
+def test_expressions_outside_the_language_are_rejected(tmp_path, expression):
+    schema = SCHEMA.replace(
+        "reward: -abs(temperature - 350) - 0.01 * valve", f'reward: "{expression}"'
+    )
+    table_path, schema_path = _write(tmp_path, _table(), schema=schema)
+    with pytest.raises(DatasetFormatError, match=r"reward: .* is not allowed") as caught:
+        load_plant_log(table_path, schema_path)
+    assert str(caught.value).startswith(str(schema_path))
+
+
+def test_load_any_needs_the_schema_for_a_plant_log(tmp_path):
+    table_path, schema_path = _write(tmp_path, _table())
+    with pytest.raises(DatasetFormatError, match="needs its YAML schema"):
+        load_any(table_path)
+    dataset, card = load_any(table_path, schema=schema_path)
+    assert dataset.n_transitions == 6 and card.source == "plant-log"
