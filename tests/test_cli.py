@@ -72,3 +72,23 @@ def test_compilation_cache_goes_where_asked(tmp_path, monkeypatch):
         assert jax.config.jax_compilation_cache_dir == str(path)
     finally:
         jax.config.update("jax_compilation_cache_dir", previous)
+
+
+def test_datasets_generate_inspect_and_import(tmp_path, capsys):
+    out = tmp_path / "random"
+    args = ["--no-cache", "datasets", "generate", "--env", "IB-classic-v0", "--quality", "random"]
+    assert cli.main([*args, "--trajectories", "2", "--out", str(out)]) == 0
+    assert "2,000 transitions" in capsys.readouterr().out
+    # Nothing is overwritten without being asked.
+    assert cli.main([*args, "--trajectories", "2", "--out", str(out)]) == 2
+    assert cli.main(["--no-cache", "datasets", "inspect", str(out)]) == 0
+    summary = capsys.readouterr().out
+    assert "n_transitions" in summary and "2000" in summary
+    from neorl_industrial.integration.datasets import load_native, save_neorl_npz
+
+    dataset, _ = load_native(out)
+    save_neorl_npz(dataset, tmp_path / "data.npz")
+    imported = tmp_path / "imported"
+    assert cli.main(["datasets", "import", str(tmp_path / "data.npz"), "--out", str(imported)]) == 0
+    again, _ = load_native(imported)
+    assert again.n_transitions == 2000

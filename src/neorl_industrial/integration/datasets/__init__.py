@@ -4,7 +4,8 @@ sampler for datasets larger than memory.
 
 Every reader returns the on-device :class:`~neorl_industrial.functional.state_management.Dataset`
 and raises :class:`DatasetFormatError` (a ``ValueError``) naming the file, column and row
-of bad input. Every writer is atomic.
+of bad input. Every writer is atomic. The factory makes NeoRL-style datasets of graded
+quality from versioned behaviour policies.
 """
 
 from neorl_industrial.integration.datasets.card import (
@@ -17,6 +18,13 @@ from neorl_industrial.integration.datasets.card import (
 )
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
 from neorl_industrial.integration.datasets.expressions import Expression
+from neorl_industrial.integration.datasets.factory import (
+    QUALITIES,
+    SIZES,
+    BehaviourPolicies,
+    generate_dataset,
+    train_behaviour_policies,
+)
 from neorl_industrial.integration.datasets.inspection import (
     DatasetFormat,
     detect_format,
@@ -37,8 +45,11 @@ from neorl_industrial.integration.datasets.plant_schema import (
 )
 
 __all__ = [
+    "QUALITIES",
+    "SIZES",
     "ActionColumnSpec",
     "ArraySpec",
+    "BehaviourPolicies",
     "BehaviourPolicy",
     "ColumnInfo",
     "ColumnSpec",
@@ -51,6 +62,7 @@ __all__ = [
     "MemmapSampler",
     "PlantLogSchema",
     "detect_format",
+    "generate_dataset",
     "inspect_dataset",
     "load_any",
     "load_minari",
@@ -61,4 +73,5 @@ __all__ = [
     "normalized_score",
     "save_native",
     "save_neorl_npz",
+    "train_behaviour_policies",
 ]
