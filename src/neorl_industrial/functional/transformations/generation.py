@@ -65,22 +65,37 @@ def generate_trajectories(
     reset_key, loop_key = jax.random.split(key)
     states, timestep = env.reset_batch(reset_key, n_trajectories, params)
     batched_policy = jax.vmap(policy, in_axes=(None, 0, 0))
+    # Observations dominate the output (hundreds of values per step for IB-v0). They are
+    # written straight into a batch-major buffer carried through the loop, so they are
+    # written once and need no transpose afterwards; the small per-step outputs are
+    # stacked time-major by the scan and transposed.
+    observations = jnp.zeros(
+        (n_trajectories, n_steps + 1, env.observation_size), timestep.observation.dtype
+    )
 
-    def one_step(carry, step_key):
-        states, observation = carry
+    def one_step(carry, inputs):
+        states, observation, observations = carry
+        step, step_key = inputs
         policy_key, env_key = jax.random.split(step_key)
         actions = batched_policy(
             policy_params, observation, jax.random.split(policy_key, n_trajectories)
         )
+        observations = jax.lax.dynamic_update_slice_in_dim(
+            observations, observation[:, None], step, axis=1
+        )
         states, ts = env.step_env_batch(env_key, states, actions, params)
-        return (states, ts.observation), (observation, actions, ts.reward, ts.cost, ts.terminated)
+        return (states, ts.observation, observations), (actions, ts.reward, ts.cost, ts.terminated)
 
-    (_, last_observation), (observations, actions, rewards, costs, terminated) = jax.lax.scan(
-        one_step, (states, timestep.observation), jax.random.split(loop_key, n_steps)
+    (_, last_observation, observations), (actions, rewards, costs, terminated) = jax.lax.scan(
+        one_step,
+        (states, timestep.observation, observations),
+        (jnp.arange(n_steps), jax.random.split(loop_key, n_steps)),
     )
-    observations = jnp.concatenate([observations, last_observation[None]], axis=0)
+    observations = jax.lax.dynamic_update_slice_in_dim(
+        observations, last_observation[:, None], n_steps, axis=1
+    )
     return Trajectories(
-        observations=jnp.swapaxes(observations, 0, 1),
+        observations=observations,
         actions=jnp.swapaxes(actions, 0, 1),
         rewards=rewards.T,
         costs=jnp.swapaxes(costs, 0, 1),
