@@ -37,6 +37,8 @@ from benchmarks.harness import (
 #: Registered benchmarks: name -> module path (imported only when the benchmark runs).
 BENCHMARKS: dict[str, str] = {
     "env_throughput": "benchmarks.env_throughput",
+    "data_sampling": "benchmarks.data_sampling",
+    "data_generation": "benchmarks.data_generation",
 }
 
 

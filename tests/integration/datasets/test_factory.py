@@ -103,3 +103,14 @@ def test_random_quality_needs_no_policies_and_bad_input_is_named():
     with pytest.raises(ValueError, match="n_trajectories"):
         generate_dataset("IB-v0", "random", 0)
     assert QUALITIES == ("random", "low", "medium", "high", "expert")
+
+
+def test_discrete_environments_use_discretized_continuous_policies(policies):
+    from neorl_industrial.integration.datasets.factory import _discretize
+
+    np.testing.assert_array_equal(_discretize(jax.numpy.array([-1.0, 0.0, 1.0])), 5)
+    np.testing.assert_array_equal(_discretize(jax.numpy.array([0.2, -0.7, 0.9])), 9 + 0 + 2)
+    dataset, card = generate_dataset("IB-discrete-v0", "high", 2, seed=0, policies=policies)
+    actions = np.asarray(dataset.actions)
+    assert dataset.discrete and actions.min() >= 0 and actions.max() <= 26
+    assert card.behaviour_policy.name == "high"

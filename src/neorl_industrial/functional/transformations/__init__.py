@@ -1,3 +1,40 @@
-"""Scan-fused training loops and vmap over seeds.
+"""Scan-fused training loops over the core.
 
-Filled by the algorithm work; empty until then."""
+``train_online`` trains an off-policy agent on a functional environment: every chunk of
+environment steps and gradient updates is one compiled ``lax.scan`` over a device-resident
+replay buffer, and the host evaluates and snapshots the policy between chunks.
+"""
+
+from neorl_industrial.functional.transformations.online import (
+    Evaluation,
+    OnlineCarry,
+    OnlineConfig,
+    OnlineHistory,
+    ProgressFn,
+    ReplayBuffer,
+    RolloutStatistics,
+    init_carry,
+    make_chunk,
+    random_rollout_statistics,
+    replay_buffer_add,
+    replay_buffer_init,
+    replay_buffer_sample,
+    train_online,
+)
+
+__all__ = [
+    "Evaluation",
+    "OnlineCarry",
+    "OnlineConfig",
+    "OnlineHistory",
+    "ProgressFn",
+    "ReplayBuffer",
+    "RolloutStatistics",
+    "init_carry",
+    "make_chunk",
+    "random_rollout_statistics",
+    "replay_buffer_add",
+    "replay_buffer_init",
+    "replay_buffer_sample",
+    "train_online",
+]

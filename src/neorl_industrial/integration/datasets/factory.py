@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
@@ -203,14 +204,27 @@ def train_behaviour_policies(
     )
 
 
+#: Discrete environments act with the policies of their continuous twin, discretized.
+POLICY_SOURCE = {"IB-discrete-v0": "IB-v0"}
+
+
+def _discretize(action: jax.Array) -> jax.Array:
+    """The index of the nearest of the 27 actions {-1, 0, 1}^3 (velocity varies slowest)."""
+    steps = jnp.round(jnp.clip(action, -1.0, 1.0)).astype(jnp.int32) + 1
+    return steps[0] * 9 + steps[1] * 3 + steps[2]
+
+
 def _policy_functions(policies: BehaviourPolicies | None, quality: str, env) -> tuple[Any, Any]:
     """``(policy, policy_params)`` acting as the behaviour policy of ``quality``."""
     if quality == "random":
         return uniform_random_policy(env), None
-    algorithm = make_sac(policies.sac_config, env.observation_size, env.action_size)
+    algorithm = make_sac(
+        policies.sac_config, env.observation_size, 3 if env.discrete else env.action_size
+    )
+    to_env = _discretize if env.discrete else (lambda action: action)
     policy = behaviour_policy(
-        lambda p, obs: algorithm.act(p, obs, deterministic=True),
-        lambda p, obs, key: algorithm.act(p, obs, key),
+        lambda p, obs: to_env(algorithm.act(p, obs, deterministic=True)),
+        lambda p, obs, key: to_env(algorithm.act(p, obs, key)),
         SAMPLE_PROBABILITY,
     )
     return policy, policies.policies[quality]
@@ -258,7 +272,7 @@ def generate_dataset(
         raise ValueError(f"n_trajectories: expected a positive integer, got {n_trajectories!r}")
     env, params = make(env_id)
     if quality != "random" and policies is None:
-        policies = BehaviourPolicies.load(env_id)
+        policies = BehaviourPolicies.load(POLICY_SOURCE.get(env_id, env_id))
     policy, policy_params = _policy_functions(policies, quality, env)
     horizon = int(params.horizon)
     size = min(chunk, n_trajectories)

@@ -1,0 +1,212 @@
+"""Neural networks shared by the online and offline agents (flax.linen).
+
+Every network takes observations that are already normalized; the normalization
+statistics travel with the policy as :class:`ObservationNormalizer` so that an exported
+policy carries everything it needs to act on raw plant observations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+Params = Any
+Activation = Callable[[jax.Array], jax.Array]
+
+_HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
+# Spread of observation features below which a feature counts as constant (e.g. a fixed
+# setpoint); dividing by it would blow up rounding noise, so such features get a scale of 1.
+_MIN_STD = 1e-6
+
+
+class MLP(nn.Module):
+    """A multilayer perceptron.
+
+    Attributes:
+        hidden: widths of the hidden layers.
+        output_size: width of the last (linear) layer; ``None`` ends at the last hidden layer.
+        activation: nonlinearity after every hidden layer.
+        kernel_init: initializer of the hidden layers' weights.
+    """
+
+    hidden: Sequence[int] = (256, 256)
+    output_size: int | None = None
+    activation: Activation = nn.relu
+    kernel_init: Callable[..., jax.Array] = nn.initializers.lecun_normal()
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for width in self.hidden:
+            x = self.activation(nn.Dense(width, kernel_init=self.kernel_init)(x))
+        if self.output_size is not None:
+            x = nn.Dense(self.output_size, kernel_init=self.kernel_init)(x)
+        return x
+
+
+def tanh_gaussian_sample(
+    mean: jax.Array, log_std: jax.Array, key: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Draws ``tanh(u)`` with ``u ~ N(mean, exp(log_std)^2)`` and its log-density.
+
+    The log-density is that of the squashed action: the Gaussian's, minus the log of the
+    Jacobian ``1 - tanh(u)^2`` summed over the action's last axis. The Jacobian is computed
+    from ``u`` as ``2 (log 2 - u - softplus(-2u))``, which stays finite where ``tanh(u)``
+    rounds to ±1.
+
+    Returns:
+        ``(action, log_prob)``: action of the shape of ``mean`` in [-1, 1] (in float32,
+        ``tanh`` of a large ``u`` rounds to ±1), and log_prob with the last axis summed out.
+    """
+    std = jnp.exp(log_std)
+    noise = jax.random.normal(key, mean.shape, mean.dtype)
+    pre_tanh = mean + std * noise
+    gaussian_log_prob = -0.5 * jnp.square(noise) - log_std - _HALF_LOG_TWO_PI
+    log_jacobian = 2.0 * (math.log(2.0) - pre_tanh - jax.nn.softplus(-2.0 * pre_tanh))
+    return jnp.tanh(pre_tanh), jnp.sum(gaussian_log_prob - log_jacobian, axis=-1)
+
+
+def tanh_gaussian_log_prob(mean: jax.Array, log_std: jax.Array, action: jax.Array) -> jax.Array:
+    """Log-density of a given squashed ``action`` (e.g. from a dataset) under the policy.
+
+    Actions are clipped just inside (-1, 1) first: logged actions at the bounds would
+    otherwise have an infinite pre-image.
+    """
+    limit = 1.0 - 1e-6 if action.dtype == jnp.float64 else 1.0 - 1e-5
+    pre_tanh = jnp.arctanh(jnp.clip(action, -limit, limit))
+    noise = (pre_tanh - mean) * jnp.exp(-log_std)
+    gaussian_log_prob = -0.5 * jnp.square(noise) - log_std - _HALF_LOG_TWO_PI
+    log_jacobian = 2.0 * (math.log(2.0) - pre_tanh - jax.nn.softplus(-2.0 * pre_tanh))
+    return jnp.sum(gaussian_log_prob - log_jacobian, axis=-1)
+
+
+class TanhGaussianActor(nn.Module):
+    """A Gaussian policy squashed by ``tanh`` into actions in (-1, 1).
+
+    Calling the module returns ``(mean, log_std)`` of the Gaussian before squashing;
+    ``log_std`` is bounded smoothly to ``[log_std_min, log_std_max]`` so that neither a
+    collapsing nor an exploding spread can produce non-finite log-probabilities.
+
+    Attributes:
+        action_size: length of an action.
+        hidden: widths of the hidden layers.
+        activation: nonlinearity of the hidden layers.
+        log_std_min: smallest log standard deviation.
+        log_std_max: largest log standard deviation.
+    """
+
+    action_size: int
+    hidden: Sequence[int] = (256, 256)
+    activation: Activation = nn.relu
+    log_std_min: float = -5.0
+    log_std_max: float = 2.0
+
+    @nn.compact
+    def __call__(self, observation: jax.Array) -> tuple[jax.Array, jax.Array]:
+        features = MLP(self.hidden, activation=self.activation, name="torso")(observation)
+        mean = nn.Dense(self.action_size, name="mean")(features)
+        raw_log_std = nn.Dense(self.action_size, name="log_std")(features)
+        # A smooth bound keeps a gradient at the limits, unlike a hard clip.
+        span = self.log_std_max - self.log_std_min
+        log_std = self.log_std_min + 0.5 * span * (jnp.tanh(raw_log_std) + 1.0)
+        return mean, log_std
+
+    def sample(
+        self, params: Params, observation: jax.Array, key: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """A squashed action drawn from the policy and its log-probability.
+
+        Works for one observation or a batch (leading axes are kept).
+        """
+        mean, log_std = self.apply(params, observation)
+        return tanh_gaussian_sample(mean, log_std, key)
+
+    def log_prob(self, params: Params, observation: jax.Array, action: jax.Array) -> jax.Array:
+        """Log-probability of given actions in (-1, 1), e.g. for behaviour cloning."""
+        mean, log_std = self.apply(params, observation)
+        return tanh_gaussian_log_prob(mean, log_std, action)
+
+    def mean_action(self, params: Params, observation: jax.Array) -> jax.Array:
+        """The deterministic action ``tanh(mean)``."""
+        mean, _ = self.apply(params, observation)
+        return jnp.tanh(mean)
+
+
+class Critic(nn.Module):
+    """A state-action value ``Q(s, a)``; returns the leading shape of its inputs."""
+
+    hidden: Sequence[int] = (256, 256)
+    activation: Activation = nn.relu
+
+    @nn.compact
+    def __call__(self, observation: jax.Array, action: jax.Array) -> jax.Array:
+        inputs = jnp.concatenate([observation, action], axis=-1)
+        value = MLP(self.hidden, output_size=1, activation=self.activation)(inputs)
+        return jnp.squeeze(value, axis=-1)
+
+
+class CriticEnsemble(nn.Module):
+    """``n_critics`` independent critics evaluated in one vectorized call.
+
+    The critics' parameters are stacked along a leading axis and the critic is ``vmap``ped
+    over it, so the ensemble costs one batched matrix product per layer rather than a
+    Python loop over critics. The output has shape ``[n_critics, *leading]``.
+    """
+
+    hidden: Sequence[int] = (256, 256)
+    n_critics: int = 2
+    activation: Activation = nn.relu
+
+    @nn.compact
+    def __call__(self, observation: jax.Array, action: jax.Array) -> jax.Array:
+        ensemble = nn.vmap(
+            Critic,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=None,
+            out_axes=0,
+            axis_size=self.n_critics,
+        )
+        return ensemble(self.hidden, self.activation, name="critics")(observation, action)
+
+
+@struct.dataclass
+class ObservationNormalizer:
+    """Fixed per-feature statistics that map raw observations to roughly unit scale."""
+
+    mean: jax.Array
+    std: jax.Array
+
+    @classmethod
+    def create(cls, mean: Any, std: Any) -> ObservationNormalizer:
+        """Builds a normalizer from host data (arrays, lists, tuples); features with (near)
+        zero spread are left unscaled."""
+        mean = np.asarray(mean, np.float32)
+        std = np.asarray(std, np.float32)
+        if mean.shape != std.shape or mean.ndim != 1:
+            raise ValueError(
+                f"obs_mean and obs_std: expected two vectors of one length, got shapes "
+                f"{mean.shape} and {std.shape}"
+            )
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+            raise ValueError("obs_mean and obs_std: expected finite numbers")
+        return cls(mean=jnp.asarray(mean), std=jnp.asarray(np.where(std > _MIN_STD, std, 1.0)))
+
+    @classmethod
+    def identity(cls, size: int) -> ObservationNormalizer:
+        """A normalizer that leaves observations unchanged."""
+        return cls(mean=jnp.zeros((size,), jnp.float32), std=jnp.ones((size,), jnp.float32))
+
+    def __call__(self, observation: jax.Array) -> jax.Array:
+        return (observation - self.mean) / self.std
+
+
+def polyak_average(online: Params, target: Params, tau: float) -> Params:
+    """Moves ``target`` a fraction ``tau`` of the way towards ``online``."""
+    return jax.tree.map(lambda o, t: t + tau * (o - t), online, target)

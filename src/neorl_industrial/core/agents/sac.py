@@ -1,0 +1,385 @@
+"""Soft Actor-Critic (Haarnoja et al., 2018) as a NamedTuple of pure functions.
+
+``make_sac(config, obs_size, action_size)`` closes over the static configuration and
+returns ``Algorithm(init, update, act)``; the caller decides where ``jit``, ``vmap`` and
+``lax.scan`` go. Losses are written for one transition and ``vmap``ped over the batch.
+
+The agent trains twin critics (a vmapped :class:`CriticEnsemble`) against Polyak-averaged
+targets and tunes the entropy temperature towards a target entropy of ``-action_size``.
+Actions lie in (-1, 1), the range of the Industrial Benchmark's actions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from neorl_industrial.core.agents.networks import (
+    CriticEnsemble,
+    ObservationNormalizer,
+    Params,
+    TanhGaussianActor,
+    polyak_average,
+)
+
+Metrics = dict[str, jax.Array]
+
+
+@struct.dataclass
+class Batch:
+    """A batch of transitions, every leaf with a leading batch axis.
+
+    Attributes:
+        observations: ``[B, obs_size]`` raw (unnormalized) observations.
+        actions: ``[B, action_size]`` actions in (-1, 1).
+        rewards: ``[B]`` raw rewards; the algorithm applies its own reward scaling.
+        next_observations: ``[B, obs_size]`` the observation after the action (the final
+            one when the episode ended there).
+        discounts: ``[B]`` 0 where the episode terminated (no bootstrapping), 1 otherwise;
+            truncation by a time limit is not termination. The algorithm multiplies in
+            its own ``gamma``.
+    """
+
+    observations: jax.Array
+    actions: jax.Array
+    rewards: jax.Array
+    next_observations: jax.Array
+    discounts: jax.Array
+
+
+@struct.dataclass
+class PolicyParams:
+    """Everything the policy needs to act on raw observations; what gets saved."""
+
+    actor: Params
+    normalizer: ObservationNormalizer
+
+
+@struct.dataclass
+class SACState:
+    """Training state of SAC.
+
+    Attributes:
+        policy: actor parameters and observation normalization.
+        critic: parameters of the critic ensemble (leading axis: critic).
+        target_critic: Polyak-averaged copy of ``critic``.
+        actor_opt_state: optimizer state of the actor.
+        critic_opt_state: optimizer state of the critics.
+        log_alpha: log of the entropy temperature.
+        alpha_opt_state: optimizer state of the temperature.
+        step: number of updates applied.
+    """
+
+    policy: PolicyParams
+    critic: Params
+    target_critic: Params
+    actor_opt_state: optax.OptState
+    critic_opt_state: optax.OptState
+    log_alpha: jax.Array
+    alpha_opt_state: optax.OptState
+    step: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SACConfig:
+    """Hyperparameters of SAC. Static: changing one builds a new algorithm.
+
+    Attributes:
+        actor_lr: Adam learning rate of the actor.
+        critic_lr: Adam learning rate of the critics.
+        alpha_lr: Adam learning rate of the log temperature.
+        gamma: discount factor.
+        tau: Polyak averaging rate of the target critics.
+        hidden: hidden layer widths of actor and critics.
+        n_critics: critics in the ensemble; the minimum over them is bootstrapped.
+        reward_scale: rewards enter the losses as ``reward_scale * (reward + reward_shift)``.
+        reward_shift: see ``reward_scale``. A constant shift leaves the optimal policy
+            unchanged only for tasks that never terminate (such as the Industrial
+            Benchmark, which only truncates).
+        initial_alpha: entropy temperature at initialization.
+        target_entropy: entropy the temperature is tuned towards; ``None`` for
+            ``-action_size``.
+        max_grad_norm: clip every gradient to this global norm; ``None`` disables it.
+        obs_mean: per-feature observation mean (e.g. of a random-policy rollout); ``None``
+            leaves observations unnormalized. Stored as a tuple so the config stays
+            hashable and loggable.
+        obs_std: per-feature observation standard deviation, with ``obs_mean``.
+    """
+
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    alpha_lr: float = 3e-4
+    gamma: float = 0.99
+    tau: float = 0.005
+    hidden: tuple[int, ...] = (256, 256)
+    n_critics: int = 2
+    reward_scale: float = 1.0
+    reward_shift: float = 0.0
+    initial_alpha: float = 1.0
+    target_entropy: float | None = None
+    max_grad_norm: float | None = None
+    obs_mean: tuple[float, ...] | None = None
+    obs_std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("obs_mean", "obs_std"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _float_tuple(name, value))
+        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        if (self.obs_mean is None) != (self.obs_std is None):
+            raise ValueError("obs_mean and obs_std: give both or neither")
+        if self.obs_mean is not None and len(self.obs_mean) != len(self.obs_std):
+            raise ValueError(
+                f"obs_std: expected {len(self.obs_mean)} values like obs_mean, "
+                f"got {len(self.obs_std)}"
+            )
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma: must lie in [0, 1], got {self.gamma}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
+        if self.n_critics < 1:
+            raise ValueError(f"n_critics: expected a positive integer, got {self.n_critics}")
+        if not self.hidden or min(self.hidden) < 1:
+            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
+        if self.initial_alpha <= 0.0:
+            raise ValueError(f"initial_alpha: must be positive, got {self.initial_alpha}")
+        for name in ("actor_lr", "critic_lr", "alpha_lr"):
+            if getattr(self, name) <= 0.0:
+                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+
+
+class Algorithm(NamedTuple):
+    """An agent as pure functions.
+
+    Attributes:
+        init: ``init(key) -> state``.
+        update: ``update(state, batch, key) -> (state, metrics)``; metrics are scalars.
+        act: ``act(policy_params, observation, key, deterministic=False) -> action``, for
+            one observation or a batch; ``deterministic`` is a Python bool.
+    """
+
+    init: Callable[[jax.Array], Any]
+    update: Callable[[Any, Batch, jax.Array], tuple[Any, Metrics]]
+    act: Callable[..., jax.Array]
+
+
+# ----- losses of one transition ---------------------------------------------------------
+def soft_td_loss(
+    q_tm1: jax.Array,
+    r_t: jax.Array,
+    discount_t: jax.Array,
+    q_t: jax.Array,
+    log_prob_t: jax.Array,
+    alpha: jax.Array,
+) -> jax.Array:
+    """Squared soft TD error of every critic for one transition.
+
+    Args:
+        q_tm1: ``[n_critics]`` values of the taken action.
+        r_t: scaled reward.
+        discount_t: ``gamma`` times the continuation flag.
+        q_t: ``[n_critics]`` target-critic values of the next action.
+        log_prob_t: log-probability of the next action under the current policy.
+        alpha: entropy temperature.
+
+    Returns:
+        Half the squared error summed over critics.
+    """
+    chex.assert_rank(q_tm1, 1)
+    chex.assert_shape(q_t, q_tm1.shape)
+    chex.assert_rank([r_t, discount_t, log_prob_t, alpha], 0)
+    soft_value_t = jnp.min(q_t) - alpha * log_prob_t
+    target = jax.lax.stop_gradient(r_t + discount_t * soft_value_t)
+    return 0.5 * jnp.sum(jnp.square(q_tm1 - target))
+
+
+def actor_loss(q: jax.Array, log_prob: jax.Array, alpha: jax.Array) -> jax.Array:
+    """Policy loss of one state: temperature-weighted log-probability minus the value.
+
+    Args:
+        q: ``[n_critics]`` values of the action the policy drew.
+        log_prob: its log-probability.
+        alpha: entropy temperature (not trained by this loss).
+    """
+    chex.assert_rank(q, 1)
+    chex.assert_rank([log_prob, alpha], 0)
+    return jax.lax.stop_gradient(alpha) * log_prob - jnp.min(q)
+
+
+def temperature_loss(log_alpha: jax.Array, log_prob: jax.Array, target_entropy: float) -> jax.Array:
+    """Loss of the log temperature for one state: raises it while the policy's entropy
+    is below the target, lowers it while above."""
+    chex.assert_rank([log_alpha, log_prob], 0)
+    return -log_alpha * jax.lax.stop_gradient(log_prob + target_entropy)
+
+
+# ----- the algorithm -----------------------------------------------------------------
+def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
+    """Builds SAC for observations of ``obs_size`` and actions of ``action_size``.
+
+    Raises:
+        ValueError: when the sizes are not positive or disagree with the config's
+            observation statistics.
+    """
+    if obs_size < 1 or action_size < 1:
+        raise ValueError(
+            f"obs_size and action_size: expected positive sizes, got {obs_size}, {action_size}"
+        )
+    if config.obs_mean is not None and len(config.obs_mean) != obs_size:
+        raise ValueError(
+            f"obs_mean: has {len(config.obs_mean)} values but observations have {obs_size}"
+        )
+    actor = TanhGaussianActor(action_size, config.hidden)
+    critic = CriticEnsemble(config.hidden, config.n_critics)
+    target_entropy = (
+        -float(action_size) if config.target_entropy is None else float(config.target_entropy)
+    )
+
+    def optimizer(learning_rate: float) -> optax.GradientTransformation:
+        adam = optax.adam(learning_rate)
+        if config.max_grad_norm is None:
+            return adam
+        return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adam)
+
+    actor_optimizer = optimizer(config.actor_lr)
+    critic_optimizer = optimizer(config.critic_lr)
+    alpha_optimizer = optax.adam(config.alpha_lr)
+
+    def init(key: jax.Array) -> SACState:
+        actor_key, critic_key = jax.random.split(key)
+        observation = jnp.zeros((1, obs_size), jnp.float32)
+        action = jnp.zeros((1, action_size), jnp.float32)
+        actor_params = actor.init(actor_key, observation)
+        critic_params = critic.init(critic_key, observation, action)
+        if config.obs_mean is None:
+            normalizer = ObservationNormalizer.identity(obs_size)
+        else:
+            normalizer = ObservationNormalizer.create(config.obs_mean, config.obs_std)
+        log_alpha = jnp.asarray(np.log(config.initial_alpha), jnp.float32)
+        return SACState(
+            policy=PolicyParams(actor=actor_params, normalizer=normalizer),
+            critic=critic_params,
+            # A copy, not an alias: callers may donate the state to a jitted update.
+            target_critic=jax.tree.map(jnp.copy, critic_params),
+            actor_opt_state=actor_optimizer.init(actor_params),
+            critic_opt_state=critic_optimizer.init(critic_params),
+            log_alpha=log_alpha,
+            alpha_opt_state=alpha_optimizer.init(log_alpha),
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    def update(state: SACState, batch: Batch, key: jax.Array) -> tuple[SACState, Metrics]:
+        batch_size = batch.rewards.shape[0]
+        chex.assert_shape(batch.observations, (batch_size, obs_size))
+        chex.assert_shape(batch.next_observations, (batch_size, obs_size))
+        chex.assert_shape(batch.actions, (batch_size, action_size))
+        chex.assert_shape([batch.rewards, batch.discounts], (batch_size,))
+        next_key, actor_key = jax.random.split(key)
+        normalize = state.policy.normalizer
+        observations = normalize(batch.observations)
+        next_observations = normalize(batch.next_observations)
+        rewards = config.reward_scale * (batch.rewards + config.reward_shift)
+        discounts = config.gamma * batch.discounts
+        alpha = jnp.exp(state.log_alpha)
+
+        # Critics: regress towards the soft value of the next state under the policy.
+        next_actions, next_log_probs = actor.sample(state.policy.actor, next_observations, next_key)
+        next_q = critic.apply(state.target_critic, next_observations, next_actions)
+
+        def critic_objective(critic_params: Params) -> tuple[jax.Array, jax.Array]:
+            q = critic.apply(critic_params, observations, batch.actions)
+            losses = jax.vmap(soft_td_loss, in_axes=(1, 0, 0, 1, 0, None))(
+                q, rewards, discounts, next_q, next_log_probs, alpha
+            )
+            return jnp.mean(losses), q
+
+        (critic_loss_value, q), critic_grads = jax.value_and_grad(critic_objective, has_aux=True)(
+            state.critic
+        )
+        critic_updates, critic_opt_state = critic_optimizer.update(
+            critic_grads, state.critic_opt_state, state.critic
+        )
+        critic_params = optax.apply_updates(state.critic, critic_updates)
+
+        # Actor: maximize the (freshly updated) critics' value plus entropy.
+        def actor_objective(actor_params: Params) -> tuple[jax.Array, jax.Array]:
+            actions, log_probs = actor.sample(actor_params, observations, actor_key)
+            q_policy = critic.apply(critic_params, observations, actions)
+            losses = jax.vmap(actor_loss, in_axes=(1, 0, None))(q_policy, log_probs, alpha)
+            return jnp.mean(losses), log_probs
+
+        (actor_loss_value, log_probs), actor_grads = jax.value_and_grad(
+            actor_objective, has_aux=True
+        )(state.policy.actor)
+        actor_updates, actor_opt_state = actor_optimizer.update(
+            actor_grads, state.actor_opt_state, state.policy.actor
+        )
+        actor_params = optax.apply_updates(state.policy.actor, actor_updates)
+
+        # Temperature: keep the policy's entropy near the target.
+        def temperature_objective(log_alpha: jax.Array) -> jax.Array:
+            losses = jax.vmap(temperature_loss, in_axes=(None, 0, None))(
+                log_alpha, log_probs, target_entropy
+            )
+            return jnp.mean(losses)
+
+        alpha_loss_value, alpha_grad = jax.value_and_grad(temperature_objective)(state.log_alpha)
+        alpha_updates, alpha_opt_state = alpha_optimizer.update(
+            alpha_grad, state.alpha_opt_state, state.log_alpha
+        )
+        log_alpha = optax.apply_updates(state.log_alpha, alpha_updates)
+
+        new_state = state.replace(
+            policy=state.policy.replace(actor=actor_params),
+            critic=critic_params,
+            target_critic=polyak_average(critic_params, state.target_critic, config.tau),
+            actor_opt_state=actor_opt_state,
+            critic_opt_state=critic_opt_state,
+            log_alpha=log_alpha,
+            alpha_opt_state=alpha_opt_state,
+            step=state.step + 1,
+        )
+        metrics = {
+            "critic_loss": critic_loss_value,
+            "actor_loss": actor_loss_value,
+            "alpha_loss": alpha_loss_value,
+            "alpha": alpha,
+            "entropy": -jnp.mean(log_probs),
+            "q_mean": jnp.mean(q),
+            "scaled_reward_mean": jnp.mean(rewards),
+        }
+        return new_state, metrics
+
+    def act(
+        policy_params: PolicyParams,
+        observation: jax.Array,
+        key: jax.Array | None = None,
+        deterministic: bool = False,
+    ) -> jax.Array:
+        normalized = policy_params.normalizer(observation)
+        if deterministic:
+            return actor.mean_action(policy_params.actor, normalized)
+        if key is None:
+            raise ValueError("key: a stochastic action needs a PRNG key")
+        action, _ = actor.sample(policy_params.actor, normalized, key)
+        return action
+
+    return Algorithm(init=init, update=update, act=act)
+
+
+def _float_tuple(name: str, value: Any) -> tuple[float, ...]:
+    array = np.asarray(value, dtype=np.float64)
+    if array.ndim != 1:
+        raise ValueError(f"{name}: expected a vector, got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name}: expected finite numbers")
+    return tuple(float(x) for x in array)
