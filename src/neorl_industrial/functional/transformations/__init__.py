@@ -3,8 +3,14 @@
 ``train_online`` trains an off-policy agent on a functional environment: every chunk of
 environment steps and gradient updates is one compiled ``lax.scan`` over a device-resident
 replay buffer, and the host evaluates and snapshots the policy between chunks.
+``generate_trajectories`` rolls out behaviour policies into offline data.
 """
 
+from neorl_industrial.functional.transformations.generation import (
+    Trajectories,
+    behaviour_policy,
+    generate_trajectories,
+)
 from neorl_industrial.functional.transformations.online import (
     Evaluation,
     OnlineCarry,
@@ -30,6 +36,9 @@ __all__ = [
     "ProgressFn",
     "ReplayBuffer",
     "RolloutStatistics",
+    "Trajectories",
+    "behaviour_policy",
+    "generate_trajectories",
     "init_carry",
     "make_chunk",
     "random_rollout_statistics",
