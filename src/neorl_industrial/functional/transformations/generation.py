@@ -53,8 +53,14 @@ def generate_trajectories(
     n_steps: int,
     *,
     policy_params: Any = None,
+    observation_buffer: jax.Array | None = None,
 ) -> Trajectories:
     """Rolls out ``n_trajectories`` fresh episodes of ``n_steps`` steps.
+
+    ``observation_buffer`` (``[n_trajectories, n_steps + 1, obs_size]``, contents ignored)
+    is written into instead of a new array; a caller generating many chunks donates the
+    previous chunk's observations here, which saves allocating (and page-faulting) the
+    largest output every time.
 
     Pure and jit-compatible (``env``, ``policy``, ``n_trajectories`` and ``n_steps`` are
     static). Every step's observation is recorded once; the next observation is the
@@ -69,9 +75,15 @@ def generate_trajectories(
     # written straight into a batch-major buffer carried through the loop, so they are
     # written once and need no transpose afterwards; the small per-step outputs are
     # stacked time-major by the scan and transposed.
-    observations = jnp.zeros(
-        (n_trajectories, n_steps + 1, env.observation_size), timestep.observation.dtype
-    )
+    shape = (n_trajectories, n_steps + 1, env.observation_size)
+    if observation_buffer is None:
+        observations = jnp.zeros(shape, timestep.observation.dtype)
+    elif observation_buffer.shape != shape:
+        raise ValueError(
+            f"observation_buffer: expected shape {shape}, got {observation_buffer.shape}"
+        )
+    else:
+        observations = observation_buffer
 
     def one_step(carry, inputs):
         states, observation, observations = carry

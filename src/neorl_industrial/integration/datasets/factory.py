@@ -277,16 +277,32 @@ def generate_dataset(
     horizon = int(params.horizon)
     size = min(chunk, n_trajectories)
     generate = jax.jit(
-        lambda key: generate_trajectories(
-            key, env, params, policy, size, horizon, policy_params=policy_params
-        )
+        lambda key, buffer: generate_trajectories(
+            key,
+            env,
+            params,
+            policy,
+            size,
+            horizon,
+            policy_params=policy_params,
+            observation_buffer=buffer,
+        ),
+        donate_argnums=1,
     )
-    keys = jax.random.split(jax.random.PRNGKey(seed), math.ceil(n_trajectories / size))
-    parts = [jax.device_get(generate(key)) for key in keys]
-    arrays = {
-        field: np.concatenate([getattr(part, field) for part in parts])[:n_trajectories]
-        for field in ("observations", "actions", "rewards", "costs", "terminated")
-    }
+    n_chunks = math.ceil(n_trajectories / size)
+    keys = jax.random.split(jax.random.PRNGKey(seed), n_chunks)
+    # Host arrays are filled chunk by chunk; the device buffer of observations is reused.
+    arrays: dict[str, np.ndarray] = {}
+    buffer = jnp.zeros((size, horizon + 1, env.observation_size), jnp.float32)
+    for index, key in enumerate(keys):
+        part = generate(key, buffer)
+        rows = slice(index * size, min((index + 1) * size, n_trajectories))
+        for field in ("observations", "actions", "rewards", "costs", "terminated"):
+            values = np.asarray(getattr(part, field))[: rows.stop - rows.start]
+            if field not in arrays:
+                arrays[field] = np.empty((n_trajectories, *values.shape[1:]), values.dtype)
+            arrays[field][rows] = values
+        buffer = part.observations
     dataset = Dataset.from_trajectories(**arrays, name=f"{env_id}-{quality}")
     returns = np.asarray(dataset.episode_returns())
     reference = policies.returns_per_step if policies is not None else None
