@@ -215,7 +215,9 @@ def command_datasets_train_policies(args: argparse.Namespace) -> int:
         shown = ", ".join(f"{k} {v:,.3g}" for k, v in metrics.items() if isinstance(v, float))
         console.print(f"chunk {chunk}: {shown}")
 
-    online = OnlineConfig(total_env_steps=args.env_steps, seed=args.seed)
+    online = OnlineConfig(
+        total_env_steps=args.env_steps, eval_every=args.eval_every, seed=args.seed
+    )
     policies = train_behaviour_policies(
         args.env, version=args.version, seed=args.seed, online=online, progress=progress
     )
@@ -305,6 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--env", default="IB-v0", choices=sorted(registered_envs()))
     train.add_argument("--version", default="v1")
     train.add_argument("--env-steps", type=_positive_int, default=200_000)
+    train.add_argument(
+        "--eval-every",
+        type=_positive_int,
+        default=2400,
+        help="env steps between evaluations (snapshots to pick qualities from)",
+    )
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--out", help="root directory (default: the package's own)")
     train.add_argument("--overwrite", action="store_true")
