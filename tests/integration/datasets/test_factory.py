@@ -114,3 +114,26 @@ def test_discrete_environments_use_discretized_continuous_policies(policies):
     actions = np.asarray(dataset.actions)
     assert dataset.discrete and actions.min() >= 0 and actions.max() <= 26
     assert card.behaviour_policy.name == "high"
+
+
+@pytest.mark.parametrize("env_id", ["IB-v0", "IB-classic-v0"])
+def test_shipped_behaviour_policies_are_graded(env_id):
+    shipped = BehaviourPolicies.load(env_id)
+    returns = shipped.returns_per_step
+    ordered = [returns[quality] for quality in QUALITIES]
+    assert ordered == sorted(ordered), returns
+    span = returns["expert"] - returns["random"]
+    # The trained qualities sit near 25 / 50 / 75 % of the way from random to expert.
+    for quality, fraction in (("low", 0.25), ("medium", 0.5), ("high", 0.75)):
+        assert abs((returns[quality] - returns["random"]) / span - fraction) < 0.15, returns
+    # And the expert clearly beats holding the initial setting (about -209 per step).
+    assert returns["expert"] > -200.0
+
+
+def test_shipped_expert_generates_better_data_than_random():
+    expert, card = generate_dataset("IB-v0", "expert", 2, seed=0)
+    random, _ = generate_dataset("IB-v0", "random", 2, seed=0)
+    assert card.behaviour_policy.version == "v1"
+    assert float(expert.episode_returns().mean()) > float(random.episode_returns().mean()) + 50_000
+    scores = card.normalized_score(np.asarray(expert.episode_returns()))
+    assert np.all(scores > 60.0)
