@@ -66,11 +66,12 @@ TARGETS: dict[str, tuple[str, float, str]] = {
         ">=",
         1_000_000.0,
         f"transitions/s of the jitted generate_trajectories ({TARGET_POLICY} behaviour "
-        "policy, best n_trajectories)",
+        "policy, best n_trajectories), writing into a reused donated buffer as the "
+        "dataset factory does",
     ),
 }
 
-STAGES = ("jax", "with_transfer", "end_to_end")
+STAGES = ("jax", "jax_reused_buffer", "with_transfer", "end_to_end")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +191,28 @@ def measure_generation(
         last["dataset"] = jax.block_until_ready(dataset)
         return last["dataset"]
 
+    # The factory's path: the previous call's observation buffer is donated and written
+    # again, so the largest output is neither allocated nor page-faulted per call.
+    def generate_into(key: Any, policy_params: Any, buffer: Any) -> Any:
+        return generate_trajectories(
+            key,
+            env,
+            env_params,
+            policy,
+            n_trajectories,
+            n_steps,
+            policy_params=policy_params,
+            observation_buffer=buffer,
+        )
+
+    reusing = jax.jit(generate_into, donate_argnums=2)
+    buffers = [compiled(key, policy_params).observations]
+
+    def jax_reused_buffer() -> Any:
+        out = jax.block_until_ready(reusing(key, policy_params, buffers.pop()))
+        buffers.append(out.observations)
+        return out
+
     entry: dict[str, Any] = {
         "n_trajectories": n_trajectories,
         "n_steps": n_steps,
@@ -199,6 +222,7 @@ def measure_generation(
     # The compiled call is warm after the first timing; later stages start straight away.
     for name, fn, warmup in (
         ("jax", jax_part, 1),
+        ("jax_reused_buffer", jax_reused_buffer, 1),
         ("with_transfer", with_transfer, 0),
         ("end_to_end", end_to_end, 0),
     ):
@@ -361,9 +385,13 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         "components": components,
         "summary": summary,
         "targets": evaluate_targets(
-            {"jax_transitions_per_s": target_entry["jax_transitions_per_s"]}, TARGETS
+            {"jax_transitions_per_s": target_entry["jax_reused_buffer_transitions_per_s"]},
+            TARGETS,
         ),
     }
+    results["targets"]["jax_transitions_per_s"]["fresh_buffer_transitions_per_s"] = target_entry[
+        "jax_transitions_per_s"
+    ]
     results["targets"]["jax_transitions_per_s"]["end_to_end_transitions_per_s"] = target_entry[
         "end_to_end_transitions_per_s"
     ]
@@ -393,6 +421,8 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         },
         "stages": {
             "jax": "jitted generate_trajectories, block_until_ready",
+            "jax_reused_buffer": "the same, writing into the previous call's donated "
+            "observation buffer (the dataset factory's path)",
             "with_transfer": "+ jax.device_get to numpy",
             "end_to_end": "+ Dataset.from_trajectories, block_until_ready",
         },
@@ -410,7 +440,15 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
     rates = Table(
         f"data_generation: transitions/s on {config.get('env_id', ENV_ID)}, "
         f"{config.get('n_steps')} steps per trajectory",
-        ["policy", "n_trajectories", "jax", "+ transfer", "end to end", "compile s"],
+        [
+            "policy",
+            "n_trajectories",
+            "jax",
+            "jax, reused buffer",
+            "+ transfer",
+            "end to end",
+            "compile s",
+        ],
         [],
         caption=f"cumulative stages; CPU affinity {affinity}",
     )

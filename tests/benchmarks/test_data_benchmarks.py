@@ -165,13 +165,14 @@ def test_generation_summary_picks_the_best_size() -> None:
             "n_trajectories": n,
             **{
                 s: {"transitions_per_s": r * f}
-                for s, f in zip(data_generation.STAGES, (1.0, 0.9, 0.5), strict=True)
+                for s, f in zip(data_generation.STAGES, (1.0, 1.5, 0.9, 0.5), strict=True)
             },
         }
         for n, r in ((100, 3.0), (500, 5.0), (1000, 4.0))
     ]
     summary = data_generation.summarise({"mlp": rows})["mlp"]
     assert summary["jax_transitions_per_s"] == 5.0 and summary["jax_n_trajectories"] == 500
+    assert summary["jax_reused_buffer_transitions_per_s"] == 7.5
     assert summary["end_to_end_transitions_per_s"] == 2.5
 
 

@@ -116,7 +116,7 @@ def test_discrete_environments_use_discretized_continuous_policies(policies):
     assert card.behaviour_policy.name == "high"
 
 
-@pytest.mark.parametrize("env_id", ["IB-v0", "IB-classic-v0"])
+@pytest.mark.parametrize("env_id", ["IB-v0", "IB-classic-v0", "IB-nonstationary-v0"])
 def test_shipped_behaviour_policies_are_graded(env_id):
     shipped = BehaviourPolicies.load(env_id)
     returns = shipped.returns_per_step
