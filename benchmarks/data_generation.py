@@ -35,13 +35,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.data_sampling import evaluate_targets
-from benchmarks.harness import Table, rate, time_best
+from benchmarks.harness import Table, evaluate_targets, progress, rate, time_best
 
 NAME = "data_generation"
 DESCRIPTION = (
@@ -89,11 +87,6 @@ def settings(quick: bool) -> Settings:
     if quick:
         return Settings(quick=True, repeats=2, sizes=(20, 100), n_steps=200)
     return Settings(quick=False, repeats=3, sizes=(100, 500, 1000), n_steps=1000)
-
-
-def _progress(message: str) -> None:
-    """One line on standard error, so that a long run shows where it is."""
-    print(f"  {message}", file=sys.stderr, flush=True)
 
 
 def cpu_affinity() -> list[int] | None:
@@ -290,7 +283,7 @@ def measure_components(
         ("mean_action_only", mean_action_only, (key, policy_params)),
         ("layout_only", layout_only, (recorded,)),
     ):
-        _progress(f"component {name}, n_envs={n_envs}, {n_steps} steps")
+        progress(f"component {name}, n_envs={n_envs}, {n_steps} steps")
         compiled, compile_s = _compile(fn, *args)
         best, times = time_best(
             lambda compiled=compiled, args=args: jax.block_until_ready(compiled(*args)), repeats
@@ -358,7 +351,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         policy, policy_params = make_policy(env, hidden)
         rows = []
         for n_trajectories in cfg.sizes:
-            _progress(f"{name}: {n_trajectories} trajectories x {cfg.n_steps} steps")
+            progress(f"{name}: {n_trajectories} trajectories x {cfg.n_steps} steps")
             rows.append(
                 measure_generation(
                     env,

@@ -51,7 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import Table, rate, ratio, time_best
+from benchmarks.harness import Table, progress, rate, ratio, time_best
+from benchmarks.harness import evaluate_targets as harness_evaluate_targets
 
 NAME = "data_sampling"
 DESCRIPTION = (
@@ -133,11 +134,6 @@ def settings(quick: bool) -> Settings:
         d3rlpy_batches={"uniform": 100, "nstep": 100, "windows": 30},
         python_batches={"uniform": 100, "nstep": 100, "windows": 30},
     )
-
-
-def _progress(message: str) -> None:
-    """One line on standard error, so that a long run shows where it is."""
-    print(f"  {message}", file=sys.stderr, flush=True)
 
 
 def peak_rss_bytes() -> int:
@@ -621,7 +617,7 @@ def measure_d3rlpy(flat: Mapping[str, np.ndarray], cfg: Settings) -> dict[str, A
     np.random.seed(0)  # d3rlpy draws from numpy's global generator
     for name, (api, call) in calls.items():
         n_batches = cfg.d3rlpy_batches[name]
-        _progress(f"d3rlpy {name}: {n_batches} batches")
+        progress(f"d3rlpy {name}: {n_batches} batches")
 
         def loop(call: Callable[[], Any] = call, n_batches: int = n_batches) -> None:
             for _ in range(n_batches):
@@ -643,40 +639,8 @@ def evaluate_targets(
     values: Mapping[str, float | None],
     targets: Mapping[str, tuple[str, float, str]] = TARGETS,
 ) -> dict[str, dict[str, Any]]:
-    """Each goal with its measured value and whether it was met.
-
-    Args:
-        values: measured value of each goal (None or missing when not measured).
-        targets: name -> ``(comparison, threshold, what)``; comparison is one of
-            ``>=``, ``>``, ``<=``, ``<``.
-
-    Returns:
-        name -> ``{"value", "comparison", "threshold", "passed", "what"}``, ``passed``
-        None when the value is missing.
-
-    Raises:
-        ValueError: for an unknown comparison.
-    """
-    checks: dict[str, Callable[[float, float], bool]] = {
-        ">=": lambda value, threshold: value >= threshold,
-        ">": lambda value, threshold: value > threshold,
-        "<=": lambda value, threshold: value <= threshold,
-        "<": lambda value, threshold: value < threshold,
-    }
-    evaluated = {}
-    for name, (comparison, threshold, what) in targets.items():
-        if comparison not in checks:
-            raise ValueError(f"{name}: unknown comparison {comparison!r}")
-        value = values.get(name)
-        passed = None if value is None else bool(checks[comparison](value, threshold))
-        evaluated[name] = {
-            "value": value,
-            "comparison": comparison,
-            "threshold": threshold,
-            "passed": passed,
-            "what": what,
-        }
-    return evaluated
+    """This benchmark's goals (see :func:`benchmarks.harness.evaluate_targets`)."""
+    return harness_evaluate_targets(values, targets)
 
 
 def sampler_ratios(entry: Mapping[str, Any]) -> dict[str, float | None]:
@@ -713,13 +677,13 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     cfg = settings(quick)
     process: dict[str, Any] = {"start": memory_snapshot()}
 
-    _progress(f"synthesizing {cfg.n_episodes} episodes x {cfg.episode_length} steps")
+    progress(f"synthesizing {cfg.n_episodes} episodes x {cfg.episode_length} steps")
     start = time.perf_counter()
     trajectories = synthesize(cfg.n_episodes, cfg.episode_length)
     synthesize_s = time.perf_counter() - start
     process["after_synthesis"] = memory_snapshot()
 
-    _progress("building Dataset.from_trajectories")
+    progress("building Dataset.from_trajectories")
     start = time.perf_counter()
     dataset = build_dataset(trajectories)
     build_s = time.perf_counter() - start
@@ -739,16 +703,16 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
 
     samplers: dict[str, dict[str, Any]] = {name: {} for name in SAMPLERS}
     for name, sampler in our_samplers().items():
-        _progress(f"ours {name}: fused, {cfg.fused_batches[name]} batches per call")
+        progress(f"ours {name}: fused, {cfg.fused_batches[name]} batches per call")
         samplers[name]["ours_fused"] = measure_fused(
             sampler, dataset, starts, cfg.fused_batches[name], cfg.repeats
         )
-        _progress(f"ours {name}: one jitted call per batch, {cfg.per_call_batches[name]}")
+        progress(f"ours {name}: one jitted call per batch, {cfg.per_call_batches[name]}")
         samplers[name]["ours_per_call"] = measure_per_call(
             sampler, dataset, starts, cfg.per_call_batches[name], cfg.repeats
         )
 
-    _progress("uniform components: RNG alone, gathers alone")
+    progress("uniform components: RNG alone, gathers alone")
     components = measure_components(dataset, cfg.fused_batches["uniform"], cfg.repeats)
     fused_uniform = samplers["uniform"]["ours_fused"]
     components["fused"] = {
@@ -759,12 +723,12 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     arrays = host_arrays(dataset)
     valid_starts = np.asarray(starts)
     for name in SAMPLERS:
-        _progress(f"python loop {name}: {cfg.python_batches[name]} batches")
+        progress(f"python loop {name}: {cfg.python_batches[name]} batches")
         samplers[name]["python_loop"] = measure_python_loop(
             name, arrays, valid_starts, cfg.python_batches[name], cfg.repeats
         )
 
-    _progress("d3rlpy: building MDPDataset")
+    progress("d3rlpy: building MDPDataset")
     d3rlpy_result = measure_d3rlpy(d3rlpy_flat(trajectories), cfg)
     for stage in ("import", "build"):
         if f"memory_after_{stage}" in d3rlpy_result:

@@ -54,7 +54,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.harness import Table, rate, ratio, time_best
+from benchmarks.harness import Table, progress, rate, ratio, time_best
+from benchmarks.harness import evaluate_targets as harness_evaluate_targets
 
 NAME = "env_throughput"
 DESCRIPTION = "Environment steps/s: reference Python IB vs JAX scan, vmap batches, Gymnasium"
@@ -132,11 +133,6 @@ def settings(quick: bool) -> Settings:
 
 
 # --------------------------------------------------------------------------- measurements
-
-
-def _progress(message: str) -> None:
-    """One line on standard error, so that a long run shows where it is."""
-    print(f"  {message}", file=sys.stderr, flush=True)
 
 
 def measure_reference(n_steps: int, repeats: int) -> dict[str, Any]:
@@ -377,20 +373,7 @@ def evaluate_targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "compile_s": summary.get("compile_s"),
         "step_batch_compile_s": summary.get("step_batch_compile_s"),
     }
-    targets = {}
-    for name, (comparison, threshold, what) in TARGETS.items():
-        value = values[name]
-        passed = None
-        if value is not None:
-            passed = bool(value >= threshold if comparison == ">=" else value < threshold)
-        targets[name] = {
-            "value": value,
-            "comparison": comparison,
-            "threshold": threshold,
-            "passed": passed,
-            "what": what,
-        }
-    return targets
+    return harness_evaluate_targets(values, TARGETS)
 
 
 def _summarise(results: dict[str, Any]) -> dict[str, Any]:
@@ -448,7 +431,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     compiled: dict[tuple[str, int, int], Any] = {}
     compile_results: dict[str, Any] = {"batched": {}, "batched_repeat": {}, "scan_single": {}}
     compile_steps = cfg.batched_steps(COMPILE_N_ENVS)
-    _progress(f"compile times (rollout at n_envs={COMPILE_N_ENVS}, scan_single)")
+    progress(f"compile times (rollout at n_envs={COMPILE_N_ENVS}, scan_single)")
     for env_id in cfg.env_ids:
         fn = _batched_fn(env_id, COMPILE_N_ENVS, compile_steps)
         executable, seconds = _compile(fn, key)
@@ -467,18 +450,18 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     scan_executable, seconds = _compile(_scan_fn(CLASSIC_ID, cfg.scan_steps), key)
     compile_results["scan_single"][CLASSIC_ID] = {"n_steps": cfg.scan_steps, "compile_s": seconds}
 
-    _progress("compile times in fresh processes on all CPUs (cold and with a warm cache)")
+    progress("compile times in fresh processes on all CPUs (cold and with a warm cache)")
     compile_results["fresh_process"] = {
         f"{env_id} {program}": measure_compile_fresh(env_id, program, cfg.repeats)
         for env_id in cfg.env_ids
         for program in ("step_batch", "rollout")
     }
 
-    _progress(f"reference Python IB, {cfg.reference_steps} steps")
+    progress(f"reference Python IB, {cfg.reference_steps} steps")
     reference = measure_reference(cfg.reference_steps, cfg.repeats)
     reference_rate = reference.get("steps_per_s")
 
-    _progress(f"{CLASSIC_ID} scan_single, {cfg.scan_steps} steps")
+    progress(f"{CLASSIC_ID} scan_single, {cfg.scan_steps} steps")
     best, times, total = _time_compiled(scan_executable, key, cfg.repeats)
     scan_rate = rate(cfg.scan_steps, best)
     scan_results = {
@@ -497,7 +480,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         rows = []
         for n_envs in cfg.batch_sizes:
             n_steps = cfg.batched_steps(n_envs)
-            _progress(f"{env_id} rollout, n_envs={n_envs}, {n_steps} steps")
+            progress(f"{env_id} rollout, n_envs={n_envs}, {n_steps} steps")
             executable = compiled.pop((env_id, n_envs, n_steps), None)
             compile_s = compile_results["batched"][env_id]["compile_s"]
             if executable is None:
@@ -522,7 +505,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     # elimination removes (see _batched_fn). Not used for any ratio or target.
     reward_only: dict[str, dict[str, Any]] = {}
     for env_id in cfg.env_ids:
-        _progress(f"{env_id} rollout, n_envs={COMPILE_N_ENVS}, total_reward only")
+        progress(f"{env_id} rollout, n_envs={COMPILE_N_ENVS}, total_reward only")
         executable, _ = _compile(
             _batched_fn(env_id, COMPILE_N_ENVS, compile_steps, keep_observation=False), key
         )
@@ -537,7 +520,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
             "ratio": ratio(steps_per_s, reference_rate),
         }
 
-    _progress(f"Gymnasium wrapper, {cfg.gym_steps} steps; VectorEnv x{VECTOR_NUM_ENVS}")
+    progress(f"Gymnasium wrapper, {cfg.gym_steps} steps; VectorEnv x{VECTOR_NUM_ENVS}")
     gym = measure_gymnasium(CLASSIC_ID, cfg.gym_steps, cfg.repeats)
     gym["ratio"] = ratio(gym["steps_per_s"], reference_rate)
     vector = measure_vector_env(CLASSIC_ID, VECTOR_NUM_ENVS, cfg.vector_steps, cfg.repeats)

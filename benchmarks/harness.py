@@ -479,3 +479,48 @@ def _render_plain(tables: list[Table], stream: Any) -> None:
         if table.caption:
             print(table.caption, file=stream)
         print(file=stream)
+
+
+def progress(message: str) -> None:
+    """One line on standard error, so that a long run shows where it is."""
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def evaluate_targets(
+    values: Mapping[str, float | None],
+    targets: Mapping[str, tuple[str, float, str]],
+) -> dict[str, dict[str, Any]]:
+    """Each goal with its measured value and whether it was met.
+
+    Args:
+        values: measured value of each goal (None or missing when not measured).
+        targets: name -> ``(comparison, threshold, what)``; comparison is one of
+            ``>=``, ``>``, ``<=``, ``<``.
+
+    Returns:
+        name -> ``{"value", "comparison", "threshold", "passed", "what"}``, ``passed``
+        None when the value is missing.
+
+    Raises:
+        ValueError: for an unknown comparison.
+    """
+    checks: dict[str, Callable[[float, float], bool]] = {
+        ">=": lambda value, threshold: value >= threshold,
+        ">": lambda value, threshold: value > threshold,
+        "<=": lambda value, threshold: value <= threshold,
+        "<": lambda value, threshold: value < threshold,
+    }
+    evaluated = {}
+    for name, (comparison, threshold, what) in targets.items():
+        if comparison not in checks:
+            raise ValueError(f"{name}: unknown comparison {comparison!r}")
+        value = values.get(name)
+        passed = None if value is None else bool(checks[comparison](value, threshold))
+        evaluated[name] = {
+            "value": value,
+            "comparison": comparison,
+            "threshold": threshold,
+            "passed": passed,
+            "what": what,
+        }
+    return evaluated
