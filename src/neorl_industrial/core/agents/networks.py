@@ -207,6 +207,14 @@ class ObservationNormalizer:
         return (observation - self.mean) / self.std
 
 
+@struct.dataclass
+class PolicyParams:
+    """Everything a policy needs to act on raw observations; what gets saved and exported."""
+
+    actor: Params
+    normalizer: ObservationNormalizer
+
+
 def polyak_average(online: Params, target: Params, tau: float) -> Params:
     """Moves ``target`` a fraction ``tau`` of the way towards ``online``."""
     return jax.tree.map(lambda o, t: t + tau * (o - t), online, target)

@@ -12,8 +12,7 @@ Actions lie in (-1, 1), the range of the Industrial Benchmark's actions.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import chex
 import jax
@@ -26,11 +25,11 @@ from neorl_industrial.core.agents.networks import (
     CriticEnsemble,
     ObservationNormalizer,
     Params,
+    PolicyParams,
     TanhGaussianActor,
     polyak_average,
 )
-
-Metrics = dict[str, jax.Array]
+from neorl_industrial.core.agents.types import Algorithm, Metrics
 
 
 @struct.dataclass
@@ -53,14 +52,6 @@ class Batch:
     rewards: jax.Array
     next_observations: jax.Array
     discounts: jax.Array
-
-
-@struct.dataclass
-class PolicyParams:
-    """Everything the policy needs to act on raw observations; what gets saved."""
-
-    actor: Params
-    normalizer: ObservationNormalizer
 
 
 @struct.dataclass
@@ -155,21 +146,6 @@ class SACConfig:
         for name in ("actor_lr", "critic_lr", "alpha_lr"):
             if getattr(self, name) <= 0.0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
-
-
-class Algorithm(NamedTuple):
-    """An agent as pure functions.
-
-    Attributes:
-        init: ``init(key) -> state``.
-        update: ``update(state, batch, key) -> (state, metrics)``; metrics are scalars.
-        act: ``act(policy_params, observation, key, deterministic=False) -> action``, for
-            one observation or a batch; ``deterministic`` is a Python bool.
-    """
-
-    init: Callable[[jax.Array], Any]
-    update: Callable[[Any, Batch, jax.Array], tuple[Any, Metrics]]
-    act: Callable[..., jax.Array]
 
 
 # ----- losses of one transition ---------------------------------------------------------

@@ -4,6 +4,8 @@
 environment steps and gradient updates is one compiled ``lax.scan`` over a device-resident
 replay buffer, and the host evaluates and snapshots the policy between chunks.
 ``generate_trajectories`` rolls out behaviour policies into offline data.
+``train_offline`` fuses N offline updates (sampling included) into one compiled chunk
+and trains many seeds at once with ``vmap``.
 """
 
 from neorl_industrial.functional.transformations.generation import (
@@ -11,6 +13,12 @@ from neorl_industrial.functional.transformations.generation import (
     behaviour_policy,
     generate_trajectories,
 )
+from neorl_industrial.functional.transformations.offline import (
+    init_seeds,
+    make_seeded_chunk,
+    train_offline,
+)
+from neorl_industrial.functional.transformations.offline import make_chunk as make_offline_chunk
 from neorl_industrial.functional.transformations.online import (
     Evaluation,
     OnlineCarry,
@@ -40,10 +48,14 @@ __all__ = [
     "behaviour_policy",
     "generate_trajectories",
     "init_carry",
+    "init_seeds",
     "make_chunk",
+    "make_offline_chunk",
+    "make_seeded_chunk",
     "random_rollout_statistics",
     "replay_buffer_add",
     "replay_buffer_init",
     "replay_buffer_sample",
+    "train_offline",
     "train_online",
 ]

@@ -1,0 +1,115 @@
+"""Behaviour cloning: a deterministic tanh policy regressed onto the dataset's actions.
+
+The CORL defaults: a (256, 256) ReLU network, Adam at 3e-4, batch 256 (the batch size is
+the training loop's choice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from neorl_industrial.core.agents.networks import MLP, ObservationNormalizer, PolicyParams
+from neorl_industrial.core.agents.types import Algorithm, Metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class BCConfig:
+    """Hyperparameters of behaviour cloning. Static: changing one builds a new algorithm.
+
+    Attributes:
+        learning_rate: Adam learning rate.
+        hidden: hidden layer widths.
+        obs_mean: per-feature observation mean (e.g. the dataset's), or ``None``.
+        obs_std: per-feature observation standard deviation, with ``obs_mean``.
+    """
+
+    learning_rate: float = 3e-4
+    hidden: tuple[int, ...] = (256, 256)
+    obs_mean: tuple[float, ...] | None = None
+    obs_std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        if self.learning_rate <= 0.0:
+            raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
+        if not self.hidden or min(self.hidden) < 1:
+            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
+        if (self.obs_mean is None) != (self.obs_std is None):
+            raise ValueError("obs_mean and obs_std: give both or neither")
+        for name in ("obs_mean", "obs_std"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(float(x) for x in value))
+
+
+@struct.dataclass
+class BCState:
+    """Training state of behaviour cloning."""
+
+    policy: PolicyParams
+    opt_state: optax.OptState
+    step: jax.Array
+
+
+def bc_loss(predicted_t: jax.Array, action_t: jax.Array) -> jax.Array:
+    """Squared error between the policy's and the dataset's action of one transition."""
+    chex.assert_equal_shape([predicted_t, action_t])
+    chex.assert_rank(predicted_t, 1)
+    return jnp.sum(jnp.square(predicted_t - action_t))
+
+
+def make_bc(config: BCConfig, obs_size: int, action_size: int) -> Algorithm:
+    """Behaviour cloning as ``Algorithm(init, update, act)``."""
+    network = MLP(hidden=config.hidden, output_size=action_size)
+    optimizer = optax.adam(config.learning_rate)
+
+    def normalizer() -> ObservationNormalizer:
+        if config.obs_mean is None:
+            return ObservationNormalizer.identity(obs_size)
+        return ObservationNormalizer.create(config.obs_mean, config.obs_std)
+
+    def policy_action(actor: Any, normalized: jax.Array) -> jax.Array:
+        return jnp.tanh(network.apply(actor, normalized))
+
+    def init(key: jax.Array) -> BCState:
+        actor = network.init(key, jnp.zeros((obs_size,), jnp.float32))
+        return BCState(
+            policy=PolicyParams(actor=actor, normalizer=normalizer()),
+            opt_state=optimizer.init(actor),
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    def update(state: BCState, batch: Any, key: jax.Array) -> tuple[BCState, Metrics]:
+        del key  # behaviour cloning is deterministic given the batch
+        chex.assert_rank(batch.observations, 2)
+        observations = state.policy.normalizer(batch.observations)
+
+        def loss_fn(actor: Any) -> jax.Array:
+            predicted = policy_action(actor, observations)
+            return jnp.mean(jax.vmap(bc_loss)(predicted, batch.actions))
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.policy.actor)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.policy.actor)
+        actor = optax.apply_updates(state.policy.actor, updates)
+        state = BCState(
+            policy=state.policy.replace(actor=actor), opt_state=opt_state, step=state.step + 1
+        )
+        return state, {"bc_loss": loss}
+
+    def act(
+        policy_params: PolicyParams,
+        observation: jax.Array,
+        key: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        del key, deterministic  # the policy is deterministic
+        return policy_action(policy_params.actor, policy_params.normalizer(observation))
+
+    return Algorithm(init=init, update=update, act=act)

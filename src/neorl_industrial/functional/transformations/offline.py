@@ -1,0 +1,135 @@
+"""Offline training as compiled chunks: N updates fused in one ``lax.scan`` with the
+batches sampled inside it, and many seeds at once by ``vmap`` over separate parameters.
+
+Metrics leave the device once per chunk, as one PyTree: the mean over the chunk's
+updates, per seed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from neorl_industrial.core.agents.types import Algorithm
+from neorl_industrial.functional.state_management import Dataset, sample
+
+#: ``sampler(dataset, key, batch_size) -> batch``.
+Sampler = Callable[[Dataset, jax.Array, int], Any]
+#: Host callback after every chunk: ``(updates_done, metrics per seed as numpy) -> None``.
+ChunkCallback = Callable[[int, dict[str, Any]], None]
+
+
+def make_chunk(
+    algorithm: Algorithm,
+    batch_size: int,
+    n_updates: int,
+    sampler: Sampler = sample,
+) -> Callable[[Any, Dataset, jax.Array], tuple[Any, dict[str, jax.Array]]]:
+    """``chunk(state, dataset, key) -> (state, mean metrics)``: ``n_updates`` updates of
+    one seed, each on a freshly sampled batch. Pure; jit and vmap it at the call site.
+
+    The dataset is an argument, not a closed-over constant, so the compiled program does
+    not embed it and one compilation serves every dataset of the same shapes.
+    """
+
+    def one_update(state: Any, inputs: tuple[jax.Array, Dataset]):
+        key, dataset = inputs
+        sample_key, update_key = jax.random.split(key)
+        batch = sampler(dataset, sample_key, batch_size)
+        return algorithm.update(state, batch, update_key)
+
+    def chunk(state: Any, dataset: Dataset, key: jax.Array):
+        def body(state, key):
+            return one_update(state, (key, dataset))
+
+        state, metrics = jax.lax.scan(body, state, jax.random.split(key, n_updates))
+        return state, jax.tree.map(jnp.mean, metrics)
+
+    return chunk
+
+
+def make_seeded_chunk(
+    algorithm: Algorithm, batch_size: int, n_updates: int, sampler: Sampler = sample
+) -> Callable[[Any, Dataset, jax.Array], tuple[Any, dict[str, jax.Array]]]:
+    """:func:`make_chunk` vmapped over seeds: states and keys carry a leading seed axis,
+    the dataset is shared."""
+    return jax.vmap(make_chunk(algorithm, batch_size, n_updates, sampler), in_axes=(0, None, 0))
+
+
+def init_seeds(algorithm: Algorithm, seeds: jax.Array | list[int]) -> Any:
+    """Initial states of several seeds, stacked on a leading axis."""
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
+    return jax.vmap(algorithm.init)(keys)
+
+
+def train_offline(
+    algorithm: Algorithm,
+    dataset: Dataset,
+    *,
+    seeds: list[int] | tuple[int, ...] = (0,),
+    n_updates: int,
+    chunk_updates: int = 1000,
+    batch_size: int = 256,
+    sampler: Sampler = sample,
+    callback: ChunkCallback | None = None,
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Trains one agent per seed on ``dataset``, all seeds in one vmapped program.
+
+    Args:
+        algorithm: the agent.
+        dataset: the data, on device.
+        seeds: one independent run (initialization and sampling) per seed.
+        n_updates: updates per seed; rounded up to whole chunks.
+        chunk_updates: updates fused into one compiled call.
+        batch_size: transitions per update.
+        sampler: how batches are drawn.
+        callback: called on the host after every chunk.
+
+    Returns:
+        ``(states, history)``: the final states (leading seed axis) and, per chunk, the
+        updates done, seconds, updates per second (all seeds) and the mean metrics per seed.
+    """
+    for name, value in (
+        ("n_updates", n_updates),
+        ("chunk_updates", chunk_updates),
+        ("batch_size", batch_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    if not seeds:
+        raise ValueError("seeds: expected at least one seed")
+    chunk = jax.jit(
+        make_seeded_chunk(algorithm, batch_size, chunk_updates, sampler), donate_argnums=0
+    )
+    states = init_seeds(algorithm, list(seeds))
+    keys = jax.vmap(lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1))(
+        jnp.asarray(list(seeds), jnp.uint32)
+    )
+    history: list[dict[str, Any]] = []
+    done = 0
+    while done < n_updates:
+        keys, chunk_keys = _split_each(keys)
+        started = time.perf_counter()
+        states, metrics = chunk(states, dataset, chunk_keys)
+        metrics = jax.device_get(metrics)  # the one transfer of the chunk
+        seconds = time.perf_counter() - started
+        done += chunk_updates
+        entry = {
+            "updates": done,
+            "seconds": seconds,
+            "updates_per_s": len(seeds) * chunk_updates / seconds,
+            "metrics": metrics,
+        }
+        history.append(entry)
+        if callback is not None:
+            callback(done, metrics)
+    return states, history
+
+
+def _split_each(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    pairs = jax.vmap(jax.random.split)(keys)
+    return pairs[:, 0], pairs[:, 1]
