@@ -1,9 +1,10 @@
-"""Algorithms as NamedTuples of pure functions: SAC (online, for behaviour policies) and
-behaviour cloning so far; TD3+BC, IQL and CQL with their safe variants follow."""
+"""Algorithms as NamedTuples of pure functions: SAC (online, for behaviour policies),
+behaviour cloning and TD3+BC so far; IQL and CQL and the safe variants follow."""
 
 from neorl_industrial.core.agents.bc import BCConfig, BCState, make_bc
 from neorl_industrial.core.agents.networks import ObservationNormalizer, PolicyParams
 from neorl_industrial.core.agents.sac import SACConfig, SACState, make_sac
+from neorl_industrial.core.agents.td3bc import TD3BCConfig, TD3BCState, make_td3bc
 from neorl_industrial.core.agents.types import Algorithm, Metrics
 
 __all__ = [
@@ -15,6 +16,9 @@ __all__ = [
     "PolicyParams",
     "SACConfig",
     "SACState",
+    "TD3BCConfig",
+    "TD3BCState",
     "make_bc",
     "make_sac",
+    "make_td3bc",
 ]

@@ -105,7 +105,9 @@ def train_offline(
     chunk = jax.jit(
         make_seeded_chunk(algorithm, batch_size, chunk_updates, sampler), donate_argnums=0
     )
-    states = init_seeds(algorithm, list(seeds))
+    # States are donated to every chunk; a fresh state may hold one buffer twice (a target
+    # network starts as its online network), so each leaf gets its own copy first.
+    states = jax.tree.map(jnp.copy, init_seeds(algorithm, list(seeds)))
     keys = jax.vmap(lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1))(
         jnp.asarray(list(seeds), jnp.uint32)
     )
