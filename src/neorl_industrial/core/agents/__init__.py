@@ -1,7 +1,8 @@
 """Algorithms as NamedTuples of pure functions: SAC (online, for behaviour policies),
-behaviour cloning and TD3+BC so far; IQL and CQL and the safe variants follow."""
+behaviour cloning, TD3+BC and IQL so far; CQL and the safe variants follow."""
 
 from neorl_industrial.core.agents.bc import BCConfig, BCState, make_bc
+from neorl_industrial.core.agents.iql import IQLConfig, IQLState, make_iql
 from neorl_industrial.core.agents.networks import ObservationNormalizer, PolicyParams
 from neorl_industrial.core.agents.sac import SACConfig, SACState, make_sac
 from neorl_industrial.core.agents.td3bc import TD3BCConfig, TD3BCState, make_td3bc
@@ -11,6 +12,8 @@ __all__ = [
     "Algorithm",
     "BCConfig",
     "BCState",
+    "IQLConfig",
+    "IQLState",
     "Metrics",
     "ObservationNormalizer",
     "PolicyParams",
@@ -19,6 +22,7 @@ __all__ = [
     "TD3BCConfig",
     "TD3BCState",
     "make_bc",
+    "make_iql",
     "make_sac",
     "make_td3bc",
 ]
