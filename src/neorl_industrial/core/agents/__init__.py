@@ -1,7 +1,9 @@
 """Algorithms as NamedTuples of pure functions: SAC (online, for behaviour policies),
-behaviour cloning, TD3+BC and IQL so far; CQL and the safe variants follow."""
+behaviour cloning, TD3+BC, IQL and CQL (with the Lagrangian CQL-alpha); the safe
+variants follow."""
 
 from neorl_industrial.core.agents.bc import BCConfig, BCState, make_bc
+from neorl_industrial.core.agents.cql import CQLConfig, CQLState, make_cql
 from neorl_industrial.core.agents.iql import IQLConfig, IQLState, make_iql
 from neorl_industrial.core.agents.networks import ObservationNormalizer, PolicyParams
 from neorl_industrial.core.agents.sac import SACConfig, SACState, make_sac
@@ -12,6 +14,8 @@ __all__ = [
     "Algorithm",
     "BCConfig",
     "BCState",
+    "CQLConfig",
+    "CQLState",
     "IQLConfig",
     "IQLState",
     "Metrics",
@@ -22,6 +26,7 @@ __all__ = [
     "TD3BCConfig",
     "TD3BCState",
     "make_bc",
+    "make_cql",
     "make_iql",
     "make_sac",
     "make_td3bc",

@@ -1,0 +1,273 @@
+"""Conservative Q-Learning (Kumar et al., 2020) with a SAC-style actor.
+
+The critic's TD loss gains a penalty that pushes Q down on actions sampled uniformly and
+from the current policy (a soft maximum over them, with importance weights) and up on the
+dataset's actions. The Lagrangian variant (CQL-alpha) tunes the penalty's weight so the
+gap between the two meets ``target_action_gap``. Defaults follow CORL: policy lr 3e-5,
+critic lr 3e-4, 10 sampled actions, penalty weight 10, temperature 1, tau 5e-3, automatic
+entropy tuning towards ``-action_size``, no entropy in the backup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from neorl_industrial.core.agents.networks import (
+    CriticEnsemble,
+    ObservationNormalizer,
+    PolicyParams,
+    TanhGaussianActor,
+    polyak_average,
+)
+from neorl_industrial.core.agents.types import Algorithm, Metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class CQLConfig:
+    """Hyperparameters of CQL. Static: changing one builds a new algorithm.
+
+    Attributes:
+        lagrange: tune the penalty weight so that the gap meets ``target_action_gap``.
+        target_action_gap: the gap the Lagrangian variant aims for.
+    """
+
+    actor_lr: float = 3e-5
+    critic_lr: float = 3e-4
+    alpha_lr: float = 3e-5
+    hidden: tuple[int, ...] = (256, 256)
+    tau: float = 5e-3
+    n_actions: int = 10
+    cql_alpha: float = 10.0
+    temperature: float = 1.0
+    lagrange: bool = False
+    target_action_gap: float = 5.0
+    alpha_prime_lr: float = 3e-4
+    obs_mean: tuple[float, ...] | None = None
+    obs_std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        for name in ("actor_lr", "critic_lr", "alpha_lr", "alpha_prime_lr", "temperature"):
+            if getattr(self, name) <= 0.0:
+                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.cql_alpha < 0.0:
+            raise ValueError(f"cql_alpha: must not be negative, got {self.cql_alpha}")
+        if self.n_actions < 1:
+            raise ValueError(f"n_actions: expected a positive integer, got {self.n_actions}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
+        if (self.obs_mean is None) != (self.obs_std is None):
+            raise ValueError("obs_mean and obs_std: give both or neither")
+        for name in ("obs_mean", "obs_std"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(float(x) for x in value))
+
+
+@struct.dataclass
+class CQLState:
+    """Training state of CQL."""
+
+    policy: PolicyParams
+    critic: Any
+    target_critic: Any
+    log_alpha: jax.Array
+    log_alpha_prime: jax.Array
+    actor_opt_state: optax.OptState
+    critic_opt_state: optax.OptState
+    alpha_opt_state: optax.OptState
+    alpha_prime_opt_state: optax.OptState
+    step: jax.Array
+
+
+def cql_gap(q_data_t: jax.Array, q_sampled_t: jax.Array, temperature: float) -> jax.Array:
+    """Soft maximum of Q over sampled actions minus Q of the data's action, per critic.
+
+    Args:
+        q_data_t: ``[n_critics]`` Q of the dataset's action.
+        q_sampled_t: ``[n_critics, n_samples]`` importance-weighted Q of sampled actions.
+        temperature: of the soft maximum.
+    """
+    chex.assert_rank([q_data_t, q_sampled_t], [1, 2])
+    soft_max = temperature * jax.scipy.special.logsumexp(q_sampled_t / temperature, axis=1)
+    return soft_max - q_data_t
+
+
+def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
+    """CQL as ``Algorithm(init, update, act)``."""
+    actor = TanhGaussianActor(action_size, config.hidden)
+    critic_network = CriticEnsemble(hidden=config.hidden, n_critics=2)
+    actor_optimizer = optax.adam(config.actor_lr)
+    critic_optimizer = optax.adam(config.critic_lr)
+    alpha_optimizer = optax.adam(config.alpha_lr)
+    alpha_prime_optimizer = optax.adam(config.alpha_prime_lr)
+    target_entropy = -float(action_size)
+    # Log-density of the uniform proposal on [-1, 1]^action_size.
+    uniform_log_density = -action_size * math.log(2.0)
+
+    def init(key: jax.Array) -> CQLState:
+        actor_key, critic_key = jax.random.split(key)
+        observation = jnp.zeros((obs_size,), jnp.float32)
+        actor_params = actor.init(actor_key, observation)
+        critic = critic_network.init(critic_key, observation, jnp.zeros((action_size,)))
+        normalizer = (
+            ObservationNormalizer.identity(obs_size)
+            if config.obs_mean is None
+            else ObservationNormalizer.create(config.obs_mean, config.obs_std)
+        )
+        zero = jnp.zeros((), jnp.float32)
+        return CQLState(
+            policy=PolicyParams(actor=actor_params, normalizer=normalizer),
+            critic=critic,
+            target_critic=critic,
+            log_alpha=zero,
+            log_alpha_prime=zero,
+            actor_opt_state=actor_optimizer.init(actor_params),
+            critic_opt_state=critic_optimizer.init(critic),
+            alpha_opt_state=alpha_optimizer.init(zero),
+            alpha_prime_opt_state=alpha_prime_optimizer.init(zero),
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    def update(state: CQLState, batch: Any, key: jax.Array) -> tuple[CQLState, Metrics]:
+        chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
+        policy_key, next_key, random_key, current_key, next_sample_key = jax.random.split(key, 5)
+        normalize = state.policy.normalizer
+        observations = normalize(batch.observations)
+        next_observations = normalize(batch.next_observations)
+        batch_size = observations.shape[0]
+
+        # Actor and temperature, against the current critics.
+        alpha = jnp.exp(state.log_alpha)
+
+        def actor_objective(actor_params: Any) -> tuple[jax.Array, jax.Array]:
+            actions, log_pi = actor.sample(actor_params, observations, policy_key)
+            q = jnp.min(critic_network.apply(state.critic, observations, actions), axis=0)
+            return jnp.mean(alpha * log_pi - q), log_pi
+
+        (a_loss, log_pi), grads = jax.value_and_grad(actor_objective, has_aux=True)(
+            state.policy.actor
+        )
+        updates, actor_opt_state = actor_optimizer.update(grads, state.actor_opt_state)
+        actor_params = optax.apply_updates(state.policy.actor, updates)
+
+        def alpha_objective(log_alpha: jax.Array) -> jax.Array:
+            return -jnp.mean(log_alpha * jax.lax.stop_gradient(log_pi + target_entropy))
+
+        alpha_loss, grad = jax.value_and_grad(alpha_objective)(state.log_alpha)
+        updates, alpha_opt_state = alpha_optimizer.update(grad, state.alpha_opt_state)
+        log_alpha = optax.apply_updates(state.log_alpha, updates)
+
+        # Critic: TD towards the target critics, plus the conservative penalty.
+        next_actions, _ = actor.sample(actor_params, next_observations, next_key)
+        target_q = jnp.min(
+            critic_network.apply(state.target_critic, next_observations, next_actions), axis=0
+        )
+        targets = jax.lax.stop_gradient(batch.rewards + batch.discounts * target_q)
+
+        repeated = jnp.broadcast_to(observations, (config.n_actions, *observations.shape))
+        repeated_next = jnp.broadcast_to(
+            next_observations, (config.n_actions, *next_observations.shape)
+        )
+        random_actions = jax.random.uniform(
+            random_key, (config.n_actions, batch_size, action_size), minval=-1.0, maxval=1.0
+        )
+        current_actions, current_log_pi = actor.sample(actor_params, repeated, current_key)
+        next_sampled, next_log_pi = actor.sample(actor_params, repeated_next, next_sample_key)
+        sampled = jax.lax.stop_gradient(
+            (current_actions, current_log_pi, next_sampled, next_log_pi)
+        )
+        alpha_prime = jnp.clip(jnp.exp(state.log_alpha_prime), 0.0, 1e6)
+
+        def critic_objective(critic: Any):
+            current_actions, current_log_pi, next_sampled, next_log_pi = sampled
+            q_data = critic_network.apply(critic, observations, batch.actions)  # [2, B]
+            td = jnp.mean(jnp.sum(jnp.square(q_data - targets[None]), axis=0))
+            q_random = critic_network.apply(critic, repeated, random_actions)  # [2, n, B]
+            q_current = critic_network.apply(critic, repeated, current_actions)
+            q_next = critic_network.apply(critic, repeated, next_sampled)
+            q_sampled = jnp.concatenate(
+                [
+                    q_random - uniform_log_density,
+                    q_current - current_log_pi[None],
+                    q_next - next_log_pi[None],
+                ],
+                axis=1,
+            )  # [2, 3n, B]
+            gaps = jax.vmap(cql_gap, in_axes=(1, 2, None))(
+                q_data, q_sampled, config.temperature
+            )  # [B, 2]
+            gap = jnp.mean(gaps, axis=0)  # per critic
+            if config.lagrange:
+                penalty = alpha_prime * config.cql_alpha * (gap - config.target_action_gap)
+            else:
+                penalty = config.cql_alpha * gap
+            return td + jnp.sum(penalty), (td, gap, jnp.mean(q_data))
+
+        (c_loss, (td_loss, gap, q_mean)), grads = jax.value_and_grad(
+            critic_objective, has_aux=True
+        )(state.critic)
+        updates, critic_opt_state = critic_optimizer.update(grads, state.critic_opt_state)
+        critic = optax.apply_updates(state.critic, updates)
+
+        log_alpha_prime, alpha_prime_opt_state = state.log_alpha_prime, state.alpha_prime_opt_state
+        if config.lagrange:
+
+            def alpha_prime_objective(log_alpha_prime: jax.Array) -> jax.Array:
+                weight = jnp.clip(jnp.exp(log_alpha_prime), 0.0, 1e6)
+                gaps = jax.lax.stop_gradient(gap - config.target_action_gap)
+                return -jnp.sum(weight * config.cql_alpha * gaps)
+
+            grad = jax.grad(alpha_prime_objective)(state.log_alpha_prime)
+            updates, alpha_prime_opt_state = alpha_prime_optimizer.update(
+                grad, state.alpha_prime_opt_state
+            )
+            log_alpha_prime = optax.apply_updates(state.log_alpha_prime, updates)
+
+        new_state = CQLState(
+            policy=state.policy.replace(actor=actor_params),
+            critic=critic,
+            target_critic=polyak_average(critic, state.target_critic, config.tau),
+            log_alpha=log_alpha,
+            log_alpha_prime=log_alpha_prime,
+            actor_opt_state=actor_opt_state,
+            critic_opt_state=critic_opt_state,
+            alpha_opt_state=alpha_opt_state,
+            alpha_prime_opt_state=alpha_prime_opt_state,
+            step=state.step + 1,
+        )
+        metrics = {
+            "actor_loss": a_loss,
+            "alpha": jnp.exp(log_alpha),
+            "alpha_loss": alpha_loss,
+            "critic_loss": c_loss,
+            "td_loss": td_loss,
+            "cql_gap": jnp.mean(gap),
+            "alpha_prime": jnp.clip(jnp.exp(log_alpha_prime), 0.0, 1e6),
+            "q_mean": q_mean,
+        }
+        return new_state, metrics
+
+    def act(
+        policy_params: PolicyParams,
+        observation: jax.Array,
+        key: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        normalized = policy_params.normalizer(observation)
+        if deterministic:
+            return actor.mean_action(policy_params.actor, normalized)
+        if key is None:
+            raise ValueError("key: a stochastic action needs a PRNG key")
+        action, _ = actor.sample(policy_params.actor, normalized, key)
+        return action
+
+    return Algorithm(init=init, update=update, act=act)

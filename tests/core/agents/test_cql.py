@@ -1,0 +1,61 @@
+"""Conservative Q-Learning."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from neorl_industrial.core.agents.cql import CQLConfig, cql_gap, make_cql
+from neorl_industrial.functional.state_management import sample
+from neorl_industrial.functional.transformations.offline import train_offline
+from tests.core.agents.test_iql import ACT, OBS, _biased_bandit, _regret
+
+
+def test_gap_is_a_soft_maximum_minus_the_data_value():
+    q_data = jnp.array([1.0, 2.0])
+    q_sampled = jnp.array([[0.0, 0.0], [3.0, 3.0]])
+    np.testing.assert_allclose(cql_gap(q_data, q_sampled, 1.0), [np.log(2) - 1, 3 + np.log(2) - 2])
+    with pytest.raises(AssertionError):
+        cql_gap(jnp.zeros((2, 2)), q_sampled, 1.0)
+
+
+@pytest.mark.parametrize("lagrange", [False, True])
+def test_update_is_the_same_with_and_without_jit(lagrange):
+    dataset, _ = _biased_bandit(n=64)
+    cql = make_cql(CQLConfig(hidden=(16,), n_actions=3, lagrange=lagrange), OBS, ACT)
+    state = cql.init(jax.random.PRNGKey(0))
+    batch = sample(dataset, jax.random.PRNGKey(1), 32)
+    eager, eager_metrics = cql.update(state, batch, jax.random.PRNGKey(2))
+    jitted, jitted_metrics = jax.jit(cql.update)(state, batch, jax.random.PRNGKey(2))
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    for name in eager_metrics:
+        np.testing.assert_allclose(eager_metrics[name], jitted_metrics[name], rtol=1e-4, atol=1e-6)
+    moved = float(jitted.log_alpha_prime) != 0.0
+    assert moved is lagrange
+
+
+def test_cql_is_conservative_and_improves_on_the_data():
+    dataset, weights = _biased_bandit()
+    cql = make_cql(
+        CQLConfig(hidden=(64, 64), actor_lr=1e-3, alpha_lr=1e-3, n_actions=4, cql_alpha=1.0),
+        OBS,
+        ACT,
+    )
+    states, history = train_offline(
+        cql, dataset, seeds=(0,), n_updates=3000, chunk_updates=1000, batch_size=256
+    )
+    # The penalty keeps values of sampled actions below those of the data's actions.
+    assert history[-1]["metrics"]["cql_gap"][0] < history[0]["metrics"]["cql_gap"][0]
+    data_regret = -float(dataset.rewards.mean())
+    regret = _regret(cql, states, weights)
+    assert regret < 0.75 * data_regret, (regret, data_regret)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="n_actions"):
+        CQLConfig(n_actions=0)
+    with pytest.raises(ValueError, match="cql_alpha"):
+        CQLConfig(cql_alpha=-1.0)
