@@ -15,7 +15,12 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from neorl_industrial.core.agents.networks import MLP, ObservationNormalizer, PolicyParams
+from neorl_industrial.core.agents.networks import (
+    MLP,
+    ObservationNormalizer,
+    PolicyParams,
+    check_observation_stats,
+)
 from neorl_industrial.core.agents.types import Algorithm, Metrics
 
 
@@ -41,12 +46,7 @@ class BCConfig:
             raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
         if not self.hidden or min(self.hidden) < 1:
             raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
-        if (self.obs_mean is None) != (self.obs_std is None):
-            raise ValueError("obs_mean and obs_std: give both or neither")
-        for name in ("obs_mean", "obs_std"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, tuple(float(x) for x in value))
+        check_observation_stats(self)
 
 
 @struct.dataclass
@@ -70,18 +70,15 @@ def make_bc(config: BCConfig, obs_size: int, action_size: int) -> Algorithm:
     network = MLP(hidden=config.hidden, output_size=action_size)
     optimizer = optax.adam(config.learning_rate)
 
-    def normalizer() -> ObservationNormalizer:
-        if config.obs_mean is None:
-            return ObservationNormalizer.identity(obs_size)
-        return ObservationNormalizer.create(config.obs_mean, config.obs_std)
-
     def policy_action(actor: Any, normalized: jax.Array) -> jax.Array:
         return jnp.tanh(network.apply(actor, normalized))
 
     def init(key: jax.Array) -> BCState:
         actor = network.init(key, jnp.zeros((obs_size,), jnp.float32))
         return BCState(
-            policy=PolicyParams(actor=actor, normalizer=normalizer()),
+            policy=PolicyParams(
+                actor=actor, normalizer=ObservationNormalizer.from_config(config, obs_size)
+            ),
             opt_state=optimizer.init(actor),
             step=jnp.zeros((), jnp.int32),
         )

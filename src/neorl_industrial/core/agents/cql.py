@@ -25,6 +25,7 @@ from neorl_industrial.core.agents.networks import (
     ObservationNormalizer,
     PolicyParams,
     TanhGaussianActor,
+    check_observation_stats,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
@@ -64,12 +65,7 @@ class CQLConfig:
             raise ValueError(f"n_actions: expected a positive integer, got {self.n_actions}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
-        if (self.obs_mean is None) != (self.obs_std is None):
-            raise ValueError("obs_mean and obs_std: give both or neither")
-        for name in ("obs_mean", "obs_std"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, tuple(float(x) for x in value))
+        check_observation_stats(self)
 
 
 @struct.dataclass
@@ -118,11 +114,7 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
         observation = jnp.zeros((obs_size,), jnp.float32)
         actor_params = actor.init(actor_key, observation)
         critic = critic_network.init(critic_key, observation, jnp.zeros((action_size,)))
-        normalizer = (
-            ObservationNormalizer.identity(obs_size)
-            if config.obs_mean is None
-            else ObservationNormalizer.create(config.obs_mean, config.obs_std)
-        )
+        normalizer = ObservationNormalizer.from_config(config, obs_size)
         zero = jnp.zeros((), jnp.float32)
         return CQLState(
             policy=PolicyParams(actor=actor_params, normalizer=normalizer),

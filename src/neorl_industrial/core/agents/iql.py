@@ -23,6 +23,7 @@ from neorl_industrial.core.agents.networks import (
     CriticEnsemble,
     ObservationNormalizer,
     PolicyParams,
+    check_observation_stats,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
@@ -54,12 +55,7 @@ class IQLConfig:
             raise ValueError(f"expectile: must lie in (0, 1), got {self.expectile}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
-        if (self.obs_mean is None) != (self.obs_std is None):
-            raise ValueError("obs_mean and obs_std: give both or neither")
-        for name in ("obs_mean", "obs_std"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, tuple(float(x) for x in value))
+        check_observation_stats(self)
 
 
 class GaussianActor(nn.Module):
@@ -127,11 +123,7 @@ def make_iql(config: IQLConfig, obs_size: int, action_size: int) -> Algorithm:
         actor = actor_network.init(actor_key, observation)
         value = value_network.init(value_key, observation)
         critic = critic_network.init(critic_key, observation, jnp.zeros((action_size,)))
-        normalizer = (
-            ObservationNormalizer.identity(obs_size)
-            if config.obs_mean is None
-            else ObservationNormalizer.create(config.obs_mean, config.obs_std)
-        )
+        normalizer = ObservationNormalizer.from_config(config, obs_size)
         return IQLState(
             policy=PolicyParams(actor=actor, normalizer=normalizer),
             value=value,

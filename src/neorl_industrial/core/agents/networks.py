@@ -203,8 +203,26 @@ class ObservationNormalizer:
         """A normalizer that leaves observations unchanged."""
         return cls(mean=jnp.zeros((size,), jnp.float32), std=jnp.ones((size,), jnp.float32))
 
+    @classmethod
+    def from_config(cls, config: Any, size: int) -> ObservationNormalizer:
+        """From a config's ``obs_mean`` / ``obs_std`` (identity when they are None)."""
+        if config.obs_mean is None:
+            return cls.identity(size)
+        return cls.create(config.obs_mean, config.obs_std)
+
     def __call__(self, observation: jax.Array) -> jax.Array:
         return (observation - self.mean) / self.std
+
+
+def check_observation_stats(config: Any) -> None:
+    """Validates a frozen config's ``obs_mean`` / ``obs_std`` and stores them as tuples of
+    floats, so the config stays hashable and loggable."""
+    if (config.obs_mean is None) != (config.obs_std is None):
+        raise ValueError("obs_mean and obs_std: give both or neither")
+    for name in ("obs_mean", "obs_std"):
+        value = getattr(config, name)
+        if value is not None:
+            object.__setattr__(config, name, tuple(float(x) for x in value))
 
 
 @struct.dataclass

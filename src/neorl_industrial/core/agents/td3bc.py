@@ -21,6 +21,7 @@ from neorl_industrial.core.agents.networks import (
     CriticEnsemble,
     ObservationNormalizer,
     PolicyParams,
+    check_observation_stats,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
@@ -50,12 +51,7 @@ class TD3BCConfig:
             raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
         if self.policy_freq < 1:
             raise ValueError(f"policy_freq: expected a positive integer, got {self.policy_freq}")
-        if (self.obs_mean is None) != (self.obs_std is None):
-            raise ValueError("obs_mean and obs_std: give both or neither")
-        for name in ("obs_mean", "obs_std"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, tuple(float(x) for x in value))
+        check_observation_stats(self)
 
 
 @struct.dataclass
@@ -101,11 +97,7 @@ def make_td3bc(config: TD3BCConfig, obs_size: int, action_size: int) -> Algorith
         observation = jnp.zeros((obs_size,), jnp.float32)
         actor = actor_network.init(actor_key, observation)
         critic = critic_network.init(critic_key, observation, jnp.zeros((action_size,)))
-        normalizer = (
-            ObservationNormalizer.identity(obs_size)
-            if config.obs_mean is None
-            else ObservationNormalizer.create(config.obs_mean, config.obs_std)
-        )
+        normalizer = ObservationNormalizer.from_config(config, obs_size)
         return TD3BCState(
             policy=PolicyParams(actor=actor, normalizer=normalizer),
             target_actor=actor,
