@@ -85,10 +85,39 @@ def test_critic_ensemble_is_vmapped_over_independent_critics():
     for leaf in jax.tree.leaves(params):
         assert leaf.shape[0] == 3
     for i in range(3):
-        single = jax.tree.map(lambda leaf, i=i: leaf[i], params["params"]["critics"])
+        single = jax.tree.map(lambda leaf, i=i: leaf[i], params["params"])
         expected = Critic(hidden=(16,)).apply({"params": single}, observations, actions)
         np.testing.assert_allclose(values[i], expected, rtol=1e-6)
     assert not np.allclose(values[0], values[1])
+
+
+def test_critic_ensemble_layouts_broadcasting_and_members_agree():
+    ensemble = CriticEnsemble(hidden=(16, 8), n_critics=2)
+    observations = jax.random.normal(jax.random.key(1), (5, OBS_SIZE))
+    actions = jax.random.uniform(jax.random.key(2), (4, 5, ACTION_SIZE), minval=-1, maxval=1)
+    params = ensemble.init(jax.random.key(0), observations, actions[0])
+    looped = CriticEnsemble((16, 8), 2, batched=False).apply(params, observations, actions)
+    batched = CriticEnsemble((16, 8), 2, batched=True).apply(params, observations, actions)
+    assert looped.shape == (2, 4, 5)
+    np.testing.assert_allclose(looped, batched, rtol=1e-5, atol=1e-6)
+    # One observation shared by four actions equals the observation repeated four times.
+    repeated = jnp.broadcast_to(observations, (4, 5, OBS_SIZE))
+    np.testing.assert_allclose(
+        ensemble.apply(params, repeated, actions), looped, rtol=1e-5, atol=1e-6
+    )
+    # The first layer on [obs, action] is one Dense on the concatenation.
+    first = ensemble.apply(params, observations, actions[0], members=1)
+    np.testing.assert_allclose(first, looped[:1, 0], rtol=1e-6)
+    kernel = params["params"]["layer_0_kernel"][0]
+    inputs = jnp.concatenate([observations, actions[0]], axis=-1)
+    hidden = jax.nn.relu(inputs @ kernel + params["params"]["layer_0_bias"][0])
+    hidden = jax.nn.relu(
+        hidden @ params["params"]["layer_1_kernel"][0] + params["params"]["layer_1_bias"][0]
+    )
+    value = hidden @ params["params"]["layer_2_kernel"][0] + params["params"]["layer_2_bias"][0]
+    np.testing.assert_allclose(first[0], value[:, 0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="members"):
+        ensemble.apply(params, observations, actions[0], members=3)
 
 
 def test_tanh_gaussian_log_prob_matches_the_change_of_variables():

@@ -165,15 +165,17 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
         )
         targets = jax.lax.stop_gradient(batch.rewards + batch.discounts * target_q)
 
-        repeated = jnp.broadcast_to(observations, (config.n_actions, *observations.shape))
-        repeated_next = jnp.broadcast_to(
-            next_observations, (config.n_actions, *next_observations.shape)
-        )
+        # n actions per observation: the actor runs once per observation and the critics
+        # project each observation once for all its actions (actions [n, B, act]).
         random_actions = jax.random.uniform(
             random_key, (config.n_actions, batch_size, action_size), minval=-1.0, maxval=1.0
         )
-        current_actions, current_log_pi = actor.sample(actor_params, repeated, current_key)
-        next_sampled, next_log_pi = actor.sample(actor_params, repeated_next, next_sample_key)
+        current_actions, current_log_pi = actor.sample_n(
+            actor_params, observations, current_key, config.n_actions
+        )
+        next_sampled, next_log_pi = actor.sample_n(
+            actor_params, next_observations, next_sample_key, config.n_actions
+        )
         sampled = jax.lax.stop_gradient(
             (current_actions, current_log_pi, next_sampled, next_log_pi)
         )
@@ -181,19 +183,22 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
 
         def critic_objective(critic: Any):
             current_actions, current_log_pi, next_sampled, next_log_pi = sampled
-            q_data = critic_network.apply(critic, observations, batch.actions)  # [2, B]
+            # The dataset's action and the 3n proposals in one pass: [2, 1 + 3n, B].
+            every_action = jnp.concatenate(
+                [batch.actions[None], random_actions, current_actions, next_sampled], axis=0
+            )
+            q_all = critic_network.apply(critic, observations, every_action)
+            q_data = q_all[:, 0]  # [2, B]
             td = jnp.mean(jnp.sum(jnp.square(q_data - targets[None]), axis=0))
-            q_random = critic_network.apply(critic, repeated, random_actions)  # [2, n, B]
-            q_current = critic_network.apply(critic, repeated, current_actions)
-            q_next = critic_network.apply(critic, repeated, next_sampled)
-            q_sampled = jnp.concatenate(
+            log_densities = jnp.concatenate(
                 [
-                    q_random - uniform_log_density,
-                    q_current - current_log_pi[None],
-                    q_next - next_log_pi[None],
+                    jnp.full((config.n_actions, batch_size), uniform_log_density),
+                    current_log_pi,
+                    next_log_pi,
                 ],
-                axis=1,
-            )  # [2, 3n, B]
+                axis=0,
+            )
+            q_sampled = q_all[:, 1:] - log_densities[None]  # [2, 3n, B]
             gaps = jax.vmap(cql_gap, in_axes=(1, 2, None))(
                 q_data, q_sampled, config.temperature
             )  # [B, 2]

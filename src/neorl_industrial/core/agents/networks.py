@@ -127,6 +127,17 @@ class TanhGaussianActor(nn.Module):
         mean, log_std = self.apply(params, observation)
         return tanh_gaussian_sample(mean, log_std, key)
 
+    def sample_n(
+        self, params: Params, observation: jax.Array, key: jax.Array, n: int
+    ) -> tuple[jax.Array, jax.Array]:
+        """``n`` actions per observation from one pass of the network: actions
+        ``[n, *leading, action_size]`` and log-probabilities ``[n, *leading]``."""
+        mean, log_std = self.apply(params, observation)
+        shape = (n, *mean.shape)
+        return tanh_gaussian_sample(
+            jnp.broadcast_to(mean, shape), jnp.broadcast_to(log_std, shape), key
+        )
+
     def log_prob(self, params: Params, observation: jax.Array, action: jax.Array) -> jax.Array:
         """Log-probability of given actions in (-1, 1), e.g. for behaviour cloning."""
         mean, log_std = self.apply(params, observation)
@@ -138,42 +149,109 @@ class TanhGaussianActor(nn.Module):
         return jnp.tanh(mean)
 
 
+def _critic_forward(
+    layers: Sequence[tuple[jax.Array, jax.Array]],
+    observation: jax.Array,
+    action: jax.Array,
+    activation: Activation,
+) -> jax.Array:
+    """One critic on ``(observation, action)`` with broadcasting leading axes.
+
+    The first layer acts on ``[observation, action]`` as two products, ``obs @ W_obs +
+    action @ W_act``: the same value as one product on the concatenation, but an
+    observation shared by several actions (``action`` with extra leading axes) is
+    projected once, not once per action.
+    """
+    kernel, bias = layers[0]
+    obs_size = observation.shape[-1]
+    x = observation @ kernel[:obs_size] + action @ kernel[obs_size:] + bias
+    for kernel, bias in layers[1:]:
+        x = activation(x) @ kernel + bias
+    return jnp.squeeze(x, axis=-1)
+
+
+def _critic_layers(
+    module: nn.Module, hidden: Sequence[int], in_size: int, ensemble: int | None
+) -> list[tuple[jax.Array, jax.Array]]:
+    """Declares the critic's parameters ``layer_i/{kernel, bias}`` (with a leading
+    ensemble axis when ``ensemble`` is set), initialized as flax's ``Dense``."""
+    lead = () if ensemble is None else (ensemble,)
+    kernel_init = nn.initializers.lecun_normal(batch_axis=(0,) if lead else ())
+    layers = []
+    for i, width in enumerate((*hidden, 1)):
+        kernel = module.param(f"layer_{i}_kernel", kernel_init, (*lead, in_size, width))
+        bias = module.param(f"layer_{i}_bias", nn.initializers.zeros, (*lead, width))
+        layers.append((kernel, bias))
+        in_size = width
+    return layers
+
+
 class Critic(nn.Module):
-    """A state-action value ``Q(s, a)``; returns the leading shape of its inputs."""
+    """A state-action value ``Q(s, a)``.
+
+    Leading axes of observation and action broadcast against each other: an observation
+    ``[B, obs]`` with actions ``[n, B, act]`` gives ``[n, B]`` values, the observation
+    projected once.
+    """
 
     hidden: Sequence[int] = (256, 256)
     activation: Activation = nn.relu
 
     @nn.compact
     def __call__(self, observation: jax.Array, action: jax.Array) -> jax.Array:
-        inputs = jnp.concatenate([observation, action], axis=-1)
-        value = MLP(self.hidden, output_size=1, activation=self.activation)(inputs)
-        return jnp.squeeze(value, axis=-1)
+        in_size = observation.shape[-1] + action.shape[-1]
+        layers = _critic_layers(self, self.hidden, in_size, None)
+        return _critic_forward(layers, observation, action, self.activation)
 
 
 class CriticEnsemble(nn.Module):
-    """``n_critics`` independent critics evaluated in one vectorized call.
+    """``n_critics`` independent critics with parameters stacked on a leading axis.
 
-    The critics' parameters are stacked along a leading axis and the critic is ``vmap``ped
-    over it, so the ensemble costs one batched matrix product per layer rather than a
-    Python loop over critics. The output has shape ``[n_critics, *leading]``.
+    The output has shape ``[n_critics, *leading]`` (leading axes broadcast as in
+    :class:`Critic`). On a CPU the critics are evaluated one after the other, each as
+    plain matrix products (XLA's CPU backend runs separate products faster than one
+    batched product); elsewhere (``batched=None`` decides by backend) as one ``vmap``.
+
+    Attributes:
+        hidden: widths of the hidden layers.
+        n_critics: members of the ensemble.
+        activation: nonlinearity of the hidden layers.
+        batched: ``True`` for one batched product per layer, ``False`` for one product per
+            critic, ``None`` to choose by the default backend.
     """
 
     hidden: Sequence[int] = (256, 256)
     n_critics: int = 2
     activation: Activation = nn.relu
+    batched: bool | None = None
 
     @nn.compact
-    def __call__(self, observation: jax.Array, action: jax.Array) -> jax.Array:
-        ensemble = nn.vmap(
-            Critic,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=None,
-            out_axes=0,
-            axis_size=self.n_critics,
+    def __call__(
+        self, observation: jax.Array, action: jax.Array, members: int | None = None
+    ) -> jax.Array:
+        """Values of the first ``members`` critics (all by default)."""
+        in_size = observation.shape[-1] + action.shape[-1]
+        layers = _critic_layers(self, self.hidden, in_size, self.n_critics)
+        count = self.n_critics if members is None else members
+        if not 1 <= count <= self.n_critics:
+            raise ValueError(f"members: expected 1..{self.n_critics}, got {members}")
+        layers = [(kernel[:count], bias[:count]) for kernel, bias in layers]
+        batched = jax.default_backend() != "cpu" if self.batched is None else self.batched
+        if batched:
+            return jax.vmap(
+                lambda member: _critic_forward(member, observation, action, self.activation)
+            )(layers)
+        return jnp.stack(
+            [
+                _critic_forward(
+                    [(kernel[i], bias[i]) for kernel, bias in layers],
+                    observation,
+                    action,
+                    self.activation,
+                )
+                for i in range(count)
+            ]
         )
-        return ensemble(self.hidden, self.activation, name="critics")(observation, action)
 
 
 @struct.dataclass

@@ -134,7 +134,7 @@ def make_td3bc(config: TD3BCConfig, obs_size: int, action_size: int) -> Algorith
 
         def actor_objective(actor: Any) -> jax.Array:
             policy_actions = actor_apply(actor, observations)
-            q_first = critic_network.apply(critic, observations, policy_actions)[0]
+            q_first = critic_network.apply(critic, observations, policy_actions, members=1)[0]
             lmbda = jax.lax.stop_gradient(config.alpha / jnp.mean(jnp.abs(q_first)))
             losses = jax.vmap(actor_loss, in_axes=(0, 0, 0, None))(
                 q_first, policy_actions, batch.actions, lmbda
