@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, str] = {
     "env_throughput": "benchmarks.env_throughput",
     "data_sampling": "benchmarks.data_sampling",
     "data_generation": "benchmarks.data_generation",
+    "agent_speed": "benchmarks.agent_speed",
 }
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from neorl_industrial.core.agents.bc import BCConfig, bc_loss, make_bc
-from neorl_industrial.functional.state_management import Dataset, sample
+from neorl_industrial.functional.state_management import Dataset, init_train_state, sample
 from neorl_industrial.functional.transformations.offline import (
     init_seeds,
     make_chunk,
@@ -48,7 +48,7 @@ def test_bc_imitates_the_expert():
     )
     losses = [float(entry["metrics"]["bc_loss"][0]) for entry in history]
     assert losses[-1] < 0.1 * losses[0]
-    policy = jax.tree.map(lambda leaf: leaf[0], states.policy)
+    policy = jax.tree.map(lambda leaf: leaf[0], states.agent.policy)
     test_obs = np.random.default_rng(1).normal(size=(256, OBS)).astype(np.float32)
     error = np.abs(bc.act(policy, test_obs) - np.tanh(test_obs @ weights)).mean()
     assert error < 0.08, error
@@ -90,15 +90,34 @@ def test_seeds_are_reproducible_independent_and_vmapped_faithfully():
     together, _ = train_offline(bc, dataset, seeds=(3, 4, 5), **run)
     again, _ = train_offline(bc, dataset, seeds=(3, 4, 5), **run)
     alone, _ = train_offline(bc, dataset, seeds=(4,), **run)
-    leaves = jax.tree.leaves(together.policy.actor)
-    for a, b in zip(leaves, jax.tree.leaves(again.policy.actor), strict=True):
+    leaves = jax.tree.leaves(together.agent.policy.actor)
+    for a, b in zip(leaves, jax.tree.leaves(again.agent.policy.actor), strict=True):
         np.testing.assert_array_equal(a, b)
     # Seed 4 trained among others equals seed 4 trained alone: separate parameters.
-    for a, b in zip(leaves, jax.tree.leaves(alone.policy.actor), strict=True):
+    for a, b in zip(leaves, jax.tree.leaves(alone.agent.policy.actor), strict=True):
         np.testing.assert_allclose(a[1], b[0], rtol=1e-5, atol=1e-6)
     assert not np.allclose(leaves[0][0], leaves[0][1])
     states = init_seeds(bc, [0, 1])
     assert jax.tree.leaves(states.policy.actor)[0].shape[0] == 2
+
+
+def test_training_resumes_exactly_from_a_saved_train_state():
+    dataset, _ = _expert_dataset(n_episodes=4, length=20)
+    bc = make_bc(BCConfig(hidden=(16,)), OBS, ACT)
+    run = dict(chunk_updates=10, batch_size=16)
+    straight, _ = train_offline(bc, dataset, seeds=(1, 2), n_updates=30, **run)
+    first, _ = train_offline(bc, dataset, seeds=(1, 2), n_updates=10, **run)
+    # A round trip through host memory, as a checkpoint would make.
+    saved = jax.tree.map(np.asarray, first)
+    resumed, history = train_offline(bc, dataset, n_updates=20, state=saved, **run)
+    assert [entry["updates"] for entry in history] == [20, 30]
+    np.testing.assert_array_equal(resumed.updates, [30, 30])
+    for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # The state handed in is left as it was (donation works on a copy).
+    np.testing.assert_array_equal(first.updates, [10, 10])
+    with pytest.raises(ValueError, match="leading seed axis"):
+        train_offline(bc, dataset, n_updates=10, state=init_train_state(bc, 0), **run)
 
 
 def test_bad_loop_settings_are_named():

@@ -42,7 +42,7 @@ def _biased_bandit(n=4000, seed=0):
 
 
 def _regret(algorithm, states, weights):
-    policy = jax.tree.map(lambda leaf: leaf[0], states.policy)
+    policy = jax.tree.map(lambda leaf: leaf[0], states.agent.policy)
     observations = np.random.default_rng(1).normal(size=(512, OBS)).astype(np.float32)
     best = np.tanh(observations @ weights)
     return float(np.sum((np.asarray(algorithm.act(policy, observations)) - best) ** 2, 1).mean())

@@ -65,7 +65,7 @@ def test_td3bc_finds_better_actions_than_the_data():
         td3bc, dataset, seeds=(0,), n_updates=3000, chunk_updates=1000, batch_size=256
     )
     assert history[-1]["metrics"]["critic_loss"][0] < history[0]["metrics"]["critic_loss"][0]
-    policy = jax.tree.map(lambda leaf: leaf[0], states.policy)
+    policy = jax.tree.map(lambda leaf: leaf[0], states.agent.policy)
     test_obs = np.random.default_rng(1).normal(size=(512, OBS)).astype(np.float32)
     best = np.tanh(test_obs @ weights)
     policy_regret = np.sum((np.asarray(td3bc.act(policy, test_obs)) - best) ** 2, axis=1).mean()

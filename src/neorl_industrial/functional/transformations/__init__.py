@@ -16,6 +16,7 @@ from neorl_industrial.functional.transformations.generation import (
 from neorl_industrial.functional.transformations.offline import (
     init_seeds,
     make_seeded_chunk,
+    make_train_chunk,
     train_offline,
 )
 from neorl_industrial.functional.transformations.offline import make_chunk as make_offline_chunk
@@ -52,6 +53,7 @@ __all__ = [
     "make_chunk",
     "make_offline_chunk",
     "make_seeded_chunk",
+    "make_train_chunk",
     "random_rollout_statistics",
     "replay_buffer_add",
     "replay_buffer_init",

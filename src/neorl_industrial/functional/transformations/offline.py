@@ -16,6 +16,10 @@ import jax.numpy as jnp
 
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.functional.state_management import Dataset, sample
+from neorl_industrial.functional.state_management.train_state import (
+    TrainState,
+    init_train_states,
+)
 
 #: ``sampler(dataset, key, batch_size) -> batch``.
 Sampler = Callable[[Dataset, jax.Array, int], Any]
@@ -61,9 +65,26 @@ def make_seeded_chunk(
 
 
 def init_seeds(algorithm: Algorithm, seeds: jax.Array | list[int]) -> Any:
-    """Initial states of several seeds, stacked on a leading axis."""
+    """Initial algorithm states of several seeds, stacked on a leading axis (the
+    ``agent`` of :func:`init_train_states`)."""
     keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
     return jax.vmap(algorithm.init)(keys)
+
+
+def make_train_chunk(
+    algorithm: Algorithm, batch_size: int, n_updates: int, sampler: Sampler = sample
+) -> Callable[[TrainState, Dataset], tuple[TrainState, dict[str, jax.Array]]]:
+    """``chunk(train_state, dataset) -> (train_state, mean metrics)`` for runs with a
+    leading seed axis: the chunk's key is split from each run's own key, so the result
+    depends only on the state (training resumes exactly from any saved state)."""
+    seeded = make_seeded_chunk(algorithm, batch_size, n_updates, sampler)
+
+    def chunk(state: TrainState, dataset: Dataset):
+        pairs = jax.vmap(jax.random.split)(state.key)
+        agent, metrics = seeded(state.agent, dataset, pairs[:, 1])
+        return TrainState(agent=agent, key=pairs[:, 0], updates=state.updates + n_updates), metrics
+
+    return chunk
 
 
 def train_offline(
@@ -76,22 +97,26 @@ def train_offline(
     batch_size: int = 256,
     sampler: Sampler = sample,
     callback: ChunkCallback | None = None,
-) -> tuple[Any, list[dict[str, Any]]]:
+    state: TrainState | None = None,
+) -> tuple[TrainState, list[dict[str, Any]]]:
     """Trains one agent per seed on ``dataset``, all seeds in one vmapped program.
 
     Args:
         algorithm: the agent.
         dataset: the data, on device.
         seeds: one independent run (initialization and sampling) per seed.
-        n_updates: updates per seed; rounded up to whole chunks.
+        n_updates: updates per seed in this call; rounded up to whole chunks.
         chunk_updates: updates fused into one compiled call.
         batch_size: transitions per update.
         sampler: how batches are drawn.
         callback: called on the host after every chunk.
+        state: continue these runs (e.g. a saved :class:`TrainState`) instead of starting
+            fresh ones from ``seeds``; its runs are not modified (they are copied).
 
     Returns:
-        ``(states, history)``: the final states (leading seed axis) and, per chunk, the
-        updates done, seconds, updates per second (all seeds) and the mean metrics per seed.
+        ``(state, history)``: the final :class:`TrainState` (leading seed axis; the
+        algorithm states are ``state.agent``) and, per chunk, the updates done (in total),
+        seconds, updates per second (all seeds) and the mean metrics per seed.
     """
     for name, value in (
         ("n_updates", n_updates),
@@ -100,38 +125,36 @@ def train_offline(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    if not seeds:
-        raise ValueError("seeds: expected at least one seed")
+    if state is None:
+        if not seeds:
+            raise ValueError("seeds: expected at least one seed")
+        state = init_train_states(algorithm, list(seeds))
+    elif state.n_seeds is None:
+        raise ValueError("state: expected runs with a leading seed axis (init_train_states)")
+    n_runs = state.n_seeds
     chunk = jax.jit(
-        make_seeded_chunk(algorithm, batch_size, chunk_updates, sampler), donate_argnums=0
+        make_train_chunk(algorithm, batch_size, chunk_updates, sampler), donate_argnums=0
     )
     # States are donated to every chunk; a fresh state may hold one buffer twice (a target
-    # network starts as its online network), so each leaf gets its own copy first.
-    states = jax.tree.map(jnp.copy, init_seeds(algorithm, list(seeds)))
-    keys = jax.vmap(lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1))(
-        jnp.asarray(list(seeds), jnp.uint32)
-    )
+    # network starts as its online network), and a caller's state must survive, so each
+    # leaf gets its own copy first.
+    state = jax.tree.map(jnp.copy, state)
     history: list[dict[str, Any]] = []
     done = 0
     while done < n_updates:
-        keys, chunk_keys = _split_each(keys)
         started = time.perf_counter()
-        states, metrics = chunk(states, dataset, chunk_keys)
+        state, metrics = chunk(state, dataset)
         metrics = jax.device_get(metrics)  # the one transfer of the chunk
         seconds = time.perf_counter() - started
         done += chunk_updates
+        total = int(state.updates[0])
         entry = {
-            "updates": done,
+            "updates": total,
             "seconds": seconds,
-            "updates_per_s": len(seeds) * chunk_updates / seconds,
+            "updates_per_s": n_runs * chunk_updates / seconds,
             "metrics": metrics,
         }
         history.append(entry)
         if callback is not None:
-            callback(done, metrics)
-    return states, history
-
-
-def _split_each(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
-    pairs = jax.vmap(jax.random.split)(keys)
-    return pairs[:, 0], pairs[:, 1]
+            callback(total, metrics)
+    return state, history

@@ -1,0 +1,501 @@
+"""Learning study: BC, TD3+BC, IQL and CQL on the Industrial Benchmark's generated
+datasets, several seeds at once, evaluated in the JAX environment.
+
+For each quality (``low``, ``medium``, ``high`` by default) a dataset of
+``--trajectories`` whole 1000-step episodes is generated from the shipped behaviour
+policies (deterministic given ``--data-seed``). Every algorithm, with its CORL defaults,
+trains ``--seeds`` independent agents on every dataset in **one** compiled program: seeds
+and datasets are two ``vmap`` axes over separate parameters (the datasets have equal
+shapes). Each agent is then evaluated with its deterministic action over ``--episodes``
+full episodes of the environment (vmapped environments, all agents at once).
+
+Preprocessing, the same for every algorithm: observations are standardized with the
+dataset's per-feature mean and spread (the normalizer travels with the policy), rewards
+are standardized with the dataset's mean and spread (the Industrial Benchmark never
+terminates, so a shift of the reward does not change the optimal policy; the scale keeps
+the critics' values near one). Evaluation uses the environment's own reward.
+
+Scores are D4RL-style normalized returns from the dataset card,
+``100 * (R - random) / (expert - random)``, per seed the mean over its episodes; the table
+gives the mean over seeds and a 95 % confidence interval (Student's t over seeds). The
+behaviour policy's score is the dataset's own mean return.
+
+Usage (from the repository root)::
+
+    python -m benchmarks.learning                      # the study, writes docs/learning.md
+    python -m benchmarks.learning --quick --no-save    # a minute-long smoke run
+    python -m benchmarks.learning --algorithms cql -t cql   # one algorithm per run ...
+    python -m benchmarks.learning --merge benchmarks/results/learning-*.json  # ... merged
+
+The run is saved like every benchmark (``benchmarks/results/learning-<tag>-<time>.json``)
+and the markdown table is written to ``--doc``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.harness import (
+    DEFAULT_RESULTS_DIR,
+    BenchmarkResult,
+    progress,
+    system_info,
+    utc_timestamp,
+)
+
+NAME = "learning"
+ALGORITHMS = ("bc", "td3bc", "iql", "cql")
+LABELS = {"bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
+QUALITIES = ("low", "medium", "high")
+#: Algorithms expected to reach the behaviour policy's return on these qualities.
+IMPROVERS = ("td3bc", "iql", "cql")
+MUST_MATCH_BEHAVIOUR = ("low", "medium")
+
+
+def make_algorithm(name: str, obs_size: int, action_size: int) -> Any:
+    """Algorithm ``name`` with its defaults and no observation statistics (the
+    normalizer is set per dataset in the state)."""
+    from neorl_industrial.core.agents import (
+        BCConfig,
+        CQLConfig,
+        IQLConfig,
+        TD3BCConfig,
+        make_bc,
+        make_cql,
+        make_iql,
+        make_td3bc,
+    )
+
+    factories = {
+        "bc": (make_bc, BCConfig),
+        "td3bc": (make_td3bc, TD3BCConfig),
+        "iql": (make_iql, IQLConfig),
+        "cql": (make_cql, CQLConfig),
+    }
+    if name not in factories:
+        raise ValueError(f"algorithm: unknown {name!r}; expected one of {sorted(factories)}")
+    factory, config = factories[name]
+    return factory(config(), obs_size, action_size)
+
+
+def standardize_rewards(dataset: Any) -> tuple[Any, dict[str, float]]:
+    """The dataset with rewards ``(r - mean) / std`` and the statistics used."""
+    import jax.numpy as jnp
+
+    rewards = np.asarray(dataset.rewards, np.float64)
+    mean, std = float(rewards.mean()), float(max(rewards.std(), 1e-6))
+    scaled = ((rewards - mean) / std).astype(np.float32)
+    return dataset.replace(rewards=jnp.asarray(scaled)), {"mean": mean, "std": std}
+
+
+def observation_normalizer(dataset: Any) -> Any:
+    """The dataset's per-feature observation normalizer."""
+    from neorl_industrial.core.agents import ObservationNormalizer
+
+    observations = np.asarray(dataset.observations, np.float64)
+    return ObservationNormalizer.create(observations.mean(0), observations.std(0))
+
+
+def mean_confidence_interval(values: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    """Mean of ``values`` with the half-width of a Student-t confidence interval."""
+    from scipy import stats
+
+    data = np.asarray(values, np.float64)
+    mean = float(data.mean())
+    if data.size < 2:
+        return {"mean": mean, "ci": None, "n": int(data.size)}
+    half = stats.t.ppf(0.5 + level / 2, data.size - 1) * data.std(ddof=1) / np.sqrt(data.size)
+    return {"mean": mean, "ci": float(half), "n": int(data.size)}
+
+
+def train_all(
+    algorithm: Any,
+    datasets: Any,
+    normalizers: Any,
+    n_seeds: int,
+    n_updates: int,
+    chunk_updates: int,
+    batch_size: int,
+) -> tuple[Any, list[dict[str, Any]]]:
+    """Trains ``n_seeds`` agents on each of the stacked ``datasets`` in one program.
+
+    Returns the final states (leading axes ``[dataset, seed]``) and, per chunk, the
+    updates done, seconds and mean metrics.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from neorl_industrial.functional.transformations.offline import (
+        init_seeds,
+        make_seeded_chunk,
+    )
+
+    n_datasets = int(normalizers.mean.shape[0])
+    seeded = make_seeded_chunk(algorithm, batch_size, chunk_updates)
+    chunk = jax.jit(jax.vmap(seeded, in_axes=(0, 0, 0)), donate_argnums=0)
+
+    def init_for(normalizer: Any) -> Any:
+        states = init_seeds(algorithm, jnp.arange(n_seeds))
+        repeated = jax.tree.map(
+            lambda leaf: jnp.broadcast_to(leaf, (n_seeds, *leaf.shape)), normalizer
+        )
+        return states.replace(policy=states.policy.replace(normalizer=repeated))
+
+    states = jax.tree.map(jnp.copy, jax.vmap(init_for)(normalizers))
+    keys = jax.random.split(jax.random.PRNGKey(1), n_datasets * n_seeds).reshape(
+        n_datasets, n_seeds, -1
+    )
+    history = []
+    done = 0
+    while done < n_updates:
+        split = jax.vmap(jax.vmap(jax.random.split))(keys)
+        keys, chunk_keys = split[:, :, 0], split[:, :, 1]
+        started = time.perf_counter()
+        states, metrics = chunk(states, datasets, chunk_keys)
+        metrics = jax.device_get(metrics)
+        seconds = time.perf_counter() - started
+        done += chunk_updates
+        history.append(
+            {
+                "updates": done,
+                "seconds": seconds,
+                "metrics": {name: np.asarray(value).tolist() for name, value in metrics.items()},
+            }
+        )
+        progress(f"  {done:>7} updates, {seconds:.1f} s for the chunk")
+    return states, history
+
+
+def evaluate_all(
+    algorithm: Any, env: Any, env_params: Any, policies: Any, n_episodes: int, seed: int
+) -> np.ndarray:
+    """Mean episode return of every policy (leading axes ``[dataset, seed]``) over
+    ``n_episodes`` whole episodes, its deterministic action, all policies at once."""
+    import jax
+
+    from neorl_industrial.core.environments import rollout
+
+    horizon = int(env_params.horizon)
+
+    def policy(policy_params: Any, observation: Any, key: Any) -> Any:
+        return algorithm.act(policy_params, observation, key, deterministic=True)
+
+    def one(policy_params: Any, key: Any) -> Any:
+        result = rollout(
+            key, env, env_params, policy, n_episodes, horizon, policy_params=policy_params
+        )
+        return result.episode_return_sum / result.episodes  # [n_episodes]
+
+    leading = jax.tree.leaves(policies)[0].shape[:2]
+    keys = jax.random.split(jax.random.PRNGKey(seed), leading[0] * leading[1]).reshape(*leading, -1)
+    returns = jax.jit(jax.vmap(jax.vmap(one)))(policies, keys)
+    return np.asarray(jax.device_get(returns))
+
+
+def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
+    """The study as a markdown page."""
+    cell = lambda s: (
+        "—"
+        if s is None
+        # noqa: E731
+        else (f"{s['mean']:.1f}" if s.get("ci") is None else f"{s['mean']:.1f} ± {s['ci']:.1f}")
+    )
+    labels = [LABELS[name] for name in config["algorithms"]]
+    lines = [
+        "# Learning study: offline agents on the Industrial Benchmark",
+        "",
+        "Generated by `python -m benchmarks.learning` "
+        f"({config['n_updates']:,} updates of batch {config['batch_size']}, "
+        f"{config['n_seeds']} seeds per dataset trained in one vmapped program, "
+        f"{config['n_episodes']} evaluation episodes of {config['horizon']} steps per seed, "
+        f"datasets of {config['trajectories']} trajectories of `{config['env_id']}`). "
+        "Do not edit by hand; rerun the script.",
+        "",
+        "Normalized scores, D4RL-style from the dataset card: "
+        "`100 * (R - random) / (expert - random)`; mean over seeds ± the half-width of a "
+        "95 % confidence interval (Student's t over seeds). *Behaviour* is the dataset's "
+        "own mean return.",
+        "",
+        "| dataset | behaviour | " + " | ".join(labels) + " |",
+        "|---|---|" + "---|" * len(labels),
+    ]
+    for quality in config["qualities"]:
+        entry = results["datasets"][quality]
+        row = [f"{config['env_id']}-{quality}", f"{entry['behaviour_score']:.1f}"]
+        row += [cell(entry["scores"].get(name)) for name in config["algorithms"]]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [
+        "",
+        "Mean episode returns (environment reward, per 1000-step episode):",
+        "",
+        "| dataset | random | expert | behaviour | " + " | ".join(labels) + " |",
+        "|---|---|---|---|" + "---|" * len(labels),
+    ]
+    for quality in config["qualities"]:
+        entry = results["datasets"][quality]
+        row = [
+            f"{config['env_id']}-{quality}",
+            f"{entry['random_return']:.0f}",
+            f"{entry['expert_return']:.0f}",
+            f"{entry['behaviour_return']:.0f}",
+        ]
+        row += [
+            "—" if name not in entry["returns"] else cell(entry["returns"][name])
+            for name in config["algorithms"]
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    checks = results.get("checks", {})
+    if checks:
+        lines += ["", "Checks (mean score over seeds against the behaviour score):", ""]
+        for check in checks.values():
+            verdict = "met" if check["passed"] else "**not met**"
+            lines.append(f"- {check['what']}: {verdict} ({check['detail']})")
+    timing = results.get("timing", {})
+    lines += [
+        "",
+        "Training time per algorithm (all datasets and seeds in one program): "
+        + ", ".join(
+            f"{LABELS[name]} {timing[name]['train_s']:.0f} s" for name in config["algorithms"]
+        )
+        + f"; device: {config['device']}.",
+        "",
+        "Preprocessing (every algorithm): observations standardized with the dataset's "
+        "per-feature statistics (the normalizer is part of the policy); rewards "
+        "standardized with the dataset's mean and spread for training only. "
+        "Hyperparameters are the algorithms' defaults (CORL's).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def checks(config: dict[str, Any], results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The study's expectations, each with the numbers behind its verdict.
+
+    * TD3+BC, IQL and CQL reach the behaviour policy on ``low`` and ``medium``: the mean
+      score over seeds is at least the behaviour score (the interval is reported beside
+      it, not used to widen the check).
+    * BC is close to the behaviour policy: within 10 points of its score.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for quality in config["qualities"]:
+        entry = results["datasets"][quality]
+        behaviour = entry["behaviour_score"]
+        for name in config["algorithms"]:
+            score = entry["scores"].get(name)
+            if score is None:
+                continue
+            half = score["ci"] or 0.0
+            if name in IMPROVERS and quality in MUST_MATCH_BEHAVIOUR:
+                out[f"{name}_{quality}_reaches_behaviour"] = {
+                    "what": f"{LABELS[name]} reaches the behaviour score on {quality}",
+                    "passed": bool(score["mean"] >= behaviour),
+                    "detail": f"{score['mean']:.1f} ± {half:.1f} vs {behaviour:.1f}",
+                }
+            if name == "bc":
+                out[f"bc_{quality}_close_to_behaviour"] = {
+                    "what": f"BC within 10 points of the behaviour score on {quality}",
+                    "passed": bool(abs(score["mean"] - behaviour) <= 10.0),
+                    "detail": f"{score['mean']:.1f} ± {half:.1f} vs {behaviour:.1f}",
+                }
+    return out
+
+
+def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Generates the datasets, trains and evaluates every algorithm."""
+    import jax
+    import jax.numpy as jnp
+
+    from neorl_industrial.core.environments import make
+    from neorl_industrial.integration.datasets import generate_dataset
+
+    env, env_params = make(args.env)
+    datasets, cards, reward_stats = [], [], []
+    for quality in args.qualities:
+        progress(f"dataset {args.env}-{quality}: {args.trajectories} trajectories")
+        dataset, card = generate_dataset(args.env, quality, args.trajectories, seed=args.data_seed)
+        scaled, stats = standardize_rewards(dataset)
+        datasets.append(scaled)
+        cards.append(card)
+        reward_stats.append(stats)
+    normalizers = jax.tree.map(
+        lambda *leaves: jnp.stack(leaves), *[observation_normalizer(d) for d in datasets]
+    )
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *datasets)
+    obs_size, action_size = datasets[0].observation_size, datasets[0].action_size
+
+    results: dict[str, Any] = {"datasets": {}, "timing": {}, "history": {}}
+    for quality, card, stats in zip(args.qualities, cards, reward_stats, strict=True):
+        behaviour_return = float(card.behaviour_policy.mean_return)
+        results["datasets"][quality] = {
+            "behaviour_return": behaviour_return,
+            "behaviour_score": float(card.normalized_score(behaviour_return)),
+            "random_return": float(card.random_return),
+            "expert_return": float(card.expert_return),
+            "reward_mean": stats["mean"],
+            "reward_std": stats["std"],
+            "scores": {},
+            "returns": {},
+            "per_seed_scores": {},
+        }
+    for name in args.algorithms:
+        progress(f"{LABELS[name]}: {len(args.qualities)} datasets x {args.seeds} seeds")
+        algorithm = make_algorithm(name, obs_size, action_size)
+        started = time.perf_counter()
+        states, history = train_all(
+            algorithm,
+            stacked,
+            normalizers,
+            args.seeds,
+            args.updates,
+            min(args.chunk, args.updates),
+            args.batch_size,
+        )
+        train_s = time.perf_counter() - started
+        progress(f"{LABELS[name]}: evaluating {args.episodes} episodes per agent")
+        started = time.perf_counter()
+        returns = evaluate_all(algorithm, env, env_params, states.policy, args.episodes, 7)
+        eval_s = time.perf_counter() - started
+        results["timing"][name] = {"train_s": train_s, "eval_s": eval_s}
+        results["history"][name] = history
+        for index, (quality, card) in enumerate(zip(args.qualities, cards, strict=True)):
+            per_seed_returns = returns[index].mean(axis=-1)
+            per_seed_scores = card.normalized_score(per_seed_returns)
+            entry = results["datasets"][quality]
+            entry["scores"][name] = mean_confidence_interval(per_seed_scores)
+            entry["returns"][name] = mean_confidence_interval(per_seed_returns)
+            entry["per_seed_scores"][name] = np.asarray(per_seed_scores).tolist()
+            progress(
+                f"  {quality}: score {entry['scores'][name]['mean']:.1f} "
+                f"(behaviour {entry['behaviour_score']:.1f})"
+            )
+    config = {
+        "env_id": args.env,
+        "qualities": list(args.qualities),
+        "algorithms": list(args.algorithms),
+        "trajectories": args.trajectories,
+        "data_seed": args.data_seed,
+        "n_seeds": args.seeds,
+        "n_updates": args.updates,
+        "chunk_updates": min(args.chunk, args.updates),
+        "batch_size": args.batch_size,
+        "n_episodes": args.episodes,
+        "horizon": int(env_params.horizon),
+        "device": str(jax.devices()[0].device_kind),
+        "jax_backend": jax.default_backend(),
+    }
+    results["checks"] = checks(config, results)
+    return config, results
+
+
+def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One study from several saved runs of the same settings with different algorithms
+    (e.g. one run per algorithm, each within a time limit).
+
+    Raises:
+        ValueError: when the runs' settings (other than the algorithms) differ, or two
+            runs hold the same algorithm.
+    """
+    if not paths:
+        raise ValueError("merge: expected at least one result file")
+    runs = [BenchmarkResult.load(path) for path in paths]
+    base = dict(runs[0].config)
+    config = {**base, "algorithms": []}
+    results: dict[str, Any] = {"datasets": {}, "timing": {}, "history": {}}
+    for path, run in zip(paths, runs, strict=True):
+        if run.name != NAME:
+            raise ValueError(f"{path}: not a learning study (benchmark {run.name!r})")
+        differing = sorted(
+            key
+            for key in set(base) | set(run.config)
+            if key != "algorithms" and base.get(key) != run.config.get(key)
+        )
+        if differing:
+            raise ValueError(f"{path}: settings differ from {paths[0]}: {', '.join(differing)}")
+        for name in run.config["algorithms"]:
+            if name in config["algorithms"]:
+                raise ValueError(f"{path}: algorithm {name!r} appears in two runs")
+            config["algorithms"].append(name)
+            results["timing"][name] = run.results["timing"][name]
+            results["history"][name] = run.results["history"][name]
+        for quality, entry in run.results["datasets"].items():
+            merged = results["datasets"].setdefault(
+                quality, {**entry, "scores": {}, "returns": {}, "per_seed_scores": {}}
+            )
+            for field in ("scores", "returns", "per_seed_scores"):
+                merged[field].update(entry[field])
+    config["algorithms"] = [name for name in ALGORITHMS if name in config["algorithms"]]
+    config["merged_from"] = [Path(path).name for path in paths]
+    results["checks"] = checks(config, results)
+    return config, results
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.learning", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--env", default="IB-v0", help="environment id (default IB-v0)")
+    parser.add_argument("--qualities", nargs="+", default=list(QUALITIES), choices=QUALITIES)
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    parser.add_argument("--trajectories", type=int, default=100, help="episodes per dataset")
+    parser.add_argument("--data-seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=5, help="agents per dataset (default 5)")
+    parser.add_argument("--updates", type=int, default=100_000, help="updates per agent")
+    parser.add_argument("--chunk", type=int, default=5_000, help="updates per compiled call")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--episodes", type=int, default=100, help="evaluation episodes per agent")
+    parser.add_argument("--doc", default="docs/learning.md", help="markdown page to write")
+    parser.add_argument("--results-dir", default=str(DEFAULT_RESULTS_DIR))
+    parser.add_argument("-d", "--description", default="Learning study on IB datasets")
+    parser.add_argument("-t", "--tag", default="untagged")
+    parser.add_argument("--no-save", action="store_true", help="write neither JSON nor page")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="RESULT",
+        help="write the page (and a combined result) from saved runs instead of running",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 10 trajectories, 2 seeds, 200 updates, 4 episodes",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.trajectories, args.seeds, args.updates, args.chunk, args.episodes = 10, 2, 200, 100, 4
+    for name in ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = utc_timestamp()
+    config, results = merge(args.merge) if args.merge else run_study(args)
+    page = markdown(config, results)
+    print(page)
+    if not args.no_save:
+        result = BenchmarkResult(
+            name=NAME,
+            description=args.description,
+            tag=args.tag,
+            timestamp=started,
+            system=system_info(),
+            config=config,
+            results=results,
+        )
+        path = result.save(args.results_dir)
+        Path(args.doc).write_text(page, encoding="utf-8")
+        print(f"Wrote {path} and {args.doc}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

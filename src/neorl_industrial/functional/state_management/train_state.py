@@ -1,0 +1,69 @@
+"""``TrainState``: everything an offline training run needs to continue exactly.
+
+A run's state is the algorithm's own state (parameters, optimizer moments, target
+networks, multipliers: a PyTree defined by the algorithm), the PRNG key from which the
+next chunk's randomness is split, and the number of updates done. Keeping the key in the
+state is what makes training deterministic given a seed *and* resumable: a run saved
+after any chunk and continued later ends with parameters identical to an uninterrupted
+run of the same seed.
+
+Several seeds are one ``TrainState`` whose leaves carry a leading seed axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from neorl_industrial.core.agents.types import Algorithm
+
+
+@struct.dataclass
+class TrainState:
+    """State of one or several (leading axis) offline training runs.
+
+    Attributes:
+        agent: the algorithm's state, as returned by ``algorithm.init``.
+        key: PRNG key of the next chunk, ``[2]`` uint32 per run.
+        updates: updates done so far, int32 per run.
+    """
+
+    agent: Any
+    key: jax.Array
+    updates: jax.Array
+
+    @property
+    def n_seeds(self) -> int | None:
+        """Runs held (the leading axis), or None for a single run without that axis."""
+        return None if self.updates.ndim == 0 else int(self.updates.shape[0])
+
+
+def init_train_state(algorithm: Algorithm, seed: int) -> TrainState:
+    """The state of a fresh run: the agent initialized from ``seed`` and the sampling key
+    derived from it (independent of the initialization key)."""
+    root = jax.random.PRNGKey(seed)
+    return TrainState(
+        agent=algorithm.init(root),
+        key=jax.random.fold_in(root, 1),
+        updates=jnp.zeros((), jnp.int32),
+    )
+
+
+def init_train_states(algorithm: Algorithm, seeds: Any) -> TrainState:
+    """Fresh runs of several seeds, stacked on a leading axis (for ``vmap``)."""
+    seeds = jnp.asarray(seeds, jnp.uint32)
+    if seeds.ndim != 1 or seeds.shape[0] < 1:
+        raise ValueError(f"seeds: expected a non-empty list of seeds, got shape {seeds.shape}")
+
+    def one(seed: jax.Array) -> TrainState:
+        root = jax.random.PRNGKey(seed)
+        return TrainState(
+            agent=algorithm.init(root),
+            key=jax.random.fold_in(root, 1),
+            updates=jnp.zeros((), jnp.int32),
+        )
+
+    return jax.vmap(one)(seeds)

@@ -1,0 +1,115 @@
+"""Tests of the learning study's statistics, checks and page; the full (quick) study runs
+under the ``slow`` marker."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks import learning
+from neorl_industrial.functional.state_management import Dataset
+
+
+def test_confidence_interval_is_students_t_over_seeds():
+    result = learning.mean_confidence_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert result["mean"] == pytest.approx(3.0)
+    # t(0.975, 4) = 2.7764, sample std = sqrt(2.5)
+    assert result["ci"] == pytest.approx(2.7764 * np.sqrt(2.5) / np.sqrt(5), rel=1e-4)
+    assert learning.mean_confidence_interval([7.0])["ci"] is None
+
+
+def test_rewards_are_standardized_and_statistics_returned():
+    rng = np.random.default_rng(0)
+    dataset = Dataset.from_trajectories(
+        rng.normal(size=(2, 11, 4)).astype(np.float32),
+        rng.uniform(-1, 1, (2, 10, 3)).astype(np.float32),
+        (rng.normal(size=(2, 10)) * 50 - 300).astype(np.float32),
+        np.zeros((2, 10, 2), np.float32),
+        np.zeros((2, 10), bool),
+    )
+    scaled, stats = learning.standardize_rewards(dataset)
+    assert stats["mean"] == pytest.approx(float(np.mean(np.asarray(dataset.rewards))), rel=1e-5)
+    assert float(jnp.mean(scaled.rewards)) == pytest.approx(0.0, abs=1e-5)
+    assert float(jnp.std(scaled.rewards)) == pytest.approx(1.0, rel=1e-4)
+    np.testing.assert_array_equal(scaled.observations, dataset.observations)
+
+
+def _results(scores: dict[str, tuple[float, float]], behaviour: float) -> dict:
+    entry = {
+        "behaviour_score": behaviour,
+        "behaviour_return": -200.0,
+        "random_return": -300.0,
+        "expert_return": -100.0,
+        "scores": {name: {"mean": m, "ci": c, "n": 5} for name, (m, c) in scores.items()},
+        "returns": {},
+    }
+    return {"datasets": {"low": entry}, "timing": {n: {"train_s": 1.0} for n in scores}}
+
+
+def test_checks_can_fail_and_pass():
+    config = {"qualities": ["low"], "algorithms": ["bc", "td3bc", "iql"]}
+    results = _results({"bc": (31.0, 2.0), "td3bc": (40.0, 3.0), "iql": (29.0, 4.0)}, 30.0)
+    verdicts = learning.checks(config, results)
+    assert verdicts["bc_low_close_to_behaviour"]["passed"] is True
+    assert verdicts["td3bc_low_reaches_behaviour"]["passed"] is True
+    assert verdicts["iql_low_reaches_behaviour"]["passed"] is False  # 29 < 30 whatever the CI
+    far = learning.checks(config, _results({"bc": (5.0, 1.0)}, 30.0))
+    assert far["bc_low_close_to_behaviour"]["passed"] is False
+
+
+def test_markdown_page_has_one_row_per_dataset_and_the_verdicts():
+    config = {
+        "env_id": "IB-v0",
+        "qualities": ["low"],
+        "algorithms": ["bc", "td3bc"],
+        "n_updates": 1000,
+        "batch_size": 256,
+        "n_seeds": 5,
+        "n_episodes": 100,
+        "horizon": 1000,
+        "trajectories": 100,
+        "device": "cpu",
+    }
+    results = _results({"bc": (31.0, 2.0), "td3bc": (40.0, 3.0)}, 30.0)
+    results["checks"] = learning.checks(config, results)
+    page = learning.markdown(config, results)
+    assert "| IB-v0-low | 30.0 | 31.0 ± 2.0 | 40.0 ± 3.0 |" in page
+    assert "TD3+BC reaches the behaviour score on low: met" in page
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(SystemExit):
+        learning.parse_args(["--seeds", "0"])
+    with pytest.raises(SystemExit):
+        learning.parse_args(["--algorithms", "sac"])
+
+
+@pytest.mark.slow
+def test_quick_study_runs_end_to_end(tmp_path):
+    doc = tmp_path / "learning.md"
+    code = learning.main(
+        [
+            "--quick",
+            "--algorithms",
+            "bc",
+            "td3bc",
+            "--qualities",
+            "low",
+            "medium",
+            "--doc",
+            str(doc),
+            "--results-dir",
+            str(tmp_path),
+            "-t",
+            "test",
+        ]
+    )
+    assert code == 0
+    (saved,) = tmp_path.glob("learning-test-*.json")
+    data = json.loads(saved.read_text())
+    scores = data["results"]["datasets"]["low"]["per_seed_scores"]["td3bc"]
+    assert len(scores) == 2 and all(np.isfinite(scores))
+    assert "IB-v0-medium" in doc.read_text()
