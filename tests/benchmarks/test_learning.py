@@ -113,3 +113,48 @@ def test_quick_study_runs_end_to_end(tmp_path):
     scores = data["results"]["datasets"]["low"]["per_seed_scores"]["td3bc"]
     assert len(scores) == 2 and all(np.isfinite(scores))
     assert "IB-v0-medium" in doc.read_text()
+
+
+def _saved(
+    tmp_path, name: str, algorithm: str, qualities: list[str], updates: int, trajectories=100
+):
+    from benchmarks.harness import BenchmarkResult
+
+    config = {
+        "env_id": "IB-v0",
+        "qualities": qualities,
+        "algorithms": [algorithm],
+        "n_updates": updates,
+        "chunk_updates": 100,
+        "batch_size": 256,
+        "n_seeds": 5,
+        "n_episodes": 100,
+        "horizon": 1000,
+        "trajectories": trajectories,
+        "device": "cpu",
+    }
+    results = _results({algorithm: (40.0, 2.0)}, 30.0)
+    results["datasets"] = {q: results["datasets"]["low"] for q in qualities}
+    for entry in results["datasets"].values():
+        entry["per_seed_scores"] = {algorithm: [40.0] * 5}
+    results["history"] = {algorithm: []}
+    path = tmp_path / f"{name}.json"
+    path.write_text(BenchmarkResult(name="learning", config=config, results=results).to_json())
+    return path
+
+
+def test_merge_joins_runs_of_different_algorithms_and_refuses_mismatches(tmp_path):
+    first = _saved(tmp_path, "a", "td3bc", ["low", "medium", "high"], 10_000)
+    second = _saved(tmp_path, "b", "cql", ["low", "medium"], 5_000)
+    config, results = learning.merge([second, first])
+    assert config["algorithms"] == ["td3bc", "cql"]
+    assert config["n_updates"] == {"cql": 5_000, "td3bc": 10_000}
+    assert set(results["datasets"]["low"]["scores"]) == {"td3bc", "cql"}
+    assert "cql" not in results["datasets"]["high"]["scores"]
+    page = learning.markdown(config, results)
+    assert "| IB-v0-high | 30.0 | 40.0 ± 2.0 | — |" in page
+    other = _saved(tmp_path, "c", "iql", ["low"], 10_000, trajectories=10)
+    with pytest.raises(ValueError, match="trajectories"):
+        learning.merge([first, other])
+    with pytest.raises(ValueError, match="two runs"):
+        learning.merge([first, first])
