@@ -124,25 +124,9 @@ def settings(quick: bool) -> Settings:
 
 def make_algorithm(name: str) -> Any:
     """Our algorithm ``name`` with its defaults, for the benchmark's shapes."""
-    from neorl_industrial.core.agents import (
-        BCConfig,
-        CQLConfig,
-        IQLConfig,
-        TD3BCConfig,
-        make_bc,
-        make_cql,
-        make_iql,
-        make_td3bc,
-    )
+    from benchmarks.learning import make_algorithm as make
 
-    factories = {
-        "bc": (make_bc, BCConfig),
-        "td3bc": (make_td3bc, TD3BCConfig),
-        "iql": (make_iql, IQLConfig),
-        "cql": (make_cql, CQLConfig),
-    }
-    factory, config = factories[name]
-    return factory(config(), OBSERVATION_SIZE, ACTION_SIZE)
+    return make(name, OBSERVATION_SIZE, ACTION_SIZE)
 
 
 def build_dataset(n_episodes: int, episode_length: int = 1000, seed: int = 0) -> Any:
