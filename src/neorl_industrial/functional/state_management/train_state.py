@@ -41,7 +41,7 @@ class TrainState:
         return None if self.updates.ndim == 0 else int(self.updates.shape[0])
 
 
-def init_train_state(algorithm: Algorithm, seed: int) -> TrainState:
+def init_train_state(algorithm: Algorithm, seed: int | jax.Array) -> TrainState:
     """The state of a fresh run: the agent initialized from ``seed`` and the sampling key
     derived from it (independent of the initialization key)."""
     root = jax.random.PRNGKey(seed)
@@ -57,13 +57,4 @@ def init_train_states(algorithm: Algorithm, seeds: Any) -> TrainState:
     seeds = jnp.asarray(seeds, jnp.uint32)
     if seeds.ndim != 1 or seeds.shape[0] < 1:
         raise ValueError(f"seeds: expected a non-empty list of seeds, got shape {seeds.shape}")
-
-    def one(seed: jax.Array) -> TrainState:
-        root = jax.random.PRNGKey(seed)
-        return TrainState(
-            agent=algorithm.init(root),
-            key=jax.random.fold_in(root, 1),
-            updates=jnp.zeros((), jnp.int32),
-        )
-
-    return jax.vmap(one)(seeds)
+    return jax.vmap(lambda seed: init_train_state(algorithm, seed))(seeds)

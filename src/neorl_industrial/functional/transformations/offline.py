@@ -67,8 +67,7 @@ def make_seeded_chunk(
 def init_seeds(algorithm: Algorithm, seeds: jax.Array | list[int]) -> Any:
     """Initial algorithm states of several seeds, stacked on a leading axis (the
     ``agent`` of :func:`init_train_states`)."""
-    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
-    return jax.vmap(algorithm.init)(keys)
+    return init_train_states(algorithm, seeds).agent
 
 
 def make_train_chunk(
