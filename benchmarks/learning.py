@@ -51,19 +51,34 @@ from benchmarks.harness import (
 )
 
 NAME = "learning"
-ALGORITHMS = ("bc", "td3bc", "iql", "cql")
-LABELS = {"bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
+ALGORITHMS = ("bc", "td3bc", "iql", "cql", "cql_alpha", "cql_bc", "cql_d3rlpy")
+LABELS = {
+    "bc": "BC",
+    "td3bc": "TD3+BC",
+    "iql": "IQL",
+    "cql": "CQL",
+    "cql_alpha": "CQL-α",
+    "cql_bc": "CQL (BC warm start)",
+    "cql_d3rlpy": "CQL (d3rlpy defaults)",
+}
 QUALITIES = ("low", "medium", "high")
 #: Algorithms expected to reach the behaviour policy's return on these qualities.
-IMPROVERS = ("td3bc", "iql", "cql")
+IMPROVERS = ("td3bc", "iql", "cql", "cql_alpha", "cql_bc", "cql_d3rlpy")
 MUST_MATCH_BEHAVIOUR = ("low", "medium")
 
 
 def make_algorithm(
-    name: str, obs_size: int, action_size: int, hidden: Sequence[int] = (256, 256)
+    name: str,
+    obs_size: int,
+    action_size: int,
+    hidden: Sequence[int] = (256, 256),
+    n_updates: int = 100_000,
 ) -> Any:
     """Algorithm ``name`` with its defaults (but ``hidden`` layer widths) and no
-    observation statistics (the normalizer is set per dataset in the state)."""
+    observation statistics (the normalizer is set per dataset in the state).
+
+    ``cql_bc`` is CQL with CORL's behaviour-cloning warm start over the first tenth of
+    ``n_updates`` (CORL: 100 k of 1 M)."""
     from neorl_industrial.core.agents import (
         BCConfig,
         CQLConfig,
@@ -80,6 +95,22 @@ def make_algorithm(
         "td3bc": (make_td3bc, TD3BCConfig),
         "iql": (make_iql, IQLConfig),
         "cql": (make_cql, CQLConfig),
+        "cql_alpha": (make_cql, lambda **kw: CQLConfig(lagrange=True, **kw)),
+        "cql_bc": (make_cql, lambda **kw: CQLConfig(bc_steps=n_updates // 10, **kw)),
+        # d3rlpy 2.8's CQL defaults: actor and temperature lr 1e-4, penalty weight 5 tuned
+        # by a Lagrange multiplier (lr 1e-4, from 1) towards a gap of 10.
+        "cql_d3rlpy": (
+            make_cql,
+            lambda **kw: CQLConfig(
+                actor_lr=1e-4,
+                alpha_lr=1e-4,
+                cql_alpha=5.0,
+                lagrange=True,
+                target_action_gap=10.0,
+                alpha_prime_lr=1e-4,
+                **kw,
+            ),
+        ),
     }
     if name not in factories:
         raise ValueError(f"algorithm: unknown {name!r}; expected one of {sorted(factories)}")
@@ -359,7 +390,7 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         }
     for name in args.algorithms:
         progress(f"{LABELS[name]}: {len(args.qualities)} datasets x {args.seeds} seeds")
-        algorithm = make_algorithm(name, obs_size, action_size, args.hidden)
+        algorithm = make_algorithm(name, obs_size, action_size, args.hidden, args.updates)
         started = time.perf_counter()
         states, history = train_all(
             algorithm,

@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, str] = {
     "data_sampling": "benchmarks.data_sampling",
     "data_generation": "benchmarks.data_generation",
     "agent_speed": "benchmarks.agent_speed",
+    "shield_overhead": "benchmarks.shield_overhead",
 }
 
 

@@ -158,3 +158,12 @@ def test_merge_joins_runs_of_different_algorithms_and_refuses_mismatches(tmp_pat
         learning.merge([first, other])
     with pytest.raises(ValueError, match="two runs"):
         learning.merge([first, first])
+
+
+def test_every_algorithm_has_a_label_and_a_factory():
+    from benchmarks import learning
+
+    assert set(learning.LABELS) == set(learning.ALGORITHMS)
+    for name in learning.ALGORITHMS:
+        algorithm = learning.make_algorithm(name, 4, 2, (8,), n_updates=100)
+        assert callable(algorithm.update)

@@ -97,3 +97,62 @@ def test_presampled_steps_are_deterministic_and_distinct():
     _, c = env.step_presampled(second, state, action, params)
     np.testing.assert_array_equal(a.observation, b.observation)
     assert float(a.observation[5]) != float(c.observation[5])
+
+
+def _reckless_policy(policy_params, observation, key):
+    """Proposes moves far outside the constraints, and NaN one time in ten."""
+    move_key, nan_key = jax.random.split(key)
+    action = jax.random.uniform(move_key, (3,), minval=-3.0, maxval=3.0)
+    return jnp.where(jax.random.uniform(nan_key) < 0.1, jnp.nan, action)
+
+
+def test_shielded_rollout_never_applies_a_violating_action():
+    env, params = make("IB-v0", horizon=20)
+    constraints = env.compile_constraints()
+    run = jax.jit(
+        lambda k, shield_actions: rollout(
+            k,
+            env,
+            params,
+            _reckless_policy,
+            4,
+            50,
+            record=True,
+            constraints=constraints,
+            shield_actions=shield_actions,
+        ),
+        static_argnums=1,
+    )
+    shielded = run(jax.random.PRNGKey(3), True)
+    safety = shielded.safety
+    n_hard = len(constraints.names)
+    assert safety.violations.shape == (4, n_hard)
+    assert int(safety.violations.sum()) > 0  # the policy does propose unsafe moves
+    assert int(safety.applied_violations.sum()) == 0
+    assert int(safety.infeasible.sum()) == 0
+    np.testing.assert_array_equal(safety.decisions, [50] * 4)
+    assert 0 < float(safety.override_rate()) <= 1.0
+    assert int(safety.fallbacks.sum()) > 0  # the NaN proposals
+    assert np.all(np.isfinite(shielded.transitions.action))
+    assert np.all(np.abs(shielded.transitions.action) <= 1.0)
+
+    checked = run(jax.random.PRNGKey(3), False)
+    # Without the shield the same proposals reach the plant (the env neutralizes NaN).
+    assert int(checked.safety.applied_violations.sum()) > 0
+    assert int(checked.safety.overrides.sum()) == 0
+
+
+def test_rate_limits_see_the_previous_applied_action():
+    env, params = make("IB-v0", horizon=1000)
+    constraints = env.compile_constraints()
+
+    def flip(policy_params, observation, key):
+        # +1 / -1 alternately by the sign of a coin: moves of 2 break the rate limit of 1.
+        return jnp.where(jax.random.bernoulli(key), 1.0, -1.0) * jnp.ones(3)
+
+    result = rollout(
+        jax.random.PRNGKey(0), env, params, flip, 2, 40, record=True, constraints=constraints
+    )
+    actions = np.asarray(result.transitions.action)  # [steps, envs, 3]
+    assert np.all(np.abs(np.diff(actions[:, :, :2], axis=0)) <= 1.0 + 1e-5)
+    assert int(result.safety.overrides.sum()) > 0

@@ -38,6 +38,9 @@ class CQLConfig:
     Attributes:
         lagrange: tune the penalty weight so that the gap meets ``target_action_gap``.
         target_action_gap: the gap the Lagrangian variant aims for.
+        bc_steps: for the first ``bc_steps`` updates the actor maximizes the
+            log-likelihood of the dataset's actions instead of Q (CORL's warm start, which
+            keeps the critics' bootstrap targets on the data while they settle).
     """
 
     actor_lr: float = 3e-5
@@ -51,6 +54,7 @@ class CQLConfig:
     lagrange: bool = False
     target_action_gap: float = 5.0
     alpha_prime_lr: float = 3e-4
+    bc_steps: int = 0
     obs_mean: tuple[float, ...] | None = None
     obs_std: tuple[float, ...] | None = None
 
@@ -61,6 +65,8 @@ class CQLConfig:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
         if self.cql_alpha < 0.0:
             raise ValueError(f"cql_alpha: must not be negative, got {self.cql_alpha}")
+        if self.bc_steps < 0:
+            raise ValueError(f"bc_steps: must not be negative, got {self.bc_steps}")
         if self.n_actions < 1:
             raise ValueError(f"n_actions: expected a positive integer, got {self.n_actions}")
         if not 0.0 < self.tau <= 1.0:
@@ -143,7 +149,11 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
         def actor_objective(actor_params: Any) -> tuple[jax.Array, jax.Array]:
             actions, log_pi = actor.sample(actor_params, observations, policy_key)
             q = jnp.min(critic_network.apply(state.critic, observations, actions), axis=0)
-            return jnp.mean(alpha * log_pi - q), log_pi
+            if config.bc_steps == 0:
+                return jnp.mean(alpha * log_pi - q), log_pi
+            data_log_prob = actor.log_prob(actor_params, observations, batch.actions)
+            objective = jnp.where(state.step < config.bc_steps, -data_log_prob, -q)
+            return jnp.mean(alpha * log_pi + objective), log_pi
 
         (a_loss, log_pi), grads = jax.value_and_grad(actor_objective, has_aux=True)(
             state.policy.actor

@@ -110,6 +110,41 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
     def n_costs(self) -> int:
         return len(self.cost_names)
 
+    @property
+    def observation_names(self) -> tuple[str, ...]:
+        """A name per observation feature (constraints refer to features by name)."""
+        return tuple(f"observation_{i}" for i in range(self.observation_size))
+
+    @property
+    def action_names(self) -> tuple[str, ...]:
+        """A name per action component."""
+        return tuple(f"action_{i}" for i in range(self.action_size))
+
+    def default_constraints(self) -> Any:
+        """The plant's hard constraints and costs as a ``ConstraintSpec``: here only the
+        bounds of continuous actions; environments with a safety story declare more."""
+        from neorl_industrial.core.safety import ConstraintSpec
+
+        if self.discrete:
+            return ConstraintSpec(name=f"{type(self).__name__}-default")
+        bounds = {
+            name: [float(low), float(high)]
+            for name, low, high in zip(
+                self.action_names, self.action_low, self.action_high, strict=True
+            )
+        }
+        return ConstraintSpec.from_dict(
+            {"name": f"{type(self).__name__}-default", "action_bounds": bounds}
+        )
+
+    def compile_constraints(self, spec: Any = None) -> Any:
+        """``spec`` (default: :meth:`default_constraints`) compiled for this environment's
+        spaces, with features and actions resolved by name."""
+        spec = self.default_constraints() if spec is None else spec
+        return spec.compile(
+            self.observation_size, self.action_size, self.observation_names, self.action_names
+        )
+
     @abc.abstractmethod
     def default_params(self, **overrides: Any) -> ParamsT:
         """Traced parameters; overrides are validated on the host, naming the bad field."""

@@ -30,6 +30,29 @@ class Transitions:
 
 
 @struct.dataclass
+class ShieldStats:
+    """Per-environment counts of a rollout under constraints, over all its steps.
+
+    ``violations`` counts the steps whose *proposed* action broke each hard constraint;
+    ``applied_violations`` re-checks the action that reached the plant, independently of
+    the shield's own report (zero whenever the shield was on and a safe action existed).
+    """
+
+    decisions: jax.Array  # [n_envs] int32 steps checked
+    overrides: jax.Array  # [n_envs] int32 steps whose action the shield changed
+    projections: jax.Array  # [n_envs] int32 overrides repaired by projection
+    fallbacks: jax.Array  # [n_envs] int32 overrides that used the fallback
+    infeasible: jax.Array  # [n_envs] int32 steps where not even the fallback was safe
+    violations: jax.Array  # [n_envs, n_hard] int32 proposed action broke the constraint
+    applied_violations: jax.Array  # [n_envs, n_hard] int32 applied action broke it
+    episode_overrides_sum: jax.Array  # [n_envs] int32 overrides within completed episodes
+
+    def override_rate(self) -> jax.Array:
+        """Fraction of all steps of all environments whose action was overridden."""
+        return self.overrides.sum() / jnp.maximum(self.decisions.sum(), 1)
+
+
+@struct.dataclass
 class RolloutResult:
     """Summary of a rollout, per environment."""
 
@@ -42,6 +65,7 @@ class RolloutResult:
     episode_cost_sum: jax.Array  # [n_envs, n_costs] sum of costs of completed episodes
     invalid_actions: jax.Array  # [n_envs] steps whose action was replaced
     transitions: Transitions | None = None
+    safety: ShieldStats | None = None  # with ``constraints``: what the shield saw and did
 
     def mean_episode_return(self) -> jax.Array:
         """Mean return over all completed episodes of all environments."""
@@ -62,12 +86,14 @@ def rollout(
     *,
     policy_params: Any = None,
     record: bool = False,
+    constraints: Any = None,
+    shield_actions: bool = True,
 ) -> RolloutResult:
     """Runs ``n_envs`` environments for ``n_steps`` steps each under ``policy``.
 
-    Pure and jit-compatible (``env``, ``policy``, ``n_envs``, ``n_steps`` and ``record``
-    are static). Environments auto-reset at the end of an episode; the reset is computed
-    only on steps where some environment finishes.
+    Pure and jit-compatible (``env``, ``policy``, ``n_envs``, ``n_steps``, ``record`` and
+    ``shield_actions`` are static). Environments auto-reset at the end of an episode; the
+    reset is computed only on steps where some environment finishes.
 
     Args:
         key: PRNG key for resets, environment noise and the policy.
@@ -80,37 +106,54 @@ def rollout(
         policy_params: passed to ``policy`` unchanged.
         record: also return the per-step :class:`Transitions` (memory grows with
             ``n_steps * n_envs * observation_size``).
+        constraints: compiled hard constraints (``core.safety``). Every proposed action is
+            checked against them, with the previous applied action of its environment
+            (zero at the start of an episode) for rate limits.
+        shield_actions: with ``constraints``, pass every action through the safety shield
+            (the default); ``False`` only counts the violations of the proposed actions.
 
     Returns:
-        A :class:`RolloutResult` with per-environment totals and, with ``record``,
-        the transitions.
+        A :class:`RolloutResult` with per-environment totals, with ``record`` the
+        transitions, and with ``constraints`` the :class:`ShieldStats`.
     """
     reset_key, loop_key = jax.random.split(key)
     states, timestep = env.reset_batch(reset_key, n_envs, params)
     batched_policy = jax.vmap(policy, in_axes=(None, 0, 0))
     zeros = jnp.zeros((n_envs,), jnp.float32)
     zero_costs = jnp.zeros((n_envs, env.n_costs), jnp.float32)
+    counts = jnp.zeros((n_envs,), jnp.int32)
+    guard = _make_guard(constraints, shield_actions)
 
     def one_step(carry, step_key):
-        (states, observation, totals) = carry
+        states, observation, prev_action, totals, safety = carry
         policy_key, env_key = jax.random.split(step_key)
-        actions = batched_policy(policy_params, observation, jax.random.split(policy_key, n_envs))
+        proposed = batched_policy(policy_params, observation, jax.random.split(policy_key, n_envs))
+        actions, safety = guard(observation, proposed, prev_action, safety)
         states, ts = env.step_batch(env_key, states, actions, params)
         done = ts.done
-        reward_total, cost_total, episode_reward, episode_cost, episodes, ret_sum, cost_sum, bad = (
-            totals
-        )
-        episode_reward = episode_reward + ts.reward
-        episode_cost = episode_cost + ts.cost
-        totals = (
-            reward_total + ts.reward,
-            cost_total + ts.cost,
-            jnp.where(done, 0.0, episode_reward),
-            jnp.where(done[:, None], 0.0, episode_cost),
-            episodes + done,
-            ret_sum + jnp.where(done, episode_reward, 0.0),
-            cost_sum + jnp.where(done[:, None], episode_cost, 0.0),
-            bad + ts.info.action_invalid,
+        episode_reward = totals["episode_reward"] + ts.reward
+        episode_cost = totals["episode_cost"] + ts.cost
+        totals = {
+            "reward": totals["reward"] + ts.reward,
+            "cost": totals["cost"] + ts.cost,
+            "episode_reward": jnp.where(done, 0.0, episode_reward),
+            "episode_cost": jnp.where(done[:, None], 0.0, episode_cost),
+            "episodes": totals["episodes"] + done,
+            "return_sum": totals["return_sum"] + jnp.where(done, episode_reward, 0.0),
+            "cost_sum": totals["cost_sum"] + jnp.where(done[:, None], episode_cost, 0.0),
+            "invalid": totals["invalid"] + ts.info.action_invalid,
+        }
+        if safety is not None:
+            episode_overrides = safety["episode_overrides"]
+            safety = {
+                **safety,
+                "episode_overrides": jnp.where(done, 0, episode_overrides),
+                "episode_overrides_sum": safety["episode_overrides_sum"]
+                + jnp.where(done, episode_overrides, 0),
+            }
+        # A new episode starts from "no previous action".
+        prev_action = jnp.where(
+            done.reshape((-1,) + (1,) * (actions.ndim - 1)), jnp.zeros_like(actions), actions
         )
         out = None
         if record:
@@ -123,25 +166,115 @@ def rollout(
                 truncated=ts.truncated,
                 next_observation=ts.info.final_observation,
             )
-        return (states, ts.observation, totals), out
+        return (states, ts.observation, prev_action, totals, safety), out
 
-    counts = jnp.zeros((n_envs,), jnp.int32)
-    totals = (zeros, zero_costs, zeros, zero_costs, counts, zeros, zero_costs, counts)
-    (states, observation, totals), transitions = jax.lax.scan(
-        one_step, (states, timestep.observation, totals), jax.random.split(loop_key, n_steps)
+    totals = {
+        "reward": zeros,
+        "cost": zero_costs,
+        "episode_reward": zeros,
+        "episode_cost": zero_costs,
+        "episodes": counts,
+        "return_sum": zeros,
+        "cost_sum": zero_costs,
+        "invalid": counts,
+    }
+    safety = None
+    if constraints is not None:
+        n_hard = len(constraints.names)
+        zero_hard = jnp.zeros((n_envs, n_hard), jnp.int32)
+        safety = {
+            name: counts
+            for name in (
+                "decisions",
+                "overrides",
+                "projections",
+                "fallbacks",
+                "infeasible",
+                "episode_overrides",
+                "episode_overrides_sum",
+            )
+        }
+        safety.update(violations=zero_hard, applied_violations=zero_hard)
+    first_action = jnp.zeros((n_envs, *_action_shape(env)), _action_dtype(env))
+    (states, observation, _, totals, safety), transitions = jax.lax.scan(
+        one_step,
+        (states, timestep.observation, first_action, totals, safety),
+        jax.random.split(loop_key, n_steps),
     )
-    reward_total, cost_total, _, _, episodes, ret_sum, cost_sum, bad = totals
+    stats = None
+    if safety is not None:
+        stats = ShieldStats(
+            decisions=safety["decisions"],
+            overrides=safety["overrides"],
+            projections=safety["projections"],
+            fallbacks=safety["fallbacks"],
+            infeasible=safety["infeasible"],
+            violations=safety["violations"],
+            applied_violations=safety["applied_violations"],
+            episode_overrides_sum=safety["episode_overrides_sum"],
+        )
     return RolloutResult(
         final_state=states,
         final_observation=observation,
-        total_reward=reward_total,
-        total_cost=cost_total,
-        episodes=episodes,
-        episode_return_sum=ret_sum,
-        episode_cost_sum=cost_sum,
-        invalid_actions=bad,
+        total_reward=totals["reward"],
+        total_cost=totals["cost"],
+        episodes=totals["episodes"],
+        episode_return_sum=totals["return_sum"],
+        episode_cost_sum=totals["cost_sum"],
+        invalid_actions=totals["invalid"],
         transitions=transitions,
+        safety=stats,
     )
+
+
+def _action_shape(env: Environment) -> tuple[int, ...]:
+    return () if env.discrete else (env.action_size,)
+
+
+def _action_dtype(env: Environment) -> Any:
+    return jnp.int32 if env.discrete else jnp.float32
+
+
+def _make_guard(constraints: Any, shield_actions: bool) -> Callable:
+    """``guard(observation, proposed, prev_action, safety) -> (actions, safety)`` for a
+    batch: the identity without constraints; otherwise the shield (or only the check)
+    with its counts accumulated into ``safety``."""
+    if constraints is None:
+        return lambda observation, proposed, prev_action, safety: (proposed, safety)
+
+    from neorl_industrial.core.safety import shield, violations
+
+    # Both take the whole batch: the shield repairs only when some action needs it.
+    check = violations
+    batched_shield = shield
+
+    def guard(observation, proposed, prev_action, safety):
+        if shield_actions:
+            actions, report = batched_shield(constraints, observation, proposed, prev_action)
+            proposed_violations = report.violated
+            overridden = report.overridden
+            projected, fallback, infeasible = report.projected, report.fallback, report.infeasible
+        else:
+            actions = proposed
+            proposed_violations = check(constraints, observation, proposed, prev_action)
+            overridden = projected = fallback = infeasible = jnp.zeros(
+                proposed.shape[:1], jnp.bool_
+            )
+        applied_violations = check(constraints, observation, actions, prev_action)
+        safety = {
+            **safety,
+            "decisions": safety["decisions"] + 1,
+            "overrides": safety["overrides"] + overridden,
+            "projections": safety["projections"] + projected,
+            "fallbacks": safety["fallbacks"] + fallback,
+            "infeasible": safety["infeasible"] + infeasible,
+            "episode_overrides": safety["episode_overrides"] + overridden,
+            "violations": safety["violations"] + proposed_violations,
+            "applied_violations": safety["applied_violations"] + applied_violations,
+        }
+        return actions, safety
+
+    return guard
 
 
 def scan_single(

@@ -1,3 +1,62 @@
-"""Constraint PyTrees, per-step costs and the lax.cond safety shield.
+"""Constraints as data, per-step costs and the ``lax.cond`` safety shield.
 
-Filled by the safety work (constraint specs, shield, cost critics); empty until then."""
+``ConstraintSpec`` (pydantic, YAML) is what a safety engineer writes; ``compile`` turns it
+into :class:`CompiledConstraints`, a PyTree the pure functions here evaluate under ``jit``
+and ``vmap``; :func:`shield` is the one shield used by rollouts, evaluation, the Gymnasium
+wrappers and the policy server.
+"""
+
+from neorl_industrial.core.safety.constraints import (
+    TOLERANCE,
+    CompiledConstraints,
+    action_box,
+    cost_limits,
+    costs,
+    describe,
+    margins,
+    satisfies,
+    violations,
+)
+from neorl_industrial.core.safety.controllers import (
+    get_safe_controller,
+    register_safe_controller,
+    safe_controllers,
+)
+from neorl_industrial.core.safety.shield import SafetyReport, fallback_action, project, shield
+from neorl_industrial.core.safety.spec import (
+    ActionBound,
+    ConstraintSpec,
+    ConstraintSpecError,
+    CostSpec,
+    FallbackSpec,
+    LinearConstraint,
+    StateCondition,
+    StateLimit,
+)
+
+__all__ = [
+    "TOLERANCE",
+    "ActionBound",
+    "CompiledConstraints",
+    "ConstraintSpec",
+    "ConstraintSpecError",
+    "CostSpec",
+    "FallbackSpec",
+    "LinearConstraint",
+    "SafetyReport",
+    "StateCondition",
+    "StateLimit",
+    "action_box",
+    "cost_limits",
+    "costs",
+    "describe",
+    "fallback_action",
+    "get_safe_controller",
+    "margins",
+    "project",
+    "register_safe_controller",
+    "safe_controllers",
+    "satisfies",
+    "shield",
+    "violations",
+]

@@ -3,6 +3,11 @@ TrainState of offline runs."""
 
 from neorl_industrial.functional.state_management.dataset import Dataset, split_episodes
 from neorl_industrial.functional.state_management.normalizers import Normalizer
+from neorl_industrial.functional.state_management.safety import (
+    episodes_within_limits,
+    relabel_costs,
+    select_safe_episodes,
+)
 from neorl_industrial.functional.state_management.sampling import (
     Batch,
     Windows,
@@ -27,15 +32,18 @@ __all__ = [
     "Normalizer",
     "TrainState",
     "Windows",
+    "episodes_within_limits",
     "gather_nstep",
     "gather_transitions",
     "gather_windows",
     "init_train_state",
     "init_train_states",
+    "relabel_costs",
     "sample",
     "sample_indices",
     "sample_nstep",
     "sample_windows",
+    "select_safe_episodes",
     "split_episodes",
     "window_starts",
 ]

@@ -1,3 +1,7 @@
-"""Runtime safety monitor, audit log and safety reports.
+"""Runtime safety: the monitor that aggregates the shield's reports and the append-only,
+hash-chained audit log of every override."""
 
-Filled by the safety work; empty until then."""
+from neorl_industrial.integration.safety.audit import GENESIS, AuditLog, AuditLogError
+from neorl_industrial.integration.safety.monitor import HostReport, SafetyMonitor, host_report
+
+__all__ = ["GENESIS", "AuditLog", "AuditLogError", "HostReport", "SafetyMonitor", "host_report"]

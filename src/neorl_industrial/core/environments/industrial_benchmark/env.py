@@ -20,6 +20,7 @@ ACTION_TYPES = ("continuous", "discrete")
 FRAME_NAMES = ("setpoint", "velocity", "gain", "shift", "fatigue", "consumption")
 FRAME_SIZE = len(FRAME_NAMES)
 COST_NAMES = ("fatigue", "consumption")
+ACTION_NAMES = ("velocity", "gain", "shift")
 
 # Range of each observed variable. Fatigue is at most 30000 / 100 = 300. The hidden
 # consumption lies in [1, 4915 + 25 * 2.23] (the delayed operational cost is at most
@@ -42,6 +43,12 @@ NEUTRAL_DISCRETE_ACTION = 13
 DEFAULT_FATIGUE_LIMIT = 60.0
 DEFAULT_CONSUMPTION_LIMIT = 280.0
 DEFAULT_SETPOINT = 70.0
+# Episode cost limit of each default cost (DSRL convention: normalized cost = episode
+# cost / limit, safe when <= 1): a tenth of a 1000-step episode.
+DEFAULT_EPISODE_COST_LIMIT = 100.0
+# Above this fatigue the default constraints stop velocity from falling (fatigue builds up
+# at low velocity).
+FATIGUE_GUARD = 50.0
 DEFAULT_HORIZON = 1000
 
 
@@ -170,6 +177,62 @@ class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
     @property
     def cost_names(self) -> tuple[str, ...]:
         return COST_NAMES
+
+    @property
+    def observation_names(self) -> tuple[str, ...]:
+        """The newest frame's features by their own names (``fatigue``), older frames with
+        their age (``fatigue@t-1`` ... ``fatigue@t-29``)."""
+        names = list(FRAME_NAMES)
+        for age in range(1, self.history_length):
+            names += [f"{name}@t-{age}" for name in FRAME_NAMES]
+        return tuple(names)
+
+    @property
+    def action_names(self) -> tuple[str, ...]:
+        """The settings each action changes; a discrete action is one index."""
+        return ("action",) if self.discrete else ACTION_NAMES
+
+    def default_constraints(self) -> Any:
+        """The IB's default constraints (``configs/constraints/ib-example.yaml``):
+        control moves in [-1, 1], velocity and gain moves at most 1 apart from the previous
+        step's, no velocity decrease while fatigue is above 50, a joint limit on raising
+        velocity and gain (``0.005 (velocity + gain) + Δv + Δg <= 1.5``), a no-change
+        fallback, and the fatigue and consumption costs with an episode cost limit of 100
+        each."""
+        from neorl_industrial.core.safety import ConstraintSpec
+
+        costs = [
+            {"name": "fatigue", "feature": "fatigue", "above": DEFAULT_FATIGUE_LIMIT},
+            {"name": "consumption", "feature": "consumption", "above": DEFAULT_CONSUMPTION_LIMIT},
+        ]
+        costs = [{**cost, "cost_limit": DEFAULT_EPISODE_COST_LIMIT} for cost in costs]
+        if self.discrete:
+            return ConstraintSpec.from_dict({"name": "ib-discrete", "costs": costs})
+        return ConstraintSpec.from_dict(
+            {
+                "name": "ib-example",
+                "action_bounds": {name: [-1.0, 1.0] for name in ACTION_NAMES},
+                "rate_limits": {"velocity": 1.0, "gain": 1.0},
+                "state_limits": [
+                    {
+                        "name": "no-velocity-decrease-when-fatigued",
+                        "when": {"feature": "fatigue", "above": FATIGUE_GUARD},
+                        "action": "velocity",
+                        "min": 0.0,
+                    }
+                ],
+                "linear": [
+                    {
+                        "name": "limit-joint-velocity-gain-push",
+                        "observation": {"velocity": 0.005, "gain": 0.005},
+                        "action": {"velocity": 1.0, "gain": 1.0},
+                        "bound": 1.5,
+                    }
+                ],
+                "fallback": {"kind": "constant", "value": 0.0},
+                "costs": costs,
+            }
+        )
 
     @property
     def n_uniforms(self) -> int:

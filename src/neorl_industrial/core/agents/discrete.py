@@ -1,0 +1,260 @@
+"""Discrete-action agents: behaviour cloning as classification and discrete CQL.
+
+For environments whose action is one index out of ``num_actions`` (the Industrial
+Benchmark's 27 combinations of {-1, 0, 1}³). Both reuse the continuous agents' pieces:
+the :class:`MLP`, the observation normalizer, Polyak averaging and the ``Algorithm``
+shape. Defaults follow d3rlpy's ``DiscreteBC`` / ``DiscreteCQL`` and CORL's DQN-style
+settings: (256, 256) networks, Adam at 3e-4 (BC 1e-3), CQL weight 1, a double-DQN target
+from a Polyak-averaged target network (tau 0.005).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from neorl_industrial.core.agents.networks import (
+    MLP,
+    ObservationNormalizer,
+    PolicyParams,
+    check_observation_stats,
+    polyak_average,
+)
+from neorl_industrial.core.agents.types import Algorithm, Metrics
+
+
+def _check_num_actions(num_actions: int) -> None:
+    if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 2:
+        raise ValueError(f"num_actions: expected an integer of at least 2, got {num_actions!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscreteBCConfig:
+    """Hyperparameters of discrete behaviour cloning (a softmax classifier)."""
+
+    learning_rate: float = 1e-3
+    hidden: tuple[int, ...] = (256, 256)
+    obs_mean: tuple[float, ...] | None = None
+    obs_std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        if self.learning_rate <= 0.0:
+            raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
+        if not self.hidden or min(self.hidden) < 1:
+            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
+        check_observation_stats(self)
+
+
+@struct.dataclass
+class DiscreteBCState:
+    """Training state of discrete behaviour cloning."""
+
+    policy: PolicyParams
+    opt_state: optax.OptState
+    step: jax.Array
+
+
+def cross_entropy_loss(logits_t: jax.Array, action_t: jax.Array) -> jax.Array:
+    """Negative log-likelihood of the dataset's action index under the logits."""
+    chex.assert_rank([logits_t, action_t], [1, 0])
+    return -jax.nn.log_softmax(logits_t)[action_t]
+
+
+def _as_index(actions: jax.Array) -> jax.Array:
+    """Dataset actions ``[B]`` (or ``[B, 1]``) as int32 indices."""
+    return jnp.reshape(actions, (actions.shape[0],)).astype(jnp.int32)
+
+
+def make_discrete_bc(config: DiscreteBCConfig, obs_size: int, num_actions: int) -> Algorithm:
+    """Discrete behaviour cloning as ``Algorithm(init, update, act)``; ``act`` returns the
+    most likely action index (or a sample from the softmax when not deterministic)."""
+    _check_num_actions(num_actions)
+    network = MLP(hidden=config.hidden, output_size=num_actions)
+    optimizer = optax.adam(config.learning_rate)
+
+    def init(key: jax.Array) -> DiscreteBCState:
+        actor = network.init(key, jnp.zeros((obs_size,), jnp.float32))
+        return DiscreteBCState(
+            policy=PolicyParams(
+                actor=actor, normalizer=ObservationNormalizer.from_config(config, obs_size)
+            ),
+            opt_state=optimizer.init(actor),
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    def update(state: DiscreteBCState, batch: Any, key: jax.Array):
+        del key  # deterministic given the batch
+        chex.assert_rank(batch.observations, 2)
+        observations = state.policy.normalizer(batch.observations)
+        actions = _as_index(batch.actions)
+
+        def loss_fn(actor: Any) -> tuple[jax.Array, jax.Array]:
+            logits = network.apply(actor, observations)
+            loss = jnp.mean(jax.vmap(cross_entropy_loss)(logits, actions))
+            return loss, jnp.mean(jnp.argmax(logits, axis=-1) == actions)
+
+        (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.policy.actor)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.policy.actor)
+        actor = optax.apply_updates(state.policy.actor, updates)
+        new_state = DiscreteBCState(
+            policy=state.policy.replace(actor=actor), opt_state=opt_state, step=state.step + 1
+        )
+        return new_state, {"bc_loss": loss, "accuracy": accuracy}
+
+    def act(
+        policy_params: PolicyParams,
+        observation: jax.Array,
+        key: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        logits = network.apply(policy_params.actor, policy_params.normalizer(observation))
+        if deterministic:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        if key is None:
+            raise ValueError("key: a stochastic action needs a PRNG key")
+        return jax.random.categorical(key, logits).astype(jnp.int32)
+
+    return Algorithm(init=init, update=update, act=act)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscreteCQLConfig:
+    """Hyperparameters of discrete CQL (Kumar et al., 2020, the QR-free DQN variant).
+
+    Attributes:
+        cql_alpha: weight of the conservative penalty ``logsumexp_a Q(s, a) - Q(s, a_data)``.
+        tau: Polyak rate of the target network.
+        double_q: pick the next action with the online network (double DQN).
+    """
+
+    learning_rate: float = 3e-4
+    hidden: tuple[int, ...] = (256, 256)
+    cql_alpha: float = 1.0
+    tau: float = 0.005
+    double_q: bool = True
+    obs_mean: tuple[float, ...] | None = None
+    obs_std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        if self.learning_rate <= 0.0:
+            raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
+        if self.cql_alpha < 0.0:
+            raise ValueError(f"cql_alpha: must not be negative, got {self.cql_alpha}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
+        if not self.hidden or min(self.hidden) < 1:
+            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
+        check_observation_stats(self)
+
+
+@struct.dataclass
+class DiscreteCQLState:
+    """Training state of discrete CQL; ``policy.actor`` holds the Q-network."""
+
+    policy: PolicyParams
+    target: Any
+    opt_state: optax.OptState
+    step: jax.Array
+
+
+def discrete_cql_loss(
+    q_tm1: jax.Array, a_tm1: jax.Array, target_t: jax.Array, cql_alpha: float
+) -> tuple[jax.Array, jax.Array]:
+    """Squared TD error and conservative gap of one transition.
+
+    Args:
+        q_tm1: ``[num_actions]`` Q-values of the observation.
+        a_tm1: the dataset's action index.
+        target_t: the bootstrapped target ``r + discount * Q_target(s', a')``.
+        cql_alpha: penalty weight.
+
+    Returns:
+        ``(loss, gap)`` with ``gap = logsumexp(q_tm1) - q_tm1[a_tm1]``.
+    """
+    chex.assert_rank([q_tm1, a_tm1, target_t], [1, 0, 0])
+    q_data = q_tm1[a_tm1]
+    gap = jax.scipy.special.logsumexp(q_tm1) - q_data
+    return jnp.square(q_data - target_t) + cql_alpha * gap, gap
+
+
+def make_discrete_cql(config: DiscreteCQLConfig, obs_size: int, num_actions: int) -> Algorithm:
+    """Discrete CQL as ``Algorithm(init, update, act)``; ``act`` is greedy in Q (or samples
+    from ``softmax(Q)`` when not deterministic)."""
+    _check_num_actions(num_actions)
+    network = MLP(hidden=config.hidden, output_size=num_actions)
+    optimizer = optax.adam(config.learning_rate)
+
+    def init(key: jax.Array) -> DiscreteCQLState:
+        q_params = network.init(key, jnp.zeros((obs_size,), jnp.float32))
+        return DiscreteCQLState(
+            policy=PolicyParams(
+                actor=q_params, normalizer=ObservationNormalizer.from_config(config, obs_size)
+            ),
+            target=q_params,
+            opt_state=optimizer.init(q_params),
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    def update(state: DiscreteCQLState, batch: Any, key: jax.Array):
+        del key  # deterministic given the batch
+        chex.assert_rank([batch.observations, batch.rewards], [2, 1])
+        normalize = state.policy.normalizer
+        observations = normalize(batch.observations)
+        next_observations = normalize(batch.next_observations)
+        actions = _as_index(batch.actions)
+        next_target_q = network.apply(state.target, next_observations)
+        if config.double_q:
+            next_online_q = network.apply(state.policy.actor, next_observations)
+            next_actions = jnp.argmax(next_online_q, axis=-1)
+        else:
+            next_actions = jnp.argmax(next_target_q, axis=-1)
+        next_q = jnp.take_along_axis(next_target_q, next_actions[:, None], axis=-1)[:, 0]
+        targets = jax.lax.stop_gradient(batch.rewards + batch.discounts * next_q)
+
+        def loss_fn(q_params: Any):
+            q = network.apply(q_params, observations)
+            losses, gaps = jax.vmap(discrete_cql_loss, in_axes=(0, 0, 0, None))(
+                q, actions, targets, config.cql_alpha
+            )
+            return jnp.mean(losses), (jnp.mean(gaps), q)
+
+        (loss, (gap, q)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.policy.actor)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.policy.actor)
+        q_params = optax.apply_updates(state.policy.actor, updates)
+        new_state = DiscreteCQLState(
+            policy=state.policy.replace(actor=q_params),
+            target=polyak_average(q_params, state.target, config.tau),
+            opt_state=opt_state,
+            step=state.step + 1,
+        )
+        q_data = jnp.take_along_axis(q, actions[:, None], axis=-1)[:, 0]
+        metrics: Metrics = {
+            "loss": loss,
+            "cql_gap": gap,
+            "q_mean": jnp.mean(q_data),
+            "td_error": jnp.mean(jnp.abs(q_data - targets)),
+        }
+        return new_state, metrics
+
+    def act(
+        policy_params: PolicyParams,
+        observation: jax.Array,
+        key: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        q = network.apply(policy_params.actor, policy_params.normalizer(observation))
+        if deterministic:
+            return jnp.argmax(q, axis=-1).astype(jnp.int32)
+        if key is None:
+            raise ValueError("key: a stochastic action needs a PRNG key")
+        return jax.random.categorical(key, q).astype(jnp.int32)
+
+    return Algorithm(init=init, update=update, act=act)

@@ -1,0 +1,338 @@
+"""Compiled constraints: a PyTree of arrays and the pure functions that evaluate it.
+
+Every function here takes one observation and one action (``[obs_size]``,
+``[action_size]``) and is batched with ``vmap`` at the call site. Thresholds are traced
+leaves (a sweep over limits does not recompile); names and the fallback's kind are static.
+
+The hard constraints, in the order of :attr:`CompiledConstraints.names`: action bounds,
+rate limits, state-conditional limits, linear constraints. A margin is the slack of a
+constraint (``>= 0`` when it holds, ``+inf`` for a state limit whose condition is off);
+a constraint is violated when its margin is below ``-TOLERANCE`` or not a number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+__all__ = [
+    "TOLERANCE",
+    "CompiledConstraints",
+    "action_box",
+    "cost_limits",
+    "costs",
+    "describe",
+    "linear_lhs",
+    "linear_rhs",
+    "margins",
+    "satisfies",
+    "violations",
+]
+
+# Absolute slack allowed in every check: the projections are exact in real arithmetic and
+# off by a few float32 roundings in practice.
+TOLERANCE = 1e-5
+
+
+@struct.dataclass
+class CompiledConstraints:
+    """Hard constraints, the fallback and the per-step costs of one plant, as arrays.
+
+    Which action or feature each constraint refers to is static (tuples of indices): the
+    shield then reads them with constant slices. Every number is a traced leaf.
+    """
+
+    bound_low: jax.Array  # [n_bounds]
+    bound_high: jax.Array  # [n_bounds]
+    rate_limit: jax.Array  # [n_rates] largest |a_t - a_{t-1}|
+    state_threshold: jax.Array  # [n_state]
+    state_above: jax.Array  # [n_state] bool: condition is feature > threshold (else <)
+    state_low: jax.Array  # [n_state] (-inf when only a maximum is given)
+    state_high: jax.Array  # [n_state] (+inf when only a minimum is given)
+    linear_obs: jax.Array  # [n_linear, obs_size]
+    linear_act: jax.Array  # [n_linear, action_size]
+    linear_bound: jax.Array  # [n_linear]
+    fallback_value: jax.Array  # [action_size] the constant fallback
+    cost_threshold: jax.Array  # [n_costs]
+    cost_above: jax.Array  # [n_costs] bool
+    cost_limit: jax.Array  # [n_costs] episode cost limits
+    bound_index: tuple[int, ...] = struct.field(pytree_node=False, default=())
+    rate_index: tuple[int, ...] = struct.field(pytree_node=False, default=())
+    state_feature: tuple[int, ...] = struct.field(pytree_node=False, default=())
+    state_action: tuple[int, ...] = struct.field(pytree_node=False, default=())
+    cost_feature: tuple[int, ...] = struct.field(pytree_node=False, default=())
+    # Per linear constraint, the features with a non-zero coefficient.
+    linear_support: tuple[tuple[int, ...], ...] = struct.field(pytree_node=False, default=())
+    names: tuple[str, ...] = struct.field(pytree_node=False, default=())
+    cost_names: tuple[str, ...] = struct.field(pytree_node=False, default=())
+    fallback_kind: str = struct.field(pytree_node=False, default="hold_previous")
+    controller: str | None = struct.field(pytree_node=False, default=None)
+    action_size: int = struct.field(pytree_node=False, default=0)
+
+    @property
+    def n_hard(self) -> int:
+        return len(self.names)
+
+    @property
+    def n_costs(self) -> int:
+        return len(self.cost_names)
+
+    @property
+    def n_linear(self) -> int:
+        return int(self.linear_act.shape[0])
+
+    def to_device(self) -> CompiledConstraints:
+        """The same constraints with every leaf a JAX array."""
+        return jax.tree_util.tree_map(jnp.asarray, self)
+
+    def to_numpy(self) -> CompiledConstraints:
+        """The same constraints with every leaf a NumPy array (for saving)."""
+        return jax.tree_util.tree_map(np.asarray, self)
+
+
+# Every function below accepts one item (``observation [obs_size]``, ``action
+# [action_size]``) or a batch with any leading axes, and broadcasts. Internally an action
+# is a list of its components (each of the batch's shape) and every constraint a list of
+# per-row arrays: a plant has a handful of actions and constraints, so unrolling them in
+# Python leaves XLA purely elementwise work over the batch, which it fuses into a few
+# vectorized loops (no reductions over tiny axes, no gathers).
+
+Components = list[jax.Array]
+
+
+def _as_float(value: jax.Array) -> jax.Array:
+    return jnp.asarray(value, jnp.float32)
+
+
+def split(values: jax.Array) -> Components:
+    """``[..., n]`` as a list of ``n`` arrays of shape ``[...]``."""
+    return [values[..., i] for i in range(values.shape[-1])]
+
+
+def join(parts: Components, shape: tuple[int, ...] = ()) -> jax.Array:
+    """The inverse of :func:`split` (``shape``: the batch shape when ``parts`` is empty)."""
+    if not parts:
+        return jnp.zeros((*shape, 0), jnp.float32)
+    return jnp.stack(jnp.broadcast_arrays(*parts), axis=-1)
+
+
+def _columns(values: jax.Array, index: tuple[int, ...]) -> jax.Array:
+    """``values[..., index]`` with a static index (constant slices, no gather)."""
+    return join([values[..., i] for i in index], values.shape[:-1])
+
+
+def _all(parts: Components) -> jax.Array:
+    result = jnp.ones((), bool)
+    for part in parts:
+        result = result & part
+    return result
+
+
+def _any(parts: Components) -> jax.Array:
+    result = jnp.zeros((), bool)
+    for part in parts:
+        result = result | part
+    return result
+
+
+def _state_active(constraints: CompiledConstraints, observation: jax.Array) -> Components:
+    """Which state-conditional limits are on. A feature that is not a finite number
+    turns its limit on: an unreadable sensor is treated as the unsafe case."""
+    active = []
+    for k, feature in enumerate(constraints.state_feature):
+        value = observation[..., feature]
+        threshold = constraints.state_threshold[k]
+        passed = jnp.where(constraints.state_above[k], value > threshold, value < threshold)
+        active.append(passed | ~jnp.isfinite(value))
+    return active
+
+
+def _rhs(constraints: CompiledConstraints, observation: jax.Array) -> Components:
+    rows = []
+    for row, support in enumerate(constraints.linear_support):
+        total = jnp.zeros((), jnp.float32)
+        for feature in support:
+            total = total + constraints.linear_obs[row, feature] * observation[..., feature]
+        rows.append(constraints.linear_bound[row] - total)
+    return rows
+
+
+def _lhs(constraints: CompiledConstraints, action: Components) -> Components:
+    rows = []
+    for row in range(constraints.n_linear):
+        total = jnp.zeros((), jnp.float32)
+        for j in range(constraints.action_size):
+            total = total + constraints.linear_act[row, j] * action[j]
+        rows.append(total)
+    return rows
+
+
+def bounds_box(constraints: CompiledConstraints) -> tuple[Components, Components]:
+    """Per action ``(low, high)`` of the action bounds alone (``±inf`` where none)."""
+    low = [jnp.float32(-jnp.inf)] * constraints.action_size
+    high = [jnp.float32(jnp.inf)] * constraints.action_size
+    for k, j in enumerate(constraints.bound_index):
+        low[j] = jnp.maximum(low[j], constraints.bound_low[k])
+        high[j] = jnp.minimum(high[j], constraints.bound_high[k])
+    return low, high
+
+
+def box(
+    constraints: CompiledConstraints, observation: jax.Array, prev_action: Components
+) -> tuple[Components, Components]:
+    """:func:`action_box` on components."""
+    low, high = bounds_box(constraints)
+    for k, j in enumerate(constraints.rate_index):
+        prev = prev_action[j]
+        known = jnp.isfinite(prev)
+        limit = constraints.rate_limit[k]
+        low[j] = jnp.maximum(low[j], jnp.where(known, prev - limit, -jnp.inf))
+        high[j] = jnp.minimum(high[j], jnp.where(known, prev + limit, jnp.inf))
+    active = _state_active(constraints, observation)
+    for k, j in enumerate(constraints.state_action):
+        low[j] = jnp.maximum(low[j], jnp.where(active[k], constraints.state_low[k], -jnp.inf))
+        high[j] = jnp.minimum(high[j], jnp.where(active[k], constraints.state_high[k], jnp.inf))
+    return low, high
+
+
+def margin_list(
+    constraints: CompiledConstraints,
+    observation: jax.Array,
+    action: Components,
+    prev_action: Components,
+) -> Components:
+    """:func:`margins` on components: one array per hard constraint."""
+    result = []
+    for k, j in enumerate(constraints.bound_index):
+        result.append(
+            jnp.minimum(action[j] - constraints.bound_low[k], constraints.bound_high[k] - action[j])
+        )
+    for k, j in enumerate(constraints.rate_index):
+        prev = prev_action[j]
+        slack = constraints.rate_limit[k] - jnp.abs(action[j] - prev)
+        result.append(jnp.where(jnp.isfinite(prev), slack, jnp.inf))
+    active = _state_active(constraints, observation)
+    for k, j in enumerate(constraints.state_action):
+        slack = jnp.minimum(
+            action[j] - constraints.state_low[k], constraints.state_high[k] - action[j]
+        )
+        result.append(jnp.where(active[k], slack, jnp.inf))
+    for rhs, lhs in zip(_rhs(constraints, observation), _lhs(constraints, action), strict=True):
+        result.append(rhs - lhs)
+    return result
+
+
+def keeps_all(
+    constraints: CompiledConstraints,
+    observation: jax.Array,
+    action: Components,
+    prev_action: Components,
+) -> jax.Array:
+    """:func:`satisfies` on components."""
+    finite = _all([jnp.isfinite(part) for part in action])
+    margins_ = margin_list(constraints, observation, action, prev_action)
+    return finite & _all([margin >= -TOLERANCE for margin in margins_])
+
+
+def _batch_shape(*arrays: jax.Array) -> tuple[int, ...]:
+    return jnp.broadcast_shapes(*(array.shape[:-1] for array in arrays))
+
+
+def linear_rhs(constraints: CompiledConstraints, observation: jax.Array) -> jax.Array:
+    """``[..., n_linear]``: ``bound - c_obs · observation`` per linear constraint, the
+    right-hand side of ``c_act · action <= rhs`` for this observation."""
+    observation = _as_float(observation)
+    return join(_rhs(constraints, observation), observation.shape[:-1])
+
+
+def linear_lhs(constraints: CompiledConstraints, action: jax.Array) -> jax.Array:
+    """``[..., n_linear]``: ``c_act · action`` per linear constraint."""
+    action = _as_float(action)
+    return join(_lhs(constraints, split(action)), action.shape[:-1])
+
+
+def action_box(
+    constraints: CompiledConstraints, observation: jax.Array, prev_action: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Per-action ``(low, high)`` that the bounds, rate limits and active state limits
+    leave. Empty (``low > high``) when they contradict each other. A previous action that
+    is not finite leaves its rate limit out."""
+    observation, prev_action = _as_float(observation), _as_float(prev_action)
+    shape = _batch_shape(observation, prev_action)
+    low, high = box(constraints, observation, split(prev_action))
+    return join([jnp.broadcast_to(x, shape) for x in low]), join(
+        [jnp.broadcast_to(x, shape) for x in high]
+    )
+
+
+def margins(
+    constraints: CompiledConstraints,
+    observation: jax.Array,
+    action: jax.Array,
+    prev_action: jax.Array,
+) -> jax.Array:
+    """``[..., n_hard]`` slack of each hard constraint for ``action`` (negative:
+    violated)."""
+    observation = _as_float(observation)
+    action, prev_action = _as_float(action), _as_float(prev_action)
+    shape = _batch_shape(observation, action, prev_action)
+    parts = margin_list(constraints, observation, split(action), split(prev_action))
+    return join([jnp.broadcast_to(part, shape) for part in parts], shape)
+
+
+def violations(
+    constraints: CompiledConstraints,
+    observation: jax.Array,
+    action: jax.Array,
+    prev_action: jax.Array,
+) -> jax.Array:
+    """``[..., n_hard]`` bool: which hard constraints ``action`` breaks (NaN breaks all
+    it touches)."""
+    return ~(margins(constraints, observation, action, prev_action) >= -TOLERANCE)
+
+
+def satisfies(
+    constraints: CompiledConstraints,
+    observation: jax.Array,
+    action: jax.Array,
+    prev_action: jax.Array,
+) -> jax.Array:
+    """``[...]`` bool: ``action`` is finite and keeps every hard constraint."""
+    observation = _as_float(observation)
+    action, prev_action = _as_float(action), _as_float(prev_action)
+    shape = _batch_shape(observation, action, prev_action)
+    ok = keeps_all(constraints, observation, split(action), split(prev_action))
+    return jnp.broadcast_to(ok, shape)
+
+
+def costs(constraints: CompiledConstraints, observation: jax.Array) -> jax.Array:
+    """``[..., n_costs]`` float32: 1 for each cost whose feature passes its threshold in
+    ``observation`` (the observation reached after the step), else 0."""
+    value = _columns(_as_float(observation), constraints.cost_feature)
+    passed = jnp.where(
+        constraints.cost_above,
+        value > constraints.cost_threshold,
+        value < constraints.cost_threshold,
+    )
+    return passed.astype(jnp.float32)
+
+
+def cost_limits(constraints: CompiledConstraints) -> dict[str, float]:
+    """``{cost name: episode cost limit}`` on the host."""
+    limits = np.asarray(constraints.cost_limit, np.float64)
+    return {name: float(limit) for name, limit in zip(constraints.cost_names, limits, strict=True)}
+
+
+def describe(constraints: CompiledConstraints) -> dict[str, Any]:
+    """A JSON-ready summary of the compiled constraints (names, counts, fallback)."""
+    return {
+        "hard_constraints": list(constraints.names),
+        "costs": cost_limits(constraints),
+        "fallback": constraints.fallback_kind,
+        "controller": constraints.controller,
+        "action_size": constraints.action_size,
+    }

@@ -1,0 +1,155 @@
+"""Evaluation of policies in a JAX environment, with or without the safety shield, and
+the safe-RL metrics of the DSRL convention.
+
+One evaluation runs ``n_episodes`` environments side by side for exactly one episode
+each (``vmap`` over environments, ``lax.scan`` over time), so every per-environment total
+of the rollout is one episode's value. Many policies (seeds) are evaluated at once by
+``vmap`` over their parameters at the call site.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from neorl_industrial.core.environments.base import Environment
+from neorl_industrial.core.environments.rollout import Policy, rollout
+
+
+@struct.dataclass
+class EpisodeStats:
+    """Per-episode outcome of an evaluation; leading axis ``[n_episodes]`` (plus any axes
+    the caller vmapped over, e.g. seeds)."""
+
+    returns: jax.Array  # [n] undiscounted episode return
+    costs: jax.Array  # [n, n_costs] summed per-step costs
+    steps: jax.Array  # [n] int32 steps per episode
+    overrides: jax.Array  # [n] int32 steps whose action the shield changed (0 without)
+    fallbacks: jax.Array  # [n] int32 overrides that used the fallback action
+    violations: jax.Array  # [n, n_hard] int32 steps whose proposed action broke a constraint
+    applied_violations: jax.Array  # [n, n_hard] int32 steps whose applied action broke one
+    invalid_actions: jax.Array  # [n] int32 non-finite proposed actions
+
+
+def evaluate(
+    key: jax.Array,
+    env: Environment,
+    env_params: Any,
+    policy: Policy,
+    n_episodes: int,
+    *,
+    horizon: int,
+    policy_params: Any = None,
+    constraints: Any = None,
+    shield_actions: bool = True,
+) -> EpisodeStats:
+    """Runs ``n_episodes`` whole episodes of ``horizon`` steps (the environment's own
+    horizon) under ``policy``; pure and jit-compatible (``env``, ``policy``,
+    ``n_episodes``, ``horizon`` and ``shield_actions`` are static).
+
+    With ``constraints``, every action passes the shield (or, with ``shield_actions=False``,
+    is only checked), and the episode counts its overrides and violations.
+    """
+    result = rollout(
+        key,
+        env,
+        env_params,
+        policy,
+        n_episodes,
+        horizon,
+        policy_params=policy_params,
+        constraints=constraints,
+        shield_actions=shield_actions,
+    )
+    zeros = jnp.zeros((n_episodes,), jnp.int32)
+    safety = result.safety
+    no_hard = jnp.zeros((n_episodes, 0), jnp.int32)
+    return EpisodeStats(
+        returns=result.total_reward,
+        costs=result.total_cost,
+        steps=jnp.full((n_episodes,), horizon, jnp.int32),
+        overrides=zeros if safety is None else safety.overrides,
+        fallbacks=zeros if safety is None else safety.fallbacks,
+        violations=no_hard if safety is None else safety.violations,
+        applied_violations=no_hard if safety is None else safety.applied_violations,
+        invalid_actions=result.invalid_actions,
+    )
+
+
+def safety_metrics(
+    stats: EpisodeStats,
+    cost_limits: Sequence[float],
+    *,
+    random_return: float | None = None,
+    expert_return: float | None = None,
+    cost_names: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The DSRL metrics of an evaluation, on the host.
+
+    * ``normalized_return``: ``(R - random) / (expert - random)`` (D4RL-style, as a
+      fraction; the tables multiply by 100), when both references are given.
+    * ``normalized_cost``: mean episode cost divided by the episode cost limit, per cost
+      channel and the largest over channels; ``<= 1`` is safe.
+    * ``violation_rate``: fraction of episodes whose cost exceeds its limit in any channel.
+    * ``override_rate``: fraction of steps the shield overrode.
+    * ``hard_violation_steps``: (step, constraint) pairs whose *applied* action broke a
+      hard constraint (zero with the shield on), and ``proposed_violations``, the same
+      count for the proposed actions.
+
+    Leading axes other than the episode axis (e.g. seeds) are flattened into episodes;
+    use :func:`per_policy_metrics` for one row per policy.
+
+    Raises:
+        ValueError: when the cost limits do not match the cost channels or are not positive.
+    """
+    costs = np.asarray(stats.costs, np.float64)
+    n_costs = costs.shape[-1]
+    limits = np.asarray(cost_limits, np.float64).reshape(-1)
+    if limits.shape != (n_costs,):
+        raise ValueError(
+            f"cost_limits: expected one limit per cost channel ({n_costs}), got {limits.size}"
+        )
+    if not np.all(limits > 0):
+        raise ValueError(f"cost_limits: expected positive episode cost limits, got {limits}")
+    costs = costs.reshape(-1, n_costs)
+    returns = np.asarray(stats.returns, np.float64).reshape(-1)
+    steps = max(int(np.asarray(stats.steps).sum()), 1)
+    per_channel = costs.mean(axis=0) / limits
+    names = list(cost_names) if cost_names is not None else [f"cost_{i}" for i in range(n_costs)]
+    metrics: dict[str, Any] = {
+        "episodes": int(returns.size),
+        "return": float(returns.mean()),
+        "episode_cost": {name: float(c) for name, c in zip(names, costs.mean(axis=0), strict=True)},
+        "normalized_cost": float(per_channel.max()),
+        "normalized_cost_per_channel": {
+            name: float(c) for name, c in zip(names, per_channel, strict=True)
+        },
+        "violation_rate": float(np.mean(np.any(costs > limits, axis=1))),
+        "override_rate": float(np.asarray(stats.overrides).sum() / steps),
+        "fallback_rate": float(np.asarray(stats.fallbacks).sum() / steps),
+        "hard_violation_steps": int(np.asarray(stats.applied_violations).sum()),
+        "proposed_violations": int(np.asarray(stats.violations).sum()),
+    }
+    if random_return is not None and expert_return is not None:
+        span = float(expert_return) - float(random_return)
+        if span == 0.0:
+            raise ValueError("expert_return and random_return: must differ")
+        metrics["normalized_return"] = float((returns.mean() - random_return) / span)
+    return metrics
+
+
+def per_policy_metrics(stats: EpisodeStats, cost_limits: Sequence[float], **kwargs: Any) -> list:
+    """:func:`safety_metrics` of each policy of stats with a leading policy axis
+    ``[n_policies, n_episodes, ...]``."""
+    n = int(np.asarray(stats.returns).shape[0])
+    return [
+        safety_metrics(
+            jax.tree.map(lambda leaf, i=i: np.asarray(leaf)[i], stats), cost_limits, **kwargs
+        )
+        for i in range(n)
+    ]

@@ -1,0 +1,239 @@
+"""Runtime aggregation of the shield's reports on the host.
+
+A :class:`SafetyMonitor` counts what the shield did — decisions, overrides, projections,
+fallbacks, invalid proposals, infeasible situations, violations per hard constraint — and
+keeps running statistics of each constraint's margin. It takes whole batches of reports
+(one NumPy pass per batch), is safe to call from several threads (a server's workers), and
+summarizes to strict JSON (no infinities or NaN).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from neorl_industrial.core.safety import TOLERANCE
+from neorl_industrial.core.safety.shield import (
+    FALLBACK,
+    INFEASIBLE,
+    INVALID,
+    OVERRIDDEN,
+    PROJECTED,
+)
+
+__all__ = ["HostReport", "SafetyMonitor", "host_report"]
+
+_BITS = {
+    "overridden": OVERRIDDEN,
+    "projected": PROJECTED,
+    "fallback": FALLBACK,
+    "invalid": INVALID,
+    "infeasible": INFEASIBLE,
+}
+
+
+class HostReport(NamedTuple):
+    """A ``SafetyReport`` as NumPy arrays, flattened to rows.
+
+    Attributes:
+        overridden: ``[rows]`` bool.
+        projected: ``[rows]`` bool.
+        fallback: ``[rows]`` bool.
+        invalid: ``[rows]`` bool.
+        infeasible: ``[rows]`` bool.
+        violated: ``[rows, n_hard]`` bool.
+        margin: ``[rows, n_hard]`` float64.
+        batch_shape: the report's leading axes (``()`` for a single decision).
+    """
+
+    overridden: np.ndarray
+    projected: np.ndarray
+    fallback: np.ndarray
+    invalid: np.ndarray
+    infeasible: np.ndarray
+    violated: np.ndarray
+    margin: np.ndarray
+    batch_shape: tuple[int, ...]
+
+    @property
+    def rows(self) -> int:
+        """The number of decisions in the report."""
+        return int(self.overridden.shape[0])
+
+
+def host_report(
+    report: Any, n_constraints: int, *, against: str = "constraint_names lists"
+) -> HostReport:
+    """Copies a single or batched ``SafetyReport`` to the host, one transfer per leaf.
+
+    A report with ``status`` bits (the shield's own) is decoded with NumPy; any other
+    object with boolean ``overridden``, ``projected``, ``fallback``, ``invalid``,
+    ``infeasible``, ``violated`` and a ``margin`` is read field by field.
+
+    Args:
+        report: the shield's report, any leading axes.
+        n_constraints: the number of hard constraints the caller expects.
+        against: the phrase the error message puts before ``n_constraints``.
+
+    Returns:
+        The report's arrays, the leading axes flattened to one row axis.
+
+    Raises:
+        ValueError: when the report's constraint columns are not ``n_constraints`` wide or
+            its flags and margins disagree on the leading axes.
+    """
+    margin = np.asarray(report.margin, np.float64)
+    status = getattr(report, "status", None)
+    if status is not None:
+        status = np.asarray(status)
+        flags = {name: (status & bit) != 0 for name, bit in _BITS.items()}
+        violated = ~(margin >= -TOLERANCE)
+    else:
+        flags = {name: np.asarray(getattr(report, name), bool) for name in _BITS}
+        violated = np.asarray(report.violated, bool)
+    width = violated.shape[-1] if violated.ndim else 0
+    if violated.ndim == 0 or width != n_constraints:
+        raise ValueError(
+            f"report: {width} constraint columns, {against} {n_constraints} constraints"
+        )
+    batch_shape = violated.shape[:-1]
+    if margin.shape != violated.shape or any(f.shape != batch_shape for f in flags.values()):
+        raise ValueError(
+            f"report: flags of shape {flags['overridden'].shape} and margins of shape "
+            f"{margin.shape} do not line up"
+        )
+    rows = math.prod(batch_shape)
+    return HostReport(
+        **{name: values.reshape(rows) for name, values in flags.items()},
+        violated=violated.reshape(rows, n_constraints),
+        margin=margin.reshape(rows, n_constraints),
+        batch_shape=tuple(batch_shape),
+    )
+
+
+def _json_number(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+class SafetyMonitor:
+    """Counts and margin statistics over every observed ``SafetyReport``.
+
+    Margin statistics use the finite margins only: an inactive state-conditional limit
+    reports ``+inf`` and a NaN observation NaN, and neither says how close an action came.
+
+    Args:
+        constraint_names: the hard constraints' names (``CompiledConstraints.names``), in
+            the order of the reports' ``violated`` and ``margin`` columns.
+    """
+
+    def __init__(self, constraint_names: Sequence[str]) -> None:
+        self.constraint_names = tuple(constraint_names)
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets everything observed so far."""
+        n = len(self.constraint_names)
+        with self._lock:
+            self._decisions = 0
+            self._flags = dict.fromkeys(_BITS, 0)
+            self._violations = np.zeros(n, np.int64)
+            self._margin_count = np.zeros(n, np.int64)
+            self._margin_sum = np.zeros(n, np.float64)
+            self._margin_min = np.full(n, np.inf)
+            self._by_version: dict[str, int] = {}
+
+    def observe(self, report: Any, *, policy_version: str | None = None) -> None:
+        """Adds one report or a batch of them (any leading axes).
+
+        Args:
+            report: a ``SafetyReport`` (device or host arrays).
+            policy_version: counts the report's overrides under this version too.
+
+        Raises:
+            ValueError: when the report's constraint columns do not match the names.
+        """
+        host = host_report(report, len(self.constraint_names), against="the monitor knows")
+        finite = np.isfinite(host.margin)
+        count = finite.sum(axis=0)
+        total = np.where(finite, host.margin, 0.0).sum(axis=0)
+        lowest = np.where(finite, host.margin, np.inf).min(axis=0, initial=np.inf)
+        violations = host.violated.sum(axis=0)
+        flags = {name: int(getattr(host, name).sum()) for name in _BITS}
+        with self._lock:
+            self._decisions += host.rows
+            for name, value in flags.items():
+                self._flags[name] += value
+            self._violations += violations
+            self._margin_count += count
+            self._margin_sum += total
+            np.minimum(self._margin_min, lowest, out=self._margin_min)
+            if policy_version is not None:
+                self._by_version[policy_version] = (
+                    self._by_version.get(policy_version, 0) + flags["overridden"]
+                )
+
+    @property
+    def decisions(self) -> int:
+        """Actions the shield decided on."""
+        with self._lock:
+            return self._decisions
+
+    @property
+    def overrides(self) -> int:
+        """Actions the shield replaced."""
+        with self._lock:
+            return self._flags["overridden"]
+
+    @property
+    def override_rate(self) -> float:
+        """Overrides per decision (0.0 before the first decision)."""
+        with self._lock:
+            return self._rate()
+
+    def _rate(self) -> float:
+        return self._flags["overridden"] / self._decisions if self._decisions else 0.0
+
+    def per_constraint(self) -> dict[str, dict[str, Any]]:
+        """Per hard constraint: violations of proposed actions and margin statistics.
+
+        Returns:
+            ``{name: {"violations", "margin_min", "margin_mean", "margin_count"}}``, the
+            statistics over finite margins only and ``None`` where there were none.
+        """
+        with self._lock:
+            return self._per_constraint()
+
+    def _per_constraint(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for i, name in enumerate(self.constraint_names):
+            count = int(self._margin_count[i])
+            out[name] = {
+                "violations": int(self._violations[i]),
+                "margin_min": _json_number(self._margin_min[i]) if count else None,
+                "margin_mean": _json_number(self._margin_sum[i] / count) if count else None,
+                "margin_count": count,
+            }
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Everything observed, as strict JSON-ready data (``None`` for no value).
+
+        Returns:
+            ``decisions``, ``overrides``, ``projected``, ``fallback``, ``invalid``,
+            ``infeasible``, ``override_rate``, ``constraints`` (see :meth:`per_constraint`)
+            and ``overrides_by_policy_version``, taken together under the lock.
+        """
+        with self._lock:
+            return {
+                "decisions": self._decisions,
+                "overrides": self._flags["overridden"],
+                **{name: self._flags[name] for name in _BITS if name != "overridden"},
+                "override_rate": self._rate(),
+                "constraints": self._per_constraint(),
+                "overrides_by_policy_version": dict(self._by_version),
+            }

@@ -1,0 +1,84 @@
+"""The safety study script: agents, checks and page on a tiny run's results."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from benchmarks import safety_study
+
+
+def _args(**overrides):
+    values = {"hidden": [8], "cost_limit": 100.0, "horizon": 1000}
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_every_agent_is_built_with_the_cost_limit():
+    assert set(safety_study.LABELS) == set(safety_study.ALGORITHMS)
+    for name in safety_study.ALGORITHMS:
+        agent = safety_study.make_agent(name, 6, 3, _args())
+        assert callable(agent.act)
+    with pytest.raises(ValueError, match="unknown"):
+        safety_study.make_agent("cpq", 6, 3, _args())
+
+
+def _entry(cost, hard_on):
+    summary = {"mean": cost, "ci": 0.1, "n": 5}
+    side = {
+        "normalized_return": {"mean": 50.0, "ci": 1.0, "n": 5},
+        "normalized_cost": summary,
+        "violation_rate": {"mean": 0.1, "ci": 0.1, "n": 5},
+        "override_rate": {"mean": 0.0, "ci": 0.0, "n": 5},
+        "hard_violation_steps": 3,
+        "proposed_violations": 3,
+        "per_seed": [],
+    }
+    return {
+        "shield_off": side,
+        "shield_on": {**side, "hard_violation_steps": hard_on},
+        "final_multiplier": None,
+    }
+
+
+def test_checks_fail_when_the_result_is_not_there():
+    good = {"algorithms": {"td3bc": _entry(2.0, 0), "td3bc_lag": _entry(0.8, 0)}}
+    assert all(check["passed"] for check in safety_study.checks(good).values())
+    bad = {"algorithms": {"td3bc": _entry(0.5, 0), "td3bc_lag": _entry(1.3, 2)}}
+    checks = safety_study.checks(bad)
+    assert not checks["td3bc_exceeds"]["passed"]
+    assert not checks["td3bc_lag_within"]["passed"]
+    assert not checks["shield_no_hard_violations"]["passed"]
+
+
+@pytest.mark.slow
+def test_tiny_study_runs_end_to_end(tmp_path):
+    doc = tmp_path / "safety.md"
+    safety_study.main(
+        [
+            "--updates",
+            "20",
+            "--chunk",
+            "10",
+            "--seeds",
+            "2",
+            "--trajectories",
+            "1",
+            "--episodes",
+            "1",
+            "--horizon",
+            "50",
+            "--hidden",
+            "8",
+            "--doc",
+            str(doc),
+            "--results-dir",
+            str(tmp_path),
+            "-t",
+            "test",
+        ]
+    )
+    page = doc.read_text()
+    assert "| TD3BC-Lag |" in page and "Checks:" in page
+    assert list(tmp_path.glob("safety_study-test-*.json"))
