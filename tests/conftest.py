@@ -4,3 +4,12 @@ import os
 
 # Tests run on the CPU with a fixed thread count so timings and memory stay predictable.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from hypothesis import settings  # noqa: E402
+
+# The suite is a gate: property tests draw the same examples on every run, so a run
+# passes or fails on the code alone. `HYPOTHESIS_PROFILE=explore` draws fresh examples
+# (and more of them) to hunt for new failures; found ones are pinned with `@example`.
+settings.register_profile("gate", derandomize=True, print_blob=True)
+settings.register_profile("explore", max_examples=1000, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from neorl_industrial.core.safety import (
@@ -52,6 +52,17 @@ plant = st.tuples(
 
 @SETTINGS
 @given(obs=plant, action=actions, prev=previous)
+# Far outside the box, where float32 merges the exact projection's kinks.
+@example(
+    obs=np.asarray([0.0, 1.0, 100.0, 0.0, 51.0, 0.0], np.float32),
+    action=np.asarray([0.0, 16777220.0, 0.0], np.float32),
+    prev=np.zeros(3, np.float32),
+)
+@example(
+    obs=np.asarray([0.0, 1.0, 100.0, 0.0, 51.0, 0.0], np.float32),
+    action=np.asarray([-3e38, 3e38, 1e30], np.float32),
+    prev=np.asarray([0.5, -0.5, 0.0], np.float32),
+)
 def test_shielded_action_keeps_every_hard_constraint(obs, action, prev):
     safe, report = fast_shield(IB, obs, action, prev)
     assert not bool(report.infeasible)

@@ -4,10 +4,11 @@
 a :class:`SafetyReport`:
 
 1. an action that is finite and keeps every hard constraint passes untouched, bit for bit;
-2. otherwise it is projected: clipped into the box that the bounds, rate limits and active
-   state limits leave, then projected exactly onto each linear half-space within that box
-   (in closed form; several half-spaces are visited in turn a fixed number of times), and
-   used if the result keeps every constraint;
+2. otherwise it is projected onto the box that the bounds, rate limits and active state
+   limits leave, intersected with the linear half-spaces: the nearest such point, in
+   closed form, for one half-space (several are visited in turn a fixed number of times;
+   a proposal so far outside the box that float32 cannot place the projection's kinks
+   has its box-clipped self projected instead), and used if it keeps every constraint;
 3. otherwise (a NaN or infinite action, or a projection that fails) the fallback (previous
    action, a constant or a named safe controller) is projected the same way and used;
 4. if even that breaks a constraint, the constraints contradict each other for this
@@ -371,6 +372,24 @@ def _decide(
         start = [jnp.where(finite, p, f) for p, f in zip(proposed, fallback, strict=True)]
         projected = _project(constraints, observation, start, low, high)
         projected_ok = keeps_all(constraints, observation, projected, previous)
+        # Far outside the box (|a| ~ 1e7 against a box of width 2) float32 cannot place
+        # the kinks of the exact projection; the box-clipped proposal is well conditioned
+        # and is projected instead, only when some row needs it.
+        retry = ~keep & ~projected_ok
+
+        def clipped_again(_):
+            clipped = [jnp.clip(x, lo, hi) for x, lo, hi in zip(start, low, high, strict=True)]
+            again = _project(constraints, observation, clipped, low, high)
+            again_ok = retry & keeps_all(constraints, observation, again, previous)
+            return (
+                [jnp.where(again_ok, x, y) for x, y in zip(again, projected, strict=True)],
+                projected_ok | again_ok,
+            )
+
+        def as_is(_):
+            return projected, projected_ok
+
+        projected, projected_ok = jax.lax.cond(jnp.any(retry), clipped_again, as_is, None)
         bound_low, bound_high = bounds_box(constraints)
         safe = [
             jnp.broadcast_to(
