@@ -5,7 +5,7 @@ import os
 # Tests run on the CPU with a fixed thread count so timings and memory stay predictable.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from hypothesis import settings  # noqa: E402
+from hypothesis import settings
 
 # The suite is a gate: property tests draw the same examples on every run, so a run
 # passes or fails on the code alone. `HYPOTHESIS_PROFILE=explore` draws fresh examples
