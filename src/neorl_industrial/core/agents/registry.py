@@ -1,0 +1,222 @@
+"""Algorithms by name: what a config file or the command line asks for.
+
+Each entry knows its factory, its frozen config dataclass (whose field defaults are the
+published defaults) and whether it is cost-aware. ``build_algorithm`` validates the
+hyperparameters a person wrote (unknown names, with a suggestion; wrong types, naming
+the field) before anything is traced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pydantic
+
+from neorl_industrial.core.agents.bc import BCConfig, make_bc
+from neorl_industrial.core.agents.cql import CQLConfig, make_cql
+from neorl_industrial.core.agents.discrete import (
+    DiscreteBCConfig,
+    DiscreteCQLConfig,
+    make_discrete_bc,
+    make_discrete_cql,
+)
+from neorl_industrial.core.agents.iql import IQLConfig, make_iql
+from neorl_industrial.core.agents.iql_lag import IQLLagConfig, make_iql_lag
+from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
+from neorl_industrial.core.agents.td3bc_lag import TD3BCLagConfig, make_td3bc_lag
+from neorl_industrial.core.agents.types import Algorithm
+
+__all__ = [
+    "ALGORITHMS",
+    "AlgorithmEntry",
+    "BCSafeConfig",
+    "HyperparameterError",
+    "algorithm_entry",
+    "build_algorithm",
+    "validate_hyperparameters",
+]
+
+
+class HyperparameterError(ValueError):
+    """A hyperparameter that does not fit the algorithm: names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BCSafeConfig(BCConfig):
+    """BC-Safe (OSRL): behaviour cloning of the dataset's episodes whose cost stays within
+    every limit. The selection happens on the data (``select_safe_episodes``); the
+    network and loss are BC's.
+
+    Attributes:
+        cost_limits: episode cost limit of each cost channel.
+    """
+
+    cost_limits: tuple[float, ...] = (100.0,)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "cost_limits", tuple(float(x) for x in self.cost_limits))
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmEntry:
+    """One algorithm the platform offers.
+
+    Attributes:
+        name: the name people use (``td3bc-lag``).
+        factory: ``factory(config, obs_size, action_size_or_num_actions) -> Algorithm``.
+        config_type: the frozen dataclass of its hyperparameters.
+        safe: it takes ``cost_limits`` (and ``discount``/``episode_length`` when its
+            config has them) and respects them, by learning (a Lagrangian) or by data
+            selection (``select_safe_data``).
+        discrete: it acts on discrete actions.
+        select_safe_data: it trains only on the episodes within the cost limits.
+        summary: one line for listings.
+    """
+
+    name: str
+    factory: Callable[[Any, int, int], Algorithm]
+    config_type: type
+    safe: bool
+    discrete: bool
+    summary: str
+    select_safe_data: bool = False
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(field.name for field in dataclasses.fields(self.config_type))
+
+    def defaults(self) -> dict[str, Any]:
+        """The published defaults of every hyperparameter, as plain values."""
+        return _plain(dataclasses.asdict(self.config_type()))
+
+
+ALGORITHMS: dict[str, AlgorithmEntry] = {
+    entry.name: entry
+    for entry in (
+        AlgorithmEntry("bc", make_bc, BCConfig, False, False, "behaviour cloning"),
+        AlgorithmEntry(
+            "bc-safe",
+            make_bc,
+            BCSafeConfig,
+            True,
+            False,
+            "behaviour cloning of the episodes within the cost limits",
+            select_safe_data=True,
+        ),
+        AlgorithmEntry("td3bc", make_td3bc, TD3BCConfig, False, False, "TD3+BC"),
+        AlgorithmEntry(
+            "td3bc-lag",
+            make_td3bc_lag,
+            TD3BCLagConfig,
+            True,
+            False,
+            "TD3+BC with cost critics and PID Lagrange multipliers",
+        ),
+        AlgorithmEntry("iql", make_iql, IQLConfig, False, False, "implicit Q-learning"),
+        AlgorithmEntry(
+            "iql-lag",
+            make_iql_lag,
+            IQLLagConfig,
+            True,
+            False,
+            "IQL with cost critics and PID Lagrange multipliers",
+        ),
+        AlgorithmEntry(
+            "cql",
+            make_cql,
+            CQLConfig,
+            False,
+            False,
+            "conservative Q-learning (SAC actor; lagrange=true for CQL-α)",
+        ),
+        AlgorithmEntry(
+            "discrete-bc", make_discrete_bc, DiscreteBCConfig, False, True, "discrete BC"
+        ),
+        AlgorithmEntry(
+            "discrete-cql", make_discrete_cql, DiscreteCQLConfig, False, True, "discrete CQL"
+        ),
+    )
+}
+
+
+def algorithm_entry(name: str) -> AlgorithmEntry:
+    """The registered algorithm ``name``.
+
+    Raises:
+        HyperparameterError: for an unknown name, with the closest known one.
+    """
+    key = str(name).strip().lower().replace("_", "-").replace("+", "")
+    if key not in ALGORITHMS:
+        close = difflib.get_close_matches(key, list(ALGORITHMS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise HyperparameterError(
+            f"algorithm: unknown {name!r}{hint}; expected one of {sorted(ALGORITHMS)}"
+        )
+    return ALGORITHMS[key]
+
+
+def validate_hyperparameters(name: str, hyperparameters: Mapping[str, Any] | None) -> Any:
+    """The config dataclass of algorithm ``name`` with ``hyperparameters`` applied.
+
+    Raises:
+        HyperparameterError: naming an unknown hyperparameter (with the closest known
+            one) or one whose value does not fit its type.
+    """
+    entry = algorithm_entry(name)
+    # Nested settings (a PID's gains) are merged over the algorithm's own defaults, so
+    # ``pid: {kp: 0.1}`` changes one gain and keeps the others.
+    values = _merge(entry.defaults(), dict(hyperparameters or {}), "algorithm.hyperparameters")
+    try:
+        # Types checked by pydantic against the dataclass's annotations.
+        config = pydantic.TypeAdapter(entry.config_type).validate_python(values, strict=False)
+    except pydantic.ValidationError as error:
+        problems = "; ".join(
+            f"algorithm.hyperparameters.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            for e in error.errors()
+        )
+        raise HyperparameterError(problems) from None
+    except (TypeError, ValueError) as error:
+        raise HyperparameterError(f"algorithm.hyperparameters ({entry.name}): {error}") from None
+    return config
+
+
+def build_algorithm(
+    name: str,
+    obs_size: int,
+    action_size: int,
+    hyperparameters: Mapping[str, Any] | None = None,
+) -> tuple[Algorithm, Any]:
+    """``(algorithm, config)`` for the registered ``name``; ``action_size`` is the number
+    of actions for a discrete algorithm."""
+    entry = algorithm_entry(name)
+    config = validate_hyperparameters(name, hyperparameters)
+    return entry.factory(config, obs_size, action_size), config
+
+
+def _merge(defaults: dict[str, Any], values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    merged = dict(defaults)
+    for field, value in values.items():
+        if field not in defaults:
+            close = difflib.get_close_matches(str(field), list(defaults), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise HyperparameterError(
+                f"{where}.{field}: no such hyperparameter{hint}; known: {', '.join(defaults)}"
+            )
+        if isinstance(defaults[field], dict) and isinstance(value, Mapping):
+            merged[field] = _merge(defaults[field], value, f"{where}.{field}")
+        else:
+            merged[field] = value
+    return merged
+
+
+def _plain(value: Any) -> Any:
+    """Tuples to lists, recursively (for JSON and YAML)."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value

@@ -1,0 +1,298 @@
+"""Run configuration: pydantic models, YAML files and command-line overrides.
+
+One :class:`RunConfig` describes a training run end to end (environment, data,
+algorithm, training, evaluation, safety, checkpoints, output). Files live under
+``configs/``; every field has a default, so a file names only what it changes. Errors
+name the file and the dotted field (``training.batch_size``) and what would be right.
+
+Overrides are ``dotted.field=value`` strings whose value is read as YAML
+(``training.seeds=[0,1,2]``, ``algorithm.hyperparameters.hidden=[64,64]``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from neorl_industrial.core.agents.registry import (
+    HyperparameterError,
+    algorithm_entry,
+    validate_hyperparameters,
+)
+
+__all__ = [
+    "AlgorithmSection",
+    "CheckpointSection",
+    "ConfigError",
+    "DataSection",
+    "EnvSection",
+    "EvaluationSection",
+    "RunConfig",
+    "SafetySection",
+    "TrainingSection",
+    "apply_overrides",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used: names the file and field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvSection(_Section):
+    """The environment the agent acts in (and is evaluated in, when it is a simulator)."""
+
+    id: str = "IB-v0"
+    #: Overrides of the environment's configuration and parameters (``setpoint``, ...).
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataSection(_Section):
+    """Where the offline data comes from: a file, or generated from the environment's
+    shipped behaviour policies."""
+
+    #: A dataset in any supported format (native directory, NeoRL ``.npz``, Minari, plant
+    #: log); None: generate one.
+    path: str | None = None
+    #: The YAML schema of a plant log.
+    schema_path: str | None = Field(default=None, alias="schema")
+    #: Behaviour-policy quality of a generated dataset.
+    quality: Literal["random", "low", "medium", "high", "expert"] = "medium"
+    #: Whole episodes of a generated dataset.
+    trajectories: int = Field(default=20, ge=1)
+    seed: int = 0
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class AlgorithmSection(_Section):
+    """The algorithm and the hyperparameters that differ from its published defaults."""
+
+    name: str = "td3bc-lag"
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> AlgorithmSection:
+        try:
+            entry = algorithm_entry(self.name)
+            validate_hyperparameters(entry.name, self.hyperparameters)
+        except HyperparameterError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+
+class TrainingSection(_Section):
+    updates: int = Field(default=5000, ge=1)
+    #: Updates fused into one compiled call (the host sees metrics once per chunk).
+    chunk: int = Field(default=1000, ge=1)
+    batch_size: int = Field(default=256, ge=1)
+    #: One run per seed, all trained at once (vmapped, separate parameters).
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    #: Standardize observations with the dataset's statistics (kept in the policy).
+    normalize_observations: bool = True
+    #: ``std``: rewards divided by their spread for training; ``none``: as stored.
+    reward_scaling: Literal["std", "none"] = "std"
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"expected distinct seeds, got {seeds}")
+        if any(seed < 0 for seed in seeds):
+            raise ValueError(f"expected non-negative seeds, got {seeds}")
+        return seeds
+
+    @model_validator(mode="after")
+    def _whole_chunks(self) -> TrainingSection:
+        if self.updates % self.chunk:
+            raise ValueError(f"updates ({self.updates}) must be a multiple of chunk ({self.chunk})")
+        return self
+
+
+class EvaluationSection(_Section):
+    """Online evaluation in the environment's simulator, with the shield."""
+
+    #: Updates between evaluations (a multiple of ``training.chunk``); 0: only at the end.
+    every: int = Field(default=0, ge=0)
+    #: Episodes per seed and evaluation, run side by side.
+    episodes: int = Field(default=10, ge=1)
+    #: Steps per evaluation episode; None: the environment's horizon.
+    horizon: int | None = Field(default=None, ge=1)
+    #: Pass every action through the shield (and count its overrides).
+    shield: bool = True
+    #: Stop when the selection score has not improved for this many evaluations.
+    patience: int | None = Field(default=None, ge=1)
+    seed: int = 0
+
+
+class SafetySection(_Section):
+    """Hard constraints (the shield's) and cost limits (the safe agents')."""
+
+    #: A ``ConstraintSpec`` YAML file; None: the environment's default constraints.
+    constraints: str | None = None
+    #: Episode cost limit per cost channel; None: the spec's ``cost_limit`` values.
+    cost_limits: list[float] | None = None
+
+    @field_validator("cost_limits")
+    @classmethod
+    def _positive(cls, limits: list[float] | None) -> list[float] | None:
+        if limits is not None and (not limits or any(limit <= 0 for limit in limits)):
+            raise ValueError(f"expected positive episode cost limits, got {limits}")
+        return limits
+
+
+class CheckpointSection(_Section):
+    #: Updates between checkpoints (a multiple of ``training.chunk``); 0: none.
+    every: int = Field(default=0, ge=0)
+    #: Checkpoints kept (the newest); the best policy is kept apart.
+    keep: int = Field(default=2, ge=1)
+
+
+class RunConfig(_Section):
+    """A training run end to end. Every field has a default: ``RunConfig()`` is the
+    main job's run (TD3BC-Lag on a generated IB dataset)."""
+
+    name: str = "run"
+    env: EnvSection = Field(default_factory=EnvSection)
+    data: DataSection = Field(default_factory=DataSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
+    safety: SafetySection = Field(default_factory=SafetySection)
+    checkpoints: CheckpointSection = Field(default_factory=CheckpointSection)
+    #: Where the run writes its agent, checkpoints, export and report.
+    output: str = "runs"
+
+    @field_validator("name")
+    @classmethod
+    def _simple_name(cls, name: str) -> str:
+        if not name or not all(c.isalnum() or c in "-_." for c in name):
+            raise ValueError(f"expected letters, digits, '-', '_' or '.', got {name!r}")
+        return name
+
+    @model_validator(mode="after")
+    def _aligned(self) -> RunConfig:
+        chunk = self.training.chunk
+        for where, value in (
+            ("evaluation.every", self.evaluation.every),
+            ("checkpoints.every", self.checkpoints.every),
+        ):
+            if value % chunk:
+                raise ValueError(
+                    f"{where} ({value}) must be a multiple of training.chunk ({chunk})"
+                )
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output) / self.name
+
+    # ----- files and overrides --------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> RunConfig:
+        try:
+            return cls.model_validate(values)
+        except pydantic.ValidationError as error:
+            raise ConfigError(_describe(error, source)) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+        """Reads a YAML file and applies ``dotted.field=value`` overrides.
+
+        Raises:
+            ConfigError: naming the file and field, for a missing or unreadable file, an
+                unknown field (with a suggestion) or a value of the wrong kind.
+        """
+        path = Path(path)
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML ({error})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        values = apply_overrides(values, overrides or [])
+        return cls.from_dict(values, source=str(path))
+
+    def with_overrides(self, overrides: list[str]) -> RunConfig:
+        values = apply_overrides(self.to_dict(), overrides)
+        return RunConfig.from_dict(values, source="overrides")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``values`` with every ``dotted.field=value`` applied (the value read as YAML).
+
+    Raises:
+        ConfigError: for an override without ``=`` or one that walks into a value.
+    """
+    result = _copy(values)
+    for override in overrides:
+        field, sep, text = override.partition("=")
+        field = field.strip()
+        if not sep or not field:
+            raise ConfigError(
+                f"override {override!r}: expected dotted.field=value, e.g. training.updates=2000"
+            )
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"override {override!r}: value is not valid YAML ({error})") from None
+        node = result
+        parts = field.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(
+                    f"override {override!r}: {'.'.join(parts[: i + 1])} is a value, not a section"
+                )
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def _copy(values: Any) -> Any:
+    if isinstance(values, dict):
+        return {key: _copy(item) for key, item in values.items()}
+    return values
+
+
+def _describe(error: pydantic.ValidationError, source: str) -> str:
+    lines = []
+    for problem in error.errors():
+        location = ".".join(str(part) for part in problem["loc"])
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown field" + _suggestion(problem["loc"])
+        if location and message.startswith(location):
+            lines.append(f"{source}: {message}")  # the message names its own field
+        else:
+            lines.append(f"{source}: {location or '(top level)'}: {message}")
+    return "\n".join(lines)
+
+
+def _suggestion(location: tuple[Any, ...]) -> str:
+    model: Any = RunConfig
+    for part in location[:-1]:
+        field = model.model_fields.get(str(part)) if hasattr(model, "model_fields") else None
+        if field is None:
+            return ""
+        model = field.annotation
+    known = list(getattr(model, "model_fields", {}))
+    close = difflib.get_close_matches(str(location[-1]), known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{hint}; known: {', '.join(known)}" if known else hint
