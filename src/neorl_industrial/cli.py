@@ -1,13 +1,17 @@
 """The ``neorl-industrial`` command line.
 
-``neorl-industrial run`` is the main job: it exercises the platform end to end on its
-built-in defaults and prints a short report. ``envs`` lists the registered environments
-and ``rollout`` runs batched rollouts of one of them.
+``run`` is the main job: it generates a small Industrial Benchmark dataset, trains a safe
+agent (TD3BC-Lag, three seeds at once), evaluates it with the shield, saves and exports
+the policy and prints what happened and where the results are. ``train`` runs any
+configuration (``configs/``), ``evaluate`` and ``export`` work on saved agents,
+``datasets`` generates, inspects and imports data, ``envs`` and ``rollout`` show the
+environments, ``bench`` runs a benchmark of ``benchmarks/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -18,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from neorl_industrial.core.environments import (
@@ -113,29 +118,169 @@ def _report_table(reports: Sequence[RolloutReport], cost_names: Sequence[str]) -
 
 
 def command_run(args: argparse.Namespace) -> int:
+    from neorl_industrial.pipeline import main_job_config
+
+    overrides = list(args.set or [])
+    if not any(item.startswith("name=") for item in overrides):
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        overrides.append(f"name=main-{stamp}")
+    config = main_job_config(overrides)
     console = _console()
     console.print(
         f"[bold]neorl_industrial[/bold] main job on {jax.default_backend()} "
-        f"({len(jax.devices())} device(s))"
+        f"({len(jax.devices())} device(s)): {config.algorithm.name} on a generated "
+        f"{config.env.id} dataset, seeds {config.training.seeds}"
     )
-    reports = [
-        run_rollouts(env_id, policy, args.n_envs, args.n_steps, args.seed)
-        for env_id in ("IB-v0", "IB-nonstationary-v0", "IB-discrete-v0")
-        for policy in POLICIES
-    ]
-    env, _ = make("IB-v0")
-    console.print(_report_table(reports, env.cost_names))
-    hold = next(r for r in reports if r.env_id == "IB-v0" and r.policy == "hold")
-    rand = next(r for r in reports if r.env_id == "IB-v0" and r.policy == "random")
+    return _train_and_report(config, resume=False, console=console)
+
+
+def command_train(args: argparse.Namespace) -> int:
+    from neorl_industrial.wrappers.training import RunConfig
+
+    config = RunConfig.from_files(list(args.config or []), list(args.set or []))
+    console = _console()
     console.print(
-        f"Holding the initial setting earns {hold.mean_return:,.0f} per episode against "
-        f"{rand.mean_return:,.0f} for random actions; random actions break the default "
-        f"limits on {rand.mean_episode_cost.sum():.0f} steps per episode, holding on "
-        f"{hold.mean_episode_cost.sum():.0f}."
+        f"[bold]training[/bold] {config.algorithm.name} on {config.env.id} "
+        f"({config.data.path or 'generated data'}), seeds {config.training.seeds} "
+        f"-> {config.run_dir}"
     )
-    total_steps = sum(r.n_envs * r.n_steps for r in reports)
-    console.print(f"{total_steps:,} environment steps simulated.")
+    return _train_and_report(config, resume=args.resume, console=console)
+
+
+def _train_and_report(config, *, resume: bool, console: Console) -> int:
+    from neorl_industrial.pipeline import run_training
+    from neorl_industrial.wrappers.training import RichProgress
+
+    started = time.perf_counter()
+    outcome = run_training(
+        config, resume=resume, callbacks=[RichProgress(console, metrics=("critic_loss",))]
+    )
+    report = outcome.report
+    console.print(_summary_table(report))
+    data, training = report["data"], report["training"]
+    rate = training["updates_per_s"]
+    console.print(
+        f"Data: {data['transitions']:,} transitions in {data['episodes']} episodes "
+        f"({data['source']}), mean episode return {data['mean_episode_return']:,.0f}."
+    )
+    console.print(
+        f"Training: {training['updates']:,} updates x {len(training['seeds'])} seeds in "
+        f"{training['seconds']:.1f} s"
+        + (f" ({rate:,.0f} updates/s over all seeds after compilation)" if rate else "")
+        + (f", resumed from {training['resumed_from']:,}" if training["resumed_from"] else "")
+        + ("; stopped early" if training["stopped_early"] else "")
+        + "."
+    )
+    outputs = report["outputs"]
+    console.print(f"Agent: {outputs['agent']}  (Agent.load)")
+    if outputs["policy"]:
+        console.print(f"Policy: {outputs['policy']}  (served without training code)")
+    if outputs["checkpoints"]:
+        console.print(f"Checkpoints: {outputs['checkpoints']}")
+    console.print(f"Report: {outcome.run_dir / 'report.json'}")
+    console.print(f"Done in {time.perf_counter() - started:.1f} s.")
     return 0
+
+
+def _summary_table(report: dict) -> Table:
+    table = Table(title=f"{report['algorithm']} on {report['env']}: best evaluation of each run")
+    for column in (
+        "run",
+        "seed",
+        "updates",
+        "return",
+        "score",
+        "normalized cost",
+        "violations",
+        "shield overrides",
+        "hard violations",
+    ):
+        table.add_column(column, justify="right")
+    references = report["data"].get("references")
+    for i, best in enumerate(report["best"]):
+        if best is None:
+            continue
+        metrics = best["metrics"]
+        score = "-"
+        if references:
+            span = references["expert"] - references["random"]
+            score = f"{100 * (metrics['return'] - references['random']) / span:.1f}"
+        cost = metrics.get("normalized_cost")
+        table.add_row(
+            f"{i}{' *' if i == report['selected_run'] else ''}",
+            str(report["training"]["seeds"][i]),
+            f"{best['updates']:,}",
+            f"{metrics['return']:,.0f}",
+            score,
+            "-" if cost is None else f"{cost:.2f}",
+            f"{100 * metrics['violation_rate']:.0f} %",
+            f"{100 * metrics['override_rate']:.1f} %",
+            str(metrics["hard_violation_steps"]),
+        )
+    table.caption = (
+        "* the run the agent predicts with. Score: 100 (R - random) / (expert - random); "
+        "normalized cost: mean episode cost / limit (<= 1 keeps the limit); hard "
+        "violations: steps whose applied action broke a hard constraint."
+    )
+    return table
+
+
+def command_evaluate(args: argparse.Namespace) -> int:
+    from neorl_industrial.wrappers.agents import Agent
+
+    agent = Agent.load(args.agent)
+    result = agent.evaluate(
+        args.episodes, horizon=args.horizon, shield_actions=not args.no_shield, seed=args.seed
+    )
+    table = Table(title=f"{agent.name} from {args.agent}: {args.episodes} episodes per run")
+    for column in (
+        "run",
+        "return",
+        "normalized cost",
+        "violations",
+        "shield overrides",
+        "hard violations",
+    ):
+        table.add_column(column, justify="right")
+    for i, metrics in enumerate(result["runs"]):
+        cost = metrics.get("normalized_cost")
+        table.add_row(
+            f"{i}{' *' if i == result['selected_run'] else ''}",
+            f"{metrics['return']:,.0f}",
+            "-" if cost is None else f"{cost:.2f}",
+            f"{100 * metrics['violation_rate']:.0f} %",
+            f"{100 * metrics['override_rate']:.1f} %",
+            str(metrics["hard_violation_steps"]),
+        )
+    console = _console()
+    console.print(table)
+    summary = result["summary"]["return"]
+    ci = f" ± {summary['ci']:,.0f}" if summary["ci"] is not None else ""
+    console.print(f"Mean return over runs: {summary['mean']:,.0f}{ci} (95 % CI)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        console.print(f"Wrote {args.json}")
+    return 0
+
+
+def command_export(args: argparse.Namespace) -> int:
+    from neorl_industrial.wrappers.agents import Agent
+
+    agent = Agent.load(args.agent)
+    path = agent.export(args.out, overwrite=args.overwrite)
+    _console().print(f"Exported the policy of {args.agent} ({agent.name}) to {path}")
+    return 0
+
+
+def command_bench(args: argparse.Namespace) -> int:
+    try:
+        from benchmarks.run import main as bench_main
+    except ImportError:
+        raise ValueError(
+            "bench: the benchmarks live in the source tree's benchmarks/ folder; run this "
+            "command from the repository root"
+        ) from None
+    return int(bench_main([args.name, *args.args]) or 0)
 
 
 def command_envs(_args: argparse.Namespace) -> int:
@@ -248,11 +393,61 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="run the main job end to end and print a report")
-    run.add_argument("--n-envs", type=_positive_int, default=256, help="environments per rollout")
-    run.add_argument("--n-steps", type=_positive_int, default=2000, help="steps per environment")
-    run.add_argument("--seed", type=int, default=0)
+    run = commands.add_parser(
+        "run",
+        help="the main job: generate data, train a safe agent, evaluate, save, export, report",
+    )
+    run.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a field of the main job's configuration, e.g. training.updates=1000",
+    )
     run.set_defaults(handler=command_run)
+
+    train = commands.add_parser("train", help="train an agent from configuration files")
+    train.add_argument(
+        "--config",
+        "-c",
+        action="append",
+        metavar="YAML",
+        help="a configuration file; several are merged in order (e.g. an environment, "
+        "then an algorithm)",
+    )
+    train.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a field, e.g. training.seeds=[0,1,2] or algorithm.name=iql-lag",
+    )
+    train.add_argument(
+        "--resume", action="store_true", help="continue the run from its newest checkpoint"
+    )
+    train.set_defaults(handler=command_train)
+
+    evaluate = commands.add_parser("evaluate", help="evaluate a saved agent in its simulator")
+    evaluate.add_argument("agent", help="a saved agent's directory")
+    evaluate.add_argument("--episodes", type=_positive_int, default=100)
+    evaluate.add_argument("--horizon", type=_positive_int, default=None)
+    evaluate.add_argument("--no-shield", action="store_true", help="do not shield the actions")
+    evaluate.add_argument("--seed", type=int, default=1)
+    evaluate.add_argument("--json", help="also write the metrics to this JSON file")
+    evaluate.set_defaults(handler=command_evaluate)
+
+    export = commands.add_parser(
+        "export", help="export a saved agent's policy as a self-contained artifact"
+    )
+    export.add_argument("agent", help="a saved agent's directory")
+    export.add_argument("--out", required=True, help="the artifact's directory")
+    export.add_argument("--overwrite", action="store_true")
+    export.set_defaults(handler=command_export)
+
+    bench = commands.add_parser(
+        "bench", help="run a benchmark of benchmarks/ (from the repository root)"
+    )
+    bench.add_argument("name", help="the benchmark, e.g. env_throughput or shield_overhead")
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="its own options")
+    bench.set_defaults(handler=command_bench)
 
     envs = commands.add_parser("envs", help="list the registered environments")
     envs.set_defaults(handler=command_envs)
@@ -337,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (ValueError, FileExistsError, FileNotFoundError) as error:
-        _console(stderr=True).print(f"[red]error:[/red] {error}")
+        _console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}")
         return 2
 
 

@@ -211,17 +211,22 @@ class RunConfig(_Section):
             ConfigError: naming the file and field, for a missing or unreadable file, an
                 unknown field (with a suggestion) or a value of the wrong kind.
         """
-        path = Path(path)
-        try:
-            values = yaml.safe_load(path.read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML ({error})") from None
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        return cls.from_files([path], overrides)
+
+    @classmethod
+    def from_files(
+        cls, paths: list[str | Path], overrides: list[str] | None = None
+    ) -> RunConfig:
+        """Merges YAML files in order (later files win, section by section; e.g. an
+        environment file, then an algorithm file), then applies the overrides."""
+        values: dict[str, Any] = {}
+        for path in paths:
+            values = _deep_merge(values, _read(Path(path)))
         values = apply_overrides(values, overrides or [])
-        return cls.from_dict(values, source=str(path))
+        source = " + ".join(str(path) for path in paths) or "config"
+        if overrides:
+            source += " with overrides"
+        return cls.from_dict(values, source=source)
 
     def with_overrides(self, overrides: list[str]) -> RunConfig:
         values = apply_overrides(self.to_dict(), overrides)
@@ -263,6 +268,28 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
             node = child
         node[parts[-1]] = value
     return result
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({error})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    return values
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = _copy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = _copy(value)
+    return merged
 
 
 def _copy(values: Any) -> Any:
