@@ -19,6 +19,7 @@ keys only on the updates done.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import time
@@ -162,9 +163,7 @@ class Trainer:
             "chunk_updates": chunk_updates,
             "dataset": dataset_fingerprint(dataset),
         }
-        self._chunk = jax.jit(
-            make_train_chunk(algorithm, batch_size, chunk_updates), donate_argnums=0
-        )
+        self._chunk = _compiled_chunk(algorithm, batch_size, chunk_updates)
         self._manager: Any = None
 
     # ----- checkpoints -----------------------------------------------------------------
@@ -350,6 +349,13 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_evaluation(self, done, rows)
         return best_policies, any(improved)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_chunk(algorithm: Algorithm, batch_size: int, chunk_updates: int) -> Any:
+    """One jitted chunk per algorithm and shape: Trainers of the same agent (a resumed
+    run, a second dataset of the same shapes) share its compilation."""
+    return jax.jit(make_train_chunk(algorithm, batch_size, chunk_updates), donate_argnums=0)
 
 
 def _jsonable(value: Any) -> Any:

@@ -1,0 +1,48 @@
+"""Algorithms by name, with validated hyperparameters."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import pytest
+
+from neorl_industrial.core.agents.registry import (
+    ALGORITHMS,
+    HyperparameterError,
+    algorithm_entry,
+    build_algorithm,
+    validate_hyperparameters,
+)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_builds_with_its_defaults(name):
+    entry = ALGORITHMS[name]
+    algorithm, config = build_algorithm(name, 6, 27 if entry.discrete else 3, {"hidden": [8]})
+    assert config == dataclasses.replace(entry.config_type(), hidden=(8,))
+    state = algorithm.init(jax.random.PRNGKey(0))
+    assert state.policy is not None
+
+
+def test_names_are_forgiving_about_spelling_but_not_about_typos():
+    assert algorithm_entry("TD3+BC").name == "td3bc"
+    assert algorithm_entry("td3bc_lag").name == "td3bc-lag"
+    with pytest.raises(HyperparameterError, match=r"unknown 'td3-bc'.*did you mean 'td3bc'"):
+        algorithm_entry("td3-bc")
+
+
+def test_hyperparameter_errors_name_the_field():
+    with pytest.raises(HyperparameterError, match=r"hyperparameters\.hiden.*did you mean 'hidden'"):
+        validate_hyperparameters("td3bc", {"hiden": [64]})
+    with pytest.raises(HyperparameterError, match=r"hyperparameters\.actor_lr"):
+        validate_hyperparameters("td3bc", {"actor_lr": "fast"})
+    with pytest.raises(HyperparameterError, match=r"hyperparameters\.pid\.kq"):
+        validate_hyperparameters("td3bc-lag", {"pid": {"kq": 1.0}})
+
+
+def test_nested_settings_merge_over_the_algorithm_defaults():
+    config = validate_hyperparameters("td3bc-lag", {"pid": {"kp": 0.5}, "hidden": [32, 32]})
+    assert config.pid.kp == 0.5
+    assert config.pid.ki == ALGORITHMS["td3bc-lag"].config_type().pid.ki == 0.01
+    assert config.hidden == (32, 32)
