@@ -214,9 +214,7 @@ class RunConfig(_Section):
         return cls.from_files([path], overrides)
 
     @classmethod
-    def from_files(
-        cls, paths: list[str | Path], overrides: list[str] | None = None
-    ) -> RunConfig:
+    def from_files(cls, paths: list[str | Path], overrides: list[str] | None = None) -> RunConfig:
         """Merges YAML files in order (later files win, section by section; e.g. an
         environment file, then an algorithm file), then applies the overrides."""
         values: dict[str, Any] = {}
