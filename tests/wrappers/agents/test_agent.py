@@ -1,0 +1,125 @@
+"""The Agent facade: fit, shielded predict, evaluate, save/load round trip, export, and
+clear errors for what does not fit."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from neorl_industrial.core.safety import satisfies
+from neorl_industrial.wrappers.agents import Agent, AgentError, PolicyArtifact
+from tests.wrappers.conftest import ib_shaped_dataset
+
+FIT = dict(updates=100, chunk=50, batch_size=32, eval_every=50, eval_episodes=2, eval_horizon=20)
+
+
+@pytest.fixture(scope="module")
+def fitted(ib_data):
+    agent = Agent("td3bc-lag", "IB-v0", hidden=(16, 16), cost_limits=[5.0, 5.0])
+    agent.fit(ib_data, seeds=[0, 1], **FIT)
+    return agent
+
+
+def test_fit_keeps_every_run_and_predicts_with_the_best(fitted, ib_data):
+    assert fitted.fitted and fitted.seeds == [0, 1]
+    assert fitted.selected == fitted.result.best_run
+    # The safe agent got the limits and the episode length of its environment.
+    assert fitted.config.cost_limits == (5.0, 5.0) and fitted.config.episode_length == 1000
+    assert fitted.config.obs_mean is not None  # observation statistics of the data
+    observations = np.asarray(ib_data.observations[:8])
+    batch = fitted.predict(observations)
+    assert batch.shape == (8, 3)
+    np.testing.assert_allclose(fitted.predict(observations[0]), batch[0], atol=1e-6)
+    # Every predicted action keeps the hard constraints given the previous action.
+    previous = np.full((8, 3), 0.9, np.float32)
+    safe, report = fitted.decide(observations, previous)
+    assert bool(
+        np.all(
+            jax.vmap(satisfies, (None, 0, 0, 0))(fitted.constraints, observations, safe, previous)
+        )
+    )
+    raw, none = fitted.decide(observations, previous, shield_actions=False)
+    assert none is None
+    overridden = np.asarray(report.overridden)
+    np.testing.assert_array_equal(safe[~overridden], raw[~overridden])
+
+
+def test_save_load_gives_identical_actions_and_returns(fitted, tmp_path, ib_data):
+    path = fitted.save(tmp_path / "agent")
+    manifest = json.loads((path / "agent.json").read_text())
+    assert manifest["algorithm"] == "td3bc-lag" and manifest["cost_limits"] == [5.0, 5.0]
+    assert "limit-joint-velocity-gain-push" in manifest["constraints"]
+    loaded = Agent.load(path)
+    observations = np.asarray(ib_data.observations[:16])
+    previous = np.zeros((16, 3), np.float32)
+    np.testing.assert_array_equal(
+        loaded.predict(observations, previous), fitted.predict(observations, previous)
+    )
+    before = fitted.evaluate(3, horizon=30)
+    after = loaded.evaluate(3, horizon=30)
+    assert [r["return"] for r in after["runs"]] == [r["return"] for r in before["runs"]]
+    assert before["summary"]["return"]["n"] == 2
+
+    with pytest.raises(AgentError, match="already exists"):
+        fitted.save(path)
+    assert json.loads((path / "agent.json").read_text()) == manifest
+    (path / "policies.msgpack").write_bytes(b"\x00garbage")
+    with pytest.raises(AgentError, match=r"policies\.msgpack"):
+        Agent.load(path)
+    with pytest.raises(AgentError, match="not a saved agent"):
+        Agent.load(tmp_path / "nothing")
+
+
+def test_export_serves_the_same_shielded_actions(fitted, tmp_path, ib_data):
+    path = fitted.export(tmp_path / "policy")
+    artifact = PolicyArtifact.load(path)
+    assert artifact.metadata["algorithm"] == "td3bc-lag"
+    observations = np.asarray(ib_data.observations[:6])
+    previous = np.full((6, 3), -0.5, np.float32)
+    decision = artifact.predict(observations, previous)
+    np.testing.assert_allclose(decision.action, fitted.predict(observations, previous), atol=1e-5)
+
+
+def test_data_that_does_not_fit_is_refused_by_name(ib_data):
+    agent = Agent("td3bc", "IB-v0", hidden=(8,))
+    narrow = ib_data.replace(observations=ib_data.observations[:, :6])
+    with pytest.raises(AgentError, match="6 features; IB-v0 has 180"):
+        agent.fit(narrow, updates=10, chunk=10)
+    lag = Agent("iql-lag", "IB-v0", hidden=(8,), cost_limits=[5.0, 5.0])
+    with pytest.raises(AgentError, match="1 cost channels"):
+        lag.fit(ib_data.replace(costs=ib_data.costs[:, :1]), updates=10, chunk=10)
+    with pytest.raises(AgentError, match="unknown 'td3-bc'"):
+        Agent("td3-bc")
+    with pytest.raises(AgentError, match=r"env: .*unknown environment"):
+        Agent("bc", "IB-v9")
+    with pytest.raises(AgentError, match="discrete actions"):
+        Agent("discrete-bc", "IB-v0")
+    with pytest.raises(AgentError, match="cost_limits: expected one"):
+        Agent("td3bc-lag", cost_limits=[1.0])
+    with pytest.raises(AgentError, match="hiden"):
+        Agent("bc", hiden=(8,))
+    with pytest.raises(AgentError, match="fit or load"):
+        Agent("bc").predict(np.zeros(180))
+    fitted_bc = Agent("bc", hidden=(8,))
+    fitted_bc.fit(ib_data, updates=10, chunk=10, evaluate=False)
+    with pytest.raises(AgentError, match=r"observation: expected shape \[180\]"):
+        fitted_bc.predict(np.zeros(7))
+    with pytest.raises(AgentError, match="finite"):
+        fitted_bc.predict(np.full(180, np.nan))
+
+
+def test_bc_safe_learns_only_from_episodes_within_the_limits():
+    data = ib_shaped_dataset(episodes=6, steps=20, seed=3)
+    costs = np.zeros((120, 2), np.float32)
+    costs[:40, 0] = 1.0  # the first two episodes cost 20 each
+    data = data.replace(costs=jax.numpy.asarray(costs))
+    agent = Agent("bc-safe", hidden=(8,), cost_limits=[10.0, 10.0])
+    agent.fit(data, updates=10, chunk=10, evaluate=False)
+    assert agent.training["dataset"]["used_episodes"] == 4
+    with pytest.raises(AgentError, match="bc-safe"):
+        Agent("bc-safe", hidden=(8,), cost_limits=[1.0, 1.0]).fit(
+            data.replace(costs=jax.numpy.ones((120, 2))), updates=10, chunk=10
+        )
