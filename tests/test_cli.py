@@ -165,3 +165,27 @@ def test_train_errors_are_named_without_a_traceback(tmp_path, capsys):
     assert "did you mean 'td3bc'" in capsys.readouterr().err
     code = cli.main(["--no-cache", "train", "-c", str(tmp_path / "none.yaml")])
     assert code == 2 and "no such config file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["run"],
+        ["train"],
+        ["evaluate"],
+        ["export"],
+        ["bench"],
+        ["envs"],
+        ["rollout"],
+        ["datasets"],
+        ["datasets", "generate"],
+        ["datasets", "inspect"],
+        ["datasets", "import"],
+    ],
+)
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: neorl-industrial" in capsys.readouterr().out
