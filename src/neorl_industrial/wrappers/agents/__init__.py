@@ -2,7 +2,7 @@
 artifact.
 
 Names are imported lazily: a server that only loads an exported policy
-(``neorl_industrial.wrappers.agents.export``) imports no training code.
+(``neorl_industrial.wrappers.agents.artifact``) imports no training code.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 _EXPORTS = {
     "Agent": "neorl_industrial.wrappers.agents.agent",
     "AgentError": "neorl_industrial.wrappers.agents.agent",
-    "PolicyArtifact": "neorl_industrial.wrappers.agents.export",
-    "PolicyArtifactError": "neorl_industrial.wrappers.agents.export",
+    "PolicyArtifact": "neorl_industrial.wrappers.agents.artifact",
+    "PolicyArtifactError": "neorl_industrial.wrappers.agents.artifact",
+    "PolicyDecision": "neorl_industrial.wrappers.agents.artifact",
     "export_policy": "neorl_industrial.wrappers.agents.export",
 }
 
