@@ -41,6 +41,7 @@ BENCHMARKS: dict[str, str] = {
     "data_generation": "benchmarks.data_generation",
     "agent_speed": "benchmarks.agent_speed",
     "shield_overhead": "benchmarks.shield_overhead",
+    "ope": "benchmarks.ope",
 }
 
 
