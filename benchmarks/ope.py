@@ -26,6 +26,7 @@ Usage (from the repository root)::
 
     python -m benchmarks.ope                  # the study, writes docs/ope.md
     python -m benchmarks.ope --quick --no-save  # a smoke run of a few minutes
+    python -m benchmarks.ope --page-from benchmarks/results/ope-<tag>-<time>.json
 
 The run is saved like every benchmark (``benchmarks/results/ope-<tag>-<time>.json``) and
 the page is written to ``--doc``.
@@ -65,6 +66,8 @@ POLICIES = {
     "medium-half": "medium's action halved",
     "hold": "action 0: hold every setting",
 }
+#: Action distance below which a policy counts as acting like a behaviour policy.
+NEAR = 0.1
 #: Goals of the study: (comparison, threshold, what).
 TARGETS = {
     "return_spearman": (">=", 0.8, "rank correlation of estimated and true returns"),
@@ -445,6 +448,12 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
         "(true return of the best policy minus that of the policy FQE ranks first)",
         "- rank correlation of the absolute error with the distance from the data's "
         f"behaviour: {_number(ret.get('error_distance_spearman'))}",
+        *_support_lines(results["policies"]),
+        "",
+        "The Industrial Benchmark is partially observable (its observation, the last 30 "
+        "frames, does not hold the whole plant state), so a Q-function of observations can "
+        "only approximate the policy's value, and how well depends on where the policy "
+        "takes the plant.",
         "",
         "Costs (threshold: the discounted cost that the channel's episode cost limit implies, "
         "the limit spread evenly over the episode):",
@@ -495,6 +504,24 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _support_lines(policies: dict[str, Any]) -> list[str]:
+    """The mean relative return error of the policies that act like a behaviour policy
+    (distance below :data:`NEAR`) and of the others."""
+    lines = []
+    for label, inside in (("act like a behaviour policy", True), ("act otherwise", False)):
+        errors = [
+            abs(e["fqe_return"] - e["true_return"]) / abs(e["true_return"])
+            for e in policies.values()
+            if (e["action_distance"] < NEAR) == inside
+        ]
+        if errors:
+            lines.append(
+                f"- mean absolute relative error of the {len(errors)} policies that {label} "
+                f"(distance {'<' if inside else '>='} {NEAR}): {100 * np.mean(errors):.1f} %"
+            )
+    return lines
+
+
 def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
     """The per-policy table and the summary, for ``python -m benchmarks.run``."""
     names = config["cost_names"]
@@ -540,6 +567,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("-t", "--tag", default="untagged")
     parser.add_argument("--no-save", action="store_true", help="write neither JSON nor page")
     parser.add_argument(
+        "--page-from",
+        metavar="RESULT",
+        help="write the page from a saved result instead of running the study",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: 4 trajectories, 1 seed, 1000 updates, 8 episodes",
@@ -562,6 +594,15 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.page_from:
+        saved = BenchmarkResult.load(args.page_from)
+        if saved.name != NAME:
+            raise SystemExit(f"--page-from: {args.page_from} is not an {NAME} result")
+        page = markdown(saved.config, saved.results)
+        print(page)
+        Path(args.doc).write_text(page, encoding="utf-8")
+        print(f"Wrote {args.doc}", file=sys.stderr)
+        return 0
     started = utc_timestamp()
     config, results = run_study(args)
     page = markdown(config, results)

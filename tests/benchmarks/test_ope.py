@@ -136,5 +136,8 @@ def test_page_and_table_show_every_policy():
         assert f"| {name} |" in page
     assert "Spearman rank correlation: 1.00" in page
     assert "not measured" in page  # the goals without a value
+    # distances 0.0 and 0.1 ... 0.6: one policy acts like a behaviour policy, six do not
+    assert "of the 1 policies that act like a behaviour policy" in page
+    assert "of the 6 policies that act otherwise" in page
     (table,) = ope.report(config, results)
     assert len(table.rows) == len(ope.POLICIES)
