@@ -153,7 +153,10 @@ def _train_and_report(config, *, resume: bool, console: Console) -> int:
 
     started = time.perf_counter()
     outcome = run_training(
-        config, resume=resume, callbacks=[RichProgress(console, metrics=("critic_loss",))]
+        config,
+        resume=resume,
+        callbacks=[RichProgress(console, metrics=("critic_loss",))],
+        console=console,
     )
     report = outcome.report
     console.print(_summary_table(report))
@@ -178,8 +181,32 @@ def _train_and_report(config, *, resume: bool, console: Console) -> int:
     if outputs["checkpoints"]:
         console.print(f"Checkpoints: {outputs['checkpoints']}")
     console.print(f"Report: {outcome.run_dir / 'report.json'}")
+    tracking = report.get("tracking")
+    if tracking:
+        _print_tracking(console, tracking)
     console.print(f"Done in {time.perf_counter() - started:.1f} s.")
     return 0
+
+
+def _print_tracking(console: Console, tracking: dict) -> None:
+    run = tracking.get("run_id") or "not created (see the spool)"
+    console.print(
+        f"MLflow: run {run} in experiment {tracking['experiment']!r} at {tracking['uri']}"
+    )
+    model = tracking.get("model")
+    if model and model.get("version"):
+        line = f"Model: {model['uri']} registered"
+        if "promoted" in model:
+            verdict = "promoted to @champion" if model["promoted"] else "not promoted"
+            line += f"; {verdict}: {model['reason']}"
+        console.print(escape(line))
+    if tracking.get("spooled"):
+        console.print(
+            f"[yellow]{tracking['spooled']} MLflow call(s) could not be sent; they are in "
+            f"{tracking['spool']}: replay with `neorl-industrial mlflow replay "
+            f"{tracking['spool']}`[/yellow]"
+        )
+    console.print(f"Open the MLflow UI: {tracking['ui']}")
 
 
 def _summary_table(report: dict) -> Table:
@@ -225,10 +252,21 @@ def _summary_table(report: dict) -> Table:
     return table
 
 
+def _agent_dir(value: str) -> Path:
+    """A saved agent's directory, or the agent inside a registered model's URI."""
+    from neorl_industrial.integration.mlflow.registry import is_model_uri, resolve_agent_dir
+
+    if not is_model_uri(value):
+        return Path(value)
+    from neorl_industrial.integration.mlflow.tracking import resolve_tracking_uri
+
+    return resolve_agent_dir(value, resolve_tracking_uri())
+
+
 def command_evaluate(args: argparse.Namespace) -> int:
     from neorl_industrial.wrappers.agents import Agent
 
-    agent = Agent.load(args.agent)
+    agent = Agent.load(_agent_dir(args.agent))
     result = agent.evaluate(
         args.episodes, horizon=args.horizon, shield_actions=not args.no_shield, seed=args.seed
     )
@@ -266,9 +304,110 @@ def command_evaluate(args: argparse.Namespace) -> int:
 def command_export(args: argparse.Namespace) -> int:
     from neorl_industrial.wrappers.agents import Agent
 
-    agent = Agent.load(args.agent)
+    agent = Agent.load(_agent_dir(args.agent))
     path = agent.export(args.out, overwrite=args.overwrite)
     _console().print(f"Exported the policy of {args.agent} ({agent.name}) to {path}")
+    return 0
+
+
+def _registry_client(uri: str | None):
+    from mlflow import MlflowClient
+
+    from neorl_industrial.integration.mlflow.sender import quiet_http_retries
+    from neorl_industrial.integration.mlflow.tracking import resolve_tracking_uri
+
+    quiet_http_retries()
+    uri = resolve_tracking_uri(uri)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri), uri
+
+
+def command_models_list(args: argparse.Namespace) -> int:
+    from neorl_industrial.integration.mlflow.registry import list_versions
+
+    client, uri = _registry_client(args.tracking_uri)
+    names = [args.name] if args.name else sorted(m.name for m in client.search_registered_models())
+    console = _console()
+    if not names:
+        console.print(f"No registered models at {uri}.")
+        return 0
+    for name in names:
+        table = Table(title=f"{name} at {uri}")
+        for column in (
+            "version",
+            "aliases",
+            "env",
+            "algorithm",
+            "return",
+            "normalized cost",
+            "safe",
+            "run",
+            "promotion",
+        ):
+            table.add_column(column)
+        for version in list_versions(client, name):
+            cost = version.metrics.get("normalized_cost")
+            ret = version.ret
+            tags = client.get_model_version(name, version.version).tags or {}
+            table.add_row(
+                version.version,
+                ", ".join(version.aliases),
+                version.env or "-",
+                version.algorithm or "-",
+                "-" if ret is None else f"{ret:,.0f}",
+                "-" if cost is None else f"{cost:.2f}",
+                "yes" if version.safe else "no",
+                (version.run_id or "-")[:8],
+                escape(tags.get("promotion.reason", "")),
+            )
+        console.print(table)
+    return 0
+
+
+def command_models_promote(args: argparse.Namespace) -> int:
+    from neorl_industrial.integration.mlflow.registry import promote
+
+    client, _ = _registry_client(args.tracking_uri)
+    decision = promote(client, args.name, args.version, force=args.force)
+    verdict = (
+        f"promoted version {decision.candidate.version} to @champion"
+        if decision.promoted
+        else f"kept the champion; version {decision.candidate.version} not promoted"
+    )
+    _console().print(escape(f"{args.name}: {verdict}: {decision.reason}"))
+    return 0 if decision.promoted or not args.check else 1
+
+
+def command_models_export(args: argparse.Namespace) -> int:
+    import shutil
+
+    from neorl_industrial.integration.mlflow.registry import resolve_policy_dir
+    from neorl_industrial.wrappers.agents.artifact import PolicyArtifact
+
+    _, uri = _registry_client(args.tracking_uri)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise FileExistsError(f"{out}: already exists; pass --overwrite to replace it")
+    source = resolve_policy_dir(args.model, uri)
+    artifact = PolicyArtifact.load(source)  # verified before it is copied
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging)
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    _console().print(f"Exported {args.model} ({artifact!r}) to {out}")
+    return 0
+
+
+def command_mlflow_replay(args: argparse.Namespace) -> int:
+    from neorl_industrial.integration.mlflow.sender import quiet_http_retries, replay
+
+    quiet_http_retries()
+    summary = replay(args.spool, args.tracking_uri)
+    _console().print(
+        f"Replayed {summary.sent} MLflow call(s) from {args.spool} "
+        f"(runs: {', '.join(summary.run_ids.values()) or 'none'})"
+    )
     return 0
 
 
@@ -426,7 +565,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=command_train)
 
     evaluate = commands.add_parser("evaluate", help="evaluate a saved agent in its simulator")
-    evaluate.add_argument("agent", help="a saved agent's directory")
+    evaluate.add_argument(
+        "agent",
+        help="a saved agent's directory, or a registered model (models:/ib-policy@champion)",
+    )
     evaluate.add_argument("--episodes", type=_positive_int, default=100)
     evaluate.add_argument("--horizon", type=_positive_int, default=None)
     evaluate.add_argument("--no-shield", action="store_true", help="do not shield the actions")
@@ -437,7 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export", help="export a saved agent's policy as a self-contained artifact"
     )
-    export.add_argument("agent", help="a saved agent's directory")
+    export.add_argument(
+        "agent",
+        help="a saved agent's directory, or a registered model (models:/ib-policy@champion)",
+    )
     export.add_argument("--out", required=True, help="the artifact's directory")
     export.add_argument("--overwrite", action="store_true")
     export.set_defaults(handler=command_export)
@@ -448,6 +593,43 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", help="the benchmark, e.g. env_throughput or shield_overhead")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="its own options")
     bench.set_defaults(handler=command_bench)
+
+    models = commands.add_parser("models", help="registered policies in MLflow's registry")
+    models_commands = models.add_subparsers(dest="models_command", required=True)
+    tracking_help = "the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
+    listing = models_commands.add_parser("list", help="versions, aliases and evaluations")
+    listing.add_argument("name", nargs="?", help="a registered model (default: all)")
+    listing.add_argument("--tracking-uri", help=tracking_help)
+    listing.set_defaults(handler=command_models_list)
+    promoting = models_commands.add_parser(
+        "promote",
+        help="make a version the champion if it is safe and beats the champion's return",
+    )
+    promoting.add_argument("name", help="the registered model, e.g. ib-policy")
+    promoting.add_argument("--version", help="the candidate (default: @challenger, else newest)")
+    promoting.add_argument("--force", action="store_true", help="promote regardless of the rule")
+    promoting.add_argument(
+        "--check", action="store_true", help="exit with 1 when the candidate is not promoted"
+    )
+    promoting.add_argument("--tracking-uri", help=tracking_help)
+    promoting.set_defaults(handler=command_models_promote)
+    exporting = models_commands.add_parser(
+        "export", help="copy a registered policy (models:/name@alias) to a directory"
+    )
+    exporting.add_argument("model", help="models:/ib-policy@champion, models:/ib-policy/3, ...")
+    exporting.add_argument("--out", required=True, help="the policy artifact's directory")
+    exporting.add_argument("--overwrite", action="store_true")
+    exporting.add_argument("--tracking-uri", help=tracking_help)
+    exporting.set_defaults(handler=command_models_export)
+
+    mlflow_parser = commands.add_parser("mlflow", help="MLflow tracking helpers")
+    mlflow_commands = mlflow_parser.add_subparsers(dest="mlflow_command", required=True)
+    replaying = mlflow_commands.add_parser(
+        "replay", help="send the MLflow calls a run could not send (its spool file)"
+    )
+    replaying.add_argument("spool", help="a run's mlflow-spool.jsonl")
+    replaying.add_argument("--tracking-uri", help="send them here instead of where they were for")
+    replaying.set_defaults(handler=command_mlflow_replay)
 
     envs = commands.add_parser("envs", help="list the registered environments")
     envs.set_defaults(handler=command_envs)
@@ -532,6 +714,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (ValueError, FileExistsError, FileNotFoundError) as error:
+        # Every error of ours is one of these (pydantic's, the registry's and the spool's
+        # are ValueErrors); its message names what is wrong.
         _console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}")
         return 2
 

@@ -8,12 +8,20 @@ A run writes everything under ``<output>/<name>/``::
     agent/             the saved agent (``Agent.load``)
     policy/            the exported, self-contained policy (the server loads it)
     report.json        what happened: data, training speed, evaluations, best runs
+    plots/             learning curves and safety plots (PNG)
+    mlflow.json        the MLflow runs of this run (a resumed run continues them)
+
+With ``tracking.enabled`` (the default) the run is also logged to MLflow (see
+:mod:`neorl_industrial.integration.mlflow`): params, metrics per chunk and evaluation, a
+nested run per seed, the artifacts above, and the shielded policy as a registered model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -56,9 +64,9 @@ class RunOutcome:
     policy_dir: Path | None
 
 
-def load_data(config: RunConfig) -> tuple[Any, dict[str, Any]]:
-    """The run's dataset (read or generated) and facts about it, including the
-    normalized-score references when the dataset card has them."""
+def load_data(config: RunConfig) -> tuple[Any, dict[str, Any], Any]:
+    """The run's dataset (read or generated), facts about it (including the
+    normalized-score references when the dataset card has them) and its card."""
     from neorl_industrial.integration.datasets import generate_dataset, load_any
 
     data = config.data
@@ -82,7 +90,7 @@ def load_data(config: RunConfig) -> tuple[Any, dict[str, Any]]:
     }
     if card.random_return is not None and card.expert_return is not None:
         facts["references"] = {"random": card.random_return, "expert": card.expert_return}
-    return dataset, facts
+    return dataset, facts, card
 
 
 def run_training(
@@ -91,6 +99,7 @@ def run_training(
     resume: bool = False,
     callbacks: list[Callback] | None = None,
     export: bool = True,
+    console: Any = None,
 ) -> RunOutcome:
     """Runs ``config`` end to end and writes its outputs under ``config.run_dir``.
 
@@ -107,32 +116,42 @@ def run_training(
         )
     agent = Agent.from_config(config)
     started = time.perf_counter()
-    dataset, data_facts = load_data(config)
+    dataset, data_facts, card = load_data(config)
     agent.check_dataset(dataset)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config.to_yaml())
+    (run_dir / "dataset.json").write_text(card.to_json())
     training, evaluation, checkpoints = config.training, config.evaluation, config.checkpoints
+    tracker = None
+    if config.tracking.enabled:
+        tracker = _tracker(config, agent, dataset, card, data_facts, console)
     fit_started = time.perf_counter()
-    result = agent.fit(
-        dataset,
-        updates=training.updates,
-        seeds=training.seeds,
-        batch_size=training.batch_size,
-        chunk=training.chunk,
-        eval_every=evaluation.every,
-        eval_episodes=evaluation.episodes,
-        eval_horizon=evaluation.horizon,
-        eval_shield=evaluation.shield,
-        eval_seed=evaluation.seed,
-        patience=evaluation.patience,
-        checkpoint_dir=run_dir / "checkpoints" if checkpoints.every else None,
-        checkpoint_every=checkpoints.every,
-        keep_checkpoints=checkpoints.keep,
-        resume=resume,
-        callbacks=callbacks or [],
-        normalize_observations=training.normalize_observations,
-        reward_scaling=training.reward_scaling,
-    )
+    every = [*(callbacks or []), *([tracker] if tracker is not None else [])]
+    try:
+        result = agent.fit(
+            dataset,
+            updates=training.updates,
+            seeds=training.seeds,
+            batch_size=training.batch_size,
+            chunk=training.chunk,
+            eval_every=evaluation.every,
+            eval_episodes=evaluation.episodes,
+            eval_horizon=evaluation.horizon,
+            eval_shield=evaluation.shield,
+            eval_seed=evaluation.seed,
+            patience=evaluation.patience,
+            checkpoint_dir=run_dir / "checkpoints" if checkpoints.every else None,
+            checkpoint_every=checkpoints.every,
+            keep_checkpoints=checkpoints.keep,
+            resume=resume,
+            callbacks=every,
+            normalize_observations=training.normalize_observations,
+            reward_scaling=training.reward_scaling,
+        )
+    except BaseException as error:
+        if tracker is not None:
+            tracker.close(status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        raise
     fit_seconds = time.perf_counter() - fit_started
     agent.save(agent_dir, overwrite=resume)
     exported = None
@@ -172,8 +191,175 @@ def run_training(
         },
         "seconds": time.perf_counter() - started,
     }
-    (run_dir / "report.json").write_text(json.dumps(report, indent=2, default=_jsonable))
+    if tracker is not None:
+        report["tracking"] = _log_outputs(
+            tracker, config, agent, dataset, card, result, report, run_dir, agent_dir, exported
+        )
+    _write_report(run_dir, report)
     return RunOutcome(config, agent, report, run_dir, agent_dir, exported)
+
+
+def _write_report(run_dir: Path, report: dict[str, Any]) -> None:
+    # Replaced atomically: a background upload of the previous version reads it whole.
+    path = run_dir / "report.json"
+    temporary = path.with_name(".report.json.tmp")
+    temporary.write_text(json.dumps(report, indent=2, default=_jsonable))
+    os.replace(temporary, path)
+
+
+def _tracker(
+    config: RunConfig, agent: Agent, dataset: Any, card: Any, facts: dict[str, Any], console: Any
+) -> Any:
+    from neorl_industrial.integration.mlflow import (
+        MlflowTracker,
+        flatten,
+        resolve_tracking_uri,
+        system_tags,
+    )
+    from neorl_industrial.wrappers.training.trainer import dataset_fingerprint
+
+    tracking = config.tracking
+    params = flatten(config.to_dict())
+    params.update(
+        {
+            "data.transitions": str(facts["transitions"]),
+            "data.episodes": str(facts["episodes"]),
+            "safety.cost_limits.resolved": json.dumps(agent.cost_limits),
+            "safety.constraints.names": json.dumps(list(agent.constraints.names)),
+        }
+    )
+    tags = {
+        **system_tags(),
+        "env": config.env.id,
+        "algorithm": agent.name,
+        "dataset": card.name,
+        "dataset.fingerprint": dataset_fingerprint(dataset),
+        "dataset.source": facts["source"],
+        "run_dir": str(config.run_dir.absolute()),
+    }
+    if card.checksums:
+        digest = hashlib.sha256(json.dumps(card.checksums, sort_keys=True).encode())
+        tags["dataset.checksum"] = digest.hexdigest()[:16]
+    return MlflowTracker(
+        resolve_tracking_uri(tracking.uri),
+        experiment=tracking.experiment,
+        run_name=config.name,
+        run_dir=config.run_dir,
+        params=params,
+        tags=tags,
+        flush_timeout=tracking.flush_timeout,
+        console=console,
+        references=(card.random_return, card.expert_return)
+        if card.random_return is not None and card.expert_return is not None
+        else None,
+    )
+
+
+def _log_outputs(
+    tracker: Any,
+    config: RunConfig,
+    agent: Agent,
+    dataset: Any,
+    card: Any,
+    result: Any,
+    report: dict[str, Any],
+    run_dir: Path,
+    agent_dir: Path,
+    policy_dir: Path | None,
+) -> dict[str, Any]:
+    """Plots, artifacts, the policy model and its registration, then the flush; returns
+    the report's ``tracking`` section."""
+    from neorl_industrial.integration.mlflow import (
+        flatten,
+        learning_curves,
+        registered_model_name,
+        safety_plot,
+        ui_command,
+    )
+
+    title = f"{agent.name} on {config.env.id} ({config.name})"
+    resolved = {
+        key: value
+        for key, value in agent.hyperparameters.items()
+        if key not in ("obs_mean", "obs_std")
+    }
+    tracker.sender.submit("log_batch", "parent", params=flatten({"resolved": resolved}))
+    plots = run_dir / "plots"
+    learning_curves(
+        result.history, result.evaluations, agent.seeds, plots / "learning_curves.png", title=title
+    )
+    safety_plot(result.evaluations, agent.seeds, plots / "safety.png", title=title)
+    for name in ("config.yaml", "dataset.json"):
+        tracker.log_artifact(run_dir / name)
+    tracker.log_artifact(plots, "plots")
+    checkpoints = run_dir / "checkpoints"
+    steps = (
+        sorted((int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()), reverse=True)
+        if checkpoints.exists()
+        else []
+    )
+    if steps:
+        tracker.log_artifact(checkpoints / str(steps[0]), f"checkpoint/{steps[0]}")
+    tracker.log_artifact(agent_dir, "agent")
+    tracking = config.tracking
+    model_name = None
+    if tracking.register and policy_dir is not None:
+        model_name = registered_model_name(config.env.id, tracking.registered_model)
+        selected = agent.selected
+        best = dict(result.best[selected]["metrics"]) if result.best[selected] else {}
+        if "return" in best and card.random_return is not None and card.expert_return:
+            span = card.expert_return - card.random_return
+            best.setdefault("normalized_return", (best["return"] - card.random_return) / span)
+        keys = (
+            "return",
+            "normalized_return",
+            "normalized_cost",
+            "violation_rate",
+            "override_rate",
+            "hard_violation_steps",
+        )
+        example = np.asarray(jax.device_get(dataset.observations[:2]), np.float64).tolist()
+        tracker.log_model(
+            policy_dir,
+            agent_dir=agent_dir,
+            dataset_card=json.loads(card.to_json()),
+            input_example=example,
+            registered_model=model_name,
+            version_metrics={key: best.get(key) for key in keys},
+            version_tags={
+                "env": config.env.id,
+                "algorithm": agent.name,
+                "seed": agent.seeds[selected],
+                "dataset": card.name,
+                "run_name": config.name,
+            },
+            promote=tracking.promote,
+        )
+    tracker.sender.wait_idle(tracking.flush_timeout)
+    section: dict[str, Any] = {
+        "uri": tracker.tracking_uri,
+        "experiment": tracking.experiment,
+        "run_id": tracker.parent_run_id,
+        "seed_run_ids": {
+            str(seed): tracker.sender.run_ids.get(tracker.seed_key(seed)) for seed in agent.seeds
+        },
+        "ui": ui_command(tracker.tracking_uri),
+    }
+    registered = tracker.sender.results.get("register")
+    if registered:
+        section["model"] = {
+            **registered,
+            "uri": f"models:/{registered['name']}/{registered['version']}",
+        }
+    elif model_name is not None:
+        section["model"] = {"name": model_name, "version": None}
+    _write_report(run_dir, {**report, "tracking": section})
+    tracker.log_artifact(run_dir / "report.json")
+    summary = tracker.close()
+    section["spooled"] = summary.spooled
+    section["spool"] = None if summary.spool_path is None else str(summary.spool_path)
+    section["errors"] = summary.errors[:5]
+    return section
 
 
 def _jsonable(value: Any) -> Any:

@@ -11,6 +11,7 @@ from neorl_industrial.wrappers.training.config import (
     EvaluationSection,
     RunConfig,
     SafetySection,
+    TrackingSection,
     TrainingSection,
     apply_overrides,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "RichProgress",
     "RunConfig",
     "SafetySection",
+    "TrackingSection",
     "TrainResult",
     "Trainer",
     "TrainingSection",

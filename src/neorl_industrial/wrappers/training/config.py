@@ -34,6 +34,7 @@ __all__ = [
     "EvaluationSection",
     "RunConfig",
     "SafetySection",
+    "TrackingSection",
     "TrainingSection",
     "apply_overrides",
 ]
@@ -156,6 +157,26 @@ class CheckpointSection(_Section):
     keep: int = Field(default=2, ge=1)
 
 
+class TrackingSection(_Section):
+    """MLflow tracking of the run (``integration.mlflow``)."""
+
+    #: Log the run to MLflow.
+    enabled: bool = True
+    #: The tracking store; None: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``.
+    uri: str | None = None
+    experiment: str = "neorl-industrial"
+    #: Register the exported policy as a new version of this model; None: the
+    #: environment family's ``<family>-policy`` (``ib-policy``).
+    registered_model: str | None = None
+    #: Log the policy model and register it.
+    register: bool = True
+    #: Apply the promotion rule to the new version (safe first, then return).
+    promote: bool = False
+    #: Seconds to wait at the end for calls a slow server has not taken yet; what is
+    #: left is written to a spool file for ``neorl-industrial mlflow replay``.
+    flush_timeout: float = Field(default=60.0, ge=0)
+
+
 class RunConfig(_Section):
     """A training run end to end. Every field has a default: ``RunConfig()`` is the
     main job's run (TD3BC-Lag on a generated IB dataset)."""
@@ -168,6 +189,7 @@ class RunConfig(_Section):
     evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
     safety: SafetySection = Field(default_factory=SafetySection)
     checkpoints: CheckpointSection = Field(default_factory=CheckpointSection)
+    tracking: TrackingSection = Field(default_factory=TrackingSection)
     #: Where the run writes its agent, checkpoints, export and report.
     output: str = "runs"
 

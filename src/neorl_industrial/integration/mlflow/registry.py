@@ -1,0 +1,350 @@
+"""Policies in the MLflow Model Registry: versions, aliases and a safety-aware promotion.
+
+Every trained policy becomes a new version of a registered model (``ib-policy``) with
+its evaluation on the version's tags (``return``, ``normalized_cost``, ...). The newest
+version gets the alias ``challenger``; :func:`promote` decides whether it replaces the
+``champion``:
+
+1. a candidate whose evaluated cost exceeds its limit (``normalized_cost > 1``) or whose
+   applied actions broke a hard constraint is never promoted (unless forced);
+2. a safe candidate replaces a champion that is not safe, or no champion;
+3. between two safe policies of the same environment, the higher evaluation return wins.
+
+The decision and its reason are recorded on the versions' tags (``promotion.*``) and on
+the registered model, so the registry shows why a champion is the champion.
+
+Everywhere a policy or agent path is accepted, ``models:/<name>@<alias>``,
+``models:/<name>/<version>`` and ``runs:/<run_id>/policy`` are accepted too
+(:func:`resolve_policy_dir`, :func:`resolve_agent_dir`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CHALLENGER",
+    "CHAMPION",
+    "PromotionDecision",
+    "RegistryError",
+    "VersionSummary",
+    "decide_promotion",
+    "finish_registration",
+    "is_model_uri",
+    "list_versions",
+    "promote",
+    "resolve_agent_dir",
+    "resolve_policy_dir",
+]
+
+CHAMPION = "champion"
+CHALLENGER = "challenger"
+#: Version tags that carry the evaluation of the version's policy.
+METRIC_TAGS = (
+    "return",
+    "normalized_return",
+    "normalized_cost",
+    "violation_rate",
+    "override_rate",
+    "hard_violation_steps",
+)
+_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
+
+
+class RegistryError(ValueError):
+    """A registry request that cannot be done; the message names the model and version."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionSummary:
+    """One registered version as the promotion rule sees it."""
+
+    name: str
+    version: str
+    aliases: tuple[str, ...]
+    run_id: str | None
+    env: str | None
+    algorithm: str | None
+    metrics: dict[str, float]
+    created: int | None = None
+
+    @property
+    def safe(self) -> bool:
+        """Evaluated within every cost limit, with no hard violation applied."""
+        cost = self.metrics.get("normalized_cost")
+        hard = self.metrics.get("hard_violation_steps", 0.0)
+        if cost is None or not math.isfinite(cost):
+            # No cost limits: only the hard constraints count.
+            return hard == 0
+        return cost <= 1.0 and hard == 0
+
+    @property
+    def ret(self) -> float | None:
+        return self.metrics.get("return")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromotionDecision:
+    promoted: bool
+    reason: str
+    candidate: VersionSummary
+    champion: VersionSummary | None
+
+
+def _summary(version: Any) -> VersionSummary:
+    tags = dict(version.tags or {})
+    metrics = {}
+    for name in METRIC_TAGS:
+        if name in tags:
+            with contextlib.suppress(ValueError):
+                metrics[name] = float(tags[name])
+    return VersionSummary(
+        name=version.name,
+        version=str(version.version),
+        aliases=tuple(getattr(version, "aliases", ()) or ()),
+        run_id=version.run_id,
+        env=tags.get("env"),
+        algorithm=tags.get("algorithm"),
+        metrics=metrics,
+        created=getattr(version, "creation_timestamp", None),
+    )
+
+
+def _version(client: Any, name: str, version: str | None = None, alias: str | None = None) -> Any:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if alias is not None:
+            return client.get_model_version_by_alias(name, alias)
+        return client.get_model_version(name, str(version))
+    except MlflowException as error:
+        what = f"alias {alias!r}" if alias is not None else f"version {version}"
+        raise RegistryError(f"registered model {name!r}: no {what} ({error.message})") from None
+
+
+def list_versions(client: Any, name: str) -> list[VersionSummary]:
+    """Every version of ``name``, newest first, with its aliases and metrics."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        names = [model.name for model in client.search_registered_models()]
+        known = ", ".join(sorted(names)) or "none"
+        raise RegistryError(f"no registered model {name!r} (registered: {known})") from None
+    versions = client.search_model_versions(f"name = '{name}'")
+    # search_model_versions may leave out aliases; read them from the model.
+    aliases: dict[str, list[str]] = {}
+    for alias, version in (client.get_registered_model(name).aliases or {}).items():
+        aliases.setdefault(str(version), []).append(alias)
+    summaries = []
+    for version in versions:
+        summary = _summary(version)
+        summaries.append(
+            dataclasses.replace(summary, aliases=tuple(sorted(aliases.get(summary.version, []))))
+        )
+    return sorted(summaries, key=lambda s: -int(s.version))
+
+
+def decide_promotion(
+    candidate: VersionSummary, champion: VersionSummary | None, *, force: bool = False
+) -> PromotionDecision:
+    """The safety-aware rule (see the module): cost within the limit first, then return."""
+
+    def describe(v: VersionSummary) -> str:
+        cost = v.metrics.get("normalized_cost")
+        shown = "no cost limits" if cost is None else f"normalized cost {cost:.3g}"
+        ret = "unknown" if v.ret is None else f"{v.ret:.4g}"
+        return f"version {v.version} (return {ret}, {shown})"
+
+    if force:
+        return PromotionDecision(True, f"forced: {describe(candidate)}", candidate, champion)
+    if candidate.ret is None:
+        return PromotionDecision(
+            False,
+            f"{describe(candidate)} has no evaluation on its tags; evaluate it first",
+            candidate,
+            champion,
+        )
+    if champion is not None and champion.version == candidate.version:
+        return PromotionDecision(
+            False, f"{describe(candidate)} is the champion", candidate, champion
+        )
+    if not candidate.safe:
+        return PromotionDecision(
+            False,
+            f"{describe(candidate)} is not within its cost limits; a policy must be safe "
+            "before it is compared by return",
+            candidate,
+            champion,
+        )
+    if champion is None:
+        return PromotionDecision(
+            True,
+            f"no champion yet; {describe(candidate)} is within its cost limits",
+            candidate,
+            None,
+        )
+    if champion.env and candidate.env and champion.env != candidate.env:
+        return PromotionDecision(
+            False,
+            f"{describe(candidate)} was evaluated on {candidate.env}, the champion on "
+            f"{champion.env}; their returns do not compare (promote with force)",
+            candidate,
+            champion,
+        )
+    if not champion.safe:
+        return PromotionDecision(
+            True,
+            f"{describe(candidate)} is within its cost limits and the champion, "
+            f"{describe(champion)}, is not",
+            candidate,
+            champion,
+        )
+    if champion.ret is None or candidate.ret > champion.ret:
+        return PromotionDecision(
+            True,
+            f"both within their cost limits; {describe(candidate)} has a higher return than "
+            f"the champion, {describe(champion)}",
+            candidate,
+            champion,
+        )
+    return PromotionDecision(
+        False,
+        f"both within their cost limits; {describe(candidate)} does not beat the champion's "
+        f"return ({describe(champion)})",
+        candidate,
+        champion,
+    )
+
+
+def promote(
+    client: Any, name: str, version: str | None = None, *, force: bool = False
+) -> PromotionDecision:
+    """Applies the promotion rule to ``version`` (default: the ``challenger``, else the
+    newest version) against the ``champion`` and records the decision."""
+    from mlflow.exceptions import MlflowException
+
+    if version is None:
+        try:
+            candidate_version = client.get_model_version_by_alias(name, CHALLENGER)
+        except MlflowException:
+            versions = list_versions(client, name)
+            if not versions:
+                raise RegistryError(f"registered model {name!r} has no versions") from None
+            candidate_version = _version(client, name, versions[0].version)
+    else:
+        candidate_version = _version(client, name, version)
+    candidate = _summary(candidate_version)
+    try:
+        champion: VersionSummary | None = _summary(
+            client.get_model_version_by_alias(name, CHAMPION)
+        )
+    except MlflowException:
+        champion = None
+    decision = decide_promotion(candidate, champion, force=force)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    v = candidate.version
+    client.set_model_version_tag(name, v, "promotion.decision", str(decision.promoted).lower())
+    client.set_model_version_tag(name, v, "promotion.reason", decision.reason)
+    client.set_model_version_tag(name, v, "promotion.time", stamp)
+    if decision.promoted:
+        client.set_registered_model_alias(name, CHAMPION, v)
+        if champion is not None:
+            client.set_model_version_tag(name, champion.version, "promotion.replaced_by", v)
+            client.set_model_version_tag(name, v, "promotion.previous_champion", champion.version)
+        try:
+            if str(client.get_model_version_by_alias(name, CHALLENGER).version) == v:
+                client.delete_registered_model_alias(name, CHALLENGER)
+        except MlflowException:
+            pass
+        client.set_registered_model_tag(name, "champion.version", v)
+        client.set_registered_model_tag(name, "champion.reason", decision.reason)
+        client.set_registered_model_tag(name, "champion.since", stamp)
+    return decision
+
+
+def finish_registration(
+    client: Any,
+    *,
+    name: str,
+    version: str,
+    metrics: dict[str, Any],
+    tags: dict[str, Any],
+    promote_now: bool = False,
+) -> dict[str, Any]:
+    """Puts a new version's evaluation and facts on its tags, gives it the ``challenger``
+    alias and, with ``promote_now``, applies the promotion rule."""
+    for key, value in metrics.items():
+        if value is not None:
+            client.set_model_version_tag(name, version, key, str(value))
+    for key, value in tags.items():
+        if value is not None:
+            client.set_model_version_tag(name, version, key, str(value))
+    client.set_registered_model_alias(name, CHALLENGER, version)
+    result: dict[str, Any] = {"name": name, "version": version}
+    if promote_now:
+        decision = promote(client, name, version)
+        result.update(promoted=decision.promoted, reason=decision.reason)
+    return result
+
+
+# ----- resolving URIs ------------------------------------------------------------------
+def is_model_uri(value: str | Path) -> bool:
+    return isinstance(value, str) and value.startswith(_SCHEMES)
+
+
+def _download(uri: str, tracking_uri: str | None) -> Path:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if uri.startswith("runs:/") and uri.rstrip("/").count("/") == 1:
+        uri = uri.rstrip("/") + "/policy"
+    target = Path(tempfile.mkdtemp(prefix="neorl-model-"))
+    try:
+        if tracking_uri is not None:
+            mlflow.set_tracking_uri(tracking_uri)
+            mlflow.set_registry_uri(tracking_uri)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(target))
+    except MlflowException as error:
+        raise RegistryError(f"{uri}: cannot be loaded from MLflow: {error.message}") from None
+    return Path(local)
+
+
+def _resolve(value: str | Path, part: str, tracking_uri: str | None) -> Path:
+    if not is_model_uri(value):
+        return Path(value)
+    import yaml
+
+    model_dir = _download(str(value), tracking_uri)
+    found = model_dir / "artifacts" / part
+    mlmodel = model_dir / "MLmodel"
+    if mlmodel.exists():
+        flavor = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
+        entry = (flavor.get("python_function", {}).get("artifacts") or {}).get(part)
+        if entry and entry.get("path"):
+            found = model_dir / entry["path"]
+    if not found.exists():
+        raise RegistryError(
+            f"{value}: the model holds no {part!r} artifact; is it a policy logged by "
+            "neorl_industrial?"
+        )
+    return found
+
+
+def resolve_policy_dir(value: str | Path, tracking_uri: str | None = None) -> Path:
+    """A local directory of the exported policy: ``value`` itself when it is a path, or
+    the policy inside the model at a ``models:/`` or ``runs:/`` URI (downloaded)."""
+    return _resolve(value, "policy", tracking_uri)
+
+
+def resolve_agent_dir(value: str | Path, tracking_uri: str | None = None) -> Path:
+    """A local directory of a saved agent: ``value`` itself when it is a path, or the
+    agent inside the model at a ``models:/`` or ``runs:/`` URI (downloaded)."""
+    return _resolve(value, "agent", tracking_uri)
