@@ -13,3 +13,11 @@ from hypothesis import settings
 settings.register_profile("gate", derandomize=True, print_blob=True)
 settings.register_profile("explore", max_examples=1000, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
+
+# MLflow: runs of the tests go to a store of their own, never ./mlflow.db. A test that
+# needs a store of its own passes tracking.uri (or its own MlflowClient).
+if "MLFLOW_TRACKING_URI" not in os.environ:
+    import tempfile
+
+    _mlflow_dir = tempfile.mkdtemp(prefix="neorl-tests-mlflow-")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_mlflow_dir}/mlflow.db"

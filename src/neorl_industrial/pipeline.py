@@ -303,7 +303,7 @@ def _log_outputs(
     tracker.log_artifact(agent_dir, "agent")
     tracking = config.tracking
     model_name = None
-    if tracking.register and policy_dir is not None:
+    if tracking.log_model and policy_dir is not None:
         model_name = registered_model_name(config.env.id, tracking.registered_model)
         selected = agent.selected
         best = dict(result.best[selected]["metrics"]) if result.best[selected] else {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,9 +100,9 @@ def policy_signature(artifact: Any) -> Any:
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, Schema
 
-    inputs = [ColSpec("float", name) for name in artifact.observation_names]
+    inputs = [ColSpec("double", name) for name in artifact.observation_names]
     inputs += [
-        ColSpec("float", name, required=False)
+        ColSpec("double", name, required=False)
         for name in prev_action_columns(artifact.action_names)
     ]
     outputs = [ColSpec("double", name) for name in artifact.action_names]
@@ -113,17 +114,28 @@ def policy_signature(artifact: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _tracking(tracking_uri: str, registry_uri: str | None) -> Iterator[None]:
-    """Points MLflow's fluent API at ``tracking_uri`` for the block, then back."""
-    previous = mlflow.get_tracking_uri()
-    previous_registry = mlflow.get_registry_uri()
+def tracking_uri_for(tracking_uri: str, registry_uri: str | None) -> Iterator[None]:
+    """Points MLflow's fluent API at ``tracking_uri`` for the block, then puts back what
+    was there: the module state and the environment variables MLflow sets with it."""
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+    environment = {name: os.environ.get(name) for name in names}
+    previous = tracking_utils._tracking_uri
+    previous_registry = registry_utils._registry_uri
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(registry_uri or tracking_uri)
     try:
         yield
     finally:
         mlflow.set_tracking_uri(previous)
-        mlflow.set_registry_uri(previous_registry)
+        registry_utils._registry_uri = previous_registry
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _requirements() -> list[str]:
@@ -178,7 +190,7 @@ def log_policy_model(
             example = pd.DataFrame(
                 np.asarray(input_example, np.float32), columns=list(artifact.observation_names)
             )
-        with _tracking(tracking_uri, registry_uri), mlflow.start_run(run_id=run_id):
+        with tracking_uri_for(tracking_uri, registry_uri), mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
                 name=MODEL_NAME,
                 python_model=str(Path(__file__).with_name("policy_model.py")),

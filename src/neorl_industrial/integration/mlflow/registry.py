@@ -306,12 +306,12 @@ def _download(uri: str, tracking_uri: str | None) -> Path:
 
     if uri.startswith("runs:/") and uri.rstrip("/").count("/") == 1:
         uri = uri.rstrip("/") + "/policy"
+    from neorl_industrial.integration.mlflow.pyfunc import tracking_uri_for
+
     target = Path(tempfile.mkdtemp(prefix="neorl-model-"))
     try:
-        if tracking_uri is not None:
-            mlflow.set_tracking_uri(tracking_uri)
-            mlflow.set_registry_uri(tracking_uri)
-        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(target))
+        with tracking_uri_for(tracking_uri or mlflow.get_tracking_uri(), None):
+            local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(target))
     except MlflowException as error:
         raise RegistryError(f"{uri}: cannot be loaded from MLflow: {error.message}") from None
     return Path(local)

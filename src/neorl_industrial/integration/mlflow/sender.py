@@ -202,7 +202,8 @@ def _log_model(client: Any, run_id: str, args: dict[str, Any]) -> dict[str, Any]
         dataset_card=args.get("dataset_card"),
         input_example=args.get("input_example"),
         registered_model=args.get("registered_model"),
-        registry_uri=args.get("registry_uri"),
+        # The client's registry: a replay into another store registers the model there.
+        registry_uri=getattr(client, "_registry_uri", None) or client.tracking_uri,
     )
     return info
 

@@ -343,7 +343,6 @@ class MlflowTracker(Callback):
             dataset_card=dataset_card,
             input_example=input_example,
             registered_model=registered_model,
-            registry_uri=self.tracking_uri,
         )
         if registered_model is not None:
             self.sender.submit(

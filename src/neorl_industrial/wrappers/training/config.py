@@ -168,8 +168,8 @@ class TrackingSection(_Section):
     #: Register the exported policy as a new version of this model; None: the
     #: environment family's ``<family>-policy`` (``ib-policy``).
     registered_model: str | None = None
-    #: Log the policy model and register it.
-    register: bool = True
+    #: Log the exported policy as a pyfunc model and register it.
+    log_model: bool = True
     #: Apply the promotion rule to the new version (safe first, then return).
     promote: bool = False
     #: Seconds to wait at the end for calls a slow server has not taken yet; what is

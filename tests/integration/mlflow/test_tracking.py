@@ -1,0 +1,309 @@
+"""A short training run tracked in MLflow, read back as a user would: through
+``MlflowClient``, the pyfunc model, ``mlflow models serve`` and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from neorl_industrial import cli
+from neorl_industrial.pipeline import run_training
+from neorl_industrial.wrappers.training import RunConfig
+
+SMALL_RUN = {
+    "data": {"trajectories": 2},
+    "algorithm": {"name": "td3bc-lag", "hyperparameters": {"hidden": [16, 16]}},
+    "training": {"updates": 100, "chunk": 50, "batch_size": 32, "seeds": [0, 1]},
+    "evaluation": {"every": 50, "episodes": 2, "horizon": 50},
+    "checkpoints": {"every": 50},
+}
+MODEL = "test-policy"
+
+
+def _config(tmp: Path, uri: str, name: str, **tracking) -> RunConfig:
+    values = {
+        **SMALL_RUN,
+        "name": name,
+        "output": str(tmp / "runs"),
+        "tracking": {"uri": uri, "registered_model": MODEL, "promote": True, **tracking},
+    }
+    return RunConfig.from_dict(values)
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tracked")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    outcome = run_training(_config(tmp, uri, "first"))
+    from mlflow import MlflowClient
+
+    return outcome, MlflowClient(tracking_uri=uri, registry_uri=uri), uri, tmp
+
+
+def _parent_and_children(client, outcome):
+    tracking = outcome.report["tracking"]
+    parent = client.get_run(tracking["run_id"])
+    children = {seed: client.get_run(run_id) for seed, run_id in tracking["seed_run_ids"].items()}
+    return parent, children
+
+
+def test_params_tags_and_nested_runs(tracked):
+    outcome, client, _, _ = tracked
+    parent, children = _parent_and_children(client, outcome)
+    assert parent.info.status == "FINISHED" and parent.info.run_name == "first"
+    params = parent.data.params
+    assert params["training.updates"] == "100"
+    assert params["algorithm.name"] == "td3bc-lag"
+    assert params["training.seeds"] == "[0, 1]"
+    assert params["algorithm.hyperparameters.hidden"] == "[16, 16]"
+    assert json.loads(params["resolved.cost_limits"]) == [100.0, 100.0]
+    tags = parent.data.tags
+    assert tags["env"] == "IB-v0" and tags["algorithm"] == "td3bc-lag"
+    assert tags["dataset"] == outcome.report["data"]["name"]
+    assert len(tags["dataset.fingerprint"]) == 16
+    assert tags["version.jax"] and tags["version.neorl-industrial"]
+    assert sorted(children) == ["0", "1"]
+    for seed, child in children.items():
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.tags["seed"] == seed and child.info.status == "FINISHED"
+
+
+def test_metric_history_per_chunk_and_evaluation(tracked):
+    outcome, client, _, _ = tracked
+    parent, children = _parent_and_children(client, outcome)
+    for run in (parent, *children.values()):
+        history = client.get_metric_history(run.info.run_id, "train/critic_loss")
+        assert [m.step for m in history] == [50, 100]
+        assert all(np.isfinite(m.value) for m in history)
+        evaluations = client.get_metric_history(run.info.run_id, "eval/return")
+        assert [m.step for m in evaluations] == [50, 100]
+        assert "eval/normalized_score" in run.data.metrics
+        assert "eval/override_rate" in run.data.metrics
+        assert "eval/normalized_cost/fatigue" in run.data.metrics
+    # The parent's metrics are the mean over seeds.
+    last = [
+        client.get_metric_history(c.info.run_id, "eval/return")[-1].value for c in children.values()
+    ]
+    assert parent.data.metrics["eval/return"] == pytest.approx(np.mean(last))
+    assert [
+        m.step for m in client.get_metric_history(parent.info.run_id, "train/updates_per_s")
+    ] == [
+        50,
+        100,
+    ]
+    # Aggregates over seeds: mean and 95 % CI of the best evaluations.
+    summary = outcome.report["summary"]
+    assert parent.data.metrics["best/return_mean"] == pytest.approx(summary["return"]["mean"])
+    assert parent.data.metrics["best/return_ci95"] == pytest.approx(summary["return"]["ci"])
+
+
+def test_artifacts_plots_report_checkpoint_and_agent(tracked):
+    outcome, client, _, tmp = tracked
+    run_id = outcome.report["tracking"]["run_id"]
+
+    def names(path=None):
+        return sorted(a.path for a in client.list_artifacts(run_id, path))
+
+    top = names()
+    for expected in ("agent", "checkpoint", "config.yaml", "dataset.json", "plots", "report.json"):
+        assert expected in top, expected
+    assert names("plots") == ["plots/learning_curves.png", "plots/safety.png"]
+    assert names("checkpoint") == ["checkpoint/100"]
+    local = Path(client.download_artifacts(run_id, "", str(tmp / "downloaded")))
+    assert (local / "plots" / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
+    report = json.loads((local / "report.json").read_text())
+    assert report["tracking"]["run_id"] == run_id
+    assert (local / "agent" / "agent.json").is_file()
+    card = json.loads((local / "dataset.json").read_text())
+    assert card["name"] == outcome.report["data"]["name"]
+
+
+def test_the_policy_is_registered_promoted_and_predicts_shielded_actions(tracked):
+    import mlflow
+
+    outcome, client, uri, _ = tracked
+    model = outcome.report["tracking"]["model"]
+    assert model["name"] == MODEL and model["version"] == "1" and model["promoted"]
+    version = client.get_model_version_by_alias(MODEL, "champion")
+    assert str(version.version) == "1" and version.run_id == outcome.report["tracking"]["run_id"]
+    best = outcome.report["best"][outcome.report["selected_run"]]["metrics"]
+    assert float(version.tags["return"]) == pytest.approx(best["return"])
+    assert float(version.tags["normalized_cost"]) == pytest.approx(best["normalized_cost"])
+    assert "no champion yet" in version.tags["promotion.reason"]
+
+    from neorl_industrial.integration.mlflow.pyfunc import tracking_uri_for
+
+    with tracking_uri_for(uri, None):
+        loaded = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
+    names = loaded.metadata.get_input_schema().input_names()
+    artifact_names = list(outcome.agent.env.observation_names)
+    assert names[: len(artifact_names)] == artifact_names
+    rng = np.random.default_rng(0)
+    observations = rng.normal(50, 30, (5, len(artifact_names))).astype(np.float32)
+    frame = pd.DataFrame(observations, columns=artifact_names)
+    out = loaded.predict(frame)
+    from neorl_industrial.wrappers.agents.artifact import PolicyArtifact
+
+    expected = PolicyArtifact.load(outcome.policy_dir).predict(observations)
+    action_names = list(outcome.agent.env.action_names)
+    np.testing.assert_allclose(out[action_names].to_numpy(), expected.action, rtol=1e-6)
+    np.testing.assert_array_equal(out["overridden"].to_numpy(), expected.overridden)
+    assert [c for c in out.columns if c.startswith("margin_")] == [
+        f"margin_{n}" for n in expected.constraint_names
+    ]
+    # Previous actions change the rate constraints' outcome; partial columns are refused.
+    previous = frame.assign(**{f"prev_{n}": 0.9 for n in action_names})
+    np.testing.assert_allclose(
+        loaded.predict(previous)[action_names].to_numpy(),
+        PolicyArtifact.load(outcome.policy_dir)
+        .predict(observations, np.full((5, len(action_names)), 0.9, np.float32))
+        .action,
+        rtol=1e-6,
+    )
+    with pytest.raises(Exception, match="prev_"):
+        loaded.predict(frame.assign(**{f"prev_{action_names[0]}": 0.0}))
+    with pytest.raises(Exception, match="fatigue"):
+        loaded.predict(frame.drop(columns=["fatigue"]))
+
+
+def test_a_second_run_registers_a_challenger_and_the_rule_decides(tracked):
+    outcome, client, uri, tmp = tracked
+    second = run_training(_config(tmp, uri, "second"))
+    model = second.report["tracking"]["model"]
+    assert model["version"] == "2"
+    version = client.get_model_version(MODEL, "2")
+    assert version.tags["promotion.decision"] in ("true", "false")
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    if model["promoted"]:
+        assert str(champion.version) == "2" and "higher return" in model["reason"]
+    else:
+        assert str(champion.version) == "1" and "does not beat" in model["reason"]
+        assert str(client.get_model_version_by_alias(MODEL, "challenger").version) == "2"
+
+
+def test_cli_models_list_promote_export_and_evaluate_by_uri(tracked, capsys):
+    outcome, client, uri, tmp = tracked
+    base = ["--no-cache"]
+    assert cli.main([*base, "models", "list", MODEL, "--tracking-uri", uri]) == 0
+    listing = capsys.readouterr().out
+    assert "champion" in listing and "td3bc-lag" in listing
+    assert cli.main([*base, "models", "list", "no-such-model", "--tracking-uri", uri]) == 2
+    assert "no registered model 'no-such-model'" in capsys.readouterr().err
+
+    # The champion again: nothing to do, and --check says so with exit code 1.
+    champion = str(client.get_model_version_by_alias(MODEL, "champion").version)
+    args = [*base, "models", "promote", MODEL, "--version", champion, "--tracking-uri", uri]
+    assert cli.main([*args, "--check"]) == 1
+    assert "is the champion" in capsys.readouterr().out
+
+    out = tmp / "exported-policy"
+    export = [*base, "models", "export", f"models:/{MODEL}@champion", "--out", str(out)]
+    assert cli.main([*export, "--tracking-uri", uri]) == 0
+    assert (out / "manifest.json").is_file()
+    assert cli.main([*export, "--tracking-uri", uri]) == 2  # exists: not overwritten
+    assert "already exists" in capsys.readouterr().err
+
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        metrics = tmp / "metrics.json"
+        command = [*base, "evaluate", f"models:/{MODEL}/1", "--episodes", "2", "--horizon", "20"]
+        assert cli.main([*command, "--json", str(metrics)]) == 0
+        assert len(json.loads(metrics.read_text())["runs"]) == 2
+        assert cli.main([*base, "evaluate", f"models:/{MODEL}/99", "--episodes", "1"]) == 2
+        assert f"models:/{MODEL}/99" in capsys.readouterr().err
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_TRACKING_URI")
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_mlflow_models_serve_returns_shielded_actions(tracked):
+    outcome, _, uri, tmp = tracked
+    port = _free_port()
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": uri,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    command = [
+        sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{MODEL}@champion",
+        "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port),
+    ]  # fmt: skip
+    log = (tmp / "serve.log").open("w")
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=1)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(
+                        f"mlflow models serve did not start:\n{(tmp / 'serve.log').read_text()}"
+                    )
+                time.sleep(0.5)
+        names = list(outcome.agent.env.observation_names)
+        observations = np.full((2, len(names)), 60.0, np.float32)
+        body = json.dumps({"dataframe_split": {"columns": names, "data": observations.tolist()}})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations",
+            body.encode(),
+            {"Content-Type": "application/json"},
+        )
+        predictions = json.loads(urllib.request.urlopen(request, timeout=60).read())["predictions"]
+    finally:
+        server.terminate()
+        server.wait(30)
+        log.close()
+    from neorl_industrial.wrappers.agents.artifact import PolicyArtifact
+
+    expected = PolicyArtifact.load(outcome.policy_dir).predict(observations)
+    served = np.asarray([[row[n] for n in outcome.agent.env.action_names] for row in predictions])
+    np.testing.assert_allclose(served, expected.action, rtol=1e-6)
+    assert [row["overridden"] for row in predictions] == expected.overridden.tolist()
+
+
+def test_training_goes_on_when_the_server_is_down_and_the_spool_replays(tracked, capsys):
+    _, _, _, tmp = tracked
+    down = f"http://127.0.0.1:{_free_port()}"
+    config = _config(tmp, down, "offline", flush_timeout=2.0)
+    started = time.perf_counter()
+    outcome = run_training(config)
+    assert time.perf_counter() - started < 120
+    tracking = outcome.report["tracking"]
+    assert tracking["run_id"] is None and tracking["spooled"] > 0
+    spool = Path(tracking["spool"])
+    assert spool.is_file() and (outcome.run_dir / "agent" / "agent.json").is_file()
+
+    target = f"sqlite:///{tmp}/replayed.db"
+    assert cli.main(["--no-cache", "mlflow", "replay", str(spool), "--tracking-uri", target]) == 0
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=target, registry_uri=target)
+    runs = client.search_runs([client.get_experiment_by_name("neorl-industrial").experiment_id])
+    parent = next(run for run in runs if run.info.run_name == "offline")
+    assert [m.step for m in client.get_metric_history(parent.info.run_id, "eval/return")] == [
+        50,
+        100,
+    ]
+    assert len(runs) == 3 and parent.info.status == "FINISHED"
+    assert str(client.get_model_version_by_alias(MODEL, "champion").version) == "1"
