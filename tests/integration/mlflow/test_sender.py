@@ -91,7 +91,7 @@ def test_a_slow_server_past_the_flush_timeout_leaves_the_rest_in_the_spool(tmp_p
     _ops(sender)
     summary = sender.close(timeout=0.5)
     assert summary.spooled >= 1 and summary.sent + summary.spooled >= 6
-    header, ops = read_spool(tmp_path / "spool.jsonl")
+    _, ops = read_spool(tmp_path / "spool.jsonl")
     assert ops[-1]["op"] == "end_run"
 
 

@@ -177,7 +177,7 @@ def test_the_policy_is_registered_promoted_and_predicts_shielded_actions(tracked
 
 
 def test_a_second_run_registers_a_challenger_and_the_rule_decides(tracked):
-    outcome, client, uri, tmp = tracked
+    _, client, uri, tmp = tracked
     second = run_training(_config(tmp, uri, "second"))
     model = second.report["tracking"]["model"]
     assert model["version"] == "2"
@@ -192,7 +192,7 @@ def test_a_second_run_registers_a_challenger_and_the_rule_decides(tracked):
 
 
 def test_cli_models_list_promote_export_and_evaluate_by_uri(tracked, capsys):
-    outcome, client, uri, tmp = tracked
+    _, client, uri, tmp = tracked
     base = ["--no-cache"]
     assert cli.main([*base, "models", "list", MODEL, "--tracking-uri", uri]) == 0
     listing = capsys.readouterr().out
