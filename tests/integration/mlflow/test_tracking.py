@@ -307,3 +307,16 @@ def test_training_goes_on_when_the_server_is_down_and_the_spool_replays(tracked,
     ]
     assert len(runs) == 3 and parent.info.status == "FINISHED"
     assert str(client.get_model_version_by_alias(MODEL, "champion").version) == "1"
+
+
+def test_a_resumed_run_continues_its_mlflow_runs(tracked):
+    outcome, client, uri, tmp = tracked
+    config = _config(tmp, uri, "first").with_overrides(["training.updates=150"])
+    resumed = run_training(config, resume=True)
+    tracking = resumed.report["tracking"]
+    assert tracking["run_id"] == outcome.report["tracking"]["run_id"]
+    assert tracking["seed_run_ids"] == outcome.report["tracking"]["seed_run_ids"]
+    history = client.get_metric_history(tracking["run_id"], "train/critic_loss")
+    assert [m.step for m in history] == [50, 100, 150]
+    run = client.get_run(tracking["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["resumed_from"] == "100"
