@@ -35,7 +35,8 @@ from neorl_industrial.wrappers.training import Callback, RunConfig
 __all__ = ["MAIN_JOB", "RunOutcome", "load_data", "main_job_config", "run_training"]
 
 #: The main job (``neorl-industrial run``, ``make run``): TD3BC-Lag on a small generated
-#: IB dataset, three seeds at once, evaluated with the shield; a few minutes on 2 cores.
+#: IB dataset, three seeds at once, evaluated with the shield, tracked in MLflow and its
+#: policy registered (and promoted when it is safe and better); a few minutes on 2 cores.
 MAIN_JOB: dict[str, Any] = {
     "name": "main",
     "env": {"id": "IB-v0"},
@@ -44,6 +45,7 @@ MAIN_JOB: dict[str, Any] = {
     "training": {"updates": 3000, "chunk": 500, "batch_size": 256, "seeds": [0, 1, 2]},
     "evaluation": {"every": 1000, "episodes": 10},
     "checkpoints": {"every": 1000, "keep": 2},
+    "tracking": {"promote": True},
     "output": "runs",
 }
 
@@ -235,7 +237,7 @@ def _tracker(
         "dataset": card.name,
         "dataset.fingerprint": dataset_fingerprint(dataset),
         "dataset.source": facts["source"],
-        "run_dir": str(config.run_dir.absolute()),
+        "run_dir": str(config.run_dir),
     }
     if card.checksums:
         digest = hashlib.sha256(json.dumps(card.checksums, sort_keys=True).encode())

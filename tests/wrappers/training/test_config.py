@@ -70,3 +70,16 @@ def test_errors_name_the_file_and_field(tmp_path):
         RunConfig().with_overrides(["name.first=x"])
     with pytest.raises(ConfigError, match="distinct seeds"):
         RunConfig().with_overrides(["training.seeds=[1, 1]"])
+
+
+def test_tracking_section_defaults_and_errors():
+    config = RunConfig()
+    assert config.tracking.enabled and config.tracking.uri is None
+    assert config.tracking.log_model and not config.tracking.promote
+    assert RunConfig.from_dict(MAIN_JOB).tracking.promote  # the main job promotes safe policies
+    changed = config.with_overrides(["tracking.uri=http://mlflow:5000", "tracking.enabled=false"])
+    assert changed.tracking.uri == "http://mlflow:5000" and not changed.tracking.enabled
+    with pytest.raises(ConfigError, match=r"tracking.flush_timeout"):
+        config.with_overrides(["tracking.flush_timeout=-1"])
+    with pytest.raises(ConfigError, match=r"tracking.registry: unknown field"):
+        config.with_overrides(["tracking.registry=x"])
