@@ -175,6 +175,16 @@ def test_the_policy_is_registered_promoted_and_predicts_shielded_actions(tracked
     with pytest.raises(Exception, match="fatigue"):
         loaded.predict(frame.drop(columns=["fatigue"]))
 
+    # The Python API takes the same URIs.
+    from neorl_industrial.integration.mlflow import load_agent, load_policy
+
+    policy = load_policy(f"models:/{MODEL}@champion", uri)
+    np.testing.assert_allclose(policy.predict(observations).action, expected.action)
+    agent = load_agent(f"models:/{MODEL}/1", uri)
+    np.testing.assert_allclose(
+        agent.predict(observations), outcome.agent.predict(observations), rtol=1e-6
+    )
+
 
 def test_a_second_run_registers_a_challenger_and_the_rule_decides(tracked):
     _, client, uri, tmp = tracked

@@ -43,6 +43,8 @@ _EXPORTS = {
     "decide_promotion": "registry",
     "is_model_uri": "registry",
     "list_versions": "registry",
+    "load_agent": "registry",
+    "load_policy": "registry",
     "promote": "registry",
     "resolve_agent_dir": "registry",
     "resolve_policy_dir": "registry",

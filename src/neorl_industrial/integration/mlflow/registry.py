@@ -38,6 +38,8 @@ __all__ = [
     "finish_registration",
     "is_model_uri",
     "list_versions",
+    "load_agent",
+    "load_policy",
     "promote",
     "resolve_agent_dir",
     "resolve_policy_dir",
@@ -348,3 +350,19 @@ def resolve_agent_dir(value: str | Path, tracking_uri: str | None = None) -> Pat
     """A local directory of a saved agent: ``value`` itself when it is a path, or the
     agent inside the model at a ``models:/`` or ``runs:/`` URI (downloaded)."""
     return _resolve(value, "agent", tracking_uri)
+
+
+def load_policy(value: str | Path, tracking_uri: str | None = None) -> Any:
+    """The :class:`~neorl_industrial.wrappers.agents.artifact.PolicyArtifact` at a path or
+    a ``models:/`` / ``runs:/`` URI (``models:/ib-policy@champion``)."""
+    from neorl_industrial.wrappers.agents.artifact import PolicyArtifact
+
+    return PolicyArtifact.load(resolve_policy_dir(value, tracking_uri))
+
+
+def load_agent(value: str | Path, tracking_uri: str | None = None) -> Any:
+    """The saved :class:`~neorl_industrial.wrappers.agents.Agent` at a path or a
+    ``models:/`` / ``runs:/`` URI, ready to predict, evaluate or export."""
+    from neorl_industrial.wrappers.agents import Agent
+
+    return Agent.load(resolve_agent_dir(value, tracking_uri))
