@@ -76,7 +76,19 @@ def ui_command(tracking_uri: str) -> str:
     """The command that opens the MLflow UI on ``tracking_uri``."""
     if tracking_uri.startswith(("http://", "https://")):
         return f"open {tracking_uri} in a browser"
-    return f"mlflow ui --backend-store-uri {tracking_uri} --port 5000"
+    return f"{_mlflow_command()} ui --backend-store-uri {tracking_uri} --port 5000"
+
+
+def _mlflow_command() -> str:
+    """``mlflow``, or the path of this environment's ``mlflow`` relative to the working
+    directory when the environment lives there (``.venv/bin/mlflow``)."""
+    import sys
+
+    script = Path(sys.executable).parent / "mlflow"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return "mlflow"
 
 
 def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
