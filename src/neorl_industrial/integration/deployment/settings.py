@@ -1,0 +1,122 @@
+"""Settings of the policy server (pydantic-settings): environment variables with the
+prefix ``NEORL_SERVE_``, a ``.env`` file, and API keys from the settings or a secrets file.
+
+    NEORL_SERVE_MODEL=models:/ib-policy@champion
+    NEORL_SERVE_API_KEYS='{"act": ["k1"], "admin": ["k2"]}'
+    NEORL_SERVE_API_KEYS_FILE=/run/secrets/api-keys.yaml    # the same mapping, YAML or JSON
+
+Keys are compared in constant time. A server without any key refuses to start unless
+``NEORL_SERVE_AUTH=false`` says that is intended (a closed network, a test).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["ROLES", "ServerSettings", "SettingsError"]
+
+#: ``act`` may call the policy; ``admin`` may also reload it.
+ROLES = ("act", "admin")
+
+
+class SettingsError(ValueError):
+    """Settings the server cannot start with; the message names the setting."""
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="NEORL_SERVE_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    #: An exported policy directory or a registry URI (``models:/ib-policy@champion``).
+    model: str = Field(default="", description="policy directory or models:/ URI")
+    #: The MLflow store that ``models:/`` URIs are read from (default: MLflow's own).
+    tracking_uri: str | None = None
+    #: API keys per role: ``{"act": [...], "admin": [...]}``.
+    api_keys: dict[str, list[SecretStr]] = Field(default_factory=dict)
+    #: A YAML or JSON file with the same mapping (e.g. a mounted Kubernetes Secret).
+    api_keys_file: Path | None = None
+    #: Require an API key (False only on purpose: a closed network or a test).
+    auth: bool = True
+    #: Batch sizes compiled at start; requests are padded up to the next one.
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
+    #: Most observations in one ``/v1/act/batch`` request.
+    max_batch: int = Field(default=256, ge=1)
+    #: How long the micro-batcher waits for more requests once one arrived (ms).
+    max_wait_ms: float = Field(default=1.0, ge=0.0, le=100.0)
+    #: Largest request body in bytes.
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    #: Origins allowed by CORS; empty: CORS off.
+    cors_origins: list[str] = Field(default_factory=list)
+    #: The audit log of overrides (JSON Lines); None: no audit log.
+    audit_log: Path | None = None
+    #: fsync the audit log after every write.
+    audit_fsync: bool = False
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip() else {}
+        return value
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _sizes(cls, sizes: list[int]) -> list[int]:
+        if not sizes or any(size < 1 for size in sizes):
+            raise ValueError(f"expected positive batch sizes, got {sizes}")
+        return sorted(set(sizes))
+
+    @model_validator(mode="after")
+    def _roles(self) -> ServerSettings:
+        unknown = sorted(set(self.api_keys) - set(ROLES))
+        if unknown:
+            raise ValueError(f"api_keys: unknown role(s) {unknown}; expected {list(ROLES)}")
+        return self
+
+    def keys(self) -> dict[str, str]:
+        """Every key with its role, from the settings and the secrets file.
+
+        Raises:
+            SettingsError: for an unreadable secrets file, an unknown role, an empty or
+                repeated key, or no key at all while ``auth`` is on.
+        """
+        mapping: dict[str, list[str]] = {
+            role: [key.get_secret_value() for key in keys] for role, keys in self.api_keys.items()
+        }
+        if self.api_keys_file is not None:
+            path = self.api_keys_file
+            try:
+                loaded = yaml.safe_load(path.read_text()) or {}
+            except (OSError, yaml.YAMLError) as error:
+                raise SettingsError(f"api_keys_file {path}: cannot be read: {error}") from None
+            if not isinstance(loaded, dict):
+                raise SettingsError(f"api_keys_file {path}: expected a mapping of role to keys")
+            for role, keys in loaded.items():
+                if role not in ROLES:
+                    raise SettingsError(
+                        f"api_keys_file {path}: unknown role {role!r}; expected {list(ROLES)}"
+                    )
+                if isinstance(keys, str):
+                    keys = [keys]
+                mapping.setdefault(role, []).extend(str(key) for key in keys or [])
+        roles: dict[str, str] = {}
+        for role, keys in mapping.items():
+            for key in keys:
+                if len(key) < 8:
+                    raise SettingsError(f"api_keys: a key of role {role!r} is shorter than 8")
+                if key in roles:
+                    raise SettingsError(f"api_keys: a key is listed twice ({roles[key]}, {role})")
+                roles[key] = role
+        if self.auth and not roles:
+            raise SettingsError(
+                "api_keys: no API key configured; set NEORL_SERVE_API_KEYS or "
+                "NEORL_SERVE_API_KEYS_FILE, or NEORL_SERVE_AUTH=false to serve without keys"
+            )
+        return roles
