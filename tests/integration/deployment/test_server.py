@@ -1,0 +1,336 @@
+"""The policy server through HTTP: shielded actions, reports, audit, auth, bad input,
+metrics, micro-batching without recompiles, hot reload under load, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from neorl_industrial.integration.deployment import ServerSettings, SettingsError, create_app
+from neorl_industrial.integration.safety import AuditLog
+from neorl_industrial.wrappers.agents import PolicyArtifact
+from tests.wrappers.agents.test_export import Policy, plant_inputs
+
+ACT, ADMIN = "act-key-0123456789", "admin-key-0123456789"
+AS_ACT = {"Authorization": f"Bearer {ACT}"}
+AS_ADMIN = {"X-API-Key": ADMIN}
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    """Two versions of a small policy (different parameters), and one of another size."""
+    root = tmp_path_factory.mktemp("policies")
+    first = Policy()
+    second = Policy()
+    import jax
+
+    second.params = second.algorithm.init(jax.random.key(7)).policy
+    paths = {"a": first.export(root / "a"), "b": second.export(root / "b")}
+    from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
+
+    wide = make_td3bc(TD3BCConfig(hidden=(8, 8)), 7, 3)
+    paths["other"] = first.export(
+        root / "other",
+        act=wide.act,
+        policy_params=wide.init(jax.random.key(1)).policy,
+        observation_size=7,
+        observation_names=[*first.env.observation_names, "extra"],
+    )
+    return paths
+
+
+def _settings(tmp_path, model, **overrides):
+    values = {
+        "model": str(model),
+        "api_keys": {"act": [ACT], "admin": [ADMIN]},
+        "batch_sizes": [1, 2, 4, 8, 16],
+        "max_batch": 16,
+        "max_wait_ms": 2.0,
+        "audit_log": tmp_path / "audit.jsonl",
+        **overrides,
+    }
+    return ServerSettings(**values)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, policies):
+    """One server for the module (compiling its batch sizes once); the reload test, which
+    changes the policy, runs last."""
+    tmp = tmp_path_factory.mktemp("served")
+    with TestClient(create_app(_settings(tmp, policies["a"]))) as test_client:
+        yield test_client, tmp
+
+
+@pytest.fixture
+def client(served):
+    return served[0]
+
+
+def test_act_returns_the_shielded_action_and_its_report(served, policies):
+    client, tmp_path = served
+    artifact = PolicyArtifact.load(policies["a"])
+    observations, previous = plant_inputs(16, seed=3)
+    expected = artifact.predict(observations, previous)
+    overridden = int(np.argmax(expected.overridden))
+    assert expected.overridden.any()
+    for row in range(4):
+        body = {"observation": observations[row].tolist(), "prev_action": previous[row].tolist()}
+        response = client.post("/v1/act", json=body, headers={**AS_ACT, "X-Request-ID": f"r{row}"})
+        assert response.status_code == 200, response.text
+        data = response.json()
+        np.testing.assert_allclose(data["action"], expected.action[row], atol=1e-5)
+        report = data["report"]
+        assert report["overridden"] == bool(expected.overridden[row])
+        assert report["violated"] == list(expected.violated[row])
+        assert set(report["margin"]) == set(artifact.constraint_names)
+        assert data["request_id"] == f"r{row}" and data["policy_version"]
+    body = {
+        "observation": observations[overridden].tolist(),
+        "prev_action": previous[overridden].tolist(),
+        "request_id": "override-1",
+    }
+    assert client.post("/v1/act", json=body, headers=AS_ACT).json()["report"]["overridden"]
+    records = AuditLog.read(tmp_path / "audit.jsonl")
+    assert records[-1]["request_id"] == "override-1" and records[-1]["violated"]
+    assert AuditLog.verify(tmp_path / "audit.jsonl")[0]
+
+
+def test_batch_matches_the_artifact(client, policies):
+    artifact = PolicyArtifact.load(policies["a"])
+    observations, previous = plant_inputs(16, seed=5)
+    body = {"observations": observations.tolist(), "prev_actions": previous.tolist()}
+    response = client.post("/v1/act/batch", json=body, headers=AS_ACT)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    expected = artifact.predict(observations, previous)
+    np.testing.assert_allclose(data["actions"], expected.action, atol=1e-5)
+    assert [r["overridden"] for r in data["reports"]] == expected.overridden.tolist()
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({"observation": [1.0] * 5}, ["body", "observation"], "expected 6 values"),
+        ({"observation": [1.0] * 6, "prev_action": [0.0]}, ["body", "prev_action"], "expected 3"),
+        ({"observation": ["a"] * 6}, ["body", "observation", 0], "valid number"),
+        ({"observation": None}, ["body", "observation"], "valid list"),
+        ({}, ["body", "observation"], "Field required"),
+        ({"observation": [1.0] * 6, "extra": 1}, ["body", "extra"], "Extra inputs"),
+        ({"observation": [1.0] * 6, "request_id": "a b"}, ["body", "request_id"], "pattern"),
+    ],
+)
+def test_bad_single_requests_get_422_naming_the_field(client, body, field, message):
+    response = client.post("/v1/act", json=body, headers=AS_ACT)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert any(d["loc"] == field and message in d["msg"] for d in detail), detail
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_get_422(client, literal):
+    body = '{"observation": [1, 2, 3, 4, 5, %s]}' % literal  # noqa: UP031
+    headers = {**AS_ACT, "Content-Type": "application/json"}
+    response = client.post("/v1/act", content=body, headers=headers)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "observation", 5]
+
+
+def test_bad_batches_get_422_and_oversized_bodies_413(client):
+    def batch(body):
+        return client.post("/v1/act/batch", json=body, headers=AS_ACT)
+
+    assert batch({"observations": []}).json()["detail"][0]["loc"] == ["body", "observations"]
+    too_many = batch({"observations": [[1.0] * 6] * 17})
+    assert too_many.status_code == 422 and "at most 16" in too_many.text
+    ragged = batch({"observations": [[1.0] * 6, [1.0] * 5]})
+    assert ragged.json()["detail"][0]["loc"] == ["body", "observations", 1]
+    mismatch = batch({"observations": [[1.0] * 6] * 2, "prev_actions": [[0.0] * 3]})
+    assert mismatch.json()["detail"][0]["loc"] == ["body", "prev_actions"]
+    not_json = client.post(
+        "/v1/act/batch", content=b"{", headers={**AS_ACT, "Content-Type": "application/json"}
+    )
+    assert not_json.status_code == 422
+    huge = client.post("/v1/act", content=b"x" * 2_000_000, headers=AS_ACT)
+    assert huge.status_code == 413
+
+    def chunks():
+        for _ in range(40):
+            yield b" " * 50_000
+
+    chunked = client.post("/v1/act", content=chunks(), headers=AS_ACT)
+    assert chunked.status_code == 413
+    # The server is still fine.
+    assert client.post("/v1/act", json={"observation": [1.0] * 6}, headers=AS_ACT).is_success
+
+
+def test_auth_roles(client, tmp_path, policies):
+    body = {"observation": [1.0] * 6}
+    missing = client.post("/v1/act", json=body)
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert (
+        client.post("/v1/act", json=body, headers={"X-API-Key": "wrong-key-123"}).status_code == 401
+    )
+    assert client.post("/v1/act", json=body, headers=AS_ADMIN).status_code == 200
+    assert client.post("/v1/admin/reload", json={}, headers=AS_ACT).status_code == 403
+    assert client.get("/v1/policy").status_code == 401
+    # Operations endpoints are open.
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["status"] == "ready"
+    # CORS is off by default: no header for a foreign origin.
+    preflight = client.options(
+        "/v1/act",
+        headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
+    )
+    assert "access-control-allow-origin" not in preflight.headers
+
+    with pytest.raises(SettingsError, match="no API key configured"):
+        create_app(ServerSettings(model=str(policies["a"])))
+    with pytest.raises(SettingsError, match="shorter than 8"):
+        create_app(ServerSettings(model=str(policies["a"]), api_keys={"act": ["short"]}))
+    secrets = tmp_path / "keys.yaml"
+    secrets.write_text("act: [file-key-0123456789]\nroot: [x]\n")
+    with pytest.raises(SettingsError, match="unknown role 'root'"):
+        ServerSettings(model="x", api_keys_file=secrets).keys()
+    secrets.write_text("act: [file-key-0123456789]\n")
+    assert ServerSettings(model="x", api_keys_file=secrets).keys() == {"file-key-0123456789": "act"}
+    assert ServerSettings(model="x", auth=False).keys() == {}
+
+
+def test_policy_description_and_metrics(client):
+    info = client.get("/v1/policy", headers=AS_ACT).json()
+    assert info["observation"]["size"] == 6 and info["action"]["names"] == [
+        "velocity",
+        "gain",
+        "shift",
+    ]
+    assert "limit-joint-velocity-gain-push" in info["constraints"]["hard"]
+    assert info["metadata"]["algorithm"] == "td3bc"
+
+    def counter(text, name):
+        line = next((line for line in text.splitlines() if line.startswith(name + " ")), None)
+        return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
+
+    batch_ok = 'neorl_requests_total{route="/v1/act/batch",status="200"}'
+    act_bad = 'neorl_requests_total{route="/v1/act",status="422"}'
+    before = client.get("/metrics").text
+    observations, previous = plant_inputs(8, seed=9)
+    body = {"observations": observations.tolist(), "prev_actions": previous.tolist()}
+    client.post("/v1/act/batch", json=body, headers=AS_ACT)
+    client.post("/v1/act", json={"observation": [1.0]}, headers=AS_ACT)
+    text = client.get("/metrics").text
+    assert counter(text, batch_ok) == counter(before, batch_ok) + 1
+    assert counter(text, act_bad) == counter(before, act_bad) + 1
+    assert "neorl_request_seconds_bucket" in text and "neorl_batch_rows_bucket" in text
+    decided = "neorl_decisions_total"
+    assert counter(text, decided) == counter(before, decided) + 8
+    assert 'neorl_overrides_by_constraint_total{constraint="' in text
+    assert 'neorl_policy_info{source="' in text
+
+
+def test_concurrent_requests_are_micro_batched_without_recompiling(client):
+    artifact = client.app.state.server["policy"].artifact
+    compiled = artifact.traced_batch_sizes
+    observations, _ = plant_inputs(64, seed=11)
+
+    def one(row):
+        response = client.post(
+            "/v1/act", json={"observation": observations[row].tolist()}, headers=AS_ACT
+        )
+        return response.status_code
+
+    def totals():
+        samples = client.app.state.metrics.batch_rows.collect()[0].samples
+        calls = next(s.value for s in samples if s.name.endswith("_count"))
+        return calls, next(s.value for s in samples if s.name.endswith("_sum"))
+
+    calls_before, rows_before = totals()
+    with ThreadPoolExecutor(16) as pool:
+        codes = list(pool.map(one, range(64)))
+    assert codes == [200] * 64
+    calls, rows = totals()
+    assert rows - rows_before == 64
+    assert calls - calls_before < 64  # several requests shared a compiled call
+    assert artifact.traced_batch_sizes == compiled  # every padded size compiled at start
+
+
+def test_reload_under_load_fails_no_request(client, policies):
+    stop = threading.Event()
+    results = []
+
+    def hammer():
+        while not stop.is_set():
+            response = client.post("/v1/act", json={"observation": [50.0] * 6}, headers=AS_ACT)
+            results.append((response.status_code, response.json().get("policy_version")))
+
+    workers = [threading.Thread(target=hammer) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.3)
+    reloaded = client.post("/v1/admin/reload", json={"model": str(policies["b"])}, headers=AS_ADMIN)
+    time.sleep(0.3)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    assert reloaded.status_code == 200, reloaded.text
+    versions = [version for _, version in results]
+    assert {code for code, _ in results} == {200}
+    assert versions[0] == reloaded.json()["previous"] and versions[-1] == reloaded.json()["version"]
+    assert reloaded.json()["version"] != reloaded.json()["previous"]
+
+    # A policy that cannot be loaded, or of another plant, is refused; the current one stays.
+    missing = client.post("/v1/admin/reload", json={"model": "/no/such/policy"}, headers=AS_ADMIN)
+    assert missing.status_code == 422 and "cannot load" in missing.text
+    other = client.post(
+        "/v1/admin/reload", json={"model": str(policies["other"])}, headers=AS_ADMIN
+    )
+    assert other.status_code == 422 and "takes 7 observations" in other.text
+    assert client.get("/readyz").json()["version"] == reloaded.json()["version"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_cli_serve_starts_uvicorn(policies, tmp_path):
+    port = _free_port()
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"act: [{ACT}]\n")
+    command = [
+        sys.executable, "-m", "neorl_industrial.cli", "--no-cache", "serve",
+        "--model", str(policies["a"]), "--port", str(port), "--api-keys-file", str(keys),
+        "--log-level", "warning",
+    ]  # fmt: skip
+    server = subprocess.Popen(command, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("neorl-industrial serve did not become ready")
+                time.sleep(0.3)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/act",
+            json.dumps({"observation": [50.0] * 6}).encode(),
+            {"Content-Type": "application/json", **AS_ACT},
+        )
+        data = json.loads(urllib.request.urlopen(request, timeout=10).read())
+        assert len(data["action"]) == 3 and "report" in data
+    finally:
+        server.terminate()
+        server.wait(30)
