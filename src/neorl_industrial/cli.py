@@ -428,7 +428,7 @@ def command_serve(args: argparse.Namespace) -> int:
     }
     if args.no_auth:
         overrides["auth"] = False
-    settings = ServerSettings(**overrides)
+    settings = ServerSettings(tune_gc=True, **overrides)
     app = create_app(settings)
     _console(stderr=True).print(
         f"serving {settings.model} on http://{args.host}:{args.port} "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import logging
 import math
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
+import orjson
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -254,9 +256,14 @@ def create_app(
             max_batch=max(settings.max_batch, 1),
             max_wait=settings.max_wait_ms / 1000.0,
             on_batch=metrics.batch_rows.observe,
+            arriving=lambda: metrics.arriving,
         )
         batcher.start()
         state["batcher"] = batcher
+        if settings.tune_gc:
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(50_000, 50, 100)
         log.info("serving %s (%s)", loaded.version, loaded.source)
         try:
             yield
@@ -342,22 +349,23 @@ def create_app(
     def request_id(request: Request, given: str | None) -> str:
         return given or request.headers.get("x-request-id") or uuid.uuid4().hex
 
-    def reports(decision: Any) -> list[Report]:
+    def reports(decision: Any) -> list[dict[str, Any]]:
         names = decision.constraint_names
+        # Inactive state-conditional constraints have an infinite margin: null in JSON.
         margins = np.where(np.isfinite(decision.margin), decision.margin, np.nan).tolist()
         violated = decision.violated
-        flags = {
-            name: getattr(decision, name).tolist()
+        flags = [
+            (name, getattr(decision, name).tolist())
             for name in ("overridden", "projected", "fallback", "invalid", "infeasible")
-        }
+        ]
         statuses = decision.status.tolist()
         return [
-            Report(
-                status=statuses[i],
-                violated=list(violated[i]),
-                margin={n: (None if m != m else m) for n, m in zip(names, margins[i], strict=True)},
-                **{name: values[i] for name, values in flags.items()},
-            )
+            {
+                **{name: values[i] for name, values in flags},
+                "status": statuses[i],
+                "violated": list(violated[i]),
+                "margin": dict(zip(names, margins[i], strict=True)),
+            }
             for i in range(len(statuses))
         ]
 
@@ -372,11 +380,9 @@ def create_app(
                 observations, decision.proposed, decision.action, decision, loaded.names, ids
             )
 
-    async def decide(observations: np.ndarray, prev: np.ndarray | None) -> Any:
+    async def decide(request: Request, observations: np.ndarray, prev: np.ndarray | None) -> Any:
+        metrics.submitted(request.scope)
         return await state["batcher"].submit(observations, prev)
-
-    def finite_or_none(values: np.ndarray) -> list:
-        return [None if not math.isfinite(v) else v for v in values.tolist()]
 
     # ----- endpoints -------------------------------------------------------------------
     @app.post("/v1/act", response_model=ActResponse, tags=["policy"], dependencies=acting)
@@ -395,15 +401,17 @@ def create_app(
                 [body.prev_action], loaded.action_size, "prev_action", "one per action", True
             )
         rid = request_id(request, body.request_id)
-        decision = await decide(observations, prev)
+        decision = await decide(request, observations, prev)
         observe(loaded, observations, decision, [rid])
-        return {
-            "action": decision.action[0].tolist(),
-            "proposed": finite_or_none(decision.proposed[0]),
-            "report": reports(decision)[0],
-            "request_id": rid,
-            "policy_version": loaded.version,
-        }
+        return _json(
+            {
+                "action": decision.action[0].tolist(),
+                "proposed": decision.proposed[0].tolist(),
+                "report": reports(decision)[0],
+                "request_id": rid,
+                "policy_version": loaded.version,
+            }
+        )
 
     @app.post("/v1/act/batch", response_model=BatchResponse, tags=["policy"], dependencies=acting)
     async def act_batch(body: BatchRequest, request: Request) -> Any:
@@ -432,16 +440,18 @@ def create_app(
                 body.prev_actions, loaded.action_size, "prev_actions", "one per action"
             )
         rid = request_id(request, body.request_id)
-        decision = await decide(observations, prev)
+        decision = await decide(request, observations, prev)
         ids = [f"{rid}/{row}" for row in range(len(observations))]
         observe(loaded, observations, decision, ids)
-        return {
-            "actions": decision.action.tolist(),
-            "proposed": [finite_or_none(row) for row in decision.proposed],
-            "reports": reports(decision),
-            "request_id": rid,
-            "policy_version": loaded.version,
-        }
+        return _json(
+            {
+                "actions": decision.action.tolist(),
+                "proposed": decision.proposed.tolist(),
+                "reports": reports(decision),
+                "request_id": rid,
+                "policy_version": loaded.version,
+            }
+        )
 
     @app.get("/v1/policy", tags=["policy"], dependencies=acting)
     async def policy_info() -> dict[str, Any]:
@@ -471,6 +481,8 @@ def create_app(
                     f"and {previous.action_size} (start a new server for another plant)",
                 )
             install(loaded)  # one assignment: the next batch uses the new policy
+            if settings.tune_gc:
+                gc.freeze()
         return {
             "previous": previous.version,
             "version": loaded.version,
@@ -508,6 +520,15 @@ def create_app(
         return JSONResponse({"detail": "internal error; see the server log"}, status_code=500)
 
     return app
+
+
+_ACT_ROUTES = ("/v1/act", "/v1/act/batch")
+
+
+def _json(content: Any) -> Response:
+    """A JSON response written by orjson (NaN and infinity become null); the route's
+    ``response_model`` documents it in the OpenAPI schema."""
+    return Response(orjson.dumps(content), media_type="application/json")
 
 
 class _LimitsAndMetrics:
@@ -558,9 +579,14 @@ class _LimitsAndMetrics:
                 status["code"] = message["status"]
             await send(message)
 
+        acting = path in _ACT_ROUTES
+        if acting:
+            self.metrics.arrived(scope)
         try:
             await self.app(scope, receive, tracking_send)
         finally:
+            if acting:
+                self.metrics.submitted(scope)  # no-op when the handler submitted
             self.metrics.request(path, status["code"], time.perf_counter() - started)
 
 

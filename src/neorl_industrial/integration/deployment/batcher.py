@@ -39,6 +39,9 @@ class MicroBatcher:
         max_wait: seconds to wait for more requests after the first (0: only take what
             is already waiting).
         on_batch: called (on the worker thread) with each call's row count.
+        arriving: the number of requests that have arrived but not yet submitted (still
+            being read or parsed); the batcher waits for more only while there are such
+            requests, so a lone request never waits.
     """
 
     def __init__(
@@ -49,12 +52,14 @@ class MicroBatcher:
         max_batch: int,
         max_wait: float,
         on_batch: Callable[[int], None] | None = None,
+        arriving: Callable[[], int] | None = None,
     ) -> None:
         self.predict = predict
         self.action_size = action_size
         self.max_batch = max_batch
         self.max_wait = max_wait
         self.on_batch = on_batch
+        self.arriving = arriving
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._carry: collections.deque[_Item] = collections.deque()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
@@ -107,9 +112,11 @@ class MicroBatcher:
                 self._carry.append(await self._queue.get())
             waiting = self._drain()
             rows = sum(len(item.observations) for item in [*self._carry, *waiting])
-            if rows < self.max_batch and self.max_wait > 0:
-                await asyncio.sleep(self.max_wait)
-                waiting += self._drain()
+            if rows < self.max_batch and self.max_wait > 0 and self._more_coming():
+                deadline = loop.time() + self.max_wait
+                while loop.time() < deadline and self._more_coming():
+                    await asyncio.sleep(0)  # let the event loop parse the other requests
+                    waiting += self._drain()
             batch, rows = self._take(waiting)
             batch = [item for item in batch if not item.future.cancelled()]
             if not batch:
@@ -140,6 +147,9 @@ class MicroBatcher:
                 if not item.future.done():
                     item.future.set_result(_rows(decision, start, stop))
                 start = stop
+
+    def _more_coming(self) -> bool:
+        return self.arriving is None or self.arriving() > 0
 
     def _call(self, observations: np.ndarray, prev: np.ndarray | None) -> Any:
         decision = self.predict(observations, prev)

@@ -55,6 +55,20 @@ class ServerMetrics:
             "neorl_policy_info", "the served policy (value 1)", ["version", "source"], registry=r
         )
 
+    # Requests that arrived at an act route and have not reached the batcher yet (read
+    # and changed on the event loop only).
+    arriving = 0
+
+    def arrived(self, scope: dict) -> None:
+        scope.setdefault("state", {})["neorl.arriving"] = True
+        self.arriving += 1
+
+    def submitted(self, scope: dict) -> None:
+        state = scope.get("state") or {}
+        if state.get("neorl.arriving"):
+            state["neorl.arriving"] = False
+            self.arriving -= 1
+
     def request(self, path: str, status: int, seconds: float) -> None:
         route = path if path in _ROUTES else "other"
         self.requests.labels(route, str(status)).inc()

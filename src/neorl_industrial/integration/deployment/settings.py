@@ -48,7 +48,8 @@ class ServerSettings(BaseSettings):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     #: Most observations in one ``/v1/act/batch`` request.
     max_batch: int = Field(default=256, ge=1)
-    #: How long the micro-batcher waits for more requests once one arrived (ms).
+    #: How long the micro-batcher waits for requests still being read once one is ready
+    #: (ms); a request that is alone never waits.
     max_wait_ms: float = Field(default=1.0, ge=0.0, le=100.0)
     #: Largest request body in bytes.
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
@@ -58,6 +59,11 @@ class ServerSettings(BaseSettings):
     audit_log: Path | None = None
     #: fsync the audit log after every write.
     audit_fsync: bool = False
+    #: Once the policy is compiled, move everything alive to the garbage collector's
+    #: permanent generation and collect less often: without it, full collections over
+    #: JAX's objects put ~100 ms pauses into the latency tail. Process-wide, so the
+    #: ``serve`` command turns it on; an app embedded in another process leaves it off.
+    tune_gc: bool = False
 
     @field_validator("api_keys", mode="before")
     @classmethod
