@@ -42,6 +42,7 @@ BENCHMARKS: dict[str, str] = {
     "agent_speed": "benchmarks.agent_speed",
     "shield_overhead": "benchmarks.shield_overhead",
     "ope": "benchmarks.ope",
+    "serving": "benchmarks.serving",
 }
 
 

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -190,7 +191,14 @@ def log_policy_model(
             example = pd.DataFrame(
                 np.asarray(input_example, np.float32), columns=list(artifact.observation_names)
             )
-        with tracking_uri_for(tracking_uri, registry_uri), mlflow.start_run(run_id=run_id):
+        with (
+            tracking_uri_for(tracking_uri, registry_uri),
+            mlflow.start_run(run_id=run_id),
+            warnings.catch_warnings(),
+        ):
+            # The model takes a DataFrame of named columns, described by its signature;
+            # MLflow's hint about type-hinted predict methods does not apply.
+            warnings.filterwarnings("ignore", message=".*type hints", category=UserWarning)
             info = mlflow.pyfunc.log_model(
                 name=MODEL_NAME,
                 python_model=str(Path(__file__).with_name("policy_model.py")),

@@ -1,0 +1,421 @@
+"""Serving a policy: our FastAPI server against ``mlflow models serve``, same policy, same
+machine, same load generator, in one run.
+
+What is measured:
+
+* A small TD3BC-Lag policy is trained on a generated IB dataset, exported and registered
+  in a fresh MLflow store (``ib-policy``); ``mlflow models serve -m
+  models:/ib-policy@champion --env-manager local`` and ``neorl-industrial serve --model
+  models:/ib-policy@champion`` serve it on loopback. Both answer with the shielded action.
+* The load generator is ``wrk`` (C, one thread; Debian's package), each request one
+  180-value observation: our ``POST /v1/act`` with an API key, MLflow's ``POST
+  /invocations`` with the same observation as a one-row ``dataframe_split``. Requests per
+  second and p50/p99 latency at 1 and 16 connections, servers measured alternately and
+  ``rounds`` times; the medians are reported with their ratios.
+* Soak: our server at a fixed rate for ``soak_seconds`` (a paced asyncio client):
+  errors, and resident memory (``/proc/<pid>/status`` VmRSS) after warm-up against the end.
+* Hot reload under load: ``wrk`` at 16 connections while the admin endpoint swaps the
+  policy ``reloads`` times: non-2xx responses and socket errors.
+* schemathesis against our OpenAPI schema (``/openapi.json``): server errors (5xx).
+
+Targets (from the serving issue): throughput at 16 connections >= 30x MLflow's, p99 at 16
+connections <= 10 % of MLflow's, zero soak errors with RSS growth < 10 %, zero failed
+requests during reloads, zero schemathesis server errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import Table, evaluate_targets, progress
+
+NAME = "serving"
+DESCRIPTION = "Our policy server vs mlflow models serve: req/s, p50/p99, soak, reload, fuzz"
+
+KEY = "bench-act-key-0123456789"
+ADMIN = "bench-admin-key-0123456789"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait(url: str, process: subprocess.Popen, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{url}: the server did not come up")
+        time.sleep(0.5)
+
+
+def _environment(store: str) -> dict[str, str]:
+    binary = str(Path(sys.executable).parent)
+    return {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": store,
+        "PATH": f"{binary}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+
+
+def _train(workdir: Path, store: str, updates: int) -> None:
+    command = [
+        sys.executable, "-m", "neorl_industrial.cli", "run",
+        "--set", f"training.updates={updates}", "--set", "training.chunk=250",
+        "--set", "evaluation.every=0", "--set", "checkpoints.every=0",
+        "--set", "data.trajectories=5", "--set", f"tracking.uri={store}",
+        "--set", "name=served",
+    ]  # fmt: skip
+    subprocess.run(command, check=True, cwd=workdir, capture_output=True)
+
+
+def _lua(path: Path, body: str, headers: dict[str, str]) -> Path:
+    lines = ['wrk.method = "POST"']
+    lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items()]
+    lines.append(f"wrk.body = [==[{body}]==]")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def _milliseconds(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text.strip())
+    if not match:
+        raise ValueError(f"wrk latency {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, float]:
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    result = {
+        "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        "p50_ms": _milliseconds(re.search(r"50%\s+(\S+)", out).group(1)),
+        "p99_ms": _milliseconds(re.search(r"99%\s+(\S+)", out).group(1)),
+        "requests": int(re.search(r"(\d+) requests in", out).group(1)),
+    }
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    result["failed"] = (int(non_2xx.group(1)) if non_2xx else 0) + (
+        sum(int(x) for x in errors.groups()) if errors else 0
+    )
+    return result
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+async def _paced(url: str, body: bytes, headers: dict[str, str], rate: float, seconds: float):
+    """Requests at a fixed rate (open loop); returns (sent, errors, latencies_ms)."""
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    async with httpx.AsyncClient(timeout=10.0) as client:
+
+        async def one() -> None:
+            nonlocal errors
+            started = time.perf_counter()
+            try:
+                response = await client.post(url, content=body, headers=headers)
+                if response.status_code != 200:
+                    errors += 1
+            except httpx.HTTPError:
+                errors += 1
+            latencies.append(1e3 * (time.perf_counter() - started))
+
+        tasks = []
+        start = time.perf_counter()
+        total = int(rate * seconds)
+        for i in range(total):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one()))
+        await asyncio.gather(*tasks)
+    return total, errors, latencies
+
+
+def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    if shutil.which("wrk") is None:
+        raise RuntimeError("wrk not found: install Debian's package (apt-get install wrk)")
+    config = {
+        "updates": 500 if quick else 2000,
+        "seconds": 3 if quick else 10,
+        "rounds": 1 if quick else 3,
+        "connections": [1, 16],
+        "soak_seconds": 10 if quick else 60,
+        "soak_rate": 200,
+        "reloads": 3,
+        "schemathesis_examples": 20 if quick else 100,
+        "load_generator": "wrk -t1 (one thread), keep-alive connections",
+    }
+    scratch = Path(tempfile.mkdtemp(prefix="neorl-serving-"))
+    store = f"sqlite:///{scratch}/mlflow.db"
+    env = _environment(store)
+    progress("training and registering the policy")
+    _train(scratch, store, config["updates"])
+    model = "models:/ib-policy@champion"
+
+    from neorl_industrial.integration.mlflow.registry import resolve_policy_dir
+    from neorl_industrial.wrappers.agents.artifact import PolicyArtifact
+
+    policy_dir = resolve_policy_dir(model, store)
+    artifact = PolicyArtifact.load(policy_dir)
+    observation = [50.0] * len(artifact.observation_names)
+    ours_body = json.dumps({"observation": observation})
+    mlflow_body = json.dumps(
+        {"dataframe_split": {"columns": list(artifact.observation_names), "data": [observation]}}
+    )
+    (scratch / "keys.yaml").write_text(f"act: [{KEY}]\nadmin: [{ADMIN}]\n")
+    ports = {"ours": _free_port(), "mlflow": _free_port()}
+    servers = {
+        "ours": subprocess.Popen(
+            [sys.executable, "-m", "neorl_industrial.cli", "serve", "--model", model,
+             "--port", str(ports["ours"]), "--api-keys-file", str(scratch / "keys.yaml"),
+             "--log-level", "warning"],
+            env=env, cwd=scratch, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ),
+        "mlflow": subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "models", "serve", "-m", model, "--env-manager",
+             "local", "-h", "127.0.0.1", "-p", str(ports["mlflow"])],
+            env=env, cwd=scratch, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ),
+    }  # fmt: skip
+    urls = {
+        "ours": f"http://127.0.0.1:{ports['ours']}/v1/act",
+        "mlflow": f"http://127.0.0.1:{ports['mlflow']}/invocations",
+    }
+    scripts = {
+        "ours": _lua(scratch / "ours.lua", ours_body, {
+            "Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}),
+        "mlflow": _lua(scratch / "mlflow.lua", mlflow_body, {"Content-Type": "application/json"}),
+    }  # fmt: skip
+    results: dict[str, Any] = {}
+    try:
+        _wait(f"http://127.0.0.1:{ports['ours']}/readyz", servers["ours"])
+        _wait(f"http://127.0.0.1:{ports['mlflow']}/ping", servers["mlflow"])
+        for name in ("ours", "mlflow"):  # warm both (first requests compile / load lazily)
+            _wrk(urls[name], scripts[name], 1, 2)
+        runs: dict[str, dict[int, list[dict[str, float]]]] = {
+            name: {c: [] for c in config["connections"]} for name in urls
+        }
+        for round_ in range(config["rounds"]):
+            for connections in config["connections"]:
+                for name in ("mlflow", "ours"):
+                    progress(f"round {round_ + 1}: {name}, {connections} connection(s)")
+                    runs[name][connections].append(
+                        _wrk(urls[name], scripts[name], connections, config["seconds"])
+                    )
+        table: dict[str, Any] = {}
+        for name, by_connections in runs.items():
+            for connections, samples in by_connections.items():
+                table[f"{name}_c{connections}"] = {
+                    key: statistics.median(sample[key] for sample in samples)
+                    for key in ("requests_per_s", "p50_ms", "p99_ms")
+                } | {"failed": sum(sample["failed"] for sample in samples), "runs": samples}
+        results["load"] = table
+        for c in config["connections"]:
+            ours, theirs = table[f"ours_c{c}"], table[f"mlflow_c{c}"]
+            results[f"throughput_ratio_c{c}"] = ours["requests_per_s"] / theirs["requests_per_s"]
+            results[f"p99_share_c{c}"] = ours["p99_ms"] / theirs["p99_ms"]
+        servers["mlflow"].terminate()
+
+        # Soak at a fixed rate: errors and memory.
+        progress(f"soak: {config['soak_rate']} req/s for {config['soak_seconds']} s")
+        pid = servers["ours"].pid
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+        asyncio.run(_paced(urls["ours"], ours_body.encode(), headers, config["soak_rate"], 3))
+        rss_start = _rss_kib(pid)
+        sent, errors, latencies = asyncio.run(
+            _paced(
+                urls["ours"], ours_body.encode(), headers, config["soak_rate"],
+                config["soak_seconds"],
+            )
+        )  # fmt: skip
+        rss_end = _rss_kib(pid)
+        latencies.sort()
+        results["soak"] = {
+            "requests": sent,
+            "errors": errors,
+            "rss_start_mib": rss_start / 1024,
+            "rss_end_mib": rss_end / 1024,
+            "rss_growth": rss_end / rss_start - 1,
+            "p50_ms": latencies[len(latencies) // 2],
+            "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
+        }
+
+        # Reloads under load.
+        progress(f"{config['reloads']} reloads under load")
+        load = subprocess.Popen(
+            ["wrk", "-t1", "-c16", f"-d{4 * config['reloads'] + 2}s", "-s",
+             str(scripts["ours"]), urls["ours"]],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        reload_seconds = []
+        admin = {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN}"}
+        for _ in range(config["reloads"]):
+            time.sleep(1.0)
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{ports['ours']}/v1/admin/reload",
+                json.dumps({"model": str(policy_dir)}).encode(),
+                admin,
+            )
+            with urllib.request.urlopen(request, timeout=120) as response:
+                reload_seconds.append(json.loads(response.read())["seconds"])
+        out, _ = load.communicate(timeout=120)
+        non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+        socket_errors = re.search(r"Socket errors: .*", out)
+        total = int(re.search(r"(\d+) requests in", out).group(1))
+        results["reload"] = {
+            "reloads": config["reloads"],
+            "requests": total,
+            "failed": int(non_2xx.group(1)) if non_2xx else 0,
+            "socket_errors": socket_errors.group(0) if socket_errors else None,
+            "reload_seconds": reload_seconds,
+        }
+
+        # schemathesis against our own OpenAPI schema.
+        results["schemathesis"] = _schemathesis(
+            f"http://127.0.0.1:{ports['ours']}", config["schemathesis_examples"], env
+        )
+    finally:
+        for server in servers.values():
+            server.terminate()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    soak, reload = results["soak"], results["reload"]
+    fuzz = results["schemathesis"]
+    results["targets"] = evaluate_targets(
+        {
+            "throughput_ratio_c16": results["throughput_ratio_c16"],
+            "p99_share_c16": results["p99_share_c16"],
+            "soak_errors": soak["errors"],
+            "soak_rss_growth": soak["rss_growth"],
+            "reload_failed": reload["failed"] + (1 if reload["socket_errors"] else 0),
+            "schemathesis_server_errors": fuzz.get("server_errors"),
+        },
+        {
+            "throughput_ratio_c16": (">=", 30.0, "req/s at 16 connections vs mlflow models serve"),
+            "p99_share_c16": ("<=", 0.10, "p99 at 16 connections as a share of mlflow's"),
+            "soak_errors": ("<=", 0, "errors in the fixed-rate soak"),
+            "soak_rss_growth": ("<", 0.10, "resident memory growth over the soak"),
+            "reload_failed": ("<=", 0, "failed requests while reloading under load"),
+            "schemathesis_server_errors": ("<=", 0, "5xx found by schemathesis"),
+        },
+    )
+    return config, results
+
+
+def _schemathesis(base: str, examples: int, env: dict[str, str]) -> dict[str, Any]:
+    binary = shutil.which("schemathesis", path=env["PATH"])
+    if binary is None:
+        return {"skipped": "schemathesis is not installed (pip install schemathesis)"}
+    command = [
+        binary, "run", f"{base}/openapi.json", "--checks", "not_a_server_error",
+        "--max-examples", str(examples), "-H", f"Authorization: Bearer {ADMIN}",
+        "--exclude-path", "/v1/admin/reload",
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    text = out.stdout + out.stderr
+    failures = re.findall(r"Server error", text)
+    summary = [line for line in text.splitlines() if re.search(r"passed|failed|error", line)]
+    return {
+        "exit_code": out.returncode,
+        "server_errors": len(failures) if out.returncode else 0,
+        "summary": summary[-5:],
+    }
+
+
+def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
+    load = results["load"]
+    rows = []
+    for c in config["connections"]:
+        ours, theirs = load[f"ours_c{c}"], load[f"mlflow_c{c}"]
+        rows.append(
+            [c, theirs["requests_per_s"], ours["requests_per_s"],
+             results[f"throughput_ratio_c{c}"], theirs["p50_ms"], ours["p50_ms"],
+             theirs["p99_ms"], ours["p99_ms"], results[f"p99_share_c{c}"]]
+        )  # fmt: skip
+    soak, reload, fuzz = results["soak"], results["reload"], results["schemathesis"]
+    targets = results["targets"]
+    return [
+        Table(
+            "Serving the same shielded policy (medians of alternating wrk runs)",
+            [
+                "connections",
+                "mlflow req/s",
+                "ours req/s",
+                "ratio",
+                "mlflow p50 ms",
+                "ours p50 ms",
+                "mlflow p99 ms",
+                "ours p99 ms",
+                "p99 share",
+            ],
+            rows,
+        ),
+        Table(
+            "Soak, reload, fuzz",
+            ["check", "result"],
+            [
+                [
+                    "soak",
+                    f"{soak['requests']} requests, {soak['errors']} errors, RSS "
+                    f"{soak['rss_start_mib']:.0f} -> {soak['rss_end_mib']:.0f} MiB "
+                    f"({100 * soak['rss_growth']:+.1f} %), p99 {soak['p99_ms']:.1f} ms",
+                ],
+                [
+                    "reload",
+                    f"{reload['reloads']} reloads during {reload['requests']} requests: "
+                    f"{reload['failed']} failed; {reload['socket_errors'] or 'no socket errors'}",
+                ],
+                ["schemathesis", json.dumps(fuzz)[:200]],
+            ],
+        ),
+        Table(
+            "Targets",
+            ["target", "value", "goal", "met"],
+            [
+                [
+                    name,
+                    t["value"],
+                    f"{t['comparison']} {t['threshold']}",
+                    "yes" if t["passed"] else "no",
+                ]
+                for name, t in targets.items()
+            ],
+        ),
+    ]
