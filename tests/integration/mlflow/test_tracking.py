@@ -330,3 +330,24 @@ def test_a_resumed_run_continues_its_mlflow_runs(tracked):
     assert [m.step for m in history] == [50, 100, 150]
     run = client.get_run(tracking["run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["resumed_from"] == "100"
+
+
+def test_the_policy_server_loads_a_registry_uri(tracked):
+    from fastapi.testclient import TestClient
+
+    from neorl_industrial.integration.deployment import ServerSettings, create_app
+
+    outcome, client, uri, _ = tracked
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    settings = ServerSettings(
+        model=f"models:/{MODEL}@champion", tracking_uri=uri, auth=False,
+        batch_sizes=[1, 2], max_batch=2,
+    )  # fmt: skip
+    with TestClient(create_app(settings)) as server:
+        info = server.get("/v1/policy").json()
+        assert info["version"] == f"{MODEL}/{champion.version}"
+        assert info["registry"]["run_id"] == champion.run_id
+        assert "champion" in info["registry"]["aliases"]
+        names = list(outcome.agent.env.observation_names)
+        response = server.post("/v1/act", json={"observation": [50.0] * len(names)})
+        assert response.status_code == 200 and response.json()["policy_version"] == info["version"]
