@@ -524,3 +524,45 @@ def evaluate_targets(
             "what": what,
         }
     return evaluated
+
+
+# ----- servers on loopback (benchmarks, tests, doc scripts) -------------------------------
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def interpreter_environment(**extra: str) -> dict[str, str]:
+    """This process's environment with this interpreter's ``bin`` first on ``PATH`` (the
+    servers MLflow starts, e.g. uvicorn, are found there), plus ``extra``."""
+    binary = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": f"{binary}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
+
+
+def wait_for_http(
+    url: str, process: subprocess.Popen, timeout: float = 120.0, log: Path | None = None
+) -> None:
+    """Polls ``url`` until it answers 200.
+
+    Raises:
+        RuntimeError: when ``process`` exits or ``timeout`` seconds pass first; the message
+            holds the end of ``log`` when given.
+    """
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            tail = f":\n{log.read_text()[-4000:]}" if log is not None and log.exists() else ""
+            raise RuntimeError(f"{url}: the server did not come up{tail}")
+        time.sleep(0.3)

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,42 +38,20 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Table, evaluate_targets, progress
+from benchmarks.harness import (
+    Table,
+    evaluate_targets,
+    free_port,
+    interpreter_environment,
+    progress,
+    wait_for_http,
+)
 
 NAME = "serving"
 DESCRIPTION = "Our policy server vs mlflow models serve: req/s, p50/p99, soak, reload, fuzz"
 
 KEY = "bench-act-key-0123456789"
 ADMIN = "bench-admin-key-0123456789"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait(url: str, process: subprocess.Popen, seconds: float = 180) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{url}: the server did not come up")
-        time.sleep(0.5)
-
-
-def _environment(store: str) -> dict[str, str]:
-    binary = str(Path(sys.executable).parent)
-    return {
-        **os.environ,
-        "MLFLOW_TRACKING_URI": store,
-        "PATH": f"{binary}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
 
 
 def _train(workdir: Path, store: str, updates: int) -> None:
@@ -182,7 +158,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     scratch = Path(tempfile.mkdtemp(prefix="neorl-serving-"))
     store = f"sqlite:///{scratch}/mlflow.db"
-    env = _environment(store)
+    env = interpreter_environment(MLFLOW_TRACKING_URI=store)
     progress("training and registering the policy")
     _train(scratch, store, config["updates"])
     model = "models:/ib-policy@champion"
@@ -198,7 +174,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         {"dataframe_split": {"columns": list(artifact.observation_names), "data": [observation]}}
     )
     (scratch / "keys.yaml").write_text(f"act: [{KEY}]\nadmin: [{ADMIN}]\n")
-    ports = {"ours": _free_port(), "mlflow": _free_port()}
+    ports = {"ours": free_port(), "mlflow": free_port()}
     servers = {
         "ours": subprocess.Popen(
             [sys.executable, "-m", "neorl_industrial.cli", "serve", "--model", model,
@@ -223,8 +199,8 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     }  # fmt: skip
     results: dict[str, Any] = {}
     try:
-        _wait(f"http://127.0.0.1:{ports['ours']}/readyz", servers["ours"])
-        _wait(f"http://127.0.0.1:{ports['mlflow']}/ping", servers["mlflow"])
+        wait_for_http(f"http://127.0.0.1:{ports['ours']}/readyz", servers["ours"], 180)
+        wait_for_http(f"http://127.0.0.1:{ports['mlflow']}/ping", servers["mlflow"], 180)
         for name in ("ours", "mlflow"):  # warm both (first requests compile / load lazily)
             _wrk(urls[name], scripts[name], 1, 2)
         runs: dict[str, dict[int, list[dict[str, float]]]] = {

@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: benchmarks/ is a sibling package
+
+from benchmarks.harness import free_port, interpreter_environment, wait_for_http  # noqa: E402
+
 DEMO = [
     "data.trajectories=10",
     "training.updates=3000",
@@ -34,12 +35,6 @@ DEMO = [
     "checkpoints.every=0",
     "tracking.promote=true",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _chromium() -> str:
@@ -97,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     run_ids = [parent.info.run_id, *(r.info.run_id for r in children)]
 
-    port = _free_port()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    port = free_port()
+    env = interpreter_environment()
     ui = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store,
          "--host", "127.0.0.1", "--port", str(port)],
@@ -107,15 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                if ui.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("mlflow ui did not start") from None
-                time.sleep(0.5)
+        try:
+            wait_for_http(f"http://127.0.0.1:{port}/health", ui)
+        except RuntimeError as error:
+            raise SystemExit(f"mlflow ui did not start: {error}") from None
         query = "&".join(
             f"{key}={urllib.parse.quote(json.dumps(value))}"
             for key, value in (

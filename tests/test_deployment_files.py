@@ -8,7 +8,6 @@ import ast
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from benchmarks.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -112,19 +113,13 @@ def test_dockerfiles_are_multi_stage_non_root_with_healthchecks(name):
     assert any("constraints.txt" in args for op, args in instructions if op in ("COPY", "RUN"))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_the_image_entrypoint_and_healthcheck_run_the_server_here(tmp_path):
     from tests.wrappers.agents.test_export import Policy
 
     instructions = dict(_instructions(ROOT / "docker" / "Dockerfile"))
     entrypoint = json.loads(instructions["ENTRYPOINT"])
     assert entrypoint[:2] == ["neorl-industrial", "serve"]
-    port = _free_port()
+    port = free_port()
     command = [
         str(Path(sys.executable).parent / entrypoint[0]),
         *[str(port) if arg == "8000" else arg for arg in entrypoint[1:]],

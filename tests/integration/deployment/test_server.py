@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from benchmarks.harness import free_port, wait_for_http
 from neorl_industrial.integration.deployment import ServerSettings, SettingsError, create_app
 from neorl_industrial.integration.safety import AuditLog
 from neorl_industrial.wrappers.agents import PolicyArtifact
@@ -298,14 +298,8 @@ def test_reload_under_load_fails_no_request(client, policies):
     assert client.get("/readyz").json()["version"] == reloaded.json()["version"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_cli_serve_starts_uvicorn(policies, tmp_path):
-    port = _free_port()
+    port = free_port()
     keys = tmp_path / "keys.yaml"
     keys.write_text(f"act: [{ACT}]\n")
     command = [
@@ -315,15 +309,7 @@ def test_cli_serve_starts_uvicorn(policies, tmp_path):
     ]  # fmt: skip
     server = subprocess.Popen(command, env=os.environ.copy())
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("neorl-industrial serve did not become ready")
-                time.sleep(0.3)
+        wait_for_http(f"http://127.0.0.1:{port}/readyz", server)
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/act",
             json.dumps({"observation": [50.0] * 6}).encode(),

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 
+from benchmarks.harness import free_port, wait_for_http
 from neorl_industrial.pipeline import run_training
 from neorl_industrial.wrappers.training import RunConfig
 
@@ -30,18 +28,12 @@ def _postgres_or_skip():
         pytest.skip(f"PostgreSQL is not reachable on 127.0.0.1:5432: {error}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def team_server(tmp_path_factory):
     admin = _postgres_or_skip()
     database = f"neorl_test_{uuid.uuid4().hex[:10]}"
     tmp = tmp_path_factory.mktemp("team")
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -56,15 +48,7 @@ def team_server(tmp_path_factory):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"mlflow server did not start:\n{(tmp / 'server.log').read_text()}")
-                time.sleep(0.5)
+        wait_for_http(f"{url}/health", server, 180, log=tmp / "server.log")
         yield url, tmp, database
     finally:
         os.killpg(server.pid, signal.SIGTERM)

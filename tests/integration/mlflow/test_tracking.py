@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks.harness import free_port, interpreter_environment, wait_for_http
 from neorl_industrial import cli
 from neorl_industrial.pipeline import run_training
 from neorl_industrial.wrappers.training import RunConfig
@@ -239,20 +239,10 @@ def test_cli_models_list_promote_export_and_evaluate_by_uri(tracked, capsys):
             os.environ["MLFLOW_TRACKING_URI"] = old
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_mlflow_models_serve_returns_shielded_actions(tracked):
     outcome, _, uri, tmp = tracked
-    port = _free_port()
-    env = {
-        **os.environ,
-        "MLFLOW_TRACKING_URI": uri,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
+    port = free_port()
+    env = interpreter_environment(MLFLOW_TRACKING_URI=uri)
     command = [
         sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{MODEL}@champion",
         "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port),
@@ -260,17 +250,7 @@ def test_mlflow_models_serve_returns_shielded_actions(tracked):
     log = (tmp / "serve.log").open("w")
     server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=1)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(
-                        f"mlflow models serve did not start:\n{(tmp / 'serve.log').read_text()}"
-                    )
-                time.sleep(0.5)
+        wait_for_http(f"http://127.0.0.1:{port}/ping", server, log=tmp / "serve.log")
         names = list(outcome.agent.env.observation_names)
         observations = np.full((2, len(names)), 60.0, np.float32)
         body = json.dumps({"dataframe_split": {"columns": names, "data": observations.tolist()}})
@@ -294,7 +274,7 @@ def test_mlflow_models_serve_returns_shielded_actions(tracked):
 
 def test_training_goes_on_when_the_server_is_down_and_the_spool_replays(tracked, capsys):
     _, _, _, tmp = tracked
-    down = f"http://127.0.0.1:{_free_port()}"
+    down = f"http://127.0.0.1:{free_port()}"
     config = _config(tmp, down, "offline", flush_timeout=2.0)
     started = time.perf_counter()
     outcome = run_training(config)

@@ -162,39 +162,16 @@ def load_policy_source(
     registry: dict[str, Any] | None = None
     path: str | Path = source
     if source.startswith(("models:/", "runs:/")):
-        from neorl_industrial.integration.mlflow.registry import resolve_policy_dir
+        from neorl_industrial.integration.mlflow.registry import (
+            describe_model_uri,
+            resolve_policy_dir,
+        )
 
         path = resolve_policy_dir(source, tracking_uri)
-        registry = _registry_facts(source, tracking_uri)
+        registry = describe_model_uri(source, tracking_uri)
     artifact = PolicyArtifact.load(path)
     artifact.warmup(batch_sizes)
     return LoadedPolicy(artifact, source, registry)
-
-
-def _registry_facts(source: str, tracking_uri: str | None) -> dict[str, Any] | None:
-    """Name, version and training run of a ``models:/name@alias`` or ``models:/name/v``."""
-    if not source.startswith("models:/"):
-        return {"uri": source}
-    from mlflow import MlflowClient
-
-    from neorl_industrial.integration.mlflow.tracking import resolve_tracking_uri
-
-    uri = resolve_tracking_uri(tracking_uri)
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    rest = source[len("models:/") :]
-    if "@" in rest:
-        name, alias = rest.split("@", 1)
-        version = client.get_model_version_by_alias(name, alias)
-    else:
-        name, number = rest.rsplit("/", 1)
-        version = client.get_model_version(name, number)
-    return {
-        "uri": source,
-        "name": name,
-        "version": str(version.version),
-        "run_id": version.run_id,
-        "aliases": list(getattr(version, "aliases", []) or []),
-    }
 
 
 def _padded_sizes(max_batch: int, sizes: list[int]) -> list[int]:

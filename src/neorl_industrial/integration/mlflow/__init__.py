@@ -13,52 +13,43 @@ MLflow itself is imported lazily: ``import neorl_industrial.integration.mlflow``
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from neorl_industrial.core.utils.lazy import lazy_exports
 
 _EXPORTS = {
-    "BufferedSender": "sender",
-    "MlflowUnavailableWarning": "sender",
-    "SendSummary": "sender",
-    "SpoolError": "sender",
-    "read_spool": "sender",
-    "replay": "sender",
-    "DEFAULT_TRACKING_URI": "tracking",
-    "MlflowTracker": "tracking",
-    "flatten": "tracking",
-    "registered_model_name": "tracking",
-    "resolve_tracking_uri": "tracking",
-    "system_tags": "tracking",
-    "ui_command": "tracking",
-    "learning_curves": "plots",
-    "safety_plot": "plots",
-    "ShieldedPolicyModel": "pyfunc",
-    "log_policy_model": "pyfunc",
-    "policy_signature": "pyfunc",
-    "CHALLENGER": "registry",
-    "CHAMPION": "registry",
-    "PromotionDecision": "registry",
-    "RegistryError": "registry",
-    "VersionSummary": "registry",
-    "decide_promotion": "registry",
-    "is_model_uri": "registry",
-    "list_versions": "registry",
-    "load_agent": "registry",
-    "load_policy": "registry",
-    "promote": "registry",
-    "resolve_agent_dir": "registry",
-    "resolve_policy_dir": "registry",
+    "BufferedSender": ".sender",
+    "MlflowUnavailableWarning": ".sender",
+    "SendSummary": ".sender",
+    "SpoolError": ".sender",
+    "read_spool": ".sender",
+    "replay": ".sender",
+    "DEFAULT_TRACKING_URI": ".tracking",
+    "MlflowTracker": ".tracking",
+    "flatten": ".tracking",
+    "registered_model_name": ".tracking",
+    "resolve_tracking_uri": ".tracking",
+    "system_tags": ".tracking",
+    "ui_command": ".tracking",
+    "learning_curves": ".plots",
+    "safety_plot": ".plots",
+    "ShieldedPolicyModel": ".pyfunc",
+    "log_policy_model": ".pyfunc",
+    "policy_signature": ".pyfunc",
+    "CHALLENGER": ".registry",
+    "CHAMPION": ".registry",
+    "PromotionDecision": ".registry",
+    "RegistryError": ".registry",
+    "VersionSummary": ".registry",
+    "decide_promotion": ".registry",
+    "describe_model_uri": ".registry",
+    "is_model_uri": ".registry",
+    "list_versions": ".registry",
+    "load_agent": ".registry",
+    "load_policy": ".registry",
+    "promote": ".registry",
+    "resolve_agent_dir": ".registry",
+    "resolve_policy_dir": ".registry",
 }
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-    return getattr(module, name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

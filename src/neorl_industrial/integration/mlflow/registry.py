@@ -35,6 +35,7 @@ __all__ = [
     "RegistryError",
     "VersionSummary",
     "decide_promotion",
+    "describe_model_uri",
     "finish_registration",
     "is_model_uri",
     "list_versions",
@@ -338,6 +339,33 @@ def _resolve(value: str | Path, part: str, tracking_uri: str | None) -> Path:
             "neorl_industrial?"
         )
     return found
+
+
+def describe_model_uri(uri: str, tracking_uri: str | None = None) -> dict[str, Any]:
+    """Name, version, training run and aliases of ``models:/name@alias`` or
+    ``models:/name/version`` (just the URI for other schemes)."""
+    if not uri.startswith("models:/"):
+        return {"uri": uri}
+    from mlflow import MlflowClient
+
+    from neorl_industrial.integration.mlflow.tracking import resolve_tracking_uri
+
+    store = resolve_tracking_uri(tracking_uri)
+    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    rest = uri[len("models:/") :]
+    if "@" in rest:
+        name, alias = rest.split("@", 1)
+        version = _version(client, name, alias=alias)
+    else:
+        name, number = rest.rsplit("/", 1)
+        version = _version(client, name, number)
+    return {
+        "uri": uri,
+        "name": name,
+        "version": str(version.version),
+        "run_id": version.run_id,
+        "aliases": list(getattr(version, "aliases", []) or []),
+    }
 
 
 def resolve_policy_dir(value: str | Path, tracking_uri: str | None = None) -> Path:

@@ -7,8 +7,7 @@ Names are imported lazily: a server that only loads an exported policy
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from neorl_industrial.core.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "Agent": "neorl_industrial.wrappers.agents.agent",
@@ -21,8 +20,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

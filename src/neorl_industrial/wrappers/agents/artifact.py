@@ -88,7 +88,7 @@ class PolicyDecision:
     infeasible: np.ndarray  # [...] bool: no action kept every constraint
     constraint_names: tuple[str, ...]
 
-    @property
+    @functools.cached_property
     def violated_mask(self) -> np.ndarray:
         """``[..., n_constraints]`` the constraints the proposal broke."""
         return ~(self.margin >= -TOLERANCE)
