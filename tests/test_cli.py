@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from neorl_industrial import cli
+from neorl_industrial.cli.environments import run_rollouts
 
 
 def test_envs_lists_every_registered_environment(capsys):
@@ -42,7 +46,7 @@ def test_rollout_reports_returns_and_costs(capsys):
 
 
 def test_run_rollouts_measures_a_rollout():
-    report = cli.run_rollouts("IB-classic-v0", "random", n_envs=3, n_steps=1000, seed=0)
+    report = run_rollouts("IB-classic-v0", "random", n_envs=3, n_steps=1000, seed=0)
     assert report.episodes == 3
     assert report.mean_return < 0
     assert report.mean_episode_cost.shape == (2,)
@@ -189,3 +193,33 @@ def test_every_command_has_help(command, capsys):
         cli.main([*command, "--help"])
     assert exit_info.value.code == 0
     assert "usage: neorl-industrial" in capsys.readouterr().out
+
+
+def test_the_command_line_does_not_import_the_benchmarks():
+    # The benchmarks are not installed with the package; `bench` runs them in a process.
+    package = Path(cli.__file__).parent
+    modules = sorted(package.glob("*.py"))
+    assert len(modules) > 5
+    for module in modules:
+        for node in ast.walk(ast.parse(module.read_text(), filename=str(module))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] != "benchmarks", f"{module.name} imports {name}"
+
+
+def test_bench_outside_a_source_tree_says_where_to_run_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--no-cache", "bench", "env_throughput", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "benchmarks/" in err and "repository root" in err
+
+
+def test_bench_runs_the_benchmark_runner_in_its_own_process(monkeypatch, capfd):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert cli.main(["--no-cache", "bench", "env_throughput", "--help"]) == 0
+    assert "usage: python -m benchmarks.run" in capfd.readouterr().out

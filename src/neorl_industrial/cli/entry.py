@@ -1,0 +1,54 @@
+"""The root parser, assembled from the command groups, and ``main``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from rich.markup import escape
+
+from neorl_industrial.cli import bench, datasets, environments, models, serving, training
+from neorl_industrial.cli.common import make_console
+from neorl_industrial.runtime import enable_compilation_cache
+
+# In the order the help lists the commands.
+_COMMAND_GROUPS = (
+    training.add_parsers,
+    bench.add_parsers,
+    models.add_model_parsers,
+    serving.add_parsers,
+    models.add_mlflow_parsers,
+    environments.add_parsers,
+    datasets.add_parsers,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``neorl-industrial`` parser with every command."""
+    parser = argparse.ArgumentParser(
+        prog="neorl-industrial",
+        description="Safe offline reinforcement learning for industrial control.",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not keep compiled programs on disk (see NEORL_INDUSTRIAL_JAX_CACHE)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add_parsers in _COMMAND_GROUPS:
+        add_parsers(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit status (2 for an error of the input)."""
+    args = build_parser().parse_args(argv)
+    if not args.no_cache:
+        enable_compilation_cache()
+    try:
+        return args.handler(args)
+    except (ValueError, FileExistsError, FileNotFoundError) as error:
+        # Every error of ours is one of these (pydantic's, the registry's and the spool's
+        # are ValueErrors); its message names what is wrong.
+        make_console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}")
+        return 2

@@ -1,0 +1,155 @@
+"""``models list|promote|export`` over MLflow's registry and ``mlflow replay``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from neorl_industrial.cli.common import make_console
+
+
+def _registry_client(uri: str | None):
+    from mlflow import MlflowClient
+
+    from neorl_industrial.integration.mlflow.sender import quiet_http_retries
+    from neorl_industrial.integration.mlflow.tracking import resolve_tracking_uri
+
+    quiet_http_retries()
+    uri = resolve_tracking_uri(uri)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri), uri
+
+
+def command_models_list(args: argparse.Namespace) -> int:
+    from neorl_industrial.integration.mlflow.registry import list_versions
+
+    client, uri = _registry_client(args.tracking_uri)
+    names = [args.name] if args.name else sorted(m.name for m in client.search_registered_models())
+    console = make_console()
+    if not names:
+        console.print(f"No registered models at {uri}.")
+        return 0
+    for name in names:
+        table = Table(title=f"{name} at {uri}")
+        for column in (
+            "version",
+            "aliases",
+            "env",
+            "algorithm",
+            "return",
+            "normalized cost",
+            "safe",
+            "run",
+            "promotion",
+        ):
+            table.add_column(column)
+        for version in list_versions(client, name):
+            cost = version.metrics.get("normalized_cost")
+            ret = version.ret
+            tags = client.get_model_version(name, version.version).tags or {}
+            table.add_row(
+                version.version,
+                ", ".join(version.aliases),
+                version.env or "-",
+                version.algorithm or "-",
+                "-" if ret is None else f"{ret:,.0f}",
+                "-" if cost is None else f"{cost:.2f}",
+                "yes" if version.safe else "no",
+                (version.run_id or "-")[:8],
+                escape(tags.get("promotion.reason", "")),
+            )
+        console.print(table)
+    return 0
+
+
+def command_models_promote(args: argparse.Namespace) -> int:
+    from neorl_industrial.integration.mlflow.registry import promote
+
+    client, _ = _registry_client(args.tracking_uri)
+    decision = promote(client, args.name, args.version, force=args.force)
+    verdict = (
+        f"promoted version {decision.candidate.version} to @champion"
+        if decision.promoted
+        else f"kept the champion; version {decision.candidate.version} not promoted"
+    )
+    make_console().print(escape(f"{args.name}: {verdict}: {decision.reason}"))
+    return 0 if decision.promoted or not args.check else 1
+
+
+def command_models_export(args: argparse.Namespace) -> int:
+    import shutil
+
+    from neorl_industrial.integration.mlflow.registry import resolve_policy_dir
+    from neorl_industrial.wrappers.agents.artifact import PolicyArtifact
+
+    _, uri = _registry_client(args.tracking_uri)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise FileExistsError(f"{out}: already exists; pass --overwrite to replace it")
+    source = resolve_policy_dir(args.model, uri)
+    artifact = PolicyArtifact.load(source)  # verified before it is copied
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging)
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    make_console().print(f"Exported {args.model} ({artifact!r}) to {out}")
+    return 0
+
+
+def command_mlflow_replay(args: argparse.Namespace) -> int:
+    from neorl_industrial.integration.mlflow.sender import quiet_http_retries, replay
+
+    quiet_http_retries()
+    summary = replay(args.spool, args.tracking_uri)
+    make_console().print(
+        f"Replayed {summary.sent} MLflow call(s) from {args.spool} "
+        f"(runs: {', '.join(summary.run_ids.values()) or 'none'})"
+    )
+    return 0
+
+
+def add_model_parsers(commands: argparse._SubParsersAction) -> None:
+    """Adds ``models list|promote|export`` to the command line."""
+    models = commands.add_parser("models", help="registered policies in MLflow's registry")
+    models_commands = models.add_subparsers(dest="models_command", required=True)
+    tracking_help = "the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
+    listing = models_commands.add_parser("list", help="versions, aliases and evaluations")
+    listing.add_argument("name", nargs="?", help="a registered model (default: all)")
+    listing.add_argument("--tracking-uri", help=tracking_help)
+    listing.set_defaults(handler=command_models_list)
+    promoting = models_commands.add_parser(
+        "promote",
+        help="make a version the champion if it is safe and beats the champion's return",
+    )
+    promoting.add_argument("name", help="the registered model, e.g. ib-policy")
+    promoting.add_argument("--version", help="the candidate (default: @challenger, else newest)")
+    promoting.add_argument("--force", action="store_true", help="promote regardless of the rule")
+    promoting.add_argument(
+        "--check", action="store_true", help="exit with 1 when the candidate is not promoted"
+    )
+    promoting.add_argument("--tracking-uri", help=tracking_help)
+    promoting.set_defaults(handler=command_models_promote)
+    exporting = models_commands.add_parser(
+        "export", help="copy a registered policy (models:/name@alias) to a directory"
+    )
+    exporting.add_argument("model", help="models:/ib-policy@champion, models:/ib-policy/3, ...")
+    exporting.add_argument("--out", required=True, help="the policy artifact's directory")
+    exporting.add_argument("--overwrite", action="store_true")
+    exporting.add_argument("--tracking-uri", help=tracking_help)
+    exporting.set_defaults(handler=command_models_export)
+
+
+def add_mlflow_parsers(commands: argparse._SubParsersAction) -> None:
+    """Adds ``mlflow replay`` to the command line."""
+    mlflow_parser = commands.add_parser("mlflow", help="MLflow tracking helpers")
+    mlflow_commands = mlflow_parser.add_subparsers(dest="mlflow_command", required=True)
+    replaying = mlflow_commands.add_parser(
+        "replay", help="send the MLflow calls a run could not send (its spool file)"
+    )
+    replaying.add_argument("spool", help="a run's mlflow-spool.jsonl")
+    replaying.add_argument("--tracking-uri", help="send them here instead of where they were for")
+    replaying.set_defaults(handler=command_mlflow_replay)

@@ -1,0 +1,255 @@
+"""``run`` (the main job), ``train``, ``evaluate`` and ``export``, and their reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import jax
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from neorl_industrial.cli.common import agent_dir, make_console, positive_int
+
+
+def command_run(args: argparse.Namespace) -> int:
+    from neorl_industrial.pipeline import main_job_config
+
+    overrides = list(args.set or [])
+    if not any(item.startswith("name=") for item in overrides):
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        overrides.append(f"name=main-{stamp}")
+    config = main_job_config(overrides)
+    console = make_console()
+    console.print(
+        f"[bold]neorl_industrial[/bold] main job on {jax.default_backend()} "
+        f"({len(jax.devices())} device(s)): {config.algorithm.name} on a generated "
+        f"{config.env.id} dataset, seeds {config.training.seeds}"
+    )
+    return _train_and_report(config, resume=False, console=console)
+
+
+def command_train(args: argparse.Namespace) -> int:
+    from neorl_industrial.wrappers.training import RunConfig
+
+    config = RunConfig.from_files(list(args.config or []), list(args.set or []))
+    console = make_console()
+    console.print(
+        f"[bold]training[/bold] {config.algorithm.name} on {config.env.id} "
+        f"({config.data.path or 'generated data'}), seeds {config.training.seeds} "
+        f"-> {config.run_dir}"
+    )
+    return _train_and_report(config, resume=args.resume, console=console)
+
+
+def _train_and_report(config, *, resume: bool, console: Console) -> int:
+    from neorl_industrial.pipeline import run_training
+    from neorl_industrial.wrappers.training import RichProgress
+
+    started = time.perf_counter()
+    outcome = run_training(
+        config,
+        resume=resume,
+        callbacks=[RichProgress(console, metrics=("critic_loss",))],
+        console=console,
+    )
+    report = outcome.report
+    console.print(_summary_table(report))
+    data, training = report["data"], report["training"]
+    rate = training["updates_per_s"]
+    console.print(
+        f"Data: {data['transitions']:,} transitions in {data['episodes']} episodes "
+        f"({data['source']}), mean episode return {data['mean_episode_return']:,.0f}."
+    )
+    console.print(
+        f"Training: {training['updates']:,} updates x {len(training['seeds'])} seeds in "
+        f"{training['seconds']:.1f} s"
+        + (f" ({rate:,.0f} updates/s over all seeds after compilation)" if rate else "")
+        + (f", resumed from {training['resumed_from']:,}" if training["resumed_from"] else "")
+        + ("; stopped early" if training["stopped_early"] else "")
+        + "."
+    )
+    outputs = report["outputs"]
+    console.print(f"Agent: {outputs['agent']}  (Agent.load)")
+    if outputs["policy"]:
+        console.print(f"Policy: {outputs['policy']}  (served without training code)")
+    if outputs["checkpoints"]:
+        console.print(f"Checkpoints: {outputs['checkpoints']}")
+    console.print(f"Report: {outcome.run_dir / 'report.json'}")
+    tracking = report.get("tracking")
+    if tracking:
+        _print_tracking(console, tracking)
+    console.print(f"Done in {time.perf_counter() - started:.1f} s.")
+    return 0
+
+
+def _print_tracking(console: Console, tracking: dict) -> None:
+    run = tracking.get("run_id") or "not created (see the spool)"
+    console.print(
+        f"MLflow: run {run} in experiment {tracking['experiment']!r} at {tracking['uri']}"
+    )
+    model = tracking.get("model")
+    if model and model.get("version"):
+        line = f"Model: {model['uri']} registered"
+        if "promoted" in model:
+            verdict = "promoted to @champion" if model["promoted"] else "not promoted"
+            line += f"; {verdict}: {model['reason']}"
+        console.print(escape(line))
+    if tracking.get("spooled"):
+        console.print(
+            f"[yellow]{tracking['spooled']} MLflow call(s) could not be sent; they are in "
+            f"{tracking['spool']}: replay with `neorl-industrial mlflow replay "
+            f"{tracking['spool']}`[/yellow]"
+        )
+    console.print(f"Open the MLflow UI: {tracking['ui']}")
+
+
+def _summary_table(report: dict) -> Table:
+    table = Table(title=f"{report['algorithm']} on {report['env']}: best evaluation of each run")
+    for column in (
+        "run",
+        "seed",
+        "updates",
+        "return",
+        "score",
+        "normalized cost",
+        "violations",
+        "shield overrides",
+        "hard violations",
+    ):
+        table.add_column(column, justify="right")
+    references = report["data"].get("references")
+    for i, best in enumerate(report["best"]):
+        if best is None:
+            continue
+        metrics = best["metrics"]
+        score = "-"
+        if references:
+            span = references["expert"] - references["random"]
+            score = f"{100 * (metrics['return'] - references['random']) / span:.1f}"
+        cost = metrics.get("normalized_cost")
+        table.add_row(
+            f"{i}{' *' if i == report['selected_run'] else ''}",
+            str(report["training"]["seeds"][i]),
+            f"{best['updates']:,}",
+            f"{metrics['return']:,.0f}",
+            score,
+            "-" if cost is None else f"{cost:.2f}",
+            f"{100 * metrics['violation_rate']:.0f} %",
+            f"{100 * metrics['override_rate']:.1f} %",
+            str(metrics["hard_violation_steps"]),
+        )
+    table.caption = (
+        "* the run the agent predicts with. Score: 100 (R - random) / (expert - random); "
+        "normalized cost: mean episode cost / limit (<= 1 keeps the limit); hard "
+        "violations: steps whose applied action broke a hard constraint."
+    )
+    return table
+
+
+def command_evaluate(args: argparse.Namespace) -> int:
+    from neorl_industrial.wrappers.agents import Agent
+
+    agent = Agent.load(agent_dir(args.agent))
+    result = agent.evaluate(
+        args.episodes, horizon=args.horizon, shield_actions=not args.no_shield, seed=args.seed
+    )
+    table = Table(title=f"{agent.name} from {args.agent}: {args.episodes} episodes per run")
+    for column in (
+        "run",
+        "return",
+        "normalized cost",
+        "violations",
+        "shield overrides",
+        "hard violations",
+    ):
+        table.add_column(column, justify="right")
+    for i, metrics in enumerate(result["runs"]):
+        cost = metrics.get("normalized_cost")
+        table.add_row(
+            f"{i}{' *' if i == result['selected_run'] else ''}",
+            f"{metrics['return']:,.0f}",
+            "-" if cost is None else f"{cost:.2f}",
+            f"{100 * metrics['violation_rate']:.0f} %",
+            f"{100 * metrics['override_rate']:.1f} %",
+            str(metrics["hard_violation_steps"]),
+        )
+    console = make_console()
+    console.print(table)
+    summary = result["summary"]["return"]
+    ci = f" ± {summary['ci']:,.0f}" if summary["ci"] is not None else ""
+    console.print(f"Mean return over runs: {summary['mean']:,.0f}{ci} (95 % CI)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        console.print(f"Wrote {args.json}")
+    return 0
+
+
+def command_export(args: argparse.Namespace) -> int:
+    from neorl_industrial.wrappers.agents import Agent
+
+    agent = Agent.load(agent_dir(args.agent))
+    path = agent.export(args.out, overwrite=args.overwrite)
+    make_console().print(f"Exported the policy of {args.agent} ({agent.name}) to {path}")
+    return 0
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    """Adds ``run``, ``train``, ``evaluate`` and ``export`` to the command line."""
+    run = commands.add_parser(
+        "run",
+        help="the main job: generate data, train a safe agent, evaluate, save, export, report",
+    )
+    run.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a field of the main job's configuration, e.g. training.updates=1000",
+    )
+    run.set_defaults(handler=command_run)
+
+    train = commands.add_parser("train", help="train an agent from configuration files")
+    train.add_argument(
+        "--config",
+        "-c",
+        action="append",
+        metavar="YAML",
+        help="a configuration file; several are merged in order (e.g. an environment, "
+        "then an algorithm)",
+    )
+    train.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a field, e.g. training.seeds=[0,1,2] or algorithm.name=iql-lag",
+    )
+    train.add_argument(
+        "--resume", action="store_true", help="continue the run from its newest checkpoint"
+    )
+    train.set_defaults(handler=command_train)
+
+    evaluate = commands.add_parser("evaluate", help="evaluate a saved agent in its simulator")
+    evaluate.add_argument(
+        "agent",
+        help="a saved agent's directory, or a registered model (models:/ib-policy@champion)",
+    )
+    evaluate.add_argument("--episodes", type=positive_int, default=100)
+    evaluate.add_argument("--horizon", type=positive_int, default=None)
+    evaluate.add_argument("--no-shield", action="store_true", help="do not shield the actions")
+    evaluate.add_argument("--seed", type=int, default=1)
+    evaluate.add_argument("--json", help="also write the metrics to this JSON file")
+    evaluate.set_defaults(handler=command_evaluate)
+
+    export = commands.add_parser(
+        "export", help="export a saved agent's policy as a self-contained artifact"
+    )
+    export.add_argument(
+        "agent",
+        help="a saved agent's directory, or a registered model (models:/ib-policy@champion)",
+    )
+    export.add_argument("--out", required=True, help="the artifact's directory")
+    export.add_argument("--overwrite", action="store_true")
+    export.set_defaults(handler=command_export)
