@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,10 +28,27 @@ from typing import Any
 import jax
 import numpy as np
 
-from neorl_industrial.wrappers.agents.agent import Agent, AgentError
+from neorl_industrial.core.environments import Task, TaskError
+from neorl_industrial.core.safety import ConstraintSpec, ConstraintSpecError
+from neorl_industrial.wrappers.agents.agent import (
+    DEFAULT_ENV,
+    Agent,
+    AgentError,
+    OPESettings,
+    load_constraint_spec,
+)
+from neorl_industrial.wrappers.hostio import json_default, write_text_atomic
 from neorl_industrial.wrappers.training import Callback, RunConfig
 
-__all__ = ["MAIN_JOB", "RunOutcome", "load_data", "main_job_config", "run_training"]
+__all__ = [
+    "MAIN_JOB",
+    "RunOutcome",
+    "RunPlan",
+    "load_data",
+    "main_job_config",
+    "resolve_run",
+    "run_training",
+]
 
 #: The main job (``neorl-industrial run``, ``make run``): TD3BC-Lag on a small generated
 #: IB dataset, three seeds at once, evaluated with the shield, tracked in MLflow and its
@@ -66,9 +82,157 @@ class RunOutcome:
     policy_dir: Path | None
 
 
+@dataclasses.dataclass
+class RunPlan:
+    """A run configuration resolved once: the task, the data (and its card), the
+    constraint spec and cost limits, and the evaluation settings. The same objects go to
+    the Agent, the Trainer, evaluation, export and tracking.
+
+    Attributes:
+        config: the configuration as given.
+        task: the process (the simulator's, or the dataset card's for a plant log).
+        dataset: the training data (read or generated).
+        card: the dataset's card.
+        facts: what the report says about the data.
+        spec: the constraint spec of ``safety.constraints`` (None: the task's defaults).
+        ope: the off-policy evaluation settings.
+    """
+
+    config: RunConfig
+    task: Task
+    dataset: Any
+    card: Any
+    facts: dict[str, Any]
+    spec: ConstraintSpec | None
+    ope: OPESettings
+
+    def agent(self) -> Agent:
+        """The run's agent (not yet trained)."""
+        config = self.config
+        return Agent(
+            config.algorithm.name,
+            task=self.task,
+            constraints=self.spec,
+            cost_limits=config.safety.cost_limits,
+            **config.algorithm.hyperparameters,
+        )
+
+    @property
+    def label(self) -> str:
+        """The task's name for titles and registry names (the simulator's id, or the
+        plant's dataset name)."""
+        return self.task.env_id or self.task.name
+
+
+def resolve_run(config: RunConfig) -> RunPlan:
+    """Resolves ``config`` into a :class:`RunPlan`: reads or generates the data, builds
+    the task, checks that data and run agree, and reads the constraint spec.
+
+    Raises:
+        AgentError: naming the field: a dataset whose card disagrees with the run's
+            environment or parameters (unless ``data.allow_mismatch``), a constraint spec
+            that does not fit the task, an unreadable dataset.
+    """
+    from neorl_industrial.integration.datasets import DatasetFormatError
+
+    try:
+        spec = (
+            None
+            if config.safety.constraints is None
+            else load_constraint_spec(config.safety.constraints)
+        )
+    except ConstraintSpecError as error:
+        raise AgentError(f"safety.constraints: {error}") from None
+    try:
+        dataset, facts, card = load_data(config)
+    except (DatasetFormatError, FileNotFoundError) as error:
+        raise AgentError(f"data.path: {error}") from None
+    except ValueError as error:
+        raise AgentError(str(error)) from None
+    task = _task(config, dataset, card)
+    ope_section = config.evaluation.ope
+    ope = OPESettings(
+        holdout=ope_section.holdout,
+        updates=ope_section.updates,
+        seeds=tuple(ope_section.seeds),
+        hidden=tuple(ope_section.hidden),
+        discount=ope_section.discount,
+        always=ope_section.always,
+    )
+    return RunPlan(config, task, dataset, card, facts, spec, ope)
+
+
+def _task(config: RunConfig, dataset: Any, card: Any) -> Task:
+    env = config.env
+    if config.data.path is None:
+        try:
+            return Task.from_env(env.id or DEFAULT_ENV, env.params)
+        except TaskError as error:
+            raise AgentError(str(error)) from None
+    try:
+        task = card.task(dataset)
+    except ValueError as error:
+        raise AgentError(f"data.path: {error}") from None
+    if env.id is None:
+        if env.params and task.has_simulator:
+            _check_params(config, card)
+            task = dataclasses.replace(task, env_params={**task.env_params, **env.params})
+        elif env.params:
+            raise AgentError(
+                f"env.params: dataset {card.name!r} has no simulator to apply {sorted(env.params)} "
+                "to; set env.id as well, or drop them"
+            )
+        return task
+    if card.env_id is not None and card.env_id != env.id and not config.data.allow_mismatch:
+        raise AgentError(
+            f"env.id: the run names {env.id!r}, dataset {card.name!r} comes from "
+            f"{card.env_id!r}; use data of {env.id!r}, or set data.allow_mismatch=true if "
+            "this is intended"
+        )
+    _check_params(config, card)
+    try:
+        simulated = Task.from_env(env.id, {**card.env_params, **env.params})
+    except TaskError as error:
+        raise AgentError(str(error)) from None
+    if (
+        task.observation_names != simulated.observation_names
+        and card.observation_columns
+        and not config.data.allow_mismatch
+    ):
+        try:
+            simulated.check_data(
+                observation_size=dataset.observation_size,
+                action_size=dataset.action_size,
+                discrete=dataset.discrete,
+                n_costs=dataset.n_costs,
+                source=f"dataset {card.name!r}",
+                observation_names=task.observation_names,
+                action_names=task.action_names,
+            )
+        except TaskError as error:
+            raise AgentError(f"data.path: {error}") from None
+    return simulated
+
+
+def _check_params(config: RunConfig, card: Any) -> None:
+    """A dataset generated with other environment parameters than the run asks for is
+    refused, naming the parameter (unless ``data.allow_mismatch``)."""
+    if config.data.allow_mismatch:
+        return
+    recorded = card.env_params or {}
+    for name, value in config.env.params.items():
+        if name in recorded and recorded[name] != value:
+            raise AgentError(
+                f"env.params.{name}: the run asks for {value!r}, dataset {card.name!r} was "
+                f"generated with {recorded[name]!r}; generate data with the same value, or "
+                "set data.allow_mismatch=true if this is intended"
+            )
+
+
 def load_data(config: RunConfig) -> tuple[Any, dict[str, Any], Any]:
-    """The run's dataset (read or generated), facts about it (including the
-    normalized-score references when the dataset card has them) and its card."""
+    """The run's dataset (read or generated with the run's environment parameters),
+    facts about it (including the normalized-score references when the dataset card has
+    them) and its card."""
     from neorl_industrial.integration.datasets import generate_dataset, load_any
 
     data = config.data
@@ -77,10 +241,11 @@ def load_data(config: RunConfig) -> tuple[Any, dict[str, Any], Any]:
         dataset, card = load_any(data.path, schema=data.schema_path)
         source = data.path
     else:
+        env_id = config.env.id or DEFAULT_ENV
         dataset, card = generate_dataset(
-            config.env.id, data.quality, data.trajectories, seed=data.seed
+            env_id, data.quality, data.trajectories, seed=data.seed, env_params=config.env.params
         )
-        source = f"generated: {config.env.id} {data.quality}, {data.trajectories} episodes"
+        source = f"generated: {env_id} {data.quality}, {data.trajectories} episodes"
     facts: dict[str, Any] = {
         "source": source,
         "name": card.name,
@@ -116,17 +281,18 @@ def run_training(
             f"{run_dir}: holds an earlier run; pass resume to continue it, or another "
             "name (name=...) or output directory (nothing was overwritten)"
         )
-    agent = Agent.from_config(config)
     started = time.perf_counter()
-    dataset, data_facts, card = load_data(config)
-    agent.check_dataset(dataset)
+    plan = resolve_run(config)
+    agent = plan.agent()
+    dataset, data_facts, card = plan.dataset, plan.facts, plan.card
+    agent.check_dataset(dataset, card)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(config.to_yaml())
     (run_dir / "dataset.json").write_text(card.to_json())
     training, evaluation, checkpoints = config.training, config.evaluation, config.checkpoints
     tracker = None
     if config.tracking.enabled:
-        tracker = _tracker(config, agent, dataset, card, data_facts, console)
+        tracker = _tracker(plan, agent, console)
     fit_started = time.perf_counter()
     every = [*(callbacks or []), *([tracker] if tracker is not None else [])]
     try:
@@ -149,6 +315,8 @@ def run_training(
             callbacks=every,
             normalize_observations=training.normalize_observations,
             reward_scaling=training.reward_scaling,
+            ope=plan.ope,
+            card=card,
         )
     except BaseException as error:
         if tracker is not None:
@@ -165,7 +333,16 @@ def run_training(
     report = {
         "name": config.name,
         "algorithm": agent.name,
-        "env": config.env.id,
+        "env": agent.task.env_id,
+        "task": {
+            "name": agent.task.name,
+            "kind": agent.task.kind,
+            "observations": agent.task.observation_size,
+            "actions": list(agent.task.action_names),
+            "action_units": list(agent.task.action_units or ()),
+            "cost_channels": list(agent.cost_names),
+        },
+        "evaluation": agent.training.get("evaluation"),
         "backend": jax.default_backend(),
         "data": data_facts,
         "training": {
@@ -184,6 +361,7 @@ def run_training(
         "summary": result.summary,
         "selected_run": agent.selected,
         "cost_limits": agent.cost_limits,
+        "cost_limit_sources": list(agent.safety.limit_sources),
         "constraints": list(agent.constraints.names),
         "outputs": {
             "run": str(run_dir),
@@ -195,7 +373,7 @@ def run_training(
     }
     if tracker is not None:
         report["tracking"] = _log_outputs(
-            tracker, config, agent, dataset, card, result, report, run_dir, agent_dir, exported
+            tracker, plan, agent, result, report, run_dir, agent_dir, exported
         )
     _write_report(run_dir, report)
     return RunOutcome(config, agent, report, run_dir, agent_dir, exported)
@@ -203,15 +381,10 @@ def run_training(
 
 def _write_report(run_dir: Path, report: dict[str, Any]) -> None:
     # Replaced atomically: a background upload of the previous version reads it whole.
-    path = run_dir / "report.json"
-    temporary = path.with_name(".report.json.tmp")
-    temporary.write_text(json.dumps(report, indent=2, default=_jsonable))
-    os.replace(temporary, path)
+    write_text_atomic(run_dir / "report.json", json.dumps(report, indent=2, default=json_default))
 
 
-def _tracker(
-    config: RunConfig, agent: Agent, dataset: Any, card: Any, facts: dict[str, Any], console: Any
-) -> Any:
+def _tracker(plan: RunPlan, agent: Agent, console: Any) -> Any:
     from neorl_industrial.integration.mlflow import (
         MlflowTracker,
         flatten,
@@ -220,6 +393,7 @@ def _tracker(
     )
     from neorl_industrial.wrappers.training.trainer import dataset_fingerprint
 
+    config, dataset, card, facts = plan.config, plan.dataset, plan.card, plan.facts
     tracking = config.tracking
     params = flatten(config.to_dict())
     params.update(
@@ -232,7 +406,9 @@ def _tracker(
     )
     tags = {
         **system_tags(),
-        "env": config.env.id,
+        "env": plan.label,
+        "task.kind": agent.task.kind,
+        "evaluation": "simulator" if agent.task.has_simulator else "fqe",
         "algorithm": agent.name,
         "dataset": card.name,
         "dataset.fingerprint": dataset_fingerprint(dataset),
@@ -259,10 +435,8 @@ def _tracker(
 
 def _log_outputs(
     tracker: Any,
-    config: RunConfig,
+    plan: RunPlan,
     agent: Agent,
-    dataset: Any,
-    card: Any,
     result: Any,
     report: dict[str, Any],
     run_dir: Path,
@@ -279,7 +453,8 @@ def _log_outputs(
         ui_command,
     )
 
-    title = f"{agent.name} on {config.env.id} ({config.name})"
+    config, dataset, card = plan.config, plan.dataset, plan.card
+    title = f"{agent.name} on {plan.label} ({config.name})"
     resolved = {
         key: value
         for key, value in agent.hyperparameters.items()
@@ -306,7 +481,7 @@ def _log_outputs(
     tracking = config.tracking
     model_name = None
     if tracking.log_model and policy_dir is not None:
-        model_name = registered_model_name(config.env.id, tracking.registered_model)
+        model_name = registered_model_name(plan.label, tracking.registered_model)
         selected = agent.selected
         best = dict(result.best[selected]["metrics"]) if result.best[selected] else {}
         if "return" in best and card.random_return is not None and card.expert_return:
@@ -329,7 +504,7 @@ def _log_outputs(
             registered_model=model_name,
             version_metrics={key: best.get(key) for key in keys},
             version_tags={
-                "env": config.env.id,
+                "env": plan.label,
                 "algorithm": agent.name,
                 "seed": agent.seeds[selected],
                 "dataset": card.name,
@@ -362,9 +537,3 @@ def _log_outputs(
     section["spool"] = None if summary.spool_path is None else str(summary.spool_path)
     section["errors"] = summary.errors[:5]
     return section
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
-    return str(value)

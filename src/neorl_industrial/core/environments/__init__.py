@@ -1,4 +1,5 @@
-"""Functional environments (gymnax-style): ``make``, ``rollout`` and the Industrial Benchmark."""
+"""Functional environments (gymnax-style): ``make``, ``rollout``, the Industrial Benchmark,
+and the :class:`Task` that describes any process, simulated or not."""
 
 from neorl_industrial.core.environments.base import Environment, StepInfo, TimeStep
 from neorl_industrial.core.environments.industrial_benchmark import (
@@ -7,6 +8,7 @@ from neorl_industrial.core.environments.industrial_benchmark import (
     IndustrialBenchmark,
 )
 from neorl_industrial.core.environments.registry import EnvSpec, make, register, registered_envs
+from neorl_industrial.core.environments.task import Task, TaskError
 from neorl_industrial.core.environments.rollout import (
     Policy,
     RolloutResult,
@@ -26,6 +28,8 @@ __all__ = [
     "Policy",
     "RolloutResult",
     "StepInfo",
+    "Task",
+    "TaskError",
     "TimeStep",
     "Transitions",
     "constant_policy",

@@ -17,6 +17,11 @@ from neorl_industrial.core.safety.constraints import (
     satisfies,
     violations,
 )
+from neorl_industrial.core.safety.contract import (
+    SafetyContract,
+    check_cost_limits,
+    resolve_safety,
+)
 from neorl_industrial.core.safety.controllers import (
     get_safe_controller,
     register_safe_controller,
@@ -43,10 +48,12 @@ __all__ = [
     "CostSpec",
     "FallbackSpec",
     "LinearConstraint",
+    "SafetyContract",
     "SafetyReport",
     "StateCondition",
     "StateLimit",
     "action_box",
+    "check_cost_limits",
     "cost_limits",
     "costs",
     "describe",
@@ -55,6 +62,7 @@ __all__ = [
     "margins",
     "project",
     "register_safe_controller",
+    "resolve_safety",
     "safe_controllers",
     "satisfies",
     "shield",

@@ -2,7 +2,11 @@
 TrainState of offline runs."""
 
 from neorl_industrial.functional.state_management.dataset import Dataset, split_episodes
-from neorl_industrial.functional.state_management.normalizers import Normalizer
+from neorl_industrial.functional.state_management.normalizers import (
+    ActionScaler,
+    Normalizer,
+    with_action_scaling,
+)
 from neorl_industrial.functional.state_management.safety import (
     episodes_within_limits,
     relabel_costs,
@@ -27,6 +31,7 @@ from neorl_industrial.functional.state_management.train_state import (
 )
 
 __all__ = [
+    "ActionScaler",
     "Batch",
     "Dataset",
     "Normalizer",
@@ -46,4 +51,5 @@ __all__ = [
     "select_safe_episodes",
     "split_episodes",
     "window_starts",
+    "with_action_scaling",
 ]

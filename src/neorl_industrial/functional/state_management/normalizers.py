@@ -1,10 +1,18 @@
-"""Normalizers that travel with the data and, later, with the exported policy."""
+"""Normalizers that travel with the data and, later, with the exported policy: observation
+statistics, reward scales, and the action scaler between a plant's units and the
+policy's [-1, 1]."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
+
+from neorl_industrial.core.agents.types import Algorithm
 
 from neorl_industrial.functional.state_management.dataset import Dataset
 
@@ -65,3 +73,66 @@ class Normalizer:
 
     def scale_reward(self, reward: jax.Array) -> jax.Array:
         return reward * self.reward_scale
+
+
+@struct.dataclass
+class ActionScaler:
+    """Min-max scaling between a plant's action units ``[low, high]`` and the policy's
+    ``[-1, 1]`` (d3rlpy's ``MinMaxActionScaler``): data is scaled for training, and the
+    policy's actions are scaled back inside the policy, so it acts in plant units."""
+
+    low: jax.Array  # [action_size]
+    high: jax.Array  # [action_size]
+
+    @classmethod
+    def create(
+        cls, low: Sequence[float], high: Sequence[float], names: Sequence[str] | None = None
+    ) -> ActionScaler:
+        """Raises ValueError naming the action whose range is not finite or has no width."""
+        low_ = np.asarray(low, np.float64).reshape(-1)
+        high_ = np.asarray(high, np.float64).reshape(-1)
+        if low_.shape != high_.shape:
+            raise ValueError(f"action bounds: {low_.size} lows for {high_.size} highs")
+        names = list(names) if names is not None else [f"action_{i}" for i in range(low_.size)]
+        for name, a, b in zip(names, low_, high_, strict=True):
+            if not (np.isfinite(a) and np.isfinite(b)):
+                raise ValueError(f"action bounds: {name!r} needs a finite range, got [{a}, {b}]")
+            if not b > a:
+                raise ValueError(
+                    f"action bounds: {name!r} has a zero-width range [{a}, {b}]; an action "
+                    "scaler needs high > low"
+                )
+        return cls(low=jnp.asarray(low_, jnp.float32), high=jnp.asarray(high_, jnp.float32))
+
+    @staticmethod
+    def is_identity(low: Sequence[float], high: Sequence[float]) -> bool:
+        """Whether ``[low, high]`` is ``[-1, 1]`` for every action (no scaling needed)."""
+        return bool(np.all(np.asarray(low) == -1.0) and np.all(np.asarray(high) == 1.0))
+
+    def scale(self, action: jax.Array) -> jax.Array:
+        """Plant units to [-1, 1] (clipped: float rounding at the bounds stays inside)."""
+        scaled = 2.0 * (action - self.low) / (self.high - self.low) - 1.0
+        return jnp.clip(scaled, -1.0, 1.0)
+
+    def unscale(self, action: jax.Array) -> jax.Array:
+        """[-1, 1] to plant units."""
+        return self.low + (action + 1.0) * (0.5 * (self.high - self.low))
+
+
+def with_action_scaling(algorithm: Algorithm, scaler: ActionScaler | None) -> Algorithm:
+    """``algorithm`` whose ``act`` returns actions in plant units (``scaler.unscale`` of
+    the policy's [-1, 1]); ``init`` and ``update`` are unchanged and train on actions
+    scaled with ``scaler.scale``. None: ``algorithm`` itself."""
+    if scaler is None:
+        return algorithm
+    act = algorithm.act
+
+    def act_in_plant_units(
+        policy_params: Any,
+        observation: jax.Array,
+        key: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        return scaler.unscale(act(policy_params, observation, key, deterministic=deterministic))
+
+    return algorithm._replace(act=act_in_plant_units)

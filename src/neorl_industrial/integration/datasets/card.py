@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import neorl_industrial
+from neorl_industrial.core.environments import Task, TaskError, registered_envs
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
 
@@ -160,6 +161,97 @@ class DatasetCard(BaseModel):
             update={"sizes": DatasetSizes.of(dataset), "cost_names": list(cost_names)}
         )
 
+    def task(self, dataset: Dataset | None = None, *, name: str | None = None) -> Task:
+        """The process this dataset describes, as a :class:`Task`.
+
+        * A card with columns (a plant log's): names, units and bounds of every feature
+          and action, the cost channels with their definitions and limits, the sampling
+          period; a simulator only when the card names a registered ``env_id``.
+        * A card of a registered simulator without columns (a generated dataset): that
+          simulator's task with the card's ``env_params``.
+        * Otherwise (NeoRL, Minari): generic names, and action bounds fitted to
+          ``dataset``'s actions (min and max per action, as d3rlpy's MinMaxActionScaler).
+
+        Raises:
+            ValueError: naming the card and the field when the card does not describe a
+                usable task (no action bounds and no data to fit them, a zero-width action
+                range, ...).
+        """
+        source = f"dataset card '{self.name}'"
+        has_simulator = self.env_id is not None and self.env_id in registered_envs()
+        try:
+            if self.observation_columns is None and has_simulator:
+                return Task.from_env(self.env_id, self.env_params)
+            sizes = self.sizes
+            if self.observation_columns is not None:
+                observation_names = [c.name for c in self.observation_columns]
+                units = [c.unit for c in self.observation_columns]
+                observation_low = [
+                    -np.inf if c.bounds is None else c.bounds[0] for c in self.observation_columns
+                ]
+                observation_high = [
+                    np.inf if c.bounds is None else c.bounds[1] for c in self.observation_columns
+                ]
+            else:
+                size = sizes.observation_size if sizes else _size(dataset, "observation_size")
+                observation_names = [f"observation_{i}" for i in range(size)]
+                units, observation_low, observation_high = None, None, None
+            discrete = bool(sizes.discrete) if sizes else bool(dataset and dataset.discrete)
+            action_units = None
+            if self.action_columns is not None:
+                action_names = [c.name for c in self.action_columns]
+                action_units = [c.unit for c in self.action_columns]
+                bounds = [c.bounds for c in self.action_columns]
+                if any(b is None for b in bounds):
+                    if dataset is None:
+                        raise ValueError(
+                            "action_columns: every action needs bounds (or pass the data "
+                            "to fit them)"
+                        )
+                    bounds = _fitted_bounds(dataset)
+                action_low = [b[0] for b in bounds]
+                action_high = [b[1] for b in bounds]
+            elif discrete:
+                action_names, action_low, action_high = ["action"], [0.0], [1.0]
+            else:
+                if dataset is None:
+                    raise ValueError(
+                        "action_columns: the card has no action bounds; pass the dataset to "
+                        "fit them from the logged actions"
+                    )
+                bounds = _fitted_bounds(dataset)
+                action_names = [f"action_{i}" for i in range(len(bounds))]
+                action_low = [b[0] for b in bounds]
+                action_high = [b[1] for b in bounds]
+            num_actions = None
+            if discrete:
+                if dataset is None:
+                    raise ValueError("a discrete dataset's task needs the data (action count)")
+                num_actions = int(np.asarray(dataset.actions).max()) + 1
+            return Task(
+                name=name or self.name,
+                observation_names=tuple(observation_names),
+                action_names=tuple(action_names),
+                action_low=tuple(action_low),
+                action_high=tuple(action_high),
+                observation_low=None if observation_low is None else tuple(observation_low),
+                observation_high=None if observation_high is None else tuple(observation_high),
+                observation_units=None if units is None else tuple(units),
+                action_units=None if action_units is None else tuple(action_units),
+                cost_names=tuple(self.cost_names),
+                cost_definitions={
+                    key: value for key, value in self.definitions.items() if key != "reward"
+                },
+                cost_limits=dict(self.cost_limits),
+                sampling_period=self.sampling_period,
+                discrete=discrete,
+                num_actions=num_actions,
+                env_id=self.env_id if has_simulator else None,
+                env_params=dict(self.env_params) if has_simulator else {},
+            )
+        except (TaskError, ValueError) as error:
+            raise ValueError(f"{source}: {error}") from None
+
     # ----- files ----------------------------------------------------------------------
     def to_json(self) -> str:
         """The card as indented JSON, with the ``schema`` key spelled as in the file."""
@@ -182,6 +274,24 @@ class DatasetCard(BaseModel):
             return cls.model_validate_json(text)
         except ValidationError as error:
             raise DatasetFormatError(f"invalid dataset card\n{error}", path=path) from error
+
+
+def _size(dataset: Dataset | None, attribute: str) -> int:
+    if dataset is None:
+        raise ValueError("sizes: the card records no sizes; pass the dataset")
+    return int(getattr(dataset, attribute))
+
+
+def _fitted_bounds(dataset: Dataset) -> list[tuple[float, float]]:
+    """Per action, the min and max of the logged actions (widened by a tiny margin where
+    an action never moved, so the range has a width)."""
+    actions = np.asarray(dataset.actions, np.float64).reshape(dataset.n_transitions, -1)
+    low, high = actions.min(axis=0), actions.max(axis=0)
+    flat = high - low <= 0
+    margin = np.maximum(np.abs(low), 1.0) * 1e-3
+    low = np.where(flat, low - margin, low)
+    high = np.where(flat, high + margin, high)
+    return list(zip(low.tolist(), high.tolist(), strict=True))
 
 
 def normalized_score(returns: Any, random_return: float, expert_return: float) -> np.ndarray:

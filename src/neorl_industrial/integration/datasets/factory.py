@@ -38,8 +38,8 @@ from neorl_industrial.functional.transformations.online import (
     random_rollout_statistics,
     train_online,
 )
-from neorl_industrial.integration.datasets.atomic import atomic_directory
 from neorl_industrial.integration.datasets.card import BehaviourPolicy, DatasetCard
+from neorl_industrial.wrappers.hostio import atomic_directory
 
 QUALITIES = ("random", "low", "medium", "high", "expert")
 #: Where each trained quality sits between the random return (0) and the best return (1).
@@ -253,8 +253,14 @@ def generate_dataset(
     seed: int = 0,
     policies: BehaviourPolicies | None = None,
     chunk: int = 250,
+    env_params: dict[str, Any] | None = None,
 ) -> tuple[Dataset, DatasetCard]:
     """Generates ``n_trajectories`` full episodes of the behaviour policy of ``quality``.
+
+    ``env_params`` overrides the environment's configuration and parameters (a setpoint,
+    the horizon, ...); the card records every parameter the data was generated with. The
+    reference returns of normalized scores are measured at the defaults, so a card of
+    overridden parameters leaves them out.
 
     Trajectories are generated ``chunk`` at a time by one compiled program (the last chunk
     is trimmed), so memory stays bounded and the result does not depend on the machine.
@@ -270,7 +276,8 @@ def generate_dataset(
         or n_trajectories < 1
     ):
         raise ValueError(f"n_trajectories: expected a positive integer, got {n_trajectories!r}")
-    env, params = make(env_id)
+    overrides = dict(env_params or {})
+    env, params = make(env_id, **overrides)
     if quality != "random" and policies is None:
         policies = BehaviourPolicies.load(POLICY_SOURCE.get(env_id, env_id))
     policy, policy_params = _policy_functions(policies, quality, env)
@@ -305,14 +312,18 @@ def generate_dataset(
         buffer = part.observations
     dataset = Dataset.from_trajectories(**arrays, name=f"{env_id}-{quality}")
     returns = np.asarray(dataset.episode_returns())
-    reference = policies.returns_per_step if policies is not None else None
+    defaults = dataclasses.asdict(make(env_id)[1])
+    recorded = {k: np.asarray(v).item() for k, v in dataclasses.asdict(params).items()}
+    changed = {k for k, v in recorded.items() if np.asarray(defaults[k]).item() != v}
+    static = {k: v for k, v in overrides.items() if k not in recorded}
+    reference = policies.returns_per_step if policies is not None and not changed else None
     card = DatasetCard(
         name=f"{env_id}-{quality}-{n_trajectories}",
         description=f"{quality} behaviour on {env_id}: {n_trajectories} trajectories of "
         f"{horizon} steps",
         source="generated",
         env_id=env_id,
-        env_params={k: np.asarray(v).item() for k, v in dataclasses.asdict(params).items()},
+        env_params={**recorded, **static},
         behaviour_policy=BehaviourPolicy(
             name=quality,
             version=None if quality == "random" else policies.version,

@@ -32,9 +32,9 @@ from neorl_industrial.integration.datasets.arrays import (
     dataset_arrays,
     dataset_from_arrays,
 )
-from neorl_industrial.integration.datasets.atomic import atomic_directory
 from neorl_industrial.integration.datasets.card import ArraySpec, DatasetCard
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
+from neorl_industrial.wrappers.hostio import atomic_directory
 
 CARD_FILE = "dataset.json"
 
@@ -86,7 +86,9 @@ def save_native(
     path = Path(path)
     card = (card or DatasetCard(name=path.name)).with_sizes(dataset)
     arrays = dataset_arrays(dataset)
-    with atomic_directory(path, overwrite=overwrite, replaceable=is_native) as staging:
+    with atomic_directory(
+        path, overwrite=overwrite, replaceable=is_native, refusal="does not look like a dataset"
+    ) as staging:
         schema, checksums = {}, {}
         for name, array in arrays.items():
             with open(staging / f"{name}.npy", "wb") as file:

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from neorl_industrial.functional.state_management import Dataset
-from neorl_industrial.integration.datasets.atomic import atomic_file
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
+from neorl_industrial.wrappers.hostio import atomic_file
 
 _REQUIRED_KEYS = ("obs", "next_obs", "action", "reward", "done")
 

@@ -1,26 +1,27 @@
 """``Agent``: an offline agent for people, over the pure core.
 
-    agent = Agent("td3bc-lag", env="IB-v0", hidden=(64, 64))
+    agent = Agent("td3bc-lag", env="IB-v0", hidden=(64, 64))     # a built-in simulator
+    agent = Agent("iql-lag", task=card.task(), constraints="plant-constraints.yaml")
     result = agent.fit(dataset, updates=5000, eval_every=1000)
-    action = agent.predict(observation, prev_action)      # passed through the shield
+    action = agent.predict(observation, prev_action)      # plant units, through the shield
     agent.save("runs/td3bc-lag/agent"); Agent.load("runs/td3bc-lag/agent")
     agent.export("runs/td3bc-lag/policy")                  # served without training code
 
-An agent knows its environment (spaces, names, simulator for evaluation), its hard
-constraints (the shield's, from a ``ConstraintSpec``; the environment's defaults unless
-given) and its cost limits (from the spec unless given). ``fit`` trains one run per seed
-at once and keeps each run's best policy by the safety-aware criterion; ``predict`` uses
-the best run's.
+An agent knows its :class:`~neorl_industrial.core.environments.Task` (names, units and
+bounds of observations and actions, cost channels, and a simulator when there is one),
+its safety contract (the shield's hard constraints from a ``ConstraintSpec``, the task's
+defaults unless given, and the cost limits; :func:`~neorl_industrial.core.safety.resolve_safety`)
+and acts in the plant's units: actions are scaled to the policy's [-1, 1] for training
+and back inside the policy. ``fit`` trains one run per seed at once and evaluates them in
+the simulator, or off policy (FQE on held-out episodes) when the task has none, and keeps
+the best by the safety-aware criterion; ``predict`` uses the best run's policy.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,33 +38,109 @@ from neorl_industrial.core.agents.registry import (
     build_algorithm,
     validate_hyperparameters,
 )
-from neorl_industrial.core.environments import make
-from neorl_industrial.core.safety import ConstraintSpec, shield
-from neorl_industrial.core.safety import cost_limits as spec_cost_limits
+from neorl_industrial.core.environments import Task, TaskError
+from neorl_industrial.core.safety import (
+    ConstraintSpec,
+    ConstraintSpecError,
+    SafetyContract,
+    resolve_safety,
+    shield,
+)
 from neorl_industrial.core.safety.shield import SafetyReport
 from neorl_industrial.functional.state_management import (
+    ActionScaler,
     Dataset,
     init_train_states,
+    relabel_costs,
     select_safe_episodes,
+    split_episodes,
+    with_action_scaling,
+)
+from neorl_industrial.wrappers.hostio import (
+    YamlError,
+    atomic_directory,
+    load_yaml_text,
+    read_yaml,
+    to_json_data,
 )
 from neorl_industrial.wrappers.training import (
     Callback,
     Evaluator,
-    RunConfig,
     Trainer,
     TrainResult,
     summarize_runs,
 )
+from neorl_industrial.wrappers.training.ope import OffPolicyEvaluator
 
-__all__ = ["Agent", "AgentError"]
+__all__ = ["Agent", "AgentError", "OPESettings", "load_constraint_spec"]
 
 FORMAT = "neorl-industrial-agent/1"
 MANIFEST = "agent.json"
 POLICIES = "policies.msgpack"
+#: The task of an agent given neither a task nor an environment.
+DEFAULT_ENV = "IB-v0"
 
 
 class AgentError(ValueError):
     """An agent that cannot do what was asked: names the argument, file or field."""
+
+
+def load_constraint_spec(source: ConstraintSpec | str | Path | Mapping[str, Any]) -> ConstraintSpec:
+    """A constraint spec from a YAML file, a mapping, or a spec.
+
+    Raises:
+        ConstraintSpecError: naming the file and field.
+    """
+    if isinstance(source, ConstraintSpec):
+        return source
+    if isinstance(source, Mapping):
+        return ConstraintSpec.from_dict(source)
+    try:
+        data = read_yaml(source, what="constraint spec")
+    except YamlError as error:
+        raise ConstraintSpecError(str(error)) from None
+    return ConstraintSpec.from_dict(data if data is not None else {}, str(source))
+
+
+def constraint_spec_from_text(text: str, source: str) -> ConstraintSpec:
+    """A constraint spec from YAML text (as stored in a manifest)."""
+    try:
+        data = load_yaml_text(text, source)
+    except YamlError as error:
+        raise ConstraintSpecError(str(error)) from None
+    return ConstraintSpec.from_dict(data if data is not None else {}, source)
+
+
+@dataclasses.dataclass(frozen=True)
+class OPESettings:
+    """Off-policy evaluation (FQE) of the runs, used when the task has no simulator (or
+    always, with ``always``).
+
+    Attributes:
+        holdout: fraction of the episodes held out of training and used by FQE.
+        updates: FQE updates per FQE seed.
+        seeds: FQE seeds (their spread gives the 95 % interval).
+        hidden: widths of FQE's critic.
+        discount: γ of the estimates.
+        always: also when a simulator exists (both are reported side by side).
+        split_seed: seed of the held-out split.
+    """
+
+    holdout: float = 0.2
+    updates: int = 2000
+    seeds: tuple[int, ...] = (0, 1, 2)
+    hidden: tuple[int, ...] = (64, 64)
+    discount: float = 0.99
+    always: bool = False
+    split_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.holdout < 1.0:
+            raise AgentError(f"ope.holdout: expected a fraction in (0, 1), got {self.holdout}")
+        if self.updates < 1:
+            raise AgentError(f"ope.updates: expected a positive integer, got {self.updates}")
+        if len(self.seeds) < 2:
+            raise AgentError(f"ope.seeds: expected at least two seeds, got {list(self.seeds)}")
 
 
 class Agent:
@@ -72,20 +149,24 @@ class Agent:
     Args:
         algorithm: a registered algorithm (``bc``, ``bc-safe``, ``td3bc``, ``td3bc-lag``,
             ``iql``, ``iql-lag``, ``cql``, ``discrete-bc``, ``discrete-cql``).
-        env: a registered environment id.
-        env_params: overrides of the environment's configuration and parameters.
+        env: a registered simulator's id (its task); ignored when ``task`` is given.
+            Neither: ``IB-v0``.
+        task: the process (a plant's: ``card.task()`` of an imported log).
+        env_params: overrides of the simulator's configuration and parameters.
         constraints: the hard constraints and costs: a ``ConstraintSpec``, a YAML file, or
-            None for the environment's defaults.
-        cost_limits: episode cost limit per cost channel; None: the spec's.
+            None for the task's defaults. Names resolve against the task's names.
+        cost_limits: episode cost limit per cost channel; None: the spec's, else the
+            task's.
         **hyperparameters: what differs from the algorithm's published defaults.
     """
 
     def __init__(
         self,
         algorithm: str = "td3bc-lag",
-        env: str = "IB-v0",
+        env: str | None = None,
         *,
-        env_params: dict[str, Any] | None = None,
+        task: Task | None = None,
+        env_params: Mapping[str, Any] | None = None,
         constraints: ConstraintSpec | str | Path | None = None,
         cost_limits: Sequence[float] | None = None,
         **hyperparameters: Any,
@@ -94,53 +175,50 @@ class Agent:
             self.entry = algorithm_entry(algorithm)
         except HyperparameterError as error:
             raise AgentError(str(error)) from None
-        self.env_id = env
-        self.env_params = dict(env_params or {})
-        try:
-            self.env, self.params = make(env, **self.env_params)
-        except ValueError as error:
-            raise AgentError(f"env: {error}") from None
-        if self.entry.discrete != self.env.discrete:
+        if task is None:
+            try:
+                task = Task.from_env(env or DEFAULT_ENV, env_params)
+            except TaskError as error:
+                raise AgentError(str(error)) from None
+        elif env_params:
+            raise AgentError("env_params: give them to the task (Task.from_env), not the agent")
+        self.task = task
+        if self.entry.discrete != task.discrete:
             kind = "discrete" if self.entry.discrete else "continuous"
             raise AgentError(
-                f"algorithm: {self.entry.name} needs {kind} actions; environment {env} has "
-                f"{'discrete' if self.env.discrete else 'continuous'} ones"
+                f"algorithm: {self.entry.name} needs {kind} actions; task {task.name} has "
+                f"{'discrete' if task.discrete else 'continuous'} ones"
             )
-        if constraints is None:
-            spec = self.env.default_constraints()
-        elif isinstance(constraints, ConstraintSpec):
-            spec = constraints
-        else:
-            spec = ConstraintSpec.from_yaml(constraints)
-        self.constraint_spec: ConstraintSpec = spec
-        self.constraints = self.env.compile_constraints(spec)
-        spec_limits = list(spec_cost_limits(self.constraints).values())
-        limits = list(cost_limits) if cost_limits is not None else spec_limits
-        if limits and len(limits) != self.env.n_costs:
-            raise AgentError(
-                f"cost_limits: expected one episode cost limit per cost channel of {env} "
-                f"({', '.join(self.env.cost_names)}), got {len(limits)}"
+        try:
+            spec = None if constraints is None else load_constraint_spec(constraints)
+            self.safety: SafetyContract = resolve_safety(
+                task, spec, cost_limits, require_limits=self.entry.safe
             )
-        if any(not np.isfinite(limit) or limit <= 0 for limit in limits):
-            raise AgentError(f"cost_limits: expected positive numbers, got {limits}")
-        self.cost_limits: list[float] | None = [float(x) for x in limits] or None
+        except ValueError as error:
+            raise AgentError(str(error)) from None
+        self.constraint_spec: ConstraintSpec = (
+            spec if spec is not None else task.default_constraints()
+        )
         self.hyperparameters = dict(hyperparameters)
         if self.entry.safe:
-            if self.cost_limits is None:
-                raise AgentError(
-                    f"cost_limits: {self.entry.name} needs episode cost limits; give "
-                    "cost_limits or a constraint spec with costs"
-                )
-            defaults = {"cost_limits": self.cost_limits}
-            fields = self.entry.fields
-            if "episode_length" in fields:
-                defaults["episode_length"] = int(self.params.horizon)
+            defaults: dict[str, Any] = {"cost_limits": self.cost_limits}
+            if "episode_length" in self.entry.fields and task.episode_length is not None:
+                defaults["episode_length"] = int(task.episode_length)
             self.hyperparameters = {**defaults, **self.hyperparameters}
         try:
             validate_hyperparameters(self.entry.name, self.hyperparameters)
         except HyperparameterError as error:
             raise AgentError(str(error)) from None
-        self.algorithm: Any = None
+        self.scaler: ActionScaler | None = None
+        if not task.discrete and not ActionScaler.is_identity(task.action_low, task.action_high):
+            try:
+                self.scaler = ActionScaler.create(
+                    task.action_low, task.action_high, task.action_names
+                )
+            except ValueError as error:
+                raise AgentError(str(error)) from None
+        self.algorithm: Any = None  # acts in plant units
+        self.policy_algorithm: Any = None  # acts in the policy's [-1, 1]
         self.config: Any = None
         self.policies: Any = None  # stacked PolicyParams, one per run
         self.seeds: list[int] = []
@@ -148,27 +226,56 @@ class Agent:
         self.result: TrainResult | None = None
         self.training: dict[str, Any] = {}
         self._decide: Any = None
+        self._simulator: tuple[Any, Any] | None = None
 
     # ----- construction -----------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: RunConfig | str | Path, overrides: Sequence[str] = ()) -> Agent:
-        """The agent a :class:`RunConfig` (or its YAML file) describes."""
-        if not isinstance(config, RunConfig):
-            config = RunConfig.from_yaml(config, list(overrides))
-        elif overrides:
-            config = config.with_overrides(list(overrides))
-        return cls(
-            config.algorithm.name,
-            config.env.id,
-            env_params=config.env.params,
-            constraints=config.safety.constraints,
-            cost_limits=config.safety.cost_limits,
-            **config.algorithm.hyperparameters,
-        )
+    def from_config(cls, config: Any, overrides: Sequence[str] = ()) -> Agent:
+        """The agent a ``RunConfig`` (or its YAML file) describes."""
+        from neorl_industrial.wrappers.training.plan import resolve_plan
+
+        return resolve_plan(config, overrides).agent()
 
     @property
     def name(self) -> str:
         return self.entry.name
+
+    @property
+    def env_id(self) -> str | None:
+        return self.task.env_id
+
+    @property
+    def env_params(self) -> dict[str, Any]:
+        return dict(self.task.env_params)
+
+    @property
+    def constraints(self) -> Any:
+        """The compiled hard constraints the shield enforces."""
+        return self.safety.constraints
+
+    @property
+    def cost_limits(self) -> list[float] | None:
+        """Episode cost limit per cost channel (None when the task has no channels)."""
+        limits = self.safety.limits()
+        return [float(x) for x in limits] or None
+
+    @property
+    def cost_names(self) -> tuple[str, ...]:
+        return self.safety.cost_names
+
+    @property
+    def simulator(self) -> tuple[Any, Any]:
+        """``(env, params)`` of the task's simulator.
+
+        Raises:
+            AgentError: when the task has none.
+        """
+        if self._simulator is None:
+            try:
+                self._simulator = self.task.make_simulator()
+            except TaskError as error:
+                raise AgentError(str(error)) from None
+        return self._simulator
 
     @property
     def fitted(self) -> bool:
@@ -176,40 +283,54 @@ class Agent:
 
     def _build(self, hyperparameters: dict[str, Any]) -> None:
         try:
-            self.algorithm, self.config = build_algorithm(
+            self.policy_algorithm, self.config = build_algorithm(
                 self.entry.name,
-                self.env.observation_size,
-                self.env.num_actions if self.entry.discrete else self.env.action_size,
+                self.task.observation_size,
+                self.task.num_actions if self.entry.discrete else self.task.action_size,
                 hyperparameters,
             )
         except HyperparameterError as error:
             raise AgentError(str(error)) from None
+        self.algorithm = with_action_scaling(self.policy_algorithm, self.scaler)
         self._decide = None
 
     # ----- training -------------------------------------------------------------------
-    def check_dataset(self, dataset: Dataset) -> None:
-        """Raises :class:`AgentError` when ``dataset`` does not fit the agent's spaces."""
+    def check_dataset(self, dataset: Dataset, card: Any = None) -> None:
+        """Raises :class:`AgentError` when ``dataset`` (and its card's names) does not fit
+        the agent's task."""
         name = getattr(dataset, "name", None) or "dataset"
-        if dataset.observation_size != self.env.observation_size:
-            raise AgentError(
-                f"{name}: observations have {dataset.observation_size} features; "
-                f"{self.env_id} has {self.env.observation_size}"
+        names: dict[str, Any] = {}
+        if card is not None:
+            columns = getattr(card, "observation_columns", None)
+            actions = getattr(card, "action_columns", None)
+            names = {
+                "observation_names": [c.name for c in columns] if columns else None,
+                "action_names": [c.name for c in actions] if actions else None,
+                "cost_names": list(getattr(card, "cost_names", []) or []) or None,
+            }
+        try:
+            self.task.check_data(
+                observation_size=dataset.observation_size,
+                action_size=dataset.action_size,
+                discrete=dataset.discrete,
+                n_costs=dataset.n_costs,
+                source=name,
+                **names,
             )
-        if dataset.discrete != self.env.discrete:
+        except TaskError as error:
+            raise AgentError(str(error)) from None
+        if self.entry.safe and not self.safety.relabel and dataset.n_costs != self.safety.n_costs:
             raise AgentError(
-                f"{name}: {'discrete' if dataset.discrete else 'continuous'} actions; "
-                f"{self.env_id} has {'discrete' if self.env.discrete else 'continuous'} ones"
+                f"{name}: {dataset.n_costs} cost channels; {self.entry.name} is held to "
+                f"{self.safety.n_costs} ({', '.join(self.safety.cost_names)})"
             )
-        if not dataset.discrete and dataset.action_size != self.env.action_size:
-            raise AgentError(
-                f"{name}: actions have {dataset.action_size} dimensions; "
-                f"{self.env_id} has {self.env.action_size}"
-            )
-        if self.entry.safe and dataset.n_costs != len(self.cost_limits or []):
-            raise AgentError(
-                f"{name}: {dataset.n_costs} cost channels; {self.entry.name} has "
-                f"{len(self.cost_limits or [])} cost limits"
-            )
+
+    def training_data(self, dataset: Dataset) -> Dataset:
+        """``dataset`` as the contract sees it: costs relabelled from the spec's
+        definitions when the spec defines other channels than the data has."""
+        if self.safety.relabel and self.safety.constraints.n_costs:
+            return relabel_costs(dataset, self.safety.constraints)
+        return dataset
 
     def fit(
         self,
@@ -233,29 +354,57 @@ class Agent:
         normalize_observations: bool = True,
         reward_scaling: str = "std",
         evaluate: bool = True,
+        ope: OPESettings | None = None,
+        progress: bool = False,
+        card: Any = None,
     ) -> TrainResult:
         """Trains one run per seed on ``dataset`` (all at once) and keeps each run's best
-        policy. Evaluation runs in the environment's simulator with the shield: every
-        ``eval_every`` updates and at the end (``evaluate=False``: never; the final
-        policies are kept).
+        policy.
+
+        Evaluation runs in the task's simulator with the shield, every ``eval_every``
+        updates and at the end; a task without a simulator is evaluated off policy: FQE
+        estimates on held-out episodes (``ope``; those episodes are not trained on), at
+        the end. ``evaluate=False``: never; the final policies are kept.
 
         ``reward_scaling``: ``std`` divides rewards by their spread for training (the
         policy's returns are unchanged); ``none`` keeps them. Costs are never scaled.
+        ``progress``: show the rich progress bar the command line shows.
 
         Raises:
             AgentError: for data that does not fit the agent, or bad settings.
             CheckpointMismatchError: when resuming from another run's checkpoint.
         """
-        self.check_dataset(dataset)
+        self.check_dataset(dataset, card)
         if reward_scaling not in ("std", "none"):
             raise AgentError(f"reward_scaling: expected 'std' or 'none', got {reward_scaling!r}")
-        data = dataset
+        data = self.training_data(dataset)
+        heldout = None
+        use_ope = (
+            evaluate
+            and not self.entry.discrete
+            and (not self.task.has_simulator or (ope is not None and ope.always))
+        )
+        ope = ope or OPESettings()
+        if use_ope:
+            if data.n_episodes < 2:
+                raise AgentError(
+                    f"{getattr(dataset, 'name', 'dataset')}: off-policy evaluation holds out "
+                    "whole episodes and needs at least two; give more data or evaluate=False"
+                )
+            data, heldout = split_episodes(data, ope.holdout, ope.split_seed)
         if self.entry.select_safe_data:
             try:
-                data = select_safe_episodes(dataset, self.cost_limits or [])
+                data = select_safe_episodes(data, self.cost_limits or [])
             except ValueError as error:
                 raise AgentError(f"{self.entry.name}: {error}") from None
         hyperparameters = dict(self.hyperparameters)
+        if (
+            self.entry.safe
+            and "episode_length" in self.entry.fields
+            and "episode_length" not in hyperparameters
+        ):
+            lengths = np.asarray(jax.device_get(data.episode_lengths))
+            hyperparameters["episode_length"] = max(1, round(float(lengths.mean())))
         if normalize_observations:
             observations = np.asarray(jax.device_get(data.observations), np.float64)
             hyperparameters["obs_mean"] = observations.mean(0).tolist()
@@ -263,18 +412,26 @@ class Agent:
         if reward_scaling == "std":
             spread = float(np.asarray(jax.device_get(data.rewards), np.float64).std())
             data = data.replace(rewards=data.rewards / max(spread, 1e-6))
+        if self.scaler is not None:
+            data = data.replace(actions=self.scaler.scale(data.actions))
         self._build(hyperparameters)
-        evaluator = None
-        if evaluate:
+        evaluator: Any = None
+        if evaluate and heldout is not None:
+            evaluator = self._ope_evaluator(heldout, ope, hyperparameters)
+        elif evaluate and self.task.has_simulator:
             evaluator = self._evaluator(eval_episodes, eval_horizon, eval_shield, eval_seed)
+        if progress:
+            from neorl_industrial.wrappers.training import RichProgress
+
+            callbacks = [RichProgress(), *callbacks]
         trainer = Trainer(
-            self.algorithm,
+            self.policy_algorithm,
             data,
             seeds=seeds,
             batch_size=batch_size,
             chunk_updates=chunk,
             evaluator=evaluator,
-            eval_every=eval_every,
+            eval_every=eval_every if heldout is None else 0,
             patience=patience,
             checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every,
@@ -282,11 +439,11 @@ class Agent:
             callbacks=callbacks,
             fingerprint={
                 "algorithm": self.entry.name,
-                "config": _plain(dataclasses.asdict(self.config)),
-                "env": self.env_id,
-                "env_params": self.env_params,
+                "config": to_json_data(dataclasses.asdict(self.config)),
+                "task": self.task.to_dict(),
                 "reward_scaling": reward_scaling,
-                "constraints": self.constraint_spec.to_yaml(),
+                "constraints": self.constraint_spec.to_dict(),
+                "cost_limits": self.cost_limits,
             },
         )
         try:
@@ -306,11 +463,13 @@ class Agent:
             "seeds": self.seeds,
             "batch_size": batch_size,
             "reward_scaling": reward_scaling,
+            "evaluation": "fqe" if heldout is not None else ("simulator" if evaluator else None),
             "dataset": {
                 "name": getattr(dataset, "name", None),
                 "transitions": dataset.n_transitions,
                 "episodes": dataset.n_episodes,
                 "used_episodes": data.n_episodes,
+                "heldout_episodes": None if heldout is None else heldout.n_episodes,
             },
             "best": result.best,
             "summary": result.summary,
@@ -323,17 +482,47 @@ class Agent:
     def _evaluator(
         self, episodes: int, horizon: int | None, shield_actions: bool, seed: int
     ) -> Evaluator:
+        env, params = self.simulator
+        limits = self.cost_limits
+        if limits is not None and (len(limits) != env.n_costs or not all(np.isfinite(limits))):
+            limits = None  # a contract of other channels than the simulator's cost vector
         return Evaluator(
             self.algorithm,
-            self.env,
-            self.params,
+            env,
+            params,
             episodes=episodes,
-            horizon=int(horizon or self.params.horizon),
+            horizon=int(horizon or params.horizon),
             constraints=self.constraints,
             shield=shield_actions,
-            cost_limits=self.cost_limits,
-            cost_names=self.env.cost_names,
+            cost_limits=limits,
+            cost_names=env.cost_names,
             seed=seed,
+        )
+
+    def _ope_evaluator(
+        self, heldout: Dataset, ope: OPESettings, hyperparameters: dict[str, Any]
+    ) -> OffPolicyEvaluator:
+        if self.scaler is not None:
+            heldout = heldout.replace(actions=self.scaler.scale(heldout.actions))
+        limits = self.cost_limits
+        lengths = np.asarray(jax.device_get(heldout.episode_lengths))
+        episode_length = int(
+            hyperparameters.get("episode_length")
+            or self.task.episode_length
+            or max(1, round(float(lengths.mean())))
+        )
+        return OffPolicyEvaluator(
+            self.policy_algorithm,
+            heldout,
+            scaler=self.scaler,
+            constraints=self.constraints,
+            cost_limits=limits if heldout.n_costs == len(limits or []) else None,
+            cost_names=self.cost_names,
+            episode_length=episode_length,
+            updates=ope.updates,
+            seeds=tuple(ope.seeds),
+            hidden=tuple(ope.hidden),
+            discount=ope.discount,
         )
 
     def _require_fitted(self, what: str) -> None:
@@ -357,13 +546,14 @@ class Agent:
         run: int | None = None,
         shield_actions: bool = True,
     ) -> tuple[np.ndarray, SafetyReport | None]:
-        """The action(s) for one observation ``[obs]`` or a batch ``[b, obs]`` and the
-        shield's report (None with ``shield_actions=False``). ``prev_action`` is the action
-        applied at the previous step (rate limits); None: zeros, the start of an episode.
+        """The action(s), in plant units, for one observation ``[obs]`` or a batch
+        ``[b, obs]`` and the shield's report (None with ``shield_actions=False``).
+        ``prev_action`` is the action applied at the previous step (rate limits); None:
+        unknown (the start of an episode), and rate limits are left out.
         """
         self._require_fitted("predict")
         obs = np.asarray(observation, np.float32)
-        size = self.env.observation_size
+        size = self.task.observation_size
         if obs.ndim not in (1, 2) or obs.shape[-1] != size:
             raise AgentError(
                 f"observation: expected shape [{size}] or [batch, {size}], got {obs.shape}"
@@ -375,13 +565,15 @@ class Agent:
         if self.entry.discrete:
             actions = np.asarray(self._act_batch(self.policy(run), batch))
             return (actions[0] if single else actions), None
+        action_size = self.task.action_size
         if prev_action is None:
-            prev = np.zeros((batch.shape[0], self.env.action_size), np.float32)
+            # Unknown: the shield leaves rate limits out (a zero would be a real setting).
+            prev = np.full((batch.shape[0], action_size), np.nan, np.float32)
         else:
             prev = np.asarray(prev_action, np.float32).reshape(batch.shape[0], -1)
-            if prev.shape[1] != self.env.action_size:
+            if prev.shape[1] != action_size:
                 raise AgentError(
-                    f"prev_action: expected {self.env.action_size} values per observation, "
+                    f"prev_action: expected {action_size} values per observation, "
                     f"got shape {np.shape(prev_action)}"
                 )
         if not shield_actions:
@@ -409,7 +601,8 @@ class Agent:
     def predict(
         self, observation: Any, prev_action: Any = None, *, run: int | None = None
     ) -> np.ndarray:
-        """The shielded action(s) for one observation or a batch (see :meth:`decide`)."""
+        """The shielded action(s) in plant units for one observation or a batch (see
+        :meth:`decide`)."""
         return self.decide(observation, prev_action, run=run)[0]
 
     def evaluate(
@@ -421,11 +614,42 @@ class Agent:
         seed: int = 1,
     ) -> dict[str, Any]:
         """Every run's policy over ``episodes`` simulated episodes (all at once): the
-        metrics per run and their mean and 95 % confidence interval over runs."""
+        metrics per run and their mean and 95 % confidence interval over runs.
+
+        Raises:
+            AgentError: when the task has no simulator (use :meth:`evaluate_offline`).
+        """
         self._require_fitted("evaluate")
+        if not self.task.has_simulator:
+            raise AgentError(
+                f"evaluate: task {self.task.name!r} has no simulator; use "
+                "evaluate_offline(dataset) for FQE estimates from logged data"
+            )
         evaluator = self._evaluator(episodes, horizon, shield_actions, seed)
         runs = evaluator(self.policies, 0)
         return {"runs": runs, "summary": summarize_runs(runs), "selected_run": self.selected}
+
+    def evaluate_offline(self, dataset: Dataset, ope: OPESettings | None = None) -> dict[str, Any]:
+        """FQE estimates of every run's return and costs from logged ``dataset`` (use
+        episodes the agent was not trained on): per run, and their mean and 95 %
+        interval over runs. The numbers are estimates (``estimate: "fqe"``).
+
+        Raises:
+            AgentError: for data that does not fit, or discrete actions.
+        """
+        self._require_fitted("evaluate_offline")
+        if self.entry.discrete:
+            raise AgentError("evaluate_offline: FQE evaluates continuous-action policies")
+        self.check_dataset(dataset)
+        ope = ope or OPESettings()
+        evaluator = self._ope_evaluator(self.training_data(dataset), ope, self.hyperparameters)
+        runs = evaluator(self.policies, 0)
+        return {
+            "runs": runs,
+            "summary": summarize_runs(runs),
+            "selected_run": self.selected,
+            "estimate": "fqe",
+        }
 
     # ----- files -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
@@ -435,23 +659,24 @@ class Agent:
             "neorl_industrial": neorl_industrial.__version__,
             "jax": jax.__version__,
             "algorithm": self.entry.name,
-            "hyperparameters": _plain(self.hyperparameters),
-            "env": {"id": self.env_id, "params": self.env_params},
-            "observation_size": self.env.observation_size,
-            "action_size": self.env.action_size,
-            "observation_names": list(self.env.observation_names),
-            "action_names": list(self.env.action_names),
+            "hyperparameters": to_json_data(self.hyperparameters),
+            "task": self.task.to_dict(),
+            "env": {"id": self.task.env_id, "params": dict(self.task.env_params)},
+            "observation_size": self.task.observation_size,
+            "action_size": self.task.action_size,
+            "observation_names": list(self.task.observation_names),
+            "action_names": list(self.task.action_names),
             "constraints": self.constraint_spec.to_yaml(),
             "cost_limits": self.cost_limits,
-            "cost_names": list(self.env.cost_names),
+            "cost_names": list(self.cost_names),
             "seeds": self.seeds,
             "selected_run": self.selected,
-            "training": _plain(self.training),
+            "training": to_json_data(self.training),
         }
 
     def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
-        """Writes the agent to the directory ``path`` atomically: ``agent.json`` (config,
-        environment, constraint spec, cost limits, versions, training summary) and
+        """Writes the agent to the directory ``path`` atomically: ``agent.json`` (task,
+        config, constraint spec, cost limits, versions, training summary) and
         ``policies.msgpack`` (every run's policy, normalizer included).
 
         Raises:
@@ -461,9 +686,18 @@ class Agent:
         self._require_fitted("save")
         manifest = json.dumps(self.manifest(), indent=2, allow_nan=False)
         policies = serialization.to_bytes(jax.device_get(self.policies))
-        return _write_directory(
-            Path(path), {MANIFEST: manifest.encode(), POLICIES: policies}, overwrite
-        )
+        try:
+            with atomic_directory(
+                path,
+                overwrite=overwrite,
+                replaceable=lambda existing: (existing / MANIFEST).is_file(),
+                refusal=f"is not a saved agent (no {MANIFEST})",
+            ) as staging:
+                (staging / MANIFEST).write_text(manifest)
+                (staging / POLICIES).write_bytes(policies)
+        except FileExistsError as error:
+            raise AgentError(str(error)) from None
+        return Path(path).absolute()
 
     @classmethod
     def load(cls, path: str | Path) -> Agent:
@@ -485,17 +719,24 @@ class Agent:
                 f"{manifest_path}: format {manifest.get('format')!r}; this version reads {FORMAT!r}"
             )
         hyperparameters = dict(manifest["hyperparameters"])
+        try:
+            if manifest.get("task") is not None:
+                task = Task.from_dict(manifest["task"], f"{manifest_path}: task")
+            else:
+                task = Task.from_env(manifest["env"]["id"], manifest["env"]["params"])
+            spec = constraint_spec_from_text(manifest["constraints"], str(manifest_path))
+        except (TaskError, ConstraintSpecError) as error:
+            raise AgentError(str(error)) from None
         agent = cls(
             manifest["algorithm"],
-            manifest["env"]["id"],
-            env_params=manifest["env"]["params"],
-            constraints=ConstraintSpec.from_yaml_text(manifest["constraints"], str(manifest_path)),
+            task=task,
+            constraints=spec,
             cost_limits=manifest["cost_limits"],
             **{key: value for key, value in hyperparameters.items() if key != "cost_limits"},
         )
         agent._build(hyperparameters)
         agent.seeds = [int(seed) for seed in manifest["seeds"]]
-        template = init_train_states(agent.algorithm, agent.seeds).agent.policy
+        template = init_train_states(agent.policy_algorithm, agent.seeds).agent.policy
         try:
             policies = serialization.from_bytes(template, (path / POLICIES).read_bytes())
         except FileNotFoundError:
@@ -511,8 +752,9 @@ class Agent:
 
     def export(self, path: str | Path, *, overwrite: bool = False) -> Path:
         """Writes a self-contained policy artifact (the selected run's policy, its
-        normalizer and the shield, compiled and serialized) that the policy server loads
-        without any training code; see :mod:`neorl_industrial.wrappers.agents.export`."""
+        observation normalizer, its action scaling to plant units and the shield,
+        compiled and serialized) that the policy server loads without any training code;
+        see :mod:`neorl_industrial.wrappers.agents.export`."""
         self._require_fitted("export")
         if self.entry.discrete:
             raise AgentError(
@@ -522,66 +764,26 @@ class Agent:
         from neorl_industrial.wrappers.agents.export import export_policy
 
         act = self.algorithm.act
+        task = self.task
         return export_policy(
             path,
             act=lambda policy, observation: act(policy, observation, None, deterministic=True),
             policy_params=self.policy(),
-            observation_size=self.env.observation_size,
-            action_size=self.env.action_size,
+            observation_size=task.observation_size,
+            action_size=task.action_size,
             constraints_spec=self.constraint_spec,
-            observation_names=list(self.env.observation_names),
-            action_names=list(self.env.action_names),
-            action_low=np.asarray(self.env.action_low, np.float32),
-            action_high=np.asarray(self.env.action_high, np.float32),
+            observation_names=list(task.observation_names),
+            action_names=list(task.action_names),
+            action_low=np.asarray(task.action_low, np.float32),
+            action_high=np.asarray(task.action_high, np.float32),
             metadata={
                 "algorithm": self.entry.name,
-                "env": self.env_id,
+                "env": task.env_id,
+                "task": task.to_dict(),
                 "seed": self.seeds[self.selected],
                 "cost_limits": self.cost_limits,
-                "training": _plain(self.training),
+                "cost_names": list(self.cost_names),
+                "training": to_json_data(self.training),
             },
             overwrite=overwrite,
         )
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready: tuples to lists, numpy to Python numbers."""
-    return json.loads(json.dumps(value, default=_default))
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
-    if isinstance(value, tuple):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
-
-
-def _write_directory(path: Path, files: dict[str, bytes], overwrite: bool) -> Path:
-    """Writes ``files`` into the directory ``path`` all or nothing: into a temporary
-    sibling first, then renamed into place (an existing one is replaced only with
-    ``overwrite``, and only after the new one is complete)."""
-    path = path.absolute()
-    if path.exists() and not overwrite:
-        raise AgentError(f"{path}: already exists; pass overwrite=True to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        for name, data in files.items():
-            with open(staging / name, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-        if path.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
-            os.replace(path, retired / path.name)
-            os.replace(staging, path)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return path

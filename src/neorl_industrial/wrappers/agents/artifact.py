@@ -189,8 +189,9 @@ class PolicyArtifact:
 
         Args:
             observation: raw plant observations (the normalizer is inside the artifact).
-            prev_action: the actions applied at the previous step, ``[act]`` or
-                ``[b, act]`` like the observation; ``None``: zeros, an episode's start.
+            prev_action: the actions applied at the previous step, in plant units,
+                ``[act]`` or ``[b, act]`` like the observation; ``None``: unknown, and the
+                rate limits cannot apply (send it wherever the plant has rate limits).
 
         Raises:
             ValueError: for an observation or a previous action of the wrong shape or with
@@ -199,7 +200,8 @@ class PolicyArtifact:
         observations, single = self._rows(observation, "observation", self.observation_names)
         rows = len(observations)
         if prev_action is None:
-            prev_actions = np.zeros((rows, self._action_size), np.float32)
+            # Unknown: the shield leaves rate limits out (a zero would be a real setting).
+            prev_actions = np.full((rows, self._action_size), np.nan, np.float32)
         else:
             prev_actions, prev_single = self._rows(prev_action, "prev_action", self.action_names)
             if prev_single != single or len(prev_actions) != rows:

@@ -18,19 +18,13 @@ imports optax, the agents or the training loops.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import datetime
 import functools
 import hashlib
 import json
-import math
 import os
-import shutil
 import sys
-import tempfile
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -59,6 +53,7 @@ from neorl_industrial.wrappers.agents.artifact import (
     PolicyDecision,
     _digest,
 )
+from neorl_industrial.wrappers.hostio import atomic_directory, to_json_data
 
 __all__ = [
     "FORMAT",
@@ -131,7 +126,10 @@ def export_policy(
         )
     spec = _effective_spec(constraints_spec, action_names, low, high)
     compiled = spec.compile(observation_size, action_size, observation_names, action_names)
-    metadata = _plain(dict(metadata or {}), "metadata")
+    try:
+        metadata = to_json_data(dict(metadata or {}), where="metadata", strict=True)
+    except ValueError as error:
+        raise PolicyArtifactError(str(error)) from None
     _check_act(act, policy_params, observation_size, action_size)
 
     def serving(rowwise: bool) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]]:
@@ -199,7 +197,12 @@ def export_policy(
     }
     manifest["manifest_sha256"] = _digest(manifest)
     files[MANIFEST] = json.dumps(manifest, indent=2, allow_nan=False).encode()
-    with _atomic_directory(target, overwrite=overwrite) as staging:
+    with atomic_directory(
+        target,
+        overwrite=overwrite,
+        replaceable=lambda existing: (existing / MANIFEST).is_file(),
+        refusal=f"is not a policy artifact (no {MANIFEST})",
+    ) as staging:
         for name, data in files.items():
             (staging / name).write_bytes(data)
     return target
@@ -274,33 +277,6 @@ def _check_act(act: Callable, policy_params: Any, observation_size: int, action_
         )
 
 
-def _plain(value: Any, where: str) -> Any:
-    """``value`` as JSON data, or an error naming the offending entry."""
-    if isinstance(value, np.generic) and value.ndim == 0:
-        value = value.item()
-    if value is None or isinstance(value, str | bool | int):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise PolicyArtifactError(
-                f"{where}: {value} is not valid JSON; store null or a string instead"
-            )
-        return value
-    if isinstance(value, Mapping):
-        plain = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise PolicyArtifactError(f"{where}: keys must be strings, got {key!r}")
-            plain[key] = _plain(item, f"{where}[{key!r}]")
-        return plain
-    if isinstance(value, list | tuple):
-        return [_plain(item, f"{where}[{i}]") for i, item in enumerate(value)]
-    hint = " (convert arrays with .tolist())" if hasattr(value, "shape") else ""
-    if dataclasses.is_dataclass(value):
-        hint = " (convert dataclasses with dataclasses.asdict)"
-    raise PolicyArtifactError(f"{where}: {type(value).__name__} is not JSON data{hint}")
-
-
 def _parameters_by_path(policy_params: Any) -> dict[str, np.ndarray]:
     leaves = jax.tree_util.tree_flatten_with_path(policy_params)[0]
     return {
@@ -322,61 +298,3 @@ def _versions(calling_convention: int) -> dict[str, Any]:
         "neorl_industrial": __version__,
         "jax_export_calling_convention": calling_convention,
     }
-
-
-@contextlib.contextmanager
-def _atomic_directory(target: Path, *, overwrite: bool) -> Iterator[Path]:
-    """Yields an empty sibling directory that becomes ``target`` when the block ends.
-
-    An existing ``target`` is replaced only with ``overwrite`` and only if it is an
-    artifact (or empty): it is moved aside, the new one renamed into place, and only
-    then the old one deleted. On any error the staging directory is removed.
-    """
-    _check_replaceable(target, overwrite)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        yield staging
-        for file in staging.iterdir():
-            _fsync(file)
-        _fsync(staging)
-        _check_replaceable(target, overwrite)
-        if target.exists():
-            retired = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-            os.rename(target, retired)
-            try:
-                os.rename(staging, target)
-            except BaseException:
-                os.rename(retired, target)
-                raise
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.rename(staging, target)
-        _fsync(target.parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def _check_replaceable(target: Path, overwrite: bool) -> None:
-    if not target.exists():
-        return
-    if not overwrite:
-        raise FileExistsError(f"{target}: already exists; pass overwrite=True to replace it")
-    if not target.is_dir() or (any(target.iterdir()) and not (target / MANIFEST).is_file()):
-        raise FileExistsError(
-            f"{target}: exists and is not a policy artifact (no {MANIFEST}); refusing to replace it"
-        )
-
-
-def _fsync(path: Path) -> None:
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        if path.is_dir():  # directories cannot be opened on every platform
-            return
-        raise
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

@@ -32,6 +32,7 @@ __all__ = [
     "DataSection",
     "EnvSection",
     "EvaluationSection",
+    "OPESection",
     "RunConfig",
     "SafetySection",
     "TrackingSection",
@@ -49,10 +50,14 @@ class _Section(BaseModel):
 
 
 class EnvSection(_Section):
-    """The environment the agent acts in (and is evaluated in, when it is a simulator)."""
+    """The simulator of the process, when there is one: it generates data (without
+    ``data.path``) and evaluates the policies. None: the task comes from the dataset
+    (a plant log's card) and evaluation is off policy; without ``data.path`` either, the
+    Industrial Benchmark (``IB-v0``)."""
 
-    id: str = "IB-v0"
-    #: Overrides of the environment's configuration and parameters (``setpoint``, ...).
+    id: str | None = None
+    #: Overrides of the environment's configuration and parameters (``setpoint``, ...);
+    #: they reach data generation, and a dataset generated with other values is refused.
     params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -70,6 +75,9 @@ class DataSection(_Section):
     #: Whole episodes of a generated dataset.
     trajectories: int = Field(default=20, ge=1)
     seed: int = 0
+    #: Train on a dataset whose card disagrees with the run's environment or parameters
+    #: (e.g. data logged at another setpoint) on purpose.
+    allow_mismatch: bool = False
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -118,8 +126,27 @@ class TrainingSection(_Section):
         return self
 
 
+class OPESection(_Section):
+    """Off-policy evaluation (FQE on held-out episodes): the evaluation of a task without
+    a simulator, and beside the simulator's with ``always``."""
+
+    #: Fraction of the episodes held out of training for FQE.
+    holdout: float = Field(default=0.2, gt=0, lt=1)
+    #: FQE updates per FQE seed.
+    updates: int = Field(default=2000, ge=1)
+    #: FQE seeds; their spread is the 95 % interval of an estimate.
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=2)
+    #: Widths of FQE's critic.
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
+    #: γ of the estimates.
+    discount: float = Field(default=0.99, gt=0, lt=1)
+    #: Also when a simulator exists (estimates beside the simulator's numbers).
+    always: bool = False
+
+
 class EvaluationSection(_Section):
-    """Online evaluation in the environment's simulator, with the shield."""
+    """Evaluation of every run: in the task's simulator with the shield, or off policy
+    (``ope``) when the task has none."""
 
     #: Updates between evaluations (a multiple of ``training.chunk``); 0: only at the end.
     every: int = Field(default=0, ge=0)
@@ -132,22 +159,19 @@ class EvaluationSection(_Section):
     #: Stop when the selection score has not improved for this many evaluations.
     patience: int | None = Field(default=None, ge=1)
     seed: int = 0
+    ope: OPESection = Field(default_factory=OPESection)
 
 
 class SafetySection(_Section):
     """Hard constraints (the shield's) and cost limits (the safe agents')."""
 
-    #: A ``ConstraintSpec`` YAML file; None: the environment's default constraints.
+    #: A ``ConstraintSpec`` YAML file; None: the task's default constraints. Feature and
+    #: action names resolve against the task's (a plant's own column names).
     constraints: str | None = None
-    #: Episode cost limit per cost channel; None: the spec's ``cost_limit`` values.
+    #: Episode cost limit per cost channel; None: the spec's ``cost_limit`` values, else
+    #: the dataset's (a plant schema's ``limit``). Checked against the channels in one
+    #: place when the run is resolved.
     cost_limits: list[float] | None = None
-
-    @field_validator("cost_limits")
-    @classmethod
-    def _positive(cls, limits: list[float] | None) -> list[float] | None:
-        if limits is not None and (not limits or any(limit <= 0 for limit in limits)):
-            raise ValueError(f"expected positive episode cost limits, got {limits}")
-        return limits
 
 
 class CheckpointSection(_Section):

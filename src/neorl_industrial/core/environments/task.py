@@ -1,0 +1,405 @@
+"""The task: the one description of a process that data, agent, shield and server agree on.
+
+A :class:`Task` names the observation features and actions (with units and bounds), the
+cost channels (with their per-step definitions and default episode limits), the hard
+constraints a safety engineer would start from, the episode length that turns an episode
+cost limit into a per-step threshold, and, optionally, a simulator (a registered
+environment id and its parameters) for evaluation and data generation.
+
+It comes from a registered environment (:meth:`Task.from_env`), from a plant log's
+schema or a dataset card (``integration.datasets``: ``card.task()``), or is written by
+hand. Nothing downstream assumes a simulator: a task without one trains, evaluates off
+policy, exports and serves like any other.
+
+Actions are in the plant's own units between ``action_low`` and ``action_high``; the
+policy acts in [-1, 1] inside and is scaled to those units
+(``functional.state_management.ActionScaler``), so an exported policy takes and returns
+engineering units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from neorl_industrial.core.safety.spec import ConstraintSpec, ConstraintSpecError
+
+__all__ = ["Task", "TaskError"]
+
+
+class TaskError(ValueError):
+    """A task description, or data that disagrees with it: names the field."""
+
+
+def _names(values: Sequence[str], what: str) -> tuple[str, ...]:
+    names = tuple(str(name) for name in values)
+    if any(not name for name in names):
+        raise TaskError(f"{what}: names must be non-empty strings")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise TaskError(f"{what}: {repeated} named more than once")
+    return names
+
+
+def _floats(values: Sequence[float] | None, size: int, fill: float, what: str) -> tuple:
+    if values is None:
+        return (fill,) * size
+    result = tuple(float(value) for value in values)
+    if len(result) != size:
+        raise TaskError(f"{what}: expected {size} values, got {len(result)}")
+    if any(math.isnan(value) for value in result):
+        raise TaskError(f"{what}: NaN is not a bound")
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One process, described once (see the module docstring).
+
+    Attributes:
+        name: what the process is called (``boiler-3``, ``IB-v0``).
+        observation_names: one name per observation feature.
+        action_names: one name per action (one ``action`` for a discrete index).
+        action_low, action_high: bounds of each continuous action, in plant units.
+        observation_low, observation_high: physical bounds of each feature (``±inf``
+            where unknown).
+        observation_units, action_units: unit of each feature and action (None: none).
+        cost_names: the cost channels of the data, in column order.
+        cost_definitions: how each channel is computed per step (an expression, or a
+            sentence), for people.
+        cost_limits: default episode cost limit per channel name (a constraint spec's
+            ``cost_limit`` or an explicit limit wins over it).
+        episode_length: steps per episode, used to turn an episode cost limit into a
+            per-step threshold; None: the data's mean episode length.
+        sampling_period: seconds between steps (None: unknown).
+        discrete: actions are indices ``0 .. num_actions - 1``.
+        num_actions: how many discrete actions.
+        env_id: the registered simulator of this process; None: no simulator.
+        env_params: overrides of the simulator's configuration and parameters.
+        constraints: the hard constraints and costs to start from (a ``ConstraintSpec``);
+            None: the action bounds alone.
+    """
+
+    name: str
+    observation_names: tuple[str, ...]
+    action_names: tuple[str, ...]
+    action_low: tuple[float, ...]
+    action_high: tuple[float, ...]
+    observation_low: tuple[float, ...] | None = None
+    observation_high: tuple[float, ...] | None = None
+    observation_units: tuple[str | None, ...] | None = None
+    action_units: tuple[str | None, ...] | None = None
+    cost_names: tuple[str, ...] = ()
+    cost_definitions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    cost_limits: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    episode_length: int | None = None
+    sampling_period: float | None = None
+    discrete: bool = False
+    num_actions: int | None = None
+    env_id: str | None = None
+    env_params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    constraints: ConstraintSpec | None = None
+
+    def __post_init__(self) -> None:
+        if not str(self.name):
+            raise TaskError("name: a task needs a name")
+        observation_names = _names(self.observation_names, "observation_names")
+        action_names = _names(self.action_names, "action_names")
+        if not observation_names:
+            raise TaskError("observation_names: a task observes at least one feature")
+        if not action_names:
+            raise TaskError("action_names: a task has at least one action")
+        n_obs, n_act = len(observation_names), len(action_names)
+        set_ = object.__setattr__
+        set_(self, "observation_names", observation_names)
+        set_(self, "action_names", action_names)
+        set_(self, "action_low", _floats(self.action_low, n_act, -1.0, "action_low"))
+        set_(self, "action_high", _floats(self.action_high, n_act, 1.0, "action_high"))
+        set_(
+            self,
+            "observation_low",
+            _floats(self.observation_low, n_obs, -math.inf, "observation_low"),
+        )
+        set_(
+            self,
+            "observation_high",
+            _floats(self.observation_high, n_obs, math.inf, "observation_high"),
+        )
+        for what, units, size in (
+            ("observation_units", self.observation_units, n_obs),
+            ("action_units", self.action_units, n_act),
+        ):
+            units = (None,) * size if units is None else tuple(units)
+            if len(units) != size:
+                raise TaskError(f"{what}: expected {size} units, got {len(units)}")
+            set_(self, what, units)
+        if self.discrete:
+            if self.num_actions is None or int(self.num_actions) < 2:
+                raise TaskError(f"num_actions: a discrete task needs >= 2, got {self.num_actions}")
+        else:
+            for name, low, high in zip(
+                action_names, self.action_low, self.action_high, strict=True
+            ):
+                if not (math.isfinite(low) and math.isfinite(high)):
+                    raise TaskError(
+                        f"action_low/action_high: action {name!r} needs finite bounds in plant "
+                        f"units, got [{low}, {high}]"
+                    )
+                if not high > low:
+                    raise TaskError(
+                        f"action_low/action_high: action {name!r} has a zero-width or "
+                        f"inverted range [{low}, {high}]; the policy cannot be scaled to it"
+                    )
+        for name, low, high in zip(
+            observation_names, self.observation_low, self.observation_high, strict=True
+        ):
+            if low > high:
+                raise TaskError(f"observation bounds: {name!r} has low {low} above high {high}")
+        set_(self, "cost_names", _names(self.cost_names, "cost_names"))
+        limits = {str(k): float(v) for k, v in dict(self.cost_limits).items()}
+        unknown = sorted(set(limits) - set(self.cost_names))
+        if unknown:
+            raise TaskError(f"cost_limits: {unknown} are not cost channels {list(self.cost_names)}")
+        for key, value in limits.items():
+            if not (math.isfinite(value) and value >= 0):
+                raise TaskError(f"cost_limits.{key}: expected a finite number >= 0, got {value}")
+        set_(self, "cost_limits", limits)
+        set_(self, "cost_definitions", {str(k): str(v) for k, v in self.cost_definitions.items()})
+        set_(self, "env_params", dict(self.env_params))
+        if self.episode_length is not None and int(self.episode_length) < 1:
+            raise TaskError(
+                f"episode_length: expected a positive integer, got {self.episode_length}"
+            )
+        if self.sampling_period is not None and not float(self.sampling_period) > 0:
+            raise TaskError(f"sampling_period: expected seconds > 0, got {self.sampling_period}")
+
+    # ----- sizes ------------------------------------------------------------------------
+    @property
+    def observation_size(self) -> int:
+        return len(self.observation_names)
+
+    @property
+    def action_size(self) -> int:
+        """Length of a continuous action (1 for a discrete index)."""
+        return len(self.action_names)
+
+    @property
+    def n_costs(self) -> int:
+        return len(self.cost_names)
+
+    @property
+    def has_simulator(self) -> bool:
+        return self.env_id is not None
+
+    @property
+    def kind(self) -> str:
+        """``simulator`` or ``plant``: how the task can be evaluated."""
+        return "simulator" if self.has_simulator else "plant"
+
+    # ----- constraints ------------------------------------------------------------------
+    def default_constraints(self) -> ConstraintSpec:
+        """The task's own constraints, or the action bounds alone."""
+        if self.constraints is not None:
+            return self.constraints
+        if self.discrete:
+            return ConstraintSpec(name=f"{self.name}-default")
+        bounds = {
+            name: [low, high]
+            for name, low, high in zip(
+                self.action_names, self.action_low, self.action_high, strict=True
+            )
+        }
+        return ConstraintSpec.from_dict({"name": f"{self.name}-default", "action_bounds": bounds})
+
+    def compile_constraints(self, spec: ConstraintSpec | None = None) -> Any:
+        """``spec`` (default: :meth:`default_constraints`) compiled against this task's
+        feature and action names.
+
+        Raises:
+            ConstraintSpecError: naming the field of a feature or action the task does not
+                have (with the closest names it does have).
+        """
+        spec = self.default_constraints() if spec is None else spec
+        return spec.compile(
+            self.observation_size, self.action_size, self.observation_names, self.action_names
+        )
+
+    # ----- simulator ----------------------------------------------------------------------
+    def make_simulator(self) -> tuple[Any, Any]:
+        """``(env, params)`` of the task's simulator.
+
+        Raises:
+            TaskError: when the task has no simulator, or its parameters are invalid.
+        """
+        from neorl_industrial.core.environments.registry import make
+
+        if self.env_id is None:
+            raise TaskError(
+                f"env_id: task {self.name!r} has no simulator; evaluate it off policy (FQE)"
+            )
+        try:
+            return make(self.env_id, **self.env_params)
+        except ValueError as error:
+            raise TaskError(f"env.params: {error}") from None
+
+    @classmethod
+    def from_env(cls, env_id: str, env_params: Mapping[str, Any] | None = None) -> Task:
+        """The task of a registered simulator, with its parameters overridden.
+
+        Raises:
+            TaskError: for an unknown id or an invalid parameter, naming it.
+        """
+        from neorl_industrial.core.environments.registry import make
+
+        params_overrides = dict(env_params or {})
+        try:
+            env, params = make(env_id, **params_overrides)
+        except ValueError as error:
+            raise TaskError(f"env: {error}") from None
+        horizon = getattr(params, "horizon", None)
+        return cls(
+            name=env_id,
+            observation_names=env.observation_names,
+            action_names=env.action_names,
+            action_low=tuple(np.asarray(env.action_low, np.float64).reshape(-1).tolist())
+            if not env.discrete
+            else (0.0,),
+            action_high=tuple(np.asarray(env.action_high, np.float64).reshape(-1).tolist())
+            if not env.discrete
+            else (float(env.num_actions - 1),),
+            observation_low=tuple(np.asarray(env.observation_low, np.float64).tolist()),
+            observation_high=tuple(np.asarray(env.observation_high, np.float64).tolist()),
+            cost_names=env.cost_names,
+            cost_definitions=dict(getattr(env, "cost_definitions", {}) or {}),
+            episode_length=None if horizon is None else int(horizon),
+            discrete=env.discrete,
+            num_actions=env.num_actions,
+            env_id=env_id,
+            env_params=params_overrides,
+            constraints=env.default_constraints(),
+        )
+
+    # ----- data -----------------------------------------------------------------------
+    def check_data(
+        self,
+        *,
+        observation_size: int,
+        action_size: int,
+        discrete: bool,
+        n_costs: int,
+        source: str = "dataset",
+        observation_names: Sequence[str] | None = None,
+        action_names: Sequence[str] | None = None,
+        cost_names: Sequence[str] | None = None,
+    ) -> None:
+        """Raises :class:`TaskError` naming the field where data of these shapes and
+        names does not fit the task."""
+        if observation_size != self.observation_size:
+            raise TaskError(
+                f"{source}: observations have {observation_size} features; {self.name} has "
+                f"{self.observation_size} ({_preview(self.observation_names)})"
+            )
+        if discrete != self.discrete:
+            kind = "discrete" if discrete else "continuous"
+            raise TaskError(
+                f"{source}: {kind} actions; {self.name} has "
+                f"{'discrete' if self.discrete else 'continuous'} ones"
+            )
+        if not discrete and action_size != self.action_size:
+            raise TaskError(
+                f"{source}: actions have {action_size} dimensions; {self.name} has "
+                f"{self.action_size} ({', '.join(self.action_names)})"
+            )
+        for what, names, expected in (
+            ("observation names", observation_names, self.observation_names),
+            ("action names", None if discrete else action_names, self.action_names),
+            ("cost names", cost_names, self.cost_names),
+        ):
+            if names is not None and tuple(names) and tuple(names) != tuple(expected):
+                differ = [
+                    f"{a!r} vs {b!r}" for a, b in zip(names, expected, strict=False) if a != b
+                ][:3]
+                raise TaskError(
+                    f"{source}: {what} differ from {self.name}'s: "
+                    f"{', '.join(differ) or f'{len(names)} vs {len(expected)} names'}"
+                )
+        if n_costs != self.n_costs and self.n_costs:
+            raise TaskError(
+                f"{source}: {n_costs} cost channels; {self.name} has {self.n_costs} "
+                f"({', '.join(self.cost_names)})"
+            )
+
+    # ----- files ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data that :meth:`from_dict` turns back into this task (infinite
+        bounds as null)."""
+
+        def bounds(values: tuple[float, ...] | None) -> list[float | None] | None:
+            if values is None:
+                return None
+            return [value if math.isfinite(value) else None for value in values]
+
+        return {
+            "name": self.name,
+            "observation_names": list(self.observation_names),
+            "action_names": list(self.action_names),
+            "action_low": list(self.action_low),
+            "action_high": list(self.action_high),
+            "observation_low": bounds(self.observation_low),
+            "observation_high": bounds(self.observation_high),
+            "observation_units": list(self.observation_units or ()),
+            "action_units": list(self.action_units or ()),
+            "cost_names": list(self.cost_names),
+            "cost_definitions": dict(self.cost_definitions),
+            "cost_limits": dict(self.cost_limits),
+            "episode_length": self.episode_length,
+            "sampling_period": self.sampling_period,
+            "discrete": self.discrete,
+            "num_actions": self.num_actions,
+            "env_id": self.env_id,
+            "env_params": dict(self.env_params),
+            "constraints": None if self.constraints is None else self.constraints.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "task") -> Task:
+        """The task :meth:`to_dict` wrote.
+
+        Raises:
+            TaskError: naming ``source`` and the field.
+        """
+        if not isinstance(data, Mapping):
+            raise TaskError(f"{source}: expected a mapping, got {type(data).__name__}")
+        values = dict(data)
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TaskError(f"{source}: unknown fields {unknown}; known: {sorted(known)}")
+        for key, fill in (("observation_low", -math.inf), ("observation_high", math.inf)):
+            if values.get(key) is not None:
+                values[key] = [fill if value is None else value for value in values[key]]
+        for key in ("observation_units", "action_units"):
+            if not values.get(key):
+                values[key] = None
+        if values.get("constraints") is not None:
+            try:
+                values["constraints"] = ConstraintSpec.from_dict(
+                    values["constraints"], f"{source}: constraints"
+                )
+            except ConstraintSpecError as error:
+                raise TaskError(str(error)) from None
+        try:
+            return cls(**values)
+        except TaskError as error:
+            raise TaskError(f"{source}: {error}") from None
+        except (TypeError, ValueError) as error:
+            raise TaskError(f"{source}: {error}") from None
+
+
+def _preview(names: Sequence[str], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... {len(names) - limit} more" if len(names) > limit else "")

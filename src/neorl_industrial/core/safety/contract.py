@@ -1,0 +1,134 @@
+"""The safety contract of a run: hard constraints, cost channels and their episode limits,
+resolved once from a task, a constraint spec and explicit limits.
+
+Which cost channels a run trains against, and where each limit comes from, is decided
+here and nowhere else:
+
+* The channels are the constraint spec's ``costs`` when it declares any (the data's costs
+  are then relabelled from the spec's per-step definitions if the data's channels are
+  other ones); otherwise the task's own channels (a plant log's cost columns, a
+  simulator's cost vector).
+* Each limit is, first found: the explicit ``cost_limits`` of the run, the spec's
+  ``cost_limit``, the task's default limit for that channel.
+
+The limits are a traced leaf (``cost_limits``) so a sweep over them is a ``vmap``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import struct
+
+from neorl_industrial.core.safety.constraints import CompiledConstraints
+from neorl_industrial.core.safety.spec import ConstraintSpec
+
+__all__ = ["SafetyContract", "check_cost_limits", "resolve_safety"]
+
+
+def check_cost_limits(limits: Sequence[float], names: Sequence[str], where: str) -> list[float]:
+    """``limits`` as floats, one per channel of ``names``, each finite and ``>= 0``.
+
+    Raises:
+        ValueError: naming ``where``, the channel and the value.
+    """
+    values = [float(limit) for limit in limits]
+    if len(values) != len(names):
+        raise ValueError(
+            f"{where}: expected one episode cost limit per cost channel "
+            f"({len(names)}: {', '.join(names) or 'none'}), got {len(values)}"
+        )
+    for name, value in zip(names, values, strict=True):
+        if not (math.isfinite(value) and value >= 0.0):
+            raise ValueError(f"{where}: {name}: expected a finite number >= 0, got {value}")
+    return values
+
+
+@struct.dataclass
+class SafetyContract:
+    """What a run is held to.
+
+    Attributes:
+        constraints: the shield's hard constraints (and the spec's cost definitions).
+        cost_limits: ``[n_costs]`` episode cost limit per channel (traced).
+        cost_names: the channels, in the order of the data's cost columns after
+            relabelling.
+        relabel: the data's costs must be recomputed from ``constraints`` (the spec
+            defines other channels than the data has).
+        limit_sources: where each limit came from (``run``, ``spec`` or ``task``).
+    """
+
+    constraints: CompiledConstraints
+    cost_limits: jax.Array
+    cost_names: tuple[str, ...] = struct.field(pytree_node=False, default=())
+    relabel: bool = struct.field(pytree_node=False, default=False)
+    limit_sources: tuple[str, ...] = struct.field(pytree_node=False, default=())
+
+    @property
+    def n_costs(self) -> int:
+        return len(self.cost_names)
+
+    def limits(self) -> list[float]:
+        """The episode cost limits on the host."""
+        return np.asarray(self.cost_limits, np.float64).reshape(-1).tolist()
+
+    def limits_by_name(self) -> dict[str, float]:
+        return dict(zip(self.cost_names, self.limits(), strict=True))
+
+
+def resolve_safety(
+    task: Any,
+    spec: ConstraintSpec | None = None,
+    cost_limits: Sequence[float] | None = None,
+    *,
+    require_limits: bool = False,
+) -> SafetyContract:
+    """The run's safety contract (see the module docstring).
+
+    Args:
+        task: the ``Task`` (names, channels and default limits).
+        spec: the constraint spec; None: the task's default constraints.
+        cost_limits: explicit episode limits, one per channel (they win).
+        require_limits: every channel must end up with a limit (the safe agents).
+
+    Raises:
+        ValueError: naming the field: a spec that names features or actions the task does
+            not have (``ConstraintSpecError``), limits of the wrong number or value, a
+            channel without a limit where one is required.
+    """
+    spec = task.default_constraints() if spec is None else spec
+    compiled = task.compile_constraints(spec)
+    if spec.costs:
+        names = tuple(cost.name for cost in spec.costs)
+        defaults = {cost.name: (cost.cost_limit, "spec") for cost in spec.costs}
+        relabel = names != tuple(task.cost_names)
+    else:
+        names = tuple(task.cost_names)
+        defaults = {}
+        relabel = False
+    for name in names:
+        if name not in defaults and name in task.cost_limits:
+            defaults[name] = (task.cost_limits[name], "task")
+    if cost_limits is not None:
+        values = check_cost_limits(cost_limits, names, "cost_limits")
+        sources = ("run",) * len(names)
+    else:
+        missing = [name for name in names if name not in defaults]
+        if missing and require_limits:
+            raise ValueError(
+                f"cost_limits: no episode cost limit for {missing}; give cost_limits, a "
+                "constraint spec with costs, or limits in the dataset's schema"
+            )
+        values = [defaults[name][0] if name in defaults else math.inf for name in names]
+        sources = tuple(defaults[name][1] if name in defaults else "none" for name in names)
+    return SafetyContract(
+        constraints=compiled,
+        cost_limits=np.asarray(values, np.float32),
+        cost_names=names,
+        relabel=relabel,
+        limit_sources=sources,
+    )

@@ -1,0 +1,180 @@
+"""Evaluation without a simulator: Fitted Q Evaluation of every run's policy on held-out
+episodes, with the same interface as the simulator's :class:`~.evaluation.Evaluator`.
+
+For each run's policy, FQE (``functional.transformations.fitted_q_evaluation``, one
+critic head per signal, several FQE seeds in one vmapped program) learns the discounted
+return and the discounted cost of every channel from the held-out episodes alone, and
+reports them at the episodes' first observations. The numbers are **estimates**, marked
+``estimate: "fqe"`` with a 95 % confidence interval over FQE seeds; what they can and
+cannot tell is in ``docs/ope.md``.
+
+What each number means:
+
+* ``return``: estimated discounted return (γ of the FQE config) from an episode start,
+  in the data's reward units; ``behaviour_return`` is the held-out episodes' own
+  discounted return from their starts (what the logged operation achieved).
+* ``cost_value``: estimated discounted cost per channel; ``normalized_cost`` divides it
+  by the discounted value an episode cost limit allows (OSRL's per-step threshold,
+  ``limit (1 - γ^T) / ((1 - γ) T)``), so ``<= 1`` reads "estimated within the limit"
+  exactly as the simulator's ``normalized_cost`` does, and the safety-first selection
+  (:func:`~.evaluation.selection_key`) applies unchanged.
+
+The evaluated policy is the one that would run: its actions pass the shield in plant
+units before FQE scores them. The previous action is not part of an observation, so rate
+limits are left out of that shield (the server applies them with the real previous
+action).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from neorl_industrial.core.agents.cost import per_step_cost_threshold
+from neorl_industrial.core.agents.fqe import FQEConfig
+from neorl_industrial.core.agents.types import Algorithm
+from neorl_industrial.core.safety import shield
+from neorl_industrial.functional.state_management import ActionScaler, Dataset
+from neorl_industrial.functional.transformations.ope import fitted_q_evaluation
+from neorl_industrial.wrappers.training.evaluation import mean_confidence_interval
+
+__all__ = ["OffPolicyEvaluator", "discounted_start_returns"]
+
+
+def discounted_start_returns(dataset: Dataset, discount: float) -> np.ndarray:
+    """``[n_episodes]`` discounted return of every episode from its first step."""
+    rewards = np.asarray(jax.device_get(dataset.rewards), np.float64)
+    episode = np.asarray(jax.device_get(dataset.episode_id))
+    starts = np.asarray(jax.device_get(dataset.episode_starts))
+    position = np.arange(rewards.size) - starts[episode]
+    weighted = rewards * discount ** position.astype(np.float64)
+    return np.bincount(episode, weights=weighted, minlength=starts.size)
+
+
+@dataclasses.dataclass
+class OffPolicyEvaluator:
+    """Scores stacked policies (leading run axis) by FQE on held-out episodes.
+
+    Attributes:
+        algorithm: whose ``act`` the policies are, acting in the policy's [-1, 1].
+        dataset: the held-out episodes, actions scaled to the policy's [-1, 1].
+        scaler: plant units <-> [-1, 1] (None: the actions are in [-1, 1] already).
+        constraints: the shield's compiled constraints (plant units); None: no shield.
+        cost_limits: episode cost limit per cost channel (None: no cost metrics).
+        cost_names: names of the cost channels.
+        episode_length: steps per episode, for the per-step cost threshold.
+        updates: FQE updates per FQE seed.
+        seeds: FQE seeds (their spread gives the confidence interval).
+        hidden: widths of FQE's critic.
+        discount: γ of the estimates.
+        batch_size: transitions per FQE update.
+    """
+
+    algorithm: Algorithm
+    dataset: Dataset
+    scaler: ActionScaler | None = None
+    constraints: Any = None
+    cost_limits: Sequence[float] | None = None
+    cost_names: Sequence[str] = ()
+    episode_length: int = 1000
+    updates: int = 2000
+    seeds: Sequence[int] = (0, 1, 2)
+    hidden: tuple[int, ...] = (64, 64)
+    discount: float = 0.99
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.dataset.discrete:
+            raise ValueError("dataset: off-policy evaluation (FQE) needs continuous actions")
+        if self.updates < 1:
+            raise ValueError(
+                f"updates: expected a positive number of FQE updates, got {self.updates}"
+            )
+        if len(self.seeds) < 2:
+            raise ValueError("seeds: give at least two FQE seeds (their spread is the interval)")
+        self.behaviour_return = float(discounted_start_returns(self.dataset, self.discount).mean())
+        self.thresholds = None
+        if self.cost_limits is not None:
+            self.thresholds = np.asarray(
+                [
+                    per_step_cost_threshold(float(limit), self.discount, self.episode_length)
+                    if np.isfinite(limit)
+                    else np.inf
+                    for limit in self.cost_limits
+                ],
+                np.float64,
+            )
+
+    def policy_function(self, policy_params: Any) -> Any:
+        """``observations [B, obs] -> actions [B, act]`` in [-1, 1], shielded in plant
+        units."""
+        act, scaler, constraints = self.algorithm.act, self.scaler, self.constraints
+
+        def policy(observations: jax.Array) -> jax.Array:
+            actions = jax.vmap(lambda o: act(policy_params, o, None, deterministic=True))(
+                observations
+            )
+            if constraints is None:
+                return actions
+            plant = actions if scaler is None else scaler.unscale(actions)
+            unknown = jnp.full(plant.shape, jnp.nan, jnp.float32)  # no previous action
+            safe, _ = shield(constraints, observations, plant, unknown)
+            return safe if scaler is None else scaler.scale(safe)
+
+        return policy
+
+    def __call__(self, policies: Any, updates: int) -> list[dict[str, Any]]:
+        """Estimated metrics of every run's policy (a list, one dict per run)."""
+        del updates  # FQE's keys depend only on its seeds
+        n_runs = int(jax.tree.leaves(policies)[0].shape[0])
+        config = FQEConfig(hidden=tuple(self.hidden), discount=self.discount)
+        rows = []
+        for run in range(n_runs):
+            params = jax.tree.map(lambda leaf, run=run: leaf[run], policies)
+            result = fitted_q_evaluation(
+                self.dataset,
+                self.policy_function(params),
+                n_updates=self.updates,
+                seeds=tuple(self.seeds),
+                batch_size=self.batch_size,
+                config=config,
+                chunk_updates=min(self.updates, 1000),
+            )
+            rows.append(self._metrics(result))
+        return rows
+
+    def _metrics(self, result: Any) -> dict[str, Any]:
+        returns = mean_confidence_interval(result.returns.tolist())
+        row: dict[str, Any] = {
+            "estimate": "fqe",
+            "return": returns["mean"],
+            "return_ci": returns["ci"],
+            "behaviour_return": self.behaviour_return,
+            "heldout_episodes": self.dataset.n_episodes,
+            "fqe_updates": self.updates,
+            "fqe_seeds": len(self.seeds),
+            "discount": self.discount,
+        }
+        names = list(self.cost_names) or [f"cost_{i}" for i in range(result.costs.shape[1])]
+        if result.costs.shape[1]:
+            row["cost_value"] = {
+                name: float(value) for name, value in zip(names, result.cost_mean, strict=True)
+            }
+            row["cost_value_ci"] = {
+                name: mean_confidence_interval(result.costs[:, i].tolist())["ci"]
+                for i, name in enumerate(names)
+            }
+        if self.thresholds is not None and result.costs.shape[1]:
+            per_channel = np.asarray(result.cost_mean, np.float64) / self.thresholds
+            row["normalized_cost"] = float(per_channel.max())
+            row["normalized_cost_per_channel"] = {
+                name: float(value) for name, value in zip(names, per_channel, strict=True)
+            }
+        else:
+            row["normalized_cost"] = None
+        return row
