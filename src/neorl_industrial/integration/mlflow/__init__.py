@@ -3,6 +3,10 @@
 * :class:`MlflowTracker`: a Trainer callback that logs params, metrics, tags, nested runs
   per seed and artifacts through a background :class:`BufferedSender` (a server that is
   down or slow never stops training; unsent calls go to a spool file for :func:`replay`).
+* :mod:`.sender`: the transport. It delivers operations by name, in order, with retries,
+  the spool and its replay, and imports no other module of this package; :mod:`.runs`
+  (runs, params, metrics, artifacts) and :mod:`.registry` (the policy model and its
+  registration) define the operations, and this module registers them with it.
 * :mod:`.pyfunc`: the exported, shielded policy as a pyfunc model
   (``mlflow models serve`` returns shielded actions).
 * :mod:`.registry`: versions, the ``champion``/``challenger`` aliases, the safety-aware
@@ -14,19 +18,26 @@ MLflow itself is imported lazily: ``import neorl_industrial.integration.mlflow``
 from __future__ import annotations
 
 from neorl_industrial.core.utils.lazy import lazy_exports
+from neorl_industrial.integration.mlflow import registry as _registry
+from neorl_industrial.integration.mlflow import runs as _runs
+from neorl_industrial.integration.mlflow.sender import register_operations as _register
+
+# Here rather than in the tracker: a spool replayed by a process that imported only the
+# sender (``neorl-industrial mlflow replay``) holds run and registry operations too.
+_register(_runs.OPERATIONS)
+_register(_registry.OPERATIONS)
 
 _EXPORTS = {
     "BufferedSender": ".sender",
+    "DEFAULT_TRACKING_URI": ".sender",
     "MlflowUnavailableWarning": ".sender",
     "SendSummary": ".sender",
     "SpoolError": ".sender",
     "read_spool": ".sender",
     "replay": ".sender",
-    "DEFAULT_TRACKING_URI": ".tracking",
+    "resolve_tracking_uri": ".sender",
     "MlflowTracker": ".tracking",
     "flatten": ".tracking",
-    "registered_model_name": ".tracking",
-    "resolve_tracking_uri": ".tracking",
     "system_tags": ".tracking",
     "ui_command": ".tracking",
     "learning_curves": ".plots",
@@ -46,6 +57,7 @@ _EXPORTS = {
     "load_agent": ".registry",
     "load_policy": ".registry",
     "promote": ".registry",
+    "registered_model_name": ".registry",
     "resolve_agent_dir": ".registry",
     "resolve_policy_dir": ".registry",
 }

@@ -19,7 +19,6 @@ card (``dataset.json``) and the saved agent (``agent/``, for ``Agent.load``).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 import warnings
@@ -29,6 +28,8 @@ from typing import Any
 
 import mlflow
 import numpy as np
+
+from neorl_industrial.wrappers.hostio import write_json_atomic
 
 __all__ = [
     "MODEL_NAME",
@@ -179,8 +180,7 @@ def log_policy_model(
         spec_path.write_text(artifact.constraint_spec.to_yaml())
         artifacts["constraints"] = str(spec_path)
         if dataset_card is not None:
-            card_path = Path(scratch) / "dataset.json"
-            card_path.write_text(json.dumps(dataset_card, indent=2))
+            card_path = write_json_atomic(Path(scratch) / "dataset.json", dataset_card)
             artifacts["dataset_card"] = str(card_path)
         if agent_dir is not None:
             artifacts["agent"] = str(agent_dir)

@@ -13,6 +13,10 @@ version gets the alias ``challenger``; :func:`promote` decides whether it replac
 The decision and its reason are recorded on the versions' tags (``promotion.*``) and on
 the registered model, so the registry shows why a champion is the champion.
 
+A training run hands the registry's work to the sender as two operations
+(:data:`OPERATIONS`): ``log_model`` logs the policy model and registers it as a version,
+``register`` puts the evaluation on it, gives it ``challenger`` and applies the rule.
+
 Everywhere a policy or agent path is accepted, ``models:/<name>@<alias>``,
 ``models:/<name>/<version>`` and ``runs:/<run_id>/policy`` are accepted too
 (:func:`resolve_policy_dir`, :func:`resolve_agent_dir`).
@@ -23,14 +27,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import re
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from neorl_industrial.integration.mlflow.sender import Delivery, Handler, resolve_tracking_uri
+from neorl_industrial.wrappers.hostio import read_yaml
+
 __all__ = [
     "CHALLENGER",
     "CHAMPION",
+    "OPERATIONS",
     "PromotionDecision",
     "RegistryError",
     "VersionSummary",
@@ -42,6 +51,7 @@ __all__ = [
     "load_agent",
     "load_policy",
     "promote",
+    "registered_model_name",
     "resolve_agent_dir",
     "resolve_policy_dir",
 ]
@@ -298,6 +308,74 @@ def finish_registration(
     return result
 
 
+def registered_model_name(task_name: str, explicit: str | None = None) -> str:
+    """The registered model a task's policies become versions of: ``explicit`` if given,
+    else a name from the task's:
+
+    * a registered simulator's id names its family's model, which the family's variants
+      share: ``IB-v0`` and ``IB-classic-v0`` → ``ib-policy``;
+    * any other task name (a plant's dataset) names its own, lower case, with every run
+      of characters other than letters, digits and ``_`` as one ``-`` (MLflow refuses
+      ``/`` and ``:``, and ``@`` would read as an alias in ``models:/``):
+      ``heat-exchanger`` → ``heat-exchanger-policy``, ``Boiler 3`` → ``boiler-3-policy``.
+
+    Raises:
+        ValueError: for a task name with no letter or digit to name a model after.
+    """
+    from neorl_industrial.core.environments import registered_envs
+
+    if explicit:
+        return explicit
+    name = task_name.strip()
+    if name in registered_envs():
+        name = name.split("-")[0]
+    slug = re.sub(r"[^a-z0-9_]+", "-", name.lower()).strip("-_")
+    if not slug:
+        raise ValueError(
+            f"cannot name a registered model after the task {task_name!r}; set "
+            "tracking.registered_model"
+        )
+    return f"{slug}-policy"
+
+
+# ----- operations for the sender -------------------------------------------------------
+def log_model(delivery: Delivery, key: str | None, args: dict[str, Any]) -> dict[str, Any]:
+    """Logs the exported policy at ``args["policy_dir"]`` as the pyfunc model of the run
+    ``key`` and registers it as a new version of ``registered_model`` in the delivery's
+    registry (a replay into another store registers it there)."""
+    from neorl_industrial.integration.mlflow.pyfunc import log_policy_model
+
+    client = delivery.client
+    if key not in delivery.ids:
+        raise KeyError(f"log_model: the run {key!r} was never created")
+    return log_policy_model(
+        client.tracking_uri,
+        delivery.ids[key],
+        policy_dir=args["policy_dir"],
+        agent_dir=args.get("agent_dir"),
+        dataset_card=args.get("dataset_card"),
+        input_example=args.get("input_example"),
+        registered_model=args.get("registered_model"),
+        registry_uri=getattr(client, "_registry_uri", None) or client.tracking_uri,
+    )
+
+
+def register(delivery: Delivery, key: str | None, args: dict[str, Any]) -> dict[str, Any]:
+    """:func:`finish_registration` of ``args["version"]``, by default the version that
+    the last ``log_model`` registered."""
+    args = dict(args)
+    if args.get("version") is None:
+        logged = delivery.results.get("log_model") or {}
+        if logged.get("version") is None:
+            raise KeyError("register: the policy model was not logged and registered")
+        args["version"] = logged["version"]
+    return finish_registration(delivery.client, **args)
+
+
+#: The registry's operations by name, registered with the sender by the package.
+OPERATIONS: dict[str, Handler] = {"log_model": log_model, "register": register}
+
+
 # ----- resolving URIs ------------------------------------------------------------------
 def is_model_uri(value: str | Path) -> bool:
     return isinstance(value, str) and value.startswith(_SCHEMES)
@@ -323,13 +401,11 @@ def _download(uri: str, tracking_uri: str | None) -> Path:
 def _resolve(value: str | Path, part: str, tracking_uri: str | None) -> Path:
     if not is_model_uri(value):
         return Path(value)
-    import yaml
-
     model_dir = _download(str(value), tracking_uri)
     found = model_dir / "artifacts" / part
     mlmodel = model_dir / "MLmodel"
     if mlmodel.exists():
-        flavor = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
+        flavor = (read_yaml(mlmodel, what="MLmodel file") or {}).get("flavors", {})
         entry = (flavor.get("python_function", {}).get("artifacts") or {}).get(part)
         if entry and entry.get("path"):
             found = model_dir / entry["path"]
@@ -347,8 +423,6 @@ def describe_model_uri(uri: str, tracking_uri: str | None = None) -> dict[str, A
     if not uri.startswith("models:/"):
         return {"uri": uri}
     from mlflow import MlflowClient
-
-    from neorl_industrial.integration.mlflow.tracking import resolve_tracking_uri
 
     store = resolve_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri=store, registry_uri=store)

@@ -1,17 +1,26 @@
-"""Calls to an MLflow tracking server, sent from a background thread.
+"""Delivery of queued operations to an MLflow store, from a background thread.
 
-Training never waits for MLflow: the Trainer's callbacks only put operations on a queue.
-A worker thread sends them in order. When a call fails (the server is down, slow past its
-timeout, or refuses), the worker warns once, keeps the operation and everything after it
-in order, and tries again every ``retry_interval`` seconds. :meth:`BufferedSender.close`
-waits at most ``flush_timeout`` seconds for the queue to drain; what could not be sent by
-then is written to a *spool* file (JSON lines) that :func:`replay` sends later::
+The sender is a transport. It delivers *operations* in the order they were submitted,
+retries them while the store is unreachable, writes what it could not deliver to a spool
+file, and delivers a spool file again (:func:`replay`); what an operation does is not its
+business. The modules that know register them by name (:func:`register_operations`):
+:mod:`.runs` for runs, params, metrics and artifacts, :mod:`.registry` for the policy
+model and its registration. The package registers both when it is imported, so every
+sender and every replay can deliver either.
+
+Training never waits: :meth:`BufferedSender.submit` only queues. When a delivery fails
+(the store is down, slow past its timeout, or refuses), the worker warns once, keeps the
+operation and everything after it in order, and tries again every ``retry_interval``
+seconds. :meth:`BufferedSender.close` waits at most ``flush_timeout`` seconds for the
+queue to drain; what was not delivered by then goes to the spool (JSON lines)::
 
     neorl-industrial mlflow replay runs/main/mlflow-spool.jsonl
 
-Operations name runs by a key of their own (``parent``, ``seed-0``); the server's run ids
-are learned when a run is created, and the spool records them (``bind`` lines) so a replay
-continues the same runs, or creates them again in a store that does not have them.
+An operation names what it acts on by a key of the caller's (``parent``, ``seed-0``; the
+spool's lines call it ``run``). An operation that creates something in the store binds its
+key to the store's id (:meth:`Delivery.bind`) and says how to bind it again; the spool
+starts with those operations, so a replay continues the same objects, or creates them
+again in a store that does not have them.
 """
 
 from __future__ import annotations
@@ -24,25 +33,33 @@ import queue
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from neorl_industrial.wrappers.hostio import json_default, write_text_atomic
+
 __all__ = [
+    "DEFAULT_TRACKING_URI",
     "SPOOL_FORMAT",
     "BufferedSender",
+    "Delivery",
+    "Handler",
     "MlflowUnavailableWarning",
     "SendSummary",
     "SpoolError",
-    "execute",
+    "deliver",
+    "quiet_http_retries",
+    "read_spool",
+    "register_operations",
+    "registered_operations",
     "replay",
+    "resolve_tracking_uri",
 ]
 
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 SPOOL_FORMAT = "neorl_industrial.mlflow-spool"
 SPOOL_VERSION = 1
-# MLflow's limits per log_batch call and on a parameter's value.
-_MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
-MAX_PARAM_LENGTH = 6000
 _CLOSE = object()
 
 
@@ -54,9 +71,97 @@ class SpoolError(ValueError):
     """A spool file that cannot be replayed; the message names the file and line."""
 
 
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """``uri``, else ``$MLFLOW_TRACKING_URI``, else the embedded ``sqlite:///mlflow.db``."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def quiet_http_retries() -> None:
+    """Bounds MLflow's own HTTP retries (by default minutes per call) so that the sender's
+    retry loop decides; a value the user has set is kept."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+
+
+# ----- operations ----------------------------------------------------------------------
+@dataclasses.dataclass
+class Delivery:
+    """What the operations delivered to one store share.
+
+    Attributes:
+        client: the store's ``MlflowClient`` (rebuilt after a failure).
+        ids: the store's id of every key bound so far.
+        results: the latest result of every operation that returned one, by operation
+            name (an operation may read what an earlier one made).
+        rebinds: for every bound key, the operation that binds it again; a spool written
+            after this point starts with them.
+    """
+
+    client: Any = None
+    ids: dict[str, str] = dataclasses.field(default_factory=dict)
+    results: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rebinds: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def bind(self, key: str, store_id: str, rebind: dict[str, Any]) -> None:
+        """Records that ``key`` is ``store_id`` in this store, and ``rebind``: the
+        operation (``{"op", "run", "args"}``) that binds it again in a later replay."""
+        self.ids[key] = store_id
+        self.rebinds.pop(key, None)  # keeps the spool's rebinds in the order of binding
+        self.rebinds[key] = rebind
+
+
+#: ``handler(delivery, key, args)``: delivers one operation and returns its result (or
+#: None). A handler raises ``KeyError`` (a key or an earlier result it needs is missing)
+#: or ``FileNotFoundError`` (a file to send is gone) for what retrying cannot mend; any
+#: other error counts as the store failing, and the operation is tried again.
+Handler = Callable[[Delivery, str | None, dict[str, Any]], Any]
+
+_OPERATIONS: dict[str, Handler] = {}
+
+
+def register_operations(handlers: Mapping[str, Handler]) -> None:
+    """Makes ``handlers`` (operation name → :data:`Handler`) deliverable by every sender
+    and every replay.
+
+    Raises:
+        ValueError: for a name already registered to another handler.
+    """
+    for name, handler in handlers.items():
+        known = _OPERATIONS.get(name)
+        if known is not None and known is not handler:
+            raise ValueError(f"operation {name!r} is already registered to {known.__qualname__}")
+    _OPERATIONS.update(handlers)
+
+
+def registered_operations() -> tuple[str, ...]:
+    """The names of the operations that can be delivered, sorted."""
+    return tuple(sorted(_OPERATIONS))
+
+
+def _handler(name: str) -> Handler:
+    handler = _OPERATIONS.get(name)
+    if handler is None:
+        known = ", ".join(registered_operations()) or "none"
+        raise ValueError(f"unknown operation {name!r}; the registered ones are: {known}")
+    return handler
+
+
+def deliver(delivery: Delivery, op: dict[str, Any]) -> Any:
+    """Delivers one operation (``{"op": name, "run": key, "args": {...}}``) and keeps
+    its result, if any, in ``delivery.results``."""
+    result = _handler(op["op"])(delivery, op.get("run"), op.get("args", {}))
+    if result is not None:
+        delivery.results[op["op"]] = result
+    return result
+
+
 @dataclasses.dataclass
 class SendSummary:
-    """What a sender did: operations sent, written to the spool, and where."""
+    """What a sender did: operations sent, written to the spool, and where.
+
+    ``run_ids`` holds the store's id of every key the operations bound.
+    """
 
     sent: int
     spooled: int
@@ -70,157 +175,13 @@ class SendSummary:
         return self.spooled == 0
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def quiet_http_retries() -> None:
-    """Bounds MLflow's own HTTP retries (by default minutes per call) so that the sender's
-    retry loop decides; a value the user has set is kept."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-
-
-# ----- operations ----------------------------------------------------------------------
-def execute(
-    client: Any, op: dict[str, Any], run_ids: dict[str, str], results: dict[str, Any]
-) -> Any:
-    """Performs one operation with ``client`` (an ``MlflowClient``); ``run_ids`` maps run
-    keys to the server's ids and learns the ids of runs it creates; ``results`` holds what
-    earlier operations returned (a ``register`` reads the version ``log_model`` made)."""
-    kind, key, args = op["op"], op.get("run"), op.get("args", {})
-    if kind in ("create_run", "bind"):
-        return _create_or_bind(client, kind, key, args, run_ids)
-    if kind == "register":
-        args = dict(args)
-        if args.get("version") is None:
-            logged = results.get("log_model") or {}
-            if logged.get("version") is None:
-                raise KeyError("register: the policy model was not logged and registered")
-            args["version"] = logged["version"]
-        return _register(client, args)
-    if key not in run_ids:
-        raise KeyError(f"operation {kind!r} names the run {key!r}, which was never created")
-    run_id = run_ids[key]
-    if kind == "log_batch":
-        _log_batch(client, run_id, args)
-    elif kind == "log_artifact":
-        path = Path(args["path"])
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: the artifact to log no longer exists")
-        if path.is_dir():
-            client.log_artifacts(run_id, str(path), args.get("artifact_path"))
-        else:
-            client.log_artifact(run_id, str(path), args.get("artifact_path"))
-    elif kind == "log_model":
-        return _log_model(client, run_id, args)
-    elif kind == "end_run":
-        client.set_terminated(run_id, args.get("status", "FINISHED"), end_time=args.get("time"))
-    else:
-        raise ValueError(f"unknown operation {kind!r}")
-    return None
-
-
-def _experiment_id(client: Any, name: str) -> str:
-    experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        if experiment.lifecycle_stage == "deleted":
-            client.restore_experiment(experiment.experiment_id)
-        return experiment.experiment_id
-    try:
-        return client.create_experiment(name)
-    except Exception:
-        # Created by another process in the meantime.
-        experiment = client.get_experiment_by_name(name)
-        if experiment is None:
-            raise
-        return experiment.experiment_id
-
-
-def _create_or_bind(
-    client: Any, kind: str, key: str, args: dict[str, Any], run_ids: dict[str, str]
-) -> str:
-    from mlflow.exceptions import MlflowException
-
-    if kind == "bind" and args.get("run_id"):
-        try:
-            run = client.get_run(args["run_id"])
-        except MlflowException:
-            run = None  # not in this store: create it again below
-        if run is not None:
-            run_ids[key] = run.info.run_id
-            if args.get("reopen") and run.info.status != "RUNNING":
-                client.update_run(run.info.run_id, status="RUNNING")
-            return run.info.run_id
-    tags = dict(args.get("tags", {}))
-    parent = args.get("parent")
-    if parent is not None:
-        if parent not in run_ids:
-            raise KeyError(f"run {key!r}: its parent run {parent!r} was never created")
-        tags["mlflow.parentRunId"] = run_ids[parent]
-    run = client.create_run(
-        _experiment_id(client, args["experiment"]),
-        start_time=args.get("time"),
-        tags=tags,
-        run_name=args.get("name"),
-    )
-    run_ids[key] = run.info.run_id
-    return run.info.run_id
-
-
-def _log_batch(client: Any, run_id: str, args: dict[str, Any]) -> None:
-    from mlflow.entities import Metric, Param, RunTag
-
-    metrics = [Metric(k, float(v), int(t), int(s)) for k, v, s, t in args.get("metrics", [])]
-    params = [
-        Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in sorted(args.get("params", {}).items())
-    ]
-    tags = [RunTag(k, str(v)) for k, v in sorted(args.get("tags", {}).items())]
-    while metrics or params or tags:
-        client.log_batch(
-            run_id,
-            metrics=metrics[:_MAX_METRICS],
-            params=params[:_MAX_PARAMS],
-            tags=tags[:_MAX_TAGS],
-        )
-        metrics, params, tags = (
-            metrics[_MAX_METRICS:],
-            params[_MAX_PARAMS:],
-            tags[_MAX_TAGS:],
-        )
-
-
-def _log_model(client: Any, run_id: str, args: dict[str, Any]) -> dict[str, Any]:
-    from neorl_industrial.integration.mlflow.pyfunc import log_policy_model
-
-    info = log_policy_model(
-        client.tracking_uri,
-        run_id,
-        policy_dir=args["policy_dir"],
-        agent_dir=args.get("agent_dir"),
-        dataset_card=args.get("dataset_card"),
-        input_example=args.get("input_example"),
-        registered_model=args.get("registered_model"),
-        # The client's registry: a replay into another store registers the model there.
-        registry_uri=getattr(client, "_registry_uri", None) or client.tracking_uri,
-    )
-    return info
-
-
-def _register(client: Any, args: dict[str, Any]) -> Any:
-    from neorl_industrial.integration.mlflow.registry import finish_registration
-
-    return finish_registration(client, **args)
-
-
 # ----- the sender ----------------------------------------------------------------------
 class BufferedSender:
-    """Sends operations to MLflow in order, from a background thread.
+    """Delivers operations to MLflow in order, from a background thread.
 
     Args:
         client_factory: builds the ``MlflowClient`` (called in the worker thread).
-        spool_path: where unsent operations go when :meth:`close` gives up.
+        spool_path: where undelivered operations go when :meth:`close` gives up.
         header: written at the top of the spool (tracking URI, experiment, run).
         attempts: tries per operation before it counts as failed.
         retry_interval: seconds between retries while the server is unreachable.
@@ -251,9 +212,7 @@ class BufferedSender:
         self._abandoned = False
         self._warned = False
         self._unsendable: list[dict[str, Any]] = []
-        self.run_ids: dict[str, str] = {}
-        self._run_args: dict[str, dict[str, Any]] = {}
-        self.results: dict[str, Any] = {}
+        self._delivery = Delivery()
         self.errors: list[str] = []
         self.sent = 0
         self._submitted = 0
@@ -262,15 +221,29 @@ class BufferedSender:
         self._thread = threading.Thread(target=self._work, name="mlflow-sender", daemon=True)
         self._thread.start()
 
-    def submit(self, op: str, run: str | None = None, **args: Any) -> None:
-        """Queues one operation; returns at once."""
+    def submit(self, op: str, key: str | None = None, /, **args: Any) -> None:
+        """Queues the operation ``op`` on ``key`` with ``args``; returns at once.
+
+        Raises:
+            ValueError: for an operation that is not registered.
+            RuntimeError: after :meth:`close`.
+        """
+        _handler(op)
         if self._closing.is_set():
             raise RuntimeError("the sender is closed")
-        if op in ("create_run", "bind"):
-            self._run_args[run or ""] = args
         with self._lock:
             self._submitted += 1
-        self._queue.put({"op": op, "run": run, "args": args})
+        self._queue.put({"op": op, "run": key, "args": args})
+
+    @property
+    def run_ids(self) -> dict[str, str]:
+        """The store's id of every key bound so far (``{"parent": "<run id>", ...}``)."""
+        return self._delivery.ids
+
+    @property
+    def results(self) -> dict[str, Any]:
+        """The latest result of every operation that returned one, by operation name."""
+        return self._delivery.results
 
     @property
     def healthy(self) -> bool:
@@ -278,7 +251,7 @@ class BufferedSender:
         return not self._pending
 
     def _work(self) -> None:
-        client = None
+        delivery = self._delivery
         while True:
             with self._lock:
                 if self._abandoned:
@@ -289,17 +262,16 @@ class BufferedSender:
                 if item is _CLOSE:
                     return
                 with self._lock:
-                    if self._abandoned:
-                        self._pending.append(item)
-                        return
                     self._pending.append(item)
+                    if self._abandoned:
+                        return
                 op = item
             try:
-                if client is None:
-                    client = self._client_factory()
-                result = self._send(client, op)
+                if delivery.client is None:
+                    delivery.client = self._client_factory()
+                self._send(op)
             except Exception as error:
-                client = None
+                delivery.client = None
                 self._failed(op, error)
                 if self._closing.is_set():
                     return  # the last try after close() failed: close() spools the rest
@@ -312,14 +284,12 @@ class BufferedSender:
                 self.sent += 1
                 self._finished += 1
                 self._failing = False
-                if result is not None and op["op"] in ("log_model", "register"):
-                    self.results[op["op"]] = result
 
-    def _send(self, client: Any, op: dict[str, Any]) -> Any:
+    def _send(self, op: dict[str, Any]) -> Any:
         last: Exception | None = None
         for attempt in range(self._attempts):
             try:
-                return execute(client, op, self.run_ids, self.results)
+                return deliver(self._delivery, op)
             except (KeyError, FileNotFoundError):
                 raise
             except Exception as error:
@@ -382,61 +352,35 @@ class BufferedSender:
                     break
                 if item is not _CLOSE:
                     left.append(item)
-        spooled = 0
         if left:
-            spooled = self._write_spool(left)
+            header = {"format": SPOOL_FORMAT, "version": SPOOL_VERSION, **self._header}
+            _write_spool(self.spool_path, header, self._delivery, left)
         return SendSummary(
             sent=self.sent,
-            spooled=spooled,
-            spool_path=self.spool_path if spooled else None,
-            run_ids=dict(self.run_ids),
-            results=dict(self.results),
+            spooled=len(left),
+            spool_path=self.spool_path if left else None,
+            run_ids=dict(self._delivery.ids),
+            results=dict(self._delivery.results),
             errors=list(self.errors),
         )
 
-    def _write_spool(self, ops: list[dict[str, Any]]) -> int:
-        lines = [{"format": SPOOL_FORMAT, "version": SPOOL_VERSION, **self._header}]
-        creating = {op["run"] for op in ops if op["op"] in ("create_run", "bind")}
-        for key, run_id in self.run_ids.items():
-            if key not in creating:
-                args = {**self._run_args.get(key, {}), "run_id": run_id}
-                lines.append({"op": "bind", "run": key, "args": args})
-        lines.extend(ops)
-        _append_lines(self.spool_path, lines)
-        return len(ops)
 
-
-def _append_lines(path: Path, lines: list[dict[str, Any]]) -> None:
-    """Writes ``lines`` to ``path`` (replacing it) atomically: a temporary file, fsynced,
-    renamed over. An existing spool is kept: its lines come first."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+# ----- the spool -----------------------------------------------------------------------
+def _write_spool(
+    path: Path, header: dict[str, Any], delivery: Delivery, ops: list[dict[str, Any]]
+) -> None:
+    """Writes ``header``, the operations that bind again what ``delivery`` bound, and
+    ``ops`` to the spool at ``path``, atomically. The lines of an existing spool are kept
+    and come first (its header stands for both)."""
     previous: list[str] = []
+    lines = [header, *delivery.rebinds.values(), *ops]
     if path.exists():
         previous = [line for line in path.read_text().splitlines() if line.strip()]
-        # A second header would repeat the first.
-        lines = [line for line in lines if "format" not in line]
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with temporary.open("w") as handle:
-        for line in previous:
-            handle.write(line + "\n")
-        for line in lines:
-            handle.write(json.dumps(line, default=_json_default) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+        lines = lines[1:]
+    text = [*previous, *(json.dumps(line, default=json_default) for line in lines)]
+    write_text_atomic(path, "\n".join(text) + "\n")
 
 
-def _json_default(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
-
-
-# ----- replay --------------------------------------------------------------------------
 def read_spool(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The header and operations of a spool file.
 
@@ -474,9 +418,10 @@ def read_spool(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def replay(path: str | Path, tracking_uri: str | None = None) -> SendSummary:
-    """Sends the operations of a spool file, in order, to ``tracking_uri`` (default: the
-    one the spool was written for). On success the file is renamed to ``*.replayed``; if a
-    call fails, the operations not yet sent are written back and the error is raised.
+    """Delivers the operations of a spool file, in order, to ``tracking_uri`` (default:
+    the one the spool was written for). On success the file is renamed to ``*.replayed``;
+    if a delivery fails, the operations not yet delivered are written back (after those
+    that bind again what the replay bound) and the error is raised.
     """
     from mlflow import MlflowClient
 
@@ -485,28 +430,22 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> SendSummary:
     uri = tracking_uri or header.get("tracking_uri")
     if not uri:
         raise SpoolError(f"{path}: names no tracking URI; pass one")
-    client = MlflowClient(tracking_uri=uri, registry_uri=header.get("registry_uri") or uri)
-    run_ids: dict[str, str] = {}
-    results: dict[str, Any] = {}
+    delivery = Delivery(
+        MlflowClient(tracking_uri=uri, registry_uri=header.get("registry_uri") or uri)
+    )
     for done, op in enumerate(ops):
         try:
-            result = execute(client, op, run_ids, results)
+            deliver(delivery, op)
         except Exception:
-            rest = ops[done:]
-            later = {item["run"] for item in rest if item["op"] in ("create_run", "bind")}
-            keep = [{**header}]
-            keep += [
-                {"op": "bind", "run": k, "args": {"run_id": v}}
-                for k, v in run_ids.items()
-                if k not in later
-            ]
-            if path.exists():
-                path.unlink()
-            _append_lines(path, keep + rest)
+            path.unlink(missing_ok=True)
+            _write_spool(path, header, delivery, ops[done:])
             raise
-        if result is not None and op["op"] in ("log_model", "register"):
-            results[op["op"]] = result
     path.replace(path.with_name(path.name + ".replayed"))
     return SendSummary(
-        sent=len(ops), spooled=0, spool_path=None, run_ids=run_ids, results=results, errors=[]
+        sent=len(ops),
+        spooled=0,
+        spool_path=None,
+        run_ids=delivery.ids,
+        results=delivery.results,
+        errors=[],
     )

@@ -8,9 +8,11 @@ end, the mean and 95 % confidence interval over seeds of the best evaluations
 Artifacts (configuration, dataset card, learning-curve and safety plots, the report, the
 final checkpoint, the saved agent) and the shielded policy model go to the parent.
 
-Nothing here blocks training: every call goes through a :class:`BufferedSender` (see
-:mod:`.sender`), so a tracking server that is down or slow costs a warning and a spool
-file to replay, never the run.
+Nothing here blocks training: the tracker hands every call to a :class:`BufferedSender`
+(see :mod:`.sender`) as an operation by name: the run operations of :mod:`.runs`
+(``create_run``, ``bind``, ``log_batch``, ``log_artifact``, ``end_run``) and the
+registry's (``log_model``, ``register``). A tracking server that is down or slow costs a
+warning and a spool file to replay, never the run.
 
 The store is ``tracking.uri`` of the run's configuration, else ``$MLFLOW_TRACKING_URI``,
 else MLflow's embedded store ``sqlite:///mlflow.db`` in the working directory.
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import time
 from collections.abc import Mapping
@@ -29,23 +30,30 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from neorl_industrial.integration.mlflow.sender import BufferedSender, SendSummary
+from neorl_industrial.integration.mlflow.sender import (
+    DEFAULT_TRACKING_URI,
+    BufferedSender,
+    SendSummary,
+    quiet_http_retries,
+    resolve_tracking_uri,
+)
+from neorl_industrial.wrappers.hostio import json_default, write_json_atomic
 from neorl_industrial.wrappers.training.callbacks import Callback
 
 if TYPE_CHECKING:
     from neorl_industrial.wrappers.training.trainer import Trainer, TrainResult
 
+# The store's default and its resolution are the sender's; named here too, where the
+# command line reads them.
 __all__ = [
     "DEFAULT_TRACKING_URI",
     "MlflowTracker",
     "flatten",
-    "registered_model_name",
     "resolve_tracking_uri",
     "system_tags",
     "ui_command",
 ]
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PARENT = "parent"
 RUNS_FILE = "mlflow.json"
 SPOOL_FILE = "mlflow-spool.jsonl"
@@ -60,16 +68,6 @@ EVAL_METRICS = (
     "hard_violation_steps",
     "proposed_violations",
 )
-
-
-def resolve_tracking_uri(uri: str | None = None) -> str:
-    """``uri``, else ``$MLFLOW_TRACKING_URI``, else the embedded ``sqlite:///mlflow.db``."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-def registered_model_name(env_id: str, name: str | None = None) -> str:
-    """``name``, else the environment family's policy model (``IB-v0`` → ``ib-policy``)."""
-    return name or f"{env_id.split('-')[0].lower()}-policy"
 
 
 def ui_command(tracking_uri: str) -> str:
@@ -99,7 +97,9 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         if isinstance(value, Mapping) and value:
             flat.update(flatten(value, f"{name}."))
         else:
-            flat[name] = value if isinstance(value, str) else json.dumps(value, default=str)
+            flat[name] = (
+                value if isinstance(value, str) else json.dumps(value, default=json_default)
+            )
     return flat
 
 
@@ -170,8 +170,6 @@ class MlflowTracker(Callback):
         console: Any = None,
         references: tuple[float, float] | None = None,
     ) -> None:
-        from neorl_industrial.integration.mlflow.sender import quiet_http_retries
-
         quiet_http_retries()
         self.tracking_uri = tracking_uri
         self.experiment = experiment
@@ -395,10 +393,6 @@ class MlflowTracker(Callback):
         if not runs:
             return
         self._written = len(runs)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / RUNS_FILE
-        temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_text(
-            json.dumps({"tracking_uri": self.tracking_uri, "runs": runs}, indent=2)
+        write_json_atomic(
+            self.run_dir / RUNS_FILE, {"tracking_uri": self.tracking_uri, "runs": runs}
         )
-        os.replace(temporary, path)
