@@ -45,7 +45,7 @@ def command_datasets_inspect(args: argparse.Namespace) -> int:
 def command_datasets_import(args: argparse.Namespace) -> int:
     from neorl_industrial.integration.datasets import load_any, save_native
 
-    dataset, card = load_any(args.path, schema=args.schema)
+    dataset, card = load_any(args.path, schema=args.schema, missing=args.missing)
     save_native(dataset, args.out, card, overwrite=args.overwrite)
     make_console().print(
         f"Imported {dataset.n_transitions:,} transitions ({dataset.n_episodes} episodes) "
@@ -122,6 +122,14 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     convert.add_argument("--schema", help="YAML schema of a CSV/Parquet plant log")
     convert.add_argument("--out", required=True, help="output directory (native format)")
     convert.add_argument("--overwrite", action="store_true")
+    convert.add_argument(
+        "--missing",
+        choices=("error", "drop", "split"),
+        default=None,
+        help="rows of a plant log with a missing or infinite value: refuse the file "
+        "(error), drop them (drop), or drop them and start a new episode there (split); "
+        "default: the schema's 'missing' (error)",
+    )
     convert.set_defaults(handler=command_datasets_import)
 
     train = datasets_commands.add_parser(

@@ -27,7 +27,7 @@ def command_run(args: argparse.Namespace) -> int:
     console.print(
         f"[bold]neorl_industrial[/bold] main job on {jax.default_backend()} "
         f"({len(jax.devices())} device(s)): {config.algorithm.name} on a generated "
-        f"{config.env.id} dataset, seeds {config.training.seeds}"
+        f"{config.env.id or 'IB-v0'} dataset, seeds {config.training.seeds}"
     )
     return _train_and_report(config, resume=False, console=console)
 
@@ -37,8 +37,9 @@ def command_train(args: argparse.Namespace) -> int:
 
     config = RunConfig.from_files(list(args.config or []), list(args.set or []))
     console = make_console()
+    task = config.env.id or ("the dataset's task" if config.data.path else "IB-v0")
     console.print(
-        f"[bold]training[/bold] {config.algorithm.name} on {config.env.id} "
+        f"[bold]training[/bold] {config.algorithm.name} on {task} "
         f"({config.data.path or 'generated data'}), seeds {config.training.seeds} "
         f"-> {config.run_dir}"
     )
@@ -108,6 +109,8 @@ def _print_tracking(console: Console, tracking: dict) -> None:
 
 
 def _summary_table(report: dict) -> Table:
+    if report.get("evaluation") == "fqe":
+        return _estimates_table(report)
     table = Table(title=f"{report['algorithm']} on {report['env']}: best evaluation of each run")
     for column in (
         "run",
@@ -150,10 +153,74 @@ def _summary_table(report: dict) -> Table:
     return table
 
 
+def _estimates_table(report: dict) -> Table:
+    """The best runs of a task without a simulator: off-policy estimates."""
+    title = f"{report['algorithm']} on {report['task']['name']}: off-policy estimates (FQE)"
+    rows = [
+        (i, report["training"]["seeds"][i], best["updates"], best["metrics"])
+        for i, best in enumerate(report["best"])
+        if best is not None
+    ]
+    table = _estimates(title, rows, report["selected_run"])
+    return table
+
+
+def _estimates(title: str, rows: list, selected: int) -> Table:
+    table = Table(title=title)
+    for column in ("run", "seed", "updates", "est. return", "behaviour", "est. norm. cost"):
+        table.add_column(column, justify="right")
+    for i, seed, updates, metrics in rows:
+        ci = metrics.get("return_ci")
+        cost = metrics.get("normalized_cost")
+        table.add_row(
+            f"{i}{' *' if i == selected else ''}",
+            str(seed),
+            "-" if updates is None else f"{updates:,}",
+            f"{metrics['return']:,.2f}" + (f" ± {ci:,.2f}" if ci is not None else ""),
+            f"{metrics['behaviour_return']:,.2f}",
+            "-" if cost is None else f"{cost:.2f}",
+        )
+    table.caption = (
+        "Estimates from held-out logged episodes, not measurements: discounted return from "
+        "an episode start (± 95 % interval over FQE seeds) beside the logged operation's "
+        "own; estimated cost over what the episode limit allows (<= 1: within). "
+        "* the run the agent predicts with."
+    )
+    return table
+
+
 def command_evaluate(args: argparse.Namespace) -> int:
     from neorl_industrial.wrappers.agents import Agent
 
     agent = Agent.load(agent_dir(args.agent))
+    console = make_console()
+    estimates = None
+    if args.ope is not None:
+        from neorl_industrial.integration.datasets import load_any
+        from neorl_industrial.wrappers.agents.agent import OPESettings
+
+        dataset, _card = load_any(args.ope, schema=args.schema)
+        estimates = agent.evaluate_offline(dataset, OPESettings(updates=args.ope_updates))
+        rows = [(i, agent.seeds[i], None, m) for i, m in enumerate(estimates["runs"])]
+        console.print(
+            _estimates(
+                f"{agent.name} from {args.agent}: off-policy estimates (FQE) on {args.ope}",
+                rows,
+                estimates["selected_run"],
+            )
+        )
+    elif not agent.task.has_simulator:
+        console.print(
+            f"[red]error:[/red] {args.agent}: task {agent.task.name!r} has no simulator; "
+            "evaluate it off policy from logged data: --ope DATASET (episodes it was not "
+            "trained on)"
+        )
+        return 2
+    if not agent.task.has_simulator:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"ope": estimates}, indent=2, default=str))
+            console.print(f"Wrote {args.json}")
+        return 0
     result = agent.evaluate(
         args.episodes, horizon=args.horizon, shield_actions=not args.no_shield, seed=args.seed
     )
@@ -177,13 +244,14 @@ def command_evaluate(args: argparse.Namespace) -> int:
             f"{100 * metrics['override_rate']:.1f} %",
             str(metrics["hard_violation_steps"]),
         )
-    console = make_console()
     console.print(table)
     summary = result["summary"]["return"]
     ci = f" ± {summary['ci']:,.0f}" if summary["ci"] is not None else ""
     console.print(f"Mean return over runs: {summary['mean']:,.0f}{ci} (95 % CI)")
+    if estimates is not None:
+        result = {**result, "ope": estimates}
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
         console.print(f"Wrote {args.json}")
     return 0
 
@@ -231,7 +299,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     train.set_defaults(handler=command_train)
 
-    evaluate = commands.add_parser("evaluate", help="evaluate a saved agent in its simulator")
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="evaluate a saved agent in its simulator, or off policy (FQE) from logged data",
+    )
     evaluate.add_argument(
         "agent",
         help="a saved agent's directory, or a registered model (models:/ib-policy@champion)",
@@ -241,6 +312,16 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--no-shield", action="store_true", help="do not shield the actions")
     evaluate.add_argument("--seed", type=int, default=1)
     evaluate.add_argument("--json", help="also write the metrics to this JSON file")
+    evaluate.add_argument(
+        "--ope",
+        metavar="DATASET",
+        help="estimate return and costs by FQE from this logged dataset (episodes the "
+        "agent was not trained on); beside the simulator's numbers when there is one",
+    )
+    evaluate.add_argument("--schema", help="the YAML schema of a plant log given to --ope")
+    evaluate.add_argument(
+        "--ope-updates", type=positive_int, default=2000, help="FQE updates per FQE seed"
+    )
     evaluate.set_defaults(handler=command_evaluate)
 
     export = commands.add_parser(

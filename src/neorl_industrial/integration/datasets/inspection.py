@@ -56,13 +56,18 @@ def detect_format(path: str | os.PathLike[str]) -> DatasetFormat:
 
 
 def load_any(
-    path: str | os.PathLike[str], schema: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str],
+    schema: str | os.PathLike[str] | None = None,
+    *,
+    missing: str | None = None,
 ) -> tuple[Dataset, DatasetCard]:
     """Loads a dataset of any supported format.
 
     Args:
         path: the dataset (see :func:`detect_format`).
         schema: the YAML schema; required for plant logs, ignored otherwise.
+        missing: a plant log's rows with missing values: ``error``, ``drop`` or ``split``
+            (None: the schema's ``missing``).
 
     Returns:
         ``(dataset, card)``; for NeoRL files the card holds only the name and sizes.
@@ -84,7 +89,7 @@ def load_any(
             "observations, actions, reward and costs",
             path=path,
         )
-    return load_plant_log(path, schema)
+    return load_plant_log(path, schema, missing=missing)
 
 
 def inspect_dataset(

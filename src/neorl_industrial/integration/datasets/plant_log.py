@@ -31,6 +31,10 @@ from neorl_industrial.integration.datasets.errors import DatasetFormatError
 from neorl_industrial.integration.datasets.expressions import Expression
 from neorl_industrial.integration.datasets.plant_schema import PlantLogSchema, load_plant_schema
 
+_MISSING_HINT = (
+    "to drop such rows instead, set 'missing: drop' (or 'missing: split', which also starts "
+    "a new episode there) in the schema, or import with --missing drop|split"
+)
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -42,7 +46,10 @@ def is_table(path: str | os.PathLike[str]) -> bool:
 
 
 def load_plant_log(
-    table_path: str | os.PathLike[str], schema_path: str | os.PathLike[str]
+    table_path: str | os.PathLike[str],
+    schema_path: str | os.PathLike[str],
+    *,
+    missing: str | None = None,
 ) -> tuple[Dataset, DatasetCard]:
     """Reads a plant log as episodes of transitions, as its schema describes.
 
@@ -61,6 +68,12 @@ def load_plant_log(
     """
     table_path, schema_path = Path(table_path), Path(schema_path)
     schema = load_plant_schema(schema_path)
+    if missing is not None:
+        if missing not in ("error", "drop", "split"):
+            raise DatasetFormatError(
+                f"missing: expected 'error', 'drop' or 'split', got {missing!r}", path=schema_path
+            )
+        schema = schema.model_copy(update={"missing": missing})
     available = _column_names(table_path)
     definitions = {"reward": _resolve(schema.reward, "reward", available, schema_path)}
     for cost in schema.costs:
@@ -70,8 +83,11 @@ def load_plant_log(
     numeric = _numeric_columns(schema, definitions)
     _require_columns(table_path, schema_path, schema, numeric, available)
     table = _read_table(table_path, schema, numeric)
+    dropped, breaks = 0, None
+    if schema.missing != "error":
+        table, dropped, breaks = _drop_missing(table, list(numeric), schema.missing == "split")
     values = {column: _numeric(table, column, table_path) for column in numeric}
-    log = _LogSegments(table, schema, table_path)
+    log = _LogSegments(table, schema, table_path, breaks)
     for spec in schema.actions:
         _check_bounds(values[spec.column], spec.column, spec.bounds, table_path)
     offset = 1 if schema.reward_row == "next" else 0
@@ -101,7 +117,40 @@ def load_plant_log(
         dataset = Dataset.from_episodes(episodes, name=str(table_path))
     except ValueError as error:
         raise DatasetFormatError(str(error)) from error
-    return dataset, _card(schema, table_path, dataset)
+    if dropped:
+        warnings.warn(
+            f"{table_path}: dropped {dropped} row(s) with missing or infinite values "
+            f"(missing: {schema.missing})",
+            stacklevel=2,
+        )
+    card = _card(schema, table_path, dataset)
+    if dropped:
+        card = card.model_copy(update={"dropped_rows": dropped, "missing": schema.missing})
+    return dataset, card
+
+
+def _drop_missing(
+    table: pa.Table, columns: list[str], split: bool
+) -> tuple[pa.Table, int, np.ndarray | None]:
+    """``table`` without the rows that hold a missing or infinite value in ``columns``,
+    how many were dropped, and (with ``split``) a mask of the kept rows that start a new
+    episode because rows before them were dropped."""
+    bad = np.zeros(table.num_rows, bool)
+    for column in columns:
+        array = table.column(column)
+        bad |= pc.is_null(array).to_numpy(zero_copy_only=False)
+        if pa.types.is_floating(array.type):
+            bad |= ~np.isfinite(array.to_numpy(zero_copy_only=False).astype(np.float64))
+    if not bad.any():
+        return table, 0, None
+    kept = ~bad
+    breaks = None
+    if split:
+        # A kept row right after dropped ones starts a new episode.
+        after_dropped = np.zeros(table.num_rows, bool)
+        after_dropped[1:] = bad[:-1]
+        breaks = (after_dropped & kept)[kept]
+    return table.filter(pa.array(kept)), int(bad.sum()), breaks
 
 
 # ----- columns -------------------------------------------------------------------------
@@ -201,14 +250,17 @@ def _numeric(table: pa.Table, column: str, path: Path) -> np.ndarray:
     row = _first_null(array)
     if row is not None:
         raise DatasetFormatError(
-            "missing value (empty, NA or NaN)", path=path, column=column, row=row
+            f"missing value (empty, NA or NaN); {_MISSING_HINT}", path=path, column=column, row=row
         )
     values = array.to_numpy().astype(np.float64)
     finite = np.isfinite(values)
     if not finite.all():
         row = int(np.argmin(finite))
         raise DatasetFormatError(
-            f"{values[row]} is not a finite number", path=path, column=column, row=row
+            f"{values[row]} is not a finite number; {_MISSING_HINT}",
+            path=path,
+            column=column,
+            row=row,
         )
     return values
 
@@ -250,7 +302,13 @@ def _evaluate(
 class _LogSegments:
     """Episode boundaries of a log: explicit ids, time gaps and terminal rows."""
 
-    def __init__(self, table: pa.Table, schema: PlantLogSchema, path: Path):
+    def __init__(
+        self,
+        table: pa.Table,
+        schema: PlantLogSchema,
+        path: Path,
+        breaks: np.ndarray | None = None,
+    ):
         self.n_rows = table.num_rows
         if self.n_rows < 2:
             raise DatasetFormatError(
@@ -258,6 +316,8 @@ class _LogSegments:
             )
         starts = np.zeros(self.n_rows, bool)
         starts[0] = True
+        if breaks is not None:
+            starts |= breaks
         if schema.episode is not None:
             starts |= _episode_changes(table.column(schema.episode), schema.episode, path)
         stamps = table.column(schema.timestamp)

@@ -6,6 +6,7 @@ Example::
     timestamp: time             # ISO timestamps or numeric seconds
     sampling_period: 60         # seconds between rows
     gap_factor: 1.5             # a gap > 1.5 x 60 s starts a new episode
+    missing: error              # a row with an empty/NaN value: error | drop | split
     episode: batch_id           # optional: explicit episode ids
     terminal: tripped           # optional: true on a row whose state is terminal
     observations:
@@ -92,6 +93,13 @@ class PlantLogSchema(BaseModel):
     timestamp: str = Field(min_length=1)
     sampling_period: PositiveFloat = Field(description="seconds between consecutive rows")
     gap_factor: float = Field(1.5, ge=1.0)
+    missing: Literal["error", "drop", "split"] = Field(
+        "error",
+        description="a row with a missing (empty, NA, NaN) or infinite value in a column "
+        "the schema uses: 'error' refuses the file naming column and row; 'drop' drops the "
+        "row (the time-gap rule then decides whether the episode goes on); 'split' drops "
+        "it and always starts a new episode after it",
+    )
     episode: str | None = None
     terminal: str | None = None
     observations: list[ColumnSpec] = Field(min_length=1)

@@ -91,6 +91,13 @@ class RichProgress(Callback):
         costs = [run["normalized_cost"] for run in runs if run.get("normalized_cost") is not None]
         cost = f", normalized cost {np.mean(costs):.2f}" if costs else ""
         overrides = np.mean([run["override_rate"] for run in runs])
+        if runs and runs[0].get("estimate") == "fqe":
+            self.console.print(
+                f"  off-policy estimates (FQE, held-out episodes) at {updates}: discounted "
+                f"return {returns:.2f} (logged operation {runs[0]['behaviour_return']:.2f})"
+                f"{cost}, shield overrides {100 * overrides:.1f} % of held-out states"
+            )
+            return
         self.console.print(
             f"  evaluation at {updates}: return {returns:.1f}{cost}, "
             f"shield overrides {100 * overrides:.1f} % of steps"

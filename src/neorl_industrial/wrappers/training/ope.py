@@ -110,6 +110,27 @@ class OffPolicyEvaluator:
                 np.float64,
             )
 
+    def shield_rates(self, policies: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``([n_runs], [n_runs])``: the fraction of held-out observations at which the
+        shield would override each run's policy, and would fall back."""
+        if self.constraints is None:
+            n_runs = int(jax.tree.leaves(policies)[0].shape[0])
+            return np.zeros(n_runs), np.zeros(n_runs)
+        act, scaler, constraints = self.algorithm.act, self.scaler, self.constraints
+        observations = self.dataset.transition_observations()
+
+        def rates(policy_params: Any) -> tuple[jax.Array, jax.Array]:
+            actions = jax.vmap(lambda o: act(policy_params, o, None, deterministic=True))(
+                observations
+            )
+            plant = actions if scaler is None else scaler.unscale(actions)
+            unknown = jnp.full(plant.shape, jnp.nan, jnp.float32)
+            _, report = shield(constraints, observations, plant, unknown)
+            return jnp.mean(report.overridden), jnp.mean(report.fallback)
+
+        overridden, fallback = jax.device_get(jax.jit(jax.vmap(rates))(policies))
+        return np.asarray(overridden, np.float64), np.asarray(fallback, np.float64)
+
     def policy_function(self, policy_params: Any) -> Any:
         """``observations [B, obs] -> actions [B, act]`` in [-1, 1], shielded in plant
         units."""
@@ -133,6 +154,7 @@ class OffPolicyEvaluator:
         del updates  # FQE's keys depend only on its seeds
         n_runs = int(jax.tree.leaves(policies)[0].shape[0])
         config = FQEConfig(hidden=tuple(self.hidden), discount=self.discount)
+        overridden, fallback = self.shield_rates(policies)
         rows = []
         for run in range(n_runs):
             params = jax.tree.map(lambda leaf, run=run: leaf[run], policies)
@@ -145,7 +167,10 @@ class OffPolicyEvaluator:
                 config=config,
                 chunk_updates=min(self.updates, 1000),
             )
-            rows.append(self._metrics(result))
+            row = self._metrics(result)
+            row["override_rate"] = float(overridden[run])
+            row["fallback_rate"] = float(fallback[run])
+            rows.append(row)
         return rows
 
     def _metrics(self, result: Any) -> dict[str, Any]:
