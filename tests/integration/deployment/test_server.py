@@ -1,5 +1,6 @@
 """The policy server through HTTP: shielded actions, reports, audit, auth, bad input,
-metrics, micro-batching without recompiles, hot reload under load, the CLI."""
+metrics, micro-batching without recompiles, hot reload under load, the CLI,
+dependencies overridden by a test."""
 
 from __future__ import annotations
 
@@ -239,7 +240,7 @@ def test_policy_description_and_metrics(client):
 
 
 def test_concurrent_requests_are_micro_batched_without_recompiling(client):
-    artifact = client.app.state.server["policy"].artifact
+    artifact = client.app.state.serving.policy.artifact
     compiled = artifact.traced_batch_sizes
     observations, _ = plant_inputs(64, seed=11)
 
@@ -250,7 +251,7 @@ def test_concurrent_requests_are_micro_batched_without_recompiling(client):
         return response.status_code
 
     def totals():
-        samples = client.app.state.metrics.batch_rows.collect()[0].samples
+        samples = client.app.state.serving.metrics.batch_rows.collect()[0].samples
         calls = next(s.value for s in samples if s.name.endswith("_count"))
         return calls, next(s.value for s in samples if s.name.endswith("_sum"))
 
@@ -320,3 +321,30 @@ def test_cli_serve_starts_uvicorn(policies, tmp_path):
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_a_dependency_can_be_overridden(client):
+    """The routes take the policy and the caller's role from dependencies, so a test swaps
+    either for a stub with ``app.dependency_overrides``."""
+    from neorl_industrial.integration.deployment.deps import get_policy, require_act_key
+
+    class StubPolicy:
+        version, source = "stub-1", "stub"
+        observation_size, action_size = 4, 3
+
+        def describe(self):
+            return {"version": self.version, "source": self.source}
+
+    overrides = client.app.dependency_overrides
+    overrides[get_policy] = StubPolicy
+    overrides[require_act_key] = lambda: "act"
+    try:
+        info = client.get("/v1/policy")  # no key: the stubbed auth lets it through
+        assert info.status_code == 200
+        assert info.json()["version"] == "stub-1" and "safety" in info.json()
+        act = client.post("/v1/act", json={"observation": [1.0] * 6})
+        assert act.status_code == 422 and "expected 4 values" in act.text
+    finally:
+        overrides.clear()
+    assert client.get("/v1/policy").status_code == 401
+    assert client.get("/v1/policy", headers=AS_ACT).json()["version"] != "stub-1"

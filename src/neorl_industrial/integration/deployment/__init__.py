@@ -9,8 +9,8 @@ from neorl_industrial.core.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "create_app": ".app",
-    "LoadedPolicy": ".app",
-    "load_policy_source": ".app",
+    "LoadedPolicy": ".policy",
+    "load_policy_source": ".policy",
     "MicroBatcher": ".batcher",
     "ServerMetrics": ".metrics",
     "ServerSettings": ".settings",

@@ -1,0 +1,227 @@
+"""The endpoints of the policy server, as one router.
+
+=========================  ======  ============================================================
+``POST /v1/act``           act     one observation → the shielded action and its SafetyReport
+``POST /v1/act/batch``     act     many observations → one compiled call
+``GET /v1/policy``         act     observation and action spec, constraints, version, run
+``POST /v1/admin/reload``  admin   load another version and swap, with no failed request
+``GET /healthz``                   the process is alive
+``GET /readyz``                    a policy is loaded and compiled (503 until then)
+``GET /metrics``                   Prometheus: requests, latency, overrides per constraint,
+                                   batch sizes
+=========================  ======  ============================================================
+
+Lengths that depend on the policy (observation and action sizes, rows per batch) are
+checked here, after the schemas, with a 422 in the same shape as pydantic's that names the
+field and row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from neorl_industrial.integration.deployment.deps import (
+    ActKeyDep,
+    AdminKeyDep,
+    MetricsDep,
+    PolicyDep,
+    ServingDep,
+    SettingsDep,
+)
+from neorl_industrial.integration.deployment.policy import load_policy_source
+from neorl_industrial.integration.deployment.schemas import (
+    ActRequest,
+    ActResponse,
+    BatchRequest,
+    BatchResponse,
+    ReloadRequest,
+)
+
+__all__ = ["orjson_response", "router"]
+
+router = APIRouter()
+
+_FLAGS = ("overridden", "projected", "fallback", "invalid", "infeasible")
+
+
+@router.post("/v1/act", response_model=ActResponse, tags=["policy"])
+async def act(
+    body: ActRequest, request: Request, _: ActKeyDep, policy: PolicyDep, serving: ServingDep
+) -> Any:
+    observations = _check_rows(
+        [body.observation],
+        policy.observation_size,
+        "observation",
+        "one per observation feature",
+        single=True,
+    )
+    prev = None
+    if body.prev_action is not None:
+        prev = _check_rows(
+            [body.prev_action], policy.action_size, "prev_action", "one per action", True
+        )
+    rid = _request_id(request, body.request_id)
+    decision = await serving.decide(request.scope, observations, prev)
+    serving.record(policy, observations, decision, [rid])
+    return orjson_response(
+        {
+            "action": decision.action[0].tolist(),
+            "proposed": decision.proposed[0].tolist(),
+            "report": _reports(decision)[0],
+            "request_id": rid,
+            "policy_version": policy.version,
+        }
+    )
+
+
+@router.post("/v1/act/batch", response_model=BatchResponse, tags=["policy"])
+async def act_batch(
+    body: BatchRequest, request: Request, _: ActKeyDep, policy: PolicyDep, serving: ServingDep
+) -> Any:
+    max_batch = serving.settings.max_batch
+    if len(body.observations) > max_batch:
+        raise _unprocessable(
+            ("observations",),
+            f"at most {max_batch} observations per request, got {len(body.observations)}",
+        )
+    observations = _check_rows(
+        body.observations,
+        policy.observation_size,
+        "observations",
+        "one per observation feature",
+    )
+    prev = None
+    if body.prev_actions is not None:
+        if len(body.prev_actions) != len(body.observations):
+            raise _unprocessable(
+                ("prev_actions",),
+                f"expected one previous action per observation ({len(body.observations)}), "
+                f"got {len(body.prev_actions)}",
+            )
+        prev = _check_rows(body.prev_actions, policy.action_size, "prev_actions", "one per action")
+    rid = _request_id(request, body.request_id)
+    decision = await serving.decide(request.scope, observations, prev)
+    ids = [f"{rid}/{row}" for row in range(len(observations))]
+    serving.record(policy, observations, decision, ids)
+    return orjson_response(
+        {
+            "actions": decision.action.tolist(),
+            "proposed": decision.proposed.tolist(),
+            "reports": _reports(decision),
+            "request_id": rid,
+            "policy_version": policy.version,
+        }
+    )
+
+
+@router.get("/v1/policy", tags=["policy"])
+async def policy_info(_: ActKeyDep, policy: PolicyDep, serving: ServingDep) -> dict[str, Any]:
+    return {**policy.describe(), "safety": serving.monitor.summary()}
+
+
+@router.post("/v1/admin/reload", tags=["admin"])
+async def reload(
+    _: AdminKeyDep,
+    policy: PolicyDep,
+    serving: ServingDep,
+    settings: SettingsDep,
+    body: ReloadRequest | None = None,
+) -> dict[str, Any]:
+    source = (body.model if body else None) or policy.source
+    async with serving.reload_lock:
+        previous = serving.policy  # another reload may have swapped it while this one waited
+        started = time.perf_counter()
+        try:
+            loaded = await asyncio.to_thread(
+                load_policy_source, source, settings.tracking_uri, serving.batch_sizes
+            )
+        except Exception as error:  # nothing swapped: the old policy keeps serving
+            raise HTTPException(422, f"model: cannot load {source!r}: {error}") from None
+        if (loaded.observation_size, loaded.action_size) != (
+            previous.observation_size,
+            previous.action_size,
+        ):
+            raise HTTPException(
+                422,
+                f"model: {source!r} takes {loaded.observation_size} observations and gives "
+                f"{loaded.action_size} actions; the served policy {previous.observation_size} "
+                f"and {previous.action_size} (start a new server for another plant)",
+            )
+        serving.install(loaded)  # one assignment: the next batch uses the new policy
+        if settings.tune_gc:
+            gc.freeze()
+    return {
+        "previous": previous.version,
+        "version": loaded.version,
+        "source": source,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+@router.get("/healthz", tags=["operations"])
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["operations"])
+async def readyz(serving: ServingDep) -> Response:
+    if not serving.ready:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    return JSONResponse({"status": "ready", "version": serving.policy.version})
+
+
+@router.get("/metrics", tags=["operations"])
+async def prometheus(metrics: MetricsDep) -> Response:
+    body, content_type = metrics.exposition()
+    return Response(body, media_type=content_type)
+
+
+def orjson_response(content: Any) -> Response:
+    """A JSON response written by orjson (NaN and infinity become null); the route's
+    ``response_model`` documents it in the OpenAPI schema."""
+    return Response(orjson.dumps(content), media_type="application/json")
+
+
+def _unprocessable(field: tuple[Any, ...], message: str) -> HTTPException:
+    return HTTPException(422, [{"loc": ["body", *field], "msg": message, "type": "value_error"}])
+
+
+def _check_rows(
+    values: list[list[float]], width: int, field: str, what: str, single: bool = False
+) -> np.ndarray:
+    for row, value in enumerate(values):
+        if len(value) != width:
+            where = (field,) if single else (field, row)
+            raise _unprocessable(where, f"expected {width} values ({what}), got {len(value)}")
+    return np.asarray(values, np.float32).reshape(len(values), width)
+
+
+def _request_id(request: Request, given: str | None) -> str:
+    return given or request.headers.get("x-request-id") or uuid.uuid4().hex
+
+
+def _reports(decision: Any) -> list[dict[str, Any]]:
+    names = decision.constraint_names
+    # Inactive state-conditional constraints have an infinite margin: null in JSON.
+    margins = np.where(np.isfinite(decision.margin), decision.margin, np.nan).tolist()
+    violated = decision.violated
+    flags = [(name, getattr(decision, name).tolist()) for name in _FLAGS]
+    statuses = decision.status.tolist()
+    return [
+        {
+            **{name: values[i] for name, values in flags},
+            "status": statuses[i],
+            "violated": list(violated[i]),
+            "margin": dict(zip(names, margins[i], strict=True)),
+        }
+        for i in range(len(statuses))
+    ]
