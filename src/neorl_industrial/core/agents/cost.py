@@ -1,112 +1,234 @@
-"""Pieces shared by the safe (Lagrangian) agents: cost thresholds and the PID multiplier.
+"""Cost limits of the safe (Lagrangian) agents: their validation, the threshold they imply,
+and the Lagrangian part of a safe agent's state.
 
 OSRL's semantics: an episode cost limit ``L`` over episodes of ``T`` steps becomes a
 threshold on the discounted cost value, ``L (1 - γ^T) / ((1 - γ) T)`` (the discounted sum
-of a cost spread evenly at ``L / T`` per step), and a PID controller (Stooke, Achiam &
-Abbeel, 2020) turns the gap between the policy's estimated cost value and that threshold
-into a non-negative Lagrange multiplier per cost channel:
+of a cost spread evenly at ``L / T`` per step), and a multiplier (``multipliers.py``: PID
+by default, or gradient ascent) turns the gap between the policy's estimated cost value
+and that threshold into a non-negative weight per cost channel.
 
-    error      = J_c - threshold
-    integral   = max(0, integral + error)
-    derivative = max(0, error - previous error)
-    multiplier = max(0, K_p max(0, error) + K_i integral + K_d derivative)
+The limits are data, not code: a safe agent's state carries them as a traced ``[n_costs]``
+leaf (:class:`LagrangianState`), initialized from ``config.cost_limits`` and replaced by
+:func:`with_cost_limits`, so agents with different limits train in one ``vmap``ped
+program. ``discount`` and ``episode_length`` stay static.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
-from typing import Any
+import numbers
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-__all__ = ["PIDConfig", "PIDState", "per_step_cost_threshold", "pid_init", "pid_update"]
+from neorl_industrial.core.agents.multipliers import (
+    GradientAscentConfig,
+    Multiplier,
+    PIDConfig,
+    gradient_ascent_multiplier,
+    pid_multiplier,
+)
+
+__all__ = [
+    "MULTIPLIERS",
+    "Lagrangian",
+    "LagrangianState",
+    "SafetyConfig",
+    "check_cost_limits",
+    "make_lagrangian",
+    "make_multiplier",
+    "per_step_cost_threshold",
+    "with_cost_limits",
+]
+
+MULTIPLIERS = ("pid", "gradient")
+State = TypeVar("State")
 
 
-def per_step_cost_threshold(cost_limit: float, discount: float, episode_length: int) -> float:
-    """The threshold on a discounted cost value that an episode cost limit implies.
+def check_cost_limits(
+    cost_limits: Any, n_costs: int | None = None, field: str = "cost_limits"
+) -> None:
+    """Checks episode cost limits: finite, ``>= 0``, one per cost channel (the last axis;
+    leading axes, as of stacked agent states, are allowed).
 
     Raises:
-        ValueError: for a negative limit, a discount outside (0, 1] or a non-positive length.
+        ValueError: naming ``field`` (and the channel) that is wrong and what would be right.
     """
-    if not (math.isfinite(cost_limit) and cost_limit >= 0.0):
-        raise ValueError(f"cost_limit: must be a finite number >= 0, got {cost_limit}")
+    try:
+        values = np.asarray(cost_limits, np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field}: expected numbers, got {cost_limits!r}") from None
+    if values.ndim == 0:
+        if not (math.isfinite(values) and values >= 0.0):
+            raise ValueError(f"{field}: must be a finite number >= 0, got {float(values)}")
+        return
+    if values.shape[-1] == 0:
+        raise ValueError(f"{field}: give one episode cost limit per cost channel")
+    if n_costs is not None and values.shape[-1] != n_costs:
+        raise ValueError(
+            f"{field}: expected one episode cost limit per cost channel ({n_costs}), "
+            f"got {values.shape[-1]}"
+        )
+    bad = np.argwhere(~(np.isfinite(values) & (values >= 0.0)))
+    if len(bad):
+        where = tuple(bad[0])
+        raise ValueError(f"{field}[{where[-1]}]: must be a finite number >= 0, got {values[where]}")
+
+
+def _spread_factor(discount: float, episode_length: int) -> float:
+    """``(1 - γ^T) / ((1 - γ) T)``: the threshold per unit of episode cost limit."""
     if not 0.0 < discount <= 1.0:
         raise ValueError(f"discount: must lie in (0, 1], got {discount}")
     if episode_length < 1:
         raise ValueError(f"episode_length: must be positive, got {episode_length}")
     if discount == 1.0:
-        return float(cost_limit)
-    return float(cost_limit * (1.0 - discount**episode_length) / (1.0 - discount) / episode_length)
+        return 1.0
+    return (1.0 - discount**episode_length) / (1.0 - discount) / episode_length
+
+
+def per_step_cost_threshold(
+    cost_limit: float | jax.Array, discount: float, episode_length: int
+) -> float | jax.Array:
+    """The threshold on a discounted cost value that an episode cost limit implies.
+
+    Args:
+        cost_limit: a number (checked; the threshold is a float), or an array of limits,
+            possibly traced (the threshold is a float32 array of its shape).
+        discount: the discount of the cost value, in (0, 1].
+        episode_length: steps per episode.
+
+    Raises:
+        ValueError: for a negative limit, a discount outside (0, 1] or a non-positive length.
+    """
+    factor = _spread_factor(discount, episode_length)
+    if isinstance(cost_limit, numbers.Real):
+        check_cost_limits(cost_limit, field="cost_limit")
+        return float(cost_limit * factor)
+    return jnp.asarray(cost_limit, jnp.float32) * factor
 
 
 @dataclasses.dataclass(frozen=True)
-class PIDConfig:
-    """Gains of the PID multiplier (OSRL's defaults) and an upper bound on it."""
+class SafetyConfig:
+    """The safety fields every Lagrangian agent's config shares (a mixin of
+    ``TD3BCLagConfig`` and ``IQLLagConfig``).
 
-    kp: float = 0.1
-    ki: float = 0.003
-    kd: float = 0.001
-    max_multiplier: float = 1000.0
+    Attributes:
+        cost_limits: episode cost limit of each cost channel (one per ``batch.costs``
+            column): the initial value of the state's traced limits.
+        discount: the batch's discount (for the per-step threshold).
+        episode_length: steps per episode (for the per-step threshold).
+        multiplier: ``"pid"`` (the default) or ``"gradient"`` (gradient ascent).
+        pid: gains of the PID multiplier.
+        gradient: learning rate and initial value of the gradient-ascent multiplier.
+    """
+
+    cost_limits: tuple[float, ...] = (100.0,)
+    discount: float = 0.99
+    episode_length: int = 1000
+    multiplier: Literal["pid", "gradient"] = "pid"
+    pid: PIDConfig = dataclasses.field(default_factory=PIDConfig)
+    gradient: GradientAscentConfig = dataclasses.field(default_factory=GradientAscentConfig)
 
     def __post_init__(self) -> None:
-        for name in ("kp", "ki", "kd"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0.0):
-                raise ValueError(f"pid.{name}: must be a finite number >= 0, got {value}")
-        if not self.max_multiplier > 0.0:
-            raise ValueError(f"pid.max_multiplier: must be positive, got {self.max_multiplier}")
+        check_cost_limits(self.cost_limits)
+        object.__setattr__(self, "cost_limits", tuple(float(x) for x in self.cost_limits))
+        _spread_factor(self.discount, self.episode_length)
+        if self.multiplier not in MULTIPLIERS:
+            raise ValueError(f"multiplier: expected one of {MULTIPLIERS}, got {self.multiplier!r}")
 
 
 @struct.dataclass
-class PIDState:
-    """Controller state, one entry per cost channel."""
+class LagrangianState:
+    """The safety part of a Lagrangian agent's state.
 
-    integral: jax.Array  # [n_costs]
-    previous_error: jax.Array  # [n_costs]
-    multiplier: jax.Array  # [n_costs]
+    Attributes:
+        cost_limits: ``[n_costs]`` episode cost limits, a traced leaf.
+        multiplier_state: the :class:`Multiplier`'s state.
+    """
+
+    cost_limits: jax.Array
+    multiplier_state: Any
+
+    @property
+    def multiplier(self) -> jax.Array:
+        """``[n_costs]`` Lagrange multipliers."""
+        return self.multiplier_state.multiplier
 
 
-def pid_init(n_costs: int, initial_multiplier: float = 0.0) -> PIDState:
-    zeros = jnp.zeros((n_costs,), jnp.float32)
-    return PIDState(
-        integral=zeros, previous_error=zeros, multiplier=zeros + jnp.float32(initial_multiplier)
+class Lagrangian(NamedTuple):
+    """Cost limits and their multipliers as pure functions.
+
+    Attributes:
+        init: ``init() -> LagrangianState`` with the config's limits.
+        update: ``update(state, cost_value) -> state``: one multiplier step from the
+            policy's estimated cost value (``[n_costs]``) against the thresholds.
+        thresholds: ``thresholds(state) -> [n_costs]``, computed from the traced limits.
+    """
+
+    init: Callable[[], LagrangianState]
+    update: Callable[[LagrangianState, jax.Array], LagrangianState]
+    thresholds: Callable[[LagrangianState], jax.Array]
+
+
+def make_multiplier(config: SafetyConfig) -> Multiplier:
+    """The multiplier ``config.multiplier`` names, with its settings."""
+    if config.multiplier == "gradient":
+        return gradient_ascent_multiplier(config.gradient.lr, config.gradient.initial)
+    return pid_multiplier(config.pid)
+
+
+def make_lagrangian(config: SafetyConfig) -> Lagrangian:
+    """The limits and multiplier of ``config`` as :class:`Lagrangian`."""
+    n_costs = len(config.cost_limits)
+    multiplier = make_multiplier(config)
+
+    def init() -> LagrangianState:
+        return LagrangianState(
+            cost_limits=jnp.asarray(config.cost_limits, jnp.float32),
+            multiplier_state=multiplier.init(n_costs),
+        )
+
+    def thresholds(state: LagrangianState) -> jax.Array:
+        return per_step_cost_threshold(state.cost_limits, config.discount, config.episode_length)
+
+    def update(state: LagrangianState, cost_value: jax.Array) -> LagrangianState:
+        multiplier_state = multiplier.update(state.multiplier_state, cost_value, thresholds(state))
+        return state.replace(multiplier_state=multiplier_state)
+
+    return Lagrangian(init=init, update=update, thresholds=thresholds)
+
+
+def with_cost_limits(state: State, cost_limits: Any) -> State:
+    """``state`` with other episode cost limits; pure, and traceable.
+
+    Args:
+        state: a Lagrangian agent's state (with a ``lagrangian`` field), or its
+            :class:`LagrangianState`; stacked states (leading axes) are fine.
+        cost_limits: the new limits, ``[n_costs]`` or of the state's limits' shape. Concrete
+            values are checked (:func:`check_cost_limits`); traced ones only by shape.
+
+    Raises:
+        ValueError: for limits of the wrong shape, or concrete ones that are negative or
+            not finite.
+    """
+    lagrangian = state if isinstance(state, LagrangianState) else state.lagrangian
+    current = lagrangian.cost_limits
+    if not isinstance(cost_limits, jax.core.Tracer):
+        check_cost_limits(cost_limits, n_costs=current.shape[-1])
+    limits = jnp.asarray(cost_limits, jnp.float32)
+    try:
+        limits = jnp.broadcast_to(limits, current.shape)
+    except ValueError:
+        raise ValueError(
+            f"cost_limits: expected shape {tuple(current.shape)} (or [{current.shape[-1]}]), "
+            f"got {tuple(limits.shape)}"
+        ) from None
+    lagrangian = lagrangian.replace(cost_limits=limits)
+    return (
+        lagrangian if isinstance(state, LagrangianState) else state.replace(lagrangian=lagrangian)
     )
-
-
-def pid_update(
-    config: PIDConfig, state: PIDState, cost_value: jax.Array, threshold: jax.Array
-) -> PIDState:
-    """One controller step from the estimated cost value ``J_c`` (``[n_costs]``)."""
-    error = jnp.asarray(cost_value, jnp.float32) - threshold
-    integral = jax.nn.relu(state.integral + error)
-    derivative = jax.nn.relu(error - state.previous_error)
-    multiplier = jax.nn.relu(
-        config.kp * jax.nn.relu(error) + config.ki * integral + config.kd * derivative
-    )
-    return PIDState(
-        integral=integral,
-        previous_error=error,
-        multiplier=jnp.minimum(multiplier, config.max_multiplier),
-    )
-
-
-def thresholds(
-    cost_limits: Sequence[float], discount: float, episode_length: int
-) -> tuple[float, ...]:
-    """Per-channel thresholds of :func:`per_step_cost_threshold`."""
-    return tuple(per_step_cost_threshold(limit, discount, episode_length) for limit in cost_limits)
-
-
-def check_safe_config(config: Any) -> None:
-    """Validates the safety fields every Lagrangian config shares, naming the field."""
-    limits = config.cost_limits
-    if not limits:
-        raise ValueError("cost_limits: give one episode cost limit per cost channel")
-    for i, limit in enumerate(limits):
-        if not (math.isfinite(limit) and limit >= 0.0):
-            raise ValueError(f"cost_limits[{i}]: must be a finite number >= 0, got {limit}")
-    thresholds(limits, config.discount, config.episode_length)

@@ -4,12 +4,16 @@ bootstrapped from the value, and advantage-weighted policy extraction.
 Defaults are CORL's: (256, 256) networks, Adam at 3e-4, expectile 0.7, inverse
 temperature 3.0, exponentiated advantages clipped at 100, tau 0.005, a Gaussian policy
 with a tanh mean and a state-independent standard deviation.
+
+The update is written as building blocks that a variant reuses (``iql_lag.py``):
+:func:`value_and_critic_step` (IQL's in-sample value learning) and :func:`actor_step`,
+advantage-weighted regression on whatever advantage the caller gives it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import chex
 import flax.linen as nn
@@ -18,6 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from neorl_industrial.core.agents.losses import critic_loss, expectile_loss
 from neorl_industrial.core.agents.networks import (
     MLP,
     CriticEnsemble,
@@ -26,7 +31,24 @@ from neorl_industrial.core.agents.networks import (
     check_observation_stats,
     polyak_average,
 )
-from neorl_industrial.core.agents.types import Algorithm, Metrics
+from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics, gradient_step
+
+__all__ = [
+    "GaussianActor",
+    "IQLConfig",
+    "IQLNetworks",
+    "IQLState",
+    "ValueStep",
+    "actor_step",
+    "awr_loss",
+    "critic_loss",
+    "expectile_loss",
+    "finish_update",
+    "init_state",
+    "make_iql",
+    "make_networks",
+    "value_and_critic_step",
+]
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -73,7 +95,7 @@ class GaussianActor(nn.Module):
 
 @struct.dataclass
 class IQLState:
-    """Training state of IQL."""
+    """Training state of IQL (a variant's state subclasses it with more fields)."""
 
     policy: PolicyParams
     value: Any
@@ -85,17 +107,27 @@ class IQLState:
     step: jax.Array
 
 
-def expectile_loss(difference_t: jax.Array, expectile: float) -> jax.Array:
-    """Asymmetric squared loss of ``Q - V`` for one transition."""
-    chex.assert_rank(difference_t, 0)
-    weight = jnp.where(difference_t > 0, expectile, 1.0 - expectile)
-    return weight * jnp.square(difference_t)
+class IQLNetworks(NamedTuple):
+    """The Gaussian actor, the value, the twin critics and their optimizers."""
+
+    actor: GaussianActor
+    value: MLP
+    critic: CriticEnsemble
+    actor_optimizer: optax.GradientTransformation
+    value_optimizer: optax.GradientTransformation
+    critic_optimizer: optax.GradientTransformation
+
+    def value_apply(self, value: Any, normalized: jax.Array) -> jax.Array:
+        return self.value.apply(value, normalized)[..., 0]
 
 
-def critic_loss(q_t: jax.Array, target_t: jax.Array) -> jax.Array:
-    """Squared TD error of every critic for one transition: ``q_t`` is ``[n_critics]``."""
-    chex.assert_rank([q_t, target_t], [1, 0])
-    return jnp.sum(jnp.square(q_t - target_t))
+class ValueStep(NamedTuple):
+    """Losses of the value and critic steps, and the advantage's terms."""
+
+    value_loss: jax.Array
+    critic_loss: jax.Array
+    target_q: jax.Array  # [B]: min Q_target(s, a)
+    value: jax.Array  # [B]: V(s) before the step
 
 
 def awr_loss(log_prob_t: jax.Array, advantage_t: jax.Array, beta: float, clip: float):
@@ -105,99 +137,154 @@ def awr_loss(log_prob_t: jax.Array, advantage_t: jax.Array, beta: float, clip: f
     return -jax.lax.stop_gradient(weight) * log_prob_t
 
 
+def make_networks(config: IQLConfig, action_size: int) -> IQLNetworks:
+    return IQLNetworks(
+        actor=GaussianActor(action_size, config.hidden),
+        value=MLP(config.hidden, output_size=1),
+        critic=CriticEnsemble(hidden=config.hidden, n_critics=2),
+        actor_optimizer=optax.adam(config.actor_lr),
+        value_optimizer=optax.adam(config.value_lr),
+        critic_optimizer=optax.adam(config.critic_lr),
+    )
+
+
+def init_state(
+    networks: IQLNetworks,
+    config: IQLConfig,
+    obs_size: int,
+    action_size: int,
+    actor_key: jax.Array,
+    value_key: jax.Array,
+    critic_key: jax.Array,
+    state_type: type[IQLState] = IQLState,
+    **extra: Any,
+) -> IQLState:
+    """A fresh state; ``state_type`` (a subclass) is built with the ``extra`` fields."""
+    observation = jnp.zeros((obs_size,), jnp.float32)
+    actor = networks.actor.init(actor_key, observation)
+    value = networks.value.init(value_key, observation)
+    critic = networks.critic.init(critic_key, observation, jnp.zeros((action_size,)))
+    normalizer = ObservationNormalizer.from_config(config, obs_size)
+    return state_type(
+        policy=PolicyParams(actor=actor, normalizer=normalizer),
+        value=value,
+        critic=critic,
+        target_critic=critic,
+        actor_opt_state=networks.actor_optimizer.init(actor),
+        value_opt_state=networks.value_optimizer.init(value),
+        critic_opt_state=networks.critic_optimizer.init(critic),
+        step=jnp.zeros((), jnp.int32),
+        **extra,
+    )
+
+
+def value_and_critic_step(
+    networks: IQLNetworks,
+    config: IQLConfig,
+    state: IQLState,
+    batch: Batch,
+    observations: jax.Array,
+    next_observations: jax.Array,
+) -> tuple[IQLState, ValueStep]:
+    """The value by expectile regression on ``min Q_target(s, a)``, then the critics
+    towards ``r + γ V(s')`` with the new value; the target critics are left to the caller."""
+    target_q = jnp.min(
+        networks.critic.apply(state.target_critic, observations, batch.actions), axis=0
+    )
+
+    def value_objective(value: Any) -> tuple[jax.Array, jax.Array]:
+        v = networks.value_apply(value, observations)
+        losses = jax.vmap(expectile_loss, in_axes=(0, None))(target_q - v, config.expectile)
+        return jnp.mean(losses), v
+
+    value, value_opt_state, v_loss, v = gradient_step(
+        value_objective, state.value, networks.value_optimizer, state.value_opt_state
+    )
+    targets = batch.rewards + batch.discounts * networks.value_apply(value, next_observations)
+    targets = jax.lax.stop_gradient(targets)
+
+    def critic_objective(critic: Any) -> tuple[jax.Array, None]:
+        q = networks.critic.apply(critic, observations, batch.actions)  # [2, B]
+        return jnp.mean(jax.vmap(critic_loss, in_axes=(1, 0))(q, targets)), None
+
+    critic, critic_opt_state, c_loss, _ = gradient_step(
+        critic_objective, state.critic, networks.critic_optimizer, state.critic_opt_state
+    )
+    state = state.replace(
+        value=value,
+        value_opt_state=value_opt_state,
+        critic=critic,
+        critic_opt_state=critic_opt_state,
+    )
+    return state, ValueStep(v_loss, c_loss, target_q, v)
+
+
+def actor_step(
+    networks: IQLNetworks,
+    config: IQLConfig,
+    state: IQLState,
+    observations: jax.Array,
+    actions: jax.Array,
+    advantages: jax.Array,
+) -> tuple[IQLState, jax.Array, jax.Array]:
+    """Advantage-weighted regression of the actor on the data's ``actions``.
+
+    Returns:
+        ``(state, loss, mean)``: the actor stepped, and the policy's mean actions at
+        ``observations`` before the step.
+    """
+
+    def objective(actor: Any) -> tuple[jax.Array, jax.Array]:
+        mean, log_std = networks.actor.apply(actor, observations)
+        log_probs = jnp.sum(jax.scipy.stats.norm.logpdf(actions, mean, jnp.exp(log_std)), axis=-1)
+        losses = jax.vmap(awr_loss, in_axes=(0, 0, None, None))(
+            log_probs, advantages, config.beta, config.max_exp_advantage
+        )
+        return jnp.mean(losses), mean
+
+    actor, opt_state, loss, mean = gradient_step(
+        objective, state.policy.actor, networks.actor_optimizer, state.actor_opt_state
+    )
+    state = state.replace(policy=state.policy.replace(actor=actor), actor_opt_state=opt_state)
+    return state, loss, mean
+
+
+def finish_update(config: IQLConfig, state: IQLState) -> IQLState:
+    """``state`` with the target critics moved towards the new critics, one update further."""
+    return state.replace(
+        target_critic=polyak_average(state.critic, state.target_critic, config.tau),
+        step=state.step + 1,
+    )
+
+
 def make_iql(config: IQLConfig, obs_size: int, action_size: int) -> Algorithm:
     """IQL as ``Algorithm(init, update, act)``."""
-    actor_network = GaussianActor(action_size, config.hidden)
-    value_network = MLP(config.hidden, output_size=1)
-    critic_network = CriticEnsemble(hidden=config.hidden, n_critics=2)
-    actor_optimizer = optax.adam(config.actor_lr)
-    value_optimizer = optax.adam(config.value_lr)
-    critic_optimizer = optax.adam(config.critic_lr)
-
-    def value_apply(value: Any, normalized: jax.Array) -> jax.Array:
-        return value_network.apply(value, normalized)[..., 0]
+    networks = make_networks(config, action_size)
 
     def init(key: jax.Array) -> IQLState:
         actor_key, value_key, critic_key = jax.random.split(key, 3)
-        observation = jnp.zeros((obs_size,), jnp.float32)
-        actor = actor_network.init(actor_key, observation)
-        value = value_network.init(value_key, observation)
-        critic = critic_network.init(critic_key, observation, jnp.zeros((action_size,)))
-        normalizer = ObservationNormalizer.from_config(config, obs_size)
-        return IQLState(
-            policy=PolicyParams(actor=actor, normalizer=normalizer),
-            value=value,
-            critic=critic,
-            target_critic=critic,
-            actor_opt_state=actor_optimizer.init(actor),
-            value_opt_state=value_optimizer.init(value),
-            critic_opt_state=critic_optimizer.init(critic),
-            step=jnp.zeros((), jnp.int32),
-        )
+        return init_state(networks, config, obs_size, action_size, actor_key, value_key, critic_key)
 
-    def update(state: IQLState, batch: Any, key: jax.Array) -> tuple[IQLState, Metrics]:
+    def update(state: IQLState, batch: Batch, key: jax.Array) -> tuple[IQLState, Metrics]:
         del key  # IQL's update is deterministic given the batch
         chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
         normalize = state.policy.normalizer
         observations = normalize(batch.observations)
         next_observations = normalize(batch.next_observations)
-        target_q = jnp.min(
-            critic_network.apply(state.target_critic, observations, batch.actions), axis=0
+        state, values = value_and_critic_step(
+            networks, config, state, batch, observations, next_observations
         )
-
-        def value_objective(value: Any) -> tuple[jax.Array, jax.Array]:
-            v = value_apply(value, observations)
-            losses = jax.vmap(expectile_loss, in_axes=(0, None))(target_q - v, config.expectile)
-            return jnp.mean(losses), v
-
-        (v_loss, v), grads = jax.value_and_grad(value_objective, has_aux=True)(state.value)
-        updates, value_opt_state = value_optimizer.update(grads, state.value_opt_state)
-        value = optax.apply_updates(state.value, updates)
-
-        targets = batch.rewards + batch.discounts * value_apply(value, next_observations)
-        targets = jax.lax.stop_gradient(targets)
-
-        def critic_objective(critic: Any) -> jax.Array:
-            q = critic_network.apply(critic, observations, batch.actions)  # [2, B]
-            return jnp.mean(jax.vmap(critic_loss, in_axes=(1, 0))(q, targets))
-
-        c_loss, grads = jax.value_and_grad(critic_objective)(state.critic)
-        updates, critic_opt_state = critic_optimizer.update(grads, state.critic_opt_state)
-        critic = optax.apply_updates(state.critic, updates)
-
-        advantages = target_q - v
-
-        def actor_objective(actor: Any) -> jax.Array:
-            mean, log_std = actor_network.apply(actor, observations)
-            log_probs = jnp.sum(
-                jax.scipy.stats.norm.logpdf(batch.actions, mean, jnp.exp(log_std)), axis=-1
-            )
-            losses = jax.vmap(awr_loss, in_axes=(0, 0, None, None))(
-                log_probs, advantages, config.beta, config.max_exp_advantage
-            )
-            return jnp.mean(losses)
-
-        a_loss, grads = jax.value_and_grad(actor_objective)(state.policy.actor)
-        updates, actor_opt_state = actor_optimizer.update(grads, state.actor_opt_state)
-        actor = optax.apply_updates(state.policy.actor, updates)
-
-        new_state = IQLState(
-            policy=state.policy.replace(actor=actor),
-            value=value,
-            critic=critic,
-            target_critic=polyak_average(critic, state.target_critic, config.tau),
-            actor_opt_state=actor_opt_state,
-            value_opt_state=value_opt_state,
-            critic_opt_state=critic_opt_state,
-            step=state.step + 1,
+        advantages = values.target_q - values.value
+        state, a_loss, _ = actor_step(
+            networks, config, state, observations, batch.actions, advantages
         )
         metrics = {
-            "value_loss": v_loss,
-            "critic_loss": c_loss,
+            "value_loss": values.value_loss,
+            "critic_loss": values.critic_loss,
             "actor_loss": a_loss,
             "advantage_mean": jnp.mean(advantages),
         }
-        return new_state, metrics
+        return finish_update(config, state), metrics
 
     def act(
         policy_params: PolicyParams,
@@ -205,7 +292,7 @@ def make_iql(config: IQLConfig, obs_size: int, action_size: int) -> Algorithm:
         key: jax.Array | None = None,
         deterministic: bool = True,
     ) -> jax.Array:
-        mean, log_std = actor_network.apply(
+        mean, log_std = networks.actor.apply(
             policy_params.actor, policy_params.normalizer(observation)
         )
         if deterministic:

@@ -3,12 +3,17 @@
 Defaults are CORL's: (256, 256) networks, Adam at 3e-4, tau 0.005, target policy noise
 0.2 clipped at 0.5, a policy update every 2 critic updates, alpha 2.5. The discount comes
 with the batch (``discounts`` is gamma^k, or 0 after a terminal state).
+
+The update is written as building blocks that a variant reuses (``td3bc_lag.py``):
+:func:`target_actions`, :func:`critic_step`, and the delayed :func:`policy_step`, whose
+actor objective takes an extra term to subtract from ``Q`` (a Lagrangian cost penalty).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -16,6 +21,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from neorl_industrial.core.agents.losses import critic_loss
 from neorl_industrial.core.agents.networks import (
     MLP,
     CriticEnsemble,
@@ -24,7 +30,30 @@ from neorl_industrial.core.agents.networks import (
     check_observation_stats,
     polyak_average,
 )
-from neorl_industrial.core.agents.types import Algorithm, Metrics
+from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics, gradient_step
+
+__all__ = [
+    "Penalty",
+    "PolicyStep",
+    "TD3BCConfig",
+    "TD3BCNetworks",
+    "TD3BCState",
+    "actor_loss",
+    "apply_policy_step",
+    "critic_loss",
+    "critic_step",
+    "held_policy_step",
+    "init_state",
+    "is_policy_update",
+    "make_networks",
+    "make_td3bc",
+    "policy_step",
+    "target_actions",
+]
+
+# ``penalty(policy_actions) -> (penalty [B], scale, aux)``: a term subtracted from Q in the
+# actor objective, the mean magnitude it adds to TD3+BC's normalization, and what to report.
+Penalty = Callable[[jax.Array], tuple[jax.Array, jax.Array, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +85,7 @@ class TD3BCConfig:
 
 @struct.dataclass
 class TD3BCState:
-    """Training state of TD3+BC."""
+    """Training state of TD3+BC (a variant's state subclasses it with more fields)."""
 
     policy: PolicyParams
     target_actor: Any
@@ -67,10 +96,27 @@ class TD3BCState:
     step: jax.Array
 
 
-def critic_loss(q_t: jax.Array, target_t: jax.Array) -> jax.Array:
-    """Squared TD error of every critic for one transition: ``q_t`` is ``[n_critics]``."""
-    chex.assert_rank([q_t, target_t], [1, 0])
-    return jnp.sum(jnp.square(q_t - target_t))
+class TD3BCNetworks(NamedTuple):
+    """The deterministic actor, the twin critics and their optimizers."""
+
+    actor: MLP
+    critic: CriticEnsemble
+    actor_optimizer: optax.GradientTransformation
+    critic_optimizer: optax.GradientTransformation
+
+    def act(self, actor: Any, normalized: jax.Array) -> jax.Array:
+        return jnp.tanh(self.actor.apply(actor, normalized))
+
+
+class PolicyStep(NamedTuple):
+    """What the delayed policy step changes, and its loss and auxiliary output."""
+
+    actor: Any
+    actor_opt_state: optax.OptState
+    target_actor: Any
+    target_critic: Any
+    loss: jax.Array
+    aux: Any
 
 
 def actor_loss(
@@ -82,99 +128,183 @@ def actor_loss(
     return -lmbda * q_t + jnp.sum(jnp.square(policy_action_t - action_t))
 
 
+def make_networks(config: TD3BCConfig, action_size: int) -> TD3BCNetworks:
+    return TD3BCNetworks(
+        actor=MLP(hidden=config.hidden, output_size=action_size),
+        critic=CriticEnsemble(hidden=config.hidden, n_critics=2),
+        actor_optimizer=optax.adam(config.actor_lr),
+        critic_optimizer=optax.adam(config.critic_lr),
+    )
+
+
+def init_state(
+    networks: TD3BCNetworks,
+    config: TD3BCConfig,
+    obs_size: int,
+    action_size: int,
+    actor_key: jax.Array,
+    critic_key: jax.Array,
+    state_type: type[TD3BCState] = TD3BCState,
+    **extra: Any,
+) -> TD3BCState:
+    """A fresh state; ``state_type`` (a subclass) is built with the ``extra`` fields."""
+    observation = jnp.zeros((obs_size,), jnp.float32)
+    actor = networks.actor.init(actor_key, observation)
+    critic = networks.critic.init(critic_key, observation, jnp.zeros((action_size,)))
+    return state_type(
+        policy=PolicyParams(
+            actor=actor, normalizer=ObservationNormalizer.from_config(config, obs_size)
+        ),
+        target_actor=actor,
+        critic=critic,
+        target_critic=critic,
+        actor_opt_state=networks.actor_optimizer.init(actor),
+        critic_opt_state=networks.critic_optimizer.init(critic),
+        step=jnp.zeros((), jnp.int32),
+        **extra,
+    )
+
+
+def target_actions(
+    networks: TD3BCNetworks,
+    config: TD3BCConfig,
+    state: TD3BCState,
+    next_observations: jax.Array,
+    key: jax.Array,
+) -> jax.Array:
+    """The target policy's actions at the (normalized) next observations, smoothed by
+    clipped noise."""
+    next_actions = networks.act(state.target_actor, next_observations)
+    noise = jnp.clip(
+        config.policy_noise * jax.random.normal(key, next_actions.shape),
+        -config.noise_clip,
+        config.noise_clip,
+    )
+    return jnp.clip(next_actions + noise, -1, 1)
+
+
+def critic_step(
+    networks: TD3BCNetworks,
+    state: TD3BCState,
+    batch: Batch,
+    observations: jax.Array,
+    next_observations: jax.Array,
+    next_actions: jax.Array,
+) -> tuple[TD3BCState, jax.Array, jax.Array]:
+    """One TD step of the twin critics towards ``r + γ min Q_target(s', a')``.
+
+    Returns:
+        ``(state, loss, q)`` with the critics and their optimizer stepped; ``q`` is
+        ``[2, B]`` before the step.
+    """
+    next_q = networks.critic.apply(state.target_critic, next_observations, next_actions)
+    targets = batch.rewards + batch.discounts * jnp.min(next_q, axis=0)
+    targets = jax.lax.stop_gradient(targets)
+
+    def objective(critic: Any) -> tuple[jax.Array, jax.Array]:
+        q = networks.critic.apply(critic, observations, batch.actions)  # [2, B]
+        return jnp.mean(jax.vmap(critic_loss, in_axes=(1, 0))(q, targets)), q
+
+    critic, opt_state, loss, q = gradient_step(
+        objective, state.critic, networks.critic_optimizer, state.critic_opt_state
+    )
+    return state.replace(critic=critic, critic_opt_state=opt_state), loss, q
+
+
+def policy_step(
+    networks: TD3BCNetworks,
+    config: TD3BCConfig,
+    state: TD3BCState,
+    observations: jax.Array,
+    actions: jax.Array,
+    penalty: Penalty | None = None,
+) -> PolicyStep:
+    """The delayed step: the actor on ``-λ (Q - penalty) + BC`` against ``state.critic``,
+    then the Polyak targets of actor and critics.
+
+    ``λ = alpha / mean(|Q| + scale)``: TD3+BC's normalization over the magnitude of both
+    terms (never near zero, unlike ``|Q - penalty|`` when the two balance).
+    """
+
+    def objective(actor: Any) -> tuple[jax.Array, Any]:
+        policy_actions = networks.act(actor, observations)
+        q = networks.critic.apply(state.critic, observations, policy_actions, members=1)[0]
+        scale = jnp.mean(jnp.abs(q))
+        aux = None
+        if penalty is not None:
+            cost, cost_scale, aux = penalty(policy_actions)
+            q = q - cost
+            scale = jnp.maximum(scale + cost_scale, 1e-6)
+        lmbda = jax.lax.stop_gradient(config.alpha / scale)
+        losses = jax.vmap(actor_loss, in_axes=(0, 0, 0, None))(q, policy_actions, actions, lmbda)
+        return jnp.mean(losses), aux
+
+    actor, opt_state, loss, aux = gradient_step(
+        objective, state.policy.actor, networks.actor_optimizer, state.actor_opt_state
+    )
+    return PolicyStep(
+        actor=actor,
+        actor_opt_state=opt_state,
+        target_actor=polyak_average(actor, state.target_actor, config.tau),
+        target_critic=polyak_average(state.critic, state.target_critic, config.tau),
+        loss=loss,
+        aux=aux,
+    )
+
+
+def held_policy_step(state: TD3BCState, aux: Any = None) -> PolicyStep:
+    """The policy step of an update that skips it: nothing changes, the loss is 0."""
+    return PolicyStep(
+        actor=state.policy.actor,
+        actor_opt_state=state.actor_opt_state,
+        target_actor=state.target_actor,
+        target_critic=state.target_critic,
+        loss=jnp.zeros((), jnp.float32),
+        aux=aux,
+    )
+
+
+def apply_policy_step(state: TD3BCState, step: PolicyStep) -> TD3BCState:
+    """``state`` after ``step``, one update further."""
+    return state.replace(
+        policy=state.policy.replace(actor=step.actor),
+        actor_opt_state=step.actor_opt_state,
+        target_actor=step.target_actor,
+        target_critic=step.target_critic,
+        step=state.step + 1,
+    )
+
+
+def is_policy_update(config: TD3BCConfig, state: TD3BCState) -> jax.Array:
+    """Whether this update moves the (delayed) policy."""
+    return state.step % config.policy_freq == 0
+
+
 def make_td3bc(config: TD3BCConfig, obs_size: int, action_size: int) -> Algorithm:
     """TD3+BC as ``Algorithm(init, update, act)``."""
-    actor_network = MLP(hidden=config.hidden, output_size=action_size)
-    critic_network = CriticEnsemble(hidden=config.hidden, n_critics=2)
-    actor_optimizer = optax.adam(config.actor_lr)
-    critic_optimizer = optax.adam(config.critic_lr)
-
-    def actor_apply(actor: Any, normalized: jax.Array) -> jax.Array:
-        return jnp.tanh(actor_network.apply(actor, normalized))
+    networks = make_networks(config, action_size)
 
     def init(key: jax.Array) -> TD3BCState:
         actor_key, critic_key = jax.random.split(key)
-        observation = jnp.zeros((obs_size,), jnp.float32)
-        actor = actor_network.init(actor_key, observation)
-        critic = critic_network.init(critic_key, observation, jnp.zeros((action_size,)))
-        normalizer = ObservationNormalizer.from_config(config, obs_size)
-        return TD3BCState(
-            policy=PolicyParams(actor=actor, normalizer=normalizer),
-            target_actor=actor,
-            critic=critic,
-            target_critic=critic,
-            actor_opt_state=actor_optimizer.init(actor),
-            critic_opt_state=critic_optimizer.init(critic),
-            step=jnp.zeros((), jnp.int32),
-        )
+        return init_state(networks, config, obs_size, action_size, actor_key, critic_key)
 
-    def update(state: TD3BCState, batch: Any, key: jax.Array) -> tuple[TD3BCState, Metrics]:
+    def update(state: TD3BCState, batch: Batch, key: jax.Array) -> tuple[TD3BCState, Metrics]:
         chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
         normalize = state.policy.normalizer
         observations = normalize(batch.observations)
         next_observations = normalize(batch.next_observations)
-
-        noise = jnp.clip(
-            config.policy_noise * jax.random.normal(key, batch.actions.shape),
-            -config.noise_clip,
-            config.noise_clip,
+        next_actions = target_actions(networks, config, state, next_observations, key)
+        state, c_loss, q = critic_step(
+            networks, state, batch, observations, next_observations, next_actions
         )
-        next_actions = jnp.clip(actor_apply(state.target_actor, next_observations) + noise, -1, 1)
-        next_q = critic_network.apply(state.target_critic, next_observations, next_actions)
-        targets = batch.rewards + batch.discounts * jnp.min(next_q, axis=0)
-        targets = jax.lax.stop_gradient(targets)
-
-        def critic_objective(critic: Any) -> tuple[jax.Array, jax.Array]:
-            q = critic_network.apply(critic, observations, batch.actions)  # [2, B]
-            return jnp.mean(jax.vmap(critic_loss, in_axes=(1, 0))(q, targets)), q
-
-        (c_loss, q), grads = jax.value_and_grad(critic_objective, has_aux=True)(state.critic)
-        updates, critic_opt_state = critic_optimizer.update(grads, state.critic_opt_state)
-        critic = optax.apply_updates(state.critic, updates)
-
-        def actor_objective(actor: Any) -> jax.Array:
-            policy_actions = actor_apply(actor, observations)
-            q_first = critic_network.apply(critic, observations, policy_actions, members=1)[0]
-            lmbda = jax.lax.stop_gradient(config.alpha / jnp.mean(jnp.abs(q_first)))
-            losses = jax.vmap(actor_loss, in_axes=(0, 0, 0, None))(
-                q_first, policy_actions, batch.actions, lmbda
-            )
-            return jnp.mean(losses)
-
-        def improve_policy(_):
-            a_loss, grads = jax.value_and_grad(actor_objective)(state.policy.actor)
-            updates, actor_opt_state = actor_optimizer.update(grads, state.actor_opt_state)
-            actor = optax.apply_updates(state.policy.actor, updates)
-            return (
-                actor,
-                actor_opt_state,
-                polyak_average(actor, state.target_actor, config.tau),
-                polyak_average(critic, state.target_critic, config.tau),
-                a_loss,
-            )
-
-        def keep_policy(_):
-            return (
-                state.policy.actor,
-                state.actor_opt_state,
-                state.target_actor,
-                state.target_critic,
-                jnp.zeros((), jnp.float32),
-            )
-
-        actor, actor_opt_state, target_actor, target_critic, a_loss = jax.lax.cond(
-            state.step % config.policy_freq == 0, improve_policy, keep_policy, None
+        step = jax.lax.cond(
+            is_policy_update(config, state),
+            lambda _: policy_step(networks, config, state, observations, batch.actions),
+            lambda _: held_policy_step(state),
+            None,
         )
-        new_state = TD3BCState(
-            policy=state.policy.replace(actor=actor),
-            target_actor=target_actor,
-            critic=critic,
-            target_critic=target_critic,
-            actor_opt_state=actor_opt_state,
-            critic_opt_state=critic_opt_state,
-            step=state.step + 1,
-        )
-        return new_state, {"critic_loss": c_loss, "actor_loss": a_loss, "q_mean": jnp.mean(q)}
+        new_state = apply_policy_step(state, step)
+        return new_state, {"critic_loss": c_loss, "actor_loss": step.loss, "q_mean": jnp.mean(q)}
 
     def act(
         policy_params: PolicyParams,
@@ -183,6 +313,6 @@ def make_td3bc(config: TD3BCConfig, obs_size: int, action_size: int) -> Algorith
         deterministic: bool = True,
     ) -> jax.Array:
         del key, deterministic  # the policy is deterministic
-        return actor_apply(policy_params.actor, policy_params.normalizer(observation))
+        return networks.act(policy_params.actor, policy_params.normalizer(observation))
 
     return Algorithm(init=init, update=update, act=act)

@@ -1,4 +1,5 @@
-"""Types shared by every algorithm of the core."""
+"""Types shared by every algorithm of the core: the batch it learns from, the algorithm
+itself, and the one gradient step every network takes."""
 
 from __future__ import annotations
 
@@ -6,8 +7,27 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import optax
+from flax import struct
 
 Metrics = dict[str, jax.Array]
+
+
+@struct.dataclass
+class Batch:
+    """A batch of transitions.
+
+    ``discounts`` is the factor that multiplies the bootstrap value of ``next_observations``:
+    ``gamma ** k`` after ``k`` steps, and 0 after a terminal state.
+    """
+
+    observations: jax.Array  # [B, obs_size]
+    actions: jax.Array  # [B, action_size] or [B]
+    rewards: jax.Array  # [B]: one-step reward, or the discounted n-step return
+    costs: jax.Array  # [B, n_costs]: one-step cost, or the discounted n-step cost
+    next_observations: jax.Array  # [B, obs_size]
+    terminals: jax.Array  # [B] bool: a terminal state was reached
+    discounts: jax.Array  # [B] float32
 
 
 class Algorithm(NamedTuple):
@@ -21,5 +41,22 @@ class Algorithm(NamedTuple):
     """
 
     init: Callable[[jax.Array], Any]
-    update: Callable[[Any, Any, jax.Array], tuple[Any, Metrics]]
+    update: Callable[[Any, Batch, jax.Array], tuple[Any, Metrics]]
     act: Callable[..., jax.Array]
+
+
+def gradient_step(
+    objective: Callable[[Any], tuple[jax.Array, Any]],
+    params: Any,
+    optimizer: optax.GradientTransformation,
+    opt_state: optax.OptState,
+) -> tuple[Any, optax.OptState, jax.Array, Any]:
+    """One optimizer step on ``objective(params) -> (loss, aux)``.
+
+    Returns:
+        ``(params, opt_state, loss, aux)`` after the step; ``loss`` and ``aux`` are those
+        of the parameters before it.
+    """
+    (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state)
+    return optax.apply_updates(params, updates), opt_state, loss, aux

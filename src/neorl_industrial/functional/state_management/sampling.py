@@ -1,5 +1,7 @@
 """Vectorized sampling from a :class:`Dataset`: uniform transitions, n-step returns and
-windows of consecutive steps. Every sampler is a few gathers, jit- and vmap-compatible."""
+windows of consecutive steps. Every sampler is a few gathers, jit- and vmap-compatible.
+
+:class:`Batch` is the core's (``core.agents.types``), re-exported here."""
 
 from __future__ import annotations
 
@@ -7,24 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from neorl_industrial.core.agents.types import Batch
 from neorl_industrial.functional.state_management.dataset import Dataset
-
-
-@struct.dataclass
-class Batch:
-    """A batch of transitions.
-
-    ``discounts`` is the factor that multiplies the bootstrap value of ``next_observations``:
-    ``gamma ** k`` after ``k`` steps, and 0 after a terminal state.
-    """
-
-    observations: jax.Array  # [B, obs_size]
-    actions: jax.Array  # [B, action_size] or [B]
-    rewards: jax.Array  # [B]: one-step reward, or the discounted n-step return
-    costs: jax.Array  # [B, n_costs]: one-step cost, or the discounted n-step cost
-    next_observations: jax.Array  # [B, obs_size]
-    terminals: jax.Array  # [B] bool: a terminal state was reached
-    discounts: jax.Array  # [B] float32
 
 
 @struct.dataclass

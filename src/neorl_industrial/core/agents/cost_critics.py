@@ -1,0 +1,238 @@
+"""Cost critics of the safe agents: for each cost channel a pair of critics of the
+discounted cost, pessimistic (the pair's larger value) wherever they bootstrap.
+
+All pairs are one :class:`CriticEnsemble` of ``2 * n_costs`` members, read as
+``[n_costs, 2, B]``. Two ways to learn them:
+
+* TD (TD3BC-Lag), :func:`td_targets` + :func:`critic_step`: towards
+  ``c + γ max_pair Q_c^target(s', a')`` at the target policy's next action, with an
+  optional floor that holds the estimate at the policy's actions no lower than at the
+  data's;
+* in-sample (IQL-Lag), :func:`in_sample_step`: a cost value ``V_c`` fit by expectile
+  regression to ``max_pair Q_c^target(s, a)`` at the data's action, and the critics towards
+  ``c + γ V_c(s')``; no action outside the data is queried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from neorl_industrial.core.agents.losses import critic_loss, expectile_loss
+from neorl_industrial.core.agents.networks import MLP, CriticEnsemble, polyak_average
+from neorl_industrial.core.agents.types import gradient_step
+
+__all__ = [
+    "CostCriticState",
+    "CostCritics",
+    "InSampleCostCritics",
+    "InSampleCostState",
+    "InSampleCostStep",
+    "critic_step",
+    "in_sample_step",
+    "init_cost_critics",
+    "init_in_sample",
+    "make_cost_critics",
+    "make_in_sample_cost_critics",
+    "soft_update",
+    "td_targets",
+]
+
+
+class CostCritics(NamedTuple):
+    """The ensemble of cost-critic pairs and its optimizer."""
+
+    network: CriticEnsemble
+    optimizer: optax.GradientTransformation
+    n_costs: int
+
+    def q_values(self, params: Any, observations: jax.Array, actions: jax.Array) -> jax.Array:
+        """``[n_costs, 2, B]``."""
+        values = self.network.apply(params, observations, actions)
+        return values.reshape(self.n_costs, 2, *values.shape[1:])
+
+
+@struct.dataclass
+class CostCriticState:
+    """Online and target parameters of the cost critics, and the optimizer's state."""
+
+    critic: Any
+    target_critic: Any
+    critic_opt_state: optax.OptState
+
+
+def make_cost_critics(hidden: Sequence[int], n_costs: int, learning_rate: float) -> CostCritics:
+    return CostCritics(
+        network=CriticEnsemble(hidden=tuple(hidden), n_critics=2 * n_costs),
+        optimizer=optax.adam(learning_rate),
+        n_costs=n_costs,
+    )
+
+
+def init_cost_critics(
+    critics: CostCritics, key: jax.Array, obs_size: int, action_size: int
+) -> CostCriticState:
+    observation = jnp.zeros((obs_size,), jnp.float32)
+    critic = critics.network.init(key, observation, jnp.zeros((action_size,)))
+    return CostCriticState(
+        critic=critic, target_critic=critic, critic_opt_state=critics.optimizer.init(critic)
+    )
+
+
+def td_targets(
+    critics: CostCritics,
+    state: CostCriticState,
+    costs: jax.Array,
+    discounts: jax.Array,
+    next_observations: jax.Array,
+    next_actions: jax.Array,
+) -> jax.Array:
+    """``c + γ max_pair Q_c^target(s', a')``, ``[n_costs, B]``; ``costs`` is ``[B, n_costs]``."""
+    next_qc = critics.q_values(state.target_critic, next_observations, next_actions)
+    return jax.lax.stop_gradient(costs.T + discounts * jnp.max(next_qc, axis=1))
+
+
+def critic_step(
+    critics: CostCritics,
+    state: CostCriticState,
+    observations: jax.Array,
+    actions: jax.Array,
+    targets: jax.Array,
+    floor: float = 0.0,
+    policy_actions: jax.Array | None = None,
+) -> tuple[CostCriticState, jax.Array, jax.Array]:
+    """One step of every pair towards its channel's ``targets`` (``[n_costs, B]``).
+
+    Args:
+        floor: weight of a penalty on the estimate at ``policy_actions`` falling below
+            that at the data's ``actions`` (0: off; a Python number, static).
+        policy_actions: the policy's actions, needed when ``floor`` is positive.
+
+    Returns:
+        ``(state, loss, qc)`` with the online critics stepped (the target is left to
+        :func:`soft_update`); ``qc`` is ``[n_costs, 2, B]`` before the step.
+    """
+    pairs = jax.vmap(critic_loss, in_axes=(1, 0))
+
+    def objective(params: Any) -> tuple[jax.Array, jax.Array]:
+        qc = critics.q_values(params, observations, actions)  # [n_costs, 2, B]
+        loss = jnp.mean(jnp.sum(jax.vmap(pairs)(qc, targets), axis=0))
+        if floor > 0.0:
+            # The policy's actions are off the data, where a critic trained on the data
+            # can be arbitrarily optimistic about cost and the actor would exploit it:
+            # their estimate is held no lower than that of the data's action.
+            qc_policy = critics.q_values(params, observations, policy_actions)
+            shortfall = jax.nn.relu(jax.lax.stop_gradient(qc) - qc_policy)
+            loss = loss + floor * jnp.mean(jnp.sum(shortfall, axis=(0, 1)))
+        return loss, qc
+
+    critic, opt_state, loss, qc = gradient_step(
+        objective, state.critic, critics.optimizer, state.critic_opt_state
+    )
+    return state.replace(critic=critic, critic_opt_state=opt_state), loss, qc
+
+
+def soft_update(state: CostCriticState, tau: float) -> CostCriticState:
+    """The target critics moved a fraction ``tau`` towards the online ones."""
+    return state.replace(target_critic=polyak_average(state.critic, state.target_critic, tau))
+
+
+# ----- in-sample ---------------------------------------------------------------------------
+
+
+class InSampleCostCritics(NamedTuple):
+    """Cost-critic pairs with a cost value per channel, both learned in-sample."""
+
+    critics: CostCritics
+    value_network: MLP
+    value_optimizer: optax.GradientTransformation
+    expectile: float
+
+    def cost_values(self, params: Any, observations: jax.Array) -> jax.Array:
+        """``V_c(s)``, ``[n_costs, B]``."""
+        return jnp.moveaxis(self.value_network.apply(params, observations), -1, 0)
+
+
+@struct.dataclass
+class InSampleCostState(CostCriticState):
+    """The cost critics' state plus the cost value's parameters and optimizer state."""
+
+    value: Any
+    value_opt_state: optax.OptState
+
+
+class InSampleCostStep(NamedTuple):
+    """Losses of an in-sample step, and the advantage's terms at the data's actions."""
+
+    value_loss: jax.Array
+    critic_loss: jax.Array
+    target_q: jax.Array  # [n_costs, B]: max_pair Q_c^target(s, a)
+    value: jax.Array  # [n_costs, B]: V_c(s) before the step
+
+
+def make_in_sample_cost_critics(
+    hidden: Sequence[int],
+    n_costs: int,
+    value_lr: float,
+    critic_lr: float,
+    expectile: float,
+) -> InSampleCostCritics:
+    return InSampleCostCritics(
+        critics=make_cost_critics(hidden, n_costs, critic_lr),
+        value_network=MLP(tuple(hidden), output_size=n_costs),
+        value_optimizer=optax.adam(value_lr),
+        expectile=expectile,
+    )
+
+
+def init_in_sample(
+    model: InSampleCostCritics,
+    value_key: jax.Array,
+    critic_key: jax.Array,
+    obs_size: int,
+    action_size: int,
+) -> InSampleCostState:
+    critics = init_cost_critics(model.critics, critic_key, obs_size, action_size)
+    value = model.value_network.init(value_key, jnp.zeros((obs_size,), jnp.float32))
+    return InSampleCostState(
+        critic=critics.critic,
+        target_critic=critics.target_critic,
+        critic_opt_state=critics.critic_opt_state,
+        value=value,
+        value_opt_state=model.value_optimizer.init(value),
+    )
+
+
+def in_sample_step(
+    model: InSampleCostCritics,
+    state: InSampleCostState,
+    observations: jax.Array,
+    actions: jax.Array,
+    costs: jax.Array,
+    discounts: jax.Array,
+    next_observations: jax.Array,
+) -> tuple[InSampleCostState, InSampleCostStep]:
+    """The cost value by expectile regression on the pairs' larger target value, then the
+    critics towards ``c + γ V_c(s')`` with the new value (IQL's order)."""
+    target_qc = jnp.max(model.critics.q_values(state.target_critic, observations, actions), 1)
+    expectile = jax.vmap(expectile_loss, in_axes=(0, None))
+
+    def value_objective(value: Any) -> tuple[jax.Array, jax.Array]:
+        vc = model.cost_values(value, observations)  # [n_costs, B]
+        losses = jax.vmap(lambda d: expectile(d, model.expectile))(target_qc - vc)
+        return jnp.mean(jnp.sum(losses, axis=0)), vc
+
+    value, value_opt_state, value_loss, vc = gradient_step(
+        value_objective, state.value, model.value_optimizer, state.value_opt_state
+    )
+    targets = jax.lax.stop_gradient(
+        costs.T + discounts * model.cost_values(value, next_observations)
+    )
+    state = state.replace(value=value, value_opt_state=value_opt_state)
+    state, q_loss, _ = critic_step(model.critics, state, observations, actions, targets)
+    return state, InSampleCostStep(value_loss, q_loss, target_qc, vc)
