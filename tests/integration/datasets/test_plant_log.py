@@ -243,3 +243,60 @@ def test_load_any_needs_the_schema_for_a_plant_log(tmp_path):
         load_any(table_path)
     dataset, card = load_any(table_path, schema=schema_path)
     assert dataset.n_transitions == 6 and card.source == "plant-log"
+
+
+def test_a_missing_value_names_file_column_and_row_and_the_way_out(tmp_path):
+    pressure = [*PRESSURE[:5], None, *PRESSURE[6:]]
+    table_path, schema_path = _write(tmp_path, _table(pressure=pressure))
+    with pytest.raises(DatasetFormatError, match=r"log.csv: column 'pressure', row 5: missing"):
+        load_plant_log(table_path, schema_path)
+    with pytest.raises(DatasetFormatError, match="missing: drop"):
+        load_plant_log(table_path, schema_path)
+
+
+@pytest.mark.parametrize("missing", ["drop", "split"])
+def test_rows_with_missing_values_can_be_dropped(tmp_path, missing):
+    # Row 5 (960 s) loses its pressure reading: without it 900 -> 1020 s is a 120 s gap,
+    # more than 1.5 x 60 s, so row 4 stands alone (skipped) and 1020, 1080 s remain.
+    pressure = [*PRESSURE[:5], None, *PRESSURE[6:]]
+    table_path, schema_path = _write(tmp_path, _table(pressure=pressure))
+    with pytest.warns(UserWarning, match="dropped 1 row"):
+        dataset, card = load_plant_log(table_path, schema_path, missing=missing)
+    assert [int(n) for n in np.asarray(dataset.episode_lengths)] == [3, 1]
+    assert card.dropped_rows == 1 and card.missing == missing
+    np.testing.assert_allclose(
+        np.asarray(dataset.observations)[:, 1], [*PRESSURE[:4], *PRESSURE[6:]], rtol=1e-6
+    )
+
+
+def test_split_starts_an_episode_after_a_dropped_row_that_the_gap_rule_keeps(tmp_path):
+    # One-second sampling with a wide gap factor: dropping row 2 leaves a 2 s step, which
+    # the gap rule keeps in the episode; 'split' starts a new one there anyway.
+    seconds = [0, 1, 2, 3, 4, 5, 6, 7]
+    schema = SCHEMA.replace("sampling_period: 60", "sampling_period: 1\ngap_factor: 3")
+    temperature = [*TEMPERATURE[:2], float("nan"), *TEMPERATURE[3:]]
+    table = _table(
+        time=pa.array(np.datetime64("2024-03-01T08:00:00", "s") + np.asarray(seconds)),
+        temperature=temperature,
+    )
+    table_path, schema_path = _write(tmp_path, table, kind="parquet", schema=schema)
+    with pytest.warns(UserWarning):
+        kept, _ = load_plant_log(table_path, schema_path, missing="drop")
+    with pytest.warns(UserWarning):
+        split, _ = load_plant_log(table_path, schema_path, missing="split")
+    assert [int(n) for n in np.asarray(kept.episode_lengths)] == [6]
+    assert [int(n) for n in np.asarray(split.episode_lengths)] == [1, 4]
+
+
+def test_the_card_of_a_plant_log_is_its_task(tmp_path):
+    table_path, schema_path = _write(tmp_path, _table())
+    dataset, card = load_plant_log(table_path, schema_path)
+    task = card.task(dataset)
+    assert task.name == "boiler-3" and not task.has_simulator
+    assert task.observation_names == ("temperature", "pressure")
+    assert task.observation_units == ("degC", None)
+    assert (task.action_low, task.action_high, task.action_units) == ((0.0,), (100.0,), ("%",))
+    assert task.cost_names == ("overheating", "alarm")
+    assert task.cost_limits == {"overheating": 5.0}
+    assert task.cost_definitions["overheating"] == "max(temperature - 420, 0)"
+    assert task.sampling_period == 60.0

@@ -1,0 +1,67 @@
+"""The safety contract: which cost channels a run is held to and where each limit comes
+from, decided in one place."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from neorl_industrial.core.environments import Task
+from neorl_industrial.core.safety import ConstraintSpec, check_cost_limits, resolve_safety
+
+
+def plant(**changes) -> Task:
+    values = dict(
+        name="tank",
+        observation_names=("level", "temperature"),
+        action_names=("valve",),
+        action_low=(0.0,),
+        action_high=(100.0,),
+        cost_names=("alarm",),
+        cost_limits={"alarm": 12.0},
+    )
+    return Task(**{**values, **changes})
+
+
+def test_the_tasks_channels_and_limits_without_a_spec_of_costs():
+    contract = resolve_safety(plant())
+    assert contract.cost_names == ("alarm",)
+    assert contract.limits() == [12.0] and contract.limit_sources == ("task",)
+    assert not contract.relabel
+
+
+def test_explicit_limits_win_then_the_spec_then_the_task():
+    spec = ConstraintSpec.from_dict(
+        {"costs": [{"name": "alarm", "feature": "level", "above": 2.5, "cost_limit": 5.0}]}
+    )
+    assert resolve_safety(plant(), spec).limits() == [5.0]
+    assert resolve_safety(plant(), spec).limit_sources == ("spec",)
+    assert resolve_safety(plant(), spec, [7.0]).limits() == [7.0]
+    assert resolve_safety(plant(), spec, [7.0]).limit_sources == ("run",)
+
+
+def test_a_spec_defining_other_channels_relabels_the_data():
+    spec = ConstraintSpec.from_dict(
+        {"costs": [{"name": "too-hot", "feature": "temperature", "above": 80, "cost_limit": 3}]}
+    )
+    contract = resolve_safety(plant(), spec)
+    assert contract.cost_names == ("too-hot",) and contract.relabel
+
+
+def test_missing_and_bad_limits_are_named():
+    no_limits = plant(cost_limits={})
+    assert resolve_safety(no_limits).limit_sources == ("none",)
+    with pytest.raises(ValueError, match=r"no episode cost limit for \['alarm'\]"):
+        resolve_safety(no_limits, require_limits=True)
+    with pytest.raises(ValueError, match="expected one episode cost limit per cost channel"):
+        resolve_safety(plant(), None, [1.0, 2.0])
+    with pytest.raises(ValueError, match="alarm: expected a finite number >= 0"):
+        check_cost_limits([float("nan")], ["alarm"], "cost_limits")
+
+
+def test_limits_are_a_traced_leaf():
+    contracts = [resolve_safety(plant(), None, [limit]) for limit in (1.0, 2.0)]
+    stacked = jax.tree.map(lambda *leaves: np.stack(leaves), *contracts)
+    doubled = jax.vmap(lambda contract: contract.cost_limits * 2)(stacked)
+    np.testing.assert_array_equal(np.asarray(doubled), [[2.0], [4.0]])

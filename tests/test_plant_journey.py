@@ -1,0 +1,138 @@
+"""The whole journey for a plant with no simulator behind it, on the shipped example log
+(examples/mixing-tank): import, train, off-policy evaluation, export, serve (one request
+the shield passes, one it overrides, one of the wrong length), and MLflow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from neorl_industrial.cli import main
+from neorl_industrial.integration.deployment import ServerSettings, create_app
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mixing-tank"
+
+
+@pytest.fixture(scope="module")
+def journey(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plant")
+    dataset = root / "datasets" / "mixing-tank"
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    assert (
+        main(
+            [
+                "--no-cache",
+                "datasets",
+                "import",
+                str(EXAMPLE / "mixing_tank.csv"),
+                "--schema",
+                str(EXAMPLE / "schema.yaml"),
+                "--out",
+                str(dataset),
+            ]
+        )
+        == 0
+    )
+    overrides = {
+        "data.path": str(dataset),
+        "safety.constraints": str(EXAMPLE / "constraints.yaml"),
+        "output": str(root / "runs"),
+        "training.updates": 200,
+        "training.chunk": 100,
+        "training.seeds": "[0,1]",
+        "algorithm.hyperparameters.hidden": "[16,16]",
+        "evaluation.ope.updates": 200,
+        "evaluation.ope.seeds": "[0,1]",
+        "tracking.uri": uri,
+    }
+    sets = [item for key, value in overrides.items() for item in ("--set", f"{key}={value}")]
+    assert main(["--no-cache", "train", "-c", str(EXAMPLE / "run.yaml"), *sets]) == 0
+    run = root / "runs" / "mixing-tank-iql-lag"
+    return {"root": root, "dataset": dataset, "run": run, "uri": uri}
+
+
+def test_training_on_a_plant_log_is_evaluated_off_policy_and_says_so(journey):
+    report = json.loads((journey["run"] / "report.json").read_text())
+    assert report["task"]["kind"] == "plant" and report["env"] is None
+    assert report["task"]["actions"] == ["valve_pct", "pump_pct"]
+    assert report["task"]["action_units"] == ["%", "%"]
+    assert report["evaluation"] == "fqe"
+    assert report["cost_limits"] == [30.0] and report["cost_limit_sources"] == ["task"]
+    best = report["best"][report["selected_run"]]["metrics"]
+    assert best["estimate"] == "fqe" and best["heldout_episodes"] >= 1
+    assert best["return_ci"] is not None and best["normalized_cost"] >= 0
+    assert report["outputs"]["policy"]
+
+
+def test_evaluate_needs_logged_data_for_a_plant_and_estimates_with_it(journey, capsys):
+    agent = str(journey["run"] / "agent")
+    assert main(["--no-cache", "evaluate", agent]) == 2
+    assert "has no simulator" in capsys.readouterr().out
+    out = journey["root"] / "estimates.json"
+    code = main(
+        [
+            "--no-cache",
+            "evaluate",
+            agent,
+            "--ope",
+            str(journey["dataset"]),
+            "--ope-updates",
+            "100",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    estimates = json.loads(out.read_text())["ope"]
+    assert estimates["estimate"] == "fqe" and len(estimates["runs"]) == 2
+
+
+def test_the_served_plant_policy_speaks_plant_units_through_the_plants_shield(journey):
+    settings = ServerSettings(model=str(journey["run"] / "policy"), auth=False)
+    with TestClient(create_app(settings)) as client:
+        calm = client.post(
+            "/v1/act", json={"observation": [1.9, 50.0, 18.0], "prev_action": [45.0, 45.0]}
+        )
+        assert calm.status_code == 200, calm.text
+        body = calm.json()
+        valve, pump = body["action"]
+        assert 30.0 <= valve <= 60.0 and 10.0 <= pump <= 100.0  # percent, not [-1, 1]
+        assert set(body["report"]["margin"]) == {
+            "bounds/valve_pct",
+            "bounds/pump_pct",
+            "rate/valve_pct",
+            "pump-hard-when-level-high",
+            "valve-not-far-above-pump",
+        }
+        # The valve was at 95 %: it may close by 15 % per step at most, whatever the policy
+        # proposes, and the pump must then run within 40 % of it.
+        held = client.post(
+            "/v1/act", json={"observation": [2.7, 50.0, 30.0], "prev_action": [95.0, 50.0]}
+        )
+        report = held.json()["report"]
+        valve, pump = held.json()["action"]
+        assert report["overridden"] and "rate/valve_pct" in report["violated"]
+        assert valve >= 80.0 - 1e-3 and pump >= 60.0 - 1e-3 and valve - pump <= 40.0 + 1e-3
+        wrong = client.post("/v1/act", json={"observation": [2.7, 50.0]})
+        assert wrong.status_code == 422
+        assert "expected 3 values" in json.dumps(wrong.json())
+
+
+def test_the_plant_run_lands_in_mlflow_with_its_registered_model(journey):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(journey["uri"])
+    parent = client.search_runs(
+        [client.get_experiment_by_name("neorl-industrial").experiment_id],
+        "tags.`task.kind` = 'plant'",
+    )
+    assert parent, "no plant run in MLflow"
+    run = parent[0]
+    assert run.data.tags["evaluation"] == "fqe"
+    artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
+    assert {"plots", "agent", "config.yaml", "dataset.json"} <= artifacts
+    versions = client.search_model_versions("name = 'mixing-tank-policy'")
+    assert versions and versions[0].tags.get("env") == "mixing-tank"
