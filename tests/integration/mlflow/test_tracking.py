@@ -146,7 +146,7 @@ def test_the_policy_is_registered_promoted_and_predicts_shielded_actions(tracked
     with tracking_uri_for(uri, None):
         loaded = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
     names = loaded.metadata.get_input_schema().input_names()
-    artifact_names = list(outcome.agent.env.observation_names)
+    artifact_names = list(outcome.agent.task.observation_names)
     assert names[: len(artifact_names)] == artifact_names
     rng = np.random.default_rng(0)
     observations = rng.normal(50, 30, (5, len(artifact_names))).astype(np.float32)
@@ -155,7 +155,7 @@ def test_the_policy_is_registered_promoted_and_predicts_shielded_actions(tracked
     from neorl_industrial.wrappers.agents.artifact import PolicyArtifact
 
     expected = PolicyArtifact.load(outcome.policy_dir).predict(observations)
-    action_names = list(outcome.agent.env.action_names)
+    action_names = list(outcome.agent.task.action_names)
     np.testing.assert_allclose(out[action_names].to_numpy(), expected.action, rtol=1e-6)
     np.testing.assert_array_equal(out["overridden"].to_numpy(), expected.overridden)
     assert [c for c in out.columns if c.startswith("margin_")] == [
@@ -251,7 +251,7 @@ def test_mlflow_models_serve_returns_shielded_actions(tracked):
     server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
     try:
         wait_for_http(f"http://127.0.0.1:{port}/ping", server, log=tmp / "serve.log")
-        names = list(outcome.agent.env.observation_names)
+        names = list(outcome.agent.task.observation_names)
         observations = np.full((2, len(names)), 60.0, np.float32)
         body = json.dumps({"dataframe_split": {"columns": names, "data": observations.tolist()}})
         request = urllib.request.Request(
@@ -267,7 +267,7 @@ def test_mlflow_models_serve_returns_shielded_actions(tracked):
     from neorl_industrial.wrappers.agents.artifact import PolicyArtifact
 
     expected = PolicyArtifact.load(outcome.policy_dir).predict(observations)
-    served = np.asarray([[row[n] for n in outcome.agent.env.action_names] for row in predictions])
+    served = np.asarray([[row[n] for n in outcome.agent.task.action_names] for row in predictions])
     np.testing.assert_allclose(served, expected.action, rtol=1e-6)
     assert [row["overridden"] for row in predictions] == expected.overridden.tolist()
 
@@ -328,6 +328,6 @@ def test_the_policy_server_loads_a_registry_uri(tracked):
         assert info["version"] == f"{MODEL}/{champion.version}"
         assert info["registry"]["run_id"] == champion.run_id
         assert "champion" in info["registry"]["aliases"]
-        names = list(outcome.agent.env.observation_names)
+        names = list(outcome.agent.task.observation_names)
         response = server.post("/v1/act", json={"observation": [50.0] * len(names)})
         assert response.status_code == 200 and response.json()["policy_version"] == info["version"]
