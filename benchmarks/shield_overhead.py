@@ -44,10 +44,11 @@ def _programs(batch_size: int, hidden: tuple[int, ...]) -> dict[str, Any]:
 
     from neorl_industrial.core.agents import TD3BCConfig, make_td3bc
     from neorl_industrial.core.environments import make
-    from neorl_industrial.core.safety import ConstraintSpec, shield
+    from neorl_industrial.core.safety import shield
+    from neorl_industrial.wrappers.constraint_files import load_constraint_spec
 
     env, _ = make("IB-v0")
-    spec = ConstraintSpec.from_yaml(SPEC_PATH)
+    spec = load_constraint_spec(SPEC_PATH)
     constraints = spec.compile(
         env.observation_size,
         env.action_size,

@@ -9,7 +9,21 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "neorl_industrial"
 LAYERS = ["core", "functional", "wrappers", "integration"]
-CORE_FORBIDDEN = {"gymnasium", "gym", "mlflow", "fastapi", "uvicorn", "starlette", "requests"}
+CORE_FORBIDDEN = {
+    "gymnasium",
+    "gym",
+    "mlflow",
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "requests",
+    "yaml",
+    "pyarrow",
+    "h5py",
+    "orbax",
+}
+#: Calls that read or write files: the core takes and returns data, never paths.
+FILE_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink"}
 LAYER_PACKAGES = {
     "core": ["agents", "environments", "safety", "utils"],
     "functional": ["state_management", "transformations", "optimizers"],
@@ -52,3 +66,18 @@ def test_imports_point_downwards(layer, path):
             assert parts[1] in allowed, f"{path.name}: {layer} must not import {name}"
         if layer == "core":
             assert parts[0] not in CORE_FORBIDDEN, f"{path.name}: core must not import {name}"
+
+
+@pytest.mark.parametrize(
+    "path", [path for layer, path in _modules() if layer == "core"], ids=lambda v: v.name
+)
+def test_the_core_reads_and_writes_no_files(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            function = node.func
+            name = (
+                function.attr
+                if isinstance(function, ast.Attribute)
+                else getattr(function, "id", None)
+            )
+            assert name not in FILE_CALLS, f"{path.name}:{node.lineno}: core calls {name}()"

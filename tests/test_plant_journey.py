@@ -125,12 +125,14 @@ def test_the_plant_run_lands_in_mlflow_with_its_registered_model(journey):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(journey["uri"])
-    parent = client.search_runs(
+    runs = client.search_runs(
         [client.get_experiment_by_name("neorl-industrial").experiment_id],
         "tags.`task.kind` = 'plant'",
     )
-    assert parent, "no plant run in MLflow"
-    run = parent[0]
+    parents = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
+    assert len(parents) == 1 and len(runs) == 3, "a parent run and a run per seed"
+    run = parents[0]
+    assert {"ope/return", "best/ope_return_mean"} <= set(run.data.metrics)
     assert run.data.tags["evaluation"] == "fqe"
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
     assert {"plots", "agent", "config.yaml", "dataset.json"} <= artifacts

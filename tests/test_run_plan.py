@@ -50,7 +50,7 @@ def test_a_dataset_of_another_setpoint_is_refused_by_name(default_setpoint_data)
 
 def test_a_dataset_of_another_environment_is_refused_by_name(default_setpoint_data):
     other = config(env={"id": "IB-v0"}, data={"path": str(default_setpoint_data)})
-    with pytest.raises(AgentError, match="env.id: the run names 'IB-v0'.*'IB-classic-v0'"):
+    with pytest.raises(AgentError, match=r"env.id: the run names 'IB-v0'.*'IB-classic-v0'"):
         resolve_run(other)
 
 

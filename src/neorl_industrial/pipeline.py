@@ -30,13 +30,8 @@ import numpy as np
 
 from neorl_industrial.core.environments import Task, TaskError
 from neorl_industrial.core.safety import ConstraintSpec, ConstraintSpecError
-from neorl_industrial.wrappers.agents.agent import (
-    DEFAULT_ENV,
-    Agent,
-    AgentError,
-    OPESettings,
-    load_constraint_spec,
-)
+from neorl_industrial.wrappers.agents.agent import DEFAULT_ENV, Agent, AgentError, OPESettings
+from neorl_industrial.wrappers.constraint_files import load_constraint_spec
 from neorl_industrial.wrappers.hostio import json_default, write_text_atomic
 from neorl_industrial.wrappers.training import Callback, RunConfig
 
@@ -509,6 +504,7 @@ def _log_outputs(
                 "seed": agent.seeds[selected],
                 "dataset": card.name,
                 "run_name": config.name,
+                "evaluation": agent.training.get("evaluation") or "none",
             },
             promote=tracking.promote,
         )

@@ -87,7 +87,7 @@ def test_constraints_resolve_against_the_plants_own_names():
     compiled = task.compile_constraints(spec)
     assert compiled.names == ("bounds/valve_pct", "rate/pump_pct", "pump-when-high")
     bad = ConstraintSpec.from_dict({"action_bounds": {"valve_position": [0, 90]}})
-    with pytest.raises(ConstraintSpecError, match="action_bounds.valve_position"):
+    with pytest.raises(ConstraintSpecError, match=r"action_bounds\.valve_position"):
         task.compile_constraints(bad)
     typo = ConstraintSpec.from_dict(
         {
@@ -121,5 +121,5 @@ def test_data_that_disagrees_is_refused_naming_what_differs():
         task.check_data(**{**fits, "action_size": 3})
     with pytest.raises(TaskError, match="2 cost channels"):
         task.check_data(**{**fits, "n_costs": 2})
-    with pytest.raises(TaskError, match="observation names differ.*'level' vs 'level_m'"):
+    with pytest.raises(TaskError, match=r"observation names differ.*'level' vs 'level_m'"):
         task.check_data(**fits, observation_names=("level", "temperature_c", "inflow_m3h"))

@@ -21,11 +21,12 @@ from neorl_industrial.core.safety import (
     shield,
     violations,
 )
+from neorl_industrial.wrappers.constraint_files import load_constraint_spec
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "configs" / "constraints" / "ib-example.yaml"
 OBS = ("setpoint", "velocity", "gain", "shift", "fatigue", "consumption")
 ACT = ("velocity", "gain", "shift")
-IB = ConstraintSpec.from_yaml(EXAMPLE).compile(6, 3, OBS, ACT)
+IB = load_constraint_spec(EXAMPLE).compile(6, 3, OBS, ACT)
 
 fast_shield = jax.jit(shield)
 fast_satisfies = jax.jit(satisfies)

@@ -8,6 +8,11 @@ import numpy as np
 import pytest
 
 from neorl_industrial.core.safety import ConstraintSpec, ConstraintSpecError
+from neorl_industrial.wrappers.constraint_files import (
+    constraint_spec_from_text,
+    constraint_spec_yaml,
+    load_constraint_spec,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "configs" / "constraints" / "ib-example.yaml"
 OBS = ("setpoint", "velocity", "gain", "shift", "fatigue", "consumption")
@@ -15,8 +20,8 @@ ACT = ("velocity", "gain", "shift")
 
 
 def test_example_loads_compiles_and_round_trips():
-    spec = ConstraintSpec.from_yaml(EXAMPLE)
-    again = ConstraintSpec.from_yaml_text(spec.to_yaml())
+    spec = load_constraint_spec(EXAMPLE)
+    again = constraint_spec_from_text(constraint_spec_yaml(spec))
     assert again == spec
     compiled = spec.compile(6, 3, OBS, ACT)
     assert compiled.names == spec.hard_names
@@ -62,18 +67,18 @@ def test_default_names_when_the_environment_gives_none():
 )
 def test_invalid_specs_name_the_field(text, expected):
     with pytest.raises(ConstraintSpecError, match=expected.replace("[", r"\[").replace("]", r"\]")):
-        ConstraintSpec.from_yaml_text(text, "plant.yaml")
+        constraint_spec_from_text(text, "plant.yaml")
 
 
 def test_errors_name_the_file(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("rate_limits: {gain: x}\n")
     with pytest.raises(ConstraintSpecError, match=r"broken.yaml: rate_limits.gain"):
-        ConstraintSpec.from_yaml(path)
+        load_constraint_spec(path)
     with pytest.raises(ConstraintSpecError, match="not valid YAML"):
-        ConstraintSpec.from_yaml_text("a: [1, 2", "x.yaml")
+        constraint_spec_from_text("a: [1, 2", "x.yaml")
     with pytest.raises(ConstraintSpecError, match="cannot read"):
-        ConstraintSpec.from_yaml(tmp_path / "missing.yaml")
+        load_constraint_spec(tmp_path / "missing.yaml")
 
 
 @pytest.mark.parametrize(
@@ -131,7 +136,7 @@ def test_the_ib_default_constraints_are_the_example_file():
 
     env, _ = make("IB-v0")
     default = env.default_constraints()
-    example = ConstraintSpec.from_yaml(EXAMPLE)
+    example = load_constraint_spec(EXAMPLE)
     assert default.model_dump(exclude={"description"}) == example.model_dump(
         exclude={"description"}
     )

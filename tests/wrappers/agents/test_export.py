@@ -17,8 +17,9 @@ import pytest
 
 from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
 from neorl_industrial.core.environments import make
-from neorl_industrial.core.safety import ConstraintSpec, shield
+from neorl_industrial.core.safety import shield
 from neorl_industrial.wrappers.agents import PolicyArtifact, PolicyArtifactError, export_policy
+from neorl_industrial.wrappers.constraint_files import load_constraint_spec
 
 SPEC_FILE = Path(__file__).resolve().parents[3] / "configs" / "constraints" / "ib-example.yaml"
 TRAINING_MODULES = (
@@ -35,7 +36,7 @@ class Policy:
     def __init__(self):
         env, _ = make("IB-v0", observation="classic")
         self.env = env
-        self.spec = ConstraintSpec.from_yaml(SPEC_FILE)
+        self.spec = load_constraint_spec(SPEC_FILE)
         self.algorithm = make_td3bc(TD3BCConfig(hidden=(32, 32)), 6, 3)
         self.params = self.algorithm.init(jax.random.key(0)).policy
         self.compiled = self.spec.compile(6, 3, env.observation_names, env.action_names)

@@ -1,4 +1,5 @@
-"""Constraint specifications: validated data (pydantic, YAML) compiled into PyTrees.
+"""Constraint specifications: validated data (pydantic) compiled into PyTrees. Files (YAML)
+are read and written by ``neorl_industrial.wrappers.constraint_files``.
 
 A :class:`ConstraintSpec` names features and actions; :meth:`ConstraintSpec.compile`
 resolves those names against an environment's ``observation_names`` and ``action_names``
@@ -24,11 +25,9 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
@@ -226,25 +225,6 @@ class ConstraintSpec(_Model):
         except ValidationError as error:
             raise ConstraintSpecError(_describe(error, source)) from None
 
-    @classmethod
-    def from_yaml_text(cls, text: str, source: str = "constraint spec") -> ConstraintSpec:
-        """Parses and validates YAML text."""
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise ConstraintSpecError(f"{source}: not valid YAML: {error}") from None
-        return cls.from_dict(data if data is not None else {}, source)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> ConstraintSpec:
-        """Loads a YAML file; errors name the file and the field."""
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as error:
-            raise ConstraintSpecError(f"{path}: cannot read the constraint spec: {error}") from None
-        return cls.from_yaml_text(text, str(path))
-
     def to_dict(self) -> dict[str, Any]:
         """Plain data that :meth:`from_dict` turns back into this spec."""
         data = self.model_dump(mode="json", exclude_none=True)
@@ -252,9 +232,6 @@ class ConstraintSpec(_Model):
             action: [bound.low, bound.high] for action, bound in self.action_bounds.items()
         }
         return data
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @property
     def hard_names(self) -> tuple[str, ...]:

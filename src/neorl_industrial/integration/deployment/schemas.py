@@ -29,7 +29,9 @@ class ActRequest(BaseModel):
 
     observation: list[Finite] = Field(description="one value per observation feature")
     prev_action: list[Finite] | None = Field(
-        default=None, description="the action applied at the previous step (zeros if left out)"
+        default=None,
+        description="the action applied at the previous step, in plant units; left out: "
+        "unknown, and rate limits cannot apply",
     )
     request_id: RequestId | None = None
 

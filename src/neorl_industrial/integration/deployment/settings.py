@@ -15,9 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from neorl_industrial.wrappers.hostio import YamlError, read_yaml
 
 __all__ = ["ROLES", "ServerSettings", "SettingsError"]
 
@@ -99,8 +100,8 @@ class ServerSettings(BaseSettings):
         if self.api_keys_file is not None:
             path = self.api_keys_file
             try:
-                loaded = yaml.safe_load(path.read_text()) or {}
-            except (OSError, yaml.YAMLError) as error:
+                loaded = read_yaml(path, what="API keys file") or {}
+            except YamlError as error:
                 raise SettingsError(f"api_keys_file {path}: cannot be read: {error}") from None
             if not isinstance(loaded, dict):
                 raise SettingsError(f"api_keys_file {path}: expected a mapping of role to keys")

@@ -2,7 +2,9 @@
 
 Both take the Trainer's history (one entry per chunk: ``updates`` and the mean metrics
 per run) and evaluations (``updates`` and one metrics dict per run); a line per seed,
-the mean over seeds in black.
+the mean over seeds in black. Off-policy estimates (a task without a simulator) are drawn
+as estimates: points with their 95 % interval, titled as FQE estimates, beside the logged
+operation's own return.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ def _figure(n_panels: int) -> tuple[Any, list[Any]]:
 
 def _runs_lines(axis: Any, steps: np.ndarray, values: np.ndarray, seeds: Sequence[int]) -> None:
     """values: [steps, runs]."""
+    marker = "o" if len(steps) < 3 else None  # a lone evaluation is a point, not a line
     for i, seed in enumerate(seeds):
-        axis.plot(steps, values[:, i], lw=1, alpha=0.6, label=f"seed {seed}")
+        axis.plot(steps, values[:, i], lw=1, alpha=0.6, marker=marker, label=f"seed {seed}")
     if values.shape[1] > 1:
         axis.plot(steps, np.nanmean(values, axis=1), color="black", lw=1.8, label="mean")
     axis.grid(alpha=0.3)
@@ -74,7 +77,16 @@ def learning_curves(
         )
         _runs_lines(axis, steps, values, seeds)
         axis.set_title(name)
-    if evaluations:
+    if evaluations and _estimates(evaluations):
+        _estimate_panel(axes[len(names)], evaluations, seeds, "return", "return_ci")
+        behaviour = evaluations[-1]["runs"][0].get("behaviour_return")
+        if behaviour is not None:
+            axes[len(names)].axhline(
+                behaviour, color="gray", ls=":", lw=1.2, label="logged operation"
+            )
+        axes[len(names)].set_title("off-policy estimate (FQE): discounted return")
+        axes[len(names)].legend(fontsize=7)
+    elif evaluations:
         axis = axes[len(names)]
         steps_e = np.asarray([e["updates"] for e in evaluations])
         key = "normalized_return" if "normalized_return" in evaluations[0]["runs"][0] else "return"
@@ -101,6 +113,8 @@ def safety_plot(
         return None
     first = evaluations[0]["runs"][0]
     channels = sorted(first.get("normalized_cost_per_channel") or {})
+    if _estimates(evaluations):
+        return _estimated_safety_plot(evaluations, seeds, channels, path, title)
     panels = len(channels) + 2
     figure, axes = _figure(panels)
     steps = np.asarray([e["updates"] for e in evaluations])
@@ -122,6 +136,57 @@ def safety_plot(
         _runs_lines(axis, steps, values, seeds)
         axis.set_title(label)
         axis.set_ylim(bottom=0)
+    axes[0].legend(fontsize=7)
+    if title:
+        figure.suptitle(title)
+    return _save(figure, path)
+
+
+def _estimates(evaluations: Sequence[dict[str, Any]]) -> bool:
+    return evaluations[0]["runs"][0].get("estimate") is not None
+
+
+def _estimate_panel(
+    axis: Any, evaluations: Sequence[dict[str, Any]], seeds: Sequence[int], key: str, ci: str
+) -> None:
+    """The final estimate of each seed's policy with its 95 % interval (estimates are
+    made once, at the end of training)."""
+    runs = evaluations[-1]["runs"]
+    positions = np.arange(len(seeds))
+    values = [run.get(key) for run in runs]
+    errors = [run.get(ci) or 0.0 for run in runs]
+    axis.errorbar(positions, values, yerr=errors, fmt="o", capsize=4, label="estimate ± 95 %")
+    axis.set_xticks(positions, [f"seed {seed}" for seed in seeds])
+    axis.set_xlim(-0.5, len(seeds) - 0.5)
+    axis.grid(alpha=0.3)
+    axis.set_xlabel(f"policy after {evaluations[-1]['updates']:,} updates")
+
+
+def _estimated_safety_plot(
+    evaluations: Sequence[dict[str, Any]],
+    seeds: Sequence[int],
+    channels: list[str],
+    path: str | Path,
+    title: str,
+) -> Path:
+    figure, axes = _figure(len(channels) + 1)
+    runs = evaluations[-1]["runs"]
+    positions = np.arange(len(seeds))
+    labels = [f"seed {seed}" for seed in seeds]
+    for axis, channel in zip(axes, channels, strict=False):
+        values = [run["normalized_cost_per_channel"][channel] for run in runs]
+        axis.plot(positions, values, "o", label="estimate")
+        axis.axhline(1.0, color="red", ls="--", lw=1.2, label="limit")
+        axis.set_title(f"{channel}: estimated cost / limit (FQE)")
+        axis.set_ylim(bottom=0, top=max(1.2, 1.1 * max(values)))
+    overrides = [run.get("override_rate", np.nan) for run in runs]
+    axes[len(channels)].bar(positions, overrides, color="tab:orange", alpha=0.8)
+    axes[len(channels)].set_title("shield overrides (fraction of held-out states)")
+    for axis in axes:
+        axis.set_xticks(positions, labels)
+        axis.set_xlim(-0.5, len(seeds) - 0.5)
+        axis.grid(alpha=0.3)
+        axis.set_xlabel(f"policy after {evaluations[-1]['updates']:,} updates")
     axes[0].legend(fontsize=7)
     if title:
         figure.suptitle(title)

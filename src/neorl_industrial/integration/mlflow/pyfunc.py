@@ -29,6 +29,7 @@ from typing import Any
 import mlflow
 import numpy as np
 
+from neorl_industrial.wrappers.constraint_files import constraint_spec_yaml
 from neorl_industrial.wrappers.hostio import write_json_atomic
 
 __all__ = [
@@ -177,7 +178,7 @@ def log_policy_model(
     with tempfile.TemporaryDirectory() as scratch:
         artifacts = {"policy": str(policy_dir)}
         spec_path = Path(scratch) / "constraints.yaml"
-        spec_path.write_text(artifact.constraint_spec.to_yaml())
+        spec_path.write_text(constraint_spec_yaml(artifact.constraint_spec))
         artifacts["constraints"] = str(spec_path)
         if dataset_card is not None:
             card_path = write_json_atomic(Path(scratch) / "dataset.json", dataset_card)

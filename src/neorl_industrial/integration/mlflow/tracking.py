@@ -279,6 +279,8 @@ class MlflowTracker(Callback):
         self.sender.submit("log_batch", PARENT, metrics=parent)
 
     def _eval_metrics(self, run: dict[str, Any]) -> dict[str, float]:
+        if run.get("estimate") is not None:
+            return _estimate_metrics(run)
         row = {}
         for name in EVAL_METRICS:
             value = _number(run.get(name))
@@ -303,15 +305,17 @@ class MlflowTracker(Callback):
         now = int(time.time() * 1000)
         step = int(np.asarray(result.state.updates)[0])
         parent = []
+        estimated = any(b and b["metrics"].get("estimate") for b in result.best)
+        prefix = "best/ope_" if estimated else "best/"
         for name, stats in result.summary.items():
-            if name == "episodes":
+            if name in ("episodes", "heldout_episodes", "fqe_updates", "fqe_seeds", "discount"):
                 continue
             mean = _number(stats.get("mean"))
             if mean is not None:
-                parent.append((f"best/{name}_mean", mean, step, now))
+                parent.append((f"{prefix}{name}_mean", mean, step, now))
             ci = _number(stats.get("ci"))
             if ci is not None:
-                parent.append((f"best/{name}_ci95", ci, step, now))
+                parent.append((f"{prefix}{name}_ci95", ci, step, now))
         tags = {"best_run_seed": str(self.seeds[result.best_run])} if self.seeds else {}
         tags["stopped_early"] = str(result.stopped_early).lower()
         self.sender.submit("log_batch", PARENT, metrics=parent, tags=tags)
@@ -396,3 +400,22 @@ class MlflowTracker(Callback):
         write_json_atomic(
             self.run_dir / RUNS_FILE, {"tracking_uri": self.tracking_uri, "runs": runs}
         )
+
+
+#: Off-policy estimates, logged under ``ope/`` so they are never read as measurements.
+OPE_METRICS = ("return", "return_ci", "behaviour_return", "normalized_cost", "override_rate")
+
+
+def _estimate_metrics(run: dict[str, Any]) -> dict[str, float]:
+    row = {}
+    for name in OPE_METRICS:
+        value = _number(run.get(name))
+        if value is not None:
+            row[f"ope/{name}"] = value
+    for group in ("normalized_cost_per_channel", "cost_value"):
+        for channel, value in (run.get(group) or {}).items():
+            number = _number(value)
+            if number is not None:
+                name = "normalized_cost" if group == "normalized_cost_per_channel" else group
+                row[f"ope/{name}/{channel}"] = number
+    return row

@@ -56,13 +56,12 @@ from neorl_industrial.functional.state_management import (
     split_episodes,
     with_action_scaling,
 )
-from neorl_industrial.wrappers.hostio import (
-    YamlError,
-    atomic_directory,
-    load_yaml_text,
-    read_yaml,
-    to_json_data,
+from neorl_industrial.wrappers.constraint_files import (
+    constraint_spec_from_text,
+    constraint_spec_yaml,
+    load_constraint_spec,
 )
+from neorl_industrial.wrappers.hostio import atomic_directory, to_json_data
 from neorl_industrial.wrappers.training import (
     Callback,
     Evaluator,
@@ -83,32 +82,6 @@ DEFAULT_ENV = "IB-v0"
 
 class AgentError(ValueError):
     """An agent that cannot do what was asked: names the argument, file or field."""
-
-
-def load_constraint_spec(source: ConstraintSpec | str | Path | Mapping[str, Any]) -> ConstraintSpec:
-    """A constraint spec from a YAML file, a mapping, or a spec.
-
-    Raises:
-        ConstraintSpecError: naming the file and field.
-    """
-    if isinstance(source, ConstraintSpec):
-        return source
-    if isinstance(source, Mapping):
-        return ConstraintSpec.from_dict(source)
-    try:
-        data = read_yaml(source, what="constraint spec")
-    except YamlError as error:
-        raise ConstraintSpecError(str(error)) from None
-    return ConstraintSpec.from_dict(data if data is not None else {}, str(source))
-
-
-def constraint_spec_from_text(text: str, source: str) -> ConstraintSpec:
-    """A constraint spec from YAML text (as stored in a manifest)."""
-    try:
-        data = load_yaml_text(text, source)
-    except YamlError as error:
-        raise ConstraintSpecError(str(error)) from None
-    return ConstraintSpec.from_dict(data if data is not None else {}, source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -666,7 +639,7 @@ class Agent:
             "action_size": self.task.action_size,
             "observation_names": list(self.task.observation_names),
             "action_names": list(self.task.action_names),
-            "constraints": self.constraint_spec.to_yaml(),
+            "constraints": constraint_spec_yaml(self.constraint_spec),
             "cost_limits": self.cost_limits,
             "cost_names": list(self.cost_names),
             "seeds": self.seeds,

@@ -29,6 +29,7 @@ from neorl_industrial.core.safety.shield import (
     OVERRIDDEN,
     PROJECTED,
 )
+from neorl_industrial.wrappers.constraint_files import constraint_spec_from_text
 
 __all__ = [
     "FORMAT",
@@ -299,7 +300,7 @@ class PolicyArtifact:
     @property
     def constraint_spec(self) -> ConstraintSpec:
         try:
-            return ConstraintSpec.from_yaml_text(self._spec_text, str(self._path / CONSTRAINTS))
+            return constraint_spec_from_text(self._spec_text, str(self._path / CONSTRAINTS))
         except ConstraintSpecError as error:
             raise PolicyArtifactError(str(error)) from None
 

@@ -53,6 +53,7 @@ from neorl_industrial.wrappers.agents.artifact import (
     PolicyDecision,
     _digest,
 )
+from neorl_industrial.wrappers.constraint_files import constraint_spec_yaml
 from neorl_industrial.wrappers.hostio import atomic_directory, to_json_data
 
 __all__ = [
@@ -167,7 +168,7 @@ def export_policy(
                 f"{name}: cannot export the policy for platforms {list(platforms)}: {error}"
             ) from error
         functions.append({"file": name, "min_batch": min_batch})
-    files[CONSTRAINTS] = spec.to_yaml().encode()
+    files[CONSTRAINTS] = constraint_spec_yaml(spec).encode()
     files[PARAMETERS] = serialization.msgpack_serialize(_parameters_by_path(policy_params))
 
     manifest: dict[str, Any] = {
@@ -245,7 +246,7 @@ def _effective_spec(
         spec = ConstraintSpec(name="action-bounds", description="the plant's action bounds")
     elif not isinstance(spec, ConstraintSpec):
         raise PolicyArtifactError(
-            f"constraints_spec: expected a ConstraintSpec (e.g. ConstraintSpec.from_yaml), "
+            f"constraints_spec: expected a ConstraintSpec (e.g. load_constraint_spec), "
             f"got {type(spec).__name__}"
         )
     bounds = {name: [bound.low, bound.high] for name, bound in spec.action_bounds.items()}
