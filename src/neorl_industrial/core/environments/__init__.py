@@ -8,7 +8,6 @@ from neorl_industrial.core.environments.industrial_benchmark import (
     IndustrialBenchmark,
 )
 from neorl_industrial.core.environments.registry import EnvSpec, make, register, registered_envs
-from neorl_industrial.core.environments.task import Task, TaskError
 from neorl_industrial.core.environments.rollout import (
     Policy,
     RolloutResult,
@@ -18,6 +17,7 @@ from neorl_industrial.core.environments.rollout import (
     scan_single,
     uniform_random_policy,
 )
+from neorl_industrial.core.environments.task import Task, TaskError
 
 __all__ = [
     "EnvSpec",

@@ -13,7 +13,6 @@ import numpy as np
 from flax import struct
 
 from neorl_industrial.core.agents.types import Algorithm
-
 from neorl_industrial.functional.state_management.dataset import Dataset
 
 #: Standard deviations below this are treated as constant features (kept unscaled).
