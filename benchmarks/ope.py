@@ -52,6 +52,7 @@ from benchmarks.harness import (
     system_info,
     utc_timestamp,
 )
+from neorl_industrial.functional.transformations.evaluation import discounted_values
 
 NAME = "ope"
 DESCRIPTION = "FQE estimates of return and cost against the simulator's (IB-v0, 7 policies)"
@@ -91,47 +92,6 @@ def concatenate(datasets: Sequence[Any]) -> Any:
     arrays = {field: np.concatenate([getattr(part, field) for part in parts]) for field in fields}
     lengths = np.concatenate([part.episode_lengths for part in parts])
     return Dataset.from_arrays(**arrays, episode_lengths=lengths)
-
-
-def discounted_values(
-    key: Any,
-    env: Any,
-    env_params: Any,
-    policy: Callable[[Any], Any],
-    n_episodes: int,
-    horizon: int,
-    discount: float,
-) -> tuple[Any, Any]:
-    """Discounted return ``[n_episodes]`` and discounted costs ``[n_episodes, n_costs]``
-    of ``n_episodes`` episodes of ``horizon`` steps from the environment's reset
-    distribution, ``policy(observations[B, obs]) -> actions[B, act]`` acting in all of them
-    at once. Pure; jit it at the call site (``env``, ``policy`` and the sizes static)."""
-    import jax
-    import jax.numpy as jnp
-
-    reset_key, loop_key = jax.random.split(key)
-    states, timestep = env.reset_batch(reset_key, n_episodes, env_params)
-
-    def one_step(carry, step_key):
-        states, observations, returns, costs, weight = carry
-        # the key of rollout's environment step: both see the same noise for one key
-        _, env_key = jax.random.split(step_key)
-        states, timestep = env.step_batch(env_key, states, policy(observations), env_params)
-        returns = returns + weight * timestep.reward
-        costs = costs + weight * timestep.cost
-        return (states, timestep.observation, returns, costs, weight * discount), None
-
-    carry = (
-        states,
-        timestep.observation,
-        jnp.zeros((n_episodes,), jnp.float32),
-        jnp.zeros((n_episodes, env.n_costs), jnp.float32),
-        jnp.ones((), jnp.float32),
-    )
-    (_, _, returns, costs, _), _ = jax.lax.scan(
-        one_step, carry, jax.random.split(loop_key, horizon)
-    )
-    return returns, costs
 
 
 def make_policies(env_id: str) -> dict[str, Callable[[Any], Any]]:

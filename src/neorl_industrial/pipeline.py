@@ -352,6 +352,7 @@ def run_training(
             "stopped_early": result.stopped_early,
         },
         "evaluations": result.evaluations,
+        "ope_beside_simulator": agent.training.get("ope"),
         "best": result.best,
         "summary": result.summary,
         "selected_run": agent.selected,

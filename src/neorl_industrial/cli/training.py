@@ -59,6 +59,8 @@ def _train_and_report(config, *, resume: bool, console: Console) -> int:
     )
     report = outcome.report
     console.print(_summary_table(report))
+    if report.get("ope_beside_simulator"):
+        console.print(_side_by_side_table(report))
     data, training = report["data"], report["training"]
     rate = training["updates_per_s"]
     console.print(
@@ -186,6 +188,25 @@ def _estimates(title: str, rows: list, selected: int) -> Table:
         "own; estimated cost over what the episode limit allows (<= 1: within). "
         "* the run the agent predicts with."
     )
+    return table
+
+
+def _side_by_side_table(report: dict) -> Table:
+    """FQE's estimates next to the simulator's truth for the same policies."""
+    table = Table(title="off-policy estimates (FQE, held-out episodes) beside the simulator")
+    for column in ("run", "FQE return", "simulated", "error", "FQE cost / limit"):
+        table.add_column(column, justify="right")
+    for i, row in enumerate(report["ope_beside_simulator"]):
+        ci = row.get("return_ci")
+        cost = row.get("normalized_cost")
+        table.add_row(
+            str(i),
+            f"{row['return']:,.1f}" + (f" ± {ci:,.1f}" if ci is not None else ""),
+            f"{row['simulated_return']:,.1f}",
+            f"{100 * row['relative_error']:+.1f} %",
+            "-" if cost is None else f"{cost:.2f}",
+        )
+    table.caption = "Discounted returns from an episode start (γ of the FQE settings)."
     return table
 
 

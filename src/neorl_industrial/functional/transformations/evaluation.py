@@ -36,6 +36,45 @@ class EpisodeStats:
     invalid_actions: jax.Array  # [n] int32 non-finite proposed actions
 
 
+def discounted_values(
+    key: jax.Array,
+    env: Environment,
+    env_params: Any,
+    policy: Any,
+    n_episodes: int,
+    horizon: int,
+    discount: float,
+) -> tuple[jax.Array, jax.Array]:
+    """Discounted return ``[n_episodes]`` and discounted costs ``[n_episodes, n_costs]``
+    of ``n_episodes`` episodes of ``horizon`` steps from the environment's reset
+    distribution, ``policy(observations[B, obs]) -> actions[B, act]`` acting in all of
+    them at once: the simulator's truth for an off-policy estimate. Pure; jit it at the
+    call site (``env``, ``policy`` and the sizes static)."""
+    reset_key, loop_key = jax.random.split(key)
+    states, timestep = env.reset_batch(reset_key, n_episodes, env_params)
+
+    def one_step(carry, step_key):
+        states, observations, returns, costs, weight = carry
+        # the key of rollout's environment step: both see the same noise for one key
+        _, env_key = jax.random.split(step_key)
+        states, timestep = env.step_batch(env_key, states, policy(observations), env_params)
+        returns = returns + weight * timestep.reward
+        costs = costs + weight * timestep.cost
+        return (states, timestep.observation, returns, costs, weight * discount), None
+
+    carry = (
+        states,
+        timestep.observation,
+        jnp.zeros((n_episodes,), jnp.float32),
+        jnp.zeros((n_episodes, env.n_costs), jnp.float32),
+        jnp.ones((), jnp.float32),
+    )
+    (_, _, returns, costs, _), _ = jax.lax.scan(
+        one_step, carry, jax.random.split(loop_key, horizon)
+    )
+    return returns, costs
+
+
 def evaluate(
     key: jax.Array,
     env: Environment,

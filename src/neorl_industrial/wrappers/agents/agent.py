@@ -389,10 +389,13 @@ class Agent:
             data = data.replace(actions=self.scaler.scale(data.actions))
         self._build(hyperparameters)
         evaluator: Any = None
-        if evaluate and heldout is not None:
-            evaluator = self._ope_evaluator(heldout, ope, hyperparameters)
-        elif evaluate and self.task.has_simulator:
+        ope_evaluator = None
+        if heldout is not None:
+            ope_evaluator = self._ope_evaluator(heldout, ope, hyperparameters)
+        if evaluate and self.task.has_simulator:
             evaluator = self._evaluator(eval_episodes, eval_horizon, eval_shield, eval_seed)
+        elif evaluate:
+            evaluator = ope_evaluator
         if progress:
             from neorl_industrial.wrappers.training import RichProgress
 
@@ -404,7 +407,7 @@ class Agent:
             batch_size=batch_size,
             chunk_updates=chunk,
             evaluator=evaluator,
-            eval_every=eval_every if heldout is None else 0,
+            eval_every=eval_every if evaluator is not ope_evaluator else 0,
             patience=patience,
             checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every,
@@ -436,7 +439,9 @@ class Agent:
             "seeds": self.seeds,
             "batch_size": batch_size,
             "reward_scaling": reward_scaling,
-            "evaluation": "fqe" if heldout is not None else ("simulator" if evaluator else None),
+            "evaluation": None
+            if evaluator is None
+            else ("fqe" if evaluator is ope_evaluator else "simulator"),
             "dataset": {
                 "name": getattr(dataset, "name", None),
                 "transitions": dataset.n_transitions,
@@ -450,7 +455,41 @@ class Agent:
             "stopped_early": result.stopped_early,
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         }
+        if ope_evaluator is not None and evaluator is not ope_evaluator:
+            # Beside the simulator: how far the estimates are from the truth.
+            self.training["ope"] = self._side_by_side(ope_evaluator, eval_episodes, eval_seed)
         return result
+
+    def _side_by_side(
+        self, ope_evaluator: OffPolicyEvaluator, episodes: int, seed: int
+    ) -> list[dict[str, Any]]:
+        """FQE's estimates of every run's final choice next to the simulator's discounted
+        return and costs of the same (shielded) policy from the reset distribution."""
+        from neorl_industrial.functional.transformations.evaluation import discounted_values
+
+        rows = ope_evaluator(self.policies, 0)
+        env, params = self.simulator
+        horizon = int(params.horizon)
+        scaler = self.scaler
+        for run, row in enumerate(rows):
+            act = ope_evaluator.policy_function(self.policy(run))
+
+            def policy(observations: jax.Array, act: Any = act) -> jax.Array:
+                actions = act(observations)
+                return actions if scaler is None else scaler.unscale(actions)
+
+            returns, costs = jax.jit(
+                lambda key, policy=policy: discounted_values(
+                    key, env, params, policy, episodes, horizon, ope_evaluator.discount
+                )
+            )(jax.random.PRNGKey(seed))
+            simulated = float(np.mean(np.asarray(returns)))
+            row["simulated_return"] = simulated
+            row["relative_error"] = (row["return"] - simulated) / max(abs(simulated), 1e-9)
+            row["simulated_cost_value"] = dict(
+                zip(env.cost_names, np.asarray(costs).mean(0).tolist(), strict=True)
+            )
+        return rows
 
     def _evaluator(
         self, episodes: int, horizon: int | None, shield_actions: bool, seed: int
