@@ -117,7 +117,9 @@ def make_td3bc_lag(config: TD3BCLagConfig, obs_size: int, action_size: int) -> A
         )
         multiplier = state.lagrangian.multiplier
 
-        def cost_penalty(policy_actions: jax.Array):
+        def cost_penalty(policy_actions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+            # ``sum_c λ_c Q_c(s, π(s))`` (each pair's mean), its magnitude, and the
+            # policy's estimated cost value per channel, which the multipliers step on.
             qc_policy = jnp.mean(costs.q_values(cost_state.critic, observations, policy_actions), 1)
             scale = multiplier @ jnp.mean(jnp.abs(qc_policy), 1)
             return multiplier @ qc_policy, scale, jnp.mean(qc_policy, axis=1)
