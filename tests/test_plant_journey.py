@@ -1,10 +1,15 @@
 """The whole journey for a plant with no simulator behind it, on the shipped example log
-(examples/mixing-tank): import, train, off-policy evaluation, export, serve (one request
-the shield passes, one it overrides, one of the wrong length), and MLflow."""
+(examples/mixing-tank), run as the README prints it: import, train (off-policy
+evaluation), evaluate --ope, serve, two requests (one the shield passes, one it
+overrides); then the outputs, one more request of the wrong length, and MLflow."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,46 +17,48 @@ from fastapi.testclient import TestClient
 
 from neorl_industrial.cli import main
 from neorl_industrial.integration.deployment import ServerSettings, create_app
+from tests.readme import link_repository, plant_journey
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mixing-tank"
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def journey(tmp_path_factory):
     root = tmp_path_factory.mktemp("plant")
-    dataset = root / "datasets" / "mixing-tank"
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    assert (
-        main(
-            [
-                "--no-cache",
-                "datasets",
-                "import",
-                str(EXAMPLE / "mixing_tank.csv"),
-                "--schema",
-                str(EXAMPLE / "schema.yaml"),
-                "--out",
-                str(dataset),
-            ]
-        )
-        == 0
-    )
-    overrides = {
-        "data.path": str(dataset),
-        "safety.constraints": str(EXAMPLE / "constraints.yaml"),
-        "output": str(root / "runs"),
-        "training.updates": 200,
-        "training.chunk": 100,
-        "training.seeds": "[0,1]",
-        "algorithm.hyperparameters.hidden": "[16,16]",
-        "evaluation.ope.updates": 200,
-        "evaluation.ope.seeds": "[0,1]",
-        "tracking.uri": uri,
+    link_repository(root)
+    # As printed, but on a free port (8000 may be taken on a test machine).
+    script = plant_journey().replace("8000", str(_free_port()))
+    environment = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    sets = [item for key, value in overrides.items() for item in ("--set", f"{key}={value}")]
-    assert main(["--no-cache", "train", "-c", str(EXAMPLE / "run.yaml"), *sets]) == 0
-    run = root / "runs" / "mixing-tank-iql-lag"
-    return {"root": root, "dataset": dataset, "run": run, "uri": uri}
+    environment.pop("MLFLOW_TRACKING_URI", None)
+    done = subprocess.run(
+        ["bash", "-e", "-c", script],
+        cwd=root,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    decoder, responses, start = json.JSONDecoder(), [], done.stdout.find('{"action"')
+    while start >= 0:
+        response, end = decoder.raw_decode(done.stdout, start)
+        responses.append(response)
+        start = done.stdout.find('{"action"', end)
+    return {
+        "root": root,
+        "dataset": root / "datasets" / "mixing-tank",
+        "run": root / "runs" / "mixing-tank-iql-lag",
+        "uri": f"sqlite:///{root / 'mlflow.db'}",
+        "responses": responses,
+        "stdout": done.stdout,
+    }
 
 
 def test_training_on_a_plant_log_is_evaluated_off_policy_and_says_so(journey):
@@ -69,6 +76,7 @@ def test_training_on_a_plant_log_is_evaluated_off_policy_and_says_so(journey):
 
 def test_evaluate_needs_logged_data_for_a_plant_and_estimates_with_it(journey, capsys):
     agent = str(journey["run"] / "agent")
+    assert "off-policy estimates (FQE)" in journey["stdout"]
     assert main(["--no-cache", "evaluate", agent]) == 2
     assert "has no simulator" in capsys.readouterr().out
     out = journey["root"] / "estimates.json"
@@ -87,38 +95,31 @@ def test_evaluate_needs_logged_data_for_a_plant_and_estimates_with_it(journey, c
     )
     assert code == 0
     estimates = json.loads(out.read_text())["ope"]
-    assert estimates["estimate"] == "fqe" and len(estimates["runs"]) == 2
+    assert estimates["estimate"] == "fqe" and len(estimates["runs"]) == 3
 
 
 def test_the_served_plant_policy_speaks_plant_units_through_the_plants_shield(journey):
+    calm, held = journey["responses"]
+    valve, pump = calm["action"]
+    assert 30.0 <= valve <= 60.0 and 10.0 <= pump <= 100.0  # percent, not [-1, 1]
+    assert set(calm["report"]["margin"]) == {
+        "bounds/valve_pct",
+        "bounds/pump_pct",
+        "rate/valve_pct",
+        "pump-hard-when-level-high",
+        "valve-not-far-above-pump",
+    }
+    # The valve was at 95 %: it may close by 15 % per step at most, whatever the policy
+    # proposes, and with the level high the pump must run at 60 % or more.
+    report = held["report"]
+    valve, pump = held["action"]
+    assert report["overridden"] and "rate/valve_pct" in report["violated"]
+    assert valve >= 80.0 - 1e-3 and pump >= 60.0 - 1e-3 and valve - pump <= 40.0 + 1e-3
     settings = ServerSettings(model=str(journey["run"] / "policy"), auth=False)
     with TestClient(create_app(settings)) as client:
-        calm = client.post(
-            "/v1/act", json={"observation": [1.9, 50.0, 18.0], "prev_action": [45.0, 45.0]}
-        )
-        assert calm.status_code == 200, calm.text
-        body = calm.json()
-        valve, pump = body["action"]
-        assert 30.0 <= valve <= 60.0 and 10.0 <= pump <= 100.0  # percent, not [-1, 1]
-        assert set(body["report"]["margin"]) == {
-            "bounds/valve_pct",
-            "bounds/pump_pct",
-            "rate/valve_pct",
-            "pump-hard-when-level-high",
-            "valve-not-far-above-pump",
-        }
-        # The valve was at 95 %: it may close by 15 % per step at most, whatever the policy
-        # proposes, and the pump must then run within 40 % of it.
-        held = client.post(
-            "/v1/act", json={"observation": [2.7, 50.0, 30.0], "prev_action": [95.0, 50.0]}
-        )
-        report = held.json()["report"]
-        valve, pump = held.json()["action"]
-        assert report["overridden"] and "rate/valve_pct" in report["violated"]
-        assert valve >= 80.0 - 1e-3 and pump >= 60.0 - 1e-3 and valve - pump <= 40.0 + 1e-3
         wrong = client.post("/v1/act", json={"observation": [2.7, 50.0]})
-        assert wrong.status_code == 422
-        assert "expected 3 values" in json.dumps(wrong.json())
+    assert wrong.status_code == 422
+    assert "expected 3 values" in json.dumps(wrong.json())
 
 
 def test_the_plant_run_lands_in_mlflow_with_its_registered_model(journey):
@@ -130,7 +131,7 @@ def test_the_plant_run_lands_in_mlflow_with_its_registered_model(journey):
         "tags.`task.kind` = 'plant'",
     )
     parents = [run for run in runs if "mlflow.parentRunId" not in run.data.tags]
-    assert len(parents) == 1 and len(runs) == 3, "a parent run and a run per seed"
+    assert len(parents) == 1 and len(runs) == 4, "a parent run and a run per seed"
     run = parents[0]
     assert {"ope/return", "best/ope_return_mean"} <= set(run.data.metrics)
     assert run.data.tags["evaluation"] == "fqe"

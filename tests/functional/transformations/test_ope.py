@@ -101,3 +101,30 @@ def test_bad_input_names_the_argument():
     )
     with pytest.raises(ValueError, match="dataset: has discrete actions"):
         fitted_q_evaluation(discrete, policy, **run)
+
+
+def test_a_batch_of_policies_is_evaluated_like_one_policy_at_a_time():
+    from neorl_industrial.functional.transformations.ope import fitted_q_evaluation_batch
+
+    dataset = _offset(two_state_dataset(), -200.0, 10.0)
+    gains = jnp.asarray([[0.0], [0.5], [-0.5]])
+
+    def act(gain, observations):
+        return jnp.tanh(gain * observations[:, :1]) * jnp.ones((1, dataset.action_size))
+
+    config = CONFIG
+    returns, costs = fitted_q_evaluation_batch(
+        dataset, act, gains, n_updates=200, seeds=(0, 1), batch_size=64, config=config
+    )
+    assert returns.shape == (3, 2) and costs.shape == (3, 2, dataset.n_costs)
+    for i in range(3):
+        one = fitted_q_evaluation(
+            dataset,
+            lambda o, gain=gains[i]: act(gain, o),
+            n_updates=200,
+            seeds=(0, 1),
+            batch_size=64,
+            config=config,
+        )
+        np.testing.assert_allclose(returns[i], one.returns, rtol=1e-4)
+        np.testing.assert_allclose(costs[i], one.costs, rtol=1e-4, atol=1e-5)

@@ -12,6 +12,7 @@ from neorl_industrial.core.utils.lazy import lazy_exports
 _EXPORTS = {
     "Agent": "neorl_industrial.wrappers.agents.agent",
     "AgentError": "neorl_industrial.wrappers.agents.agent",
+    "OPESettings": "neorl_industrial.wrappers.agents.agent",
     "PolicyArtifact": "neorl_industrial.wrappers.agents.artifact",
     "PolicyArtifactError": "neorl_industrial.wrappers.agents.artifact",
     "PolicyDecision": "neorl_industrial.wrappers.agents.artifact",

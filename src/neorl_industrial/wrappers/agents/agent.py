@@ -341,7 +341,8 @@ class Agent:
 
         ``reward_scaling``: ``std`` divides rewards by their spread for training (the
         policy's returns are unchanged); ``none`` keeps them. Costs are never scaled.
-        ``progress``: show the rich progress bar the command line shows.
+        ``progress``: show the rich progress bar the command line shows (and say whether
+        the fit is tracked in MLflow: it is when ``callbacks`` holds an ``MlflowTracker``).
 
         Raises:
             AgentError: for data that does not fit the agent, or bad settings.
@@ -399,7 +400,13 @@ class Agent:
         if progress:
             from neorl_industrial.wrappers.training import RichProgress
 
-            callbacks = [RichProgress(), *callbacks]
+            bar = RichProgress(metrics=("critic_loss",))
+            if not any(hasattr(callback, "tracking_uri") for callback in callbacks):
+                bar.console.print(
+                    "MLflow: this fit is not tracked (pass callbacks=[MlflowTracker(...)] from "
+                    "neorl_industrial.integration.mlflow, or train with `neorl-industrial train`)"
+                )
+            callbacks = [bar, *callbacks]
         trainer = Trainer(
             self.policy_algorithm,
             data,

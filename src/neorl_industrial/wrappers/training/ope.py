@@ -40,7 +40,7 @@ from neorl_industrial.core.agents.fqe import FQEConfig
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.core.safety import shield
 from neorl_industrial.functional.state_management import ActionScaler, Dataset
-from neorl_industrial.functional.transformations.ope import fitted_q_evaluation
+from neorl_industrial.functional.transformations.ope import fitted_q_evaluation_batch
 from neorl_industrial.wrappers.training.evaluation import mean_confidence_interval
 
 __all__ = ["OffPolicyEvaluator", "discounted_start_returns"]
@@ -131,50 +131,49 @@ class OffPolicyEvaluator:
         overridden, fallback = jax.device_get(jax.jit(jax.vmap(rates))(policies))
         return np.asarray(overridden, np.float64), np.asarray(fallback, np.float64)
 
-    def policy_function(self, policy_params: Any) -> Any:
-        """``observations [B, obs] -> actions [B, act]`` in [-1, 1], shielded in plant
-        units."""
+    def actions(self, policy_params: Any, observations: jax.Array) -> jax.Array:
+        """``[B, act]`` actions in [-1, 1] of one policy for ``observations [B, obs]``,
+        shielded in plant units."""
         act, scaler, constraints = self.algorithm.act, self.scaler, self.constraints
+        actions = jax.vmap(lambda o: act(policy_params, o, None, deterministic=True))(observations)
+        if constraints is None:
+            return actions
+        plant = actions if scaler is None else scaler.unscale(actions)
+        unknown = jnp.full(plant.shape, jnp.nan, jnp.float32)  # no previous action
+        safe, _ = shield(constraints, observations, plant, unknown)
+        return safe if scaler is None else scaler.scale(safe)
 
-        def policy(observations: jax.Array) -> jax.Array:
-            actions = jax.vmap(lambda o: act(policy_params, o, None, deterministic=True))(
-                observations
-            )
-            if constraints is None:
-                return actions
-            plant = actions if scaler is None else scaler.unscale(actions)
-            unknown = jnp.full(plant.shape, jnp.nan, jnp.float32)  # no previous action
-            safe, _ = shield(constraints, observations, plant, unknown)
-            return safe if scaler is None else scaler.scale(safe)
-
-        return policy
+    def policy_function(self, policy_params: Any) -> Any:
+        """``observations [B, obs] -> actions [B, act]`` of one policy (see
+        :meth:`actions`)."""
+        return lambda observations: self.actions(policy_params, observations)
 
     def __call__(self, policies: Any, updates: int) -> list[dict[str, Any]]:
-        """Estimated metrics of every run's policy (a list, one dict per run)."""
+        """Estimated metrics of every run's policy (a list, one dict per run): all runs'
+        FQEs train in one program."""
         del updates  # FQE's keys depend only on its seeds
-        n_runs = int(jax.tree.leaves(policies)[0].shape[0])
         config = FQEConfig(hidden=tuple(self.hidden), discount=self.discount)
+        returns, costs = fitted_q_evaluation_batch(
+            self.dataset,
+            self.actions,
+            policies,
+            n_updates=self.updates,
+            seeds=tuple(self.seeds),
+            batch_size=self.batch_size,
+            config=config,
+        )
         overridden, fallback = self.shield_rates(policies)
         rows = []
-        for run in range(n_runs):
-            params = jax.tree.map(lambda leaf, run=run: leaf[run], policies)
-            result = fitted_q_evaluation(
-                self.dataset,
-                self.policy_function(params),
-                n_updates=self.updates,
-                seeds=tuple(self.seeds),
-                batch_size=self.batch_size,
-                config=config,
-                chunk_updates=min(self.updates, 1000),
-            )
-            row = self._metrics(result)
+        for run in range(returns.shape[0]):
+            row = self._metrics(returns[run], costs[run])
             row["override_rate"] = float(overridden[run])
             row["fallback_rate"] = float(fallback[run])
             rows.append(row)
         return rows
 
-    def _metrics(self, result: Any) -> dict[str, Any]:
-        returns = mean_confidence_interval(result.returns.tolist())
+    def _metrics(self, returns_: np.ndarray, costs: np.ndarray) -> dict[str, Any]:
+        """Metrics of one policy from its FQE seeds' ``returns [S]`` and ``costs [S, C]``."""
+        returns = mean_confidence_interval(returns_.tolist())
         row: dict[str, Any] = {
             "estimate": "fqe",
             "return": returns["mean"],
@@ -185,17 +184,19 @@ class OffPolicyEvaluator:
             "fqe_seeds": len(self.seeds),
             "discount": self.discount,
         }
-        names = list(self.cost_names) or [f"cost_{i}" for i in range(result.costs.shape[1])]
-        if result.costs.shape[1]:
+        n_costs = costs.shape[1]
+        cost_mean = costs.mean(axis=0)
+        names = list(self.cost_names) or [f"cost_{i}" for i in range(n_costs)]
+        if n_costs:
             row["cost_value"] = {
-                name: float(value) for name, value in zip(names, result.cost_mean, strict=True)
+                name: float(value) for name, value in zip(names, cost_mean, strict=True)
             }
             row["cost_value_ci"] = {
-                name: mean_confidence_interval(result.costs[:, i].tolist())["ci"]
+                name: mean_confidence_interval(costs[:, i].tolist())["ci"]
                 for i, name in enumerate(names)
             }
-        if self.thresholds is not None and result.costs.shape[1]:
-            per_channel = np.asarray(result.cost_mean, np.float64) / self.thresholds
+        if self.thresholds is not None and n_costs:
+            per_channel = np.asarray(cost_mean, np.float64) / self.thresholds
             row["normalized_cost"] = float(per_channel.max())
             row["normalized_cost_per_channel"] = {
                 name: float(value) for name, value in zip(names, per_channel, strict=True)
