@@ -48,6 +48,7 @@ __all__ = [
     "remove_stale_staging",
     "to_json_data",
     "write_bytes_atomic",
+    "write_directory_atomic",
     "write_json_atomic",
     "write_text_atomic",
 ]
@@ -178,6 +179,32 @@ def atomic_file(target: str | os.PathLike[str], *, overwrite: bool = True) -> It
     except BaseException:
         staging.unlink(missing_ok=True)
         raise
+
+
+def write_directory_atomic(
+    target: str | os.PathLike[str],
+    files: Mapping[str, bytes],
+    *,
+    marker: str,
+    what: str,
+    overwrite: bool = False,
+) -> Path:
+    """Writes ``files`` (name -> bytes) as the directory ``target``, all or nothing. An
+    existing directory is replaced only with ``overwrite`` and only if it holds ``marker``
+    (it is ``what``, e.g. a saved agent), so a mistyped path cannot wipe other files.
+
+    Raises:
+        FileExistsError: naming ``target`` when it exists and may not be replaced.
+    """
+    with atomic_directory(
+        target,
+        overwrite=overwrite,
+        replaceable=lambda existing: (existing / marker).is_file(),
+        refusal=f"is not {what} (no {marker})",
+    ) as staging:
+        for name, data in files.items():
+            (staging / name).write_bytes(data)
+    return Path(target).absolute()
 
 
 def write_bytes_atomic(
@@ -359,7 +386,7 @@ def read_yaml(path: str | os.PathLike[str], *, what: str = "file") -> Any:
             raise YamlError(f"{path}: larger than {MAX_YAML_BYTES} bytes; not read")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise YamlError(f"{path}: no such {what}") from None
+        raise YamlError(f"{path}: cannot read the {what}: no such file") from None
     except (OSError, UnicodeDecodeError) as error:
         raise YamlError(f"{path}: cannot read the {what}: {error}") from None
     return load_yaml_text(text, str(path))

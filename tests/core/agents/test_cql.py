@@ -37,6 +37,7 @@ def test_update_is_the_same_with_and_without_jit(lagrange):
     assert moved is lagrange
 
 
+@pytest.mark.slow
 def test_cql_is_conservative_and_improves_on_the_data():
     dataset, weights = _biased_bandit()
     cql = make_cql(

@@ -61,6 +61,7 @@ def team_server(tmp_path_factory):
         admin.close()
 
 
+@pytest.mark.slow
 def test_training_against_a_postgres_backed_server(team_server):
     from mlflow import MlflowClient
 

@@ -194,6 +194,7 @@ TRAIN_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_resume_after_kill_9_ends_identical_to_an_uninterrupted_run(tmp_path):
     from tests.wrappers.conftest import ib_shaped_dataset
 

@@ -61,7 +61,7 @@ from neorl_industrial.wrappers.constraint_files import (
     constraint_spec_yaml,
     load_constraint_spec,
 )
-from neorl_industrial.wrappers.hostio import atomic_directory, to_json_data
+from neorl_industrial.wrappers.hostio import to_json_data, write_directory_atomic
 from neorl_industrial.wrappers.training import (
     Callback,
     Evaluator,
@@ -706,17 +706,15 @@ class Agent:
         manifest = json.dumps(self.manifest(), indent=2, allow_nan=False)
         policies = serialization.to_bytes(jax.device_get(self.policies))
         try:
-            with atomic_directory(
+            return write_directory_atomic(
                 path,
+                {MANIFEST: manifest.encode(), POLICIES: policies},
+                marker=MANIFEST,
+                what="a saved agent",
                 overwrite=overwrite,
-                replaceable=lambda existing: (existing / MANIFEST).is_file(),
-                refusal=f"is not a saved agent (no {MANIFEST})",
-            ) as staging:
-                (staging / MANIFEST).write_text(manifest)
-                (staging / POLICIES).write_bytes(policies)
+            )
         except FileExistsError as error:
             raise AgentError(str(error)) from None
-        return Path(path).absolute()
 
     @classmethod
     def load(cls, path: str | Path) -> Agent:

@@ -54,7 +54,7 @@ from neorl_industrial.wrappers.agents.artifact import (
     _digest,
 )
 from neorl_industrial.wrappers.constraint_files import constraint_spec_yaml
-from neorl_industrial.wrappers.hostio import atomic_directory, to_json_data
+from neorl_industrial.wrappers.hostio import to_json_data, write_directory_atomic
 
 __all__ = [
     "FORMAT",
@@ -198,14 +198,9 @@ def export_policy(
     }
     manifest["manifest_sha256"] = _digest(manifest)
     files[MANIFEST] = json.dumps(manifest, indent=2, allow_nan=False).encode()
-    with atomic_directory(
-        target,
-        overwrite=overwrite,
-        replaceable=lambda existing: (existing / MANIFEST).is_file(),
-        refusal=f"is not a policy artifact (no {MANIFEST})",
-    ) as staging:
-        for name, data in files.items():
-            (staging / name).write_bytes(data)
+    write_directory_atomic(
+        target, files, marker=MANIFEST, what="a policy artifact", overwrite=overwrite
+    )
     return target
 
 
