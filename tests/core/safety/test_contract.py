@@ -56,8 +56,8 @@ def test_missing_and_bad_limits_are_named():
         resolve_safety(no_limits, require_limits=True)
     with pytest.raises(ValueError, match="expected one episode cost limit per cost channel"):
         resolve_safety(plant(), None, [1.0, 2.0])
-    with pytest.raises(ValueError, match="alarm: expected a finite number >= 0"):
-        check_cost_limits([float("nan")], ["alarm"], "cost_limits")
+    with pytest.raises(ValueError, match=r"cost_limits\[alarm\]: must be a finite number >= 0"):
+        check_cost_limits([float("nan")], 1, "cost_limits", ["alarm"])
 
 
 def test_limits_are_a_traced_leaf():
@@ -65,3 +65,18 @@ def test_limits_are_a_traced_leaf():
     stacked = jax.tree.map(lambda *leaves: np.stack(leaves), *contracts)
     doubled = jax.vmap(lambda contract: contract.cost_limits * 2)(stacked)
     np.testing.assert_array_equal(np.asarray(doubled), [[2.0], [4.0]])
+
+
+def test_a_spec_redefining_a_channel_relabels_and_the_tasks_own_does_not():
+    task = Task.from_env("IB-classic-v0", {"fatigue_limit": 50.0})
+    assert task.cost_definitions["fatigue"] == "fatigue > 50.0"
+    assert not resolve_safety(task).relabel  # the task's own spec follows its parameters
+    stricter = ConstraintSpec.from_dict(
+        {
+            "costs": [
+                {"name": "fatigue", "feature": "fatigue", "above": 40.0, "cost_limit": 10},
+                {"name": "consumption", "feature": "consumption", "above": 280.0, "cost_limit": 10},
+            ]
+        }
+    )
+    assert resolve_safety(task, stricter).relabel

@@ -16,14 +16,12 @@ program. ``discount`` and ``episode_length`` stay static.
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from neorl_industrial.core.agents.multipliers import (
@@ -33,6 +31,7 @@ from neorl_industrial.core.agents.multipliers import (
     gradient_ascent_multiplier,
     pid_multiplier,
 )
+from neorl_industrial.core.safety.contract import check_cost_limits
 
 __all__ = [
     "MULTIPLIERS",
@@ -50,34 +49,9 @@ MULTIPLIERS = ("pid", "gradient")
 State = TypeVar("State")
 
 
-def check_cost_limits(
-    cost_limits: Any, n_costs: int | None = None, field: str = "cost_limits"
-) -> None:
-    """Checks episode cost limits: finite, ``>= 0``, one per cost channel (the last axis;
-    leading axes, as of stacked agent states, are allowed).
-
-    Raises:
-        ValueError: naming ``field`` (and the channel) that is wrong and what would be right.
-    """
-    try:
-        values = np.asarray(cost_limits, np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{field}: expected numbers, got {cost_limits!r}") from None
-    if values.ndim == 0:
-        if not (math.isfinite(values) and values >= 0.0):
-            raise ValueError(f"{field}: must be a finite number >= 0, got {float(values)}")
-        return
-    if values.shape[-1] == 0:
-        raise ValueError(f"{field}: give one episode cost limit per cost channel")
-    if n_costs is not None and values.shape[-1] != n_costs:
-        raise ValueError(
-            f"{field}: expected one episode cost limit per cost channel ({n_costs}), "
-            f"got {values.shape[-1]}"
-        )
-    bad = np.argwhere(~(np.isfinite(values) & (values >= 0.0)))
-    if len(bad):
-        where = tuple(bad[0])
-        raise ValueError(f"{field}[{where[-1]}]: must be a finite number >= 0, got {values[where]}")
+#: The cost limits of a safe algorithm's config built without any (one channel, an episode
+#: limit of 100); an Agent always passes the limits of its safety contract instead.
+DEFAULT_COST_LIMITS: tuple[float, ...] = (100.0,)
 
 
 def _spread_factor(discount: float, episode_length: int) -> float:
@@ -127,7 +101,7 @@ class SafetyConfig:
         gradient: learning rate and initial value of the gradient-ascent multiplier.
     """
 
-    cost_limits: tuple[float, ...] = (100.0,)
+    cost_limits: tuple[float, ...] = DEFAULT_COST_LIMITS
     discount: float = 0.99
     episode_length: int = 1000
     multiplier: Literal["pid", "gradient"] = "pid"

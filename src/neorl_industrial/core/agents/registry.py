@@ -16,6 +16,7 @@ from typing import Any
 import pydantic
 
 from neorl_industrial.core.agents.bc import BCConfig, make_bc
+from neorl_industrial.core.agents.cost import DEFAULT_COST_LIMITS
 from neorl_industrial.core.agents.cql import CQLConfig, make_cql
 from neorl_industrial.core.agents.discrete import (
     DiscreteBCConfig,
@@ -54,7 +55,7 @@ class BCSafeConfig(BCConfig):
         cost_limits: episode cost limit of each cost channel.
     """
 
-    cost_limits: tuple[float, ...] = (100.0,)
+    cost_limits: tuple[float, ...] = DEFAULT_COST_LIMITS
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -120,9 +120,10 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
         """A name per action component."""
         return tuple(f"action_{i}" for i in range(self.action_size))
 
-    def default_constraints(self) -> Any:
-        """The plant's hard constraints and costs as a ``ConstraintSpec``: here only the
-        bounds of continuous actions; environments with a safety story declare more."""
+    def default_constraints(self, params: Any = None) -> Any:
+        """The plant's hard constraints and costs as a ``ConstraintSpec`` (for ``params``
+        where they depend on them): here only the bounds of continuous actions;
+        environments with a safety story declare more."""
         from neorl_industrial.core.safety import ConstraintSpec
 
         if self.discrete:

@@ -274,13 +274,13 @@ class Task:
             observation_low=tuple(np.asarray(env.observation_low, np.float64).tolist()),
             observation_high=tuple(np.asarray(env.observation_high, np.float64).tolist()),
             cost_names=env.cost_names,
-            cost_definitions=dict(getattr(env, "cost_definitions", {}) or {}),
+            cost_definitions=_definitions(env.default_constraints(params)),
             episode_length=None if horizon is None else int(horizon),
             discrete=env.discrete,
             num_actions=env.num_actions,
             env_id=env_id,
             env_params=params_overrides,
-            constraints=env.default_constraints(),
+            constraints=env.default_constraints(params),
         )
 
     # ----- data -----------------------------------------------------------------------
@@ -398,6 +398,17 @@ class Task:
             raise TaskError(f"{source}: {error}") from None
         except (TypeError, ValueError) as error:
             raise TaskError(f"{source}: {error}") from None
+
+
+def cost_definition(cost: Any) -> str:
+    """A spec cost's per-step definition as text (``fatigue > 60.0``)."""
+    if cost.above is not None:
+        return f"{cost.feature} > {float(cost.above)}"
+    return f"{cost.feature} < {float(cost.below)}"
+
+
+def _definitions(spec: ConstraintSpec) -> dict[str, str]:
+    return {cost.name: cost_definition(cost) for cost in spec.costs}
 
 
 def _preview(names: Sequence[str], limit: int = 6) -> str:

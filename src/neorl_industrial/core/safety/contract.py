@@ -6,8 +6,8 @@ here and nowhere else:
 
 * The channels are the constraint spec's ``costs`` when it declares any (the data's costs
   are then relabelled from the spec's per-step definitions if the data's channels are
-  other ones); otherwise the task's own channels (a plant log's cost columns, a
-  simulator's cost vector).
+  other ones, or the same channels defined with other thresholds); otherwise the task's
+  own channels (a plant log's cost columns, a simulator's cost vector).
 * Each limit is, first found: the explicit ``cost_limits`` of the run, the spec's
   ``cost_limit``, the task's default limit for that channel.
 
@@ -30,22 +30,40 @@ from neorl_industrial.core.safety.spec import ConstraintSpec
 __all__ = ["SafetyContract", "check_cost_limits", "resolve_safety"]
 
 
-def check_cost_limits(limits: Sequence[float], names: Sequence[str], where: str) -> list[float]:
-    """``limits`` as floats, one per channel of ``names``, each finite and ``>= 0``.
+def check_cost_limits(
+    cost_limits: Any,
+    n_costs: int | None = None,
+    field: str = "cost_limits",
+    names: Sequence[str] | None = None,
+) -> None:
+    """Checks episode cost limits: finite, ``>= 0``, one per cost channel (the last axis;
+    leading axes, as of stacked agent states, are allowed). The one check of cost limits:
+    the safety contract, the safe agents' configs and states all call it.
 
     Raises:
-        ValueError: naming ``where``, the channel and the value.
+        ValueError: naming ``field`` (and the channel) that is wrong and what would be right.
     """
-    values = [float(limit) for limit in limits]
-    if len(values) != len(names):
+    try:
+        values = np.asarray(cost_limits, np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field}: expected numbers, got {cost_limits!r}") from None
+    if values.ndim == 0:
+        if not (math.isfinite(values) and values >= 0.0):
+            raise ValueError(f"{field}: must be a finite number >= 0, got {float(values)}")
+        return
+    if values.shape[-1] == 0:
+        raise ValueError(f"{field}: give one episode cost limit per cost channel")
+    if n_costs is not None and values.shape[-1] != n_costs:
+        channels = f"{n_costs}: {', '.join(names)}" if names else str(n_costs)
         raise ValueError(
-            f"{where}: expected one episode cost limit per cost channel "
-            f"({len(names)}: {', '.join(names) or 'none'}), got {len(values)}"
+            f"{field}: expected one episode cost limit per cost channel ({channels}), "
+            f"got {values.shape[-1]}"
         )
-    for name, value in zip(names, values, strict=True):
-        if not (math.isfinite(value) and value >= 0.0):
-            raise ValueError(f"{where}: {name}: expected a finite number >= 0, got {value}")
-    return values
+    bad = np.argwhere(~(np.isfinite(values) & (values >= 0.0)))
+    if len(bad):
+        where = tuple(bad[0])
+        channel = names[where[-1]] if names else where[-1]
+        raise ValueError(f"{field}[{channel}]: must be a finite number >= 0, got {values[where]}")
 
 
 @struct.dataclass
@@ -100,12 +118,21 @@ def resolve_safety(
             not have (``ConstraintSpecError``), limits of the wrong number or value, a
             channel without a limit where one is required.
     """
+    from neorl_industrial.core.environments.task import cost_definition
+
+    given = spec is not None
     spec = task.default_constraints() if spec is None else spec
     compiled = task.compile_constraints(spec)
     if spec.costs:
         names = tuple(cost.name for cost in spec.costs)
         defaults = {cost.name: (cost.cost_limit, "spec") for cost in spec.costs}
-        relabel = names != tuple(task.cost_names)
+        # Another channel, or the same channel defined otherwise (another threshold):
+        # the data's costs are recomputed from the spec's definitions.
+        redefined = given and any(
+            task.cost_definitions.get(cost.name, cost_definition(cost)) != cost_definition(cost)
+            for cost in spec.costs
+        )
+        relabel = names != tuple(task.cost_names) or redefined
     else:
         names = tuple(task.cost_names)
         defaults = {}
@@ -114,7 +141,8 @@ def resolve_safety(
         if name not in defaults and name in task.cost_limits:
             defaults[name] = (task.cost_limits[name], "task")
     if cost_limits is not None:
-        values = check_cost_limits(cost_limits, names, "cost_limits")
+        check_cost_limits(cost_limits, len(names), "cost_limits", names)
+        values = [float(limit) for limit in cost_limits]
         sources = ("run",) * len(names)
     else:
         missing = [name for name in names if name not in defaults]

@@ -8,11 +8,13 @@ updates, per seed.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.functional.state_management import Dataset, sample
@@ -97,6 +99,7 @@ def train_offline(
     sampler: Sampler = sample,
     callback: ChunkCallback | None = None,
     state: TrainState | None = None,
+    check_action_units: bool = True,
 ) -> tuple[TrainState, list[dict[str, Any]]]:
     """Trains one agent per seed on ``dataset``, all seeds in one vmapped program.
 
@@ -111,6 +114,9 @@ def train_offline(
         callback: called on the host after every chunk.
         state: continue these runs (e.g. a saved :class:`TrainState`) instead of starting
             fresh ones from ``seeds``; its runs are not modified (they are copied).
+        check_action_units: warn when continuous actions lie outside [-1, 1], where the
+            agents' tanh policies cannot reach (False for learners that take any action,
+            such as FQE).
 
     Returns:
         ``(state, history)``: the final :class:`TrainState` (leading seed axis; the
@@ -131,6 +137,8 @@ def train_offline(
     elif state.n_seeds is None:
         raise ValueError("state: expected runs with a leading seed axis (init_train_states)")
     n_runs = state.n_seeds
+    if check_action_units:
+        _warn_about_action_units(dataset)
     chunk = jax.jit(
         make_train_chunk(algorithm, batch_size, chunk_updates, sampler), donate_argnums=0
     )
@@ -157,3 +165,20 @@ def train_offline(
         if callback is not None:
             callback(total, metrics)
     return state, history
+
+
+def _warn_about_action_units(dataset: Dataset) -> None:
+    """The continuous-action agents act in [-1, 1] (a tanh): data logged in a plant's units
+    (a valve in %, a flow in m³/h) must be scaled first, or the policy saturates at the
+    bounds of [-1, 1]. Said once, on the host, before anything is compiled."""
+    if dataset.discrete or dataset.n_transitions == 0:
+        return
+    actions = np.asarray(jax.device_get(dataset.actions))
+    low, high = float(actions.min()), float(actions.max())
+    if low < -1.0 - 1e-6 or high > 1.0 + 1e-6:
+        warnings.warn(
+            f"dataset: actions range over [{low:.4g}, {high:.4g}], outside the policies' "
+            "[-1, 1]; scale them with functional.state_management.ActionScaler (and act "
+            "through with_action_scaling), or train with the Agent, which does both",
+            stacklevel=3,
+        )

@@ -262,6 +262,7 @@ def fitted_q_evaluation_batch(
         chunk_updates=chunk_updates,
         batch_size=batch_size,
         sampler=functools.partial(sample, gamma=config.discount),
+        check_action_units=False,
         state=state,
     )
     estimates = jax.vmap(
@@ -330,6 +331,7 @@ def fitted_q_evaluation(
         chunk_updates=chunk_updates,
         batch_size=batch_size,
         sampler=functools.partial(sample, gamma=config.discount),
+        check_action_units=False,
         callback=callback,
     )
     estimates = jax.vmap(fqe.estimate, in_axes=(0, None))(state.agent, initial_observations)

@@ -48,8 +48,6 @@ QUALITY_FRACTIONS = {"low": 0.25, "medium": 0.5, "high": 0.75, "expert": 1.0}
 SAMPLE_PROBABILITY = 0.2
 #: Dataset sizes by name, in trajectories.
 SIZES = {"small": 100, "medium": 1000, "large": 10000}
-#: Default episode cost limit: a tenth of the episode's steps may exceed each limit.
-COST_LIMIT_FRACTION = 0.1
 #: Behaviour policies shipped with the package.
 POLICY_ROOT = Path(__file__).parent / "behaviour_policies"
 MANIFEST = "manifest.json"
@@ -332,7 +330,12 @@ def generate_dataset(
         random_return=None if reference is None else reference["random"] * horizon,
         expert_return=None if reference is None else reference["expert"] * horizon,
         cost_names=list(env.cost_names),
-        cost_limits={name: COST_LIMIT_FRACTION * horizon for name in env.cost_names},
+        # The environment's own default limits (its default constraint spec's).
+        cost_limits={
+            name: limit
+            for name, limit in env.default_constraints().cost_limits.items()
+            if name in env.cost_names
+        },
         seed=seed,
     ).with_sizes(dataset)
     return dataset, card

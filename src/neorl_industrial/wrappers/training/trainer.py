@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.functional.state_management import Dataset, TrainState, init_train_states
 from neorl_industrial.functional.transformations.offline import make_train_chunk
+from neorl_industrial.wrappers.hostio import to_json_data
 from neorl_industrial.wrappers.training.callbacks import Callback
 from neorl_industrial.wrappers.training.evaluation import (
     Evaluator,
@@ -197,7 +197,7 @@ class Trainer:
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state),
                 best=ocp.args.StandardSave(best_policies),
-                record=ocp.args.JsonSave(_jsonable(record)),
+                record=ocp.args.JsonSave(to_json_data(record)),
             ),
         )
         manager.wait_until_finished()
@@ -212,7 +212,7 @@ class Trainer:
         record = manager.restore(step, args=ocp.args.Composite(record=ocp.args.JsonRestore()))[
             "record"
         ]
-        if record.get("fingerprint") != _jsonable(self.fingerprint):
+        if record.get("fingerprint") != to_json_data(self.fingerprint):
             difference = _difference(record.get("fingerprint"), self.fingerprint)
             raise CheckpointMismatchError(
                 f"{self.checkpoint_dir}: the checkpoint at {step} updates was written by a "
@@ -358,21 +358,8 @@ def _compiled_chunk(algorithm: Algorithm, batch_size: int, chunk_updates: int) -
     return jax.jit(make_train_chunk(algorithm, batch_size, chunk_updates), donate_argnums=0)
 
 
-def _jsonable(value: Any) -> Any:
-    """Plain JSON values (numpy scalars and arrays to numbers and lists)."""
-    return json.loads(json.dumps(value, default=_default))
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
-
-
 def _difference(saved: Any, current: dict[str, Any]) -> str:
-    current = _jsonable(current)
+    current = to_json_data(current)
     if not isinstance(saved, dict):
         return "no fingerprint"
     keys = sorted(set(saved) | set(current))

@@ -192,18 +192,22 @@ class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
         """The settings each action changes; a discrete action is one index."""
         return ("action",) if self.discrete else ACTION_NAMES
 
-    def default_constraints(self) -> Any:
+    def default_constraints(self, params: IBParams | None = None) -> Any:
         """The IB's default constraints (``configs/constraints/ib-example.yaml``):
         control moves in [-1, 1], velocity and gain moves at most 1 apart from the previous
         step's, no velocity decrease while fatigue is above 50, a joint limit on raising
         velocity and gain (``0.005 (velocity + gain) + Δv + Δg <= 1.5``), a no-change
         fallback, and the fatigue and consumption costs with an episode cost limit of 100
-        each."""
+        each, at the thresholds of ``params`` (the defaults without)."""
         from neorl_industrial.core.safety import ConstraintSpec
 
+        fatigue, consumption = DEFAULT_FATIGUE_LIMIT, DEFAULT_CONSUMPTION_LIMIT
+        if params is not None:
+            fatigue = float(params.fatigue_limit)
+            consumption = float(params.consumption_limit)
         costs = [
-            {"name": "fatigue", "feature": "fatigue", "above": DEFAULT_FATIGUE_LIMIT},
-            {"name": "consumption", "feature": "consumption", "above": DEFAULT_CONSUMPTION_LIMIT},
+            {"name": "fatigue", "feature": "fatigue", "above": fatigue},
+            {"name": "consumption", "feature": "consumption", "above": consumption},
         ]
         costs = [{**cost, "cost_limit": DEFAULT_EPISODE_COST_LIMIT} for cost in costs]
         if self.discrete:
