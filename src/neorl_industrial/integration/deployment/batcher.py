@@ -24,7 +24,7 @@ __all__ = ["MicroBatcher"]
 @dataclasses.dataclass
 class _Item:
     observations: np.ndarray  # [rows, obs]
-    prev_actions: np.ndarray | None  # [rows, act] or None (zeros)
+    prev_actions: np.ndarray | None  # [rows, act] or None (unknown: rate limits off)
     future: asyncio.Future
 
 
@@ -34,7 +34,8 @@ class MicroBatcher:
     Args:
         predict: called on a worker thread with ``[rows, obs]`` and ``[rows, act]`` arrays;
             returns an object whose array fields have the rows on their first axis.
-        action_size: width of the previous actions (zeros for requests that send none).
+        action_size: width of the previous actions (unknown, NaN, for requests that send
+            none: the shield leaves their rate limits out).
         max_batch: most rows in one call.
         max_wait: seconds to wait for more requests after the first (0: only take what
             is already waiting).
@@ -128,7 +129,7 @@ class MicroBatcher:
                     [
                         item.prev_actions
                         if item.prev_actions is not None
-                        else np.zeros((len(item.observations), self.action_size), np.float32)
+                        else np.full((len(item.observations), self.action_size), np.nan, np.float32)
                         for item in batch
                     ]
                 )

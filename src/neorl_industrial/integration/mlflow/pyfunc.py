@@ -7,7 +7,7 @@ row with the *shielded* action and what the shield did::
 
     input  (one row per decision): one column per observation feature, by the feature's
            name ("velocity", "fatigue@t-1", ...), and optionally the previous actions
-           ("prev_velocity", ...; zeros when left out, an episode's start)
+           ("prev_velocity", ...; left out: unknown, and rate limits cannot apply)
     output: the applied action ("velocity", ...), the proposed one ("proposed_velocity"),
            the shield's flags (overridden, projected, fallback, invalid, infeasible), its
            status bits, and the margin of every hard constraint ("margin_<name>")
