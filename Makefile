@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# The suite runs on two worker processes, one test file each at a time (module fixtures,
+# and the compilations they share, stay within one process).
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 BENCH ?= env_throughput
 DESCRIPTION ?= local run
 TAG ?= dev
@@ -33,10 +36,10 @@ run: install
 	$(BIN)/neorl-industrial run
 
 test: install-dev
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-all: install-dev
-	$(BIN)/python -m pytest -m "" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "" $(PYTEST_ARGS)
 
 lint: install-dev
 	$(BIN)/python -m ruff check .
