@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from rich.markup import escape
 
-from neorl_industrial.cli import bench, datasets, environments, models, serving, training
+from neorl_industrial.cli import bench, datasets, environments, keys, models, serving, training
 from neorl_industrial.cli.common import make_console
 from neorl_industrial.runtime import enable_compilation_cache
 
@@ -20,6 +20,7 @@ _COMMAND_GROUPS = (
     models.add_mlflow_parsers,
     environments.add_parsers,
     datasets.add_parsers,
+    keys.add_parsers,
 )
 
 

@@ -281,7 +281,7 @@ def command_export(args: argparse.Namespace) -> int:
     from neorl_industrial.wrappers.agents import Agent
 
     agent = Agent.load(agent_dir(args.agent))
-    path = agent.export(args.out, overwrite=args.overwrite)
+    path = agent.export(args.out, overwrite=args.overwrite, signing_key=args.sign_key)
     make_console().print(f"Exported the policy of {args.agent} ({agent.name}) to {path}")
     return 0
 
@@ -354,4 +354,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     export.add_argument("--out", required=True, help="the artifact's directory")
     export.add_argument("--overwrite", action="store_true")
+    export.add_argument(
+        "--sign-key", metavar="PATH", help="an Ed25519 private key (keys generate) to sign it with"
+    )
     export.set_defaults(handler=command_export)

@@ -767,11 +767,12 @@ class Agent:
         agent.training = manifest.get("training", {})
         return agent
 
-    def export(self, path: str | Path, *, overwrite: bool = False) -> Path:
+    def export(self, path: str | Path, *, overwrite: bool = False, signing_key: Any = None) -> Path:
         """Writes a self-contained policy artifact (the selected run's policy, its
         observation normalizer, its action scaling to plant units and the shield,
         compiled and serialized) that the policy server loads without any training code;
-        see :mod:`neorl_industrial.wrappers.agents.export`."""
+        see :mod:`neorl_industrial.wrappers.agents.export`. ``signing_key`` (an Ed25519
+        private key or its PEM file) signs it; see :mod:`.signing`."""
         self._require_fitted("export")
         if self.entry.discrete:
             raise AgentError(
@@ -803,4 +804,5 @@ class Agent:
                 "training": to_json_data(self.training),
             },
             overwrite=overwrite,
+            signing_key=signing_key,
         )

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,12 @@ from neorl_industrial.core.safety.shield import (
     INVALID,
     OVERRIDDEN,
     PROJECTED,
+)
+from neorl_industrial.wrappers.agents.signing import (
+    SIGNATURE,
+    SigningError,
+    load_public_keys,
+    verify_manifest,
 )
 from neorl_industrial.wrappers.constraint_files import constraint_spec_from_text
 
@@ -119,8 +125,16 @@ class PolicyDecision:
 class PolicyArtifact:
     """A loaded, verified policy artifact. Build it with :meth:`load`."""
 
-    def __init__(self, path: Path, manifest: dict[str, Any], functions: list, spec_text: str):
+    def __init__(
+        self,
+        path: Path,
+        manifest: dict[str, Any],
+        functions: list,
+        spec_text: str,
+        signature: dict[str, Any] | None = None,
+    ):
         self._path = path
+        self._signature = signature
         self._manifest = manifest
         self._spec_text = spec_text
         self._traced: list[int] = []
@@ -135,15 +149,31 @@ class PolicyArtifact:
         self._bits = {name: int(bit) for name, bit in manifest["status_bits"].items()}
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> PolicyArtifact:
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        trusted_keys: Iterable[str | os.PathLike[str] | Any] | None = None,
+        require_signature: bool = False,
+    ) -> PolicyArtifact:
         """Reads and verifies the artifact at ``path``.
+
+        Args:
+            path: the artifact directory.
+            trusted_keys: Ed25519 public keys (objects or PEM files) whose signatures are
+                accepted; a signed artifact is verified against them. ``None``: a
+                signature is read but not verified.
+            require_signature: refuse an artifact without a signature by a trusted key.
 
         Raises:
             PolicyArtifactError: naming the file that is missing, corrupt, of an unknown
-                format version, or lowered for platforms this machine has none of.
+                format version, or lowered for platforms this machine has none of; an
+                unsigned artifact when a signature is required, a signature by a key not
+                trusted, or one that does not match the manifest.
         """
         path = Path(path)
         manifest = _read_manifest(path)
+        signature = _checked_signature(path, manifest, trusted_keys, require_signature)
         digests = manifest["files"]
         for name in sorted({entry["file"] for entry in manifest["functions"]} | {CONSTRAINTS}):
             if name not in digests:
@@ -167,7 +197,7 @@ class PolicyArtifact:
                 )
             functions.append((entry, exported))
         spec_text = contents[CONSTRAINTS].decode()
-        artifact = cls(path, manifest, functions, spec_text)
+        artifact = cls(path, manifest, functions, spec_text, signature)
         if artifact.constraint_spec.hard_names != artifact.constraint_names:
             raise PolicyArtifactError(
                 f"{path / CONSTRAINTS}: its constraints {list(artifact.constraint_spec.hard_names)}"
@@ -305,6 +335,12 @@ class PolicyArtifact:
             raise PolicyArtifactError(str(error)) from None
 
     @property
+    def signature(self) -> dict[str, Any] | None:
+        """``{"key_fingerprint": ..., "verified": bool}`` of a signed artifact (verified
+        against the trusted keys it was loaded with), ``None`` for an unsigned one."""
+        return dict(self._signature) if self._signature is not None else None
+
+    @property
     def traced_batch_sizes(self) -> tuple[int, ...]:
         """The (padded) batch sizes compiled so far, one entry per trace."""
         return tuple(self._traced)
@@ -353,3 +389,39 @@ def _verified(path: Path, name: str, digest: str) -> bytes:
     if hashlib.sha256(data).hexdigest() != digest:
         raise PolicyArtifactError(f"{file}: corrupt (sha256 differs from the manifest's)")
     return data
+
+
+def _checked_signature(
+    path: Path,
+    manifest: dict[str, Any],
+    trusted_keys: Iterable[Any] | None,
+    require_signature: bool,
+) -> dict[str, Any] | None:
+    """The artifact's signature, verified against ``trusted_keys`` when they are given."""
+    file = path / SIGNATURE
+    if not file.is_file():
+        if require_signature:
+            raise PolicyArtifactError(
+                f"{path}: unsigned (no {SIGNATURE}), but a signature by a trusted key is "
+                "required; export it with a signing key (neorl-industrial export --sign-key)"
+            )
+        return None
+    try:
+        signature = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PolicyArtifactError(f"{file}: cannot be read as JSON: {error}") from None
+    if not isinstance(signature, dict):
+        raise PolicyArtifactError(f"{file}: expected a JSON object")
+    if trusted_keys is None:
+        if require_signature:
+            raise PolicyArtifactError(
+                f"{file}: a signature is required but no trusted keys were given to verify it"
+            )
+        return {"key_fingerprint": str(signature.get("key_fingerprint")), "verified": False}
+    try:
+        fingerprint = verify_manifest(
+            manifest, signature, load_public_keys(trusted_keys), str(file)
+        )
+    except SigningError as error:
+        raise PolicyArtifactError(str(error)) from None
+    return {"key_fingerprint": fingerprint, "verified": True}

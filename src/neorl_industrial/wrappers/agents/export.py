@@ -11,6 +11,7 @@ observation or thousands on the platforms it was lowered for. The layout::
     serve_large.jaxexport   batches of 64 rows or more (the shield branches once per batch)
     constraints.yaml        the constraint spec the shield enforces
     params.msgpack          the policy's parameters by path, for inspection only
+    signature.json          (when signed) Ed25519 signature of the manifest (:mod:`.signing`)
 
 :class:`~.artifact.PolicyArtifact` (re-exported here) loads and serves it. Neither module
 imports optax, the agents or the training loops.
@@ -32,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flax import serialization
 
 from neorl_industrial import __version__
@@ -52,6 +54,12 @@ from neorl_industrial.wrappers.agents.artifact import (
     PolicyArtifactError,
     PolicyDecision,
     _digest,
+)
+from neorl_industrial.wrappers.agents.signing import (
+    SIGNATURE,
+    SigningError,
+    load_private_key,
+    sign_manifest,
 )
 from neorl_industrial.wrappers.constraint_files import constraint_spec_yaml
 from neorl_industrial.wrappers.hostio import to_json_data, write_directory_atomic
@@ -82,6 +90,7 @@ def export_policy(
     metadata: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     platforms: Sequence[str] = ("cpu", "cuda"),
+    signing_key: str | os.PathLike[str] | Ed25519PrivateKey | None = None,
 ) -> Path:
     """Writes a self-contained policy artifact directory (see the module docstring).
 
@@ -101,6 +110,8 @@ def export_policy(
         metadata: JSON data stored in the manifest (algorithm, config, training summary).
         overwrite: replace an existing artifact at ``path``.
         platforms: the platforms the function is lowered for.
+        signing_key: an Ed25519 private key (object or PEM file) that signs the
+            manifest into ``signature.json``; ``None``: unsigned.
 
     Returns:
         ``path``.
@@ -113,6 +124,11 @@ def export_policy(
     target = Path(path)
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target}: already exists; pass overwrite=True to replace it")
+    if signing_key is not None:
+        try:
+            signing_key = load_private_key(signing_key)
+        except SigningError as error:
+            raise PolicyArtifactError(f"signing_key: {error}") from None
     observation_size = _positive_int(observation_size, "observation_size")
     action_size = _positive_int(action_size, "action_size")
     observation_names = _names(observation_names, observation_size, "observation")
@@ -198,6 +214,9 @@ def export_policy(
     }
     manifest["manifest_sha256"] = _digest(manifest)
     files[MANIFEST] = json.dumps(manifest, indent=2, allow_nan=False).encode()
+    if signing_key is not None:
+        signature = sign_manifest(manifest, signing_key)
+        files[SIGNATURE] = json.dumps(signature, indent=2).encode()
     write_directory_atomic(
         target, files, marker=MANIFEST, what="a policy artifact", overwrite=overwrite
     )

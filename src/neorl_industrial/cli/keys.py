@@ -1,0 +1,36 @@
+"""``keys generate``: the Ed25519 key pair that signs exported policies."""
+
+from __future__ import annotations
+
+import argparse
+
+from neorl_industrial.cli.common import make_console
+
+
+def command_keys_generate(args: argparse.Namespace) -> int:
+    from neorl_industrial.wrappers.agents.signing import (
+        PUBLIC_KEY,
+        generate_key_pair,
+        load_public_keys,
+    )
+
+    private = generate_key_pair(args.out, overwrite=args.overwrite)
+    public = private.parent / PUBLIC_KEY
+    (fingerprint,) = load_public_keys([public])
+    console = make_console()
+    console.print(f"Private key (keep it secret, mode 0600): {private}")
+    console.print(f"Public key (give it to servers, NEORL_SERVE_TRUSTED_KEYS): {public}")
+    console.print(f"Fingerprint: {fingerprint}", soft_wrap=True)
+    return 0
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    """Adds ``keys generate`` to the command line."""
+    keys = commands.add_parser("keys", help="keys that sign exported policies")
+    actions = keys.add_subparsers(dest="keys_command", required=True)
+    generate = actions.add_parser(
+        "generate", help="write a new Ed25519 key pair (private key 0600, public key PEM)"
+    )
+    generate.add_argument("--out", required=True, help="the directory of the key pair")
+    generate.add_argument("--overwrite", action="store_true", help="replace an existing pair")
+    generate.set_defaults(handler=command_keys_generate)

@@ -1,0 +1,162 @@
+"""Signed policy artifacts: who exported a policy, and that nothing in it changed since."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neorl_industrial.wrappers.agents import PolicyArtifact, PolicyArtifactError
+from neorl_industrial.wrappers.agents.artifact import _digest
+from neorl_industrial.wrappers.agents.signing import (
+    PRIVATE_KEY,
+    PUBLIC_KEY,
+    SIGNATURE,
+    canonical_manifest_bytes,
+    generate_key_pair,
+    load_private_key,
+    load_public_keys,
+)
+from tests.wrappers.agents.test_export import Policy
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("keys")
+    return {name: generate_key_pair(root / name) for name in ("release", "stranger")}
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return Policy()
+
+
+@pytest.fixture(scope="module")
+def signed(policy, keys, tmp_path_factory) -> Path:
+    return policy.export(tmp_path_factory.mktemp("signed") / "policy", signing_key=keys["release"])
+
+
+@pytest.fixture(scope="module")
+def unsigned(policy, tmp_path_factory) -> Path:
+    return policy.export(tmp_path_factory.mktemp("unsigned") / "policy")
+
+
+def public(private: Path) -> Path:
+    return private.parent / PUBLIC_KEY
+
+
+def rewrite_with_digests(path: Path) -> None:
+    """What a forger does after replacing a file: new sha256s and a new manifest digest."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"] = {
+        name: hashlib.sha256((path / name).read_bytes()).hexdigest() for name in manifest["files"]
+    }
+    manifest["manifest_sha256"] = _digest(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def test_the_private_key_is_written_0600_and_the_pair_loads(keys):
+    private = keys["release"]
+    assert private.name == PRIVATE_KEY
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    key = load_private_key(private)
+    (fingerprint,) = load_public_keys([public(private)])
+    assert fingerprint.startswith("sha256:") and len(fingerprint) == 7 + 64
+    assert load_public_keys([key.public_key()]).keys() == {fingerprint}
+    with pytest.raises(FileExistsError, match=PRIVATE_KEY):
+        generate_key_pair(private.parent)
+
+
+def test_a_signed_artifact_verifies_against_its_key(signed, keys):
+    artifact = PolicyArtifact.load(
+        signed, trusted_keys=[public(keys["release"])], require_signature=True
+    )
+    (fingerprint,) = load_public_keys([public(keys["release"])])
+    assert artifact.signature == {"key_fingerprint": fingerprint, "verified": True}
+    signature = json.loads((signed / SIGNATURE).read_text())
+    assert signature["key_fingerprint"] == fingerprint
+    # The signature covers the manifest, which holds the sha256 of every file.
+    manifest = json.loads((signed / "manifest.json").read_text())
+    load_public_keys([public(keys["release"])])[fingerprint].verify(
+        base64.b64decode(signature["signature"]), canonical_manifest_bytes(manifest)
+    )
+    assert artifact.predict(np.full(6, 50.0, np.float32)).action.shape == (3,)
+    # Without trusted keys it still loads; the signature is reported, not verified.
+    assert PolicyArtifact.load(signed).signature == {
+        "key_fingerprint": fingerprint,
+        "verified": False,
+    }
+
+
+def test_an_unsigned_artifact_is_refused_when_a_signature_is_required(unsigned, keys):
+    with pytest.raises(PolicyArtifactError, match=r"unsigned \(no signature\.json\)"):
+        PolicyArtifact.load(
+            unsigned, trusted_keys=[public(keys["release"])], require_signature=True
+        )
+    assert PolicyArtifact.load(unsigned).signature is None
+
+
+def test_a_signature_by_an_untrusted_key_is_refused(signed, keys):
+    with pytest.raises(PolicyArtifactError, match="not one of the 1 trusted key"):
+        PolicyArtifact.load(signed, trusted_keys=[public(keys["stranger"])])
+    with pytest.raises(PolicyArtifactError, match="no trusted keys were given"):
+        PolicyArtifact.load(signed, require_signature=True)
+
+
+def test_a_replaced_constraint_spec_or_shield_breaks_the_signature(
+    signed, unsigned, keys, tmp_path
+):
+    trusted = [public(keys["release"])]
+
+    # A spec that lets anything through, with the manifest's digests made to fit.
+    permissive = tmp_path / "permissive"
+    shutil.copytree(signed, permissive)
+    spec = permissive / "constraints.yaml"
+    spec.write_text(spec.read_text().replace("bound: 1.5", "bound: 1000000.0"))
+    rewrite_with_digests(permissive)
+    with pytest.raises(PolicyArtifactError, match="does not match the manifest"):
+        PolicyArtifact.load(permissive, trusted_keys=trusted)
+
+    # Another artifact's serialized policy and shield in place of the signed one.
+    swapped = tmp_path / "swapped"
+    shutil.copytree(signed, swapped)
+    for name in ("serve.jaxexport", "serve_large.jaxexport"):
+        shutil.copyfile(unsigned / name, swapped / name)
+    rewrite_with_digests(swapped)
+    with pytest.raises(PolicyArtifactError, match="does not match the manifest"):
+        PolicyArtifact.load(swapped, trusted_keys=trusted)
+
+    # A signature copied onto another artifact.
+    copied = tmp_path / "copied"
+    shutil.copytree(unsigned, copied)
+    shutil.copyfile(signed / SIGNATURE, copied / SIGNATURE)
+    with pytest.raises(PolicyArtifactError, match="does not match the manifest"):
+        PolicyArtifact.load(copied, trusted_keys=trusted, require_signature=True)
+
+
+def test_a_bad_signing_key_is_named(policy, tmp_path):
+    (tmp_path / "not-a-key.pem").write_text("hello")
+    with pytest.raises(PolicyArtifactError, match=r"not-a-key\.pem: not an unencrypted PEM"):
+        policy.export(tmp_path / "policy", signing_key=tmp_path / "not-a-key.pem")
+    assert not (tmp_path / "policy").exists()
+
+
+def test_the_keys_command_generates_a_pair(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "neorl_industrial", "keys", "generate", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE((tmp_path / PRIVATE_KEY).stat().st_mode) == 0o600
+    (fingerprint,) = load_public_keys([tmp_path / PUBLIC_KEY])
+    assert fingerprint in result.stdout
