@@ -6,10 +6,15 @@ import argparse
 import time
 from pathlib import Path
 
+from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from neorl_industrial.cli.common import make_console, positive_int
 from neorl_industrial.core.environments import registered_envs
+
+#: Where ``datasets generate`` writes without ``--out``.
+DEFAULT_ROOT = "datasets"
 
 
 def command_datasets_generate(args: argparse.Namespace) -> int:
@@ -18,12 +23,14 @@ def command_datasets_generate(args: argparse.Namespace) -> int:
     n_trajectories = args.trajectories or SIZES[args.size]
     if args.out and Path(args.out).exists() and not args.overwrite:
         raise FileExistsError(f"{args.out}: already exists; pass --overwrite to replace it")
+    console = make_console()
+    # Before generating (minutes): what earlier runs killed while writing left behind.
+    _clear_stale_staging(Path(args.out).parent if args.out else Path(DEFAULT_ROOT), console)
     started = time.perf_counter()
     dataset, card = generate_dataset(args.env, args.quality, n_trajectories, seed=args.seed)
     elapsed = time.perf_counter() - started
-    out = args.out or f"datasets/{card.name}-seed{args.seed}"
+    out = args.out or f"{DEFAULT_ROOT}/{card.name}-seed{args.seed}"
     card = save_native(dataset, out, card, overwrite=args.overwrite)
-    console = make_console()
     console.print(
         f"Wrote {dataset.n_transitions:,} transitions ({dataset.n_episodes} episodes) to {out} "
         f"in {elapsed:.1f} s; mean episode return {card.behaviour_policy.mean_return:,.0f}"
@@ -45,9 +52,11 @@ def command_datasets_inspect(args: argparse.Namespace) -> int:
 def command_datasets_import(args: argparse.Namespace) -> int:
     from neorl_industrial.integration.datasets import load_any, save_native
 
+    console = make_console()
+    _clear_stale_staging(Path(args.out).parent, console)
     dataset, card = load_any(args.path, schema=args.schema, missing=args.missing)
     save_native(dataset, args.out, card, overwrite=args.overwrite)
-    make_console().print(
+    console.print(
         f"Imported {dataset.n_transitions:,} transitions ({dataset.n_episodes} episodes) "
         f"from {args.path} into {args.out}"
     )
@@ -76,6 +85,17 @@ def command_datasets_train_policies(args: argparse.Namespace) -> int:
         console.print(f"{quality:>7}: {value:,.1f} per step")
     console.print(f"Saved behaviour policies to {path}")
     return 0
+
+
+def _clear_stale_staging(directory: Path, console: Console) -> None:
+    from neorl_industrial.integration.datasets.native import (
+        clear_stale_staging,
+        stale_staging_message,
+    )
+
+    removed = clear_stale_staging(directory, warn=False)
+    if removed:
+        console.print(escape(stale_staging_message(directory.absolute(), removed)))
 
 
 def _flatten(mapping: dict, prefix: str = ""):

@@ -72,3 +72,44 @@ def test_huge_constants_overflow_instead_of_hanging_or_raising():
     assert np.isinf(Expression("10 ** 10 ** 10").evaluate({}, 2)).all()
     assert np.isinf(Expression("1 / 0").evaluate({}, 1)).all()
     assert np.isnan(Expression("log(0 - 1)").evaluate({}, 1)).all()
+
+
+# ----- hostile input: every one is a ValueError saying what is wrong, never a crash -------
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("1" + "0" * 400, "401-digit number literal is larger than a float64"),
+        ("1e400", "number literal is larger than a float64"),
+        ("-" * 995 + "t", "nested 995 levels deep, more than 100"),
+        ("~" * 995 + "t", "nested 995 levels deep, more than 100"),
+        ("(" * 150 + "t" + ")" * 150, "nested 150 levels deep"),
+        ("abs(" * 120 + "t" + ")" * 120, "nested 120 levels deep"),
+        ("t" + " + t" * 150, "nested 150 levels deep"),
+        ("t ** " * 120 + "t", "nested 120 levels deep"),
+        ("t.__class__", "is not allowed"),
+        ("system(t)", "is not allowed"),
+        ("np.exp(t)", "is not allowed"),
+        ("(lambda: t)()", "is not allowed"),
+        ("[t for t in v]", "is not allowed"),
+    ],
+)
+def test_hostile_expressions_are_value_errors_that_say_why(source, message):
+    with pytest.raises(ValueError, match=message):
+        Expression(source)
+
+
+def test_the_deepest_accepted_nesting_compiles_and_evaluates_on_a_deep_stack():
+    def on_a_deep_stack(depth, run):
+        return run() if depth == 0 else on_a_deep_stack(depth - 1, run)
+
+    nested = "max(" * 99 + "t" + ", 0)" * 99
+    expression = on_a_deep_stack(300, lambda: Expression(nested))
+    values = on_a_deep_stack(300, lambda: expression.evaluate(COLUMNS, 3))
+    np.testing.assert_allclose(values, COLUMNS["t"])
+    assert Expression("-" * 100 + "t").evaluate(COLUMNS, 3).tolist() == [300.0, 350.0, 400.0]
+
+
+def test_a_huge_exponent_is_infinity_not_an_endless_computation():
+    # Computed, not written: the caller reports the row where it is not finite.
+    assert np.isinf(Expression("10 ** 10 ** 10 ** 10").evaluate(COLUMNS, 3)).all()
+    assert np.isinf(Expression("t ** 1e300").evaluate(COLUMNS, 3)).all()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from neorl_industrial.integration.datasets.factory import (
     BehaviourPolicies,
     generate_dataset,
 )
+from neorl_industrial.integration.datasets.native import STALE_STAGING_AGE
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +60,18 @@ def test_artifacts_round_trip(tmp_path, policies):
         BehaviourPolicies.load("IB-v0", version="v9", root=tmp_path)
     with pytest.raises(ValueError, match="IB-classic-v0"):
         BehaviourPolicies.load("IB-classic-v0", root=tmp_path)
+
+
+def test_saving_policies_removes_what_killed_saves_left(tmp_path, policies):
+    versions = tmp_path / "IB-v0"
+    stale, fresh = versions / ".test.k1ll3d.tmp", versions / ".v2.4l1ve.tmp"
+    for staging in (stale, fresh):
+        staging.mkdir(parents=True)
+    old = stale.stat().st_mtime - 2 * STALE_STAGING_AGE
+    os.utime(stale, (old, old))
+    with pytest.warns(UserWarning, match="removed 1 staging entry"):
+        path = policies.save(tmp_path)
+    assert not stale.exists() and fresh.is_dir() and (path / "manifest.json").is_file()
 
 
 def test_generation_is_reproducible_and_carded(tmp_path, policies):

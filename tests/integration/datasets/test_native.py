@@ -149,3 +149,26 @@ def test_cost_names_must_match_the_data(tmp_path):
     with pytest.raises(ValueError, match="has 1 entries but the data has 2 costs"):
         save_native(make_dataset(), tmp_path / "d", DatasetCard(cost_names=["heat"]))
     assert not (tmp_path / "d").exists()
+
+
+def _staging(parent, name, age_s):
+    """A staging directory like one a killed save leaves, ``age_s`` seconds old."""
+    staging = parent / f".{name}.k1ll3d.tmp"
+    staging.mkdir(parents=True)
+    (staging / "observations.npy").write_bytes(b"\0" * 1024)
+    stamp = os.stat(staging).st_mtime - age_s
+    os.utime(staging, (stamp, stamp))
+    return staging
+
+
+def test_a_save_removes_stale_staging_of_killed_saves_and_keeps_fresh_ones(tmp_path):
+    stale = _staging(tmp_path, "boiler", 2 * native_module.STALE_STAGING_AGE)
+    fresh = _staging(tmp_path, "other", 60)  # a save still at work next door
+    unrelated = tmp_path / "notes.tmp"
+    unrelated.write_text("kept")
+    with pytest.warns(UserWarning, match=r"removed 1 staging entry .* interrupted writes"):
+        save_native(make_dataset(), tmp_path / "boiler")
+    assert not stale.exists()
+    assert fresh.is_dir() and unrelated.is_file()
+    assert load_native(tmp_path / "boiler")[0].n_transitions == 15
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["boiler", fresh.name, "notes.tmp"])

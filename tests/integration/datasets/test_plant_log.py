@@ -300,3 +300,110 @@ def test_the_card_of_a_plant_log_is_its_task(tmp_path):
     assert task.cost_limits == {"overheating": 5.0}
     assert task.cost_definitions["overheating"] == "max(temperature - 420, 0)"
     assert task.sampling_period == 60.0
+
+
+# ----- untrusted files ---------------------------------------------------------------------
+ALIAS_BOMB = """\
+a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
+"""
+
+
+def test_a_schema_with_an_alias_bomb_is_refused_at_once_naming_file_and_line(tmp_path):
+    table_path, schema_path = _write(tmp_path, _table(), schema=ALIAS_BOMB)
+    with pytest.raises(DatasetFormatError, match=r"anchors \(&name\) are not accepted") as caught:
+        load_plant_log(table_path, schema_path)
+    message = str(caught.value)
+    assert message.startswith(f"{schema_path}: not valid YAML") and "line 1" in message
+    assert caught.value.path == str(schema_path)
+
+
+def test_a_schema_over_one_mebibyte_is_not_read(tmp_path):
+    table_path, schema_path = _write(tmp_path, _table(), schema=SCHEMA + "#" * (1 << 20))
+    with pytest.raises(DatasetFormatError, match=r"schema.yaml: larger than 1048576 bytes"):
+        load_plant_log(table_path, schema_path)
+
+
+def test_a_missing_schema_names_the_file(tmp_path):
+    table_path, _ = _write(tmp_path, _table())
+    with pytest.raises(DatasetFormatError, match=r"nothere.yaml: cannot read the plant-log schema"):
+        load_plant_log(table_path, tmp_path / "nothere.yaml")
+
+
+@pytest.mark.parametrize(
+    ("field", "expression", "complaint"),
+    [
+        ("reward", "1" + "0" * 400, "401-digit number literal is larger than a float64"),
+        ("reward", "-" * 990 + "valve", "nested 990 levels deep"),
+        ("costs 'overheating'", "(" * 300 + "valve" + ")" * 300, "nested 300 levels deep"),
+        ("reward", "temperature.__class__", "is not allowed"),
+        ("reward", "open(valve)", "is not allowed"),
+        ("reward", "(lambda: 0)()", "is not allowed"),
+    ],
+)
+def test_hostile_expressions_name_the_schema_and_field(tmp_path, field, expression, complaint):
+    if field == "reward":
+        schema = SCHEMA.replace(
+            "reward: -abs(temperature - 350) - 0.01 * valve", f'reward: "{expression}"'
+        )
+    else:
+        schema = SCHEMA.replace('"max(temperature - 420, 0)"', f'"{expression}"')
+    table_path, schema_path = _write(tmp_path, _table(), schema=schema)
+    with pytest.raises(DatasetFormatError, match=complaint) as caught:
+        load_plant_log(table_path, schema_path)
+    assert str(caught.value).startswith(f"{schema_path}: {field}: ")
+
+
+def test_a_text_value_in_a_number_column_names_column_and_row(tmp_path):
+    pressure = [str(value) for value in PRESSURE]
+    pressure[6] = "n/a (sensor)"
+    table_path, schema_path = _write(tmp_path, _table(pressure=pressure))
+    with pytest.raises(DatasetFormatError) as caught:
+        load_plant_log(table_path, schema_path)
+    assert (caught.value.column, caught.value.row) == ("pressure", 6)
+    assert str(caught.value) == (
+        f"{table_path}: column 'pressure', row 6: invalid value 'n/a (sensor)', expected a number"
+    )
+
+
+def test_a_text_value_far_down_a_long_csv_names_its_row(tmp_path):
+    n_rows = 50_000
+    table = _table(
+        time=np.arange(n_rows, dtype=np.float64) * 60,
+        temperature=np.full(n_rows, 350.0),
+        pressure=np.full(n_rows, 1.0),
+        valve=np.full(n_rows, 10.0),
+        alarm=np.zeros(n_rows, np.int64),
+        operator=["ann"] * n_rows,
+    )
+    table_path, schema_path = _write(tmp_path, table)
+    lines = table_path.read_text().splitlines()
+    lines[1 + 41_234] = lines[1 + 41_234].replace(",10,", ",ten,", 1)
+    table_path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DatasetFormatError, match="column 'valve', row 41234: invalid value 'ten'"):
+        load_plant_log(table_path, schema_path)
+
+
+def test_a_row_with_too_few_fields_names_the_row(tmp_path):
+    table_path, schema_path = _write(tmp_path, _table())
+    lines = table_path.read_text().splitlines()
+    lines[1 + 3] = lines[1 + 3].rsplit(",", 2)[0]
+    table_path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        DatasetFormatError, match=r"log.csv: row 3: 4 field\(s\) where the header has 6"
+    ):
+        load_plant_log(table_path, schema_path)
+
+
+def test_a_terminal_column_of_words_names_the_row(tmp_path):
+    schema = SCHEMA + "terminal: tripped\n"
+    tripped = ["0", "0", "0", "yes", "0", "0", "0", "0"]
+    with pytest.raises(DatasetFormatError, match="column 'tripped', row 3: 'yes' is not a number"):
+        load_plant_log(*_write(tmp_path, _table(tripped=tripped), "parquet", schema))

@@ -39,6 +39,7 @@ from neorl_industrial.functional.transformations.online import (
     train_online,
 )
 from neorl_industrial.integration.datasets.card import BehaviourPolicy, DatasetCard
+from neorl_industrial.integration.datasets.native import clear_stale_staging
 from neorl_industrial.wrappers.hostio import atomic_directory
 
 QUALITIES = ("random", "low", "medium", "high", "expert")
@@ -75,8 +76,10 @@ class BehaviourPolicies:
     training: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def save(self, root: str | Path = POLICY_ROOT, *, overwrite: bool = False) -> Path:
-        """Writes ``root/<env_id>/<version>/`` atomically and returns it."""
+        """Writes ``root/<env_id>/<version>/`` atomically and returns it (after removing
+        what killed saves left there, with a warning)."""
         path = Path(root) / self.env_id / self.version
+        clear_stale_staging(path.absolute().parent)
         with atomic_directory(path, overwrite=overwrite) as staging:
             for quality, params in self.policies.items():
                 (staging / f"{quality}.msgpack").write_bytes(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -34,9 +35,12 @@ from neorl_industrial.integration.datasets.arrays import (
 )
 from neorl_industrial.integration.datasets.card import ArraySpec, DatasetCard
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
-from neorl_industrial.wrappers.hostio import atomic_directory
+from neorl_industrial.wrappers.hostio import atomic_directory, remove_stale_staging
 
 CARD_FILE = "dataset.json"
+#: Staging entries older than this (seconds) were left by a writer that was killed; a
+#: younger one may belong to a writer still at work in the same directory.
+STALE_STAGING_AGE = 3600.0
 
 
 class _HashingWriter:
@@ -53,6 +57,32 @@ class _HashingWriter:
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
+
+
+def clear_stale_staging(directory: str | os.PathLike[str], *, warn: bool = True) -> int:
+    """Removes the hidden staging entries (``.<name>.*.tmp``) that writers killed in the
+    middle of a save left in ``directory``, if older than :data:`STALE_STAGING_AGE`.
+
+    Args:
+        directory: where a dataset is about to be written (its parent directory).
+        warn: say with a warning what was removed (a command line prints it instead).
+
+    Returns:
+        How many entries were removed.
+    """
+    directory = Path(directory).absolute()
+    removed = remove_stale_staging(directory, older_than=STALE_STAGING_AGE)
+    if removed and warn:
+        warnings.warn(stale_staging_message(directory, removed), stacklevel=2)
+    return removed
+
+
+def stale_staging_message(directory: Path, removed: int) -> str:
+    """What :func:`clear_stale_staging` removed, in words."""
+    return (
+        f"{directory}: removed {removed} staging entr{'y' if removed == 1 else 'ies'} "
+        "(.<name>.*.tmp) left by interrupted writes"
+    )
 
 
 def is_native(path: str | os.PathLike[str]) -> bool:
@@ -82,8 +112,12 @@ def save_native(
     Raises:
         FileExistsError: if ``path`` exists and ``overwrite`` is false.
         ValueError: if the card's cost names do not match the data.
+
+    Staging left next to ``path`` by saves that were killed is removed first (with a
+    warning), see :func:`clear_stale_staging`.
     """
     path = Path(path)
+    clear_stale_staging(path.absolute().parent)
     card = (card or DatasetCard(name=path.name)).with_sizes(dataset)
     arrays = dataset_arrays(dataset)
     with atomic_directory(

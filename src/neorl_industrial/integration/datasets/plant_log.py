@@ -14,7 +14,9 @@ pyarrow number them).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,13 @@ _MISSING_HINT = (
 )
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# pyarrow names a column by its index and no row: "In CSV column #2: CSV conversion
+# error to double: invalid value 'abc'".
+_CSV_CONVERSION = re.compile(
+    r"In CSV column #(?P<index>\d+): (?:Row #\d+: )?CSV conversion error to "
+    r"(?P<kind>[^:]+): (?P<detail>.*)",
+    re.DOTALL,
+)
 
 
 def is_table(path: str | os.PathLike[str]) -> bool:
@@ -116,7 +125,7 @@ def load_plant_log(
     try:
         dataset = Dataset.from_episodes(episodes, name=str(table_path))
     except ValueError as error:
-        raise DatasetFormatError(str(error)) from error
+        raise DatasetFormatError(str(error), path=table_path) from error
     if dropped:
         warnings.warn(
             f"{table_path}: dropped {dropped} row(s) with missing or infinite values "
@@ -163,6 +172,9 @@ def _column_names(path: Path) -> list[str]:
                 return list(reader.schema.names)
     except FileNotFoundError:
         raise DatasetFormatError("file not found", path=path) from None
+    except pa.ArrowInvalid as error:
+        # Opening a CSV parses its first block: a malformed row there fails here.
+        raise _csv_error(path, error, names=[]) from error
     except (pa.ArrowException, OSError) as error:
         raise DatasetFormatError(f"unreadable table: {error}", path=path) from error
     raise DatasetFormatError(
@@ -232,8 +244,96 @@ def _read_table(path: Path, schema: PlantLogSchema, numeric: dict[str, str]) -> 
             types[schema.episode] = pa.string()
         options = pcsv.ConvertOptions(include_columns=columns, column_types=types)
         return pcsv.read_csv(path, convert_options=options)
+    except pa.ArrowInvalid as error:
+        raise _csv_error(path, error) from error
     except (pa.ArrowException, OSError) as error:
         raise DatasetFormatError(f"unreadable table: {error}", path=path) from error
+
+
+def _csv_error(
+    path: Path, error: pa.ArrowInvalid, names: list[str] | None = None
+) -> DatasetFormatError:
+    """pyarrow's CSV error as one that names the column by name and the data row
+    (``names``: the file's columns, read from it when not given)."""
+    conversion = _CSV_CONVERSION.match(str(error))
+    if conversion is not None:
+        names = _column_names(path) if names is None else names
+        index = int(conversion["index"])
+        if index < len(names):
+            column, kind = names[index], conversion["kind"].strip()
+            expected = "a number" if kind in ("double", "float") else kind
+            return DatasetFormatError(
+                f"{conversion['detail'].strip()}, expected {expected}",
+                path=path,
+                column=column,
+                row=_first_unconvertible(path, column, kind),
+            )
+    if str(error).startswith("CSV parse error"):
+        malformed = _first_malformed_row(path)
+        if malformed is not None:
+            return DatasetFormatError(
+                f"{malformed.actual_columns} field(s) where the header has "
+                f"{malformed.expected_columns}: {malformed.text[:200]!r}",
+                path=path,
+                row=None if malformed.number is None else malformed.number - 2,
+            )
+    return DatasetFormatError(f"unreadable table: {error}", path=path)
+
+
+def _first_unconvertible(path: Path, column: str, kind: str) -> int | None:
+    """The first data row of ``column`` that does not convert to ``kind`` (a pyarrow
+    type name), read again as text; None if that cannot be told."""
+    try:
+        target = pa.type_for_alias(kind)
+        options = pcsv.ConvertOptions(
+            include_columns=[column], column_types={column: pa.string()}, strings_can_be_null=True
+        )
+        text = pcsv.read_csv(path, convert_options=options).column(column)
+    except (pa.ArrowException, OSError, ValueError):
+        return None
+    # The CSV reader trims blanks around a number; a cast does not.
+    return _first_failing_cast(pc.utf8_trim_whitespace(text), target)
+
+
+def _first_failing_cast(values: pa.ChunkedArray, target: pa.DataType) -> int | None:
+    """The first index of ``values`` that does not cast to ``target``, by bisecting over
+    prefixes (a few casts, however long the column)."""
+
+    def casts(stop: int) -> bool:
+        try:
+            pc.cast(values.slice(0, stop), target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return False
+        return True
+
+    if casts(len(values)):
+        return None
+    good, bad = 0, len(values)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if casts(middle):
+            good = middle
+        else:
+            bad = middle
+    return bad - 1
+
+
+def _first_malformed_row(path: Path) -> Any:
+    """pyarrow's description (``InvalidRow``) of the first row with the wrong number of
+    fields; its ``number`` counts lines from 1, header included."""
+    found = []
+
+    def keep(row: Any) -> str:
+        found.append(row)
+        return "error"
+
+    with contextlib.suppress(pa.ArrowException, OSError):
+        pcsv.read_csv(
+            path,
+            read_options=pcsv.ReadOptions(use_threads=False),  # numbers rows
+            parse_options=pcsv.ParseOptions(invalid_row_handler=keep),
+        )
+    return found[0] if found else None
 
 
 def _first_null(array: pa.ChunkedArray) -> int | None:
@@ -245,6 +345,12 @@ def _first_null(array: pa.ChunkedArray) -> int | None:
 def _numeric(table: pa.Table, column: str, path: Path) -> np.ndarray:
     array = table.column(column)
     kind = array.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        row = _first_failing_cast(pc.utf8_trim_whitespace(array), pa.float64())
+        if row is not None:
+            raise DatasetFormatError(
+                f"{array[row].as_py()!r} is not a number", path=path, column=column, row=row
+            )
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
         raise DatasetFormatError(f"holds {kind}, expected numbers", path=path, column=column)
     row = _first_null(array)

@@ -26,7 +26,6 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -38,6 +37,7 @@ from pydantic import (
 )
 
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
+from neorl_industrial.wrappers.hostio import YamlError, read_yaml
 
 
 class ColumnSpec(BaseModel):
@@ -135,15 +135,15 @@ def load_plant_schema(path: str | os.PathLike[str]) -> PlantLogSchema:
 
     Raises:
         DatasetFormatError: naming the schema file, with pydantic's field path and message
-            for a wrong or missing field, or YAML's line for a syntax error.
+            for a wrong or missing field, or YAML's line for a syntax error, an anchor or
+            alias, or a document over 1 MiB.
     """
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DatasetFormatError("schema file not found", path=path) from None
-    except yaml.YAMLError as error:
-        raise DatasetFormatError(f"invalid YAML: {error}", path=path) from error
+        # No anchors or aliases, at most 1 MiB: a schema is untrusted input.
+        document = read_yaml(path, what="plant-log schema")
+    except YamlError as error:
+        raise DatasetFormatError(str(error).removeprefix(f"{path}: "), path=path) from None
     if not isinstance(document, dict):
         raise DatasetFormatError(
             f"expected a mapping of schema fields, got {type(document).__name__}", path=path

@@ -24,6 +24,7 @@ from neorl_industrial.core.agents.registry import (
     algorithm_entry,
     validate_hyperparameters,
 )
+from neorl_industrial.wrappers.hostio import YamlError, load_yaml_text, read_yaml
 
 __all__ = [
     "AlgorithmSection",
@@ -298,9 +299,9 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
                 f"override {override!r}: expected dotted.field=value, e.g. training.updates=2000"
             )
         try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise ConfigError(f"override {override!r}: value is not valid YAML ({error})") from None
+            value = load_yaml_text(text, f"override {override!r}")
+        except YamlError as error:
+            raise ConfigError(str(error)) from None
         node = result
         parts = field.split(".")
         for i, part in enumerate(parts[:-1]):
@@ -315,12 +316,12 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
 
 
 def _read(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"{path}: no such config file")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML ({error})") from None
+        values = read_yaml(path, what="config file") or {}
+    except YamlError as error:
+        raise ConfigError(str(error)) from None
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     return values
