@@ -23,9 +23,14 @@ from neorl_industrial.integration.safety import AuditLog
 from neorl_industrial.wrappers.agents import PolicyArtifact
 from tests.wrappers.agents.test_export import Policy, plant_inputs
 
-ACT, ADMIN = "act-key-0123456789", "admin-key-0123456789"
+# Keys as secrets.token_urlsafe(32) makes them (shorter or placeholder keys are refused).
+ACT, ADMIN = (
+    "QXWXDL4jQgskAmg0nz2bk2yip1eEm5gKC4GfPV0J-tc",
+    "_-Rc9E6pCqctoqbTHtBh8LaAx5bNbyasrF7G9yBwkow",
+)
 AS_ACT = {"Authorization": f"Bearer {ACT}"}
 AS_ADMIN = {"X-API-Key": ADMIN}
+FILE_KEY = "vQttCykv5qgd6NwJbUDJoRAB2syOwal-bgJTdtHwCmc"
 
 
 @pytest.fixture(scope="module")
@@ -197,14 +202,14 @@ def test_auth_roles(client, tmp_path, policies):
 
     with pytest.raises(SettingsError, match="no API key configured"):
         create_app(ServerSettings(model=str(policies["a"])))
-    with pytest.raises(SettingsError, match="shorter than 8"):
+    with pytest.raises(SettingsError, match="shorter than 32 characters"):
         create_app(ServerSettings(model=str(policies["a"]), api_keys={"act": ["short"]}))
     secrets = tmp_path / "keys.yaml"
-    secrets.write_text("act: [file-key-0123456789]\nroot: [x]\n")
+    secrets.write_text(f"act: [{FILE_KEY}]\nroot: [x]\n")
     with pytest.raises(SettingsError, match="unknown role 'root'"):
         ServerSettings(model="x", api_keys_file=secrets).keys()
-    secrets.write_text("act: [file-key-0123456789]\n")
-    assert ServerSettings(model="x", api_keys_file=secrets).keys() == {"file-key-0123456789": "act"}
+    secrets.write_text(f"act: [{FILE_KEY}]\n")
+    assert ServerSettings(model="x", api_keys_file=secrets).keys() == {FILE_KEY: "act"}
     assert ServerSettings(model="x", auth=False).keys() == {}
 
 

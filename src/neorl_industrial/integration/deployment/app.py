@@ -91,7 +91,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     loaded = serving.policy
     if loaded is None:
         loaded = await asyncio.to_thread(
-            load_policy_source, settings.model, settings.tracking_uri, serving.batch_sizes
+            load_policy_source,
+            settings.model,
+            settings.tracking_uri,
+            serving.batch_sizes,
+            trust=settings.trust(),
         )
     else:
         await asyncio.to_thread(loaded.artifact.warmup, serving.batch_sizes)

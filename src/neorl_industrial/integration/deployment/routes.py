@@ -142,7 +142,11 @@ async def reload(
         started = time.perf_counter()
         try:
             loaded = await asyncio.to_thread(
-                load_policy_source, source, settings.tracking_uri, serving.batch_sizes
+                load_policy_source,
+                source,
+                settings.tracking_uri,
+                serving.batch_sizes,
+                trust=settings.trust(),
             )
         except Exception as error:  # nothing swapped: the old policy keeps serving
             raise HTTPException(422, f"model: cannot load {source!r}: {error}") from None

@@ -6,12 +6,21 @@ prefix ``NEORL_SERVE_``, a ``.env`` file, and API keys from the settings or a se
     NEORL_SERVE_API_KEYS_FILE=/run/secrets/api-keys.yaml    # the same mapping, YAML or JSON
 
 Keys are compared in constant time. A server without any key refuses to start unless
-``NEORL_SERVE_AUTH=false`` says that is intended (a closed network, a test).
+``NEORL_SERVE_AUTH=false`` says that is intended (a closed network, a test); so does one
+with a placeholder (``replace-with-...``, ``change-me``), short (below 32 characters) or
+low-entropy key.
+
+What the server trusts (see :class:`~.policy.PolicyTrust`):
+
+    NEORL_SERVE_TRUSTED_KEYS='["/run/secrets/release.pub"]'   # signatures required
+    NEORL_SERVE_PINNED_CONSTRAINTS=/etc/neorl/constraints.yaml  # the safety engineer's spec
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +29,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from neorl_industrial.wrappers.hostio import YamlError, read_yaml
 
-__all__ = ["ROLES", "ServerSettings", "SettingsError"]
+__all__ = ["MIN_KEY_LENGTH", "ROLES", "ServerSettings", "SettingsError", "check_api_key"]
 
 #: ``act`` may call the policy; ``admin`` may also reload it.
 ROLES = ("act", "admin")
+#: The shortest API key accepted (``secrets.token_urlsafe(32)`` gives 43 characters).
+MIN_KEY_LENGTH = 32
+#: Fewer bits than this by the key's own character frequencies: a pattern, not a secret.
+_MIN_KEY_BITS = 80.0
+_PLACEHOLDERS = ("replace-with", "change-me", "changeme", "placeholder")
+_GENERATE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 
 class SettingsError(ValueError):
@@ -65,6 +80,12 @@ class ServerSettings(BaseSettings):
     #: JAX's objects put ~100 ms pauses into the latency tail. Process-wide, so the
     #: ``serve`` command turns it on; an app embedded in another process leaves it off.
     tune_gc: bool = False
+    #: Ed25519 public key files (``keys generate``) whose signatures are trusted; when
+    #: set, every artifact served must be signed by one of them.
+    trusted_keys: list[Path] = Field(default_factory=list)
+    #: The safety engineer's own constraint spec: an artifact whose bundled spec differs
+    #: from it is refused, at start and at reload.
+    pinned_constraints: Path | None = None
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -116,8 +137,7 @@ class ServerSettings(BaseSettings):
         roles: dict[str, str] = {}
         for role, keys in mapping.items():
             for key in keys:
-                if len(key) < 8:
-                    raise SettingsError(f"api_keys: a key of role {role!r} is shorter than 8")
+                check_api_key(key, role)
                 if key in roles:
                     raise SettingsError(f"api_keys: a key is listed twice ({roles[key]}, {role})")
                 roles[key] = role
@@ -127,3 +147,37 @@ class ServerSettings(BaseSettings):
                 "NEORL_SERVE_API_KEYS_FILE, or NEORL_SERVE_AUTH=false to serve without keys"
             )
         return roles
+
+    def trust(self) -> Any:
+        """The :class:`~.policy.PolicyTrust` of these settings (keys and pinned spec read).
+
+        Raises:
+            SettingsError: for a trusted key or pinned spec that cannot be read.
+        """
+        from neorl_industrial.integration.deployment.policy import PolicyTrust
+
+        return PolicyTrust.from_files(self.trusted_keys, self.pinned_constraints)
+
+
+def check_api_key(key: str, role: str) -> None:
+    """Refuses a placeholder, short or low-entropy API key, saying how to make one.
+
+    Raises:
+        SettingsError: naming the role and what is wrong with the key (never the key).
+    """
+    how = f"generate one with: {_GENERATE}"
+    lowered = key.lower()
+    if any(marker in lowered for marker in _PLACEHOLDERS):
+        raise SettingsError(f"api_keys: a key of role {role!r} is a placeholder; {how}")
+    if len(key) < MIN_KEY_LENGTH:
+        raise SettingsError(
+            f"api_keys: a key of role {role!r} is shorter than {MIN_KEY_LENGTH} characters "
+            f"({len(key)}); {how}"
+        )
+    counts = collections.Counter(key).values()
+    bits = -sum(count * math.log2(count / len(key)) for count in counts)
+    if bits < _MIN_KEY_BITS:
+        raise SettingsError(
+            f"api_keys: a key of role {role!r} is low-entropy ({bits:.0f} bits by its "
+            f"characters, at least {_MIN_KEY_BITS:.0f} expected); {how}"
+        )
