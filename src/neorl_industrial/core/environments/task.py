@@ -217,7 +217,8 @@ class Task:
 
     def compile_constraints(self, spec: ConstraintSpec | None = None) -> Any:
         """``spec`` (default: :meth:`default_constraints`) compiled against this task's
-        feature and action names.
+        feature and action names, with its physical observation bounds (the shield sends
+        the fallback for an observation outside them).
 
         Raises:
             ConstraintSpecError: naming the field of a feature or action the task does not
@@ -225,7 +226,11 @@ class Task:
         """
         spec = self.default_constraints() if spec is None else spec
         return spec.compile(
-            self.observation_size, self.action_size, self.observation_names, self.action_names
+            self.observation_size,
+            self.action_size,
+            self.observation_names,
+            self.action_names,
+            observation_bounds=(self.observation_low, self.observation_high),
         )
 
     # ----- simulator ----------------------------------------------------------------------

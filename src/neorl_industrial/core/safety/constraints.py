@@ -8,6 +8,29 @@ The hard constraints, in the order of :attr:`CompiledConstraints.names`: action 
 rate limits, state-conditional limits, linear constraints. A margin is the slack of a
 constraint (``>= 0`` when it holds, ``+inf`` for a state limit whose condition is off);
 a constraint is violated when its margin is below ``-TOLERANCE`` or not a number.
+
+Linear constraints and float32 (the numerics guarantee). ``bound - c_obs · obs`` is
+computed in float32 (x64 is off by default, and the shield must stay cheap), and with
+observations far above the bound's scale it cancels: velocity ``-1e20`` and gain ``+1e20``
+at ``0.005`` each leave an exact ``0`` but a float32 sum (summed in any order, with or
+without the fused multiply-adds XLA may choose) off by ~1e11 either way, which let a
+violating action through. Compensated (error-free) summation would need the compiler to
+keep every rounding as written, which XLA does not promise. So the shield instead
+computes, next to each linear margin, a bound on everything float32 can have got wrong
+in it and subtracts it: for ``k`` rounded operations the computed sum of terms ``t_i``
+is off by at most ``k u Σ|t_i|`` (``u = 2^-24``, the standard bound whatever the order
+or contraction), and the compiled coefficients and bound are the spec's numbers rounded
+once more. With ``_ROUNDING = 2^-23`` (twice ``u``, which also covers the rounding of the
+error bound itself) and ``k`` = the row's terms plus four, the margin reported and
+checked is ``computed slack - _ROUNDING k (|bound| + Σ|c_i obs_i| + Σ|d_j a_j|)``, a
+lower bound on the exact slack of the spec's constraint for these inputs. Accepting an
+action only when that lower bound is ``>= -TOLERANCE`` means no finite input can pass an
+action whose exact slack is below ``-TOLERANCE``. Where the terms dwarf the bound (all
+precision lost) the margin is very negative: the proposal is repaired against a
+right-hand side that is the smallest it can be, and when that leaves nothing the fallback
+is flagged ``infeasible``. An overflow makes the error bound infinite and the margin
+``-inf`` or NaN: violated. At plant scales the correction is ~1e-6, below ``TOLERANCE``.
+Underflow and flushed subnormals err by less than 1e-37 per term, far below it.
 """
 
 from __future__ import annotations
@@ -29,6 +52,7 @@ __all__ = [
     "linear_lhs",
     "linear_rhs",
     "margins",
+    "observation_valid",
     "satisfies",
     "violations",
 ]
@@ -36,6 +60,9 @@ __all__ = [
 # Absolute slack allowed in every check: the projections are exact in real arithmetic and
 # off by a few float32 roundings in practice.
 TOLERANCE = 1e-5
+# Twice float32's unit roundoff: the per-operation relative error the linear margins
+# allow for (see the module docstring).
+_ROUNDING = 2.0**-23
 
 
 @struct.dataclass
@@ -56,6 +83,9 @@ class CompiledConstraints:
     linear_obs: jax.Array  # [n_linear, obs_size]
     linear_act: jax.Array  # [n_linear, action_size]
     linear_bound: jax.Array  # [n_linear]
+    # Physical bounds of each feature (±inf where unknown): a finite bound is checked.
+    observation_low: jax.Array  # [obs_size]
+    observation_high: jax.Array  # [obs_size]
     fallback_value: jax.Array  # [action_size] the constant fallback
     cost_threshold: jax.Array  # [n_costs]
     cost_above: jax.Array  # [n_costs] bool
@@ -151,13 +181,34 @@ def _state_active(constraints: CompiledConstraints, observation: jax.Array) -> C
     return active
 
 
+def observation_valid(constraints: CompiledConstraints, observation: jax.Array) -> jax.Array:
+    """``[...]`` bool: every feature with a finite physical bound is a finite number
+    within its bounds (features without one are not checked)."""
+    low, high = constraints.observation_low, constraints.observation_high
+    checked = jnp.isfinite(low) | jnp.isfinite(high)
+    inside = jnp.isfinite(observation) & (observation >= low) & (observation <= high)
+    return ~jnp.any(checked & ~inside, axis=-1)
+
+
+def _row_rounding(constraints: CompiledConstraints, row: int) -> float:
+    """The relative error allowance of linear constraint ``row`` (module docstring)."""
+    terms = len(constraints.linear_support[row]) + constraints.action_size
+    return (terms + 4) * _ROUNDING
+
+
 def _rhs(constraints: CompiledConstraints, observation: jax.Array) -> Components:
+    """Per linear constraint, a lower bound on the exact ``bound - c_obs · obs``: the
+    float32 result less what its roundings can have got wrong."""
     rows = []
     for row, support in enumerate(constraints.linear_support):
+        bound = constraints.linear_bound[row]
         total = jnp.zeros((), jnp.float32)
+        size = jnp.abs(bound)
         for feature in support:
-            total = total + constraints.linear_obs[row, feature] * observation[..., feature]
-        rows.append(constraints.linear_bound[row] - total)
+            term = constraints.linear_obs[row, feature] * observation[..., feature]
+            total = total + term
+            size = size + jnp.abs(term)
+        rows.append((bound - total) - _row_rounding(constraints, row) * size)
     return rows
 
 
@@ -171,6 +222,17 @@ def _lhs(constraints: CompiledConstraints, action: Components) -> Components:
     return rows
 
 
+def _lhs_error(constraints: CompiledConstraints, action: Components) -> Components:
+    """Per linear constraint, the most float32 can have got ``c_act · action`` wrong."""
+    rows = []
+    for row in range(constraints.n_linear):
+        size = jnp.zeros((), jnp.float32)
+        for j in range(constraints.action_size):
+            size = size + jnp.abs(constraints.linear_act[row, j] * action[j])
+        rows.append(_row_rounding(constraints, row) * size)
+    return rows
+
+
 def bounds_box(constraints: CompiledConstraints) -> tuple[Components, Components]:
     """Per action ``(low, high)`` of the action bounds alone (``±inf`` where none)."""
     low = [jnp.float32(-jnp.inf)] * constraints.action_size
@@ -181,10 +243,11 @@ def bounds_box(constraints: CompiledConstraints) -> tuple[Components, Components
     return low, high
 
 
-def box(
-    constraints: CompiledConstraints, observation: jax.Array, prev_action: Components
+def rate_box(
+    constraints: CompiledConstraints, prev_action: Components
 ) -> tuple[Components, Components]:
-    """:func:`action_box` on components."""
+    """Per action ``(low, high)`` of the action bounds and rate limits: the part of the
+    box that does not depend on the observation."""
     low, high = bounds_box(constraints)
     for k, j in enumerate(constraints.rate_index):
         prev = prev_action[j]
@@ -192,6 +255,14 @@ def box(
         limit = constraints.rate_limit[k]
         low[j] = jnp.maximum(low[j], jnp.where(known, prev - limit, -jnp.inf))
         high[j] = jnp.minimum(high[j], jnp.where(known, prev + limit, jnp.inf))
+    return low, high
+
+
+def box(
+    constraints: CompiledConstraints, observation: jax.Array, prev_action: Components
+) -> tuple[Components, Components]:
+    """:func:`action_box` on components."""
+    low, high = rate_box(constraints, prev_action)
     active = _state_active(constraints, observation)
     for k, j in enumerate(constraints.state_action):
         low[j] = jnp.maximum(low[j], jnp.where(active[k], constraints.state_low[k], -jnp.inf))
@@ -221,8 +292,14 @@ def margin_list(
             action[j] - constraints.state_low[k], constraints.state_high[k] - action[j]
         )
         result.append(jnp.where(active[k], slack, jnp.inf))
-    for rhs, lhs in zip(_rhs(constraints, observation), _lhs(constraints, action), strict=True):
-        result.append(rhs - lhs)
+    rows = zip(
+        _rhs(constraints, observation),
+        _lhs(constraints, action),
+        _lhs_error(constraints, action),
+        strict=True,
+    )
+    for rhs, lhs, error in rows:
+        result.append(rhs - lhs - error)
     return result
 
 
@@ -244,7 +321,8 @@ def _batch_shape(*arrays: jax.Array) -> tuple[int, ...]:
 
 def linear_rhs(constraints: CompiledConstraints, observation: jax.Array) -> jax.Array:
     """``[..., n_linear]``: ``bound - c_obs · observation`` per linear constraint, the
-    right-hand side of ``c_act · action <= rhs`` for this observation."""
+    right-hand side of ``c_act · action <= rhs`` for this observation, less the most its
+    float32 evaluation can be off (a lower bound on the exact value)."""
     observation = _as_float(observation)
     return join(_rhs(constraints, observation), observation.shape[:-1])
 

@@ -15,6 +15,18 @@ a :class:`SafetyReport`:
    observation: the report says ``infeasible`` and the fallback, clipped into the action
    bounds alone, is returned.
 
+Before any of this, the observation is checked against the plant's physical bounds
+(``CompiledConstraints.observation_low``/``high``, from the task): a feature with a finite
+bound that is outside it or not a number means a broken sensor, and every constraint
+that reads the observation means nothing. Whatever the proposal, the fallback is then
+applied, clipped into what does not depend on the observation (the action bounds and
+rate limits), and the report says ``invalid_observation`` (its margins, computed from
+the bad reading, may be NaN or infinite).
+
+Linear margins are lower bounds on the exact slack (see
+:mod:`neorl_industrial.core.safety.constraints`): no finite input can make a float32
+cancellation pass an action that breaks a linear constraint.
+
 The choice is a ``lax.cond``; under ``vmap`` it becomes a select, so both branches run —
 they are a few dozen flops for plant-sized actions.
 """
@@ -38,6 +50,8 @@ from neorl_industrial.core.safety.constraints import (
     join,
     keeps_all,
     margin_list,
+    observation_valid,
+    rate_box,
     split,
 )
 from neorl_industrial.core.safety.controllers import get_safe_controller
@@ -46,6 +60,7 @@ __all__ = [
     "FALLBACK",
     "INFEASIBLE",
     "INVALID",
+    "INVALID_OBSERVATION",
     "OVERRIDDEN",
     "PROJECTED",
     "PROJECTION_PASSES",
@@ -63,6 +78,7 @@ BRANCH_MIN_BATCH = 64
 
 # Bits of ``SafetyReport.status``.
 OVERRIDDEN, PROJECTED, FALLBACK, INVALID, INFEASIBLE = 1, 2, 4, 8, 16
+INVALID_OBSERVATION = 32
 
 
 @struct.dataclass
@@ -79,6 +95,8 @@ class SafetyReport:
     * ``invalid``: the proposed action was NaN or infinite;
     * ``infeasible``: no action kept every constraint (the fallback was clipped into the
       action bounds);
+    * ``invalid_observation``: the observation was outside the plant's physical bounds or
+      not a number where bounded; the fallback was applied, whatever the proposal;
     * ``violated``: ``[..., n_hard]`` the hard constraints the proposed action broke.
     """
 
@@ -109,6 +127,10 @@ class SafetyReport:
         return self._flag(INFEASIBLE)
 
     @property
+    def invalid_observation(self) -> jax.Array:
+        return self._flag(INVALID_OBSERVATION)
+
+    @property
     def violated(self) -> jax.Array:
         return ~(self.margin >= -TOLERANCE)
 
@@ -119,6 +141,7 @@ def _status(
     fallback: jax.Array,
     invalid: jax.Array,
     infeasible: jax.Array,
+    invalid_observation: jax.Array,
 ) -> jax.Array:
     status = jnp.zeros(jnp.shape(overridden), jnp.int32)
     for flag, bit in (
@@ -127,6 +150,7 @@ def _status(
         (fallback, FALLBACK),
         (invalid, INVALID),
         (infeasible, INFEASIBLE),
+        (invalid_observation, INVALID_OBSERVATION),
     ):
         status = status | jnp.where(flag, bit, 0)
     return status
@@ -143,8 +167,8 @@ def _halfspace_in_box(
     non-increasing, with a kink wherever a component reaches a bound, so ``λ`` is found
     exactly: ``g`` at every kink, the last kink outside and the first inside the
     half-space, and linear interpolation between them (no sort, no loop). Without a
-    crossing (the half-space misses the box) the clipped action is returned and the
-    caller's check rejects it.
+    crossing (the half-space misses the box) the box's point nearest to it is returned
+    and the caller's check decides.
     """
     n = len(action)
     a, c, lo, hi = action, normal, low, high
@@ -200,7 +224,10 @@ def _halfspace_in_box(
     denominator = jnp.where(crossing, g_out - g_in, slope)
     step = numerator / jnp.where(denominator > 0.0, denominator, 1.0)
     step = jnp.where(crossing, jnp.clip(step, 0.0, lam_in - lam_out), step)
-    lam = jnp.where(crossing | extend, start + step, 0.0)
+    # A half-space that misses the box: its nearest corner, which the check accepts when
+    # the miss is within the tolerance (a plane through a face of the box, once the
+    # margin's rounding allowance has moved it outwards by a hair).
+    lam = jnp.where(crossing | extend, start + step, jnp.where(any_inside, 0.0, last))
     # A relative nudge keeps the rounding of the interpolation on the inner side of the
     # plane; the shield's check catches anything else.
     lam = jnp.where(lam > 0.0, lam * (1.0 + 1e-6) + 1e-7, lam)
@@ -315,10 +342,34 @@ def _decide(
     margin = margin_list(constraints, observation, proposed, previous)
     margins_ = join([jnp.broadcast_to(m, shape) for m in margin], shape)
     finite = _all([jnp.isfinite(part) for part in proposed])
+    sensible = observation_valid(constraints, observation)
     # Read from the joined margins (one pass), not recomputed per constraint.
-    keep = finite & jnp.all(margins_ >= -TOLERANCE, axis=-1)
+    keep = sensible & finite & jnp.all(margins_ >= -TOLERANCE, axis=-1)
 
     def override(_):
+        safe, (projected, used_fallback, infeasible) = repair()
+        # A broken sensor: the fallback within what does not depend on the observation.
+        low, high = box_without_observation()
+        fallback = split(fallback_action(constraints, observation, prev_action))
+        sensor_safe = [jnp.clip(x, lo, hi) for x, lo, hi in zip(fallback, low, high, strict=True)]
+        safe = join(
+            [
+                jnp.broadcast_to(jnp.where(sensible, part, alternative), shape)
+                for part, alternative in zip(split(safe), sensor_safe, strict=True)
+            ]
+        )
+        return safe, (projected & sensible, used_fallback | ~sensible, infeasible & sensible)
+
+    def box_without_observation() -> tuple[Components, Components]:
+        # Rate limits that leave the action bounds give way to them (physical limits).
+        low, high = rate_box(constraints, previous)
+        bound_low, bound_high = bounds_box(constraints)
+        return [
+            [jnp.clip(x, lo, hi) for x, lo, hi in zip(side, bound_low, bound_high, strict=True)]
+            for side in (low, high)
+        ]
+
+    def repair():
         low, high = box(constraints, observation, previous)
         if constraints.n_linear <= 1:
             return exact_override(low, high)
@@ -431,7 +482,7 @@ def _decide(
         safe, (projected, used_fallback, infeasible) = override(None)
     report = SafetyReport(
         status=jnp.broadcast_to(
-            _status(~keep, projected, used_fallback, ~finite, infeasible), shape
+            _status(~keep, projected, used_fallback, ~finite, infeasible, ~sensible), shape
         ),
         margin=margins_,
     )

@@ -254,12 +254,17 @@ class ConstraintSpec(_Model):
         action_size: int,
         observation_names: Sequence[str] | None = None,
         action_names: Sequence[str] | None = None,
+        observation_bounds: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> Any:
         """The spec as :class:`CompiledConstraints` for an environment's spaces.
 
         Names are resolved against ``observation_names`` and ``action_names`` (by default
         ``observation_i`` and ``action_i``); an unknown name raises
         :class:`ConstraintSpecError` naming the field and the closest known names.
+        ``observation_bounds`` ``(low, high)``, one number per feature (``±inf`` where
+        unknown; default: all unknown), are the physical bounds the shield checks every
+        observation against: an observation outside them, or not a number, in a feature
+        with a finite bound sends the fallback, flagged ``invalid_observation``.
         """
         from neorl_industrial.core.safety.constraints import CompiledConstraints
         from neorl_industrial.core.safety.controllers import get_safe_controller
@@ -276,6 +281,7 @@ class ConstraintSpec(_Model):
             raise ConstraintSpecError(
                 f"action_names: {len(action_names)} names for {action_size} actions"
             )
+        observation_low, observation_high = _observation_bounds(observation_bounds, obs_size)
         feature = _Resolver(observation_names, "observation feature")
         act = _Resolver(action_names, "action")
 
@@ -335,6 +341,8 @@ class ConstraintSpec(_Model):
             linear_obs=linear_obs,
             linear_act=linear_act,
             linear_bound=np.asarray([c.bound for c in self.linear], np.float32),
+            observation_low=observation_low,
+            observation_high=observation_high,
             fallback_value=fallback_value,
             cost_feature=tuple(cost_feature),
             linear_support=tuple(tuple(int(f) for f in np.flatnonzero(row)) for row in linear_obs),
@@ -347,6 +355,43 @@ class ConstraintSpec(_Model):
             controller=self.fallback.controller,
             action_size=action_size,
         ).to_device()
+
+
+def _observation_bounds(
+    bounds: tuple[Sequence[float], Sequence[float]] | None, obs_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(low, high)`` as float32 arrays of ``obs_size``; errors name the field.
+
+    Rounded outwards to float32, so a feature exactly at its declared bound passes."""
+    if bounds is None:
+        return np.full(obs_size, -np.inf, np.float32), np.full(obs_size, np.inf, np.float32)
+    try:
+        low, high = bounds
+        low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+    except (TypeError, ValueError):
+        raise ConstraintSpecError(
+            "observation_bounds: expected (low, high), one number per feature each"
+        ) from None
+    for values, what in ((low, "low"), (high, "high")):
+        if values.shape != (obs_size,):
+            raise ConstraintSpecError(
+                f"observation_bounds: {what} has shape {values.shape}, expected ({obs_size},)"
+            )
+        if np.isnan(values).any():
+            raise ConstraintSpecError(
+                f"observation_bounds: {what} has NaN at features "
+                f"{np.flatnonzero(np.isnan(values)).tolist()}; use ±inf for unknown"
+            )
+    above = np.flatnonzero(low > high)
+    if above.size:
+        raise ConstraintSpecError(
+            f"observation_bounds: low is above high at features {above.tolist()}"
+        )
+    low32 = low.astype(np.float32)
+    high32 = high.astype(np.float32)
+    low32 = np.where(low32 > low, np.nextafter(low32, np.float32(-np.inf)), low32)
+    high32 = np.where(high32 < high, np.nextafter(high32, np.float32(np.inf)), high32)
+    return low32.astype(np.float32), high32.astype(np.float32)
 
 
 class _Resolver:

@@ -1,7 +1,8 @@
 """Runtime aggregation of the shield's reports on the host.
 
 A :class:`SafetyMonitor` counts what the shield did — decisions, overrides, projections,
-fallbacks, invalid proposals, infeasible situations, violations per hard constraint — and
+fallbacks, invalid proposals, infeasible situations, observations outside their physical
+bounds, violations per hard constraint — and
 keeps running statistics of each constraint's margin. It takes whole batches of reports
 (one NumPy pass per batch), is safe to call from several threads (a server's workers), and
 summarizes to strict JSON (no infinities or NaN).
@@ -21,6 +22,7 @@ from neorl_industrial.core.safety.shield import (
     FALLBACK,
     INFEASIBLE,
     INVALID,
+    INVALID_OBSERVATION,
     OVERRIDDEN,
     PROJECTED,
 )
@@ -33,6 +35,7 @@ _BITS = {
     "fallback": FALLBACK,
     "invalid": INVALID,
     "infeasible": INFEASIBLE,
+    "invalid_observation": INVALID_OBSERVATION,
 }
 
 
@@ -45,6 +48,7 @@ class HostReport(NamedTuple):
         fallback: ``[rows]`` bool.
         invalid: ``[rows]`` bool.
         infeasible: ``[rows]`` bool.
+        invalid_observation: ``[rows]`` bool.
         violated: ``[rows, n_hard]`` bool.
         margin: ``[rows, n_hard]`` float64.
         batch_shape: the report's leading axes (``()`` for a single decision).
@@ -55,6 +59,7 @@ class HostReport(NamedTuple):
     fallback: np.ndarray
     invalid: np.ndarray
     infeasible: np.ndarray
+    invalid_observation: np.ndarray
     violated: np.ndarray
     margin: np.ndarray
     batch_shape: tuple[int, ...]
@@ -72,7 +77,8 @@ def host_report(
 
     A report with ``status`` bits (the shield's own) is decoded with NumPy; any other
     object with boolean ``overridden``, ``projected``, ``fallback``, ``invalid``,
-    ``infeasible``, ``violated`` and a ``margin`` is read field by field.
+    ``infeasible``, ``violated`` and a ``margin`` (``invalid_observation`` where it has
+    one) is read field by field.
 
     Args:
         report: the shield's report, any leading axes.
@@ -93,7 +99,11 @@ def host_report(
         flags = {name: (status & bit) != 0 for name, bit in _BITS.items()}
         violated = ~(margin >= -TOLERANCE)
     else:
-        flags = {name: np.asarray(getattr(report, name), bool) for name in _BITS}
+        # Reports from before the observation check have no such flag: never set.
+        flags = {
+            name: np.asarray(getattr(report, name, np.zeros_like(report.overridden)), bool)
+            for name in _BITS
+        }
         violated = np.asarray(report.violated, bool)
     width = violated.shape[-1] if violated.ndim else 0
     if violated.ndim == 0 or width != n_constraints:
@@ -225,8 +235,9 @@ class SafetyMonitor:
 
         Returns:
             ``decisions``, ``overrides``, ``projected``, ``fallback``, ``invalid``,
-            ``infeasible``, ``override_rate``, ``constraints`` (see :meth:`per_constraint`)
-            and ``overrides_by_policy_version``, taken together under the lock.
+            ``infeasible``, ``invalid_observation``, ``override_rate``, ``constraints``
+            (see :meth:`per_constraint`) and ``overrides_by_policy_version``, taken
+            together under the lock.
         """
         with self._lock:
             return {

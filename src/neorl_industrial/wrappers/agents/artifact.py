@@ -26,6 +26,7 @@ from neorl_industrial.core.safety.shield import (
     FALLBACK,
     INFEASIBLE,
     INVALID,
+    INVALID_OBSERVATION,
     OVERRIDDEN,
     PROJECTED,
 )
@@ -57,6 +58,7 @@ STATUS_BITS = {
     "fallback": FALLBACK,
     "invalid": INVALID,
     "infeasible": INFEASIBLE,
+    "invalid_observation": INVALID_OBSERVATION,
 }
 # Serialized functions by the smallest batch each serves: below BRANCH_MIN_BATCH rows
 # the shield repairs every row in one select, from there on it branches once per batch
@@ -93,6 +95,7 @@ class PolicyDecision:
     fallback: np.ndarray  # [...] bool: the fallback replaced the proposal
     invalid: np.ndarray  # [...] bool: the proposal was NaN or infinite
     infeasible: np.ndarray  # [...] bool: no action kept every constraint
+    invalid_observation: np.ndarray  # [...] bool: the observation left its physical bounds
     constraint_names: tuple[str, ...]
 
     @functools.cached_property
@@ -260,7 +263,8 @@ class PolicyArtifact:
             status=status,
             margin=margin,
             constraint_names=self._names,
-            **{name: flags[name] for name in STATUS_BITS},
+            # An artifact whose manifest lacks a bit was exported by a shield without it.
+            **{name: flags.get(name, np.zeros_like(status, bool)) for name in STATUS_BITS},
         )
 
     def warmup(self, batch_sizes: Sequence[int] = (1,)) -> None:
