@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from neorl_industrial.integration.mlflow.registry import (
@@ -9,15 +11,20 @@ from neorl_industrial.integration.mlflow.registry import (
     VersionSummary,
     decide_promotion,
     list_versions,
+    policy_signature_tag,
     promote,
 )
 
+FINGERPRINT = "sha256:" + "ab" * 32
 
-def _version(number, ret, cost, env="IB-v0", hard=0):
+
+def _version(number, ret, cost, env="IB-v0", hard=0, signature=FINGERPRINT):
     metrics = {"return": ret, "hard_violation_steps": hard}
     if cost is not None:
         metrics["normalized_cost"] = cost
-    return VersionSummary("m", str(number), (), None, env, "td3bc-lag", metrics)
+    return VersionSummary(
+        "m", str(number), (), None, env, "td3bc-lag", metrics, signature=signature
+    )
 
 
 @pytest.mark.parametrize(
@@ -51,6 +58,22 @@ def test_force_promotes_an_unsafe_candidate_and_says_so():
     assert decision.promoted and decision.reason.startswith("forced")
 
 
+@pytest.mark.parametrize("signature", ["unsigned", None])
+def test_an_unsigned_version_is_never_promoted_not_even_forced(signature):
+    for force in (False, True):
+        decision = decide_promotion(_version(1, -5.0, 0.5, signature=signature), None, force=force)
+        assert not decision.promoted
+        assert "is unsigned" in decision.reason and "--sign-key" in decision.reason
+
+
+def test_the_signature_tag_names_the_key_or_unsigned(tmp_path):
+    from neorl_industrial.wrappers.agents.signing import SIGNATURE
+
+    assert policy_signature_tag(tmp_path) == "unsigned"
+    (tmp_path / SIGNATURE).write_text(json.dumps({"key_fingerprint": FINGERPRINT}))
+    assert policy_signature_tag(tmp_path) == FINGERPRINT
+
+
 def test_promotion_is_recorded_on_the_versions_and_the_model(tmp_path):
     from mlflow import MlflowClient
 
@@ -66,6 +89,7 @@ def test_promotion_is_recorded_on_the_versions_and_the_model(tmp_path):
                 "normalized_cost": str(cost),
                 "hard_violation_steps": "0",
                 "env": "IB-v0",
+                "signature": FINGERPRINT,
             },
         )
         client.set_registered_model_alias("m", "challenger", version.version)
@@ -89,3 +113,13 @@ def test_promotion_is_recorded_on_the_versions_and_the_model(tmp_path):
         list_versions(client, "other")
     with pytest.raises(RegistryError, match="no version 9"):
         promote(client, "m", "9")
+    # An unsigned version that would beat the champion is refused, and the reason recorded.
+    unsigned = client.create_model_version(
+        "m",
+        str(tmp_path),
+        tags={"return": "0.0", "normalized_cost": "0.1", "env": "IB-v0", "signature": "unsigned"},
+    )
+    assert not promote(client, "m", unsigned.version).promoted
+    reason = client.get_model_version("m", unsigned.version).tags["promotion.reason"]
+    assert "is unsigned" in reason
+    assert str(client.get_model_version_by_alias("m", "champion").version) == "3"

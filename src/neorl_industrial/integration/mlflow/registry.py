@@ -5,6 +5,8 @@ its evaluation on the version's tags (``return``, ``normalized_cost``, ...). The
 version gets the alias ``challenger``; :func:`promote` decides whether it replaces the
 ``champion``:
 
+0. an unsigned candidate (its ``signature`` tag is ``unsigned`` or missing) is never
+   promoted, not even forced: a server that trusts signing keys would refuse it anyway;
 1. a candidate whose evaluated cost exceeds its limit (``normalized_cost > 1``) or whose
    applied actions broke a hard constraint is never promoted (unless forced);
 2. a safe candidate replaces a champion that is not safe, or no champion;
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import re
 import tempfile
@@ -40,6 +43,8 @@ __all__ = [
     "CHALLENGER",
     "CHAMPION",
     "OPERATIONS",
+    "SIGNATURE_TAG",
+    "UNSIGNED",
     "PromotionDecision",
     "RegistryError",
     "VersionSummary",
@@ -50,6 +55,7 @@ __all__ = [
     "list_versions",
     "load_agent",
     "load_policy",
+    "policy_signature_tag",
     "promote",
     "registered_model_name",
     "resolve_agent_dir",
@@ -68,6 +74,9 @@ METRIC_TAGS = (
     "hard_violation_steps",
 )
 _SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
+#: The version tag with the fingerprint of the key that signed the policy, or ``unsigned``.
+SIGNATURE_TAG = "signature"
+UNSIGNED = "unsigned"
 
 
 class RegistryError(ValueError):
@@ -86,6 +95,12 @@ class VersionSummary:
     algorithm: str | None
     metrics: dict[str, float]
     created: int | None = None
+    #: The key fingerprint of the policy's signature, ``unsigned``, or None (no tag).
+    signature: str | None = None
+
+    @property
+    def signed(self) -> bool:
+        return self.signature not in (None, "", UNSIGNED)
 
     @property
     def safe(self) -> bool:
@@ -126,6 +141,7 @@ def _summary(version: Any) -> VersionSummary:
         algorithm=tags.get("algorithm"),
         metrics=metrics,
         created=getattr(version, "creation_timestamp", None),
+        signature=tags.get(SIGNATURE_TAG),
     )
 
 
@@ -168,7 +184,8 @@ def list_versions(client: Any, name: str) -> list[VersionSummary]:
 def decide_promotion(
     candidate: VersionSummary, champion: VersionSummary | None, *, force: bool = False
 ) -> PromotionDecision:
-    """The safety-aware rule (see the module): cost within the limit first, then return."""
+    """The safety-aware rule (see the module): signed, cost within the limit first, then
+    return."""
 
     def describe(v: VersionSummary) -> str:
         cost = v.metrics.get("normalized_cost")
@@ -176,6 +193,15 @@ def decide_promotion(
         ret = "unknown" if v.ret is None else f"{v.ret:.4g}"
         return f"version {v.version} (return {ret}, {shown})"
 
+    if not candidate.signed:
+        return PromotionDecision(
+            False,
+            f"{describe(candidate)} is unsigned ({SIGNATURE_TAG} tag: "
+            f"{candidate.signature or 'none'}); export it with a signing key "
+            "(neorl-industrial keys generate; export --sign-key) and register it again",
+            candidate,
+            champion,
+        )
     if force:
         return PromotionDecision(True, f"forced: {describe(candidate)}", candidate, champion)
     if candidate.ret is None:
@@ -348,7 +374,7 @@ def log_model(delivery: Delivery, key: str | None, args: dict[str, Any]) -> dict
     client = delivery.client
     if key not in delivery.ids:
         raise KeyError(f"log_model: the run {key!r} was never created")
-    return log_policy_model(
+    result = log_policy_model(
         client.tracking_uri,
         delivery.ids[key],
         policy_dir=args["policy_dir"],
@@ -358,6 +384,26 @@ def log_model(delivery: Delivery, key: str | None, args: dict[str, Any]) -> dict
         registered_model=args.get("registered_model"),
         registry_uri=getattr(client, "_registry_uri", None) or client.tracking_uri,
     )
+    if result.get("version") is not None:
+        signature = policy_signature_tag(args["policy_dir"])
+        client.set_model_version_tag(result["name"], result["version"], SIGNATURE_TAG, signature)
+        result["signature"] = signature
+    return result
+
+
+def policy_signature_tag(policy_dir: str | Path) -> str:
+    """The fingerprint of the key that signed the artifact at ``policy_dir``, or
+    ``unsigned``. Read, not verified: the server verifies against the keys it trusts."""
+    from neorl_industrial.wrappers.agents.signing import SIGNATURE
+
+    file = Path(policy_dir) / SIGNATURE
+    if not file.is_file():
+        return UNSIGNED
+    try:
+        fingerprint = json.loads(file.read_text()).get("key_fingerprint")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return UNSIGNED
+    return str(fingerprint) if fingerprint else UNSIGNED
 
 
 def register(delivery: Delivery, key: str | None, args: dict[str, Any]) -> dict[str, Any]:
