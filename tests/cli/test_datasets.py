@@ -26,7 +26,7 @@ def test_import_removes_stale_staging_and_says_so(tmp_path, capsys):
     stale = [_staging(out.parent, f"killed-{i}", 2 * STALE_STAGING_AGE) for i in range(3)]
     fresh = _staging(out.parent, "in-progress", 5)
     assert cli.main(["datasets", "import", str(source), "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
     assert "removed 3 staging entries" in printed and "interrupted writes" in printed
     assert not any(path.exists() for path in stale) and fresh.is_dir()
     assert load_native(out)[0].n_transitions == 15
@@ -37,6 +37,6 @@ def test_generate_clears_before_generating(tmp_path, capsys):
     stale = _staging(tmp_path, "random", 2 * STALE_STAGING_AGE)
     args = ["--no-cache", "datasets", "generate", "--env", "IB-classic-v0", "--quality", "random"]
     assert cli.main([*args, "--trajectories", "1", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed = " ".join(capsys.readouterr().out.split())
     assert "removed 1 staging entry" in printed and "1,000 transitions" in printed
     assert not stale.exists() and out.is_dir()

@@ -101,13 +101,21 @@ def command_models_export(args: argparse.Namespace) -> int:
 
 
 def command_mlflow_replay(args: argparse.Namespace) -> int:
-    from neorl_industrial.integration.mlflow.sender import quiet_http_retries, replay
+    from neorl_industrial.integration.mlflow.sender import (
+        quiet_http_retries,
+        replay,
+        resolve_tracking_uri,
+    )
 
     quiet_http_retries()
-    summary = replay(args.spool, args.tracking_uri)
+    # The store is the user's choice; a URI written in the spool (data) is never used.
+    uri = resolve_tracking_uri(args.tracking_uri)
+    summary = replay(args.spool, uri)
     make_console().print(
-        f"Replayed {summary.sent} MLflow call(s) from {args.spool} "
-        f"(runs: {', '.join(summary.run_ids.values()) or 'none'})"
+        escape(
+            f"Replayed {summary.sent} MLflow call(s) from {args.spool} to {uri} "
+            f"(runs: {', '.join(summary.run_ids.values()) or 'none'})"
+        )
     )
     return 0
 
@@ -151,5 +159,9 @@ def add_mlflow_parsers(commands: argparse._SubParsersAction) -> None:
         "replay", help="send the MLflow calls a run could not send (its spool file)"
     )
     replaying.add_argument("spool", help="a run's mlflow-spool.jsonl")
-    replaying.add_argument("--tracking-uri", help="send them here instead of where they were for")
+    replaying.add_argument(
+        "--tracking-uri",
+        help="the MLflow store to send them to (default: $MLFLOW_TRACKING_URI, else "
+        "sqlite:///mlflow.db; never a URI written in the spool file)",
+    )
     replaying.set_defaults(handler=command_mlflow_replay)

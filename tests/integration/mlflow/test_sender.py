@@ -195,7 +195,7 @@ def test_replay_that_fails_keeps_what_was_not_sent(tmp_path):
     ]
     spool.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with pytest.raises(FileNotFoundError, match=r"gone\.png"):
-        replay(spool)
+        replay(spool, tracking_uri=uri)
     _, ops = read_spool(spool)
     assert [op["op"] for op in ops] == ["bind", "log_artifact", "end_run"]
 
@@ -213,3 +213,122 @@ def test_spool_errors_name_the_file_and_line(tmp_path):
     spool.write_text('{"op": "log_batch"}\n')
     with pytest.raises(SpoolError, match="no header line"):
         read_spool(spool)
+
+
+# ----- a spool is untrusted data -----------------------------------------------------------
+HEADER = {"format": "neorl_industrial.mlflow-spool", "version": 1}
+
+
+def _spool(run_dir, *ops, header=None):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spool = run_dir / "mlflow-spool.jsonl"
+    lines = [{**HEADER, **(header or {})}, *ops]
+    spool.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return spool
+
+
+def _store(tmp_path):
+    """A sqlite store whose experiment keeps artifacts under ``tmp_path``."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    MlflowClient(tracking_uri=uri).create_experiment(
+        "e", artifact_location=(tmp_path / "artifacts").as_uri()
+    )
+    return uri
+
+
+def test_replay_never_sends_to_the_store_written_in_the_spool(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    uri = _store(tmp_path)
+    planted = tmp_path / "elsewhere.db"
+    spool = _spool(
+        tmp_path / "run",
+        {"op": "create_run", "run": "parent", "args": {"experiment": "e", "name": "r"}},
+        header={"tracking_uri": f"sqlite:///{planted}", "registry_uri": f"sqlite:///{planted}"},
+    )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    summary = replay(spool)  # no URI given: the user's default, not the spool's
+    assert not planted.exists()
+    assert MlflowClient(tracking_uri=uri).get_run(summary.run_ids["parent"]).info.run_name == "r"
+
+
+def test_replay_uploads_files_of_its_own_run_directory(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    uri = _store(tmp_path)
+    run_dir = tmp_path / "runs" / "main"
+    (run_dir / "plots").mkdir(parents=True)
+    (run_dir / "report.json").write_text("{}")
+    (run_dir / "plots" / "curve.png").write_bytes(b"png")
+    (run_dir / "latest.json").symlink_to(run_dir / "report.json")  # a link that stays inside
+    monkeypatch.chdir(tmp_path)  # relative paths as a run under runs/main wrote them
+    spool = _spool(
+        run_dir,
+        {"op": "create_run", "run": "parent", "args": {"experiment": "e", "name": "r"}},
+        {"op": "log_artifact", "run": "parent", "args": {"path": "runs/main/report.json"}},
+        {"op": "log_artifact", "run": "parent", "args": {"path": str(run_dir / "latest.json")}},
+        {"op": "log_artifact", "run": "parent", "args": {"path": "plots", "artifact_path": "p"}},
+    )
+    summary = replay(spool, tracking_uri=uri)
+    listed = MlflowClient(tracking_uri=uri).list_artifacts(summary.run_ids["parent"])
+    assert sorted(item.path for item in listed) == ["p", "report.json"]
+
+
+@pytest.mark.parametrize(
+    ("path", "complaint"),
+    [
+        ("/etc/passwd", r"'/etc/passwd' resolves to /etc/passwd, outside the run directory"),
+        ("../secret.txt", r"'\.\./secret\.txt' contains '\.\.'"),
+        ("runs/main/../../secret.txt", r"'runs/main/\.\./\.\./secret\.txt' contains '\.\.'"),
+        ("leak.txt", r"'leak\.txt' resolves to .*secret\.txt, outside the run directory"),
+        ("bundle", r".*/bundle/inner links to .*secret\.txt, outside the run directory"),
+        ("", r"expected a path, got ''"),
+    ],
+)
+def test_a_hostile_spool_is_refused_naming_the_line_before_anything_is_sent(
+    tmp_path, monkeypatch, path, complaint
+):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours")
+    run_dir = tmp_path / "runs" / "main"
+    (run_dir / "bundle").mkdir(parents=True)
+    (run_dir / "leak.txt").symlink_to(secret)
+    (run_dir / "bundle" / "inner").symlink_to(secret)
+    monkeypatch.chdir(run_dir)
+    spool = _spool(
+        run_dir,
+        {"op": "create_run", "run": "parent", "args": {"experiment": "e", "name": "r"}},
+        {"op": "log_artifact", "run": "parent", "args": {"path": path}},
+    )
+    before = spool.read_text()
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(SpoolError, match=rf"mlflow-spool\.jsonl:3: log_artifact path: {complaint}"):
+        replay(spool, tracking_uri=uri)
+    assert spool.read_text() == before  # nothing sent, nothing rewritten
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_policy_outside_the_run_is_refused_too(tmp_path):
+    (tmp_path / "policy").mkdir()
+    spool = _spool(
+        tmp_path / "run",
+        {"op": "log_model", "run": "parent", "args": {"policy_dir": str(tmp_path / "policy")}},
+    )
+    with pytest.raises(SpoolError, match=r"jsonl:2: log_model policy_dir: .* outside the run"):
+        replay(spool, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+
+
+@pytest.mark.parametrize(
+    ("line", "complaint"),
+    [
+        ({"op": "os.system", "args": {}}, "unknown operation 'os.system'"),
+        ({"op": "log_batch", "run": "parent", "args": ["x"]}, "'args' must be an object"),
+        ({"op": "log_batch", "run": ["parent"], "args": {}}, "'run' must be a string"),
+    ],
+)
+def test_malformed_operations_name_their_line(tmp_path, line, complaint):
+    spool = _spool(tmp_path / "run", line)
+    with pytest.raises(SpoolError, match=rf"jsonl:2: .*{complaint}"):
+        replay(spool, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")

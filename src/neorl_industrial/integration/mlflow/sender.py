@@ -21,6 +21,10 @@ spool's lines call it ``run``). An operation that creates something in the store
 key to the store's id (:meth:`Delivery.bind`) and says how to bind it again; the spool
 starts with those operations, so a replay continues the same objects, or creates them
 again in a store that does not have them.
+
+A spool is data, and a replay treats it as untrusted: it sends to the store the user
+names (or the default), never to a URI written in the file, and uploads only files inside
+the spool's own run directory (:func:`replay`).
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 SPOOL_FORMAT = "neorl_industrial.mlflow-spool"
 SPOOL_VERSION = 1
 _CLOSE = object()
+#: The arguments that name a file or directory to upload, by operation (the run's
+#: artifacts, the exported policy and the agent); a replay confines them to the run.
+_FILE_ARGUMENTS = {"log_artifact": ("path",), "log_model": ("policy_dir", "agent_dir")}
 
 
 class MlflowUnavailableWarning(UserWarning):
@@ -387,7 +394,12 @@ def read_spool(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     Raises:
         SpoolError: for a missing file, a line that is not JSON or an unknown format.
     """
-    path = Path(path)
+    header, numbered = _read_spool_lines(Path(path))
+    return header, [op for _, op in numbered]
+
+
+def _read_spool_lines(path: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]:
+    """The header and the operations of a spool, each with its line number."""
     if not path.is_file():
         raise SpoolError(f"{path}: no such spool file")
     header: dict[str, Any] | None = None
@@ -411,7 +423,7 @@ def read_spool(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             continue
         if "op" not in item:
             raise SpoolError(f"{path}:{number}: a line without 'op'")
-        ops.append(item)
+        ops.append((number, item))
     if header is None:
         raise SpoolError(f"{path}: no header line; not a spool file of neorl_industrial")
     return header, ops
@@ -419,20 +431,27 @@ def read_spool(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def replay(path: str | Path, tracking_uri: str | None = None) -> SendSummary:
     """Delivers the operations of a spool file, in order, to ``tracking_uri`` (default:
-    the one the spool was written for). On success the file is renamed to ``*.replayed``;
-    if a delivery fails, the operations not yet delivered are written back (after those
-    that bind again what the replay bound) and the error is raised.
+    ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``; never a URI written in the
+    spool, which is data). On success the file is renamed to ``*.replayed``; if a delivery
+    fails, the operations not yet delivered are written back (after those that bind again
+    what the replay bound) and the error is raised.
+
+    Every line is checked before anything is sent: a known operation, and files to
+    upload that lie inside the spool's own directory (the run's), after resolving
+    symbolic links; a path with ``..``, one that leaves the directory, or a directory
+    with a link leading out refuses the whole replay.
+
+    Raises:
+        SpoolError: naming the file and line of an operation that cannot be replayed.
     """
     from mlflow import MlflowClient
 
     path = Path(path)
-    header, ops = read_spool(path)
-    uri = tracking_uri or header.get("tracking_uri")
-    if not uri:
-        raise SpoolError(f"{path}: names no tracking URI; pass one")
-    delivery = Delivery(
-        MlflowClient(tracking_uri=uri, registry_uri=header.get("registry_uri") or uri)
-    )
+    header, numbered = _read_spool_lines(path)
+    run_dir = path.absolute().parent.resolve()
+    ops = [_checked(op, f"{path}:{number}", run_dir) for number, op in numbered]
+    uri = resolve_tracking_uri(tracking_uri)
+    delivery = Delivery(MlflowClient(tracking_uri=uri, registry_uri=uri))
     for done, op in enumerate(ops):
         try:
             deliver(delivery, op)
@@ -449,3 +468,55 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> SendSummary:
         results=delivery.results,
         errors=[],
     )
+
+
+def _checked(op: dict[str, Any], where: str, run_dir: Path) -> dict[str, Any]:
+    """``op`` from a spool line, its files resolved inside ``run_dir``.
+
+    Raises:
+        SpoolError: naming ``where`` (file and line) and what is wrong.
+    """
+    name = op["op"]
+    if name not in _OPERATIONS:
+        known = ", ".join(registered_operations()) or "none"
+        raise SpoolError(f"{where}: unknown operation {name!r}; the registered ones are: {known}")
+    if not isinstance(op.get("args", {}), dict):
+        raise SpoolError(f"{where}: {name}: 'args' must be an object")
+    if not isinstance(op.get("run"), str | None):
+        raise SpoolError(f"{where}: {name}: 'run' must be a string")
+    args = dict(op.get("args", {}))
+    for argument in _FILE_ARGUMENTS.get(name, ()):
+        if args.get(argument) is not None:
+            args[argument] = _inside(args[argument], f"{where}: {name} {argument}", run_dir)
+    return {**op, "args": args}
+
+
+def _inside(value: Any, where: str, run_dir: Path) -> str:
+    """The file ``value`` names, resolved, if it lies in ``run_dir`` (with everything
+    under it, for a directory)."""
+    if not isinstance(value, str) or not value:
+        raise SpoolError(f"{where}: expected a path, got {value!r}")
+    named = Path(value)
+    if ".." in named.parts:
+        raise SpoolError(f"{where}: {value!r} contains '..'; a replay uploads only {run_dir}")
+    # A relative path was written relative to the training's working directory, or is
+    # read relative to the run directory.
+    candidates = [named] if named.is_absolute() else [Path.cwd() / named, run_dir / named]
+    resolved_candidates = [candidate.resolve() for candidate in candidates]
+    inside = [c for c in resolved_candidates if c.is_relative_to(run_dir)]
+    if not inside:
+        raise SpoolError(
+            f"{where}: {value!r} resolves to {resolved_candidates[0]}, outside the run "
+            f"directory {run_dir}; a replay uploads only the run's own files"
+        )
+    resolved = next((c for c in inside if c.exists()), inside[0])
+    if resolved.is_dir():
+        for directory, subdirectories, files in os.walk(resolved):
+            for entry in (*subdirectories, *files):
+                target = Path(directory, entry).resolve()
+                if not target.is_relative_to(run_dir):
+                    raise SpoolError(
+                        f"{where}: {Path(directory, entry)} links to {target}, outside the "
+                        f"run directory {run_dir}; a replay uploads only the run's own files"
+                    )
+    return str(resolved)
