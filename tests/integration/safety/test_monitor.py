@@ -138,3 +138,31 @@ def test_totals_are_exact_under_threads():
     assert summary["overrides"] == summary["overrides_by_policy_version"]["v"] == 8 * 100 * 2
     assert summary["constraints"]["bounds/velocity"]["margin_count"] == 8 * 100 * 3
     assert summary["constraints"]["bounds/velocity"]["violations"] == 8 * 100 * 2
+
+
+def test_invalid_observations_are_counted():
+    low = np.full(ENV.observation_size, -np.inf, np.float32)
+    high = np.full(ENV.observation_size, np.inf, np.float32)
+    low[0], high[0] = 0.0, 100.0
+    bounded = CONSTRAINTS.replace(observation_low=low, observation_high=high)
+    observations = np.zeros((4, ENV.observation_size), np.float32)
+    observations[1, 0] = 150.0  # outside the feature's physical bounds
+    observations[3, 0] = np.nan
+    prev = np.zeros(PROPOSED.shape, np.float32)
+    monitor = SafetyMonitor(NAMES)
+    monitor.observe(shield(bounded, observations, PROPOSED, prev)[1])
+    summary = monitor.summary()
+    assert summary["invalid_observation"] == 2
+    assert summary["fallback"] == 3  # rows 1 and 3, and the NaN proposal of row 2
+    assert monitor.overrides == 4
+    plain = SimpleNamespace(
+        overridden=np.zeros(2, bool),
+        projected=np.zeros(2, bool),
+        fallback=np.zeros(2, bool),
+        invalid=np.zeros(2, bool),
+        infeasible=np.zeros(2, bool),
+        violated=np.zeros((2, len(NAMES)), bool),
+        margin=np.zeros((2, len(NAMES))),
+    )
+    # Reports from before the observation check have no such flag: counted as zero.
+    assert host_report(plain, len(NAMES)).invalid_observation.tolist() == [False, False]
