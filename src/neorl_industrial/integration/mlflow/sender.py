@@ -53,6 +53,7 @@ __all__ = [
     "SendSummary",
     "SpoolError",
     "deliver",
+    "names_local_files",
     "quiet_http_retries",
     "read_spool",
     "register_operations",
@@ -65,9 +66,6 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 SPOOL_FORMAT = "neorl_industrial.mlflow-spool"
 SPOOL_VERSION = 1
 _CLOSE = object()
-#: The arguments that name a file or directory to upload, by operation (the run's
-#: artifacts, the exported policy and the agent); a replay confines them to the run.
-_FILE_ARGUMENTS = {"log_artifact": ("path",), "log_model": ("policy_dir", "agent_dir")}
 
 
 class MlflowUnavailableWarning(UserWarning):
@@ -121,7 +119,9 @@ class Delivery:
 #: ``handler(delivery, key, args)``: delivers one operation and returns its result (or
 #: None). A handler raises ``KeyError`` (a key or an earlier result it needs is missing)
 #: or ``FileNotFoundError`` (a file to send is gone) for what retrying cannot mend; any
-#: other error counts as the store failing, and the operation is tried again.
+#: other error counts as the store failing, and the operation is tried again. A local
+#: file or directory it reads is named by an argument ``path`` or ``<what>_dir``
+#: (:func:`names_local_files`), which a replay confines to the run's directory.
 Handler = Callable[[Delivery, str | None, dict[str, Any]], Any]
 
 _OPERATIONS: dict[str, Handler] = {}
@@ -485,10 +485,17 @@ def _checked(op: dict[str, Any], where: str, run_dir: Path) -> dict[str, Any]:
     if not isinstance(op.get("run"), str | None):
         raise SpoolError(f"{where}: {name}: 'run' must be a string")
     args = dict(op.get("args", {}))
-    for argument in _FILE_ARGUMENTS.get(name, ()):
-        if args.get(argument) is not None:
-            args[argument] = _inside(args[argument], f"{where}: {name} {argument}", run_dir)
+    for argument, value in args.items():
+        if names_local_files(argument) and value is not None:
+            args[argument] = _inside(value, f"{where}: {name} {argument}", run_dir)
     return {**op, "args": args}
+
+
+def names_local_files(argument: str) -> bool:
+    """Whether an operation's argument names a local file or directory that its handler
+    reads (to upload it): ``path`` and ``*_dir``, by the operations' convention. A replay
+    confines those to the spool's run directory; name other arguments otherwise."""
+    return argument == "path" or argument.endswith("_dir")
 
 
 def _inside(value: Any, where: str, run_dir: Path) -> str:
