@@ -124,8 +124,13 @@ def _text_depth(source: str) -> int:
     return deepest
 
 
+# Nodes that only mark what their parent is (``+``, a load); they add no level.
+_MARKERS = (ast.expr_context, ast.operator, ast.unaryop, ast.boolop, ast.cmpop)
+
+
 def _tree_depth(root: ast.AST) -> int:
-    """The depth of the expression tree, counted without recursion."""
+    """The depth of the expression tree (every part of it, also those the language
+    refuses: an error message unparses them), counted without recursion."""
     deepest = 0
     pending = [(root, 0)]
     while pending:
@@ -134,7 +139,7 @@ def _tree_depth(root: ast.AST) -> int:
         pending.extend(
             (child, depth + 1)
             for child in ast.iter_child_nodes(node)
-            if isinstance(child, ast.expr)
+            if not isinstance(child, _MARKERS)
         )
     return deepest
 
