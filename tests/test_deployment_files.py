@@ -22,17 +22,26 @@ from benchmarks.harness import free_port
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.33.0"  # a release kubernetes-validate bundles the schemas of
+ENTRYPOINT_KEY = "JxV1nq0S6t2m8ZkQhR4wYc7uLp3aE9dGf5bNs-Ho_Ti"
+SCRIPT = ROOT / "deploy" / "mlflow" / "mlflow-server.sh"
+# user:password@ in a URI, or a shell default for a password (${X:-secret}).
+PASSWORD_IN_URI = re.compile(r"://[^/\s\"'@]*:[^/\s\"'@]*@")
+DEFAULT_PASSWORD = re.compile(r"\$\{[A-Z_]*(PASSWORD|SECRET|TOKEN)[A-Z_]*:-[^}]+\}")
 
 
 def _documents(path: Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
+def _all_manifests() -> list[dict]:
+    return [doc for path in sorted(K8S.glob("*.yaml")) for doc in _documents(path)]
+
+
 def _manifests() -> dict[str, dict]:
-    found = {}
-    for path in sorted(K8S.glob("*.yaml")):
-        for doc in _documents(path):
-            found[doc["kind"]] = doc
+    """The first manifest of each kind (the policy server's own ConfigMap and Secret)."""
+    found: dict[str, dict] = {}
+    for doc in _all_manifests():
+        found.setdefault(doc["kind"], doc)
     return found
 
 
@@ -42,8 +51,8 @@ def test_kubernetes_manifests_validate_against_the_schemas():
     assert set(manifests) >= {
         "Deployment", "Service", "HorizontalPodAutoscaler", "ConfigMap", "Secret",
     }  # fmt: skip
-    for kind, manifest in manifests.items():
-        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True), kind
+    for manifest in _all_manifests():
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
 
 
 def test_a_broken_manifest_is_caught_by_the_validation():
@@ -126,7 +135,7 @@ def test_the_image_entrypoint_and_healthcheck_run_the_server_here(tmp_path):
     ]
     command[command.index("0.0.0.0")] = "127.0.0.1"
     policy = Policy().export(tmp_path / "policy")
-    (tmp_path / "keys.yaml").write_text("act: [entrypoint-key-123]\n")
+    (tmp_path / "keys.yaml").write_text(f"act: [{ENTRYPOINT_KEY}]\n")
     environment = {
         **os.environ,
         "NEORL_SERVE_MODEL": str(policy),
@@ -146,7 +155,7 @@ def test_the_image_entrypoint_and_healthcheck_run_the_server_here(tmp_path):
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/act",
             json.dumps({"observation": [50.0] * 6}).encode(),
-            {"Content-Type": "application/json", "X-API-Key": "entrypoint-key-123"},
+            {"Content-Type": "application/json", "X-API-Key": ENTRYPOINT_KEY},
         )
         assert "report" in json.loads(urllib.request.urlopen(request, timeout=10).read())
     finally:
@@ -154,3 +163,119 @@ def test_the_image_entrypoint_and_healthcheck_run_the_server_here(tmp_path):
         server.wait(30)
     # The healthcheck's Python is valid code (it runs in the image with no other tools).
     ast.parse(healthcheck[-1])
+
+
+def _deployment_texts() -> dict[str, str]:
+    paths = [SCRIPT, ROOT / "deploy" / "compose.yaml", *sorted(K8S.glob("*.yaml"))]
+    paths += [ROOT / "docker" / "Dockerfile", ROOT / "docker" / "mlflow.Dockerfile"]
+    return {path.name: path.read_text() for path in paths}
+
+
+def test_no_password_in_a_uri_on_a_command_line_or_with_a_default():
+    for name, text in _deployment_texts().items():
+        assert not PASSWORD_IN_URI.search(text), name
+        assert not DEFAULT_PASSWORD.search(text), name
+        assert "change-me" not in text, name
+    script = SCRIPT.read_text()
+    # The backend store URI names no password: libpq reads it from a pgpass file.
+    (uri,) = re.findall(r'--backend-store-uri "([^"]+)"', script)
+    assert "PASSWORD" not in uri.upper() and "PGPASSFILE" in script
+    assert "--app-name basic-auth" in script and "MLFLOW_AUTH_CONFIG_PATH" in script
+
+
+def _is_secret_name(name: str) -> bool:
+    return bool(re.search(r"PASSWORD|SECRET|TOKEN|API_KEYS$|CREDENTIALS", name))
+
+
+def test_compose_and_kubernetes_read_secrets_from_files():
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    services = compose["services"]
+    for name, service in services.items():
+        for variable in service.get("environment", {}):
+            if _is_secret_name(variable):
+                assert variable.endswith("_FILE"), (name, variable)
+    mlflow = services["mlflow"]["environment"]
+    assert {"POSTGRES_PASSWORD_FILE", "MLFLOW_ADMIN_PASSWORD_FILE"} <= set(mlflow)
+    assert {"postgres-password", "mlflow-admin-password"} <= set(services["mlflow"]["secrets"])
+    policy = services["policy"]["environment"]
+    assert policy["NEORL_SERVE_API_KEYS_FILE"].startswith("/run/secrets/")
+    assert (
+        json.loads(policy["NEORL_SERVE_TRUSTED_KEYS"]) and policy["NEORL_SERVE_PINNED_CONSTRAINTS"]
+    )
+    for secret in compose["secrets"].values():
+        assert set(secret) == {"file"}  # never an inline value or an environment variable
+
+    manifests = _manifests()
+    container = manifests["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    variables = {entry["name"] for entry in container.get("env", [])}
+    variables |= set(manifests["ConfigMap"]["data"])
+    assert not [v for v in variables if _is_secret_name(v) and not v.endswith("_FILE")]
+    assert "NEORL_SERVE_TRUSTED_KEYS" in manifests["ConfigMap"]["data"]
+    mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert {"/run/secrets/api-keys.yaml", "/etc/neorl/trust"} <= mounts
+
+
+def test_the_secret_placeholders_are_refused_by_the_server():
+    from neorl_industrial.integration.deployment.settings import SettingsError, check_api_key
+
+    keys = yaml.safe_load(_manifests()["Secret"]["stringData"]["api-keys.yaml"])
+    for role, values in keys.items():
+        for key in values:
+            with pytest.raises(SettingsError, match="placeholder"):
+                check_api_key(key, role)
+
+
+@pytest.mark.parametrize(
+    ("environment", "message"),
+    [
+        ({"PGPASSWORD": "hunter2hunter2"}, "PGPASSWORD is set"),
+        ({}, "MLFLOW_ADMIN_PASSWORD_FILE must name a readable file"),
+        ({"MLFLOW_ADMIN_PASSWORD_FILE": "/no/such/file"}, "must name a readable file"),
+        ({"MLFLOW_AUTH": "maybe"}, "expected on or off"),
+    ],
+)
+def test_the_mlflow_script_refuses_passwords_in_the_environment_and_no_auth(
+    tmp_path, environment, message
+):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "MLFLOW_"))}
+    result = subprocess.run(
+        ["bash", str(SCRIPT)],
+        env={**clean, "PYTHON": "false", **environment},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_the_mlflow_script_writes_the_database_password_to_a_private_pgpass(tmp_path):
+    # PYTHON stands in for the interpreter: it prints the pgpass file libpq would read.
+    (tmp_path / "password").write_text("s3cr:et\\pw\n")
+    (tmp_path / "admin").write_text("an-admin-password-long-enough\n")
+    spy = tmp_path / "spy.sh"
+    spy.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [[ "${1:-}" == "-c" ]]; then echo key; exit 0; fi\n'
+        'stat -c %a "$PGPASSFILE"; cat "$PGPASSFILE"; stat -c %a "$MLFLOW_AUTH_CONFIG_PATH"\n'
+        'echo "ARGS $*"; exit 3\n'
+    )
+    spy.chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "MLFLOW_"))}
+    result = subprocess.run(
+        ["bash", str(SCRIPT)],
+        env={
+            **clean,
+            "PYTHON": str(spy),
+            "POSTGRES_PASSWORD_FILE": str(tmp_path / "password"),
+            "MLFLOW_ADMIN_PASSWORD_FILE": str(tmp_path / "admin"),
+            "PGUSER": "mlflow",
+        },
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["600", "127.0.0.1:5432:*:mlflow:s3cr\\:et\\\\pw", "600"], result
+    assert "s3cr" not in result.stdout.split("ARGS", 1)[-1]
