@@ -152,6 +152,75 @@ def test_nan_and_infinity_get_422(client, literal):
     assert response.json()["detail"][0]["loc"] == ["body", "observation", 5]
 
 
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        (
+            {"observation": [1.0, 2.0, 1e39, 0, 0, 0]},
+            ["body", "observation", 2],
+            "1e+39 is outside",
+        ),
+        ({"observation": [-3.5e38] + [0.0] * 5}, ["body", "observation", 0], "outside float32"),
+        (
+            {"observation": [0.0] * 6, "prev_action": [0.0, 3.5e38, 0.0]},
+            ["body", "prev_action", 1],
+            "outside float32",
+        ),
+        ({"observation": ["1.0"] + [0.0] * 5}, ["body", "observation", 0], "valid number"),
+        ({"observation": [True] + [0.0] * 5}, ["body", "observation", 0], "valid number"),
+    ],
+)
+def test_numbers_outside_float32_strings_and_booleans_get_422(client, body, field, message):
+    response = client.post("/v1/act", json=body, headers=AS_ACT)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert any(d["loc"] == field and message in d["msg"] for d in detail), detail
+    batch = {"observations": [body["observation"]] * 2}
+    if field[1] == "observation":
+        response = client.post("/v1/act/batch", json=batch, headers=AS_ACT)
+        assert response.status_code == 422
+        assert response.json()["detail"][0]["loc"] == ["body", "observations", 0, field[2]]
+
+
+def test_a_request_that_breaks_the_batched_call_fails_alone(client):
+    serving = client.app.state.serving
+    predict = serving.batcher.predict
+    poison = 666.0
+
+    def fragile(observations, prev):
+        if (observations[:, 0] == poison).any():
+            raise ValueError("observation 0 is poison")
+        return predict(observations, prev)
+
+    def one(row):
+        value = poison if row % 4 == 0 else 50.0
+        body = {"observation": [value] + [50.0] * 5}
+        return row, client.post("/v1/act", json=body, headers=AS_ACT)
+
+    serving.batcher.predict = fragile
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(one, range(64)))
+    finally:
+        serving.batcher.predict = predict
+    for row, response in results:
+        if row % 4:
+            assert response.status_code == 200, response.text
+        else:
+            assert response.status_code == 422, response.text
+            detail = response.json()["detail"][0]
+            assert detail["loc"] == ["body", "observation"] and "poison" in detail["msg"]
+
+
+def test_request_ids_that_break_the_rule_are_replaced(client):
+    body = {"observation": [50.0] * 6}
+    for given, kept in [("plant-7/step:12.a", True), ("a b", False), ("x" * 129, False),
+                        ("id\nforged", False)]:  # fmt: skip
+        headers = {**AS_ACT, "X-Request-ID": given}
+        rid = client.post("/v1/act", json=body, headers=headers).json()["request_id"]
+        assert (rid == given) is kept and len(rid) <= 128
+
+
 def test_bad_batches_get_422_and_oversized_bodies_413(client):
     def batch(body):
         return client.post("/v1/act/batch", json=body, headers=AS_ACT)
@@ -241,7 +310,8 @@ def test_policy_description_and_metrics(client):
     decided = "neorl_decisions_total"
     assert counter(text, decided) == counter(before, decided) + 8
     assert 'neorl_overrides_by_constraint_total{constraint="' in text
-    assert 'neorl_policy_info{source="' in text
+    assert 'neorl_policy_info{source="directory"' in text
+    assert str(client.app.state.serving.policy.source) not in text  # no file path without auth
 
 
 def test_concurrent_requests_are_micro_batched_without_recompiling(client):

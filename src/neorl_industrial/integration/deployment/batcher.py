@@ -3,7 +3,9 @@
 Requests put their rows on a queue and wait. One task takes the first request, then
 everything that arrives within ``max_wait`` seconds (or while the previous batch was
 running) up to ``max_batch`` rows, runs the policy once on a worker thread (the event
-loop keeps accepting requests), and hands each request its slice of the result.
+loop keeps accepting requests), and hands each request its slice of the result. When
+the shared call fails, each request is run on its own, so a request whose rows break
+the policy fails alone and the others get their actions.
 """
 
 from __future__ import annotations
@@ -122,25 +124,19 @@ class MicroBatcher:
             batch = [item for item in batch if not item.future.cancelled()]
             if not batch:
                 continue
-            observations = np.concatenate([item.observations for item in batch])
-            prev = None
-            if any(item.prev_actions is not None for item in batch):
-                prev = np.concatenate(
-                    [
-                        item.prev_actions
-                        if item.prev_actions is not None
-                        else np.full((len(item.observations), self.action_size), np.nan, np.float32)
-                        for item in batch
-                    ]
-                )
             try:
-                decision = await loop.run_in_executor(
-                    self._executor, self._call, observations, prev
-                )
+                decision = await self._decide(loop, batch)
             except Exception as error:
+                if len(batch) == 1:
+                    _fail(batch[0], error)
+                    continue
+                # One request's rows broke the shared call: each request is retried on its
+                # own, so only the one that fails gets the error.
                 for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(error)
+                    try:
+                        _answer(item, await self._decide(loop, [item]))
+                    except Exception as own_error:
+                        _fail(item, own_error)
                 continue
             start = 0
             for item in batch:
@@ -148,6 +144,20 @@ class MicroBatcher:
                 if not item.future.done():
                     item.future.set_result(_rows(decision, start, stop))
                 start = stop
+
+    async def _decide(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> Any:
+        observations = np.concatenate([item.observations for item in batch])
+        prev = None
+        if any(item.prev_actions is not None for item in batch):
+            prev = np.concatenate(
+                [
+                    item.prev_actions
+                    if item.prev_actions is not None
+                    else np.full((len(item.observations), self.action_size), np.nan, np.float32)
+                    for item in batch
+                ]
+            )
+        return await loop.run_in_executor(self._executor, self._call, observations, prev)
 
     def _more_coming(self) -> bool:
         return self.arriving is None or self.arriving() > 0
@@ -157,6 +167,16 @@ class MicroBatcher:
         if self.on_batch is not None:
             self.on_batch(len(observations))
         return decision
+
+
+def _answer(item: _Item, decision: Any) -> None:
+    if not item.future.done():
+        item.future.set_result(decision)
+
+
+def _fail(item: _Item, error: BaseException) -> None:
+    if not item.future.done():
+        item.future.set_exception(error)
 
 
 def _rows(decision: Any, start: int, stop: int) -> Any:

@@ -52,7 +52,10 @@ class ServerMetrics:
             registry=r,
         )
         self.policy = Gauge(
-            "neorl_policy_info", "the served policy (value 1)", ["version", "source"], registry=r
+            "neorl_policy_info",
+            "the served policy (value 1); source: its models:/ URI or directory",
+            ["version", "source"],
+            registry=r,
         )
 
     # Requests that arrived at an act route and have not reached the batcher yet (read
@@ -86,8 +89,11 @@ class ServerMetrics:
                 self.violations.labels(name).inc(count)
 
     def policy_loaded(self, version: str, source: str) -> None:
+        # /metrics is served without auth: a registry URI names the model, a directory is
+        # only said to be one (its path stays behind the act key, at /v1/policy).
+        kind = source if source.startswith("models:/") else "directory"
         self.policy.clear()
-        self.policy.labels(version, source).set(1)
+        self.policy.labels(version, kind).set(1)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

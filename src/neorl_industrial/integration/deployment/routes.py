@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import re
 import time
 import uuid
 from typing import Any
@@ -70,7 +71,7 @@ async def act(
             [body.prev_action], policy.action_size, "prev_action", "one per action", True
         )
     rid = _request_id(request, body.request_id)
-    decision = await serving.decide(request.scope, observations, prev)
+    decision = await _decide(serving, request, observations, prev, "observation")
     serving.record(policy, observations, decision, [rid])
     return orjson_response(
         {
@@ -109,7 +110,7 @@ async def act_batch(
             )
         prev = _check_rows(body.prev_actions, policy.action_size, "prev_actions", "one per action")
     rid = _request_id(request, body.request_id)
-    decision = await serving.decide(request.scope, observations, prev)
+    decision = await _decide(serving, request, observations, prev, "observations")
     ids = [f"{rid}/{row}" for row in range(len(observations))]
     serving.record(policy, observations, decision, ids)
     return orjson_response(
@@ -209,8 +210,33 @@ def _check_rows(
     return np.asarray(values, np.float32).reshape(len(values), width)
 
 
+async def _decide(
+    serving: Any, request: Request, observations: np.ndarray, prev: np.ndarray | None, field: str
+) -> Any:
+    # The batcher isolates a request whose rows break the policy call; that request (and
+    # only it) gets a 422 naming its field rather than a 500.
+    try:
+        return await serving.decide(request.scope, observations, prev)
+    except RuntimeError as error:
+        if "shutting down" in str(error):
+            raise HTTPException(503, str(error)) from None
+        raise _unprocessable((field,), f"the policy cannot decide this input: {error}") from None
+    except (ValueError, ArithmeticError, FloatingPointError) as error:
+        raise _unprocessable((field,), f"the policy cannot decide this input: {error}") from None
+
+
+# The body's request_id is checked by its schema; the header by the same rule here. An id
+# that breaks it is replaced by a generated one, never written to the audit as given.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/\-]{1,128}")
+
+
 def _request_id(request: Request, given: str | None) -> str:
-    return given or request.headers.get("x-request-id") or uuid.uuid4().hex
+    if given:
+        return given
+    header = request.headers.get("x-request-id")
+    if header and _REQUEST_ID.fullmatch(header):
+        return header
+    return uuid.uuid4().hex
 
 
 def _reports(decision: Any) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """Request and response bodies of the policy server.
 
-Requests refuse unknown fields and non-finite numbers, so a 422 names the field that is
+Requests refuse unknown fields, non-finite numbers, numbers outside float32, and strings
+or booleans given as numbers, so a 422 names the field that is
 wrong. The responses document the OpenAPI schema; the act routes write them with orjson
 (:func:`.routes.orjson_response`) rather than through these models.
 """
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 __all__ = [
     "ActRequest",
@@ -20,8 +22,20 @@ __all__ = [
     "Report",
 ]
 
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")]
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _within_float32(value: float) -> float:
+    # Finite JSON that overflows float32 would become inf inside the batch: refused here,
+    # at the edge, so the 422 names the element.
+    if abs(value) > _FLOAT32_MAX:
+        raise ValueError(f"{value!r} is outside float32 (|x| <= {_FLOAT32_MAX:.7g})")
+    return value
+
+
+# Strict: a string or a boolean is not a number (an int is).
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False), AfterValidator(_within_float32)]
+RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/\-]+$")]
 
 
 class ActRequest(BaseModel):
