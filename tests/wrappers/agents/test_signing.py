@@ -160,3 +160,11 @@ def test_the_keys_command_generates_a_pair(tmp_path):
     assert stat.S_IMODE((tmp_path / PRIVATE_KEY).stat().st_mode) == 0o600
     (fingerprint,) = load_public_keys([tmp_path / PUBLIC_KEY])
     assert fingerprint in result.stdout
+
+
+def test_the_export_command_takes_a_signing_key():
+    from neorl_industrial.cli.entry import build_parser
+
+    args = build_parser().parse_args(["export", "agent", "--out", "policy", "--sign-key", "k.pem"])
+    assert args.sign_key == "k.pem"
+    assert build_parser().parse_args(["export", "agent", "--out", "policy"]).sign_key is None
