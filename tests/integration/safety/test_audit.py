@@ -212,3 +212,60 @@ def test_threads_share_one_log(tmp_path):
     assert AuditLog.verify(path) == (True, 6 * 20 * 2, None)
     # A batch's records stay together.
     assert all(records[i]["request_id"] == "a" for i in range(0, len(records), 2))
+
+
+def test_rotation_by_size_keeps_the_chain_verifiable(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(path, policy_version="v", max_bytes=2000, backups=3) as log:
+        for _ in range(10):
+            _write(log)  # two records per batch, ~600 bytes each
+        last = log.last_hash
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2", "audit.jsonl.3"]
+    assert all((tmp_path / name).stat().st_size <= 2000 for name in files)
+    assert all((tmp_path / name).stat().st_mode & 0o777 == 0o600 for name in files)
+    ok, checked, message = AuditLog.verify_rotated(path)
+    assert ok and message is None
+    kept = [r for name in reversed(files[1:]) for r in AuditLog.read(tmp_path / name)]
+    kept += AuditLog.read(path)
+    assert checked == len(kept) and kept[-1]["hash"] == last and kept[-1]["sequence"] == 19
+    # Each file starts where the one before ended; the current one alone needs that anchor.
+    first = AuditLog.read(path)[0]
+    assert first["prev_hash"] == AuditLog.read(tmp_path / "audit.jsonl.1")[-1]["hash"]
+    assert AuditLog.verify(path)[0] is False
+    assert AuditLog.verify(path, previous_hash=first["prev_hash"])[0] is True
+    # Reopening continues the chain in the current file.
+    with AuditLog(path, policy_version="v", max_bytes=2000, backups=3) as log:
+        assert log.next_sequence == 20 and log.last_hash == last
+        _write(log)
+    assert AuditLog.verify_rotated(path)[0] is True
+
+
+def test_a_changed_record_in_a_rotated_file_is_named(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(path, policy_version="v", max_bytes=2000, backups=2) as log:
+        for _ in range(6):
+            _write(log)
+    older = tmp_path / "audit.jsonl.1"
+    lines = older.read_text().splitlines(keepends=True)
+    lines[0] = lines[0].replace('"request_id":"a"', '"request_id":"z"')
+    older.write_text("".join(lines))
+    ok, _, message = AuditLog.verify_rotated(path)
+    assert not ok and message.startswith("audit.jsonl.1: line 1")
+    # A whole rotated file removed from the middle breaks the chain too.
+    (tmp_path / "audit.jsonl.1").unlink()
+    (tmp_path / "audit.jsonl.2").rename(tmp_path / "audit.jsonl.1")
+    assert AuditLog.verify_rotated(path)[0] is False
+
+
+def test_restart_right_after_rotation_chains_on_from_the_rotated_file(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(path, policy_version="v") as log:
+        _write(log)
+        last = log.last_hash
+    path.rename(tmp_path / "audit.jsonl.1")
+    path.touch()
+    with AuditLog(path, policy_version="v", max_bytes=2000, backups=2) as log:
+        assert log.next_sequence == 2 and log.last_hash == last
+        _write(log)
+    assert AuditLog.verify_rotated(path) == (True, 4, None)

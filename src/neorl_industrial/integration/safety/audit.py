@@ -12,6 +12,14 @@ Writes are one ``write`` per record followed by a flush (and, with ``fsync=True`
 ``os.fsync``). A crash can leave a torn last line; opening the log again cuts it off
 (``recovered_bytes`` says how much) and continues the chain from the last whole record.
 One process owns a log; its threads may share it.
+
+With ``max_bytes``, the log rotates by size as :class:`logging.handlers.RotatingFileHandler`
+does: before a record would take ``audit.jsonl`` past ``max_bytes``, it becomes
+``audit.jsonl.1`` (``.1`` becomes ``.2`` ..., the one past ``backups`` is deleted) and a new
+``audit.jsonl`` is started. The chain runs on across files: the first record of the new file
+carries the previous file's last hash and the next sequence number, so
+:meth:`AuditLog.verify_rotated` checks the kept files as one log. Files are created with
+mode 0600 (owner only).
 """
 
 from __future__ import annotations
@@ -97,6 +105,9 @@ class AuditLog:
         path: the JSON Lines file.
         policy_version: written into every record.
         fsync: ``os.fsync`` after every write (durable across power loss; slower).
+        max_bytes: rotate before a record would take the file past this size (0: never).
+        backups: rotated files kept (``path.1`` newest .. ``path.<backups>``); with 0 the
+            log never rotates, as with ``RotatingFileHandler``.
 
     Attributes:
         recovered_bytes: bytes of a torn last line cut off when the log was opened.
@@ -106,17 +117,48 @@ class AuditLog:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, policy_version: str, fsync: bool = False
+        self,
+        path: str | os.PathLike[str],
+        *,
+        policy_version: str,
+        fsync: bool = False,
+        max_bytes: int = 0,
+        backups: int = 0,
     ) -> None:
         self.path = Path(path)
         self.policy_version = str(policy_version)
         self.fsync = fsync
+        self.max_bytes = int(max_bytes)
+        self.backups = int(backups)
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.touch(exist_ok=True)
+        self._file = self._open()
         self.recovered_bytes, last = self._recover()
+        if last is None and self._rotated(1).exists():
+            # Rotated, then stopped before the new file's first record: chain on from .1.
+            with open(self._rotated(1), "rb") as handle:
+                size = handle.seek(0, os.SEEK_END)
+                last = _last_line(handle, size)[1] if size else None
         self._sequence, self._last_hash = self._resume(last)
-        self._file = open(self.path, "ab")  # noqa: SIM115 (kept open until close)
+        self._size = self.path.stat().st_size
+
+    def _open(self) -> Any:
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        return os.fdopen(descriptor, "ab")
+
+    def _rotated(self, index: int) -> Path:
+        return self.path.with_name(f"{self.path.name}.{index}")
+
+    def _rotate(self) -> None:
+        """``path`` → ``path.1`` → ... → ``path.<backups>`` (dropped past it); the caller
+        holds the lock."""
+        self._file.close()
+        for index in range(self.backups - 1, 0, -1):
+            if self._rotated(index).exists():
+                os.replace(self._rotated(index), self._rotated(index + 1))
+        os.replace(self.path, self._rotated(1))
+        self._file = self._open()
+        self._size = 0
 
     # ----- opening --------------------------------------------------------------------
     def _recover(self) -> tuple[int, bytes | None]:
@@ -273,8 +315,16 @@ class AuditLog:
             "prev_hash": self._last_hash,
         }
         record["hash"] = _digest(record)
-        line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
-        self._file.write(line.encode())
+        line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+        if (
+            self.max_bytes > 0
+            and self.backups > 0
+            and self._size > 0
+            and self._size + len(line) > self.max_bytes
+        ):
+            self._rotate()
+        self._file.write(line)
+        self._size += len(line)
         self._file.flush()
         if self.fsync:
             os.fsync(self._file.fileno())
@@ -301,44 +351,79 @@ class AuditLog:
             return [json.loads(line) for line in handle if line.strip()]
 
     @staticmethod
-    def verify(path: str | os.PathLike[str]) -> tuple[bool, int, str | None]:
-        """Checks every record's hash, the chain and the sequence numbers.
+    def verify(
+        path: str | os.PathLike[str], previous_hash: str | None = GENESIS
+    ) -> tuple[bool, int, str | None]:
+        """Checks every record's hash, the chain and the sequence numbers of one file.
 
         Args:
             path: the JSON Lines file.
+            previous_hash: what the first record's ``prev_hash`` must be (``None``: any,
+                for a rotated file whose predecessor was deleted).
 
         Returns:
             ``(ok, records checked, None)`` for an intact log, otherwise ``(False, records
             checked before the first bad one, message naming its line number)``.
         """
-        previous, expected, checked = GENESIS, None, 0
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    return False, checked, f"line {number}: not valid JSON"
-                if not isinstance(record, dict):
-                    return False, checked, f"line {number}: not a record"
-                if record.get("prev_hash") != previous:
-                    return (
-                        False,
-                        checked,
-                        f"line {number}: breaks the chain "
-                        "(a record before it was changed, removed or moved)",
-                    )
-                if _digest(record) != record.get("hash"):
-                    return False, checked, f"line {number}: the content does not match its hash"
-                sequence = record.get("sequence")
-                if not isinstance(sequence, int) or expected not in (None, sequence):
-                    return (
-                        False,
-                        checked,
-                        f"line {number}: sequence {sequence!r}, expected {expected}",
-                    )
-                expected = sequence + 1
-                previous = record["hash"]
-                checked += 1
-        return True, checked, None
+        ok, checked, message, _ = _verify_file(Path(path), previous_hash, None)
+        return ok, checked, message
+
+    @staticmethod
+    def verify_rotated(path: str | os.PathLike[str]) -> tuple[bool, int, str | None]:
+        """Checks a rotated log as one chain: the kept ``path.<n>`` .. ``path.1``, then
+        ``path``. The oldest kept file may start anywhere in the chain (older ones were
+        deleted); every later file must start where the one before ended.
+
+        Returns:
+            as :meth:`verify`, the message naming the file and line.
+        """
+        path = Path(path)
+        files = []
+        index = 1
+        while path.with_name(f"{path.name}.{index}").exists():
+            files.insert(0, path.with_name(f"{path.name}.{index}"))
+            index += 1
+        files.append(path)
+        state: tuple[str | None, int | None] = (None, None)
+        total = 0
+        for file in files:
+            ok, checked, message, state = _verify_file(file, *state)
+            total += checked
+            if not ok:
+                return False, total, f"{file.name}: {message}"
+        return True, total, None
+
+
+def _verify_file(
+    path: Path, previous: str | None, expected: int | None
+) -> tuple[bool, int, str | None, tuple[str | None, int | None]]:
+    """One file of the chain: ok, records checked, the message, and the (last hash, next
+    sequence) the next file starts from."""
+    checked = 0
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return False, checked, f"line {number}: not valid JSON", (previous, expected)
+            if not isinstance(record, dict):
+                return False, checked, f"line {number}: not a record", (previous, expected)
+            if previous is not None and record.get("prev_hash") != previous:
+                message = (
+                    f"line {number}: breaks the chain "
+                    "(a record before it was changed, removed or moved)"
+                )
+                return False, checked, message, (previous, expected)
+            if _digest(record) != record.get("hash"):
+                message = f"line {number}: the content does not match its hash"
+                return False, checked, message, (previous, expected)
+            sequence = record.get("sequence")
+            if not isinstance(sequence, int) or expected not in (None, sequence):
+                message = f"line {number}: sequence {sequence!r}, expected {expected}"
+                return False, checked, message, (previous, expected)
+            expected = sequence + 1
+            previous = record["hash"]
+            checked += 1
+    return True, checked, None, (previous, expected)
