@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
 from neorl_industrial.cli.common import make_console, positive_int
+
+if TYPE_CHECKING:
+    from neorl_industrial.integration.deployment import ServerSettings
 
 
 def command_serve(args: argparse.Namespace) -> int:
@@ -30,8 +34,21 @@ def command_serve(args: argparse.Namespace) -> int:
         f"serving {settings.model} on http://{args.host}:{args.port} "
         f"(docs at /docs, metrics at /metrics)"
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    uvicorn.run(app, **uvicorn_options(settings), host=args.host, port=args.port,
+                log_level=args.log_level, access_log=False)  # fmt: skip
     return 0
+
+
+def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
+    """uvicorn's limits for slow and many clients, from the server's settings."""
+    from neorl_industrial.integration.deployment.middleware import header_timeout_protocol
+
+    return {
+        "http": header_timeout_protocol(settings.header_timeout_s),
+        "timeout_keep_alive": settings.keep_alive_s,
+        "limit_concurrency": settings.max_connections,
+        "h11_max_incomplete_event_size": settings.max_header_bytes,
+    }
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

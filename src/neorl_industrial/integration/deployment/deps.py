@@ -83,7 +83,11 @@ class ServingState:
         if settings.audit_log is not None:
             previous = self.audit
             self.audit = AuditLog(
-                settings.audit_log, policy_version=loaded.version, fsync=settings.audit_fsync
+                settings.audit_log,
+                policy_version=loaded.version,
+                fsync=settings.audit_fsync,
+                max_bytes=settings.audit_max_bytes,
+                backups=settings.audit_backups,
             )
             if previous is not None:
                 previous.close()

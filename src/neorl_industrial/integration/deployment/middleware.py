@@ -8,12 +8,13 @@ before it is all read.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 from neorl_industrial.integration.deployment.metrics import ServerMetrics
 
-__all__ = ["LimitsAndMetrics"]
+__all__ = ["LimitsAndMetrics", "header_timeout_protocol"]
 
 _ACT_ROUTES = ("/v1/act", "/v1/act/batch")
 
@@ -90,3 +91,53 @@ async def _too_large(send: Any, limit: int) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+def header_timeout_protocol(seconds: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request line and headers are
+    not complete ``seconds`` after its first byte (or after it connected).
+
+    uvicorn has no such limit (its ``timeout_keep_alive`` is cancelled by the first byte
+    of the next request), and ASGI middleware only runs once the headers are in, so a
+    client trickling its headers would hold a connection for as long as it likes. Pass
+    the class as ``uvicorn.run(..., http=header_timeout_protocol(10.0))``.
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutH11Protocol(H11Protocol):
+        header_timeout = seconds
+        _header_deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm_header_deadline()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is h11.IDLE:
+                self._arm_header_deadline()  # a request line or headers still arriving
+            else:
+                self._cancel_header_deadline()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_header_deadline()
+            super().connection_lost(exc)
+
+        def _arm_header_deadline(self) -> None:
+            if self._header_deadline is None:
+                self._header_deadline = self.loop.call_later(
+                    self.header_timeout, self._header_timed_out
+                )
+
+        def _cancel_header_deadline(self) -> None:
+            if self._header_deadline is not None:
+                self._header_deadline.cancel()
+                self._header_deadline = None
+
+        def _header_timed_out(self) -> None:
+            self._header_deadline = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutH11Protocol

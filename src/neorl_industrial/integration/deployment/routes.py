@@ -19,6 +19,8 @@ field and row.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import gc
 import re
 import time
@@ -162,14 +164,35 @@ async def reload(
                 f"and {previous.action_size} (start a new server for another plant)",
             )
         serving.install(loaded)  # one assignment: the next batch uses the new policy
-        if settings.tune_gc:
-            gc.freeze()
-    return {
-        "previous": previous.version,
-        "version": loaded.version,
-        "source": source,
-        "seconds": time.perf_counter() - started,
-    }
+        answer = {
+            "previous": previous.version,
+            "version": loaded.version,
+            "source": source,
+            "seconds": time.perf_counter() - started,
+        }
+        del previous, loaded
+        _release_garbage(settings.tune_gc)
+    return answer
+
+
+def _release_garbage(tune_gc: bool) -> None:
+    """Frees the replaced policy: its artifact and jitted functions refer to each other,
+    so only the cyclic collector frees them (and the compiled executables and buffers
+    they hold). With ``tune_gc`` the startup objects were frozen into the permanent
+    generation, where the first policy would stay forever: unfreeze, collect, freeze."""
+    if tune_gc:
+        gc.unfreeze()
+    gc.collect()
+    if tune_gc:
+        gc.freeze()
+    _trim_heap()
+
+
+def _trim_heap() -> None:
+    # glibc keeps freed arenas mapped; the executables of a replaced policy are large,
+    # scattered frees, so without a trim the RSS keeps them after they are freed.
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 @router.get("/healthz", tags=["operations"])

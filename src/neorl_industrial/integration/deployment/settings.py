@@ -75,6 +75,18 @@ class ServerSettings(BaseSettings):
     audit_log: Path | None = None
     #: fsync the audit log after every write.
     audit_fsync: bool = False
+    #: Rotate the audit log before it passes this many bytes (0: never).
+    audit_max_bytes: int = Field(default=100 * 1024 * 1024, ge=0)
+    #: Rotated audit files kept (audit.jsonl.1 .. .N); 0: never rotate.
+    audit_backups: int = Field(default=10, ge=0)
+    #: Seconds a client has to send its request line and headers (``serve``).
+    header_timeout_s: float = Field(default=10.0, gt=0.0)
+    #: Seconds an idle keep-alive connection stays open (``serve``).
+    keep_alive_s: float = Field(default=5.0, gt=0.0)
+    #: Most concurrent connections and tasks; past it, 503 (``serve``).
+    max_connections: int = Field(default=256, ge=1)
+    #: Largest request line plus headers in bytes (``serve``).
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)
     #: Once the policy is compiled, move everything alive to the garbage collector's
     #: permanent generation and collect less often: without it, full collections over
     #: JAX's objects put ~100 ms pauses into the latency tail. Process-wide, so the
