@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -50,8 +51,9 @@ from benchmarks.harness import (
 NAME = "serving"
 DESCRIPTION = "Our policy server vs mlflow models serve: req/s, p50/p99, soak, reload, fuzz"
 
-KEY = "bench-act-key-0123456789"
-ADMIN = "bench-admin-key-0123456789"
+# Fresh strong keys per run: the server refuses short, placeholder or low-entropy ones.
+KEY = secrets.token_urlsafe(32)
+ADMIN = secrets.token_urlsafe(32)
 
 
 def _train(workdir: Path, store: str, updates: int) -> None:

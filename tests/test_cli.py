@@ -119,8 +119,15 @@ def _sets(items):
 def test_main_job_trains_evaluates_saves_exports_and_reports(tmp_path, capsys):
     import json
 
-    overrides = [*SMALL_RUN, f"output={tmp_path}", "name=small"]
+    overrides = [
+        *SMALL_RUN,
+        f"output={tmp_path}",
+        "name=small",
+        f"export.signing_keys={tmp_path}/k",
+    ]
     assert cli.main(["--no-cache", "run", *_sets(overrides)]) == 0
+    assert (tmp_path / "small" / "policy" / "signature.json").is_file()
+    assert (tmp_path / "k" / "policy-signing.key").stat().st_mode & 0o077 == 0
     out = capsys.readouterr().out
     run = tmp_path / "small"
     for part in ("agent/agent.json", "policy/manifest.json", "report.json", "config.yaml"):

@@ -57,6 +57,9 @@ MAIN_JOB: dict[str, Any] = {
     "evaluation": {"every": 1000, "episodes": 10},
     "checkpoints": {"every": 1000, "keep": 2},
     "tracking": {"promote": True},
+    # Signed with a key pair made on the first run: the registry promotes signed policies
+    # only, and a server given keys/policy-signing.pub trusts exactly these.
+    "export": {"signing_keys": "keys", "create_keys": True},
     "output": "runs",
 }
 
@@ -321,7 +324,9 @@ def run_training(
     agent.save(agent_dir, overwrite=resume)
     exported = None
     if export and not agent.entry.discrete:
-        exported = agent.export(policy_dir, overwrite=resume)
+        exported = agent.export(
+            policy_dir, overwrite=resume, signing_key=_signing_key(config, console)
+        )
     chunks = [entry for entry in result.history if entry["updates"] > (result.resumed_from or 0)]
     # The first chunk of a process includes compilation.
     steady = chunks[1:] or chunks
@@ -373,6 +378,29 @@ def run_training(
         )
     _write_report(run_dir, report)
     return RunOutcome(config, agent, report, run_dir, agent_dir, exported)
+
+
+def _signing_key(config: RunConfig, console: Any) -> Path | None:
+    """The private key that signs the run's policy (made first when asked), or None."""
+    from neorl_industrial.wrappers.agents.signing import PRIVATE_KEY, generate_key_pair
+
+    section = config.export
+    if section.signing_keys is None:
+        return None
+    key = Path(section.signing_keys) / PRIVATE_KEY
+    if not key.exists():
+        if not section.create_keys:
+            raise AgentError(
+                f"export.signing_keys: no {PRIVATE_KEY} in {section.signing_keys}; make one "
+                f"with `neorl-industrial keys generate --out {section.signing_keys}`"
+            )
+        generate_key_pair(section.signing_keys)
+        if console is not None:
+            console.print(
+                f"Made a policy-signing key pair in {section.signing_keys}/ (the private key "
+                "is readable by you only; servers trust the .pub)"
+            )
+    return key
 
 
 def _write_report(run_dir: Path, report: dict[str, Any]) -> None:

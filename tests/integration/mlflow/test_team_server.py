@@ -41,6 +41,9 @@ def team_server(tmp_path_factory):
         "PORT": str(port),
         "ARTIFACTS": str(tmp / "artifacts"),
         "WORKERS": "1",
+        # Authentication is the script's default; this test is about the PostgreSQL store
+        # (the script's auth checks are tested in tests/test_deployment_files.py).
+        "MLFLOW_AUTH": "off",
     }
     log = (tmp / "server.log").open("w")
     server = subprocess.Popen(

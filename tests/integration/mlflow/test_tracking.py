@@ -36,6 +36,8 @@ def _config(tmp: Path, uri: str, name: str, **tracking) -> RunConfig:
         "name": name,
         "output": str(tmp / "runs"),
         "tracking": {"uri": uri, "registered_model": MODEL, "promote": True, **tracking},
+        # Signed: the registry promotes signed policies only.
+        "export": {"signing_keys": str(tmp / "keys"), "create_keys": True},
     }
     return RunConfig.from_dict(values)
 

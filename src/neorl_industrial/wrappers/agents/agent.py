@@ -794,6 +794,7 @@ class Agent:
             action_names=list(task.action_names),
             action_low=np.asarray(task.action_low, np.float32),
             action_high=np.asarray(task.action_high, np.float32),
+            observation_bounds=(task.observation_low, task.observation_high),
             metadata={
                 "algorithm": self.entry.name,
                 "env": task.env_id,

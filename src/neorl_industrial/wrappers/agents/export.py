@@ -91,6 +91,7 @@ def export_policy(
     overwrite: bool = False,
     platforms: Sequence[str] = ("cpu", "cuda"),
     signing_key: str | os.PathLike[str] | Ed25519PrivateKey | None = None,
+    observation_bounds: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> Path:
     """Writes a self-contained policy artifact directory (see the module docstring).
 
@@ -112,6 +113,8 @@ def export_policy(
         platforms: the platforms the function is lowered for.
         signing_key: an Ed25519 private key (object or PEM file) that signs the
             manifest into ``signature.json``; ``None``: unsigned.
+        observation_bounds: ``(low, high)`` physical bounds per feature (``±inf`` where
+            unknown): the shield sends the fallback for an observation outside them.
 
     Returns:
         ``path``.
@@ -142,7 +145,13 @@ def export_policy(
             f"for action {action_names[column]!r}"
         )
     spec = _effective_spec(constraints_spec, action_names, low, high)
-    compiled = spec.compile(observation_size, action_size, observation_names, action_names)
+    compiled = spec.compile(
+        observation_size,
+        action_size,
+        observation_names,
+        action_names,
+        observation_bounds=observation_bounds,
+    )
     try:
         metadata = to_json_data(dict(metadata or {}), where="metadata", strict=True)
     except ValueError as error:

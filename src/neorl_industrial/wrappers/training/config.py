@@ -33,6 +33,7 @@ __all__ = [
     "DataSection",
     "EnvSection",
     "EvaluationSection",
+    "ExportSection",
     "OPESection",
     "RunConfig",
     "SafetySection",
@@ -175,6 +176,17 @@ class SafetySection(_Section):
     cost_limits: list[float] | None = None
 
 
+class ExportSection(_Section):
+    """The exported policy: signed when a key is given (servers and the registry's
+    promotion trust only signed policies)."""
+
+    #: A directory holding the Ed25519 signing key (``policy-signing.key``, made by
+    #: ``neorl-industrial keys generate``); None: the policy is exported unsigned.
+    signing_keys: str | None = None
+    #: Make the key pair in ``signing_keys`` when it holds none (the private key 0600).
+    create_keys: bool = False
+
+
 class CheckpointSection(_Section):
     #: Updates between checkpoints (a multiple of ``training.chunk``); 0: none.
     every: int = Field(default=0, ge=0)
@@ -214,6 +226,7 @@ class RunConfig(_Section):
     evaluation: EvaluationSection = Field(default_factory=EvaluationSection)
     safety: SafetySection = Field(default_factory=SafetySection)
     checkpoints: CheckpointSection = Field(default_factory=CheckpointSection)
+    export: ExportSection = Field(default_factory=ExportSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
     #: Where the run writes its agent, checkpoints, export and report.
     output: str = "runs"
