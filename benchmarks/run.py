@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, str] = {
     "shield_overhead": "benchmarks.shield_overhead",
     "ope": "benchmarks.ope",
     "serving": "benchmarks.serving",
+    "soak": "benchmarks.soak",
 }
 
 

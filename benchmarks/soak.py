@@ -1,0 +1,187 @@
+"""Soak: the policy server left running at a fixed request rate, reloaded every 30 s and
+sent a poisoned request (a number outside float32) every second.
+
+Reports the failed good requests (target 0), the poisoned requests not refused with a
+4xx (target 0), RSS growth from the first reload to the end (target < 10 %), and the p99
+latency under reloads next to the undisturbed p99 measured first.
+
+    python -m benchmarks.soak --minutes 2      # short; the default 10 is for a quiet machine
+    python -m benchmarks.run soak --quick       # 1 minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.harness import (
+    evaluate_targets,
+    free_port,
+    interpreter_environment,
+    progress,
+    wait_for_http,
+)
+from benchmarks.serving import _rss_kib
+
+DESCRIPTION = "policy server soak: fixed rate, reload every 30 s, poisoned request every 1 s"
+MINUTES = 10.0
+RATE = 50.0
+RELOAD_EVERY_S = 30.0
+BASELINE_S = 30.0
+
+
+def _policies(scratch: Path) -> dict[str, Path]:
+    """Two versions of a small policy (the soak measures the server, not the policy)."""
+    import jax
+
+    from tests.wrappers.agents.test_export import Policy
+
+    first, second = Policy(), Policy()
+    second.params = second.algorithm.init(jax.random.key(7)).policy
+    return {"a": first.export(scratch / "a"), "b": second.export(scratch / "b")}
+
+
+async def _soak(base: str, pid: int, models: list[str], seconds: float, disturb: bool) -> dict:
+    import httpx
+
+    good_ms: list[float] = []
+    stats = {"good": 0, "good_failed": 0, "poisoned": 0, "poisoned_not_4xx": 0, "reloads": 0}
+    rss: list[int] = []
+    body = json.dumps({"observation": [50.0] * 6}).encode()
+    poison = json.dumps({"observation": [50.0, 50.0, 1e39, 50.0, 50.0, 50.0]}).encode()
+    headers = {"Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
+
+        async def good() -> None:
+            started = time.perf_counter()
+            stats["good"] += 1
+            try:
+                response = await client.post("/v1/act", content=body, headers=headers)
+                ok = response.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            stats["good_failed"] += not ok
+            good_ms.append(1e3 * (time.perf_counter() - started))
+
+        async def poisoned() -> None:
+            stats["poisoned"] += 1
+            try:
+                response = await client.post("/v1/act", content=poison, headers=headers)
+                named = "observation" in response.text
+                refused = 400 <= response.status_code < 500 and named
+            except httpx.HTTPError:
+                refused = False
+            stats["poisoned_not_4xx"] += not refused
+
+        async def reloads() -> None:
+            while True:
+                await asyncio.sleep(RELOAD_EVERY_S)
+                model = models[stats["reloads"] % 2]
+                response = await client.post("/v1/admin/reload", json={"model": model})
+                response.raise_for_status()
+                stats["reloads"] += 1
+                rss.append(_rss_kib(pid))
+
+        async def poisons() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                tasks.append(asyncio.create_task(poisoned()))
+
+        tasks: list[asyncio.Task] = []
+        background = [asyncio.create_task(reloads()), asyncio.create_task(poisons())]
+        if not disturb:
+            for task in background:
+                task.cancel()
+        start = time.perf_counter()
+        for i in range(int(RATE * seconds)):
+            delay = start + i / RATE - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(good()))
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*tasks)
+    return {**stats, "p99_ms": float(np.percentile(good_ms, 99)), "rss_kib": rss}
+
+
+def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    minutes = 1.0 if quick else float(os.environ.get("NEORL_SOAK_MINUTES", MINUTES))
+    config = {
+        "minutes": minutes,
+        "rate_per_s": RATE,
+        "reload_every_s": RELOAD_EVERY_S,
+        "poisoned_every_s": 1.0,
+        "baseline_s": BASELINE_S,
+        "poison": "observation[2] = 1e39 (outside float32)",
+    }
+    scratch = Path(tempfile.mkdtemp(prefix="neorl-soak-"))
+    paths = _policies(scratch)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "neorl_industrial.cli", "serve", "--model", str(paths["a"]),
+         "--port", str(port), "--no-auth", "--log-level", "warning"],
+        env=interpreter_environment(), cwd=scratch,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_http(f"{base}/readyz", server)
+        progress(f"undisturbed baseline: {BASELINE_S:.0f} s at {RATE:.0f} req/s")
+        baseline = asyncio.run(_soak(base, server.pid, [], BASELINE_S, disturb=False))
+        progress(f"soak: {minutes:g} min, reload every {RELOAD_EVERY_S:.0f} s, poison every 1 s")
+        models = [str(paths["b"]), str(paths["a"])]
+        soak = asyncio.run(_soak(base, server.pid, models, 60.0 * minutes, disturb=True))
+        rss_end = _rss_kib(server.pid)
+    finally:
+        server.terminate()
+        server.wait(30)
+    rss = soak.pop("rss_kib")
+    first = rss[0] if rss else None
+    results: dict[str, Any] = {
+        **{key: value for key, value in soak.items() if key != "p99_ms"},
+        "p99_ms": soak["p99_ms"],
+        "p99_undisturbed_ms": baseline["p99_ms"],
+        "undisturbed_failed": baseline["good_failed"],
+        "rss_after_first_reload_kib": first,
+        "rss_end_kib": rss_end,
+        "rss_after_each_reload_kib": rss,
+        "rss_growth_pct": None if first is None else 100.0 * (rss_end - first) / first,
+    }
+    results["targets"] = evaluate_targets(
+        results,
+        {
+            "good_failed": ("<=", 0, "failed good requests"),
+            "poisoned_not_4xx": ("<=", 0, "poisoned requests not refused with a named 4xx"),
+            "rss_growth_pct": ("<", 10.0, "RSS growth from the first reload to the end, %"),
+        },
+    )
+    return config, results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=DESCRIPTION)
+    parser.add_argument("--minutes", type=float, default=MINUTES)
+    parser.add_argument("-d", "--description", default="")
+    parser.add_argument("-t", "--tag", default="untagged")
+    args = parser.parse_args(argv)
+    os.environ["NEORL_SOAK_MINUTES"] = str(args.minutes)  # read by run() in benchmarks.soak
+    from benchmarks.run import run_benchmark
+
+    result, path = run_benchmark("soak", description=args.description, tag=args.tag)
+    print(json.dumps(result.results, indent=2, default=str))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
