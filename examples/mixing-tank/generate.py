@@ -27,7 +27,9 @@ SUPPLY_MAX = 40.0  # m³/h through a fully open valve at nominal header pressure
 PUMP_MAX = 36.0  # m³/h at full speed and 1.5 m of level
 ALARM_LEVEL = 2.4  # m
 ROWS = 4200
-GAPS = {row: timedelta(minutes=5 + 7 * (row % 3)) for row in (480, 1020, 1500, 2010, 2600, 3100, 3650)}
+GAPS = {
+    row: timedelta(minutes=5 + 7 * (row % 3)) for row in (480, 1020, 1500, 2010, 2600, 3100, 3650)
+}
 
 
 def simulate(seed: int = 7) -> list[dict[str, object]]:
