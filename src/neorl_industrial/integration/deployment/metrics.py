@@ -79,7 +79,14 @@ class ServerMetrics:
 
     def decisions(self, decision: Any) -> None:
         self.decided.inc(len(decision.status))
-        for kind in ("overridden", "projected", "fallback", "invalid", "infeasible"):
+        for kind in (
+            "overridden",
+            "projected",
+            "fallback",
+            "invalid",
+            "infeasible",
+            "invalid_observation",
+        ):
             count = int(np.count_nonzero(getattr(decision, kind)))
             if count:
                 self.flags.labels(kind).inc(count)

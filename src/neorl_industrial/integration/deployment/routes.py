@@ -53,7 +53,14 @@ __all__ = ["orjson_response", "router"]
 
 router = APIRouter()
 
-_FLAGS = ("overridden", "projected", "fallback", "invalid", "infeasible")
+_FLAGS = (
+    "overridden",
+    "projected",
+    "fallback",
+    "invalid",
+    "infeasible",
+    "invalid_observation",
+)
 
 
 @router.post("/v1/act", response_model=ActResponse, tags=["policy"])

@@ -64,6 +64,10 @@ class Report(BaseModel):
     fallback: bool
     invalid: bool
     infeasible: bool
+    invalid_observation: bool = Field(
+        description="a reading outside the task's physical bounds (or not a number): the "
+        "fallback was sent"
+    )
     status: int
     violated: list[str]
     margin: dict[str, float | None] = Field(

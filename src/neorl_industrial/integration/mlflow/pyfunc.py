@@ -42,7 +42,7 @@ __all__ = [
 
 #: The model's name inside its run (``runs:/<run_id>/policy``).
 MODEL_NAME = "policy"
-FLAGS = ("overridden", "projected", "fallback", "invalid", "infeasible")
+FLAGS = ("overridden", "projected", "fallback", "invalid", "infeasible", "invalid_observation")
 
 
 def prev_action_columns(action_names: tuple[str, ...] | list[str]) -> list[str]:

@@ -254,6 +254,9 @@ class AuditLog:
                 "fallback": bool(host.fallback[row]),
                 "infeasible": bool(host.infeasible[row]),
                 "invalid": bool(host.invalid[row]),
+                "invalid_observation": bool(
+                    getattr(host, "invalid_observation", np.zeros_like(host.invalid))[row]
+                ),
             }
             for row in np.flatnonzero(host.overridden).tolist()
         ]

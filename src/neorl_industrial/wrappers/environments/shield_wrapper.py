@@ -76,6 +76,7 @@ class ShieldWrapper(gymnasium.Wrapper):
             "projected": bool(report.projected),
             "fallback": bool(report.fallback),
             "infeasible": bool(report.infeasible),
+            "invalid_observation": bool(report.invalid_observation),
             "violated": [n for n, v in zip(self.constraints.names, violated, strict=True) if v],
             "proposed_action": proposed,
             "applied_action": safe,
