@@ -14,6 +14,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
+
 __all__ = ["ServerMetrics"]
 
 # Latency buckets from 0.25 ms to 2.5 s: a shielded action takes well under a millisecond
@@ -79,14 +81,7 @@ class ServerMetrics:
 
     def decisions(self, decision: Any) -> None:
         self.decided.inc(len(decision.status))
-        for kind in (
-            "overridden",
-            "projected",
-            "fallback",
-            "invalid",
-            "infeasible",
-            "invalid_observation",
-        ):
+        for kind in STATUS_BITS:
             count = int(np.count_nonzero(getattr(decision, kind)))
             if count:
                 self.flags.labels(kind).inc(count)

@@ -48,19 +48,13 @@ from neorl_industrial.integration.deployment.schemas import (
     BatchResponse,
     ReloadRequest,
 )
+from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
 
 __all__ = ["orjson_response", "router"]
 
 router = APIRouter()
 
-_FLAGS = (
-    "overridden",
-    "projected",
-    "fallback",
-    "invalid",
-    "infeasible",
-    "invalid_observation",
-)
+_FLAGS = tuple(STATUS_BITS)  # the decision's flags, in the artifact's order
 
 
 @router.post("/v1/act", response_model=ActResponse, tags=["policy"])

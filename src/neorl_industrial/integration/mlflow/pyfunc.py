@@ -42,6 +42,8 @@ __all__ = [
 
 #: The model's name inside its run (``runs:/<run_id>/policy``).
 MODEL_NAME = "policy"
+# The decision's flags (the artifact's STATUS_BITS; named here so that importing this
+# module does not import JAX).
 FLAGS = ("overridden", "projected", "fallback", "invalid", "infeasible", "invalid_observation")
 
 
