@@ -100,14 +100,29 @@ def load_private_key(key: str | os.PathLike[str] | Ed25519PrivateKey) -> Ed25519
     """A private key object, or the PEM file of one (unencrypted PKCS#8)."""
     if isinstance(key, Ed25519PrivateKey):
         return key
+    return _load_pem(
+        key,
+        lambda data: serialization.load_pem_private_key(data, password=None),
+        Ed25519PrivateKey,
+        "the signing key",
+        "an unencrypted PEM private key",
+    )
+
+
+def _load_pem(key: str | os.PathLike[str], load: Any, kind: type, what: str, expected: str) -> Any:
+    """The Ed25519 key (``kind``) in the PEM file ``key``, read with ``load``.
+
+    Raises:
+        SigningError: naming the file: unreadable, not ``expected``, or not Ed25519.
+    """
     path = Path(key)
     try:
-        loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        loaded = load(path.read_bytes())
     except OSError as error:
-        raise SigningError(f"{path}: cannot read the signing key: {error}") from None
+        raise SigningError(f"{path}: cannot read {what}: {error}") from None
     except (ValueError, TypeError) as error:
-        raise SigningError(f"{path}: not an unencrypted PEM private key: {error}") from None
-    if not isinstance(loaded, Ed25519PrivateKey):
+        raise SigningError(f"{path}: not {expected}: {error}") from None
+    if not isinstance(loaded, kind):
         raise SigningError(f"{path}: a {type(loaded).__name__}; expected an Ed25519 key")
     return loaded
 
@@ -119,16 +134,13 @@ def load_public_keys(
     trusted: dict[str, Ed25519PublicKey] = {}
     for key in keys:
         if not isinstance(key, Ed25519PublicKey):
-            path = Path(key)
-            try:
-                loaded = serialization.load_pem_public_key(path.read_bytes())
-            except OSError as error:
-                raise SigningError(f"{path}: cannot read the trusted key: {error}") from None
-            except (ValueError, TypeError) as error:
-                raise SigningError(f"{path}: not a PEM public key: {error}") from None
-            if not isinstance(loaded, Ed25519PublicKey):
-                raise SigningError(f"{path}: a {type(loaded).__name__}; expected an Ed25519 key")
-            key = loaded
+            key = _load_pem(
+                key,
+                serialization.load_pem_public_key,
+                Ed25519PublicKey,
+                "the trusted key",
+                "a PEM public key",
+            )
         trusted[fingerprint(key)] = key
     return trusted
 
