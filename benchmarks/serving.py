@@ -56,6 +56,10 @@ KEY = secrets.token_urlsafe(32)
 ADMIN = secrets.token_urlsafe(32)
 
 
+#: the paced client's connections and in-flight requests
+PACED_IN_FLIGHT = 32
+
+
 def _train(workdir: Path, store: str, updates: int) -> None:
     command = [
         sys.executable, "-m", "neorl_industrial.cli", "run",
@@ -114,32 +118,41 @@ def _rss_kib(pid: int) -> int:
 
 
 async def _paced(url: str, body: bytes, headers: dict[str, str], rate: float, seconds: float):
-    """Requests at a fixed rate (open loop); returns (sent, errors, latencies_ms)."""
+    """Requests at a fixed rate (open loop); returns (sent, errors, latencies_ms).
+
+    At most ``PACED_IN_FLIGHT`` requests are in flight (the client's connection pool; a
+    longer queue costs httpcore quadratic time and the client, not the server, becomes
+    what is measured). A latency counts from the request's scheduled time, so waiting for
+    a free connection is part of it (no coordinated omission).
+    """
     import httpx
 
     latencies: list[float] = []
     errors = 0
-    async with httpx.AsyncClient(timeout=10.0) as client:
+    limits = httpx.Limits(max_connections=PACED_IN_FLIGHT)
+    in_flight = asyncio.Semaphore(PACED_IN_FLIGHT)
+    async with httpx.AsyncClient(timeout=10.0, limits=limits) as client:
 
-        async def one() -> None:
+        async def one(scheduled: float) -> None:
             nonlocal errors
-            started = time.perf_counter()
-            try:
-                response = await client.post(url, content=body, headers=headers)
-                if response.status_code != 200:
+            async with in_flight:
+                try:
+                    response = await client.post(url, content=body, headers=headers)
+                    if response.status_code != 200:
+                        errors += 1
+                except httpx.HTTPError:
                     errors += 1
-            except httpx.HTTPError:
-                errors += 1
-            latencies.append(1e3 * (time.perf_counter() - started))
+            latencies.append(1e3 * (time.perf_counter() - scheduled))
 
         tasks = []
         start = time.perf_counter()
         total = int(rate * seconds)
         for i in range(total):
-            delay = start + i / rate - time.perf_counter()
+            scheduled = start + i / rate
+            delay = scheduled - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one()))
+            tasks.append(asyncio.create_task(one(scheduled)))
         await asyncio.gather(*tasks)
     return total, errors, latencies
 

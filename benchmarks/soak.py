@@ -38,17 +38,38 @@ MINUTES = 10.0
 RATE = 50.0
 RELOAD_EVERY_S = 30.0
 BASELINE_S = 30.0
+RSS_SAMPLE_S = 5.0
 
 
 def _policies(scratch: Path) -> dict[str, Path]:
-    """Two versions of a small policy (the soak measures the server, not the policy)."""
+    """Two versions of a small TD3+BC policy on the IB's six-value frame, shielded by the
+    example constraint spec (the soak measures the server, not the policy)."""
     import jax
 
-    from tests.wrappers.agents.test_export import Policy
+    from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
+    from neorl_industrial.core.environments import make
+    from neorl_industrial.wrappers.agents import export_policy
+    from neorl_industrial.wrappers.constraint_files import load_constraint_spec
 
-    first, second = Policy(), Policy()
-    second.params = second.algorithm.init(jax.random.key(7)).policy
-    return {"a": first.export(scratch / "a"), "b": second.export(scratch / "b")}
+    env, _ = make("IB-v0", observation="classic")
+    spec = load_constraint_spec(Path(__file__).parents[1] / "configs/constraints/ib-example.yaml")
+    algorithm = make_td3bc(TD3BCConfig(hidden=(32, 32)), env.observation_size, env.action_size)
+    paths = {}
+    for version, seed in (("a", 0), ("b", 7)):
+        paths[version] = export_policy(
+            scratch / version,
+            act=algorithm.act,
+            policy_params=algorithm.init(jax.random.key(seed)).policy,
+            observation_size=env.observation_size,
+            action_size=env.action_size,
+            constraints_spec=spec,
+            observation_names=env.observation_names,
+            action_names=env.action_names,
+            action_low=env.action_low,
+            action_high=env.action_high,
+            metadata={"algorithm": "td3bc", "version": version},
+        )
+    return paths
 
 
 async def _soak(base: str, pid: int, models: list[str], seconds: float, disturb: bool) -> dict:
@@ -92,17 +113,24 @@ async def _soak(base: str, pid: int, models: list[str], seconds: float, disturb:
                 stats["reloads"] += 1
                 rss.append(_rss_kib(pid))
 
+        async def sample_rss() -> None:
+            while True:
+                timeline.append((round(time.perf_counter() - start, 1), _rss_kib(pid)))
+                await asyncio.sleep(RSS_SAMPLE_S)
+
         async def poisons() -> None:
             while True:
                 await asyncio.sleep(1.0)
                 tasks.append(asyncio.create_task(poisoned()))
 
         tasks: list[asyncio.Task] = []
+        timeline: list[tuple[float, int]] = []
+        start = time.perf_counter()
         background = [asyncio.create_task(reloads()), asyncio.create_task(poisons())]
         if not disturb:
             for task in background:
                 task.cancel()
-        start = time.perf_counter()
+        background.append(asyncio.create_task(sample_rss()))
         for i in range(int(RATE * seconds)):
             delay = start + i / RATE - time.perf_counter()
             if delay > 0:
@@ -111,7 +139,12 @@ async def _soak(base: str, pid: int, models: list[str], seconds: float, disturb:
         for task in background:
             task.cancel()
         await asyncio.gather(*tasks)
-    return {**stats, "p99_ms": float(np.percentile(good_ms, 99)), "rss_kib": rss}
+    return {
+        **stats,
+        "p99_ms": float(np.percentile(good_ms, 99)),
+        "rss_kib": rss,
+        "rss_timeline": timeline,
+    }
 
 
 def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:

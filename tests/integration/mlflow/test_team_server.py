@@ -3,6 +3,7 @@ a short training logged to it over HTTP, metrics and the registered model read b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -28,11 +29,9 @@ def _postgres_or_skip():
         pytest.skip(f"PostgreSQL is not reachable on 127.0.0.1:5432: {error}")
 
 
-@pytest.fixture(scope="module")
-def team_server(tmp_path_factory):
-    admin = _postgres_or_skip()
-    database = f"neorl_test_{uuid.uuid4().hex[:10]}"
-    tmp = tmp_path_factory.mktemp("team")
+@contextlib.contextmanager
+def _serve(tmp: Path, database: str, **overrides: str):
+    """deploy/mlflow's script serving ``database`` on a free port; yields its URL."""
     port = free_port()
     env = {
         **os.environ,
@@ -40,10 +39,9 @@ def team_server(tmp_path_factory):
         "MLFLOW_DB": database,
         "PORT": str(port),
         "ARTIFACTS": str(tmp / "artifacts"),
+        "AUTH_DB": str(tmp / "auth.db"),
         "WORKERS": "1",
-        # Authentication is the script's default; this test is about the PostgreSQL store
-        # (the script's auth checks are tested in tests/test_deployment_files.py).
-        "MLFLOW_AUTH": "off",
+        **overrides,
     }
     log = (tmp / "server.log").open("w")
     server = subprocess.Popen(
@@ -52,7 +50,7 @@ def team_server(tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_http(f"{url}/health", server, 180, log=tmp / "server.log")
-        yield url, tmp, database
+        yield url
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -60,8 +58,25 @@ def team_server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
         log.close()
+
+
+@contextlib.contextmanager
+def _database():
+    admin = _postgres_or_skip()
+    database = f"neorl_test_{uuid.uuid4().hex[:10]}"
+    try:
+        yield database
+    finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture(scope="module")
+def team_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("team")
+    # This test is about the PostgreSQL store; authentication has its own test below.
+    with _database() as database, _serve(tmp, database, MLFLOW_AUTH="off") as url:
+        yield url, tmp, database
 
 
 @pytest.mark.slow
@@ -78,6 +93,8 @@ def test_training_against_a_postgres_backed_server(team_server):
             "training": {"updates": 100, "chunk": 50, "batch_size": 32, "seeds": [0]},
             "evaluation": {"every": 50, "episodes": 2, "horizon": 50},
             "tracking": {"uri": url, "registered_model": "team-policy", "promote": True},
+            # the registry promotes signed policies only
+            "export": {"signing_keys": str(tmp / "keys"), "create_keys": True},
         }
     )
     outcome = run_training(config)
@@ -101,3 +118,29 @@ def test_training_against_a_postgres_backed_server(team_server):
             "SELECT name, status FROM runs WHERE run_uuid = %s", (parent.info.run_id,)
         ).fetchone()
     assert row == ("team", "FINISHED")
+
+
+@pytest.mark.slow
+def test_the_team_server_requires_credentials(tmp_path, monkeypatch):
+    """The script's default: MLflow's basic authentication, the admin password from a
+    file; anonymous requests are refused, the admin's credentials log a run."""
+    import httpx
+    from mlflow import MlflowClient
+
+    password_file = tmp_path / "admin-password"
+    password_file.write_text("a-long-admin-password-for-tests\n")
+    with (
+        _database() as database,
+        _serve(tmp_path, database, MLFLOW_ADMIN_PASSWORD_FILE=str(password_file)) as url,
+    ):
+        search = f"{url}/api/2.0/mlflow/experiments/search"
+        assert httpx.post(search, json={"max_results": 1}).status_code == 401
+        wrong = httpx.post(search, json={"max_results": 1}, auth=("admin", "not-the-password"))
+        assert wrong.status_code == 401
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "a-long-admin-password-for-tests")
+        client = MlflowClient(tracking_uri=url)
+        experiment = client.create_experiment("authenticated")
+        run = client.create_run(experiment)
+        client.log_metric(run.info.run_id, "eval/return", 1.5)
+        assert client.get_run(run.info.run_id).data.metrics == {"eval/return": 1.5}

@@ -274,6 +274,7 @@ def test_mlflow_models_serve_returns_shielded_actions(tracked):
     assert [row["overridden"] for row in predictions] == expected.overridden.tolist()
 
 
+@pytest.mark.slow  # ~30 s; test_sender replays a spool to a real store in the default suite
 def test_training_goes_on_when_the_server_is_down_and_the_spool_replays(tracked, capsys):
     _, _, _, tmp = tracked
     down = f"http://127.0.0.1:{free_port()}"

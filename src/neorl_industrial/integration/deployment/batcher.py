@@ -87,6 +87,10 @@ class MicroBatcher:
         self._queue.put_nowait(_Item(observations, prev_actions, future))
         return await future
 
+    async def barrier(self) -> None:
+        """Returns once the call running on the policy thread, if any, has finished."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
+
     def _drain(self) -> list[_Item]:
         items = []
         while True:

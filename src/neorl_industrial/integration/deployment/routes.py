@@ -135,12 +135,15 @@ async def policy_info(_: ActKeyDep, policy: PolicyDep, serving: ServingDep) -> d
 @router.post("/v1/admin/reload", tags=["admin"])
 async def reload(
     _: AdminKeyDep,
-    policy: PolicyDep,
     serving: ServingDep,
     settings: SettingsDep,
     body: ReloadRequest | None = None,
 ) -> dict[str, Any]:
-    source = (body.model if body else None) or policy.source
+    # Not a PolicyDep: FastAPI keeps dependency values until the response is sent, and
+    # that reference would keep the replaced policy alive past the collection below.
+    if not serving.ready:
+        raise HTTPException(503, "no policy loaded yet")
+    source = (body.model if body else None) or serving.policy.source
     async with serving.reload_lock:
         previous = serving.policy  # another reload may have swapped it while this one waited
         started = time.perf_counter()
@@ -172,8 +175,20 @@ async def reload(
             "seconds": time.perf_counter() - started,
         }
         del previous, loaded
+        # A batch already running on the policy thread still uses the replaced policy:
+        # wait for it, so the collection below frees it now and not at the next reload.
+        await serving.batcher.barrier()
         _release_garbage(settings.tune_gc)
+        # Requests that began before the swap hold the replaced policy until they answer
+        # (milliseconds); sweep again once they have, or it waits for the next reload.
+        asyncio.get_running_loop().call_later(
+            RELEASE_AGAIN_AFTER_S, _release_garbage, settings.tune_gc
+        )
     return answer
+
+
+#: Seconds after a reload's swap at which the replaced policy is collected a second time.
+RELEASE_AGAIN_AFTER_S = 1.0
 
 
 def _release_garbage(tune_gc: bool) -> None:
@@ -184,9 +199,22 @@ def _release_garbage(tune_gc: bool) -> None:
     if tune_gc:
         gc.unfreeze()
     gc.collect()
+    _clear_staging_caches()
     if tune_gc:
         gc.freeze()
     _trim_heap()
+
+
+def _clear_staging_caches() -> None:
+    # JAX's tracing caches (LRU, bounded in entries, not bytes) keep every loaded policy's
+    # deserialized module alive: abstract evaluations of the exported call, the jaxprs
+    # traced for each batch size. The served policy's compiled executables live in its
+    # own jitted function's cache, which this leaves alone, so nothing is traced or
+    # compiled again for the shapes it was warmed up for.
+    from jax._src import util as jax_util
+
+    with contextlib.suppress(AttributeError):  # a JAX without it: the caches stay bounded
+        jax_util.clear_all_caches()
 
 
 def _trim_heap() -> None:
