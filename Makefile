@@ -14,7 +14,7 @@ TAG ?= dev
 # Pin benchmarks to one core so our code and the reference share the same processor.
 PIN := $(shell command -v taskset >/dev/null 2>&1 && echo "taskset -c 0")
 
-.PHONY: install install-dev run test test-all lint format bench compare clean
+.PHONY: install install-dev reference-env run test test-all lint format bench compare clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,19 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
+
+# The reference simulators of the fidelity tests, in an environment of their own (pc-gym
+# pins other versions of torch than the benchmarks' d3rlpy): `make reference-env`, then
+# the slow tests re-record the references live (tests/core/environments/references/), the
+# NMPC oracle (do-mpc) gives the expert references, and env_throughput times pc-gym.
+REFERENCE_VENV := .venv-reference
+
+$(REFERENCE_VENV)/.installed:
+	$(PYTHON) -m venv $(REFERENCE_VENV)
+	$(REFERENCE_VENV)/bin/python -m pip install --quiet "pcgym==0.1.8" "do-mpc==5.1.2"
+	touch $@
+
+reference-env: $(REFERENCE_VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
 
@@ -56,4 +69,4 @@ compare: install-dev
 	$(BIN)/python -m benchmarks.compare
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(REFERENCE_VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -33,6 +33,15 @@ What is measured, all in one process on one machine (run it pinned to one core w
   on episode end; and the ``VectorEnv`` from ``gymnasium.make_vec`` with 1024 environments
   (throughput counts every environment's step).
 * **state_bytes** - bytes of one environment's state (``tree_bytes`` of ``env.reset``).
+* **process** - every registered process task (CSTR, four-tank, pipeline, DMSD, ...): the
+  batched rollout at each batch size and, for the tasks ported from pc-gym, pc-gym 0.1.8's
+  own environment stepped one step per Python call with uniform random actions (its
+  default CasADi/CVODES integrator, and its diffrax integrator), run by
+  ``benchmarks/pcgym_reference.py`` in pc-gym's environment (``make reference-env``) as a
+  child process of this one, so under the same pinning. Each task's ``ratio`` is against
+  its own reference's default integrator. NeoRL-2's tasks (pipeline, DMSD) have no
+  installable reference simulator (the registry's ``neorl2`` lacks its reward module), so
+  their rows carry steps/s only.
 
 Every policy, ours and the reference's, draws its actions inside the timed loop. Each time
 is the best of several repeats after an untimed warm-up call.
@@ -49,9 +58,12 @@ error.
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import Table, progress, rate, ratio, time_best
@@ -79,6 +91,11 @@ TARGETS: dict[str, tuple[str, float, str]] = {
         f"cold compile of the batched rollout at n_envs={COMPILE_N_ENVS} in a fresh process "
         "on all CPUs, worst env id",
     ),
+    "process_batched_min_ratio": (
+        ">=",
+        1000.0,
+        "best batched steps/s / pc-gym single-env steps/s, worst pc-gym task",
+    ),
     "step_batch_compile_s": (
         "<",
         2.0,
@@ -97,8 +114,10 @@ class Settings:
     scan_steps: int
     batch_sizes: tuple[int, ...]
     env_ids: tuple[str, ...]
+    process_ids: tuple[str, ...]
     gym_steps: int
     vector_steps: int
+    pcgym_steps: int
 
     def batched_steps(self, n_envs: int) -> int:
         """Steps per rollout call at ``n_envs``: about 0.3-1 s of work per call."""
@@ -117,8 +136,10 @@ def settings(quick: bool) -> Settings:
             scan_steps=10_000,
             batch_sizes=(1, 100, 1000),
             env_ids=(CLASSIC_ID, HISTORY_ID),
+            process_ids=process_env_ids(),
             gym_steps=300,
             vector_steps=20,
+            pcgym_steps=60,
         )
     return Settings(
         quick=False,
@@ -127,8 +148,10 @@ def settings(quick: bool) -> Settings:
         scan_steps=100_000,
         batch_sizes=(1, 10, 100, 1000, 4096, 16384),
         env_ids=(CLASSIC_ID, HISTORY_ID),
+        process_ids=process_env_ids(),
         gym_steps=3000,
         vector_steps=200,
+        pcgym_steps=600,
     )
 
 
@@ -162,6 +185,91 @@ def measure_reference(n_steps: int, repeats: int) -> dict[str, Any]:
         "all_s": times,
         "steps_per_s": rate(n_steps, best),
     }
+
+
+#: pc-gym's model behind each task ported from it
+PCGYM_MODELS = {"CSTR-v0": "cstr", "FourTank-v0": "four_tank"}
+#: pc-gym's integration methods: its default first (the ratio's reference)
+PCGYM_METHODS = ("casadi", "jax")
+REFERENCE_PYTHON = Path(__file__).resolve().parents[1] / ".venv-reference" / "bin" / "python"
+
+
+def process_env_ids() -> tuple[str, ...]:
+    """The registered process tasks (every task but the Industrial Benchmark's ids), in
+    registration order."""
+    from neorl_industrial.core.environments import IndustrialBenchmark, registered_envs
+
+    return tuple(
+        env_id
+        for env_id, spec in registered_envs().items()
+        if spec.factory is not IndustrialBenchmark
+    )
+
+
+def measure_pcgym(model: str, n_steps: int, repeats: int, method: str) -> dict[str, Any]:
+    """pc-gym's single-environment steps/s (``benchmarks/pcgym_reference.py`` in a child
+    process that inherits this one's pinning), or an ``error`` entry without pc-gym."""
+    if not REFERENCE_PYTHON.exists():
+        return {
+            "error": "pc-gym not available: run `make reference-env`",
+            "steps_per_s": None,
+        }
+    script = Path(__file__).resolve().parent / "pcgym_reference.py"
+    done = subprocess.run(
+        [str(REFERENCE_PYTHON), str(script), model, str(n_steps), str(repeats), method],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"pc-gym {model} ({method}) failed: {tail[0]}", "steps_per_s": None}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_process_tasks(cfg: Settings, key: Any) -> dict[str, Any]:
+    """Batched steps/s of every process task at each batch size, with pc-gym's
+    single-environment steps/s beside the tasks ported from it."""
+    import jax.numpy as jnp
+
+    tasks: dict[str, Any] = {}
+    for env_id in cfg.process_ids:
+        references: dict[str, Any] = {}
+        model = PCGYM_MODELS.get(env_id)
+        if model is not None:
+            for method in PCGYM_METHODS:
+                progress(f"pc-gym {model} ({method}), {cfg.pcgym_steps} steps")
+                references[method] = measure_pcgym(model, cfg.pcgym_steps, cfg.repeats, method)
+        reference_rate = references.get(PCGYM_METHODS[0], {}).get("steps_per_s")
+        rows = []
+        for n_envs in cfg.batch_sizes:
+            n_steps = cfg.batched_steps(n_envs)
+            progress(f"{env_id} rollout, n_envs={n_envs}, {n_steps} steps")
+            executable, compile_s = _compile(_batched_fn(env_id, n_envs, n_steps), key)
+            best, times, total = _time_compiled(executable, key, cfg.repeats)
+            steps_per_s = rate(n_envs * n_steps, best)
+            rows.append(
+                {
+                    "n_envs": n_envs,
+                    "n_steps": n_steps,
+                    "best_s": best,
+                    "all_s": times,
+                    "steps_per_s": steps_per_s,
+                    "ratio": ratio(steps_per_s, reference_rate),
+                    "compile_s": compile_s,
+                    "reward_per_step": float(jnp.mean(total[0])) / n_steps,
+                }
+            )
+        best_row = max(rows, key=lambda row: row["steps_per_s"] or 0.0)
+        tasks[env_id] = {
+            "reference": {"pcgym_model": model, **references} if model else None,
+            "batched": rows,
+            "best_steps_per_s": best_row["steps_per_s"],
+            "best_n_envs": best_row["n_envs"],
+            "best_ratio": best_row["ratio"],
+        }
+    return tasks
 
 
 def _compile(fn: Callable[[Any], Any], key: Any) -> tuple[Any, float]:
@@ -372,6 +480,7 @@ def evaluate_targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "scan_single_ratio": summary.get("scan_single_ratio"),
         "compile_s": summary.get("compile_s"),
         "step_batch_compile_s": summary.get("step_batch_compile_s"),
+        "process_batched_min_ratio": summary.get("process_batched_min_ratio"),
     }
     return harness_evaluate_targets(values, TARGETS)
 
@@ -390,6 +499,12 @@ def _summarise(results: dict[str, Any]) -> dict[str, Any]:
         if entry["program"] == "step_batch"
     ]
     scan = results["scan_single"].get(CLASSIC_ID, {})
+    pcgym_ratios = {
+        env_id: task["best_ratio"]
+        for env_id, task in results.get("process", {}).items()
+        if env_id in PCGYM_MODELS
+    }
+    measured = [value for value in pcgym_ratios.values() if value is not None]
     return {
         "reference_steps_per_s": results["reference"].get("steps_per_s"),
         "scan_single_steps_per_s": scan.get("steps_per_s"),
@@ -404,6 +519,11 @@ def _summarise(results: dict[str, Any]) -> dict[str, Any]:
         "gymnasium_ratio": results["gymnasium"].get("ratio"),
         "vector_env_steps_per_s": results["vector_env"].get("steps_per_s"),
         "vector_env_ratio": results["vector_env"].get("ratio"),
+        "process_best_ratio": pcgym_ratios,
+        # None when a pc-gym task has no measured reference: a target not measured
+        "process_batched_min_ratio": (
+            min(measured) if measured and len(measured) == len(pcgym_ratios) else None
+        ),
     }
 
 
@@ -534,7 +654,8 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         "compile": compile_results,
         "gymnasium": gym,
         "vector_env": vector,
-        "state_bytes": {env_id: state_bytes(env_id) for env_id in cfg.env_ids},
+        "state_bytes": {env_id: state_bytes(env_id) for env_id in (*cfg.env_ids, *cfg.process_ids)},
+        "process": measure_process_tasks(cfg, key),
     }
     results["summary"] = _summarise(results)
     results["targets"] = evaluate_targets(results)
@@ -567,6 +688,14 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
             "order": [*cfg.env_ids, f"{CLASSIC_ID} (repeat)", f"{CLASSIC_ID} scan_single"],
         },
         "gymnasium": {"env_id": CLASSIC_ID, "n_steps": cfg.gym_steps},
+        "process": {
+            "env_ids": list(cfg.process_ids),
+            "batch_sizes": list(cfg.batch_sizes),
+            "pcgym_models": {k: v for k, v in PCGYM_MODELS.items() if k in cfg.process_ids},
+            "pcgym_steps": cfg.pcgym_steps,
+            "pcgym_methods": list(PCGYM_METHODS),
+            "ratio_reference": f"pc-gym's {PCGYM_METHODS[0]} integrator",
+        },
         "vector_env": {
             "env_id": CLASSIC_ID,
             "num_envs": VECTOR_NUM_ENVS,
@@ -649,6 +778,28 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
     for env_id, size in results.get("state_bytes", {}).items():
         compile_table.rows.append([f"{env_id} state bytes per env", size])
 
+    process = results.get("process", {})
+    process_table = Table(
+        "process tasks: batched steps/s, ratio to pc-gym's single env (casadi)",
+        ["task", "reference", "ref steps/s"]
+        + [
+            f"x{n} {c}"
+            for n in config.get("process", {}).get("batch_sizes", [])
+            for c in ("steps/s", "ratio")
+        ],
+        [],
+    )
+    for env_id, task in process.items():
+        reference = task.get("reference") or {}
+        for method in PCGYM_METHODS if reference else (None,):
+            entry = reference.get(method, {}) if method else {}
+            label = f"pc-gym {reference.get('pcgym_model')} ({method})" if method else "none"
+            cells: list[Any] = [env_id, entry.get("error") or label, entry.get("steps_per_s")]
+            if method in (None, PCGYM_METHODS[0]):
+                for row in task.get("batched", []):
+                    cells += [row.get("steps_per_s"), row.get("ratio")]
+            process_table.rows.append(cells)
+
     targets = Table("targets", ["target", "value", "threshold", "met"], [])
     for name, entry in results.get("targets", {}).items():
         targets.rows.append(
@@ -659,4 +810,4 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
                 entry.get("passed"),
             ]
         )
-    return [overview, scaling, compile_table, targets]
+    return [overview, scaling, process_table, compile_table, targets]

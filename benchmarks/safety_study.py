@@ -1,33 +1,40 @@
-"""Safe offline RL on the Industrial Benchmark: Lagrangian agents against TD3+BC, with and
-without the shield.
+"""Safe offline RL on the task suite: Lagrangian agents against TD3+BC, with and without
+the shield, on the Industrial Benchmark and the process tasks.
 
-The study (DSRL conventions):
+The study (DSRL conventions), for each task of ``--tasks``:
 
-* **Data**: IB-v0 episodes of the ``medium``, ``high`` and ``expert`` behaviour policies,
-  mixed. The cost is a stricter fatigue limit than the environment's default: one per
-  step whose next observed fatigue is above ``--fatigue-limit`` (30), relabelled from the
-  observations with a constraint spec, with an episode cost limit ``--cost-limit`` (100).
-  Part of the behaviour data exceeds the limit, part stays within it.
+* **Data**: episodes of the ``medium``, ``high`` and ``expert`` behaviour policies, mixed.
+  The cost on the Industrial Benchmark is a stricter fatigue limit than the environment's
+  default: one per step whose next observed fatigue is above ``--fatigue-limit`` (30),
+  relabelled from the observations with a constraint spec, with an episode cost limit
+  ``--cost-limit`` (100); part of the behaviour data exceeds the limit, part stays within
+  it. On the process tasks the cost is the task's own: every cost channel with its default
+  episode limit (``env.default_cost_limits()``: tank overflow and empty levels, servo
+  travel, pipeline flow off its target, reactor temperature).
 * **Agents** (``--seeds`` each, all seeds in one vmapped program): TD3+BC (ignores cost),
-  TD3BC-Lag and IQL-Lag (PID multiplier on the cost critic), BC-Safe (behaviour cloning
-  on the episodes within the limit), BC on everything for reference, and an ablation of
-  TD3BC-Lag without its cost floor and with OSRL's PID gains.
-* **Evaluation**: whole episodes in the JAX environment whose cost channel uses the same
-  fatigue limit, every policy once with the IB's default hard constraints shielded
-  (``env.default_constraints()``) and once with them only checked.
+  TD3BC-Lag and IQL-Lag (PID multiplier per cost channel), BC-Safe (behaviour cloning on
+  the episodes within every limit), BC on everything for reference, and an ablation of
+  TD3BC-Lag without its cost floor and with OSRL's PID gains. Actions in plant units are
+  scaled to [-1, 1] by the actuator bounds for training; the policies act in plant units.
+* **Evaluation**: whole episodes in the JAX environment, every policy once with the task's
+  default hard constraints shielded (``env.default_constraints()``) and once with them
+  only checked.
 * **Metrics**: normalized return (D4RL-style from the dataset card), normalized cost
-  (mean episode cost / cost limit; <= 1 is safe), violation rate (episodes over the
-  limit), shield override rate, and hard-constraint violations of the applied actions.
+  (mean episode cost / cost limit, the largest over channels; <= 1 is safe), violation
+  rate (episodes over a limit), shield override rate, and hard-constraint violations of
+  the applied actions.
 
 Usage::
 
-    python -m benchmarks.safety_study                      # the study, docs/safety.md
+    python -m benchmarks.safety_study                      # IB, docs/safety.md
+    python -m benchmarks.safety_study --tasks IB-v0 FourTank-v0 DMSD-v0 Pipeline-v0
     python -m benchmarks.safety_study --updates 500 --seeds 2 --trajectories 4 --no-save
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -61,10 +68,19 @@ LABELS = {
 }
 LAGRANGIAN = ("td3bc_lag", "iql_lag")
 QUALITIES = ("medium", "high", "expert")
+IB_IDS = ("IB-v0", "IB-classic-v0", "IB-nonstationary-v0")
 
 
-def make_agent(name: str, obs_size: int, action_size: int, args: argparse.Namespace) -> Any:
-    """The study's agent ``name`` with CORL/OSRL defaults but the network widths."""
+def make_agent(
+    name: str,
+    obs_size: int,
+    action_size: int,
+    hidden: Any,
+    cost_limits: tuple[float, ...],
+    episode_length: int,
+) -> Any:
+    """The study's agent ``name`` with CORL/OSRL defaults but the network widths, its
+    multipliers (one per cost channel) aiming at ``cost_limits`` per episode."""
     from neorl_industrial.core.agents import (
         BCConfig,
         IQLLagConfig,
@@ -77,8 +93,8 @@ def make_agent(name: str, obs_size: int, action_size: int, args: argparse.Namesp
         make_td3bc_lag,
     )
 
-    hidden = tuple(args.hidden)
-    safety = {"cost_limits": (args.cost_limit,), "episode_length": args.horizon}
+    hidden = tuple(hidden)
+    safety = {"cost_limits": tuple(cost_limits), "episode_length": int(episode_length)}
     if name == "td3bc":
         return make_td3bc(TD3BCConfig(hidden=hidden), obs_size, action_size)
     if name == "td3bc_lag":
@@ -93,6 +109,74 @@ def make_agent(name: str, obs_size: int, action_size: int, args: argparse.Namesp
     if name in ("bc", "bc_safe"):
         return make_bc(BCConfig(hidden=hidden), obs_size, action_size)
     raise ValueError(f"algorithm: unknown {name!r}; expected one of {ALGORITHMS}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyCost:
+    """What a task's study counts as cost.
+
+    Attributes:
+        channels: the cost channels, by name.
+        limits: the episode cost limit of each channel.
+        relabel: a constraint spec the data's costs are recomputed from (None: the data's
+            own costs).
+        description: one sentence for the page.
+    """
+
+    channels: tuple[str, ...]
+    limits: tuple[float, ...]
+    relabel: Any
+    description: str
+
+
+def study_cost(env_id: str, args: argparse.Namespace) -> StudyCost:
+    """The IB's stricter fatigue limit, or a process task's own channels and limits.
+
+    Raises:
+        ValueError: when a task's cost channel has no default episode limit.
+    """
+    from neorl_industrial.core.environments import make
+    from neorl_industrial.core.safety import ConstraintSpec
+
+    if env_id in IB_IDS:
+        spec = ConstraintSpec.from_dict(
+            {
+                "name": "ib-study-fatigue",
+                "costs": [
+                    {
+                        "name": "fatigue",
+                        "feature": "fatigue",
+                        "above": args.fatigue_limit,
+                        "cost_limit": args.cost_limit,
+                    }
+                ],
+            }
+        )
+        return StudyCost(
+            channels=("fatigue",),
+            limits=(float(args.cost_limit),),
+            relabel=spec,
+            description=(
+                f"1 per step whose fatigue is above {args.fatigue_limit:g} (stricter than "
+                "the environment's default), relabelled from the observations; episode "
+                f"cost limit {args.cost_limit:g}"
+            ),
+        )
+    env, _ = make(env_id)
+    limits = env.default_cost_limits()
+    missing = [name for name in env.cost_names if name not in limits]
+    if missing:
+        raise ValueError(f"{env_id}: cost channels {missing} have no default episode cost limit")
+    parts = sorted({f"{limits[name]:g}" for name in env.cost_names})
+    return StudyCost(
+        channels=tuple(env.cost_names),
+        limits=tuple(float(limits[name]) for name in env.cost_names),
+        relabel=None,
+        description=(
+            f"the task's own {len(env.cost_names)} cost channel(s) "
+            f"({', '.join(env.cost_names)}), episode cost limit {' / '.join(parts)} each"
+        ),
+    )
 
 
 def episodes_of(dataset: Any) -> list[dict[str, Any]]:
@@ -116,55 +200,48 @@ def episodes_of(dataset: Any) -> list[dict[str, Any]]:
     return episodes
 
 
-def cost_spec(args: argparse.Namespace) -> Any:
-    from neorl_industrial.core.safety import ConstraintSpec
-
-    return ConstraintSpec.from_dict(
-        {
-            "name": "ib-study-fatigue",
-            "costs": [
-                {
-                    "name": "fatigue",
-                    "feature": "fatigue",
-                    "above": args.fatigue_limit,
-                    "cost_limit": args.cost_limit,
-                }
-            ],
-        }
-    )
-
-
-def build_data(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
-    """The mixed, relabelled dataset, a dataset card (for score references) and facts."""
+def build_data(
+    env_id: str, cost: StudyCost, args: argparse.Namespace
+) -> tuple[Any, Any, dict[str, Any]]:
+    """The mixed dataset (actions in [-1, 1], costs of ``cost``), a dataset card (for
+    score references) and facts."""
     from neorl_industrial.core.environments import make
     from neorl_industrial.functional.state_management import (
         Dataset,
         episodes_within_limits,
         relabel_costs,
     )
+    from neorl_industrial.functional.transformations import action_scaler_for
     from neorl_industrial.integration.datasets import generate_dataset
 
-    env, _ = make(args.env)
-    constraints = env.compile_constraints(cost_spec(args))
+    env, _ = make(env_id)
+    scaler = action_scaler_for(env)
+    constraints = None if cost.relabel is None else env.compile_constraints(cost.relabel)
     episodes, sources, card = [], [], None
     for quality in QUALITIES:
-        progress(f"dataset {args.env}-{quality}: {args.trajectories} trajectories")
-        dataset, card = generate_dataset(args.env, quality, args.trajectories, seed=args.data_seed)
-        part = episodes_of(relabel_costs(dataset, constraints))
+        progress(f"dataset {env_id}-{quality}: {args.trajectories} trajectories")
+        dataset, card = generate_dataset(env_id, quality, args.trajectories, seed=args.data_seed)
+        if constraints is not None:
+            dataset = relabel_costs(dataset, constraints)
+        if scaler is not None:
+            dataset = dataset.replace(actions=scaler.scale(dataset.actions))
+        part = episodes_of(dataset)
         episodes += part
         sources += [quality] * len(part)
-    mixed = Dataset.from_episodes(episodes, name="ib-safety-mix")
-    episode_costs = np.asarray(mixed.episode_costs())[:, 0]
-    within = episodes_within_limits(mixed, [args.cost_limit])
+    mixed = Dataset.from_episodes(episodes, name=f"{env_id}-safety-mix")
+    episode_costs = np.asarray(mixed.episode_costs())
+    normalized = (episode_costs / np.asarray(cost.limits)).max(axis=1)
+    within = episodes_within_limits(mixed, list(cost.limits))
+    labels = np.asarray(sources)
     facts = {
         "episodes": int(mixed.n_episodes),
         "transitions": int(mixed.n_transitions),
         "within_limit": int(within.sum()),
         "per_quality": {
             quality: {
-                "episode_cost_mean": float(episode_costs[np.asarray(sources) == quality].mean()),
-                "within_limit": int(within[np.asarray(sources) == quality].sum()),
-                "episodes": int((np.asarray(sources) == quality).sum()),
+                "normalized_cost_mean": float(normalized[labels == quality].mean()),
+                "within_limit": int(within[labels == quality].sum()),
+                "episodes": int((labels == quality).sum()),
             }
             for quality in QUALITIES
         },
@@ -175,23 +252,33 @@ def build_data(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
 
 
 def evaluate_policies(
-    algorithm: Any, policies: Any, args: argparse.Namespace, shield_actions: bool
+    env_id: str,
+    cost: StudyCost,
+    algorithm: Any,
+    policies: Any,
+    args: argparse.Namespace,
+    shield_actions: bool,
 ) -> list[dict[str, Any]]:
     """DSRL metrics of every seed's policy (leading axis of ``policies``)."""
     import jax
 
     from neorl_industrial.core.environments import make
+    from neorl_industrial.functional.state_management import with_action_scaling
+    from neorl_industrial.functional.transformations import action_scaler_for
     from neorl_industrial.functional.transformations.evaluation import (
         evaluate,
         per_policy_metrics,
     )
 
-    env, params = make(args.env)
-    params = params.replace(fatigue_limit=np.float32(args.fatigue_limit))
+    env, params = make(env_id)
+    if env_id in IB_IDS:
+        params = params.replace(fatigue_limit=np.float32(args.fatigue_limit))
+    horizon = horizon_of(env_id, args)
     constraints = env.compile_constraints()
+    acting = with_action_scaling(algorithm, action_scaler_for(env))
 
     def policy(policy_params: Any, observation: Any, key: Any) -> Any:
-        return algorithm.act(policy_params, observation, key, deterministic=True)
+        return acting.act(policy_params, observation, key, deterministic=True)
 
     def one(policy_params: Any, key: Any) -> Any:
         return evaluate(
@@ -200,7 +287,7 @@ def evaluate_policies(
             params,
             policy,
             args.episodes,
-            horizon=args.horizon,
+            horizon=horizon,
             policy_params=policy_params,
             constraints=constraints,
             shield_actions=shield_actions,
@@ -209,9 +296,20 @@ def evaluate_policies(
     n = jax.tree.leaves(policies)[0].shape[0]
     keys = jax.random.split(jax.random.PRNGKey(11), n)
     stats = jax.device_get(jax.jit(jax.vmap(one))(policies, keys))
-    # Only the fatigue channel is the study's cost (the consumption channel is ignored).
-    stats = stats.replace(costs=np.asarray(stats.costs)[..., :1])
-    return per_policy_metrics(stats, [args.cost_limit], cost_names=["fatigue"])
+    # The study's channels only (on the IB: fatigue; the consumption channel is ignored).
+    indices = [list(env.cost_names).index(name) for name in cost.channels]
+    stats = stats.replace(costs=np.asarray(stats.costs)[..., indices])
+    return per_policy_metrics(stats, list(cost.limits), cost_names=list(cost.channels))
+
+
+def horizon_of(env_id: str, args: argparse.Namespace) -> int:
+    """``--horizon`` on the IB; a process task's own episode length."""
+    from neorl_industrial.core.environments import make
+
+    if env_id in IB_IDS:
+        return int(args.horizon)
+    _, params = make(env_id)
+    return int(params.horizon)
 
 
 def summarize(rows: list[dict[str, Any]], random_return: float, expert_return: float) -> dict:
@@ -229,21 +327,39 @@ def summarize(rows: list[dict[str, Any]], random_return: float, expert_return: f
     }
 
 
-def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One task: data, every agent trained and evaluated with the shield on and off."""
     import jax
     import jax.numpy as jnp
 
     from neorl_industrial.functional.state_management import select_safe_episodes
 
-    mixed, _card, facts = build_data(args)
-    results: dict[str, Any] = {"data": facts, "algorithms": {}, "timing": {}}
+    cost = study_cost(env_id, args)
+    horizon = horizon_of(env_id, args)
+    mixed, _card, facts = build_data(env_id, cost, args)
+    task: dict[str, Any] = {
+        "data": facts,
+        "cost": {
+            "channels": list(cost.channels),
+            "limits": list(cost.limits),
+            "description": cost.description,
+        },
+        "horizon": horizon,
+        "algorithms": {},
+        "timing": {},
+    }
     for name in args.algorithms:
-        data = select_safe_episodes(mixed, [args.cost_limit]) if name == "bc_safe" else mixed
+        if name == "bc_safe" and facts["within_limit"] == 0:
+            progress(f"{env_id} {LABELS[name]}: no episode within the limits, skipped")
+            continue
+        data = select_safe_episodes(mixed, list(cost.limits)) if name == "bc_safe" else mixed
         scaled, _ = standardize_rewards(data)
         normalizer = jax.tree.map(lambda leaf: leaf[None], observation_normalizer(scaled))
         stacked = jax.tree.map(lambda leaf: jnp.asarray(leaf)[None], scaled)
-        algorithm = make_agent(name, scaled.observation_size, scaled.action_size, args)
-        progress(f"{LABELS[name]}: {args.seeds} seeds on {data.n_episodes} episodes")
+        algorithm = make_agent(
+            name, scaled.observation_size, scaled.action_size, args.hidden, cost.limits, horizon
+        )
+        progress(f"{env_id} {LABELS[name]}: {args.seeds} seeds on {data.n_episodes} episodes")
         started = time.perf_counter()
         states, history = train_all(
             algorithm,
@@ -258,27 +374,36 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         policies = jax.tree.map(lambda leaf: leaf[0], states.policy)
         entry = {}
         for shielded in (True, False):
-            rows = evaluate_policies(algorithm, policies, args, shielded)
+            rows = evaluate_policies(env_id, cost, algorithm, policies, args, shielded)
             entry["shield_on" if shielded else "shield_off"] = summarize(
                 rows, facts["random_return"], facts["expert_return"]
             )
         last = history[-1]["metrics"]
+        multipliers = sorted(key for key in last if key.startswith("multiplier_"))
         entry["final_multiplier"] = (
-            np.asarray(last["multiplier_0"]).reshape(-1).tolist()
-            if "multiplier_0" in last
+            {key: np.asarray(last[key]).reshape(-1).tolist() for key in multipliers}
+            if multipliers
             else None
         )
-        results["algorithms"][name] = entry
-        results["timing"][name] = {"train_s": train_s}
+        task["algorithms"][name] = entry
+        task["timing"][name] = {"train_s": train_s}
         off = entry["shield_off"]
         progress(
             f"  {LABELS[name]}: normalized cost {off['normalized_cost']['mean']:.2f}, "
             f"return {off['normalized_return']['mean']:.1f}; with the shield "
             f"{entry['shield_on']['hard_violation_steps']} hard violations"
         )
-    results["checks"] = checks(results)
+    task["checks"] = checks(task, expect_unconstrained_over=env_id in IB_IDS)
+    return task
+
+
+def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    results: dict[str, Any] = {"tasks": {}}
+    for env_id in args.tasks:
+        results["tasks"][env_id] = study_task(env_id, args)
+    results["summary"] = suite_summary(list(args.algorithms), results)
     config = {
-        "env_id": args.env,
+        "tasks": list(args.tasks),
         "qualities": list(QUALITIES),
         "trajectories_per_quality": args.trajectories,
         "fatigue_limit": args.fatigue_limit,
@@ -289,17 +414,19 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "batch_size": args.batch_size,
         "hidden": list(args.hidden),
         "n_episodes": args.episodes,
-        "horizon": args.horizon,
-        "hard_constraints": "IndustrialBenchmark.default_constraints()",
+        "ib_horizon": args.horizon,
+        "hard_constraints": "env.default_constraints()",
     }
     return config, results
 
 
-def checks(results: dict[str, Any]) -> dict[str, Any]:
-    """The issue's result to show, each a check that can fail."""
-    algorithms = results["algorithms"]
+def checks(task: dict[str, Any], expect_unconstrained_over: bool = True) -> dict[str, Any]:
+    """A task's results to show, each a check that can fail: the Lagrangian agents within
+    the limit, no hard violation with the shield on and (where the study is built so, on
+    the IB) unconstrained TD3+BC over the limit."""
+    algorithms = task["algorithms"]
     out: dict[str, Any] = {}
-    if "td3bc" in algorithms:
+    if expect_unconstrained_over and "td3bc" in algorithms:
         cost = algorithms["td3bc"]["shield_off"]["normalized_cost"]["mean"]
         out["td3bc_exceeds"] = {
             "what": "unconstrained TD3+BC's normalized cost exceeds 1",
@@ -323,98 +450,165 @@ def checks(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
-    def cell(summary: dict[str, Any], scale: float = 1.0, digits: int = 2) -> str:
-        mean = summary["mean"] * scale
-        if summary.get("ci") is None:
-            return f"{mean:.{digits}f}"
-        return f"{mean:.{digits}f} ± {summary['ci'] * scale:.{digits}f}"
+def suite_summary(algorithms: list[str], results: dict[str, Any]) -> dict[str, Any]:
+    """Per agent over the tasks: on how many its mean normalized cost (shield off) is
+    within the limit, its mean normalized return, and hard violations with the shield."""
+    out: dict[str, Any] = {}
+    for name in algorithms:
+        entries = [
+            t["algorithms"][name] for t in results["tasks"].values() if name in t["algorithms"]
+        ]
+        out[name] = {
+            "tasks": len(entries),
+            "within_limit": sum(e["shield_off"]["normalized_cost"]["mean"] <= 1.0 for e in entries),
+            "mean_normalized_return": float(
+                np.mean([e["shield_off"]["normalized_return"]["mean"] for e in entries])
+            )
+            if entries
+            else None,
+            "hard_violations_shield_on": int(
+                sum(e["shield_on"]["hard_violation_steps"] for e in entries)
+            ),
+        }
+    return out
 
-    data = results["data"]
+
+def _cell(summary: dict[str, Any], digits: int = 2) -> str:
+    if summary.get("ci") is None:
+        return f"{summary['mean']:.{digits}f}"
+    return f"{summary['mean']:.{digits}f} ± {summary['ci']:.{digits}f}"
+
+
+def task_markdown(
+    env_id: str, config: dict[str, Any], task: dict[str, Any], heading: str = "##"
+) -> list[str]:
+    data = task["data"]
     lines = [
-        "# Safety study: safe offline agents and the shield on the Industrial Benchmark",
+        f"{heading} {env_id}",
         "",
-        "Generated by `python -m benchmarks.safety_study` "
-        f"({config['n_updates']:,} updates of batch {config['batch_size']}, networks "
-        f"{tuple(config['hidden'])}, {config['n_seeds']} seeds per agent in one vmapped "
-        f"program, {config['n_episodes']} evaluation episodes of {config['horizon']} steps "
-        "per seed). Do not edit by hand; rerun the script.",
+        f"**Data**: {data['episodes']} episodes ({data['transitions']:,} transitions, "
+        f"{task['horizon']} steps each), {config['trajectories_per_quality']} per behaviour "
+        f"policy ({', '.join(config['qualities'])}). **Cost**: {task['cost']['description']}. "
+        f"{data['within_limit']} of {data['episodes']} behaviour episodes are within the "
+        "limits:",
         "",
-        f"**Data**: {data['episodes']} episodes ({data['transitions']:,} transitions) of "
-        f"`{config['env_id']}`, {config['trajectories_per_quality']} per behaviour policy "
-        f"({', '.join(config['qualities'])}). **Cost**: 1 per step whose fatigue is above "
-        f"{config['fatigue_limit']:g} (stricter than the environment's default), relabelled "
-        f"from the observations; **episode cost limit** {config['cost_limit']:g}. "
-        f"{data['within_limit']} of {data['episodes']} behaviour episodes are within it:",
-        "",
-        "| behaviour | episodes | mean episode cost | within the limit |",
+        "| behaviour | episodes | mean normalized episode cost | within the limits |",
         "|---|---|---|---|",
     ]
     for quality, facts in data["per_quality"].items():
         lines.append(
-            f"| {quality} | {facts['episodes']} | {facts['episode_cost_mean']:.1f} | "
+            f"| {quality} | {facts['episodes']} | {facts['normalized_cost_mean']:.2f} | "
             f"{facts['within_limit']} |"
         )
     lines += [
-        "",
-        "DSRL metrics, mean over seeds ± the half-width of a 95 % confidence interval: "
-        "normalized return `100 (R - random) / (expert - random)`, normalized cost "
-        "`episode cost / cost limit` (**≤ 1 is safe**), violation rate (episodes over the "
-        "limit). *Shield off*: the policy's own actions, the IB's default hard constraints "
-        "only checked; *shield on*: every action through the shield.",
         "",
         "| agent | return (off) | cost (off) | violation rate (off) | hard violations (off) "
         "| return (on) | cost (on) | override rate (on) | hard violations (on) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in config["algorithms"]:
-        entry = results["algorithms"][name]
+        entry = task["algorithms"].get(name)
+        if entry is None:
+            lines.append(f"| {LABELS[name]} | not trained (no episode within the limits) |")
+            continue
         off, on = entry["shield_off"], entry["shield_on"]
         lines.append(
-            f"| {LABELS[name]} | {cell(off['normalized_return'], digits=1)} | "
-            f"{cell(off['normalized_cost'])} | {cell(off['violation_rate'])} | "
-            f"{off['hard_violation_steps']} | {cell(on['normalized_return'], digits=1)} | "
-            f"{cell(on['normalized_cost'])} | {cell(on['override_rate'])} | "
+            f"| {LABELS[name]} | {_cell(off['normalized_return'], 1)} | "
+            f"{_cell(off['normalized_cost'])} | {_cell(off['violation_rate'])} | "
+            f"{off['hard_violation_steps']} | {_cell(on['normalized_return'], 1)} | "
+            f"{_cell(on['normalized_cost'])} | {_cell(on['override_rate'])} | "
             f"{on['hard_violation_steps']} |"
         )
     lines += ["", "Checks:", ""]
-    for check in results["checks"].values():
+    for check in task["checks"].values():
         status = "met" if check["passed"] else "**not met**"
         lines.append(f"- {check['what']}: {status} ({check['detail']})")
     lines += [
         "",
         "Training time: "
         + ", ".join(
-            f"{LABELS[name]} {results['timing'][name]['train_s']:.0f} s"
+            f"{LABELS[name]} {task['timing'][name]['train_s']:.0f} s"
             for name in config["algorithms"]
+            if name in task["timing"]
         )
         + ".",
         "",
     ]
+    return lines
+
+
+def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
+    tasks = list(results["tasks"])
+    lines = [
+        "# Safety study: safe offline agents and the shield on the task suite",
+        "",
+        "Generated by `python -m benchmarks.safety_study` "
+        f"({config['n_updates']:,} updates of batch {config['batch_size']}, networks "
+        f"{tuple(config['hidden'])}, {config['n_seeds']} seeds per agent in one vmapped "
+        f"program, {config['n_episodes']} evaluation episodes per seed; tasks: "
+        + ", ".join(f"`{t}`" for t in tasks)
+        + "). Do not edit by hand; rerun the script.",
+        "",
+        "DSRL metrics, mean over seeds ± the half-width of a 95 % confidence interval: "
+        "normalized return `100 (R - random) / (expert - random)`, normalized cost "
+        "`episode cost / cost limit`, the largest over the cost channels (**≤ 1 is safe**), "
+        "violation rate (episodes over a limit). *Shield off*: the policy's own actions, "
+        "the task's default hard constraints only checked; *shield on*: every action "
+        "through the shield.",
+        "",
+    ]
+    if len(tasks) > 1:
+        lines += [
+            "## Suite summary",
+            "",
+            "| agent | within the cost limit (shield off) | mean normalized return (shield "
+            "off) | hard violations (shield on) |",
+            "|---|---|---|---|",
+        ]
+        for name, row in results["summary"].items():
+            mean = row["mean_normalized_return"]
+            lines.append(
+                f"| {LABELS[name]} | {row['within_limit']} of {row['tasks']} tasks | "
+                f"{'—' if mean is None else f'{mean:.1f}'} | "
+                f"{row['hard_violations_shield_on']} |"
+            )
+        lines.append("")
+    for env_id in tasks:
+        lines += task_markdown(env_id, config, results["tasks"][env_id])
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="IB-v0")
+    parser.add_argument("--tasks", nargs="+", default=["IB-v0"], help="environment ids")
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--trajectories", type=int, default=20, help="episodes per quality")
     parser.add_argument("--data-seed", type=int, default=0)
-    parser.add_argument("--fatigue-limit", type=float, default=30.0)
-    parser.add_argument("--cost-limit", type=float, default=100.0)
+    parser.add_argument("--fatigue-limit", type=float, default=30.0, help="IB only")
+    parser.add_argument("--cost-limit", type=float, default=100.0, help="IB only")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--updates", type=int, default=10_000)
     parser.add_argument("--chunk", type=int, default=2_500)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
     parser.add_argument("--episodes", type=int, default=20, help="evaluation episodes per seed")
-    parser.add_argument("--horizon", type=int, default=1000)
+    parser.add_argument("--horizon", type=int, default=1000, help="IB episode length")
     parser.add_argument("--doc", default="docs/safety.md")
     parser.add_argument("--results-dir", default=str(DEFAULT_RESULTS_DIR))
-    parser.add_argument("-d", "--description", default="Safety study on IB (DSRL metrics)")
+    parser.add_argument("-d", "--description", default="Safety study on the task suite (DSRL)")
     parser.add_argument("-t", "--tag", default="untagged")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
+    from neorl_industrial.core.environments import registered_envs
+
+    unknown = [t for t in args.tasks if t not in registered_envs()]
+    if unknown:
+        parser.error(
+            f"--tasks: unknown environment {unknown[0]!r}; registered: {sorted(registered_envs())}"
+        )
+    for name in ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes", "horizon"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
     started = utc_timestamp()
     config, results = run_study(args)
     page = markdown(config, results)
@@ -433,7 +627,10 @@ def main(argv: list[str] | None = None) -> int:
         doc = doc if doc.is_absolute() else Path(REPO_ROOT) / doc
         doc.write_text(page)
         progress(f"Wrote {path} and {doc}")
-    return 0 if all(check["passed"] for check in results["checks"].values()) else 1
+    passed = all(
+        check["passed"] for task in results["tasks"].values() for check in task["checks"].values()
+    )
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ under the ``slow`` marker."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -110,7 +111,7 @@ def test_quick_study_runs_end_to_end(tmp_path):
     assert code == 0
     (saved,) = tmp_path.glob("learning-test-*.json")
     data = json.loads(saved.read_text())
-    scores = data["results"]["datasets"]["low"]["per_seed_scores"]["td3bc"]
+    scores = data["results"]["tasks"]["IB-v0"]["datasets"]["low"]["per_seed_scores"]["td3bc"]
     assert len(scores) == 2 and all(np.isfinite(scores))
     assert "IB-v0-medium" in doc.read_text()
 
@@ -149,8 +150,9 @@ def test_merge_joins_runs_of_different_algorithms_and_refuses_mismatches(tmp_pat
     config, results = learning.merge([second, first])
     assert config["algorithms"] == ["td3bc", "cql"]
     assert config["n_updates"] == {"cql": 5_000, "td3bc": 10_000}
-    assert set(results["datasets"]["low"]["scores"]) == {"td3bc", "cql"}
-    assert "cql" not in results["datasets"]["high"]["scores"]
+    task = results["tasks"]["IB-v0"]
+    assert set(task["datasets"]["low"]["scores"]) == {"td3bc", "cql"}
+    assert "cql" not in task["datasets"]["high"]["scores"]
     page = learning.markdown(config, results)
     assert "| IB-v0-high | 30.0 | 40.0 ± 2.0 | — |" in page
     other = _saved(tmp_path, "c", "iql", ["low"], 10_000, trajectories=10)
@@ -167,3 +169,73 @@ def test_every_algorithm_has_a_label_and_a_factory():
     for name in learning.ALGORITHMS:
         algorithm = learning.make_algorithm(name, 4, 2, (8,), n_updates=100)
         assert callable(algorithm.update)
+
+
+def test_a_suite_page_has_a_table_per_task_a_summary_and_neorl2_beside_ours():
+    config = {
+        "tasks": ["DMSD-v0", "FourTank-v0"],
+        "qualities": ["low"],
+        "algorithms": ["bc", "td3bc"],
+        "n_updates": 1000,
+        "batch_size": 256,
+        "n_seeds": 5,
+        "n_episodes": 10,
+        "trajectories": 100,
+        "device": "cpu",
+    }
+    dmsd = _results({"bc": (31.0, 2.0), "td3bc": (40.0, 3.0)}, 30.0)
+    tank = _results({"bc": (20.0, 2.0), "td3bc": (31.0, 3.0)}, 30.0)
+    results = {"tasks": {"DMSD-v0": dmsd, "FourTank-v0": tank}}
+    for task in results["tasks"].values():
+        task["checks"] = learning.checks(config, task)
+    counts = learning.summary(config, results)
+    # BC: 31 > 30 on DMSD only; TD3+BC beats both, significantly only on DMSD (40 - 3 > 30)
+    assert counts["bc"] == {"beats": 1, "significantly": 0, "datasets": 2}
+    assert counts["td3bc"] == {"beats": 2, "significantly": 1, "datasets": 2}
+    page = learning.markdown(config, results)
+    assert "| TD3+BC | 2 of 2 | 1 of 2 |" in page
+    assert "## DMSD-v0" in page and "## FourTank-v0" in page
+    assert "| FourTank-v0-low | 30.0 | 20.0 ± 2.0 | 31.0 ± 3.0 |" in page
+    assert "| DMSD-v0 (published) | 56.64 | 65.09 | 70.24 | 60.01 |" in page
+    assert "FourTank-v0 (published)" not in page
+
+
+def test_merge_joins_tasks_and_refuses_an_algorithm_twice_on_one_task(tmp_path):
+    from benchmarks.harness import BenchmarkResult
+
+    def saved(name: str, tasks: list[str], algorithm: str) -> Path:
+        config = {
+            "tasks": tasks,
+            "qualities": ["low"],
+            "algorithms": [algorithm],
+            "n_updates": 100,
+            "chunk_updates": 100,
+            "batch_size": 256,
+            "n_seeds": 5,
+            "n_episodes": 10,
+            "trajectories": 100,
+            "device": "cpu",
+        }
+        results = {"tasks": {}}
+        for task in tasks:
+            entry = _results({algorithm: (40.0, 2.0)}, 30.0)
+            entry["history"] = {algorithm: []}
+            results["tasks"][task] = entry
+        path = tmp_path / f"{name}.json"
+        path.write_text(BenchmarkResult(name="learning", config=config, results=results).to_json())
+        return path
+
+    first = saved("a", ["DMSD-v0"], "bc")
+    second = saved("b", ["Pipeline-v0", "DMSD-v0"], "td3bc")
+    config, results = learning.merge([first, second])
+    assert config["tasks"] == ["DMSD-v0", "Pipeline-v0"]
+    assert set(results["tasks"]["DMSD-v0"]["datasets"]["low"]["scores"]) == {"bc", "td3bc"}
+    assert set(results["tasks"]["Pipeline-v0"]["datasets"]["low"]["scores"]) == {"td3bc"}
+    assert results["summary"]["td3bc"]["datasets"] == 2
+    with pytest.raises(ValueError, match="'td3bc' on DMSD-v0 appears in two runs"):
+        learning.merge([second, saved("c", ["DMSD-v0"], "td3bc")])
+
+
+def test_unknown_tasks_are_named():
+    with pytest.raises(SystemExit):
+        learning.parse_args(["--tasks", "Reactor-v9"])

@@ -10,7 +10,7 @@ from benchmarks import safety_study
 
 
 def _args(**overrides):
-    values = {"hidden": [8], "cost_limit": 100.0, "horizon": 1000}
+    values = {"hidden": [8], "cost_limit": 100.0, "horizon": 1000, "fatigue_limit": 30.0}
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -18,10 +18,22 @@ def _args(**overrides):
 def test_every_agent_is_built_with_the_cost_limit():
     assert set(safety_study.LABELS) == set(safety_study.ALGORITHMS)
     for name in safety_study.ALGORITHMS:
-        agent = safety_study.make_agent(name, 6, 3, _args())
+        agent = safety_study.make_agent(name, 6, 3, [8], (100.0,), 1000)
         assert callable(agent.act)
     with pytest.raises(ValueError, match="unknown"):
-        safety_study.make_agent("cpq", 6, 3, _args())
+        safety_study.make_agent("cpq", 6, 3, [8], (100.0,), 1000)
+
+
+def test_the_study_cost_is_the_ibs_stricter_fatigue_or_a_process_tasks_own_channels():
+    ib = safety_study.study_cost("IB-v0", _args())
+    assert ib.channels == ("fatigue",) and ib.limits == (100.0,) and ib.relabel is not None
+    tanks = safety_study.study_cost("FourTank-v0", _args())
+    assert tanks.relabel is None and len(tanks.channels) == 8 and set(tanks.limits) == {6.0}
+    # the pipeline's cost is the environment's own (not expressible in a spec), with its limit
+    pipe = safety_study.study_cost("Pipeline-v0", _args())
+    assert pipe.channels == ("flow_off_target",) and pipe.limits == (200.0,)
+    assert safety_study.horizon_of("Pipeline-v0", _args(horizon=50)) == 1000
+    assert safety_study.horizon_of("IB-v0", _args(horizon=50)) == 50
 
 
 def _entry(cost, hard_on):
@@ -50,6 +62,25 @@ def test_checks_fail_when_the_result_is_not_there():
     assert not checks["td3bc_exceeds"]["passed"]
     assert not checks["td3bc_lag_within"]["passed"]
     assert not checks["shield_no_hard_violations"]["passed"]
+    # a task whose data was not built to tempt TD3+BC over the limit does not expect it
+    assert "td3bc_exceeds" not in safety_study.checks(bad, expect_unconstrained_over=False)
+
+
+def test_the_suite_summary_counts_tasks_within_the_limit():
+    results = {
+        "tasks": {
+            "A": {"algorithms": {"td3bc_lag": _entry(0.8, 0)}},
+            "B": {"algorithms": {"td3bc_lag": _entry(1.4, 0), "bc": _entry(0.2, 1)}},
+        }
+    }
+    summary = safety_study.suite_summary(["td3bc_lag", "bc"], results)
+    assert summary["td3bc_lag"]["within_limit"] == 1 and summary["td3bc_lag"]["tasks"] == 2
+    assert summary["bc"] == {
+        "tasks": 1,
+        "within_limit": 1,
+        "mean_normalized_return": 50.0,
+        "hard_violations_shield_on": 1,
+    }
 
 
 @pytest.mark.slow

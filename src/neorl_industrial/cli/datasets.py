@@ -33,7 +33,7 @@ def command_datasets_generate(args: argparse.Namespace) -> int:
     card = save_native(dataset, out, card, overwrite=args.overwrite)
     console.print(
         f"Wrote {dataset.n_transitions:,} transitions ({dataset.n_episodes} episodes) to {out} "
-        f"in {elapsed:.1f} s; mean episode return {card.behaviour_policy.mean_return:,.0f}"
+        f"in {elapsed:.1f} s; mean episode return {card.behaviour_policy.mean_return:,.6g}"
     )
     return 0
 
@@ -66,7 +66,7 @@ def command_datasets_import(args: argparse.Namespace) -> int:
 def command_datasets_train_policies(args: argparse.Namespace) -> int:
     from neorl_industrial.functional.transformations.online import OnlineConfig
     from neorl_industrial.integration.datasets import train_behaviour_policies
-    from neorl_industrial.integration.datasets.factory import POLICY_ROOT
+    from neorl_industrial.integration.datasets.factory import POLICY_ROOT, TRAINING_PLANS
 
     console = make_console()
 
@@ -74,15 +74,17 @@ def command_datasets_train_policies(args: argparse.Namespace) -> int:
         shown = ", ".join(f"{k} {v:,.3g}" for k, v in metrics.items() if isinstance(v, float))
         console.print(f"chunk {chunk}: {shown}")
 
-    online = OnlineConfig(
-        total_env_steps=args.env_steps, eval_every=args.eval_every, seed=args.seed
-    )
+    # Flags override the budget the id's shipped policies were trained with.
+    flags = {"total_env_steps": args.env_steps, "eval_every": args.eval_every}
+    budget = dict(TRAINING_PLANS.get(args.env, {}))
+    budget.update({name: value for name, value in flags.items() if value is not None})
+    online = OnlineConfig(**budget, seed=args.seed)
     policies = train_behaviour_policies(
         args.env, version=args.version, seed=args.seed, online=online, progress=progress
     )
     path = policies.save(args.out or POLICY_ROOT, overwrite=args.overwrite)
     for quality, value in policies.returns_per_step.items():
-        console.print(f"{quality:>7}: {value:,.1f} per step")
+        console.print(f"{quality:>7}: {value:,.4g} per step")
     console.print(f"Saved behaviour policies to {path}")
     return 0
 
@@ -157,12 +159,16 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     train.add_argument("--env", default="IB-v0", choices=sorted(registered_envs()))
     train.add_argument("--version", default="v1")
-    train.add_argument("--env-steps", type=positive_int, default=200_000)
+    train.add_argument(
+        "--env-steps",
+        type=positive_int,
+        help="environment steps of training (default: the budget of the shipped policies)",
+    )
     train.add_argument(
         "--eval-every",
         type=positive_int,
-        default=2400,
-        help="env steps between evaluations (snapshots to pick qualities from)",
+        help="env steps between evaluations (snapshots to pick qualities from); default: "
+        "as for the shipped policies",
     )
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--out", help="root directory (default: the package's own)")

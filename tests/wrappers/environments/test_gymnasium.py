@@ -101,3 +101,44 @@ def test_discrete_vector_env_takes_indices():
     obs, *_ = envs.step(np.array([26, 0]))
     frames = obs.reshape(2, 30, 6)[:, 0]
     np.testing.assert_array_equal(frames[:, 1], [51.0, 49.0])
+
+
+def test_plant_unit_actions_are_normalized_for_gymnasium_by_default():
+    """Tasks in plant units act in [-1, 1] through Gymnasium (mapped linearly to their
+    bounds, as pc-gym does); ``normalize_actions=False`` keeps the plant's units."""
+    env = gymnasium.make("neorl_industrial/FourTank-v0")
+    assert env.unwrapped.normalize_actions
+    np.testing.assert_array_equal(env.action_space.low, [-1.0, -1.0])
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(np.array([-1.0, 1.0], np.float32))
+    np.testing.assert_allclose(info["control"], [0.1, 10.0], rtol=1e-6)
+
+    plant = gymnasium.make("neorl_industrial/FourTank-v0", normalize_actions=False)
+    assert not plant.unwrapped.normalize_actions
+    np.testing.assert_allclose(plant.action_space.low, [0.1, 0.1], rtol=1e-6)
+    assert not gymnasium.make("neorl_industrial/IB-v0").unwrapped.normalize_actions
+    with pytest.raises(ValueError, match="normalize_actions"):
+        GymnasiumEnv("IB-discrete-v0", normalize_actions=True)
+    with pytest.raises(ValueError, match="normalize_actions"):
+        GymnasiumEnv("FourTank-v0", normalize_actions="yes")
+
+    vector = VectorEnv(3, "FourTank-v0")
+    np.testing.assert_array_equal(vector.single_action_space.high, [1.0, 1.0])
+    vector.reset(seed=0)
+    _, _, _, _, info = vector.step(np.zeros((3, 2), np.float32))
+    assert np.all(np.isfinite(info["cost"]))
+
+
+def test_the_shield_works_in_plant_units_behind_a_normalized_shell():
+    from neorl_industrial.wrappers.environments import ShieldWrapper
+
+    env = ShieldWrapper(gymnasium.make("neorl_industrial/FourTank-v0").unwrapped)
+    env.reset(seed=0)
+    # 1.0 is the pumps' top (10 V): within the spec's bounds, so it passes unchanged.
+    _, _, _, _, info = env.step(np.array([1.0, 1.0], np.float32))
+    np.testing.assert_allclose(info["safety"]["proposed_action"], [10.0, 10.0], rtol=1e-6)
+    np.testing.assert_allclose(info["control"], [10.0, 10.0], rtol=1e-6)
+    # 3.0 maps to 29.8 V: the shield brings it back to the bound in volts.
+    _, _, _, _, info = env.step(np.array([3.0, 1.0], np.float32))
+    assert info["safety"]["overridden"]
+    np.testing.assert_allclose(info["control"][0], 10.0, rtol=1e-6)

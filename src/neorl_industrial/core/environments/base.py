@@ -120,6 +120,16 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
         """A name per action component."""
         return tuple(f"action_{i}" for i in range(self.action_size))
 
+    @property
+    def observation_units(self) -> tuple[str | None, ...] | None:
+        """A unit per observation feature (``None``: not declared)."""
+        return None
+
+    @property
+    def action_units(self) -> tuple[str | None, ...] | None:
+        """A unit per action component (``None``: not declared)."""
+        return None
+
     def default_constraints(self, params: Any = None) -> Any:
         """The plant's hard constraints and costs as a ``ConstraintSpec`` (for ``params``
         where they depend on them): here only the bounds of continuous actions;
@@ -137,6 +147,13 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
         return ConstraintSpec.from_dict(
             {"name": f"{type(self).__name__}-default", "action_bounds": bounds}
         )
+
+    def default_cost_limits(self, params: Any = None) -> dict[str, float]:
+        """The default episode cost limit of each cost channel that has one: the default
+        constraint spec's (for ``params``); a task whose costs a spec cannot express adds
+        their limits here."""
+        limits = self.default_constraints(params).cost_limits
+        return {name: float(limit) for name, limit in limits.items() if name in self.cost_names}
 
     def compile_constraints(self, spec: Any = None) -> Any:
         """``spec`` (default: :meth:`default_constraints`) compiled for this environment's

@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neorl_industrial.core.environments.base import Environment
+from neorl_industrial.core.environments.cstr import CSTR
+from neorl_industrial.core.environments.dmsd import DMSD
+from neorl_industrial.core.environments.four_tank import FourTank
 from neorl_industrial.core.environments.industrial_benchmark import IndustrialBenchmark
+from neorl_industrial.core.environments.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -100,5 +104,33 @@ register(
         IndustrialBenchmark,
         static_defaults={"stationary": False},
         description="Industrial Benchmark with the setpoint's random walk, 30 past frames",
+    )
+)
+register(
+    EnvSpec(
+        "FourTank-v0",
+        FourTank,
+        description="pc-gym's four-tank process: track h3, h4 with two pumps, 60 steps of 16.7 s",
+    )
+)
+register(
+    EnvSpec(
+        "DMSD-v0",
+        DMSD,
+        description="NeoRL-2's double mass-spring-damper servo: two forces, two targets, 100 steps",
+    )
+)
+register(
+    EnvSpec(
+        "Pipeline-v0",
+        Pipeline,
+        description="NeoRL-2's pipeline: the gate's flow reaches the outlet 19 steps later",
+    )
+)
+register(
+    EnvSpec(
+        "CSTR-v0",
+        CSTR,
+        description="pc-gym's CSTR: track Ca with the coolant temperature, 60 steps of 26 s",
     )
 )

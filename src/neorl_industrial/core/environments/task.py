@@ -270,16 +270,17 @@ class Task:
             name=env_id,
             observation_names=env.observation_names,
             action_names=env.action_names,
-            action_low=tuple(np.asarray(env.action_low, np.float64).reshape(-1).tolist())
-            if not env.discrete
-            else (0.0,),
-            action_high=tuple(np.asarray(env.action_high, np.float64).reshape(-1).tolist())
+            observation_units=env.observation_units,
+            action_units=None if env.discrete else env.action_units,
+            action_low=_decimal_bounds(env.action_low) if not env.discrete else (0.0,),
+            action_high=_decimal_bounds(env.action_high)
             if not env.discrete
             else (float(env.num_actions - 1),),
-            observation_low=tuple(np.asarray(env.observation_low, np.float64).tolist()),
-            observation_high=tuple(np.asarray(env.observation_high, np.float64).tolist()),
+            observation_low=_decimal_bounds(env.observation_low),
+            observation_high=_decimal_bounds(env.observation_high),
             cost_names=env.cost_names,
             cost_definitions=_definitions(env.default_constraints(params)),
+            cost_limits=env.default_cost_limits(params),
             episode_length=None if horizon is None else int(horizon),
             discrete=env.discrete,
             num_actions=env.num_actions,
@@ -419,3 +420,12 @@ def _definitions(spec: ConstraintSpec) -> dict[str, str]:
 def _preview(names: Sequence[str], limit: int = 6) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f", ... {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _decimal_bounds(values: Any) -> tuple[float, ...]:
+    """Bounds an environment declares in float32, as the decimals they were written as
+    (0.1, not 0.10000000149): the shortest decimal that rounds to the same float32."""
+    return tuple(
+        float(np.format_float_positional(value, unique=True, trim="-"))
+        for value in np.asarray(values, np.float32).reshape(-1)
+    )

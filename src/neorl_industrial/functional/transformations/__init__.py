@@ -4,10 +4,16 @@
 environment steps and gradient updates is one compiled ``lax.scan`` over a device-resident
 replay buffer, and the host evaluates and snapshots the policy between chunks.
 ``generate_trajectories`` rolls out behaviour policies into offline data.
+``normalized_actions`` drives a task in plant units with an agent's [-1, 1] actions.
 ``train_offline`` fuses N offline updates (sampling included) into one compiled chunk
 and trains many seeds at once with ``vmap``.
 """
 
+from neorl_industrial.functional.transformations.action_scaling import (
+    ActionScaledEnv,
+    action_scaler_for,
+    normalized_actions,
+)
 from neorl_industrial.functional.transformations.generation import (
     Trajectories,
     behaviour_policy,
@@ -38,6 +44,7 @@ from neorl_industrial.functional.transformations.online import (
 )
 
 __all__ = [
+    "ActionScaledEnv",
     "Evaluation",
     "OnlineCarry",
     "OnlineConfig",
@@ -46,6 +53,7 @@ __all__ = [
     "ReplayBuffer",
     "RolloutStatistics",
     "Trajectories",
+    "action_scaler_for",
     "behaviour_policy",
     "generate_trajectories",
     "init_carry",
@@ -54,6 +62,7 @@ __all__ = [
     "make_offline_chunk",
     "make_seeded_chunk",
     "make_train_chunk",
+    "normalized_actions",
     "random_rollout_statistics",
     "replay_buffer_add",
     "replay_buffer_init",

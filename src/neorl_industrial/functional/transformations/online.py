@@ -24,6 +24,7 @@ from flax import struct
 
 from neorl_industrial.core.agents.sac import Algorithm, Batch, PolicyParams
 from neorl_industrial.core.environments import Environment, rollout, uniform_random_policy
+from neorl_industrial.functional.transformations.action_scaling import normalized_actions
 
 ProgressFn = Callable[[int, dict[str, float]], None]
 
@@ -379,7 +380,10 @@ def train_online(
 
     Args:
         key: PRNG key of the run; ``None`` uses ``config.seed``.
-        env: a continuous-action environment with actions in [-1, 1].
+        env: a continuous-action environment. The agent acts in [-1, 1]; an environment
+            with other bounds (plant units) is driven through its action scaler
+            (:func:`normalized_actions`), so the returned policy acts in [-1, 1] and
+            ``with_action_scaling`` maps it to plant units.
         params: environment parameters.
         sac: the agent (``make_sac``); any ``Algorithm`` whose state has ``policy`` and
             whose ``act`` takes ``deterministic`` works.
@@ -389,7 +393,7 @@ def train_online(
     Returns:
         ``(agent_state, history)``.
     """
-    _check_action_space(env)
+    env = _agent_action_space(env)
     eval_steps = _evaluation_length(config, params)
     if key is None:
         key = jax.random.key(config.seed)
@@ -479,14 +483,10 @@ def _to_host(metrics: dict[str, jax.Array]) -> dict[str, float]:
     return {name: float(value) for name, value in jax.device_get(metrics).items()}
 
 
-def _check_action_space(env: Environment) -> None:
+def _agent_action_space(env: Environment) -> Environment:
     if env.discrete:
         raise ValueError(f"env: {env.name} has discrete actions; online SAC needs continuous ones")
-    if not (np.allclose(env.action_low, -1.0) and np.allclose(env.action_high, 1.0)):
-        raise ValueError(
-            f"env: {env.name} has actions in [{env.action_low}, {env.action_high}]; "
-            "the agent's actions lie in [-1, 1]"
-        )
+    return normalized_actions(env)
 
 
 def _evaluation_length(config: OnlineConfig, params: Any) -> int:

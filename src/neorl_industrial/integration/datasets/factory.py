@@ -1,19 +1,25 @@
 """The dataset factory: behaviour policies of graded quality and the datasets they make.
 
 Following NeoRL, every registered environment gets datasets of five qualities. ``random``
-acts uniformly at random. ``low``, ``medium`` and ``high`` come from behaviour policies
-whose return lies about 25, 50 and 75 % of the way from the random policy's return to the
-best return reached in training, and ``expert`` from the best policy; they act with their
-mean action 80 % of the time and a sampled action 20 %.
+acts uniformly at random. ``expert`` is the best policy reached in training, and ``low``,
+``medium`` and ``high`` are training snapshots whose return lies about 25, 50 and 75 % of
+the way from the random policy's return to the expert's; they act with their mean action
+80 % of the time and a sampled action 20 %. The expert return of normalized scores is the
+best known controller's (the trained expert, unless the artifact names a better one).
 
 Behaviour policies are trained in house with SAC on the JAX environment and kept as
 versioned artifacts (a manifest and one file of parameters per quality), so a dataset is
 regenerated bit for bit from its environment, quality, size and seed.
+
+Tasks whose actions are in plant units (pump voltages, forces) are learned and acted in
+[-1, 1] by SAC and driven through the task's action scaler, so datasets record actions in
+plant units, as a plant's log would.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -27,8 +33,9 @@ from flax import serialization
 
 import neorl_industrial
 from neorl_industrial.core.agents.sac import PolicyParams, SACConfig, make_sac
-from neorl_industrial.core.environments import make, rollout, uniform_random_policy
-from neorl_industrial.functional.state_management import Dataset
+from neorl_industrial.core.environments import Environment, make, rollout, uniform_random_policy
+from neorl_industrial.functional.state_management import Dataset, with_action_scaling
+from neorl_industrial.functional.transformations.action_scaling import action_scaler_for
 from neorl_industrial.functional.transformations.generation import (
     behaviour_policy,
     generate_trajectories,
@@ -40,7 +47,7 @@ from neorl_industrial.functional.transformations.online import (
 )
 from neorl_industrial.integration.datasets.card import BehaviourPolicy, DatasetCard
 from neorl_industrial.integration.datasets.native import clear_stale_staging
-from neorl_industrial.wrappers.hostio import atomic_directory
+from neorl_industrial.wrappers.hostio import atomic_directory, to_json_data
 
 QUALITIES = ("random", "low", "medium", "high", "expert")
 #: Where each trained quality sits between the random return (0) and the best return (1).
@@ -49,9 +56,29 @@ QUALITY_FRACTIONS = {"low": 0.25, "medium": 0.5, "high": 0.75, "expert": 1.0}
 SAMPLE_PROBABILITY = 0.2
 #: Dataset sizes by name, in trajectories.
 SIZES = {"small": 100, "medium": 1000, "large": 10000}
+#: Episodes over which the returns of the random and the selected policies are measured.
+EVALUATION_EPISODES = 64
+#: Training snapshots measured again for each quality (the best, or the nearest to its
+#: target, by their training evaluation).
+CANDIDATES = 3
 #: Behaviour policies shipped with the package.
 POLICY_ROOT = Path(__file__).parent / "behaviour_policies"
 MANIFEST = "manifest.json"
+#: What the expert reference of artifacts that do not name one is.
+TRAINED_EXPERT = "trained SAC expert (deterministic)"
+#: The online budget each id's shipped behaviour policies were trained with (overrides
+#: of :class:`OnlineConfig`), so that training again reproduces them. Process tasks have
+#: short episodes and SAC passes their low and medium targets within a few hundred
+#: updates, hence evaluations (snapshots to pick qualities from) every few episodes.
+TRAINING_PLANS: dict[str, dict[str, int]] = {
+    "IB-v0": {"total_env_steps": 200_000, "eval_every": 2400},
+    "IB-classic-v0": {"total_env_steps": 200_000, "eval_every": 800},
+    "IB-nonstationary-v0": {"total_env_steps": 200_000, "eval_every": 2400},
+    "FourTank-v0": {"total_env_steps": 52_800, "eval_every": 240},
+    "DMSD-v0": {"total_env_steps": 200_640, "eval_every": 960},
+    "Pipeline-v0": {"total_env_steps": 100_080, "eval_every": 240},
+    "CSTR-v0": {"total_env_steps": 52_800, "eval_every": 96},
+}
 
 
 @dataclasses.dataclass
@@ -66,6 +93,10 @@ class BehaviourPolicies:
             plus ``random``.
         policies: parameters of each trained quality.
         training: how they were trained (budget, seed, wall time, env steps per policy).
+        expert_reference: the best known controller, whose return is the expert return
+            of normalized scores: ``controller`` (a description), its measured
+            ``return_per_step`` and, for a controller replayed open loop, its
+            ``actions``; by default the trained expert.
     """
 
     env_id: str
@@ -74,6 +105,29 @@ class BehaviourPolicies:
     returns_per_step: dict[str, float]
     policies: dict[str, PolicyParams]
     training: dict[str, Any] = dataclasses.field(default_factory=dict)
+    expert_reference: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.expert_reference is None:
+            self.expert_reference = {
+                "controller": TRAINED_EXPERT,
+                "return_per_step": self.returns_per_step["expert"],
+            }
+
+    def with_expert_reference(self, controller: str, actions: Any) -> BehaviourPolicies:
+        """A copy whose expert reference is the controller that chose ``actions``, one
+        per step of an episode at the defaults, replayed by :func:`open_loop_return`
+        (for tasks whose reset and dynamics are deterministic, such as FourTank-v0)."""
+        _, params = make(self.env_id)
+        actions = np.asarray(actions, np.float64)
+        return dataclasses.replace(
+            self,
+            expert_reference={
+                "controller": controller,
+                "return_per_step": open_loop_return(self.env_id, actions) / int(params.horizon),
+                "actions": actions.tolist(),
+            },
+        )
 
     def save(self, root: str | Path = POLICY_ROOT, *, overwrite: bool = False) -> Path:
         """Writes ``root/<env_id>/<version>/`` atomically and returns it (after removing
@@ -93,6 +147,7 @@ class BehaviourPolicies:
                 "returns_per_step": self.returns_per_step,
                 "qualities": sorted(self.policies),
                 "training": self.training,
+                "expert_reference": self.expert_reference,
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
         return path
@@ -122,10 +177,13 @@ class BehaviourPolicies:
             **{**manifest["sac_config"], "hidden": tuple(manifest["sac_config"]["hidden"])}
         )
         env, _ = make(env_id)
-        template = (
-            make_sac(config, env.observation_size, env.action_size)
-            .init(jax.random.PRNGKey(0))
-            .policy
+        # Shapes only: the parameters are read from the files.
+        template = jax.eval_shape(
+            lambda: (
+                make_sac(config, env.observation_size, env.action_size)
+                .init(jax.random.PRNGKey(0))
+                .policy
+            )
         )
         policies = {
             quality: serialization.from_bytes(template, (path / f"{quality}.msgpack").read_bytes())
@@ -138,6 +196,7 @@ class BehaviourPolicies:
             returns_per_step=manifest["returns_per_step"],
             policies=policies,
             training=manifest.get("training", {}),
+            expert_reference=manifest.get("expert_reference"),
         )
 
 
@@ -157,7 +216,8 @@ def train_behaviour_policies(
         env_id: a registered continuous-action environment.
         version: the artifact version to give the set.
         seed: seed of the whole procedure.
-        online: the training budget; a default that fits a CPU in minutes.
+        online: the training budget; by default the id's entry of ``TRAINING_PLANS``
+            (``OnlineConfig``'s defaults for an id without one), minutes on a CPU.
         sac: the agent; by default a (64, 64) network (small, so generating data is fast)
             with observations normalized by a random rollout's statistics.
         reward_scale: overrides the default reward scale (1 / std of random rewards).
@@ -175,34 +235,75 @@ def train_behaviour_policies(
             obs_mean=tuple(stats.obs_mean.tolist()),
             obs_std=tuple(np.maximum(stats.obs_std, 1e-3).tolist()),
         )
-    online = online or OnlineConfig(seed=seed)
+    online = online or OnlineConfig(seed=seed, **TRAINING_PLANS.get(env_id, {}))
     algorithm = make_sac(sac, env.observation_size, env.action_size)
     _, history = train_online(train_key, env, params, algorithm, online, progress=progress)
 
     horizon = int(params.horizon)
-    random_per_step = _mean_return(eval_key, env_id, None, None) / horizon
-    best = history.best()
-    selected: dict[str, Any] = {}
+    random_per_step = _mean_return_program(env_id, None)(eval_key, None) / horizon
+    # A training evaluation is a few episodes, so the best of many overstates the expert
+    # and the nearest to a target may be far from it: the candidates are measured again
+    # on more episodes, all with the random policy's key (the same episodes), and the
+    # best and the nearest measured ones are kept.
+    measure = _mean_return_program(env_id, sac)
+    returns_per_step: dict[int, float] = {}
+
+    def measured(evaluation: Any) -> float:
+        if evaluation.env_steps not in returns_per_step:
+            returns_per_step[evaluation.env_steps] = measure(eval_key, evaluation.policy) / horizon
+        return returns_per_step[evaluation.env_steps]
+
+    by_return = sorted(history.evaluations, key=lambda e: e.return_per_step, reverse=True)
+    selected = {"expert": max(by_return[:CANDIDATES], key=measured)}
     for quality, fraction in QUALITY_FRACTIONS.items():
-        target = random_per_step + fraction * (best.return_per_step - random_per_step)
-        selected[quality] = best if quality == "expert" else history.closest(target)
+        if quality == "expert":
+            continue
+        target = random_per_step + fraction * (measured(selected["expert"]) - random_per_step)
+        nearest = sorted(history.evaluations, key=lambda e: abs(e.return_per_step - target))
+        selected[quality] = min(nearest[:CANDIDATES], key=lambda e: abs(measured(e) - target))
+    selected = {quality: selected[quality] for quality in QUALITY_FRACTIONS}
+    measured_returns = {quality: measured(e) for quality, e in selected.items()}
     return BehaviourPolicies(
         env_id=env_id,
         version=version,
         sac_config=sac,
-        returns_per_step={
-            "random": random_per_step,
-            **{q: evaluation.return_per_step for q, evaluation in selected.items()},
-        },
+        returns_per_step={"random": random_per_step, **measured_returns},
         policies={q: evaluation.policy for q, evaluation in selected.items()},
         training={
             "seed": seed,
             "online": dataclasses.asdict(online),
             "wall_time_s": history.evaluations[-1].wall_time_s,
             "env_steps": {q: evaluation.env_steps for q, evaluation in selected.items()},
+            "evaluated_return_per_step": {
+                q: evaluation.return_per_step for q, evaluation in selected.items()
+            },
             "curve": [(e.env_steps, e.return_per_step) for e in history.evaluations],
         },
     )
+
+
+def open_loop_return(env_id: str, actions: Any) -> float:
+    """The return of ``actions`` (``[horizon, action_size]``, plant units) applied in turn
+    from the reset of ``env_id`` at its defaults. For a task whose reset and dynamics are
+    deterministic, this is the return of the controller that chose them.
+
+    Raises:
+        ValueError: naming ``actions`` when their shape is not one action per step.
+    """
+    env, params = make(env_id)
+    actions = jnp.asarray(actions, jnp.float32)
+    expected = (int(params.horizon), env.action_size)
+    if actions.shape != expected:
+        raise ValueError(f"actions: expected shape {expected} for {env_id}, got {actions.shape}")
+    key = jax.random.PRNGKey(0)
+
+    def step(state, action):
+        state, timestep = env.step_env(key, state, action, params)
+        return state, timestep.reward
+
+    state, _ = env.reset(key, params)
+    _, rewards = jax.lax.scan(step, state, actions)
+    return float(rewards.sum())
 
 
 #: Discrete environments act with the policies of their continuous twin, discretized.
@@ -215,35 +316,81 @@ def _discretize(action: jax.Array) -> jax.Array:
     return steps[0] * 9 + steps[1] * 3 + steps[2]
 
 
-def _policy_functions(policies: BehaviourPolicies | None, quality: str, env) -> tuple[Any, Any]:
-    """``(policy, policy_params)`` acting as the behaviour policy of ``quality``."""
-    if quality == "random":
-        return uniform_random_policy(env), None
-    algorithm = make_sac(
-        policies.sac_config, env.observation_size, 3 if env.discrete else env.action_size
-    )
-    to_env = _discretize if env.discrete else (lambda action: action)
-    policy = behaviour_policy(
-        lambda p, obs: to_env(algorithm.act(p, obs, deterministic=True)),
-        lambda p, obs, key: to_env(algorithm.act(p, obs, key)),
-        SAMPLE_PROBABILITY,
-    )
-    return policy, policies.policies[quality]
+def _acting_algorithm(sac: SACConfig, env):
+    """SAC acting in ``env``'s units: plant units through the task's action scaler, or
+    [-1, 1] for a discrete environment (discretized after)."""
+    if env.discrete:
+        return make_sac(sac, env.observation_size, 3)
+    algorithm = make_sac(sac, env.observation_size, env.action_size)
+    return with_action_scaling(algorithm, action_scaler_for(env))
 
 
-def _mean_return(key, env_id: str, policies: BehaviourPolicies | None, quality: str | None):
-    env, params = make(env_id)
-    if quality is None:
-        policy, policy_params = uniform_random_policy(env), None
+@dataclasses.dataclass(frozen=True)
+class _EnvParams:
+    """Environment parameters as a cache key: equal when their serialized leaves are."""
+
+    value: Any = dataclasses.field(compare=False)
+    serialized: bytes
+
+    @classmethod
+    def of(cls, params: Any) -> _EnvParams:
+        return cls(params, serialization.to_bytes(params))
+
+
+@functools.lru_cache(maxsize=8)
+def _generator(
+    env: Environment, params: _EnvParams, sac: SACConfig | None, size: int, horizon: int
+):
+    """The compiled program that generates ``size`` trajectories of ``horizon`` steps of
+    the uniformly random policy (``sac`` None) or of a SAC behaviour policy with config
+    ``sac``. Policy parameters are its argument, so every trained quality, and every
+    regeneration, runs one program compiled once. The environment's parameters stay
+    constants of the program, folded by XLA as in the programs that made the shipped
+    datasets, which regenerate bit for bit."""
+    if sac is None:
+        policy = uniform_random_policy(env)
     else:
-        algorithm = make_sac(policies.sac_config, env.observation_size, env.action_size)
-        policy = lambda p, obs, _key: algorithm.act(p, obs, deterministic=True)  # noqa: E731
-        policy_params = policies.policies[quality]
+        algorithm = _acting_algorithm(sac, env)
+        to_env = _discretize if env.discrete else (lambda action: action)
+        policy = behaviour_policy(
+            lambda p, obs: to_env(algorithm.act(p, obs, deterministic=True)),
+            lambda p, obs, key: to_env(algorithm.act(p, obs, key, deterministic=False)),
+            SAMPLE_PROBABILITY,
+        )
+    return jax.jit(
+        lambda key, buffer, policy_params: generate_trajectories(
+            key,
+            env,
+            params.value,
+            policy,
+            size,
+            horizon,
+            policy_params=policy_params,
+            observation_buffer=buffer,
+        ),
+        donate_argnums=1,
+    )
+
+
+def _mean_return_program(
+    env_id: str, sac: SACConfig | None
+) -> Callable[[jax.Array, PolicyParams | None], float]:
+    """``measure(key, policy) -> mean episode return`` over ``EVALUATION_EPISODES`` of
+    the mean action of a SAC policy with config ``sac``, or of the uniformly random
+    policy (``sac`` None, ``policy`` None); compiled once for all policies."""
+    env, params = make(env_id)
+    if sac is None:
+        act = uniform_random_policy(env)
+    else:
+        algorithm = _acting_algorithm(sac, env)
+        act = lambda p, obs, _key: algorithm.act(p, obs, deterministic=True)  # noqa: E731
     horizon = int(params.horizon)
-    result = jax.jit(
-        lambda k: rollout(k, env, params, policy, 64, horizon, policy_params=policy_params)
-    )(key)
-    return float(result.mean_episode_return())
+    program = jax.jit(
+        lambda key, policy: rollout(
+            key, env, params, act, EVALUATION_EPISODES, horizon, policy_params=policy
+        ).mean_episode_return()
+    )
+    return lambda key, policy: float(program(key, policy))
 
 
 def generate_dataset(
@@ -281,29 +428,21 @@ def generate_dataset(
     env, params = make(env_id, **overrides)
     if quality != "random" and policies is None:
         policies = BehaviourPolicies.load(POLICY_SOURCE.get(env_id, env_id))
-    policy, policy_params = _policy_functions(policies, quality, env)
     horizon = int(params.horizon)
+    dt = getattr(params, "dt", None)
     size = min(chunk, n_trajectories)
-    generate = jax.jit(
-        lambda key, buffer: generate_trajectories(
-            key,
-            env,
-            params,
-            policy,
-            size,
-            horizon,
-            policy_params=policy_params,
-            observation_buffer=buffer,
-        ),
-        donate_argnums=1,
+    trained = quality != "random"
+    generate = _generator(
+        env, _EnvParams.of(params), policies.sac_config if trained else None, size, horizon
     )
+    policy_params = policies.policies[quality] if trained else None
     n_chunks = math.ceil(n_trajectories / size)
     keys = jax.random.split(jax.random.PRNGKey(seed), n_chunks)
     # Host arrays are filled chunk by chunk; the device buffer of observations is reused.
     arrays: dict[str, np.ndarray] = {}
     buffer = jnp.zeros((size, horizon + 1, env.observation_size), jnp.float32)
     for index, key in enumerate(keys):
-        part = generate(key, buffer)
+        part = generate(key, buffer, policy_params)
         rows = slice(index * size, min((index + 1) * size, n_trajectories))
         for field in ("observations", "actions", "rewards", "costs", "terminated"):
             values = np.asarray(getattr(part, field))[: rows.stop - rows.start]
@@ -313,9 +452,7 @@ def generate_dataset(
         buffer = part.observations
     dataset = Dataset.from_trajectories(**arrays, name=f"{env_id}-{quality}")
     returns = np.asarray(dataset.episode_returns())
-    defaults = dataclasses.asdict(make(env_id)[1])
-    recorded = {k: np.asarray(v).item() for k, v in dataclasses.asdict(params).items()}
-    changed = {k for k, v in recorded.items() if np.asarray(defaults[k]).item() != v}
+    recorded, changed = _recorded_params(env_id, params)
     static = {k: v for k, v in overrides.items() if k not in recorded}
     reference = policies.returns_per_step if policies is not None and not changed else None
     card = DatasetCard(
@@ -331,14 +468,37 @@ def generate_dataset(
             mean_return=float(returns.mean()),
         ),
         random_return=None if reference is None else reference["random"] * horizon,
-        expert_return=None if reference is None else reference["expert"] * horizon,
+        expert_return=None
+        if reference is None
+        else policies.expert_reference["return_per_step"] * horizon,
         cost_names=list(env.cost_names),
         # The environment's own default limits (its default constraint spec's).
-        cost_limits={
-            name: limit
-            for name, limit in env.default_constraints().cost_limits.items()
-            if name in env.cost_names
-        },
+        cost_limits=env.default_cost_limits(),
         seed=seed,
+        sampling_period=None if dt is None else float(dt),
+        # Which controller the expert return is (its replayed actions stay in the manifest).
+        **(
+            {}
+            if reference is None
+            else {
+                "expert_reference": {
+                    key: policies.expert_reference[key] for key in ("controller", "return_per_step")
+                }
+            }
+        ),
     ).with_sizes(dataset)
     return dataset, card
+
+
+def _recorded_params(env_id: str, params: Any) -> tuple[dict[str, Any], set[str]]:
+    """``(recorded, changed)``: every parameter as JSON data (arrays as nested lists, so
+    ``make(env_id, **recorded)`` rebuilds them), and the names that differ from the
+    defaults of ``env_id`` in value or shape."""
+    leaves = dataclasses.asdict(params)
+    defaults = dataclasses.asdict(make(env_id)[1])
+    changed = {
+        name
+        for name, value in leaves.items()
+        if not np.array_equal(np.asarray(value), np.asarray(defaults[name]))
+    }
+    return to_json_data(leaves, where="env_params"), changed

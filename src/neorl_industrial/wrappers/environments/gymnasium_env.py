@@ -66,15 +66,20 @@ def _stepper(env: Environment, params_key: tuple) -> _FlatStepper:
 
 
 def _params_key(params: Any) -> tuple:
+    """A hashable copy of ``params``: each leaf's dtype, shape and values (array leaves,
+    such as a setpoint schedule, flattened to tuples)."""
     leaves, treedef = jax.tree.flatten(params)
+    arrays = [np.asarray(leaf) for leaf in leaves]
     return treedef, tuple(
-        (np.asarray(leaf).dtype.str, np.asarray(leaf).tolist()) for leaf in leaves
+        (array.dtype.str, array.shape, tuple(array.ravel().tolist())) for array in arrays
     )
 
 
 def _params_from_key(params_key: tuple) -> Any:
     treedef, leaves = params_key
-    return jax.tree.unflatten(treedef, [jnp.asarray(v, dtype=d) for d, v in leaves])
+    return jax.tree.unflatten(
+        treedef, [jnp.asarray(v, dtype=d).reshape(shape) for d, shape, v in leaves]
+    )
 
 
 def observation_space(env: Environment) -> spaces.Box:
@@ -86,10 +91,43 @@ def observation_space(env: Environment) -> spaces.Box:
     )
 
 
-def action_space(env: Environment) -> spaces.Space:
+def action_space(env: Environment, normalized: bool = False) -> spaces.Space:
+    """The action space: the task's own bounds, or [-1, 1] per action when ``normalized``."""
     if env.discrete:
         return spaces.Discrete(env.num_actions)
+    if normalized:
+        ones = np.ones(env.action_size, np.float32)
+        return spaces.Box(low=-ones, high=ones, dtype=np.float32)
     return spaces.Box(low=env.action_low, high=env.action_high, dtype=np.float32)
+
+
+def resolve_normalized_actions(env: Environment, normalize_actions: bool | None) -> bool:
+    """Whether a Gymnasium shell acts in [-1, 1]: as asked, or by default exactly when the
+    task's actions are in plant units other than [-1, 1] (Gymnasium's agents expect a
+    symmetric, normalized box; pc-gym normalizes by default for the same reason).
+
+    Raises:
+        ValueError: for a value that is not a bool or None, or for normalizing discrete
+            actions.
+    """
+    if normalize_actions is not None and not isinstance(normalize_actions, bool):
+        raise ValueError(
+            f"normalize_actions: expected True, False or None, got {normalize_actions!r}"
+        )
+    if env.discrete:
+        if normalize_actions:
+            raise ValueError("normalize_actions: the actions are discrete")
+        return False
+    if normalize_actions is None:
+        return not (np.all(env.action_low == -1.0) and np.all(env.action_high == 1.0))
+    return normalize_actions
+
+
+def to_plant_units(env: Environment, action: np.ndarray) -> np.ndarray:
+    """Maps actions in [-1, 1] to the task's bounds (NaN stays NaN: the environment flags
+    it; values outside [-1, 1] map outside the bounds and the environment saturates them)."""
+    low, high = env.action_low, env.action_high
+    return (low + (action + 1.0) * 0.5 * (high - low)).astype(np.float32)
 
 
 def validate_action(env: Environment, action: Any, batch_shape: tuple[int, ...] = ()) -> np.ndarray:
@@ -110,23 +148,39 @@ def validate_action(env: Environment, action: Any, batch_shape: tuple[int, ...] 
     return array
 
 
+def from_plant_units(env: Environment, control: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`to_plant_units`."""
+    low, high = env.action_low, env.action_high
+    return (2.0 * (control - low) / (high - low) - 1.0).astype(np.float32)
+
+
 class GymnasiumEnv(gymnasium.Env):
     """Gymnasium interface to a registered functional environment.
 
     Args:
         env_id: a name from :func:`neorl_industrial.core.environments.registered_envs`.
         render_mode: only ``None`` is supported.
+        normalize_actions: act in [-1, 1] (mapped linearly to the task's bounds) instead of
+            the plant's units; ``None``: only for tasks whose bounds are not [-1, 1]
+            already. ``info["control"]`` is the action in plant units either way.
         **overrides: static configuration and parameters, as for ``make``.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
-    def __init__(self, env_id: str = "IB-v0", render_mode: str | None = None, **overrides: Any):
+    def __init__(
+        self,
+        env_id: str = "IB-v0",
+        render_mode: str | None = None,
+        normalize_actions: bool | None = None,
+        **overrides: Any,
+    ):
         if render_mode is not None:
             raise ValueError(f"render_mode: {env_id} cannot render, got {render_mode!r}")
         self.env, self.params = make(env_id, **overrides)
+        self.normalize_actions = resolve_normalized_actions(self.env, normalize_actions)
         self.observation_space = observation_space(self.env)
-        self.action_space = action_space(self.env)
+        self.action_space = action_space(self.env, self.normalize_actions)
         self.render_mode = None
         self._stepper = _stepper(self.env, _params_key(self.params))
         self._key: jax.Array | None = None
@@ -144,11 +198,14 @@ class GymnasiumEnv(gymnasium.Env):
         if self._flat_state is None:
             raise RuntimeError("step() called before reset()")
         action = validate_action(self.env, action)
+        if self.normalize_actions:
+            action = to_plant_units(self.env, action)
         self._key, self._flat_state, outputs = self._stepper.step(
             self._key, self._flat_state, action, self.params
         )
         observation, reward, cost, terminated, truncated, invalid = self._unpack(outputs)
-        return observation, reward, terminated, truncated, {"cost": cost, "action_invalid": invalid}
+        info = {"cost": cost, "action_invalid": invalid, "control": action}
+        return observation, reward, terminated, truncated, info
 
     def _unpack(self, outputs: jax.Array):
         outputs = np.asarray(outputs)

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from neorl_industrial.core.safety import CompiledConstraints, ConstraintSpec, shield
+from neorl_industrial.wrappers.environments.gymnasium_env import from_plant_units, to_plant_units
 
 _jitted_shield = jax.jit(shield)
 
@@ -49,6 +50,9 @@ class ShieldWrapper(gymnasium.Wrapper):
                 f"environment has {functional.action_size}"
             )
         self.constraints = constraints
+        self._functional = functional
+        # A shell acting in [-1, 1]: the shield works in the plant's units, as everywhere.
+        self._normalized = bool(getattr(env.unwrapped, "normalize_actions", False))
         self._observation: np.ndarray | None = None
         self._prev_action = np.zeros(functional.action_size, np.float32)
 
@@ -62,12 +66,15 @@ class ShieldWrapper(gymnasium.Wrapper):
         if self._observation is None:
             raise RuntimeError("step() called before reset()")
         proposed = np.asarray(action, np.float32).reshape(self._prev_action.shape)
+        if self._normalized:
+            proposed = to_plant_units(self._functional, proposed)
         safe, report = _jitted_shield(
             self.constraints, self._observation, proposed, self._prev_action
         )
         safe = np.asarray(safe)
         violated = np.asarray(report.violated)
-        observation, reward, terminated, truncated, info = self.env.step(safe)
+        applied = from_plant_units(self._functional, safe) if self._normalized else safe
+        observation, reward, terminated, truncated, info = self.env.step(applied)
         self._observation = observation
         self._prev_action = safe
         info = dict(info)

@@ -21,6 +21,8 @@ from neorl_industrial.core.environments import Environment, make
 from neorl_industrial.wrappers.environments.gymnasium_env import (
     action_space,
     observation_space,
+    resolve_normalized_actions,
+    to_plant_units,
     validate_action,
 )
 
@@ -48,18 +50,27 @@ class VectorEnv(gymnasium.vector.VectorEnv):
     Args:
         num_envs: number of environments.
         env_id: a registered environment name.
+        normalize_actions: act in [-1, 1] (mapped to the task's bounds), as for
+            :class:`GymnasiumEnv`; ``None``: only where the bounds are not [-1, 1].
         **overrides: static configuration and parameters, as for ``make``.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": [], **_SAME_STEP}
 
-    def __init__(self, num_envs: int, env_id: str = "IB-v0", **overrides: Any):
+    def __init__(
+        self,
+        num_envs: int,
+        env_id: str = "IB-v0",
+        normalize_actions: bool | None = None,
+        **overrides: Any,
+    ):
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs: expected a positive integer, got {num_envs!r}")
         self.env, self.params = make(env_id, auto_reset=True, **overrides)
         self.num_envs = num_envs
         self.single_observation_space = observation_space(self.env)
-        self.single_action_space = action_space(self.env)
+        self.normalize_actions = resolve_normalized_actions(self.env, normalize_actions)
+        self.single_action_space = action_space(self.env, self.normalize_actions)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.render_mode = None
@@ -82,6 +93,8 @@ class VectorEnv(gymnasium.vector.VectorEnv):
         if self._states is None:
             raise RuntimeError("step() called before reset()")
         actions = validate_action(self.env, actions, (self.num_envs,))
+        if self.normalize_actions:
+            actions = to_plant_units(self.env, actions)
         self._key, self._states, ts = _step_batch(
             self.env, self._key, self._states, actions, self.params
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -13,6 +12,7 @@ from flax import struct
 from neorl_industrial.core.environments.base import Environment, StepInfo, TimeStep
 from neorl_industrial.core.environments.industrial_benchmark import dynamics
 from neorl_industrial.core.environments.industrial_benchmark.dynamics import IBState
+from neorl_industrial.core.environments.validation import finite_number, positive_int
 from neorl_industrial.core.utils import random as fast_random
 
 OBSERVATION_MODES = ("classic", "include_past")
@@ -257,20 +257,16 @@ class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
                     f"expected one of {sorted(values)}"
                 )
             values[field] = value
-        setpoint = _finite_number("setpoint", values["setpoint"])
-        if not 0.0 <= setpoint <= 100.0:
-            raise ValueError(f"setpoint: must lie in [0, 100], got {setpoint}")
-        horizon = values["horizon"]
-        if isinstance(horizon, bool) or not isinstance(horizon, int | np.integer) or horizon < 1:
-            raise ValueError(f"horizon: expected a positive integer, got {horizon!r}")
+        setpoint = finite_number("setpoint", values["setpoint"], low=0.0, high=100.0)
+        horizon = positive_int("horizon", values["horizon"])
         return IBParams(
             setpoint=jnp.asarray(setpoint, jnp.float32),
             horizon=jnp.asarray(horizon, jnp.int32),
             fatigue_limit=jnp.asarray(
-                _finite_number("fatigue_limit", values["fatigue_limit"]), jnp.float32
+                finite_number("fatigue_limit", values["fatigue_limit"]), jnp.float32
             ),
             consumption_limit=jnp.asarray(
-                _finite_number("consumption_limit", values["consumption_limit"]), jnp.float32
+                finite_number("consumption_limit", values["consumption_limit"]), jnp.float32
             ),
         )
 
@@ -397,13 +393,3 @@ class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
         return jax.vmap(self.step_from_noise, in_axes=(0, 0, 0, None))(
             states, actions, noise, params
         )
-
-
-def _finite_number(field: str, value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{field}: expected a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{field}: expected a finite number, got {value!r}")
-    return number

@@ -1,0 +1,322 @@
+"""The four-tank process: fidelity to pc-gym 0.1.8, constraints, bad input and batching."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import warnings
+from pathlib import Path
+
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import neorl_industrial  # noqa: F401  (registers the environments with Gymnasium)
+from neorl_industrial.core.environments import Task, make, rollout
+from neorl_industrial.core.environments.four_tank import COST_NAMES, FourTank
+from neorl_industrial.core.environments.process import check_observation_bounds
+from neorl_industrial.core.environments.rollout import constant_policy, uniform_random_policy
+from neorl_industrial.core.safety.constraints import costs as spec_costs
+from neorl_industrial.wrappers.constraint_files import load_constraint_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+REFERENCES = Path(__file__).resolve().parent / "references"
+CASE_FILE = REFERENCES / "four_tank_case.json"
+RECORDED = REFERENCES / "four_tank_pcgym.npz"
+REFERENCE_PYTHON = ROOT / ".venv-reference" / "bin" / "python"
+KEY = jax.random.PRNGKey(0)
+
+# Tolerance on the levels [m]. pc-gym integrates in float64 with CVODES (its default;
+# relative tolerance 1e-6), we in float32 with 4 fixed Tsit5 steps per 16.7 s interval.
+# Over this episode our levels differ from a converged float64 solution (256 steps per
+# interval) by at most 6e-8 m and from pc-gym's by at most 1.7e-6 m: that is CVODES's own
+# error (pc-gym's other integrator, diffrax at tolerance 1e-8, differs from it as much).
+# 5e-6 m leaves a factor 3.
+LEVEL_ATOL = 5e-6
+# Rewards are minus two squared tracking errors: level differences of LEVEL_ATOL move them
+# by at most 2 * 2 * 0.5 m * 5e-6 m for tracking errors up to 0.5 m (measured: 3e-7).
+REWARD_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def four_tank():
+    return make("FourTank-v0")
+
+
+@pytest.fixture(scope="module")
+def random_rollout(four_tank):
+    """Four environments under uniformly random pumps for 70 steps (one reset each)."""
+    env, params = four_tank
+    return rollout(KEY, env, params, uniform_random_policy(env), 4, 70, record=True)
+
+
+@pytest.fixture(scope="module")
+def case():
+    return json.loads(CASE_FILE.read_text())
+
+
+def params_of(case: dict):
+    """Our parameters for a pc-gym case: its x0, setpoint schedules, dt = tsim / N, N."""
+    env_params = case["env_params"]
+    return make(
+        "FourTank-v0",
+        initial_levels=env_params["x0"][:4],
+        setpoint=np.stack([env_params["SP"]["h3"], env_params["SP"]["h4"]], axis=1),
+        dt=env_params["tsim"] / env_params["N"],
+        horizon=env_params["N"],
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _episode(env, params, actions):
+    state, first = env.reset_env(KEY, params)
+
+    def one_step(state, action):
+        return env.step_env(KEY, state, action, params)
+
+    _, steps = jax.lax.scan(one_step, state, actions)
+    return jnp.concatenate([first.observation[None], steps.observation]), steps
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def jit_step(env, state, action, params):
+    return env.step_env(KEY, state, action, params)
+
+
+def run_actions(env, params, actions):
+    """Observations (the reset's first) and the time steps of one episode."""
+    observations, steps = _episode(env, params, jnp.asarray(actions, jnp.float32))
+    return np.asarray(observations, np.float64), steps
+
+
+def check_against_reference(case: dict, reference) -> None:
+    env, params = params_of(case)
+    actions = np.asarray(case["actions"])
+    observations, steps = run_actions(env, params, actions)
+    expected = np.asarray(reference["observations"])
+    assert observations.shape == expected.shape == (len(actions) + 1, 6)
+    assert not bool(steps.terminated.any())
+    np.testing.assert_allclose(observations[:, :4], expected[:, :4], rtol=0, atol=LEVEL_ATOL)
+    # pc-gym shows the setpoint of the interval just ended, we show the next one's.
+    np.testing.assert_allclose(observations[:-1, 4:], expected[1:, 4:], rtol=0, atol=1e-7)
+    # pc-gym rewards the level reached with the next interval's setpoint, we with the one
+    # in force while it was reached: the same wherever the setpoint does not change ...
+    setpoint = np.asarray(params.setpoint, np.float64)
+    rewards, expected_rewards = np.asarray(steps.reward), np.asarray(reference["rewards"])
+    same = np.all(setpoint[: len(actions)] == setpoint[1 : len(actions) + 1], axis=1)
+    assert same.sum() == len(actions) - 1  # the schedule changes once, after step 29
+    np.testing.assert_allclose(rewards[same], expected_rewards[same], rtol=0, atol=REWARD_ATOL)
+    # ... and on every step pc-gym's reward of its own levels with our setpoint convention.
+    ours = -np.sum((expected[1:, 2:4] - setpoint[: len(actions)]) ** 2, axis=1)
+    np.testing.assert_allclose(rewards, ours, rtol=0, atol=REWARD_ATOL)
+
+
+def test_matches_the_recorded_pcgym_episode(case):
+    reference = np.load(RECORDED)
+    assert str(reference["pcgym_version"]) == "0.1.8"
+    np.testing.assert_array_equal(reference["actions"], case["actions"])
+    # The case drives the levels through most of their range, empty alarm included.
+    levels = reference["observations"][:, :4]
+    assert levels.min() < 0.01 and levels.max() > 0.5 and levels.min() > 0.0
+    check_against_reference(case, reference)
+
+
+@pytest.mark.slow
+def test_matches_a_live_pcgym_recording(case, tmp_path):
+    if not REFERENCE_PYTHON.exists():
+        pytest.skip("pc-gym's environment (.venv-reference) is not installed")
+    out = tmp_path / "four_tank_live.npz"
+    subprocess.run(
+        [str(REFERENCE_PYTHON), str(REFERENCES / "pcgym_record.py"), str(CASE_FILE), str(out)],
+        check=True,
+        capture_output=True,
+    )
+    live = np.load(out)
+    np.testing.assert_allclose(live["observations"], np.load(RECORDED)["observations"], atol=1e-12)
+    check_against_reference(case, live)
+
+
+def test_the_vector_field_is_pc_gyms_model(four_tank):
+    env, params = four_tank
+    levels = np.array([0.3, 0.2, 0.5, 0.1])
+    pumps = np.array([4.0, 7.0])
+    outflow = np.array([0.0035, 0.0030, 0.0020, 0.0025]) * np.sqrt(2 * 9.81 * levels)
+    expected = [
+        -outflow[0] + outflow[2] + 0.2 * 0.00085 * pumps[0],
+        -outflow[1] + outflow[3] + 0.2 * 0.00095 * pumps[1],
+        -outflow[2] + 0.8 * 0.00095 * pumps[1],
+        -outflow[3] + 0.8 * 0.00085 * pumps[0],
+    ]
+    derivative = env.vector_field(jnp.asarray(levels), jnp.asarray(pumps), jnp.zeros(0), params)
+    np.testing.assert_allclose(derivative, expected, rtol=1e-5)
+
+
+def test_an_unfed_tank_empties_to_zero_and_stays_there(four_tank):
+    env, _ = four_tank
+    # A pump gain of 1e-12 feeds nothing: the tanks drain, where pc-gym's solver fails.
+    _, params = make("FourTank-v0", pump_gain=[1e-12, 1e-12])
+    observations, steps = run_actions(env, params, np.full((60, 2), 0.1))
+    levels = observations[:, :4]
+    assert np.all(np.isfinite(levels)) and not bool(steps.info.diverged.any())
+    assert np.all(levels >= 0.0) and np.all(levels[-1] == 0.0)
+    first_empty = np.argmax(levels[:, 2] == 0.0)
+    assert 0 < first_empty < 10 and np.all(levels[first_empty:, 2] == 0.0)
+
+
+def test_names_units_and_the_task(four_tank):
+    env, params = four_tank
+    check_observation_bounds(env)  # names, units and bounds agree in length
+    assert env.observation_names == ("h1", "h2", "h3", "h4", "h3_setpoint", "h4_setpoint")
+    assert env.observation_units == ("m",) * 6
+    assert env.action_names == ("v1", "v2") and env.action_units == ("V", "V")
+    assert env.cost_names == COST_NAMES and len(COST_NAMES) == 8
+    np.testing.assert_allclose(float(params.dt), 1000.0 / 60.0, rtol=1e-7)
+    task = Task.from_env("FourTank-v0")
+    assert task.observation_names == env.observation_names
+    assert task.observation_units == env.observation_units
+    assert (task.action_names, task.action_units) == (("v1", "v2"), ("V", "V"))
+    assert task.action_low == pytest.approx((0.1, 0.1)) and task.action_high == (10.0, 10.0)
+    assert task.cost_names == COST_NAMES and task.episode_length == 60
+    limits = dict.fromkeys(COST_NAMES, 6.0)
+    assert env.default_cost_limits() == limits
+    assert task.cost_limits == limits and task.constraints.cost_limits == limits
+
+
+def test_default_constraints_are_the_yaml_file_and_price_the_levels(four_tank, random_rollout):
+    env, params = four_tank
+    spec = env.default_constraints()
+    from_file = load_constraint_spec(ROOT / "configs" / "constraints" / "four-tank.yaml")
+    assert spec.model_dump(exclude={"description"}) == from_file.model_dump(exclude={"description"})
+    moved = env.default_constraints(env.default_params(tank_height=0.5, min_level=0.02))
+    assert {cost.threshold for cost in moved.costs} == {0.5, 0.02}
+    # The spec's costs, computed from the observation, are the environment's.
+    compiled = env.compile_constraints(spec)
+    transitions = random_rollout.transitions
+    np.testing.assert_array_equal(
+        spec_costs(compiled, transitions.next_observation), transitions.cost
+    )
+    # Pump 2 at full voltage overflows tank 3 and only it; both pumps at the minimum
+    # empty every tank.
+    full = np.asarray(run_actions(env, params, np.tile([5.0, 10.0], (60, 1)))[1].cost).sum(0)
+    assert full[2] > 0 and full[[0, 1, 3]].sum() == 0
+    drained = run_actions(env, params, np.full((60, 2), 0.1))[1].cost
+    assert np.all(np.asarray(drained[:, 4:]).sum(0) > 0) and float(drained[:, :4].sum()) == 0
+    start = np.asarray(params.initial_levels)
+    assert np.all((start > params.min_level) & (start < params.tank_height))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"tank_area": [1.0, -1.0, 1.0, 1.0]}, r"tank_area\[1\]"),
+        ({"outlet_area": [0.0035, 0.0, 0.002, 0.0025]}, r"outlet_area\[1\]: must be positive"),
+        ({"outlet_area": [2.0, 0.003, 0.002, 0.0025]}, r"outlet_area\[0\]: must be smaller"),
+        ({"gamma": [0.2, 1.5]}, r"gamma\[1\]"),
+        ({"pump_gain": [0.00085, float("nan")]}, r"pump_gain\[1\]"),
+        ({"setpoint": [[0.5, 0.2], [0.1, 0.7]]}, r"setpoint\[\[1, 1\]\]"),
+        ({"setpoint": [0.5, -0.1]}, r"setpoint\[\[0, 1\]\]"),
+        ({"setpoint": np.zeros((0, 2))}, "setpoint: expected at least one row"),
+        ({"initial_levels": [0.1, 0.1, 0.1]}, "initial_levels: expected shape"),
+        ({"initial_levels": [0.1, 0.1, 0.65, 0.1]}, r"initial_levels\[2\]"),
+        ({"tank_height": 0.0}, "tank_height: must be positive"),
+        ({"min_level": 0.7}, "min_level: must lie below tank_height"),
+        ({"dt": -1.0}, "dt: must be positive"),
+        ({"horizon": 0}, "horizon: expected a positive integer"),
+        ({"gravity": 9.81}, "gravity: unknown four-tank parameter"),
+    ],
+)
+def test_invalid_parameters_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make("FourTank-v0", **overrides)
+
+
+def test_a_constant_setpoint_pair_is_held_for_the_episode():
+    _, params = make("FourTank-v0", setpoint=[0.3, 0.25])
+    assert params.setpoint.shape == (1, 2)
+    env = FourTank()
+    observations, _ = run_actions(env, params, np.full((3, 2), 5.0))
+    np.testing.assert_allclose(observations[:, 4:], np.tile([0.3, 0.25], (4, 1)), rtol=1e-7)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_actions_are_flagged_and_hold_the_control(four_tank, bad):
+    env, params = four_tank
+    state, _ = env.reset(KEY, params)
+    state, timestep = jit_step(env, state, jnp.array([3.0, 20.0]), params)
+    assert not bool(timestep.info.action_invalid)
+    np.testing.assert_allclose(state.last_control, [3.0, 10.0])  # saturated at 10 V
+    state, timestep = jit_step(env, state, jnp.array([bad, 4.0]), params)
+    assert bool(timestep.info.action_invalid)
+    np.testing.assert_allclose(state.last_control, [3.0, 4.0])
+    assert np.all(np.isfinite(timestep.observation))
+
+
+def test_leaving_the_envelope_or_a_non_finite_state_terminates_with_full_cost(four_tank):
+    env, _ = four_tank
+    start = env.default_params().initial_levels
+    # Pumps a thousand times too strong fill the tanks beyond 2 m within one interval ...
+    _, strong = make("FourTank-v0", pump_gain=[1.0, 1.0])
+    # ... and a tank without area (past the host's checks) makes the derivative infinite.
+    flat = env.default_params().replace(tank_area=jnp.zeros(4))
+    for params in (strong, flat):
+        state, _ = env.reset(KEY, params)
+        state, timestep = jit_step(env, state, jnp.array([5.0, 5.0]), params)
+        assert bool(timestep.terminated) and bool(timestep.info.diverged)
+        np.testing.assert_array_equal(timestep.cost, np.ones(8))
+        np.testing.assert_array_equal(timestep.observation[:4], start)
+        assert np.all(np.isfinite(timestep.observation))
+
+
+def test_check_env_passes_with_warnings_as_errors():
+    env = gymnasium.make("neorl_industrial/FourTank-v0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # The Gymnasium shell acts in [-1, 1], mapped to the pumps' [0.1, 10] V.
+        check_env(env.unwrapped, skip_render_check=True)
+
+
+def test_batched_steps_and_rollouts_auto_reset_without_nan(four_tank, random_rollout):
+    env, params = four_tank
+    states, timesteps = env.reset_batch(KEY, 3, params)
+    assert timesteps.observation.shape == (3, 6)
+    actions = jnp.array([[0.1, 0.1], [5.0, 5.0], [10.0, 10.0]])
+    states, timesteps = jax.jit(env.step_batch)(KEY, states, actions, params)
+    start = env.reset(KEY, params)[0]
+    single = [jit_step(env, start, action, params)[1].observation for action in actions]
+    np.testing.assert_allclose(timesteps.observation, np.stack(single), rtol=1e-6)
+    assert len(set(np.asarray(timesteps.observation[:, 0]).tolist())) == 3
+    transitions = random_rollout.transitions
+    np.testing.assert_array_equal(random_rollout.episodes, [1, 1, 1, 1])
+    assert np.all(np.isfinite(transitions.observation)) and np.all(np.isfinite(transitions.reward))
+    np.testing.assert_array_equal(transitions.truncated[59], True)
+    # Step 60 starts a new episode from the canonical levels.
+    np.testing.assert_allclose(
+        transitions.observation[60, :, :4], np.tile(params.initial_levels, (4, 1))
+    )
+
+
+def test_a_vmap_over_two_traced_parameter_values_compiles_once(four_tank):
+    env, _ = four_tank
+    traces = []
+    first = env.default_params(gamma=[0.2, 0.2])
+    second = env.default_params(gamma=[0.7, 0.6], setpoint=np.full((60, 2), 0.2), dt=10.0)
+    params = jax.tree.map(lambda a, b: jnp.stack([a, b]), first, second)
+
+    @jax.jit
+    def returns(params):
+        traces.append(None)
+
+        def one(params):
+            return rollout(KEY, env, params, constant_policy(jnp.array([6.0, 4.0])), 1, 20)
+
+        return jax.vmap(one)(params).total_reward[:, 0]
+
+    values = np.asarray(returns(params))
+    again = np.asarray(returns(jax.tree.map(lambda leaf: leaf[::-1], params)))
+    assert len(traces) == 1
+    assert np.all(np.isfinite(values)) and values[0] != values[1]
+    np.testing.assert_allclose(again, values[::-1], rtol=1e-6)
