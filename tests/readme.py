@@ -13,9 +13,9 @@ LINKED = ("examples", "configs")
 _BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
-def blocks(language: str) -> list[str]:
-    """Every fenced block of ``language`` in the README, in order."""
-    return [code for lang, code in _BLOCK.findall(README.read_text()) if lang == language]
+def blocks(language: str, page: Path = README) -> list[str]:
+    """Every fenced block of ``language`` in the README (or another page), in order."""
+    return [code for lang, code in _BLOCK.findall(page.read_text()) if lang == language]
 
 
 def plant_journey() -> str:

@@ -29,9 +29,23 @@ def test_the_python_snippets_run_as_printed(tmp_path, monkeypatch):
     assert namespace["agent"].task.name == "IB-v0"
 
 
-def _commands() -> list[str]:
+def test_the_task_page_runs_as_printed(tmp_path, monkeypatch):
+    """docs/tasks.md: its Python block runs and its command lines parse."""
+    monkeypatch.chdir(tmp_path)
+    page = ROOT / "docs" / "tasks.md"
+    namespace: dict = {"__name__": "tasks_page"}
+    (code,) = blocks("python", page)
+    exec(compile(code, "docs/tasks.md python block", "exec"), namespace)
+    assert namespace["result"].total_cost.shape == (16, 8)  # 16 episodes, 8 channels
+    commands = _commands(page)
+    assert commands and all(line.startswith("neorl-industrial ") for line in commands)
+    for line in commands:
+        build_parser().parse_args(shlex.split(line)[1:])
+
+
+def _commands(page=None) -> list[str]:
     lines = []
-    for block in blocks("bash"):
+    for block in blocks("bash") if page is None else blocks("bash", page):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("#")[0].strip()
             if line:
