@@ -252,6 +252,17 @@ NEORL2_PUBLISHED: dict[str, dict[str, float]] = {
 }
 
 
+def neorl2_normalization(env_id: str) -> Any:
+    """NeoRL-2's normalized score of an episode return for a task it published."""
+    if env_id == "Pipeline-v0":
+        from neorl_industrial.core.environments.pipeline import normalized_score
+    elif env_id == "DMSD-v0":
+        from neorl_industrial.core.environments.dmsd import normalized_score
+    else:
+        raise ValueError(f"env_id: NeoRL-2 publishes no normalization for {env_id!r}")
+    return normalized_score
+
+
 def _cell(summary: dict[str, Any] | None) -> str:
     if summary is None:
         return "—"
@@ -362,6 +373,28 @@ def task_markdown(env_id: str, config: dict[str, Any], task: dict[str, Any]) -> 
             f"| {env_id} (published) | {published['data']:.2f} | "
             + " | ".join(f"{published[n]:.2f}" for n in names)
             + " |",
+        ]
+        rescore = neorl2_normalization(env_id)
+        for quality in qualities:
+            entry = task["datasets"][quality]
+            cells = [
+                "—"
+                if entry["returns"].get(n) is None
+                else f"{rescore(entry['returns'][n]['mean']):.2f}"
+                for n in names
+            ]
+            behaviour = rescore(entry["behaviour_return"])
+            lines.append(
+                f"| {env_id}-{quality} (ours, rescored) | {behaviour:.2f} | "
+                + " | ".join(cells)
+                + " |"
+            )
+        lines += [
+            "",
+            "*Rescored*: our mean episode returns put on NeoRL-2's scale with its own "
+            "normalization (its random and expert returns for this task), so the rows compare "
+            "returns in the same environment; the datasets, behaviour policies and budgets "
+            "still differ.",
         ]
     task_checks = task.get("checks", {})
     if task_checks:

@@ -185,6 +185,8 @@ def test_a_suite_page_has_a_table_per_task_a_summary_and_neorl2_beside_ours():
     }
     dmsd = _results({"bc": (31.0, 2.0), "td3bc": (40.0, 3.0)}, 30.0)
     tank = _results({"bc": (20.0, 2.0), "td3bc": (31.0, 3.0)}, 30.0)
+    # NeoRL-2's DMSD normalization: 100 (R - 30.60) / (849.51 - 30.60)
+    dmsd["datasets"]["low"]["returns"]["td3bc"] = {"mean": 440.055, "ci": 9.0, "n": 5}
     results = {"tasks": {"DMSD-v0": dmsd, "FourTank-v0": tank}}
     for task in results["tasks"].values():
         task["checks"] = learning.checks(config, task)
@@ -198,6 +200,11 @@ def test_a_suite_page_has_a_table_per_task_a_summary_and_neorl2_beside_ours():
     assert "| FourTank-v0-low | 30.0 | 20.0 ± 2.0 | 31.0 ± 3.0 |" in page
     assert "| DMSD-v0 (published) | 56.64 | 65.09 | 70.24 | 60.01 |" in page
     assert "FourTank-v0 (published)" not in page
+    # our returns on NeoRL-2's scale beside theirs: behaviour -200 -> -28.16, TD3+BC 50.00
+    assert "| DMSD-v0-low (ours, rescored) | -28.16 | — | — | 50.00 |" in page
+    assert "FourTank-v0-low (ours, rescored)" not in page
+    with pytest.raises(ValueError, match="env_id: NeoRL-2 publishes no normalization"):
+        learning.neorl2_normalization("FourTank-v0")
 
 
 def test_merge_joins_tasks_and_refuses_an_algorithm_twice_on_one_task(tmp_path):
