@@ -228,10 +228,28 @@ def measure_pcgym(model: str, n_steps: int, repeats: int, method: str) -> dict[s
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _batched_row(
+    executable: Any, key: Any, repeats: int, n_envs: int, n_steps: int, reference_rate: Any
+) -> dict[str, Any]:
+    """One batch size of a batched rollout: the best of ``repeats`` timed calls."""
+    import jax.numpy as jnp
+
+    best, times, total = _time_compiled(executable, key, repeats)
+    steps_per_s = rate(n_envs * n_steps, best)
+    return {
+        "n_envs": n_envs,
+        "n_steps": n_steps,
+        "best_s": best,
+        "all_s": times,
+        "steps_per_s": steps_per_s,
+        "ratio": ratio(steps_per_s, reference_rate),
+        "reward_per_step": float(jnp.mean(total[0])) / n_steps,
+    }
+
+
 def measure_process_tasks(cfg: Settings, key: Any) -> dict[str, Any]:
     """Batched steps/s of every process task at each batch size, with pc-gym's
     single-environment steps/s beside the tasks ported from it."""
-    import jax.numpy as jnp
 
     tasks: dict[str, Any] = {}
     for env_id in cfg.process_ids:
@@ -247,19 +265,9 @@ def measure_process_tasks(cfg: Settings, key: Any) -> dict[str, Any]:
             n_steps = cfg.batched_steps(n_envs)
             progress(f"{env_id} rollout, n_envs={n_envs}, {n_steps} steps")
             executable, compile_s = _compile(_batched_fn(env_id, n_envs, n_steps), key)
-            best, times, total = _time_compiled(executable, key, cfg.repeats)
-            steps_per_s = rate(n_envs * n_steps, best)
             rows.append(
-                {
-                    "n_envs": n_envs,
-                    "n_steps": n_steps,
-                    "best_s": best,
-                    "all_s": times,
-                    "steps_per_s": steps_per_s,
-                    "ratio": ratio(steps_per_s, reference_rate),
-                    "compile_s": compile_s,
-                    "reward_per_step": float(jnp.mean(total[0])) / n_steps,
-                }
+                _batched_row(executable, key, cfg.repeats, n_envs, n_steps, reference_rate)
+                | {"compile_s": compile_s}
             )
         best_row = max(rows, key=lambda row: row["steps_per_s"] or 0.0)
         tasks[env_id] = {
@@ -605,19 +613,9 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
             compile_s = compile_results["batched"][env_id]["compile_s"]
             if executable is None:
                 executable, compile_s = _compile(_batched_fn(env_id, n_envs, n_steps), key)
-            best, times, total = _time_compiled(executable, key, cfg.repeats)
-            steps_per_s = rate(n_envs * n_steps, best)
             rows.append(
-                {
-                    "n_envs": n_envs,
-                    "n_steps": n_steps,
-                    "best_s": best,
-                    "all_s": times,
-                    "steps_per_s": steps_per_s,
-                    "ratio": ratio(steps_per_s, reference_rate),
-                    "compile_s": compile_s,
-                    "reward_per_step": float(jnp.mean(total[0])) / n_steps,
-                }
+                _batched_row(executable, key, cfg.repeats, n_envs, n_steps, reference_rate)
+                | {"compile_s": compile_s}
             )
         batched[env_id] = rows
 

@@ -397,5 +397,8 @@ def test_the_shipped_expert_reference_is_the_replayed_nmpc_oracle(cstr):
     assert actions.shape == (int(params.horizon), 1)
     assert np.all((actions >= env.action_low - 1e-6) & (actions <= env.action_high + 1e-6))
     replayed = open_loop_return("CSTR-v0", actions) / int(params.horizon)
-    assert replayed == pytest.approx(reference["return_per_step"], rel=1e-5)
+    # float32 through 240 Tsit5 sub-steps of a stiff reactor: XLA's operation order (it
+    # differs between optimization levels; the suite compiles at the lowest) moves the
+    # return by ~3e-5 relative, against 3.9e-3 between the oracle and the trained expert.
+    assert replayed == pytest.approx(reference["return_per_step"], rel=1e-4)
     assert reference["return_per_step"] >= policies.returns_per_step["expert"]

@@ -52,6 +52,18 @@ class TimeStep:
     def done(self) -> jax.Array:
         return self.terminated | self.truncated
 
+    @classmethod
+    def first(cls, observation: jax.Array, n_costs: int, info: StepInfo) -> TimeStep:
+        """The time step ``reset`` returns: no reward, no cost, not done."""
+        return cls(
+            observation=observation,
+            reward=jnp.zeros((), jnp.float32),
+            cost=jnp.zeros((n_costs,), jnp.float32),
+            terminated=jnp.zeros((), jnp.bool_),
+            truncated=jnp.zeros((), jnp.bool_),
+            info=info,
+        )
+
 
 class Environment(abc.ABC, Generic[StateT, ParamsT]):
     """Base class of functional environments (gymnax-style).

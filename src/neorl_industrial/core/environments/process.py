@@ -257,13 +257,10 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
             episode=self.draw_episode(episode_key, params).astype(jnp.float32),
         )
         observation = self.observe(plant, params, state.time, state.episode)
-        timestep = TimeStep(
-            observation=observation,
-            reward=jnp.zeros((), jnp.float32),
-            cost=jnp.zeros((self.n_costs,), jnp.float32),
-            terminated=jnp.zeros((), jnp.bool_),
-            truncated=jnp.zeros((), jnp.bool_),
-            info=ProcessStepInfo(
+        timestep = TimeStep.first(
+            observation,
+            self.n_costs,
+            ProcessStepInfo(
                 final_observation=observation,
                 action_invalid=jnp.zeros((), jnp.bool_),
                 diverged=jnp.zeros((), jnp.bool_),

@@ -314,13 +314,10 @@ class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
             time=jnp.zeros((), jnp.int32),
         )
         observation = self.observe(state)
-        timestep = TimeStep(
-            observation=observation,
-            reward=jnp.zeros((), jnp.float32),
-            cost=jnp.zeros((self.n_costs,), jnp.float32),
-            terminated=jnp.zeros((), jnp.bool_),
-            truncated=jnp.zeros((), jnp.bool_),
-            info=IBStepInfo(
+        timestep = TimeStep.first(
+            observation,
+            self.n_costs,
+            IBStepInfo(
                 final_observation=observation,
                 action_invalid=jnp.zeros((), jnp.bool_),
                 hidden=plant,

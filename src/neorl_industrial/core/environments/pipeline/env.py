@@ -243,13 +243,10 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
             time=jnp.zeros((), jnp.int32),
         )
         observation = self.observe(state)
-        timestep = TimeStep(
-            observation=observation,
-            reward=jnp.zeros((), jnp.float32),
-            cost=jnp.zeros((self.n_costs,), jnp.float32),
-            terminated=jnp.zeros((), jnp.bool_),
-            truncated=jnp.zeros((), jnp.bool_),
-            info=StepInfo(final_observation=observation, action_invalid=jnp.zeros((), jnp.bool_)),
+        timestep = TimeStep.first(
+            observation,
+            self.n_costs,
+            StepInfo(final_observation=observation, action_invalid=jnp.zeros((), jnp.bool_)),
         )
         return state, timestep
 
