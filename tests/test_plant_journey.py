@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from neorl_industrial.cli import main
 from neorl_industrial.integration.deployment import ServerSettings, create_app
+from tests.compile_flags import user_environment
 from tests.readme import link_repository, plant_journey
 
 
@@ -33,7 +34,7 @@ def journey(tmp_path_factory):
     # As printed, but on a free port (8000 may be taken on a test machine).
     script = plant_journey().replace("8000", str(_free_port()))
     environment = {
-        **os.environ,
+        **user_environment(),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     environment.pop("MLFLOW_TRACKING_URI", None)
