@@ -3,7 +3,6 @@ constraints, bad input and batching."""
 
 from __future__ import annotations
 
-import functools
 import json
 import subprocess
 import warnings
@@ -24,13 +23,13 @@ from neorl_industrial.core.environments.process import check_observation_bounds
 from neorl_industrial.core.environments.rollout import constant_policy, uniform_random_policy
 from neorl_industrial.core.safety.constraints import costs as spec_costs
 from neorl_industrial.wrappers.constraint_files import load_constraint_spec
+from tests.core.environments.episodes import KEY, jit_step, run_actions
 
 ROOT = Path(__file__).resolve().parents[3]
 REFERENCES = Path(__file__).resolve().parent / "references"
 CASE_FILE = REFERENCES / "cstr_case.json"
 RECORDED = REFERENCES / "cstr_pcgym.npz"
 REFERENCE_PYTHON = ROOT / ".venv-reference" / "bin" / "python"
-KEY = jax.random.PRNGKey(0)
 
 # Tolerances on the state. pc-gym integrates in float64 with CVODES (its default; relative
 # tolerance 1e-6), we in float32 with 4 fixed Tsit5 steps per 26 s interval. Over this
@@ -114,28 +113,6 @@ def params_of(case: dict):
         dt=env_params["tsim"] / env_params["N"],
         horizon=env_params["N"],
     )
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _episode(env, params, actions):
-    state, first = env.reset_env(KEY, params)
-
-    def one_step(state, action):
-        return env.step_env(KEY, state, action, params)
-
-    _, steps = jax.lax.scan(one_step, state, actions)
-    return jnp.concatenate([first.observation[None], steps.observation]), steps
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def jit_step(env, state, action, params):
-    return env.step_env(KEY, state, action, params)
-
-
-def run_actions(env, params, actions):
-    """Observations (the reset's first) and the time steps of one episode."""
-    observations, steps = _episode(env, params, jnp.asarray(actions, jnp.float32))
-    return np.asarray(observations, np.float64), steps
 
 
 def check_against_reference(case: dict, reference) -> None:
