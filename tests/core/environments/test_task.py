@@ -123,3 +123,20 @@ def test_data_that_disagrees_is_refused_naming_what_differs():
         task.check_data(**{**fits, "n_costs": 2})
     with pytest.raises(TaskError, match=r"observation names differ.*'level' vs 'level_m'"):
         task.check_data(**fits, observation_names=("level", "temperature_c", "inflow_m3h"))
+
+
+@pytest.mark.parametrize(
+    ("env_id", "what"),
+    [
+        ("IB-v0", "Industrial Benchmark"),
+        ("Pipeline-v0", "Pipeline"),
+        ("DMSD-v0", "DMSD"),
+        ("CSTR-v0", "CSTR"),
+        ("FourTank-v0", "four-tank"),
+    ],
+)
+def test_an_unknown_parameter_is_named_with_the_task_s_fields(env_id, what):
+    from neorl_industrial.core.environments import make
+
+    with pytest.raises(ValueError, match=f"bogus: unknown {what} parameter; expected one of"):
+        make(env_id, bogus=1.0)

@@ -9,6 +9,19 @@ from typing import Any
 import numpy as np
 
 
+def with_overrides(
+    what: str, defaults: dict[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """``defaults`` updated with ``overrides``; an unknown field fails, naming it and the
+    fields ``what`` (a task's name) has."""
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"{unknown[0]}: unknown {what} parameter; expected one of {sorted(defaults)}"
+        )
+    return {**defaults, **overrides}
+
+
 def finite_number(
     field: str,
     value: Any,

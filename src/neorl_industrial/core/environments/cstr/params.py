@@ -24,6 +24,7 @@ from neorl_industrial.core.environments.validation import (
     finite_array,
     finite_number,
     positive_int,
+    with_overrides,
 )
 
 # pc-gym 0.1.8's ``cstr`` constants.
@@ -188,12 +189,7 @@ def cstr_params(**overrides: Any) -> CSTRParams:
         ValueError: naming the unknown or invalid field (a non-positive volume or flow, a
             setpoint outside ``[0, Caf]``, a feed outside its range, a non-finite value, ...).
     """
-    unknown = sorted(set(overrides) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(
-            f"{unknown[0]}: unknown CSTR parameter; expected one of {sorted(DEFAULTS)}"
-        )
-    values = {**DEFAULTS, **overrides}
+    values = with_overrides("CSTR", DEFAULTS, overrides)
     scalars = {
         name: finite_number(name, values[name], positive=True) for name in POSITIVE_CONSTANTS
     }

@@ -37,6 +37,7 @@ from neorl_industrial.core.environments.validation import (
     finite_array,
     finite_number,
     positive_int,
+    with_overrides,
 )
 
 STATE_NAMES = ("position_1", "position_2", "velocity_1", "velocity_2")
@@ -115,12 +116,7 @@ class DMSD(ProcessEnv[DMSDParams]):
             "start_velocity": 0.1,
             "travel": DEFAULT_TRAVEL,
         }
-        for field, value in overrides.items():
-            if field not in values:
-                raise ValueError(
-                    f"{field}: unknown DMSD parameter; expected one of {sorted(values)}"
-                )
-            values[field] = value
+        values = with_overrides("DMSD", values, overrides)
         mass = finite_array("mass", values["mass"], (2,), positive=True)
         stiffness = finite_array("stiffness", values["stiffness"], (3,), low=0.0)
         damping = finite_array("damping", values["damping"], (3,), low=0.0)

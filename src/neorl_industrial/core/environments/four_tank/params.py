@@ -20,6 +20,7 @@ from neorl_industrial.core.environments.validation import (
     finite_array,
     finite_number,
     positive_int,
+    with_overrides,
 )
 
 #: acceleration due to gravity [m/s²] in Torricelli's outflow ``a sqrt(2 g h)`` (pc-gym's)
@@ -125,12 +126,7 @@ def four_tank_params(**overrides: Any) -> FourTankParams:
         ValueError: naming the unknown or invalid field (a negative area, a setpoint or an
             initial level outside ``[0, tank_height]``, ...).
     """
-    unknown = sorted(set(overrides) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(
-            f"{unknown[0]}: unknown four-tank parameter; expected one of {sorted(DEFAULTS)}"
-        )
-    values = {**DEFAULTS, **overrides}
+    values = with_overrides("four-tank", DEFAULTS, overrides)
     tank_height = finite_number(
         "tank_height", values["tank_height"], high=LEVEL_ENVELOPE, positive=True
     )

@@ -12,7 +12,11 @@ from flax import struct
 from neorl_industrial.core.environments.base import Environment, StepInfo, TimeStep
 from neorl_industrial.core.environments.industrial_benchmark import dynamics
 from neorl_industrial.core.environments.industrial_benchmark.dynamics import IBState
-from neorl_industrial.core.environments.validation import finite_number, positive_int
+from neorl_industrial.core.environments.validation import (
+    finite_number,
+    positive_int,
+    with_overrides,
+)
 from neorl_industrial.core.utils import random as fast_random
 
 OBSERVATION_MODES = ("classic", "include_past")
@@ -250,13 +254,7 @@ class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
             "fatigue_limit": DEFAULT_FATIGUE_LIMIT,
             "consumption_limit": DEFAULT_CONSUMPTION_LIMIT,
         }
-        for field, value in overrides.items():
-            if field not in values:
-                raise ValueError(
-                    f"{field}: unknown Industrial Benchmark parameter; "
-                    f"expected one of {sorted(values)}"
-                )
-            values[field] = value
+        values = with_overrides("Industrial Benchmark", values, overrides)
         setpoint = finite_number("setpoint", values["setpoint"], low=0.0, high=100.0)
         horizon = positive_int("horizon", values["horizon"])
         return IBParams(

@@ -18,6 +18,7 @@ from neorl_industrial.core.environments.validation import (
     finite_array,
     finite_number,
     positive_int,
+    with_overrides,
 )
 
 #: the channel's capacity: the gate flow (and so every flow) lies in [0, MAX_FLOW]
@@ -72,12 +73,7 @@ def pipeline_params(**overrides: Any) -> PipelineParams:
         "horizon": DEFAULT_HORIZON,
         "cost_band": DEFAULT_COST_BAND,
     }
-    for field, value in overrides.items():
-        if field not in values:
-            raise ValueError(
-                f"{field}: unknown Pipeline parameter; expected one of {sorted(values)}"
-            )
-        values[field] = value
+    values = with_overrides("Pipeline", values, overrides)
     max_flow = finite_number("max_flow", values["max_flow"], positive=True)
     levels = finite_array("target_levels", values["target_levels"], (None,), low=0.0, high=max_flow)
     if levels.size == 0:
