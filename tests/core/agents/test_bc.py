@@ -34,8 +34,8 @@ def _expert_dataset(n_episodes=20, length=50, seed=0):
     return dataset, weights
 
 
-def test_bc_loss_is_the_squared_error_of_one_transition():
-    np.testing.assert_allclose(bc_loss(jnp.array([0.5, -1.0]), jnp.array([0.0, 1.0])), 4.25)
+def test_bc_loss_is_the_mean_squared_error_of_one_transition():
+    np.testing.assert_allclose(bc_loss(jnp.array([0.5, -1.0]), jnp.array([0.0, 1.0])), 2.125)
     with pytest.raises(AssertionError):
         bc_loss(jnp.zeros(3), jnp.zeros(2))
 

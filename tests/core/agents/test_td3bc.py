@@ -37,8 +37,18 @@ def _bandit_dataset(n=4000, seed=0):
 def test_per_transition_losses():
     np.testing.assert_allclose(critic_loss(jnp.array([1.0, 3.0]), jnp.asarray(2.0)), 2.0)
     np.testing.assert_allclose(
-        actor_loss(jnp.asarray(2.0), jnp.array([0.5, 0.0]), jnp.array([0.0, 0.0]), 0.5), -0.75
+        actor_loss(jnp.asarray(2.0), jnp.array([0.5, 0.0]), jnp.array([0.0, 0.0]), 0.5), -0.875
     )
+    # The BC term is a mean over action dimensions: repeating every dimension three times
+    # leaves the loss (and so the effective alpha) unchanged.
+    one = actor_loss(jnp.asarray(2.0), jnp.array([0.5, -0.2]), jnp.array([0.1, 0.3]), 0.5)
+    three = actor_loss(
+        jnp.asarray(2.0),
+        jnp.tile(jnp.array([0.5, -0.2]), 3),
+        jnp.tile(jnp.array([0.1, 0.3]), 3),
+        0.5,
+    )
+    np.testing.assert_allclose(one, three, rtol=1e-6)
     with pytest.raises(AssertionError):
         critic_loss(jnp.zeros(2), jnp.zeros(2))
 

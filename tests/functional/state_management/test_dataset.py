@@ -10,7 +10,7 @@ import pytest
 from neorl_industrial.core.environments import make, rollout, uniform_random_policy
 from neorl_industrial.functional.state_management import (
     Dataset,
-    Normalizer,
+    RewardScaling,
     gather_nstep,
     gather_transitions,
     gather_windows,
@@ -178,15 +178,24 @@ def test_split_by_episodes_is_seeded_and_complete(small):
         split_episodes(small, 0.01)
 
 
-def test_normalizer_standardizes_and_travels_as_a_pytree(small):
-    normalizer = Normalizer.fit(small)
-    normalized = normalizer.normalize_observation(small.observations)
-    np.testing.assert_allclose(normalized.mean(0), 0.0, atol=1e-5)
-    np.testing.assert_allclose(normalized.std(0), 1.0, atol=1e-5)
-    np.testing.assert_allclose(
-        normalizer.denormalize_observation(normalized), small.observations, atol=1e-4
-    )
-    np.testing.assert_allclose(np.std(normalizer.scale_reward(small.rewards)), 1.0, rtol=1e-5)
-    assert len(jax.tree.leaves(normalizer)) == 3
-    with pytest.raises(ValueError, match="reward"):
-        Normalizer.fit(small, reward="max")
+def test_reward_scalings(small):
+    rewards = np.asarray(small.rewards, np.float64)
+    std = RewardScaling.fit(small, "std")
+    np.testing.assert_allclose(np.std(std.apply(small).rewards), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(std.apply(small).rewards, rewards / rewards.std(), rtol=1e-5)
+    standard = RewardScaling.fit(small, "standardize").apply(small).rewards
+    np.testing.assert_allclose([np.mean(standard), np.std(standard)], [0.0, 1.0], atol=1e-5)
+    span = RewardScaling.fit(small, "return_range")
+    returns = np.asarray(span.apply(small).episode_returns())
+    np.testing.assert_allclose(returns.max() - returns.min(), 1000.0, rtol=1e-5)
+    assert RewardScaling.fit(small, "none").apply(small) is small
+    assert span.to_dict()["kind"] == "return_range"
+    with pytest.raises(ValueError, match="reward_scaling: expected one of"):
+        RewardScaling.fit(small, "max")
+    flat = small.replace(rewards=jnp.full_like(small.rewards, 2.0))
+    with pytest.raises(ValueError, match="no spread to scale by; use reward_scaling 'none'"):
+        RewardScaling.fit(flat, "std")
+    # Every episode returns 1: nothing to scale the returns' range by.
+    same_returns = small.replace(rewards=1.0 / small.episode_lengths[small.episode_id])
+    with pytest.raises(ValueError, match="no spread of returns"):
+        RewardScaling.fit(same_returns, "return_range")

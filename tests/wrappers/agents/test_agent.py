@@ -109,6 +109,30 @@ def test_data_that_does_not_fit_is_refused_by_name(ib_data):
         fitted_bc.predict(np.zeros(7))
     with pytest.raises(AgentError, match="finite"):
         fitted_bc.predict(np.full(180, np.nan))
+    with pytest.raises(AgentError, match="reward_scaling: expected one of"):
+        fitted_bc.fit(ib_data, updates=10, chunk=10, evaluate=False, reward_scaling="max")
+
+
+def test_rewards_are_scaled_as_each_algorithm_s_paper_and_recorded(ib_data):
+    """IQL trains on rewards times 1000 / the range of episode returns (its paper's
+    scaling), the others on rewards divided by their spread; a run may choose."""
+    rewards = np.asarray(ib_data.rewards, np.float64)
+    returns = np.asarray(ib_data.episode_returns(), np.float64)
+    iql = Agent("iql", hidden=(8,))
+    iql.fit(ib_data, updates=10, chunk=10, evaluate=False)
+    assert iql.training["reward_scaling"] == "return_range"
+    np.testing.assert_allclose(
+        iql.training["reward_scale"]["scale"], 1000.0 / np.ptp(returns), rtol=1e-6
+    )
+    td3bc = Agent("td3bc", hidden=(8,))
+    td3bc.fit(ib_data, updates=10, chunk=10, evaluate=False)
+    assert td3bc.training["reward_scale"] == {
+        "kind": "std",
+        "shift": 0.0,
+        "scale": pytest.approx(1.0 / rewards.std()),
+    }
+    td3bc.fit(ib_data, updates=10, chunk=10, evaluate=False, reward_scaling="standardize")
+    assert td3bc.training["reward_scale"]["shift"] == pytest.approx(-rewards.mean())
 
 
 def test_bc_safe_learns_only_from_episodes_within_the_limits():

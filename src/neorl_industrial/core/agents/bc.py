@@ -59,10 +59,11 @@ class BCState:
 
 
 def bc_loss(predicted_t: jax.Array, action_t: jax.Array) -> jax.Array:
-    """Squared error between the policy's and the dataset's action of one transition."""
+    """Mean squared error between the policy's and the dataset's action of one
+    transition (over action dimensions, as CORL and d3rlpy)."""
     chex.assert_equal_shape([predicted_t, action_t])
     chex.assert_rank(predicted_t, 1)
-    return jnp.sum(jnp.square(predicted_t - action_t))
+    return jnp.mean(jnp.square(predicted_t - action_t))
 
 
 def make_bc(config: BCConfig, obs_size: int, action_size: int) -> Algorithm:

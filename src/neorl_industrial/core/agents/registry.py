@@ -76,6 +76,13 @@ class AlgorithmEntry:
         discrete: it acts on discrete actions.
         select_safe_data: it trains only on the episodes within the cost limits.
         summary: one line for listings.
+        reward_scaling: how its rewards are scaled for training unless a run says
+            otherwise (``REWARD_SCALINGS`` in ``functional.state_management``): IQL's is
+            its paper's ``return_range`` (rewards times 1000 / the range of episode
+            returns, which sets the scale its inverse temperature ``beta`` was tuned at);
+            the others divide by the rewards' spread (``std``): TD3+BC's actor loss is
+            invariant to the reward scale, and CQL's penalty weight was tuned on D4RL's
+            rewards, whose per-step spread is about one.
     """
 
     name: str
@@ -85,6 +92,7 @@ class AlgorithmEntry:
     discrete: bool
     summary: str
     select_safe_data: bool = False
+    reward_scaling: str = "std"
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -117,7 +125,15 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
             False,
             "TD3+BC with cost critics and PID Lagrange multipliers",
         ),
-        AlgorithmEntry("iql", make_iql, IQLConfig, False, False, "implicit Q-learning"),
+        AlgorithmEntry(
+            "iql",
+            make_iql,
+            IQLConfig,
+            False,
+            False,
+            "implicit Q-learning",
+            reward_scaling="return_range",
+        ),
         AlgorithmEntry(
             "iql-lag",
             make_iql_lag,
@@ -125,6 +141,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
             True,
             False,
             "IQL with cost critics and PID Lagrange multipliers",
+            reward_scaling="return_range",
         ),
         AlgorithmEntry(
             "cql",

@@ -122,10 +122,15 @@ class PolicyStep(NamedTuple):
 def actor_loss(
     q_t: jax.Array, policy_action_t: jax.Array, action_t: jax.Array, lmbda: jax.Array
 ) -> jax.Array:
-    """``-lambda * Q(s, pi(s)) + ||pi(s) - a||^2`` for one transition."""
+    """``-lambda * Q(s, pi(s)) + mean_i (pi(s)_i - a_i)^2`` for one transition.
+
+    The behaviour-cloning term is the mean over action dimensions, as in the paper's
+    ``MSE(pi(s), a)``, CORL and d3rlpy: a sum would weigh it by the number of actions and
+    divide the effective ``alpha`` by it.
+    """
     chex.assert_rank(q_t, 0)
     chex.assert_equal_shape([policy_action_t, action_t])
-    return -lmbda * q_t + jnp.sum(jnp.square(policy_action_t - action_t))
+    return -lmbda * q_t + jnp.mean(jnp.square(policy_action_t - action_t))
 
 
 def make_networks(config: TD3BCConfig, action_size: int) -> TD3BCNetworks:

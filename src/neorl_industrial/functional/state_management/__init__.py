@@ -3,8 +3,9 @@ TrainState of offline runs."""
 
 from neorl_industrial.functional.state_management.dataset import Dataset, split_episodes
 from neorl_industrial.functional.state_management.normalizers import (
+    REWARD_SCALINGS,
     ActionScaler,
-    Normalizer,
+    RewardScaling,
     with_action_scaling,
 )
 from neorl_industrial.functional.state_management.safety import (
@@ -31,10 +32,11 @@ from neorl_industrial.functional.state_management.train_state import (
 )
 
 __all__ = [
+    "REWARD_SCALINGS",
     "ActionScaler",
     "Batch",
     "Dataset",
-    "Normalizer",
+    "RewardScaling",
     "TrainState",
     "Windows",
     "episodes_within_limits",

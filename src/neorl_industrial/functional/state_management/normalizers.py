@@ -1,9 +1,10 @@
-"""Normalizers that travel with the data and, later, with the exported policy: observation
-statistics, reward scales, and the action scaler between a plant's units and the
-policy's [-1, 1]."""
+"""What a training run does to its data's units: the reward scaling it trains with (recorded
+with the run), and the action scaler between a plant's units and the policy's [-1, 1],
+which travels with the exported policy."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,59 +20,70 @@ from neorl_industrial.functional.state_management.dataset import Dataset
 MIN_STD = 1e-6
 
 
-@struct.dataclass
-class Normalizer:
-    """Observation standardization and reward scaling."""
+#: How rewards are scaled for training (the policy's own returns are never changed):
+#:
+#: * ``none``: as stored.
+#: * ``std``: divided by their spread over the dataset's transitions.
+#: * ``standardize``: ``(r - mean) / std`` (d3rlpy's ``StandardRewardScaler``). The shift
+#:   changes the optimal policy where episodes end early (a terminal state stops paying the
+#:   shifted reward), so it suits tasks that end by time limit only.
+#: * ``return_range``: multiplied by ``1000 / (max - min)`` of the episodes' returns, the
+#:   IQL paper's scaling for locomotion (d3rlpy's ``ReturnBasedRewardScaler(1000)``).
+REWARD_SCALINGS = ("none", "std", "standardize", "return_range")
 
-    observation_mean: jax.Array  # [obs_size]
-    observation_std: jax.Array  # [obs_size]
-    reward_scale: jax.Array  # scalar: rewards are multiplied by it
+
+@dataclasses.dataclass(frozen=True)
+class RewardScaling:
+    """The affine map ``r -> (r + shift) * scale`` that a training run applies to rewards,
+    fitted once on its data and recorded with the run (``to_dict``)."""
+
+    kind: str
+    shift: float
+    scale: float
 
     @classmethod
-    def identity(cls, observation_size: int) -> Normalizer:
-        return cls(
-            observation_mean=jnp.zeros((observation_size,), jnp.float32),
-            observation_std=jnp.ones((observation_size,), jnp.float32),
-            reward_scale=jnp.ones((), jnp.float32),
-        )
+    def fit(cls, dataset: Dataset, kind: str) -> RewardScaling:
+        """The scaling ``kind`` (one of :data:`REWARD_SCALINGS`) fitted on ``dataset``.
 
-    @classmethod
-    def fit(cls, dataset: Dataset, reward: str = "std") -> Normalizer:
-        """Fits observation statistics over the stored observations and a reward scale.
-
-        Args:
-            dataset: the data.
-            reward: ``"std"`` scales rewards to unit standard deviation, ``"return"``
-                scales the range of episode returns to 1000 (the IQL convention),
-                ``"none"`` keeps them.
+        Raises:
+            ValueError: for an unknown kind, or data whose rewards have no spread to scale
+                by (all equal, or one episode for ``return_range``), naming what to use.
         """
-        observations = dataset.observations
-        mean = observations.mean(axis=0)
-        std = observations.std(axis=0)
-        std = jnp.where(std < MIN_STD, 1.0, std)
-        if reward == "std":
-            scale = 1.0 / jnp.maximum(dataset.rewards.std(), MIN_STD)
-        elif reward == "return":
-            returns = dataset.episode_returns()
-            scale = 1000.0 / jnp.maximum(returns.max() - returns.min(), MIN_STD)
-        elif reward == "none":
-            scale = jnp.ones(())
-        else:
-            raise ValueError(f"reward: expected 'std', 'return' or 'none', got {reward!r}")
-        return cls(
-            observation_mean=mean.astype(jnp.float32),
-            observation_std=std.astype(jnp.float32),
-            reward_scale=jnp.asarray(scale, jnp.float32),
-        )
+        if kind not in REWARD_SCALINGS:
+            raise ValueError(
+                f"reward_scaling: expected one of {list(REWARD_SCALINGS)}, got {kind!r}"
+            )
+        if kind == "none":
+            return cls(kind=kind, shift=0.0, scale=1.0)
+        rewards = np.asarray(jax.device_get(dataset.rewards), np.float64)
+        if kind in ("std", "standardize"):
+            spread = float(rewards.std())
+            if not spread > MIN_STD:
+                raise ValueError(
+                    f"reward_scaling {kind!r}: every reward in the data is {rewards[0]:.6g}, "
+                    "there is no spread to scale by; use reward_scaling 'none'"
+                )
+            shift = -float(rewards.mean()) if kind == "standardize" else 0.0
+            return cls(kind=kind, shift=shift, scale=1.0 / spread)
+        returns = np.asarray(jax.device_get(dataset.episode_returns()), np.float64)
+        span = float(returns.max() - returns.min()) if returns.size else 0.0
+        if not span > MIN_STD:
+            raise ValueError(
+                f"reward_scaling 'return_range': the data's {returns.size} episode(s) have "
+                "no spread of returns to scale by (it needs episodes with different "
+                "returns); use reward_scaling 'std'"
+            )
+        return cls(kind=kind, shift=0.0, scale=1000.0 / span)
 
-    def normalize_observation(self, observation: jax.Array) -> jax.Array:
-        return (observation - self.observation_mean) / self.observation_std
+    def apply(self, dataset: Dataset) -> Dataset:
+        """``dataset`` with its rewards scaled (costs are never scaled)."""
+        if self.kind == "none":
+            return dataset
+        rewards = (dataset.rewards + self.shift) * self.scale
+        return dataset.replace(rewards=rewards.astype(dataset.rewards.dtype))
 
-    def denormalize_observation(self, observation: jax.Array) -> jax.Array:
-        return observation * self.observation_std + self.observation_mean
-
-    def scale_reward(self, reward: jax.Array) -> jax.Array:
-        return reward * self.reward_scale
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "shift": self.shift, "scale": self.scale}
 
 
 @struct.dataclass

@@ -48,8 +48,10 @@ from neorl_industrial.core.safety import (
 )
 from neorl_industrial.core.safety.shield import SafetyReport
 from neorl_industrial.functional.state_management import (
+    REWARD_SCALINGS,
     ActionScaler,
     Dataset,
+    RewardScaling,
     init_train_states,
     relabel_costs,
     select_safe_episodes,
@@ -325,7 +327,7 @@ class Agent:
         resume: bool = False,
         callbacks: Sequence[Callback] = (),
         normalize_observations: bool = True,
-        reward_scaling: str = "std",
+        reward_scaling: str | None = None,
         evaluate: bool = True,
         ope: OPESettings | None = None,
         progress: bool = False,
@@ -339,8 +341,11 @@ class Agent:
         estimates on held-out episodes (``ope``; those episodes are not trained on), at
         the end. ``evaluate=False``: never; the final policies are kept.
 
-        ``reward_scaling``: ``std`` divides rewards by their spread for training (the
-        policy's returns are unchanged); ``none`` keeps them. Costs are never scaled.
+        ``reward_scaling``: how rewards are scaled for training, one of
+        ``REWARD_SCALINGS`` (``none``, ``std``, ``standardize``, ``return_range``); None
+        takes the algorithm's own (IQL's paper scaling, ``std`` for the others). The
+        policy's returns are unchanged and costs are never scaled; the scaling used is
+        recorded in ``training["reward_scale"]`` and the exported policy's metadata.
         ``progress``: show the rich progress bar the command line shows (and say whether
         the fit is tracked in MLflow: it is when ``callbacks`` holds an ``MlflowTracker``).
 
@@ -349,8 +354,11 @@ class Agent:
             CheckpointMismatchError: when resuming from another run's checkpoint.
         """
         self.check_dataset(dataset, card)
-        if reward_scaling not in ("std", "none"):
-            raise AgentError(f"reward_scaling: expected 'std' or 'none', got {reward_scaling!r}")
+        reward_scaling = reward_scaling or self.entry.reward_scaling
+        if reward_scaling not in REWARD_SCALINGS:
+            raise AgentError(
+                f"reward_scaling: expected one of {list(REWARD_SCALINGS)}, got {reward_scaling!r}"
+            )
         data = self.training_data(dataset)
         heldout = None
         use_ope = (
@@ -383,9 +391,11 @@ class Agent:
             observations = np.asarray(jax.device_get(data.observations), np.float64)
             hyperparameters["obs_mean"] = observations.mean(0).tolist()
             hyperparameters["obs_std"] = observations.std(0).tolist()
-        if reward_scaling == "std":
-            spread = float(np.asarray(jax.device_get(data.rewards), np.float64).std())
-            data = data.replace(rewards=data.rewards / max(spread, 1e-6))
+        try:
+            reward_scale = RewardScaling.fit(data, reward_scaling)
+        except ValueError as error:
+            raise AgentError(str(error)) from None
+        data = reward_scale.apply(data)
         if self.scaler is not None:
             data = data.replace(actions=self.scaler.scale(data.actions))
         self._build(hyperparameters)
@@ -446,6 +456,7 @@ class Agent:
             "seeds": self.seeds,
             "batch_size": batch_size,
             "reward_scaling": reward_scaling,
+            "reward_scale": reward_scale.to_dict(),
             "evaluation": None
             if evaluator is None
             else ("fqe" if evaluator is ope_evaluator else "simulator"),

@@ -109,8 +109,11 @@ class TrainingSection(_Section):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     #: Standardize observations with the dataset's statistics (kept in the policy).
     normalize_observations: bool = True
-    #: ``std``: rewards divided by their spread for training; ``none``: as stored.
-    reward_scaling: Literal["std", "none"] = "std"
+    #: How rewards are scaled for training: ``none``, ``std`` (divided by their spread),
+    #: ``standardize`` (mean removed, then divided by the spread) or ``return_range``
+    #: (times 1000 / the range of episode returns); unset: the algorithm's own (IQL's
+    #: paper scaling ``return_range``, ``std`` for the others).
+    reward_scaling: Literal["none", "std", "standardize", "return_range"] | None = None
 
     @field_validator("seeds")
     @classmethod
