@@ -43,6 +43,21 @@ $(REFERENCE_VENV)/.installed:
 
 reference-env: $(REFERENCE_VENV)/.installed
 
+# d3rlpy 2.8 for the peer-parity benchmark (benchmarks/peer_parity.py runs it as a child
+# process), in an environment of its own: d3rlpy pins gymnasium 1.0 and brings torch.
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu gets the CPU-only torch.
+PEER_VENV := .venv-d3rlpy
+
+$(PEER_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEER_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(PEER_VENV)/bin/python -m pip install --quiet "d3rlpy==2.8.*" -e .
+	touch $@
+
+.PHONY: peer-env
+peer-env: $(PEER_VENV)/.installed
+
 install-dev: $(VENV)/.installed-dev
 
 run: install
