@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from neorl_industrial.core.agents.distributional import CriticConfig
 from neorl_industrial.core.agents.multipliers import (
     GradientAscentConfig,
     Multiplier,
@@ -99,6 +100,10 @@ class SafetyConfig:
         multiplier: ``"pid"`` (the default) or ``"gradient"`` (gradient ascent).
         pid: gains of the PID multiplier.
         gradient: learning rate and initial value of the gradient-ascent multiplier.
+        cost_critic: what the cost critics learn: the mean (the default) or, with
+            ``kind="iqn"``, the cost's distribution; its ``risk`` (CVaR of the upper
+            tail, Wang) is then what the actor's penalty and the multipliers see, so the
+            limit holds on the tail instead of the mean.
     """
 
     cost_limits: tuple[float, ...] = DEFAULT_COST_LIMITS
@@ -107,6 +112,7 @@ class SafetyConfig:
     multiplier: Literal["pid", "gradient"] = "pid"
     pid: PIDConfig = dataclasses.field(default_factory=PIDConfig)
     gradient: GradientAscentConfig = dataclasses.field(default_factory=GradientAscentConfig)
+    cost_critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
 
     def __post_init__(self) -> None:
         check_cost_limits(self.cost_limits)

@@ -1,8 +1,12 @@
 """Cost critics of the safe agents: for each cost channel a pair of critics of the
 discounted cost, pessimistic (the pair's larger value) wherever they bootstrap.
 
-All pairs are one :class:`CriticEnsemble` of ``2 * n_costs`` members, read as
-``[n_costs, 2, B]``. Two ways to learn them:
+All pairs are one ensemble of ``2 * n_costs`` members (``distributional.Critics``: mean
+critics, or implicit quantile networks of the cost's distribution), read as
+``[n_costs, 2, B]``. Where the policy is judged (the actor's penalty, the multiplier's
+cost value) a quantile critic gives its risk measure of the upper tail: with
+``cost_critic.risk="cvar"`` the Lagrangian holds the CVaR of the cost under the limit, not
+its mean. Two ways to learn them:
 
 * TD (TD3BC-Lag), :func:`td_targets` + :func:`critic_step`: towards
   ``c + γ max_pair Q_c^target(s', a')`` at the target policy's next action, with an
@@ -23,9 +27,18 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from neorl_industrial.core.agents.losses import critic_loss, expectile_loss
-from neorl_industrial.core.agents.networks import MLP, CriticEnsemble, polyak_average
+from neorl_industrial.core.agents.distributional import (
+    CriticConfig,
+    Critics,
+    make_critics,
+    pessimistic,
+)
+from neorl_industrial.core.agents.losses import expectile_loss
+from neorl_industrial.core.agents.networks import MLP, polyak_average
 from neorl_industrial.core.agents.types import gradient_step
+
+#: The cost critics every safe agent had: pairs of mean critics.
+MEAN_CRITIC = CriticConfig()
 
 __all__ = [
     "CostCriticState",
@@ -47,14 +60,21 @@ __all__ = [
 class CostCritics(NamedTuple):
     """The ensemble of cost-critic pairs and its optimizer."""
 
-    network: CriticEnsemble
+    critics: Critics
     optimizer: optax.GradientTransformation
     n_costs: int
 
-    def q_values(self, params: Any, observations: jax.Array, actions: jax.Array) -> jax.Array:
-        """``[n_costs, 2, B]``."""
-        values = self.network.apply(params, observations, actions)
+    def _pairs(self, values: jax.Array) -> jax.Array:
         return values.reshape(self.n_costs, 2, *values.shape[1:])
+
+    def q_values(self, params: Any, observations: jax.Array, actions: jax.Array) -> jax.Array:
+        """``[n_costs, 2, B]`` expected discounted costs."""
+        return self._pairs(self.critics.values(params, observations, actions))
+
+    def risk_values(self, params: Any, observations: jax.Array, actions: jax.Array) -> jax.Array:
+        """``[n_costs, 2, B]`` the cost critics' risk measure of the upper tail (the
+        expectation for mean critics and a neutral measure)."""
+        return self._pairs(self.critics.risk_values(params, observations, actions, upper=True))
 
 
 @struct.dataclass
@@ -66,9 +86,14 @@ class CostCriticState:
     critic_opt_state: optax.OptState
 
 
-def make_cost_critics(hidden: Sequence[int], n_costs: int, learning_rate: float) -> CostCritics:
+def make_cost_critics(
+    hidden: Sequence[int],
+    n_costs: int,
+    learning_rate: float,
+    critic: CriticConfig = MEAN_CRITIC,
+) -> CostCritics:
     return CostCritics(
-        network=CriticEnsemble(hidden=tuple(hidden), n_critics=2 * n_costs),
+        critics=make_critics(critic, hidden, 2 * n_costs),
         optimizer=optax.adam(learning_rate),
         n_costs=n_costs,
     )
@@ -77,8 +102,7 @@ def make_cost_critics(hidden: Sequence[int], n_costs: int, learning_rate: float)
 def init_cost_critics(
     critics: CostCritics, key: jax.Array, obs_size: int, action_size: int
 ) -> CostCriticState:
-    observation = jnp.zeros((obs_size,), jnp.float32)
-    critic = critics.network.init(key, observation, jnp.zeros((action_size,)))
+    critic = critics.critics.init(key, obs_size, action_size)
     return CostCriticState(
         critic=critic, target_critic=critic, critic_opt_state=critics.optimizer.init(critic)
     )
@@ -91,10 +115,16 @@ def td_targets(
     discounts: jax.Array,
     next_observations: jax.Array,
     next_actions: jax.Array,
+    key: jax.Array | None = None,
 ) -> jax.Array:
-    """``c + γ max_pair Q_c^target(s', a')``, ``[n_costs, B]``; ``costs`` is ``[B, n_costs]``."""
-    next_qc = critics.q_values(state.target_critic, next_observations, next_actions)
-    return jax.lax.stop_gradient(costs.T + discounts * jnp.max(next_qc, axis=1))
+    """``c + γ max_pair Q_c^target(s', a')``, ``[n_costs, B, N']``; ``costs`` is
+    ``[B, n_costs]``. For quantile critics the pair's member with the higher mean gives its
+    ``N'`` quantiles at fractions drawn with ``key``; mean critics give ``N' = 1``."""
+    next_qc = critics.critics.target_distribution(
+        state.target_critic, next_observations, next_actions, key
+    )  # [2 n_costs, B, N']
+    worst = jax.vmap(lambda pair: pessimistic(pair, highest=True))(critics._pairs(next_qc))
+    return jax.lax.stop_gradient(costs.T[..., None] + discounts[:, None] * worst)
 
 
 def critic_step(
@@ -105,31 +135,36 @@ def critic_step(
     targets: jax.Array,
     floor: float = 0.0,
     policy_actions: jax.Array | None = None,
+    key: jax.Array | None = None,
 ) -> tuple[CostCriticState, jax.Array, jax.Array]:
-    """One step of every pair towards its channel's ``targets`` (``[n_costs, B]``).
+    """One step of every pair towards its channel's ``targets`` (``[n_costs, B]`` or
+    ``[n_costs, B, N']``).
 
     Args:
         floor: weight of a penalty on the estimate at ``policy_actions`` falling below
             that at the data's ``actions`` (0: off; a Python number, static).
         policy_actions: the policy's actions, needed when ``floor`` is positive.
+        key: the fractions quantile critics draw.
 
     Returns:
         ``(state, loss, qc)`` with the online critics stepped (the target is left to
         :func:`soft_update`); ``qc`` is ``[n_costs, 2, B]`` before the step.
     """
-    pairs = jax.vmap(critic_loss, in_axes=(1, 0))
+    targets = targets if targets.ndim == 3 else targets[..., None]
 
     def objective(params: Any) -> tuple[jax.Array, jax.Array]:
-        qc = critics.q_values(params, observations, actions)  # [n_costs, 2, B]
-        loss = jnp.mean(jnp.sum(jax.vmap(pairs)(qc, targets), axis=0))
+        loss, qc = critics.critics.td_loss(
+            params, observations, actions, targets, key, groups=critics.n_costs
+        )
         if floor > 0.0:
             # The policy's actions are off the data, where a critic trained on the data
             # can be arbitrarily optimistic about cost and the actor would exploit it:
             # their estimate is held no lower than that of the data's action.
+            at_data = critics.q_values(params, observations, actions)
             qc_policy = critics.q_values(params, observations, policy_actions)
-            shortfall = jax.nn.relu(jax.lax.stop_gradient(qc) - qc_policy)
+            shortfall = jax.nn.relu(jax.lax.stop_gradient(at_data) - qc_policy)
             loss = loss + floor * jnp.mean(jnp.sum(shortfall, axis=(0, 1)))
-        return loss, qc
+        return loss, critics._pairs(qc)
 
     critic, opt_state, loss, qc = gradient_step(
         objective, state.critic, critics.optimizer, state.critic_opt_state
@@ -181,9 +216,10 @@ def make_in_sample_cost_critics(
     value_lr: float,
     critic_lr: float,
     expectile: float,
+    critic: CriticConfig = MEAN_CRITIC,
 ) -> InSampleCostCritics:
     return InSampleCostCritics(
-        critics=make_cost_critics(hidden, n_costs, critic_lr),
+        critics=make_cost_critics(hidden, n_costs, critic_lr, critic),
         value_network=MLP(tuple(hidden), output_size=n_costs),
         value_optimizer=optax.adam(value_lr),
         expectile=expectile,
@@ -216,10 +252,15 @@ def in_sample_step(
     costs: jax.Array,
     discounts: jax.Array,
     next_observations: jax.Array,
+    key: jax.Array | None = None,
 ) -> tuple[InSampleCostState, InSampleCostStep]:
     """The cost value by expectile regression on the pairs' larger target value, then the
-    critics towards ``c + γ V_c(s')`` with the new value (IQL's order)."""
-    target_qc = jnp.max(model.critics.q_values(state.target_critic, observations, actions), 1)
+    critics towards ``c + γ V_c(s')`` with the new value (IQL's order).
+
+    Quantile critics learn the distribution of ``c + γ V_c(s')`` (fractions drawn with
+    ``key``), and the value regresses on their risk measure of its upper tail: with CVaR
+    the value is an iterated, time-consistent CVaR of the cost."""
+    target_qc = jnp.max(model.critics.risk_values(state.target_critic, observations, actions), 1)
     expectile = jax.vmap(expectile_loss, in_axes=(0, None))
 
     def value_objective(value: Any) -> tuple[jax.Array, jax.Array]:
@@ -234,5 +275,5 @@ def in_sample_step(
         costs.T + discounts * model.cost_values(value, next_observations)
     )
     state = state.replace(value=value, value_opt_state=value_opt_state)
-    state, q_loss, _ = critic_step(model.critics, state, observations, actions, targets)
+    state, q_loss, _ = critic_step(model.critics, state, observations, actions, targets, key=key)
     return state, InSampleCostStep(value_loss, q_loss, target_qc, vc)

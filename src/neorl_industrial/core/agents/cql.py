@@ -6,6 +6,11 @@ dataset's actions. The Lagrangian variant (CQL-alpha) tunes the penalty's weight
 gap between the two meets ``target_action_gap``. Defaults follow CORL: policy lr 3e-5,
 critic lr 3e-4, 10 sampled actions, penalty weight 10, temperature 1, tau 5e-3, automatic
 entropy tuning towards ``-action_size``, no entropy in the backup.
+
+With ``critic.kind="iqn"`` the critics are implicit quantile networks and the agent is
+CODAC's (Ma et al., 2021): quantile TD towards the pessimistic member's target
+distribution, the conservative penalty applied at every sampled fraction, and the actor
+maximizing the critics' risk measure (``critic.risk``: CVaR, Wang) of the return.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from neorl_industrial.core.agents.distributional import CriticConfig, make_critics, pessimistic
 from neorl_industrial.core.agents.networks import (
-    CriticEnsemble,
     ObservationNormalizer,
     PolicyParams,
     TanhGaussianActor,
@@ -55,6 +60,7 @@ class CQLConfig:
     target_action_gap: float = 5.0
     alpha_prime_lr: float = 3e-4
     bc_steps: int = 0
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
     obs_mean: tuple[float, ...] | None = None
     obs_std: tuple[float, ...] | None = None
 
@@ -106,7 +112,7 @@ def cql_gap(q_data_t: jax.Array, q_sampled_t: jax.Array, temperature: float) -> 
 def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
     """CQL as ``Algorithm(init, update, act)``."""
     actor = TanhGaussianActor(action_size, config.hidden)
-    critic_network = CriticEnsemble(hidden=config.hidden, n_critics=2)
+    critics = make_critics(config.critic, config.hidden, 2)
     actor_optimizer = optax.adam(config.actor_lr)
     critic_optimizer = optax.adam(config.critic_lr)
     alpha_optimizer = optax.adam(config.alpha_lr)
@@ -119,7 +125,7 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
         actor_key, critic_key = jax.random.split(key)
         observation = jnp.zeros((obs_size,), jnp.float32)
         actor_params = actor.init(actor_key, observation)
-        critic = critic_network.init(critic_key, observation, jnp.zeros((action_size,)))
+        critic = critics.init(critic_key, obs_size, action_size)
         normalizer = ObservationNormalizer.from_config(config, obs_size)
         zero = jnp.zeros((), jnp.float32)
         return CQLState(
@@ -148,7 +154,7 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
 
         def actor_objective(actor_params: Any) -> tuple[jax.Array, jax.Array]:
             actions, log_pi = actor.sample(actor_params, observations, policy_key)
-            q = jnp.min(critic_network.apply(state.critic, observations, actions), axis=0)
+            q = jnp.min(critics.risk_values(state.critic, observations, actions), axis=0)
             if config.bc_steps == 0:
                 return jnp.mean(alpha * log_pi - q), log_pi
             data_log_prob = actor.log_prob(actor_params, observations, batch.actions)
@@ -169,11 +175,16 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
         log_alpha = optax.apply_updates(state.log_alpha, updates)
 
         # Critic: TD towards the target critics, plus the conservative penalty.
-        next_actions, _ = actor.sample(actor_params, next_observations, next_key)
-        target_q = jnp.min(
-            critic_network.apply(state.target_critic, next_observations, next_actions), axis=0
+        target_key, fraction_key = (
+            jax.random.split(jax.random.fold_in(key, 1)) if critics.distributional else (None, None)
         )
-        targets = jax.lax.stop_gradient(batch.rewards + batch.discounts * target_q)
+        next_actions, _ = actor.sample(actor_params, next_observations, next_key)
+        next_values = critics.target_distribution(
+            state.target_critic, next_observations, next_actions, target_key
+        )  # [2, B, N']
+        targets = jax.lax.stop_gradient(
+            batch.rewards[:, None] + batch.discounts[:, None] * pessimistic(next_values)
+        )
 
         # n actions per observation: the actor runs once per observation and the critics
         # project each observation once for all its actions (actions [n, B, act]).
@@ -193,13 +204,10 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
 
         def critic_objective(critic: Any):
             current_actions, current_log_pi, next_sampled, next_log_pi = sampled
-            # The dataset's action and the 3n proposals in one pass: [2, 1 + 3n, B].
+            # The dataset's action and the 3n proposals in one pass.
             every_action = jnp.concatenate(
                 [batch.actions[None], random_actions, current_actions, next_sampled], axis=0
             )
-            q_all = critic_network.apply(critic, observations, every_action)
-            q_data = q_all[:, 0]  # [2, B]
-            td = jnp.mean(jnp.sum(jnp.square(q_data - targets[None]), axis=0))
             log_densities = jnp.concatenate(
                 [
                     jnp.full((config.n_actions, batch_size), uniform_log_density),
@@ -208,11 +216,29 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
                 ],
                 axis=0,
             )
-            q_sampled = q_all[:, 1:] - log_densities[None]  # [2, 3n, B]
-            gaps = jax.vmap(cql_gap, in_axes=(1, 2, None))(
-                q_data, q_sampled, config.temperature
-            )  # [B, 2]
-            gap = jnp.mean(gaps, axis=0)  # per critic
+            if critics.distributional:
+                # CODAC: quantiles at fractions drawn per transition, the penalty's soft
+                # maximum taken at every fraction: [2, 1 + 3n, B, N].
+                fractions = jax.random.uniform(
+                    fraction_key, (batch_size, config.critic.n_quantiles)
+                )
+                q_all = critics.network.apply(critic, observations, every_action, fractions)
+                td = critics.quantile_loss(q_all[:, 0], fractions, targets)
+                q_sampled = q_all[:, 1:] - log_densities[None, ..., None]
+                gaps = jax.vmap(jax.vmap(cql_gap, in_axes=(1, 2, None)), in_axes=(2, 3, None))(
+                    q_all[:, 0], q_sampled, config.temperature
+                )  # [N, B, 2]
+                gap = jnp.mean(gaps, axis=(0, 1))
+                q_data = jnp.mean(q_all[:, 0], axis=-1)
+            else:
+                q_all = critics.network.apply(critic, observations, every_action)  # [2, 1+3n, B]
+                q_data = q_all[:, 0]  # [2, B]
+                td = jnp.mean(jnp.sum(jnp.square(q_data - targets[None, :, 0]), axis=0))
+                q_sampled = q_all[:, 1:] - log_densities[None]  # [2, 3n, B]
+                gaps = jax.vmap(cql_gap, in_axes=(1, 2, None))(
+                    q_data, q_sampled, config.temperature
+                )  # [B, 2]
+                gap = jnp.mean(gaps, axis=0)  # per critic
             if config.lagrange:
                 penalty = alpha_prime * config.cql_alpha * (gap - config.target_action_gap)
             else:

@@ -5,6 +5,11 @@ Defaults are CORL's: (256, 256) networks, Adam at 3e-4, expectile 0.7, inverse
 temperature 3.0, exponentiated advantages clipped at 100, tau 0.005, a Gaussian policy
 with a tanh mean and a state-independent standard deviation.
 
+The critics are mean critics, or with ``critic.kind="iqn"`` implicit quantile networks
+(``distributional.py``) of the one-step target ``r + γ V(s')``. Their risk measure
+(``critic.risk``) is what the value regresses on, so with CVaR the value is an iterated,
+time-consistent CVaR of the return and the advantages favour actions with a better tail.
+
 The update is written as building blocks that a variant reuses (``iql_lag.py``):
 :func:`value_and_critic_step` (IQL's in-sample value learning) and :func:`actor_step`,
 advantage-weighted regression on whatever advantage the caller gives it.
@@ -22,10 +27,10 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from neorl_industrial.core.agents.distributional import CriticConfig, Critics, make_critics
 from neorl_industrial.core.agents.losses import critic_loss, expectile_loss
 from neorl_industrial.core.agents.networks import (
     MLP,
-    CriticEnsemble,
     ObservationNormalizer,
     PolicyParams,
     check_observation_stats,
@@ -65,6 +70,7 @@ class IQLConfig:
     beta: float = 3.0
     max_exp_advantage: float = 100.0
     tau: float = 0.005
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
     obs_mean: tuple[float, ...] | None = None
     obs_std: tuple[float, ...] | None = None
 
@@ -112,7 +118,7 @@ class IQLNetworks(NamedTuple):
 
     actor: GaussianActor
     value: MLP
-    critic: CriticEnsemble
+    critic: Critics
     actor_optimizer: optax.GradientTransformation
     value_optimizer: optax.GradientTransformation
     critic_optimizer: optax.GradientTransformation
@@ -141,7 +147,7 @@ def make_networks(config: IQLConfig, action_size: int) -> IQLNetworks:
     return IQLNetworks(
         actor=GaussianActor(action_size, config.hidden),
         value=MLP(config.hidden, output_size=1),
-        critic=CriticEnsemble(hidden=config.hidden, n_critics=2),
+        critic=make_critics(config.critic, config.hidden, 2),
         actor_optimizer=optax.adam(config.actor_lr),
         value_optimizer=optax.adam(config.value_lr),
         critic_optimizer=optax.adam(config.critic_lr),
@@ -163,7 +169,7 @@ def init_state(
     observation = jnp.zeros((obs_size,), jnp.float32)
     actor = networks.actor.init(actor_key, observation)
     value = networks.value.init(value_key, observation)
-    critic = networks.critic.init(critic_key, observation, jnp.zeros((action_size,)))
+    critic = networks.critic.init(critic_key, obs_size, action_size)
     normalizer = ObservationNormalizer.from_config(config, obs_size)
     return state_type(
         policy=PolicyParams(actor=actor, normalizer=normalizer),
@@ -185,11 +191,14 @@ def value_and_critic_step(
     batch: Batch,
     observations: jax.Array,
     next_observations: jax.Array,
+    key: jax.Array | None = None,
 ) -> tuple[IQLState, ValueStep]:
-    """The value by expectile regression on ``min Q_target(s, a)``, then the critics
-    towards ``r + γ V(s')`` with the new value; the target critics are left to the caller."""
+    """The value by expectile regression on ``min Q_target(s, a)`` (the critics' risk
+    measure), then the critics towards ``r + γ V(s')`` with the new value (quantile
+    critics draw their fractions with ``key``); the target critics are left to the
+    caller."""
     target_q = jnp.min(
-        networks.critic.apply(state.target_critic, observations, batch.actions), axis=0
+        networks.critic.risk_values(state.target_critic, observations, batch.actions), axis=0
     )
 
     def value_objective(value: Any) -> tuple[jax.Array, jax.Array]:
@@ -203,9 +212,8 @@ def value_and_critic_step(
     targets = batch.rewards + batch.discounts * networks.value_apply(value, next_observations)
     targets = jax.lax.stop_gradient(targets)
 
-    def critic_objective(critic: Any) -> tuple[jax.Array, None]:
-        q = networks.critic.apply(critic, observations, batch.actions)  # [2, B]
-        return jnp.mean(jax.vmap(critic_loss, in_axes=(1, 0))(q, targets)), None
+    def critic_objective(critic: Any) -> tuple[jax.Array, jax.Array]:
+        return networks.critic.td_loss(critic, observations, batch.actions, targets, key)
 
     critic, critic_opt_state, c_loss, _ = gradient_step(
         critic_objective, state.critic, networks.critic_optimizer, state.critic_opt_state
@@ -266,13 +274,15 @@ def make_iql(config: IQLConfig, obs_size: int, action_size: int) -> Algorithm:
         return init_state(networks, config, obs_size, action_size, actor_key, value_key, critic_key)
 
     def update(state: IQLState, batch: Batch, key: jax.Array) -> tuple[IQLState, Metrics]:
-        del key  # IQL's update is deterministic given the batch
+        # Mean critics make the update deterministic given the batch; quantile critics
+        # draw their fractions.
+        key = key if config.critic.distributional else None
         chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
         normalize = state.policy.normalizer
         observations = normalize(batch.observations)
         next_observations = normalize(batch.next_observations)
         state, values = value_and_critic_step(
-            networks, config, state, batch, observations, next_observations
+            networks, config, state, batch, observations, next_observations, key
         )
         advantages = values.target_q - values.value
         state, a_loss, _ = actor_step(

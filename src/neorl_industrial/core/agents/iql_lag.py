@@ -5,9 +5,10 @@ Reward value and critics are IQL's (``iql.py``). For each cost channel a cost va
 ``Q_c`` (towards ``c + γ V_c(s')``) are learned in-sample (``cost_critics.py``). The actor
 is IQL's advantage-weighted regression on the Lagrangian advantage
 ``(Q_r - V_r) - sum_c λ_c (Q_c - V_c)``; the multipliers (PID by default, ``cost.py``)
-step on the policy's estimated cost value ``Q_c(s, π(s))`` against the threshold that
-each episode cost limit implies (OSRL's semantics). The limits are traced leaves of the
-state (:func:`~neorl_industrial.core.agents.cost.with_cost_limits`).
+step on the policy's estimated cost value ``Q_c(s, π(s))`` (with quantile cost critics,
+``cost_critic.kind="iqn"``, its risk measure of the upper tail, e.g. CVaR) against the
+threshold that each episode cost limit implies (OSRL's semantics). The limits are traced
+leaves of the state (:func:`~neorl_industrial.core.agents.cost.with_cost_limits`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,12 @@ def make_iql_lag(config: IQLLagConfig, obs_size: int, action_size: int) -> Algor
     n_costs = len(config.cost_limits)
     networks = iql.make_networks(config, action_size)
     costs = cost_critics.make_in_sample_cost_critics(
-        config.hidden, n_costs, config.value_lr, config.critic_lr, config.cost_expectile
+        config.hidden,
+        n_costs,
+        config.value_lr,
+        config.critic_lr,
+        config.cost_expectile,
+        config.cost_critic,
     )
     lagrangian = make_lagrangian(config)
     base = iql.make_iql(config, obs_size, action_size)  # acting is IQL's
@@ -77,7 +83,10 @@ def make_iql_lag(config: IQLLagConfig, obs_size: int, action_size: int) -> Algor
         )
 
     def update(state: IQLLagState, batch: Batch, key: jax.Array) -> tuple[IQLLagState, Metrics]:
-        del key  # deterministic given the batch
+        # Deterministic given the batch, but for the fractions quantile critics draw.
+        critic_key, cost_key = jax.random.split(key)
+        critic_key = critic_key if config.critic.distributional else None
+        cost_key = cost_key if config.cost_critic.distributional else None
         chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
         chex.assert_shape(batch.costs, (batch.rewards.shape[0], n_costs))
         normalize = state.policy.normalizer
@@ -85,7 +94,7 @@ def make_iql_lag(config: IQLLagConfig, obs_size: int, action_size: int) -> Algor
         next_observations = normalize(batch.next_observations)
 
         state, values = iql.value_and_critic_step(
-            networks, config, state, batch, observations, next_observations
+            networks, config, state, batch, observations, next_observations, critic_key
         )
         cost_state, cost_values = cost_critics.in_sample_step(
             costs,
@@ -95,6 +104,7 @@ def make_iql_lag(config: IQLLagConfig, obs_size: int, action_size: int) -> Algor
             batch.costs,
             batch.discounts,
             next_observations,
+            cost_key,
         )
         multiplier = state.lagrangian.multiplier
         advantages = (values.target_q - values.value) - multiplier @ (
@@ -106,7 +116,7 @@ def make_iql_lag(config: IQLLagConfig, obs_size: int, action_size: int) -> Algor
 
         policy_actions = jax.lax.stop_gradient(jnp.clip(policy_mean, -1.0, 1.0))
         policy_cost = jnp.mean(
-            costs.critics.q_values(cost_state.critic, observations, policy_actions), axis=(1, 2)
+            costs.critics.risk_values(cost_state.critic, observations, policy_actions), axis=(1, 2)
         )
         new_state = iql.finish_update(config, state).replace(
             cost_critics=cost_critics.soft_update(cost_state, config.tau),

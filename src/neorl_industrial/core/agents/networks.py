@@ -7,6 +7,7 @@ policy carries everything it needs to act on raw plant observations.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -170,20 +171,55 @@ def _critic_forward(
     return jnp.squeeze(x, axis=-1)
 
 
-def _critic_layers(
-    module: nn.Module, hidden: Sequence[int], in_size: int, ensemble: int | None
+def critic_layers(
+    module: nn.Module,
+    hidden: Sequence[int],
+    in_size: int,
+    ensemble: int | None,
+    output: bool = True,
 ) -> list[tuple[jax.Array, jax.Array]]:
-    """Declares the critic's parameters ``layer_i/{kernel, bias}`` (with a leading
-    ensemble axis when ``ensemble`` is set), initialized as flax's ``Dense``."""
+    """Declares a critic's parameters ``layer_i/{kernel, bias}`` (with a leading ensemble
+    axis when ``ensemble`` is set), initialized as flax's ``Dense``: the hidden layers and,
+    with ``output``, the one-unit output layer."""
     lead = () if ensemble is None else (ensemble,)
     kernel_init = nn.initializers.lecun_normal(batch_axis=(0,) if lead else ())
     layers = []
-    for i, width in enumerate((*hidden, 1)):
+    for i, width in enumerate((*hidden, 1) if output else tuple(hidden)):
         kernel = module.param(f"layer_{i}_kernel", kernel_init, (*lead, in_size, width))
         bias = module.param(f"layer_{i}_bias", nn.initializers.zeros, (*lead, width))
         layers.append((kernel, bias))
         in_size = width
     return layers
+
+
+def over_members(
+    forward: Callable[[Any], jax.Array],
+    params: Any,
+    n_critics: int,
+    members: int | None,
+    batched: bool | None,
+) -> jax.Array:
+    """``forward`` of each of the first ``members`` (all by default) of an ensemble whose
+    parameter leaves have a leading member axis, stacked on a new leading axis.
+
+    On a CPU the members run one after the other, each as plain matrix products (XLA's
+    CPU backend runs separate products faster than one batched product); elsewhere
+    (``batched=None`` decides by backend) as one ``vmap``.
+    """
+    count = n_critics if members is None else members
+    if not 1 <= count <= n_critics:
+        raise ValueError(f"members: expected 1..{n_critics}, got {members}")
+    params = jax.tree.map(lambda leaf: leaf[:count], params)
+    batched = jax.default_backend() != "cpu" if batched is None else batched
+    if batched:
+        return jax.vmap(forward)(params)
+    return jnp.stack(
+        [forward(jax.tree.map(functools.partial(_member, i), params)) for i in range(count)]
+    )
+
+
+def _member(index: int, leaf: jax.Array) -> jax.Array:
+    return leaf[index]
 
 
 class Critic(nn.Module):
@@ -200,7 +236,7 @@ class Critic(nn.Module):
     @nn.compact
     def __call__(self, observation: jax.Array, action: jax.Array) -> jax.Array:
         in_size = observation.shape[-1] + action.shape[-1]
-        layers = _critic_layers(self, self.hidden, in_size, None)
+        layers = critic_layers(self, self.hidden, in_size, None)
         return _critic_forward(layers, observation, action, self.activation)
 
 
@@ -208,9 +244,7 @@ class CriticEnsemble(nn.Module):
     """``n_critics`` independent critics with parameters stacked on a leading axis.
 
     The output has shape ``[n_critics, *leading]`` (leading axes broadcast as in
-    :class:`Critic`). On a CPU the critics are evaluated one after the other, each as
-    plain matrix products (XLA's CPU backend runs separate products faster than one
-    batched product); elsewhere (``batched=None`` decides by backend) as one ``vmap``.
+    :class:`Critic`); the members run as :func:`over_members` says.
 
     Attributes:
         hidden: widths of the hidden layers.
@@ -231,26 +265,13 @@ class CriticEnsemble(nn.Module):
     ) -> jax.Array:
         """Values of the first ``members`` critics (all by default)."""
         in_size = observation.shape[-1] + action.shape[-1]
-        layers = _critic_layers(self, self.hidden, in_size, self.n_critics)
-        count = self.n_critics if members is None else members
-        if not 1 <= count <= self.n_critics:
-            raise ValueError(f"members: expected 1..{self.n_critics}, got {members}")
-        layers = [(kernel[:count], bias[:count]) for kernel, bias in layers]
-        batched = jax.default_backend() != "cpu" if self.batched is None else self.batched
-        if batched:
-            return jax.vmap(
-                lambda member: _critic_forward(member, observation, action, self.activation)
-            )(layers)
-        return jnp.stack(
-            [
-                _critic_forward(
-                    [(kernel[i], bias[i]) for kernel, bias in layers],
-                    observation,
-                    action,
-                    self.activation,
-                )
-                for i in range(count)
-            ]
+        layers = critic_layers(self, self.hidden, in_size, self.n_critics)
+        return over_members(
+            lambda member: _critic_forward(member, observation, action, self.activation),
+            layers,
+            self.n_critics,
+            members,
+            self.batched,
         )
 
 

@@ -4,6 +4,11 @@ Defaults are CORL's: (256, 256) networks, Adam at 3e-4, tau 0.005, target policy
 0.2 clipped at 0.5, a policy update every 2 critic updates, alpha 2.5. The discount comes
 with the batch (``discounts`` is gamma^k, or 0 after a terminal state).
 
+The critics are mean critics, or implicit quantile networks with ``critic.kind="iqn"``
+(``distributional.py``); with a risk measure (``critic.risk``: CVaR, Wang) the actor
+maximizes that measure of the return distribution instead of its mean, as O-RAAC does
+with its distributional critic.
+
 The update is written as building blocks that a variant reuses (``td3bc_lag.py``):
 :func:`target_actions`, :func:`critic_step`, and the delayed :func:`policy_step`, whose
 actor objective takes an extra term to subtract from ``Q`` (a Lagrangian cost penalty).
@@ -21,10 +26,14 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from neorl_industrial.core.agents.losses import critic_loss
+from neorl_industrial.core.agents.distributional import (
+    CriticConfig,
+    Critics,
+    make_critics,
+    pessimistic,
+)
 from neorl_industrial.core.agents.networks import (
     MLP,
-    CriticEnsemble,
     ObservationNormalizer,
     PolicyParams,
     check_observation_stats,
@@ -40,7 +49,6 @@ __all__ = [
     "TD3BCState",
     "actor_loss",
     "apply_policy_step",
-    "critic_loss",
     "critic_step",
     "held_policy_step",
     "init_state",
@@ -48,6 +56,7 @@ __all__ = [
     "make_networks",
     "make_td3bc",
     "policy_step",
+    "split_for_critics",
     "target_actions",
 ]
 
@@ -68,6 +77,7 @@ class TD3BCConfig:
     noise_clip: float = 0.5
     policy_freq: int = 2
     alpha: float = 2.5
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
     obs_mean: tuple[float, ...] | None = None
     obs_std: tuple[float, ...] | None = None
 
@@ -100,7 +110,7 @@ class TD3BCNetworks(NamedTuple):
     """The deterministic actor, the twin critics and their optimizers."""
 
     actor: MLP
-    critic: CriticEnsemble
+    critic: Critics
     actor_optimizer: optax.GradientTransformation
     critic_optimizer: optax.GradientTransformation
 
@@ -136,7 +146,7 @@ def actor_loss(
 def make_networks(config: TD3BCConfig, action_size: int) -> TD3BCNetworks:
     return TD3BCNetworks(
         actor=MLP(hidden=config.hidden, output_size=action_size),
-        critic=CriticEnsemble(hidden=config.hidden, n_critics=2),
+        critic=make_critics(config.critic, config.hidden, 2),
         actor_optimizer=optax.adam(config.actor_lr),
         critic_optimizer=optax.adam(config.critic_lr),
     )
@@ -155,7 +165,7 @@ def init_state(
     """A fresh state; ``state_type`` (a subclass) is built with the ``extra`` fields."""
     observation = jnp.zeros((obs_size,), jnp.float32)
     actor = networks.actor.init(actor_key, observation)
-    critic = networks.critic.init(critic_key, observation, jnp.zeros((action_size,)))
+    critic = networks.critic.init(critic_key, obs_size, action_size)
     return state_type(
         policy=PolicyParams(
             actor=actor, normalizer=ObservationNormalizer.from_config(config, obs_size)
@@ -195,20 +205,27 @@ def critic_step(
     observations: jax.Array,
     next_observations: jax.Array,
     next_actions: jax.Array,
+    key: jax.Array | None = None,
 ) -> tuple[TD3BCState, jax.Array, jax.Array]:
-    """One TD step of the twin critics towards ``r + γ min Q_target(s', a')``.
+    """One TD step of the twin critics towards ``r + γ min Q_target(s', a')`` (for
+    quantile critics: towards the target distribution of the member with the lower mean).
+
+    Args:
+        key: the fractions a quantile critic draws (unused by mean critics).
 
     Returns:
         ``(state, loss, q)`` with the critics and their optimizer stepped; ``q`` is
         ``[2, B]`` before the step.
     """
-    next_q = networks.critic.apply(state.target_critic, next_observations, next_actions)
-    targets = batch.rewards + batch.discounts * jnp.min(next_q, axis=0)
+    target_key, online_key = jax.random.split(key) if key is not None else (None, None)
+    next_values = networks.critic.target_distribution(
+        state.target_critic, next_observations, next_actions, target_key
+    )  # [2, B, N']
+    targets = batch.rewards[:, None] + batch.discounts[:, None] * pessimistic(next_values)
     targets = jax.lax.stop_gradient(targets)
 
     def objective(critic: Any) -> tuple[jax.Array, jax.Array]:
-        q = networks.critic.apply(critic, observations, batch.actions)  # [2, B]
-        return jnp.mean(jax.vmap(critic_loss, in_axes=(1, 0))(q, targets)), q
+        return networks.critic.td_loss(critic, observations, batch.actions, targets, online_key)
 
     critic, opt_state, loss, q = gradient_step(
         objective, state.critic, networks.critic_optimizer, state.critic_opt_state
@@ -224,7 +241,8 @@ def policy_step(
     actions: jax.Array,
     penalty: Penalty | None = None,
 ) -> PolicyStep:
-    """The delayed step: the actor on ``-λ (Q - penalty) + BC`` against ``state.critic``,
+    """The delayed step: the actor on ``-λ (Q - penalty) + BC`` against ``state.critic``
+    (``Q`` is the critic's risk measure: its mean unless ``critic.risk`` says otherwise),
     then the Polyak targets of actor and critics.
 
     ``λ = alpha / mean(|Q| + scale)``: TD3+BC's normalization over the magnitude of both
@@ -233,7 +251,7 @@ def policy_step(
 
     def objective(actor: Any) -> tuple[jax.Array, Any]:
         policy_actions = networks.act(actor, observations)
-        q = networks.critic.apply(state.critic, observations, policy_actions, members=1)[0]
+        q = networks.critic.risk_values(state.critic, observations, policy_actions, members=1)[0]
         scale = jnp.mean(jnp.abs(q))
         aux = None
         if penalty is not None:
@@ -285,6 +303,16 @@ def is_policy_update(config: TD3BCConfig, state: TD3BCState) -> jax.Array:
     return state.step % config.policy_freq == 0
 
 
+def split_for_critics(config: TD3BCConfig, key: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    """``(noise_key, critic_key)``: the update's key for the target policy noise, and one
+    for the fractions of quantile critics (None for mean critics, whose updates draw the
+    same noise as they always did)."""
+    if not config.critic.distributional:
+        return key, None
+    noise_key, critic_key = jax.random.split(key)
+    return noise_key, critic_key
+
+
 def make_td3bc(config: TD3BCConfig, obs_size: int, action_size: int) -> Algorithm:
     """TD3+BC as ``Algorithm(init, update, act)``."""
     networks = make_networks(config, action_size)
@@ -298,9 +326,10 @@ def make_td3bc(config: TD3BCConfig, obs_size: int, action_size: int) -> Algorith
         normalize = state.policy.normalizer
         observations = normalize(batch.observations)
         next_observations = normalize(batch.next_observations)
-        next_actions = target_actions(networks, config, state, next_observations, key)
+        noise_key, critic_key = split_for_critics(config, key)
+        next_actions = target_actions(networks, config, state, next_observations, noise_key)
         state, c_loss, q = critic_step(
-            networks, state, batch, observations, next_observations, next_actions
+            networks, state, batch, observations, next_observations, next_actions, critic_key
         )
         step = jax.lax.cond(
             is_policy_update(config, state),

@@ -73,7 +73,9 @@ def make_td3bc_lag(config: TD3BCLagConfig, obs_size: int, action_size: int) -> A
     """TD3BC-Lag as ``Algorithm(init, update, act)``."""
     n_costs = len(config.cost_limits)
     networks = td3bc.make_networks(config, action_size)
-    costs = cost_critics.make_cost_critics(config.hidden, n_costs, config.cost_critic_lr)
+    costs = cost_critics.make_cost_critics(
+        config.hidden, n_costs, config.cost_critic_lr, config.cost_critic
+    )
     lagrangian = make_lagrangian(config)
     base = td3bc.make_td3bc(config, obs_size, action_size)  # acting is TD3+BC's
 
@@ -98,12 +100,24 @@ def make_td3bc_lag(config: TD3BCLagConfig, obs_size: int, action_size: int) -> A
         observations = normalize(batch.observations)
         next_observations = normalize(batch.next_observations)
 
-        next_actions = td3bc.target_actions(networks, config, state, next_observations, key)
+        noise_key, critic_key = td3bc.split_for_critics(config, key)
+        target_cost_key, cost_key = (
+            jax.random.split(jax.random.fold_in(key, 1))
+            if config.cost_critic.distributional
+            else (None, None)
+        )
+        next_actions = td3bc.target_actions(networks, config, state, next_observations, noise_key)
         cost_targets = cost_critics.td_targets(
-            costs, state.cost_critics, batch.costs, batch.discounts, next_observations, next_actions
+            costs,
+            state.cost_critics,
+            batch.costs,
+            batch.discounts,
+            next_observations,
+            next_actions,
+            target_cost_key,
         )
         state, c_loss, q = td3bc.critic_step(
-            networks, state, batch, observations, next_observations, next_actions
+            networks, state, batch, observations, next_observations, next_actions, critic_key
         )
         current_actions = jax.lax.stop_gradient(networks.act(state.policy.actor, observations))
         cost_state, qc_loss, qc = cost_critics.critic_step(
@@ -114,13 +128,17 @@ def make_td3bc_lag(config: TD3BCLagConfig, obs_size: int, action_size: int) -> A
             cost_targets,
             floor=config.cost_floor,
             policy_actions=current_actions,
+            key=cost_key,
         )
         multiplier = state.lagrangian.multiplier
 
         def cost_penalty(policy_actions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-            # ``sum_c λ_c Q_c(s, π(s))`` (each pair's mean), its magnitude, and the
-            # policy's estimated cost value per channel, which the multipliers step on.
-            qc_policy = jnp.mean(costs.q_values(cost_state.critic, observations, policy_actions), 1)
+            # ``sum_c λ_c Q_c(s, π(s))`` (each pair's mean; for quantile critics their risk
+            # measure of the cost's upper tail), its magnitude, and the policy's estimated
+            # cost value per channel, which the multipliers step on.
+            qc_policy = jnp.mean(
+                costs.risk_values(cost_state.critic, observations, policy_actions), 1
+            )
             scale = multiplier @ jnp.mean(jnp.abs(qc_policy), 1)
             return multiplier @ qc_policy, scale, jnp.mean(qc_policy, axis=1)
 
