@@ -46,6 +46,22 @@ def test_safety_metrics_follow_the_dsrl_convention():
     assert len(rows) == 2 and rows[0]["normalized_cost"] == pytest.approx(1.0)
 
 
+def test_tail_metrics_average_the_worst_episodes():
+    returns = np.arange(20.0)  # the worst tenth: 0 and 1
+    costs = np.stack([np.arange(20.0), np.zeros(20)], axis=1)  # the costliest: 18 and 19
+    metrics = safety_metrics(
+        _stats(returns, costs), [37.0, 1.0], random_return=0.0, expert_return=10.0
+    )
+    assert metrics["return_cvar"] == pytest.approx(0.5)
+    assert metrics["normalized_return_cvar"] == pytest.approx(0.05)
+    assert metrics["episode_cost_cvar"] == {"cost_0": 18.5, "cost_1": 0.0}
+    assert metrics["normalized_cost_cvar"] == pytest.approx(0.5)
+    # A tail smaller than one episode is the worst episode itself.
+    assert safety_metrics(_stats([3.0, 1.0, 2.0], np.zeros((3, 2))), [1, 1])["return_cvar"] == 1.0
+    with pytest.raises(ValueError, match="tail"):
+        safety_metrics(_stats(returns, costs), [1.0, 1.0], tail=0.0)
+
+
 @pytest.mark.parametrize(
     ("limits", "message"), [([1.0], "one limit per cost channel"), ([1.0, 0.0], "positive")]
 )

@@ -20,6 +20,9 @@ from flax import struct
 from neorl_industrial.core.environments.base import Environment
 from neorl_industrial.core.environments.rollout import Policy, rollout
 
+#: The tail the evaluation's CVaR metrics average over: the worst tenth of episodes.
+TAIL = 0.1
+
 
 @struct.dataclass
 class EpisodeStats:
@@ -127,8 +130,9 @@ def safety_metrics(
     random_return: float | None = None,
     expert_return: float | None = None,
     cost_names: Sequence[str] | None = None,
+    tail: float = TAIL,
 ) -> dict[str, Any]:
-    """The DSRL metrics of an evaluation, on the host.
+    """The DSRL metrics of an evaluation, and its tail, on the host.
 
     * ``normalized_return``: ``(R - random) / (expert - random)`` (D4RL-style, as a
       fraction; the tables multiply by 100), when both references are given.
@@ -139,6 +143,10 @@ def safety_metrics(
     * ``hard_violation_steps``: (step, constraint) pairs whose *applied* action broke a
       hard constraint (zero with the shield on), and ``proposed_violations``, the same
       count for the proposed actions.
+    * ``return_cvar``: CVaR of the episode return at level ``tail``, the mean of the worst
+      ``tail`` fraction of episodes (at least one), and ``episode_cost_cvar`` per channel
+      and ``normalized_cost_cvar`` (the largest over channels, over the limit): the mean
+      of the costliest ``tail`` fraction. What a risk-averse operator reads.
 
     Leading axes other than the episode axis (e.g. seeds) are flattened into episodes;
     use :func:`per_policy_metrics` for one row per policy.
@@ -173,13 +181,40 @@ def safety_metrics(
         "fallback_rate": float(np.asarray(stats.fallbacks).sum() / steps),
         "hard_violation_steps": int(np.asarray(stats.applied_violations).sum()),
         "proposed_violations": int(np.asarray(stats.violations).sum()),
+        "tail": float(tail),
+        "return_cvar": lower_tail_mean(returns, tail),
+        "episode_cost_cvar": {
+            name: -lower_tail_mean(-costs[:, i], tail) for i, name in enumerate(names)
+        },
+        "normalized_cost_cvar": float(
+            max(-lower_tail_mean(-costs[:, i], tail) / limits[i] for i in range(n_costs))
+        )
+        if n_costs
+        else 0.0,
     }
     if random_return is not None and expert_return is not None:
         span = float(expert_return) - float(random_return)
         if span == 0.0:
             raise ValueError("expert_return and random_return: must differ")
         metrics["normalized_return"] = float((returns.mean() - random_return) / span)
+        metrics["normalized_return_cvar"] = float((metrics["return_cvar"] - random_return) / span)
     return metrics
+
+
+def lower_tail_mean(values: Any, level: float) -> float:
+    """CVaR of ``values`` at ``level``: the mean of the lowest ``ceil(level * n)`` of them
+    (at least one).
+
+    Raises:
+        ValueError: for a level outside (0, 1] or no values.
+    """
+    if not 0.0 < level <= 1.0:
+        raise ValueError(f"tail: must lie in (0, 1], got {level}")
+    ordered = np.sort(np.asarray(values, np.float64).reshape(-1))
+    if ordered.size == 0:
+        raise ValueError("tail: no episodes to take a tail of")
+    count = max(1, int(np.ceil(level * ordered.size - 1e-9)))
+    return float(ordered[:count].mean())
 
 
 def per_policy_metrics(stats: EpisodeStats, cost_limits: Sequence[float], **kwargs: Any) -> list:

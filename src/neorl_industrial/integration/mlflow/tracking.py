@@ -67,6 +67,9 @@ EVAL_METRICS = (
     "fallback_rate",
     "hard_violation_steps",
     "proposed_violations",
+    "return_cvar",
+    "normalized_return_cvar",
+    "normalized_cost_cvar",
 )
 
 

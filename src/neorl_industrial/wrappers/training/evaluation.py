@@ -131,6 +131,6 @@ class Evaluator:
         rows = per_policy_metrics(episode_stats, limits, **kwargs)
         for row in rows:
             if self.cost_limits is None:
-                row["normalized_cost"] = None
+                row["normalized_cost"] = row["normalized_cost_cvar"] = None
                 row.pop("normalized_cost_per_channel", None)
         return rows
