@@ -653,6 +653,7 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "evaluation_seed": args.eval_seed,
         "quick": args.quick,
         "torch_threads": args.torch_threads,
+        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "device": str(jax.devices()[0].device_kind),
     }
     datasets: dict[str, Any] = {}
@@ -696,13 +697,14 @@ def summary(datasets: Mapping[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the page
 
 
-def _cell(summary: Mapping[str, Any]) -> str:
-    if summary.get("ci") is None:
-        return f"{summary['mean']:.1f}"
-    return f"{summary['mean']:.1f} ± {summary['ci']:.1f}"
+def _cell(stats: Mapping[str, Any]) -> str:
+    if stats.get("ci") is None:
+        return f"{stats['mean']:.1f}"
+    return f"{stats['mean']:.1f} ± {stats['ci']:.1f}"
 
 
-def _seconds(value: float | None) -> str:
+def _whole(value: float | None) -> str:
+    """A number (seconds, a rate) to the unit, ``—`` when missing."""
     return "—" if value is None else f"{value:,.0f}"
 
 
@@ -724,9 +726,29 @@ def table_rows(config: Mapping[str, Any], results: Mapping[str, Any]) -> list[li
                     _cell(algorithm["d3rlpy"]["score"]),
                     _cell(algorithm["ours"]["score"]),
                     "met" if algorithm["verdict"]["met"] else "**not met**",
-                    _seconds(algorithm["d3rlpy"]["train_s"]),
-                    _seconds(algorithm["ours"]["train_s"]),
+                    _whole(algorithm["d3rlpy"]["train_s"]),
+                    _whole(algorithm["ours"]["train_s"]),
                     "—" if ratio is None else f"{ratio:.1f}",
+                ]
+            )
+    return rows
+
+
+def rate_rows(config: Mapping[str, Any], results: Mapping[str, Any]) -> list[list[str]]:
+    """One row per dataset and algorithm: both libraries' updates per second."""
+    rows = []
+    for key, entry in results["datasets"].items():
+        for name in config["algorithms"]:
+            algorithm = entry["algorithms"].get(name)
+            if algorithm is None:
+                continue
+            rows.append(
+                [
+                    key,
+                    LABELS[name],
+                    _whole(algorithm["d3rlpy"].get("updates_per_s")),
+                    _whole(algorithm["ours"].get("updates_per_s")),
+                    _whole(algorithm["ours"].get("steady_updates_per_s")),
                 ]
             )
     return rows
@@ -775,16 +797,27 @@ def markdown(config: Mapping[str, Any], results: Mapping[str, Any]) -> str:
         ),
         None,
     )
+    cores = config.get("cpu_cores")
     lines += [
         "",
         "Training seconds: d3rlpy's `fit` summed over its seeds (one after the other); "
         "ours all seeds in one compiled program, compilation included."
         + (
             f" d3rlpy {versions['d3rlpy']}, torch {versions['torch']} with "
-            f"{versions['torch_threads']} threads; device {config['device']}."
+            f"{versions['torch_threads']} thread(s); device {config['device']}"
+            + (f", {cores} CPU cores available." if cores else ".")
             if versions
             else ""
         ),
+        "",
+        "Gradient updates per second, over all seeds (ours also without its first chunk, "
+        "which compiles):",
+        "",
+        "| dataset | algorithm | d3rlpy | ours | ours after compiling |",
+        "|---|---|---|---|---|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rate_rows(config, results)]
+    lines += [
         "",
         "Preprocessing, the same for both: observations standardized with the dataset's "
         "per-feature mean and spread (d3rlpy's `StandardObservationScaler` given our "

@@ -322,10 +322,16 @@ def _row(ours: tuple[float, float], theirs: tuple[float, float]) -> dict:
     theirs_score = {"mean": theirs[0], "ci": theirs[1], "n": 5}
     return {
         "reward_scaling": {"kind": "std", "shift": 0.0, "scale": 0.1},
-        "ours": {"score": ours_score, "train_s": 20.0},
+        "ours": {
+            "score": ours_score,
+            "train_s": 20.0,
+            "updates_per_s": 2500.0,
+            "steady_updates_per_s": None,
+        },
         "d3rlpy": {
             "score": theirs_score,
             "train_s": 100.0,
+            "updates_per_s": 500.0,
             "versions": {"d3rlpy": "2.8.1", "torch": "2.13.0", "torch_threads": 2},
         },
         "verdict": peer_parity.verdict(ours_score, theirs_score),
@@ -366,6 +372,7 @@ def test_page_has_one_row_per_dataset_and_algorithm_and_flags_failures():
     assert "| IB-v0-medium | BC | 48.3 | 46.0 ± 2.0 | 45.0 ± 2.0 | met | 100 | 20 | 5.0 |" in page
     assert "| IB-v0-medium | TD3+BC | 48.3 | 50.0 ± 3.0 | 30.0 ± 4.0 | **not met** |" in page
     assert "1 of 2 rows meet it; not met: IB-v0-medium td3bc." in page
+    assert "| IB-v0-medium | TD3+BC | 500 | 2,500 | — |" in page
     assert "- a difference" in page and "- everywhere" in page
     assert "BC:\n\n- none beyond the above." in page
 
