@@ -79,7 +79,7 @@ def test_critic_config_is_checked_by_name():
 
 def test_quantile_ensemble_shapes_and_broadcasting():
     critics = make_critics(CriticConfig(**IQN), (8,), 2)
-    params = jax.eval_shape(critics.init, jax.random.PRNGKey(0), 3, 2)
+    params = jax.eval_shape(lambda key: critics.init(key, 3, 2), jax.random.PRNGKey(0))
     observations = jax.ShapeDtypeStruct((5, 3), jnp.float32)
     actions = jax.ShapeDtypeStruct((4, 5, 2), jnp.float32)  # 4 actions per observation
 

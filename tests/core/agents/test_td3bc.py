@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from neorl_industrial.core.agents.td3bc import TD3BCConfig, actor_loss, critic_loss, make_td3bc
+from neorl_industrial.core.agents.losses import critic_loss
+from neorl_industrial.core.agents.td3bc import TD3BCConfig, actor_loss, make_td3bc
 from neorl_industrial.functional.state_management import Dataset, sample
 from neorl_industrial.functional.transformations.offline import train_offline
 
