@@ -1,5 +1,7 @@
-"""Tests of the learning study's statistics, checks and page; the full (quick) study runs
-under the ``slow`` marker."""
+"""Tests of the learning study's statistics, checks, page, reward scaling, learning
+curves, checkpoints and resume, plots and merge; the full (quick) study runs under the
+``slow`` marker. Training runs are tiny: FourTank (60-step episodes), 3 trajectories,
+hidden (8,), tens of updates, 2 episodes."""
 
 from __future__ import annotations
 
@@ -20,6 +22,16 @@ def test_confidence_interval_is_students_t_over_seeds():
     # t(0.975, 4) = 2.7764, sample std = sqrt(2.5)
     assert result["ci"] == pytest.approx(2.7764 * np.sqrt(2.5) / np.sqrt(5), rel=1e-4)
     assert learning.mean_confidence_interval([7.0])["ci"] is None
+
+
+def test_reward_scaling_is_the_registrys_per_algorithm_unless_overridden():
+    assert learning.reward_scaling_kind("iql") == "return_range"
+    assert learning.reward_scaling_kind("bc") == "std"
+    assert learning.reward_scaling_kind("td3bc") == "std"
+    for variant in ("cql", "cql_alpha", "cql_bc", "cql_d3rlpy"):
+        assert learning.reward_scaling_kind(variant) == "std"
+    assert learning.reward_scaling_kind("iql", "std") == "std"
+    assert learning.reward_scaling_kind("bc", "none") == "none"
 
 
 def test_rewards_are_standardized_and_statistics_returned():
@@ -81,11 +93,22 @@ def test_markdown_page_has_one_row_per_dataset_and_the_verdicts():
     assert "TD3+BC reaches the behaviour score on low: met" in page
 
 
-def test_bad_arguments_are_named():
+def test_bad_arguments_are_named(capsys):
     with pytest.raises(SystemExit):
         learning.parse_args(["--seeds", "0"])
     with pytest.raises(SystemExit):
         learning.parse_args(["--algorithms", "sac"])
+    with pytest.raises(SystemExit):
+        learning.parse_args(["--reward-scaling", "minmax"])
+    with pytest.raises(SystemExit):
+        learning.parse_args(["--updates", "1000", "--chunk", "300"])
+    assert "--updates 1000: expected a multiple of --chunk (300)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        learning.parse_args(["--updates", "1000", "--chunk", "100", "--eval-every", "150"])
+    assert "--eval-every 150" in capsys.readouterr().err
+    quick = learning.parse_args(["--quick"])
+    assert (quick.updates, quick.chunk, quick.eval_every) == (200, 100, 100)
+    assert learning.checkpoint_tag(quick) == "quick-untagged"
 
 
 @pytest.mark.slow
@@ -102,6 +125,10 @@ def test_quick_study_runs_end_to_end(tmp_path):
             "medium",
             "--doc",
             str(doc),
+            "--images",
+            str(tmp_path / "images"),
+            "--checkpoint-dir",
+            str(tmp_path / "checkpoints"),
             "--results-dir",
             str(tmp_path),
             "-t",
@@ -111,9 +138,170 @@ def test_quick_study_runs_end_to_end(tmp_path):
     assert code == 0
     (saved,) = tmp_path.glob("learning-test-*.json")
     data = json.loads(saved.read_text())
-    scores = data["results"]["tasks"]["IB-v0"]["datasets"]["low"]["per_seed_scores"]["td3bc"]
+    task = data["results"]["tasks"]["IB-v0"]
+    scores = task["datasets"]["low"]["per_seed_scores"]["td3bc"]
     assert len(scores) == 2 and all(np.isfinite(scores))
+    assert task["curves"]["td3bc"]["updates"] == [100, 200]
     assert "IB-v0-medium" in doc.read_text()
+    assert (tmp_path / "images" / "IB-v0-medium.png").is_file()
+
+
+# ----- training runs: tiny FourTank datasets -----------------------------------------------
+TINY = {
+    "trajectories": 3,
+    "seeds": 2,
+    "updates": 30,
+    "chunk": 10,
+    "eval_every": 20,
+    "hidden": (8,),
+    "batch_size": 16,
+    "episodes": 2,
+    "curve_episodes": 2,
+}
+TINY_FLAGS = [
+    "--tasks",
+    "FourTank-v0",
+    "--qualities",
+    "low",
+    "medium",
+    *[
+        item
+        for key, value in TINY.items()
+        for item in (f"--{key.replace('_', '-')}", *map(str, np.atleast_1d(value)))
+    ],
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_task():
+    """FourTank's datasets (its evaluation compiles fastest of the tasks): 3 episodes of
+    60 steps per quality, generated as the study does, shared with the study test (the
+    compiled programs are reused)."""
+    return learning.prepare_task("FourTank-v0", ["low", "medium"], TINY["trajectories"], 0)
+
+
+def test_each_dataset_gets_its_own_reward_scaling(tiny_task):
+    scaled, scalings = learning.scaled_datasets(tiny_task, "return_range")
+    assert scaled.rewards.shape[0] == 2  # stacked: one per dataset
+    for index, (dataset, scaling) in enumerate(zip(tiny_task.datasets, scalings, strict=True)):
+        returns = np.asarray(dataset.episode_returns())
+        assert scaling.kind == "return_range"
+        assert scaling.scale == pytest.approx(1000.0 / (returns.max() - returns.min()))
+        np.testing.assert_allclose(
+            scaled.rewards[index], np.asarray(dataset.rewards) * scaling.scale, rtol=1e-6
+        )
+    args = learning.parse_args(["--tasks", "FourTank-v0"])
+    assert learning.RunSettings.of(args, "FourTank-v0", "iql").reward_scaling == "return_range"
+    assert learning.RunSettings.of(args, "FourTank-v0", "cql_bc").reward_scaling == "std"
+    args = learning.parse_args(["--tasks", "FourTank-v0", "--reward-scaling", "none"])
+    assert learning.RunSettings.of(args, "FourTank-v0", "iql").reward_scaling == "none"
+
+
+def _settings(algorithm: str, **changes) -> learning.RunSettings:
+    fields = {**TINY, "task": "FourTank-v0", "algorithm": algorithm, "data_seed": 0}
+    fields.update(qualities=("low", "medium"), **changes)
+    fields.setdefault("reward_scaling", learning.reward_scaling_kind(algorithm))
+    return learning.RunSettings(**fields)
+
+
+class _StopAfterFirstChunk(learning.StudyProgress):
+    """Kills the run right after its first chunk (and that chunk's checkpoint)."""
+
+    def chunk_done(self, done: int, seconds: float) -> None:
+        raise KeyboardInterrupt
+
+
+def test_a_run_resumed_after_one_chunk_ends_exactly_as_an_uninterrupted_one(tiny_task, tmp_path):
+    import jax
+
+    from neorl_industrial.wrappers.training.trainer import CheckpointMismatchError
+
+    settings = _settings("bc")
+    straight = learning.run_algorithm(tiny_task, settings, tmp_path / "straight")
+    record = straight.record
+    # A point every 20 updates; the last one is the final evaluation at 30.
+    assert [p["updates"] for p in record["curve"]] == [20, 30]
+    assert [p["episodes"] for p in record["curve"]] == [2, 2]
+    assert [s["kind"] for s in record["reward_scaling"]] == ["std", "std"]
+    assert record["sessions"] == 1 and record["train_s"] > 0 and record["eval_s"] > 0
+
+    with pytest.raises(KeyboardInterrupt):
+        learning.run_algorithm(
+            tiny_task, settings, tmp_path / "cut", reporter=_StopAfterFirstChunk(rich=False)
+        )
+    assert learning.RunCheckpoints(tmp_path / "cut").latest() == 10
+    with pytest.raises(FileExistsError, match="--resume"):
+        learning.run_algorithm(tiny_task, settings, tmp_path / "cut")
+    with pytest.raises(CheckpointMismatchError, match="--updates 40 here, 30 in the checkpoint"):
+        learning.run_algorithm(
+            tiny_task, _settings("bc", updates=40), tmp_path / "cut", resume=True
+        )
+    with pytest.raises(CheckpointMismatchError, match=r"--hidden \[16\] here, \[8\] in"):
+        learning.run_algorithm(
+            tiny_task, _settings("bc", hidden=(16,)), tmp_path / "cut", resume=True
+        )
+    resumed = learning.run_algorithm(tiny_task, settings, tmp_path / "cut", resume=True)
+
+    for a, b in zip(jax.tree.leaves(straight.states), jax.tree.leaves(resumed.states), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert resumed.record["final_returns"] == record["final_returns"]
+    assert resumed.record["curve"] == record["curve"]
+    assert resumed.record["sessions"] == 2
+    assert [h["updates"] for h in resumed.record["history"]] == [10, 20, 30]
+
+    # A finished run is read back, not trained again.
+    again = learning.run_algorithm(tiny_task, settings, tmp_path / "straight", resume=True)
+    assert again.states is None
+    assert again.record["final_returns"] == record["final_returns"]
+
+
+def test_the_study_records_scaling_curves_and_wall_time_and_plots_them(tmp_path):
+    doc = tmp_path / "docs" / "learning.md"
+    images = tmp_path / "docs" / "images" / "learning"
+    argv = [
+        *TINY_FLAGS,
+        "--algorithms",
+        "bc",
+        "--reward-scaling",
+        "return_range",
+        "--doc",
+        str(doc),
+        "--images",
+        str(images),
+        "--checkpoint-dir",
+        str(tmp_path / "checkpoints"),
+        "--results-dir",
+        str(tmp_path),
+        "-t",
+        "tiny",
+    ]
+    assert learning.main(argv) == 0
+    (saved,) = tmp_path.glob("learning-tiny-*.json")
+    data = json.loads(saved.read_text())
+    assert data["config"]["reward_scaling"] == "return_range"
+    task = data["results"]["tasks"]["FourTank-v0"]
+    low = task["datasets"]["low"]
+    assert low["reward_scaling"]["bc"]["kind"] == "return_range"
+    assert low["reward_scaling"]["bc"]["scale"] > 0
+    assert task["curves"]["bc"]["updates"] == [20, 30]
+    assert len(task["curves"]["bc"]["scores"]["medium"]) == 2  # points
+    assert len(task["curves"]["bc"]["scores"]["medium"][0]) == TINY["seeds"]
+    # the final curve point is the final evaluation behind the table
+    assert task["curves"]["bc"]["scores"]["low"][-1] == low["per_seed_scores"]["bc"]
+    spent = data["results"]["wall_time"]
+    assert spent["total_s"] == pytest.approx(spent["train_s"] + spent["eval_s"])
+    assert {"train_s", "eval_s", "sessions"} <= set(task["timing"]["bc"])
+    for quality in ("low", "medium"):
+        assert (images / f"FourTank-v0-{quality}.png").stat().st_size > 1000
+    page = doc.read_text()
+    assert "![FourTank-v0-low](images/learning/FourTank-v0-low.png)" in page
+    assert "| FourTank-v0-low | return_range (scale " in page
+    assert "with `return_range` for every algorithm" in page
+    assert "Wall time of the study:" in page
+
+    # Finished runs are read back on --resume; without it the checkpoints are refused.
+    assert learning.main([*argv, "--no-save"]) == 2
+    assert learning.main([*argv, "--no-save", "--resume"]) == 0
 
 
 def _saved(
@@ -135,10 +323,18 @@ def _saved(
         "device": "cpu",
     }
     results = _results({algorithm: (40.0, 2.0)}, 30.0)
-    results["datasets"] = {q: results["datasets"]["low"] for q in qualities}
+    results["datasets"] = {q: dict(results["datasets"]["low"]) for q in qualities}
     for entry in results["datasets"].values():
         entry["per_seed_scores"] = {algorithm: [40.0] * 5}
+        entry["reward_scaling"] = {algorithm: {"kind": "std", "shift": 0.0, "scale": 0.5}}
     results["history"] = {algorithm: []}
+    results["curves"] = {
+        algorithm: {
+            "updates": [updates // 2, updates],
+            "episodes": [10, 100],
+            "scores": {q: [[20.0, 25.0, 30.0], [38.0, 40.0, 42.0]] for q in qualities},
+        }
+    }
     path = tmp_path / f"{name}.json"
     path.write_text(BenchmarkResult(name="learning", config=config, results=results).to_json())
     return path
@@ -160,6 +356,46 @@ def test_merge_joins_runs_of_different_algorithms_and_refuses_mismatches(tmp_pat
         learning.merge([first, other])
     with pytest.raises(ValueError, match="two runs"):
         learning.merge([first, first])
+
+
+def test_merge_keeps_curves_and_reward_scaling_and_plots_them(tmp_path):
+    first = _saved(tmp_path, "a", "td3bc", ["low", "medium"], 10_000)
+    second = _saved(tmp_path, "b", "cql", ["low"], 5_000)
+    config, results = learning.merge([first, second])
+    task = results["tasks"]["IB-v0"]
+    assert task["curves"]["td3bc"]["updates"] == [5_000, 10_000]
+    assert task["curves"]["cql"]["updates"] == [2_500, 5_000]
+    assert set(task["datasets"]["low"]["reward_scaling"]) == {"td3bc", "cql"}
+    assert "cql" not in task["datasets"]["medium"]["reward_scaling"]
+    assert results["wall_time"]["train_s"] == pytest.approx(2.0)
+    written = learning.plot_curves(config, results, tmp_path / "images")
+    assert sorted(path.name for path in written) == ["IB-v0-low.png", "IB-v0-medium.png"]
+    page = learning.markdown(config, results, "images")
+    assert "![IB-v0-medium](images/IB-v0-medium.png)" in page
+    assert "| IB-v0-low | std (scale 0.5) | std (scale 0.5) |" in page
+    # without curves (runs saved before them): no plots and no images on the page
+    for task in results["tasks"].values():
+        task.pop("curves")
+    assert learning.plot_curves(config, results, tmp_path / "none") == []
+    assert "![" not in learning.markdown(config, results, "images")
+
+
+def test_the_progress_bar_names_the_run_and_its_last_score():
+    import io
+
+    from rich.console import Console
+
+    stream = io.StringIO()
+    console = Console(file=stream, force_terminal=True, width=160)
+    with learning.StudyProgress(300, 100, rich=True, console=console) as bars:
+        bars.run_skipped("IB-v0 BC", 100)
+        bars.run_begin("IB-v0 TD3+BC", 0, 200)
+        bars.chunk_done(100, 1.0)
+        bars.evaluated(100, {"low": 31.25, "medium": 47.5}, final=False)
+        bars.run_end()
+    text = stream.getvalue()
+    assert "IB-v0 TD3+BC" in text and "low 31.2, medium 47.5" in text
+    assert "200/300" in text  # the study: 100 read back + 100 trained
 
 
 def test_every_algorithm_has_a_label_and_a_factory():
