@@ -168,17 +168,6 @@ def reward_scaling_kind(name: str, override: str | None = None) -> str:
     return algorithm_entry(REGISTRY_NAMES.get(name, name)).reward_scaling
 
 
-def standardize_rewards(dataset: Any) -> tuple[Any, dict[str, float]]:
-    """The dataset with rewards ``(r - mean) / std`` and the statistics used.
-
-    The safety study's preprocessing; this study scales rewards per algorithm
-    (:func:`reward_scaling_kind`)."""
-    from neorl_industrial.functional.state_management import RewardScaling
-
-    scaling = RewardScaling.fit(dataset, "standardize")
-    return scaling.apply(dataset), {"mean": -scaling.shift, "std": 1.0 / scaling.scale}
-
-
 def observation_normalizer(dataset: Any) -> Any:
     """The dataset's per-feature observation normalizer."""
     from neorl_industrial.core.agents import ObservationNormalizer

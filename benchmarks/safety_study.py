@@ -52,7 +52,6 @@ from benchmarks.harness import (
 from benchmarks.learning import (
     mean_confidence_interval,
     observation_normalizer,
-    standardize_rewards,
     train_all,
 )
 
@@ -65,6 +64,15 @@ LABELS = {
     "iql_lag": "IQL-Lag",
     "bc_safe": "BC-Safe",
     "bc": "BC (all data)",
+}
+#: The registered algorithm of each study agent (whose reward scaling it trains with).
+REGISTRY_NAMES = {
+    "td3bc": "td3bc",
+    "td3bc_lag": "td3bc-lag",
+    "td3bc_lag_plain": "td3bc-lag",
+    "iql_lag": "iql-lag",
+    "bc_safe": "bc",
+    "bc": "bc",
 }
 LAGRANGIAN = ("td3bc_lag", "iql_lag")
 QUALITIES = ("medium", "high", "expert")
@@ -332,7 +340,11 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    from neorl_industrial.functional.state_management import select_safe_episodes
+    from neorl_industrial.core.agents.registry import algorithm_entry
+    from neorl_industrial.functional.state_management import (
+        RewardScaling,
+        select_safe_episodes,
+    )
 
     cost = study_cost(env_id, args)
     horizon = horizon_of(env_id, args)
@@ -353,7 +365,8 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
             progress(f"{env_id} {LABELS[name]}: no episode within the limits, skipped")
             continue
         data = select_safe_episodes(mixed, list(cost.limits)) if name == "bc_safe" else mixed
-        scaled, _ = standardize_rewards(data)
+        scaling = RewardScaling.fit(data, algorithm_entry(REGISTRY_NAMES[name]).reward_scaling)
+        scaled = scaling.apply(data)
         normalizer = jax.tree.map(lambda leaf: leaf[None], observation_normalizer(scaled))
         stacked = jax.tree.map(lambda leaf: jnp.asarray(leaf)[None], scaled)
         algorithm = make_agent(
@@ -372,7 +385,7 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
         )
         train_s = time.perf_counter() - started
         policies = jax.tree.map(lambda leaf: leaf[0], states.policy)
-        entry = {}
+        entry: dict[str, Any] = {"reward_scaling": scaling.to_dict()}
         for shielded in (True, False):
             rows = evaluate_policies(env_id, cost, algorithm, policies, args, shielded)
             entry["shield_on" if shielded else "shield_off"] = summarize(
@@ -395,6 +408,11 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
         )
     task["checks"] = checks(task, expect_unconstrained_over=env_id in IB_IDS)
     return task
+
+
+def _scaling_text(scaling: dict[str, Any]) -> str:
+    """``std (x 0.0123)``: a fitted reward scaling's kind and factor."""
+    return f"{scaling['kind']} (x {scaling['scale']:.3g})"
 
 
 def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -534,6 +552,14 @@ def task_markdown(
         + ".",
         "",
     ]
+    scalings = [
+        f"{LABELS[name]} {_scaling_text(entry['reward_scaling'])}"
+        for name, entry in task["algorithms"].items()
+        if "reward_scaling" in entry
+    ]
+    if scalings:
+        lines += ["Rewards scaled for training (each algorithm's own): " + ", ".join(scalings)]
+        lines += [""]
     return lines
 
 

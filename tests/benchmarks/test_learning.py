@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from benchmarks import learning
-from neorl_industrial.functional.state_management import Dataset
 
 
 def test_confidence_interval_is_students_t_over_seeds():
@@ -32,22 +30,6 @@ def test_reward_scaling_is_the_registrys_per_algorithm_unless_overridden():
         assert learning.reward_scaling_kind(variant) == "std"
     assert learning.reward_scaling_kind("iql", "std") == "std"
     assert learning.reward_scaling_kind("bc", "none") == "none"
-
-
-def test_rewards_are_standardized_and_statistics_returned():
-    rng = np.random.default_rng(0)
-    dataset = Dataset.from_trajectories(
-        rng.normal(size=(2, 11, 4)).astype(np.float32),
-        rng.uniform(-1, 1, (2, 10, 3)).astype(np.float32),
-        (rng.normal(size=(2, 10)) * 50 - 300).astype(np.float32),
-        np.zeros((2, 10, 2), np.float32),
-        np.zeros((2, 10), bool),
-    )
-    scaled, stats = learning.standardize_rewards(dataset)
-    assert stats["mean"] == pytest.approx(float(np.mean(np.asarray(dataset.rewards))), rel=1e-5)
-    assert float(jnp.mean(scaled.rewards)) == pytest.approx(0.0, abs=1e-5)
-    assert float(jnp.std(scaled.rewards)) == pytest.approx(1.0, rel=1e-4)
-    np.testing.assert_array_equal(scaled.observations, dataset.observations)
 
 
 def _results(scores: dict[str, tuple[float, float]], behaviour: float) -> dict:

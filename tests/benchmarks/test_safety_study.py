@@ -24,6 +24,21 @@ def test_every_agent_is_built_with_the_cost_limit():
         safety_study.make_agent("cpq", 6, 3, [8], (100.0,), 1000)
 
 
+def test_each_agent_trains_with_its_registered_algorithms_reward_scaling():
+    from neorl_industrial.core.agents.registry import algorithm_entry
+
+    assert set(safety_study.REGISTRY_NAMES) == set(safety_study.ALGORITHMS)
+    kinds = {
+        name: algorithm_entry(registered).reward_scaling
+        for name, registered in safety_study.REGISTRY_NAMES.items()
+    }
+    assert kinds["iql_lag"] == "return_range"
+    assert kinds["td3bc_lag"] == kinds["bc_safe"] == "std"
+    assert safety_study._scaling_text({"kind": "std", "shift": 0.0, "scale": 0.01234}) == (
+        "std (x 0.0123)"
+    )
+
+
 def test_the_study_cost_is_the_ibs_stricter_fatigue_or_a_process_tasks_own_channels():
     ib = safety_study.study_cost("IB-v0", _args())
     assert ib.channels == ("fatigue",) and ib.limits == (100.0,) and ib.relabel is not None
@@ -112,4 +127,5 @@ def test_tiny_study_runs_end_to_end(tmp_path):
     )
     page = doc.read_text()
     assert "| TD3BC-Lag |" in page and "Checks:" in page
+    assert "IQL-Lag return_range (x " in page
     assert list(tmp_path.glob("safety_study-test-*.json"))
