@@ -80,6 +80,16 @@ LABELS = {
     "discrete-cql": "discrete CQL",
 }
 QUALITIES = ("low", "medium", "high")
+#: One dataset per algorithm, where the first side-by-side found each algorithm's gap:
+#: TD3+BC on medium, IQL on high, CQL on low; BC and the discrete ones on medium.
+HEADLINE_ROWS = (
+    "bc:medium",
+    "td3bc:medium",
+    "iql:high",
+    "cql:low",
+    "discrete-bc:medium",
+    "discrete-cql:medium",
+)
 #: The environment of the continuous and of the discrete algorithms (the same generator
 #: and behaviour policies; the discrete one takes the nearest of its 27 actions).
 CONTINUOUS_ENV = "IB-v0"
@@ -634,14 +644,20 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
 
     from neorl_industrial.core.agents.registry import algorithm_entry
 
-    by_env: dict[str, list[str]] = {}
-    for name in args.algorithms:
+    plan: dict[str, dict[str, list[str]]] = {}  # env -> quality -> algorithms
+    for name, quality in study_rows(args):
         env_id = DISCRETE_ENV if algorithm_entry(name).discrete else CONTINUOUS_ENV
-        by_env.setdefault(env_id, []).append(name)
+        plan.setdefault(env_id, {}).setdefault(quality, []).append(name)
     config = {
         "algorithms": list(args.algorithms),
         "qualities": list(args.qualities),
-        "env_ids": {name: env for env, names in by_env.items() for name in names},
+        "rows": [f"{name}:{quality}" for name, quality in study_rows(args)],
+        "env_ids": {
+            name: env
+            for env, by_quality in plan.items()
+            for names in by_quality.values()
+            for name in names
+        },
         "trajectories": args.trajectories,
         "data_seed": args.data_seed,
         "n_seeds": args.seeds,
@@ -658,11 +674,12 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     }
     datasets: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="peer-parity-") as work:
-        for env_id, names in by_env.items():
-            for quality in args.qualities:
-                datasets[f"{env_id}-{quality}"] = study_dataset(
-                    env_id, quality, names, args, Path(work)
-                )
+        for env_id, by_quality in plan.items():
+            for quality in QUALITIES:
+                if quality in by_quality:
+                    datasets[f"{env_id}-{quality}"] = study_dataset(
+                        env_id, quality, by_quality[quality], args, Path(work)
+                    )
     differences = {
         name: next(
             entry["algorithms"][name]["differences"]
@@ -678,6 +695,14 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "summary": summary(datasets),
     }
     return config, results
+
+
+def study_rows(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(algorithm, quality)`` of every row: ``--rows`` when given, else every algorithm
+    on every quality."""
+    if args.rows:
+        return list(args.rows)
+    return [(name, quality) for name in args.algorithms for quality in args.qualities]
 
 
 def summary(datasets: Mapping[str, Any]) -> dict[str, Any]:
@@ -854,6 +879,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--qualities", nargs="+", choices=QUALITIES, help="default: low medium high"
     )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        metavar="ALGORITHM:QUALITY",
+        help="only these rows, e.g. td3bc:medium iql:high (instead of --algorithms x "
+        f"--qualities); the headline: {' '.join(HEADLINE_ROWS)}",
+    )
     parser.add_argument("--trajectories", type=int, help="episodes per dataset (default 100)")
     parser.add_argument("--data-seed", type=int, default=0)
     parser.add_argument("--seeds", type=int, help="agents per library and dataset (default 5)")
@@ -901,6 +933,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             f"--updates {args.updates}: expected a multiple of --chunk {args.chunk}, so that "
             "both libraries make exactly the same number of updates"
         )
+    if args.rows:
+        rows = []
+        for text in args.rows:
+            name, _, quality = text.partition(":")
+            if name not in ALGORITHMS or quality not in QUALITIES:
+                parser.error(
+                    f"--rows {text!r}: expected ALGORITHM:QUALITY with an algorithm of "
+                    f"{', '.join(ALGORITHMS)} and a quality of {', '.join(QUALITIES)}"
+                )
+            rows.append((name, quality))
+        args.rows = list(dict.fromkeys(rows))
+        args.algorithms = list(dict.fromkeys(name for name, _ in args.rows))
+        args.qualities = [q for q in QUALITIES if any(q == row[1] for row in args.rows)]
     args.algorithms = list(dict.fromkeys(args.algorithms))
     args.qualities = list(dict.fromkeys(args.qualities))
     python = args.peer_python if args.peer_python.is_absolute() else REPO_ROOT / args.peer_python

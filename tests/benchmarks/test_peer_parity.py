@@ -388,6 +388,9 @@ def test_page_has_one_row_per_dataset_and_algorithm_and_flags_failures():
         (["--updates", "150", "--chunk", "100"], "expected a multiple of --chunk 100"),
         (["--seeds", "0"], "--seeds: expected a positive integer"),
         (["--peer-python", "no/such/python"], "run `make peer-env`"),
+        (["--rows", "td3bc:expert"], "--rows 'td3bc:expert': expected ALGORITHM:QUALITY"),
+        (["--rows", "sac:low"], "--rows 'sac:low': expected ALGORITHM:QUALITY"),
+        (["--rows", "td3bc"], "--rows 'td3bc': expected ALGORITHM:QUALITY"),
     ],
 )
 def test_command_line_refuses_bad_input_before_any_work(argv, message, tmp_path, capsys):
@@ -397,6 +400,24 @@ def test_command_line_refuses_bad_input_before_any_work(argv, message, tmp_path,
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not doc.exists() and not (tmp_path / "results").exists()
+
+
+def test_rows_pick_one_dataset_per_algorithm_or_default_to_the_grid():
+    import argparse
+
+    grid = argparse.Namespace(rows=None, algorithms=["bc", "iql"], qualities=["low", "high"])
+    assert peer_parity.study_rows(grid) == [
+        ("bc", "low"),
+        ("bc", "high"),
+        ("iql", "low"),
+        ("iql", "high"),
+    ]
+    chosen = argparse.Namespace(rows=[("iql", "high"), ("cql", "low")], algorithms=[], qualities=[])
+    assert peer_parity.study_rows(chosen) == [("iql", "high"), ("cql", "low")]
+    for row in peer_parity.HEADLINE_ROWS:
+        name, quality = row.split(":")
+        assert name in peer_parity.ALGORITHMS and quality in peer_parity.QUALITIES
+    assert {row.split(":")[0] for row in peer_parity.HEADLINE_ROWS} == set(peer_parity.ALGORITHMS)
 
 
 def _fake_python(tmp_path: Path, script: str) -> Path:
