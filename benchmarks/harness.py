@@ -222,6 +222,52 @@ def to_jsonable(value: Any) -> Any:
     raise TypeError(f"value: cannot store {type(value).__name__} in a result: {value!r}")
 
 
+def write_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Writes ``text`` to ``path`` through a temporary file in the same directory moved
+    into place with ``os.replace``: a reader sees the old file or the new one, never a
+    part, and a failed write leaves nothing behind."""
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would hide it from others
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def save_study(
+    name: str,
+    args: Any,
+    started: str,
+    config: Mapping[str, Any],
+    results: Mapping[str, Any],
+    page: str,
+) -> Path:
+    """A study's JSON result (in ``args.results_dir``, with ``args.description``,
+    ``args.tag`` and :func:`system_info`) and its markdown page (``args.doc``, written
+    atomically after the result). Returns the result's path."""
+    result = BenchmarkResult(
+        name=name,
+        description=args.description,
+        tag=args.tag,
+        timestamp=started,
+        system=system_info(),
+        config=dict(config),
+        results=dict(results),
+    )
+    path = result.save(args.results_dir)
+    write_atomically(args.doc, page)
+    return path
+
+
 @dataclasses.dataclass
 class BenchmarkResult:
     """One run of one benchmark.
@@ -281,20 +327,7 @@ class BenchmarkResult:
         while target.exists():
             target = directory / f"{Path(self.filename()).stem}-{counter}.json"
             counter += 1
-        descriptor, temporary = tempfile.mkstemp(
-            dir=directory, prefix=f".{target.stem}.", suffix=".tmp"
-        )
-        try:
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would hide it from others
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        write_atomically(target, text)
         return target
 
     @classmethod

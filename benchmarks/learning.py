@@ -79,7 +79,7 @@ from benchmarks.harness import (
     BenchmarkResult,
     progress,
     safe_filename_part,
-    system_info,
+    save_study,
     utc_timestamp,
 )
 
@@ -1673,17 +1673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     page = markdown(config, results, images)
     print(page)
     if not args.no_save:
-        result = BenchmarkResult(
-            name=NAME,
-            description=args.description,
-            tag=args.tag,
-            timestamp=started,
-            system=system_info(),
-            config=config,
-            results=results,
-        )
-        path = result.save(args.results_dir)
-        Path(args.doc).write_text(page, encoding="utf-8")
+        path = save_study(NAME, args, started, config, results, page)
         print(f"Wrote {path}, {args.doc} and the plots in {args.images}", file=sys.stderr)
     return 0
 

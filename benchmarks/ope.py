@@ -49,7 +49,7 @@ from benchmarks.harness import (
     Table,
     evaluate_targets,
     progress,
-    system_info,
+    save_study,
     utc_timestamp,
 )
 from neorl_industrial.functional.transformations.evaluation import discounted_values
@@ -568,17 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     page = markdown(config, results)
     print(page)
     if not args.no_save:
-        result = BenchmarkResult(
-            name=NAME,
-            description=args.description,
-            tag=args.tag,
-            timestamp=started,
-            system=system_info(),
-            config=config,
-            results=results,
-        )
-        path = result.save(args.results_dir)
-        Path(args.doc).write_text(page, encoding="utf-8")
+        path = save_study(NAME, args, started, config, results, page)
         print(f"Wrote {path} and {args.doc}", file=sys.stderr)
     return 0
 

@@ -56,9 +56,8 @@ import numpy as np
 
 from benchmarks.harness import (
     DEFAULT_RESULTS_DIR,
-    BenchmarkResult,
     progress,
-    system_info,
+    save_study,
     utc_timestamp,
 )
 from benchmarks.learning import mean_confidence_interval, observation_normalizer
@@ -967,21 +966,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     page = markdown(config, results)
     print(page)
     if not args.no_save:
-        result = BenchmarkResult(
-            name=NAME,
-            description=args.description,
-            tag=args.tag,
-            timestamp=started,
-            system=system_info(),
-            config=config,
-            results=results,
-        )
-        path = result.save(args.results_dir)
-        doc = Path(args.doc)
-        staging = doc.with_name(f".{doc.name}.{os.getpid()}.tmp")
-        staging.write_text(page, encoding="utf-8")
-        os.replace(staging, doc)
-        print(f"Wrote {path} and {doc}", file=sys.stderr)
+        path = save_study(NAME, args, started, config, results, page)
+        print(f"Wrote {path} and {args.doc}", file=sys.stderr)
     return 0
 
 

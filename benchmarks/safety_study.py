@@ -44,9 +44,8 @@ import numpy as np
 from benchmarks.harness import (
     DEFAULT_RESULTS_DIR,
     REPO_ROOT,
-    BenchmarkResult,
     progress,
-    system_info,
+    save_study,
     utc_timestamp,
 )
 from benchmarks.learning import (
@@ -640,19 +639,10 @@ def main(argv: list[str] | None = None) -> int:
     page = markdown(config, results)
     print(page)
     if not args.no_save:
-        path = BenchmarkResult(
-            name=NAME,
-            description=args.description,
-            tag=args.tag,
-            timestamp=started,
-            system=system_info(),
-            config=config,
-            results=results,
-        ).save(args.results_dir)
         doc = Path(args.doc)
-        doc = doc if doc.is_absolute() else Path(REPO_ROOT) / doc
-        doc.write_text(page)
-        progress(f"Wrote {path} and {doc}")
+        args.doc = doc if doc.is_absolute() else Path(REPO_ROOT) / doc
+        path = save_study(NAME, args, started, config, results, page)
+        progress(f"Wrote {path} and {args.doc}")
     passed = all(
         check["passed"] for task in results["tasks"].values() for check in task["checks"].values()
     )

@@ -200,6 +200,29 @@ def test_failed_move_leaves_no_partial_file(
     assert os.listdir(tmp_path) == []
 
 
+def test_a_study_saves_its_result_then_its_page_and_keeps_the_old_page_on_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = tmp_path / "page.md"
+    args = types.SimpleNamespace(
+        description="a study", tag="t1", results_dir=tmp_path / "results", doc=doc
+    )
+    path = harness.save_study("study", args, "2026-01-02T03:04:05Z", {"n": 1}, {"x": 2}, "# Page\n")
+    saved = harness.BenchmarkResult.load(path)
+    assert (saved.name, saved.tag, saved.description) == ("study", "t1", "a study")
+    assert saved.config == {"n": 1} and saved.results == {"x": 2} and saved.system
+    assert doc.read_text() == "# Page\n"
+
+    def failing_replace(source: str, target: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(harness.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        harness.write_atomically(doc, "# Half")
+    assert doc.read_text() == "# Page\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.md", "results"]
+
+
 def test_load_rejects_other_json(tmp_path: Path) -> None:
     path = tmp_path / "other.json"
     path.write_text("[1, 2, 3]")
