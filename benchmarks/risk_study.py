@@ -1,0 +1,372 @@
+"""Risk-averse offline agents on the stochastic tasks: implicit quantile critics whose CVaR
+the actor maximizes (reward) or the Lagrangian holds under the limit (cost), against the
+same agents with mean critics.
+
+For each task of ``--tasks`` the data is the safety study's (``benchmarks.safety_study``:
+episodes of the ``medium``, ``high`` and ``expert`` behaviour policies mixed, the IB's
+stricter fatigue cost or a process task's own cost channels and limits). Every variant of
+``--variants`` trains ``--seeds`` agents in one vmapped program (``train_offline``) with
+its algorithm's reward scaling, then every policy runs ``--episodes`` whole episodes of
+the JAX environment with its deterministic action and no shield (the policy's own tail,
+not the shield's). Per policy: the mean episode return and its CVaR at 0.1 (the mean of
+the worst tenth of episodes), normalized D4RL-style from the dataset card; the normalized
+episode cost (mean cost / limit, the largest channel) and its CVaR at 0.1 (the costliest
+tenth). The tables give the mean over seeds and a 95 % interval (Student's t); a pair
+table sets each risk-averse variant beside its risk-neutral one (CODAC's and O-RAAC's
+claim: a better tail for a little mean).
+
+Usage (from the repository root)::
+
+    python -m benchmarks.risk_study                         # IB-v0, docs/risk.md
+    python -m benchmarks.risk_study --tasks IB-v0 CSTR-v0 FourTank-v0
+    python -m benchmarks.risk_study --quick --no-save       # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from benchmarks.harness import (
+    DEFAULT_RESULTS_DIR,
+    progress,
+    save_study,
+    utc_timestamp,
+)
+from benchmarks.learning import mean_confidence_interval
+from benchmarks.safety_study import (
+    build_data,
+    evaluate_policies,
+    horizon_of,
+    study_cost,
+)
+
+NAME = "risk_study"
+#: Implicit quantile critics as the study trains them (32 fractions per TD step).
+IQN = {"kind": "iqn", "n_quantiles": 32, "n_policy_quantiles": 32, "embedding_size": 64}
+CVAR = {**IQN, "risk": "cvar", "cvar_level": 0.1}
+#: name -> (registered algorithm, hyperparameters beyond the study's, label).
+VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "td3bc": ("td3bc", {}, "TD3+BC"),
+    "td3bc_iqn": ("td3bc", {"critic": IQN}, "TD3+BC, IQN critics (mean)"),
+    "td3bc_cvar": ("td3bc", {"critic": CVAR}, "TD3+BC, IQN, actor on CVaR 0.1"),
+    "iql": ("iql", {}, "IQL"),
+    "iql_cvar": ("iql", {"critic": CVAR}, "IQL, IQN, value on CVaR 0.1"),
+    "cql": ("cql", {}, "CQL"),
+    "codac_cvar": ("cql", {"critic": CVAR}, "CODAC (CQL + IQN), actor on CVaR 0.1"),
+    "td3bc_lag": ("td3bc-lag", {}, "TD3BC-Lag"),
+    "td3bc_lag_cvar": ("td3bc-lag", {"cost_critic": CVAR}, "TD3BC-Lag, cost CVaR 0.1"),
+    "iql_lag": ("iql-lag", {}, "IQL-Lag"),
+    "iql_lag_cvar": ("iql-lag", {"cost_critic": CVAR}, "IQL-Lag, cost CVaR 0.1"),
+}
+#: Each risk-averse variant beside its risk-neutral one, and what it should improve.
+PAIRS: tuple[tuple[str, str, str], ...] = (
+    ("td3bc", "td3bc_cvar", "return"),
+    ("td3bc_iqn", "td3bc_cvar", "return"),
+    ("iql", "iql_cvar", "return"),
+    ("cql", "codac_cvar", "return"),
+    ("td3bc_lag", "td3bc_lag_cvar", "cost"),
+    ("iql_lag", "iql_lag_cvar", "cost"),
+)
+DEFAULT_VARIANTS = (
+    "td3bc",
+    "td3bc_iqn",
+    "td3bc_cvar",
+    "iql",
+    "iql_cvar",
+    "td3bc_lag",
+    "td3bc_lag_cvar",
+)
+METRICS = ("normalized_return", "normalized_return_cvar", "normalized_cost", "normalized_cost_cvar")
+
+
+def build_variant(
+    name: str,
+    dataset: Any,
+    hidden: Sequence[int],
+    cost_limits: Sequence[float],
+    episode_length: int,
+) -> tuple[Any, Any]:
+    """``(algorithm, entry)`` of variant ``name`` for ``dataset``: its registered algorithm
+    with the variant's critics, ``hidden`` layers, the data's observation statistics and,
+    for a safe algorithm, the study's limits."""
+    import jax
+
+    from neorl_industrial.core.agents.registry import algorithm_entry, build_algorithm
+
+    base, extra, _ = VARIANTS[name]
+    entry = algorithm_entry(base)
+    observations = np.asarray(jax.device_get(dataset.observations), np.float64)
+    hyperparameters: dict[str, Any] = {
+        "hidden": list(hidden),
+        "obs_mean": observations.mean(0).tolist(),
+        "obs_std": observations.std(0).tolist(),
+        **extra,
+    }
+    if entry.safe:
+        hyperparameters["cost_limits"] = list(cost_limits)
+        hyperparameters["episode_length"] = int(episode_length)
+    algorithm, _ = build_algorithm(
+        base, dataset.observation_size, dataset.action_size, hyperparameters
+    )
+    return algorithm, entry
+
+
+def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One task: the data, every variant trained and evaluated without the shield."""
+    from neorl_industrial.functional.state_management import RewardScaling
+    from neorl_industrial.functional.transformations.offline import train_offline
+
+    cost = study_cost(env_id, args)
+    horizon = horizon_of(env_id, args)
+    mixed, _card, facts = build_data(env_id, cost, args)
+    task: dict[str, Any] = {
+        "data": facts,
+        "cost": {"channels": list(cost.channels), "limits": list(cost.limits)},
+        "horizon": horizon,
+        "variants": {},
+        "timing": {},
+    }
+    for name in args.variants:
+        algorithm, entry = build_variant(name, mixed, args.hidden, cost.limits, horizon)
+        scaling = RewardScaling.fit(mixed, entry.reward_scaling)
+        progress(f"{env_id} {VARIANTS[name][2]}: {args.seeds} seeds, {args.updates} updates")
+        started = time.perf_counter()
+        state, _ = train_offline(
+            algorithm,
+            scaling.apply(mixed),
+            seeds=list(range(args.seeds)),
+            n_updates=args.updates,
+            chunk_updates=min(args.chunk, args.updates),
+            batch_size=args.batch_size,
+        )
+        train_s = time.perf_counter() - started
+        started = time.perf_counter()
+        rows = evaluate_policies(
+            env_id, cost, algorithm, state.agent.policy, args, shield_actions=False
+        )
+        eval_s = time.perf_counter() - started
+        per_seed = [score(row, facts) for row in rows]
+        task["variants"][name] = {
+            "reward_scaling": scaling.to_dict(),
+            "per_seed": per_seed,
+            **{
+                metric: mean_confidence_interval([seed[metric] for seed in per_seed])
+                for metric in METRICS
+            },
+        }
+        task["timing"][name] = {"train_s": train_s, "eval_s": eval_s}
+        summary = task["variants"][name]
+        progress(
+            f"  return {summary['normalized_return']['mean']:.1f} "
+            f"(CVaR {summary['normalized_return_cvar']['mean']:.1f}), cost "
+            f"{summary['normalized_cost']['mean']:.2f} "
+            f"(CVaR {summary['normalized_cost_cvar']['mean']:.2f})"
+        )
+    task["pairs"] = pairs(task["variants"])
+    return task
+
+
+def score(row: dict[str, Any], facts: dict[str, Any]) -> dict[str, float]:
+    """One policy's normalized return and its CVaR (x 100, D4RL-style), and its normalized
+    cost and cost CVaR."""
+    span = facts["expert_return"] - facts["random_return"]
+    return {
+        "normalized_return": 100.0 * (row["return"] - facts["random_return"]) / span,
+        "normalized_return_cvar": 100.0 * (row["return_cvar"] - facts["random_return"]) / span,
+        "normalized_cost": float(row["normalized_cost"]),
+        "normalized_cost_cvar": float(row["normalized_cost_cvar"]),
+    }
+
+
+def pairs(variants: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each risk-averse variant against its risk-neutral one, where both ran: the change
+    of each metric (risk-averse minus neutral) and whether the tail it targets improved
+    beyond the two intervals' overlap."""
+    out = []
+    for neutral, averse, target in PAIRS:
+        if neutral not in variants or averse not in variants:
+            continue
+        a, b = variants[neutral], variants[averse]
+        change = {metric: b[metric]["mean"] - a[metric]["mean"] for metric in METRICS}
+        if target == "return":
+            metric = "normalized_return_cvar"
+            better = b[metric]["mean"] - (b[metric]["ci"] or 0) > a[metric]["mean"] + (
+                a[metric]["ci"] or 0
+            )
+        else:
+            metric = "normalized_cost_cvar"
+            better = b[metric]["mean"] + (b[metric]["ci"] or 0) < a[metric]["mean"] - (
+                a[metric]["ci"] or 0
+            )
+        out.append(
+            {
+                "neutral": neutral,
+                "averse": averse,
+                "target": metric,
+                "change": change,
+                "tail_better": bool(
+                    change[metric] > 0 if target == "return" else change[metric] < 0
+                ),
+                "tail_better_significantly": bool(better),
+            }
+        )
+    return out
+
+
+def _cell(summary: dict[str, Any], digits: int) -> str:
+    if summary.get("ci") is None:
+        return f"{summary['mean']:.{digits}f}"
+    return f"{summary['mean']:.{digits}f} ± {summary['ci']:.{digits}f}"
+
+
+def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
+    """The study as a markdown page."""
+    lines = [
+        "# Risk study: distributional critics and CVaR",
+        "",
+        "Generated by `python -m benchmarks.risk_study` "
+        f"({config['n_seeds']} seeds per variant in one vmapped program, "
+        f"{config['n_updates']:,} updates, batch {config['batch_size']}, networks "
+        f"{tuple(config['hidden'])}, {config['n_episodes']} evaluation episodes per seed, "
+        "no shield). Do not edit by hand; rerun the script.",
+        "",
+        "Data: the safety study's mixture of medium, high and expert episodes with its cost "
+        "(docs/safety.md). *Return* is the normalized episode return "
+        "(`100 (R - random) / (expert - random)`), *return CVaR* the same of the mean of the "
+        "worst tenth of episodes; *cost* is the mean episode cost over the limit (the "
+        "largest channel; <= 1 is within it), *cost CVaR* the same of the costliest tenth. "
+        "Mean over seeds ± the half-width of a 95 % interval.",
+        "",
+    ]
+    for env_id, task in results["tasks"].items():
+        lines += [
+            f"## {env_id}",
+            "",
+            "| variant | return | return CVaR 0.1 | cost | cost CVaR 0.1 | train s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, entry in task["variants"].items():
+            lines.append(
+                f"| {VARIANTS[name][2]} | {_cell(entry['normalized_return'], 1)} | "
+                f"{_cell(entry['normalized_return_cvar'], 1)} | "
+                f"{_cell(entry['normalized_cost'], 2)} | "
+                f"{_cell(entry['normalized_cost_cvar'], 2)} | "
+                f"{task['timing'][name]['train_s']:.0f} |"
+            )
+        if task["pairs"]:
+            lines += [
+                "",
+                "Risk-averse against risk-neutral (change = averse − neutral):",
+                "",
+                "| pair | Δ return | Δ return CVaR | Δ cost | Δ cost CVaR | tail better |",
+                "|---|---|---|---|---|---|",
+            ]
+            for pair in task["pairs"]:
+                change = pair["change"]
+                verdict = (
+                    "yes, beyond the intervals"
+                    if pair["tail_better_significantly"]
+                    else ("yes" if pair["tail_better"] else "**no**")
+                )
+                lines.append(
+                    f"| {VARIANTS[pair['averse']][2]} vs {VARIANTS[pair['neutral']][2]} | "
+                    f"{change['normalized_return']:+.1f} | "
+                    f"{change['normalized_return_cvar']:+.1f} | "
+                    f"{change['normalized_cost']:+.2f} | "
+                    f"{change['normalized_cost_cvar']:+.2f} | {verdict} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    import jax
+
+    results: dict[str, Any] = {"tasks": {}}
+    for env_id in args.tasks:
+        results["tasks"][env_id] = study_task(env_id, args)
+    config = {
+        "tasks": list(args.tasks),
+        "variants": list(args.variants),
+        "variant_settings": {
+            name: {"algorithm": VARIANTS[name][0], **VARIANTS[name][1]} for name in args.variants
+        },
+        "trajectories_per_quality": args.trajectories,
+        "fatigue_limit": args.fatigue_limit,
+        "cost_limit": args.cost_limit,
+        "n_seeds": args.seeds,
+        "n_updates": args.updates,
+        "batch_size": args.batch_size,
+        "hidden": list(args.hidden),
+        "n_episodes": args.episodes,
+        "ib_horizon": args.horizon,
+        "tail": 0.1,
+        "device": str(jax.devices()[0].device_kind),
+    }
+    return config, results
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.risk_study", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--tasks", nargs="+", default=["IB-v0"])
+    parser.add_argument(
+        "--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS)
+    )
+    parser.add_argument("--trajectories", type=int, default=30, help="episodes per quality")
+    parser.add_argument("--data-seed", type=int, default=0)
+    parser.add_argument("--fatigue-limit", type=float, default=30.0)
+    parser.add_argument("--cost-limit", type=float, default=100.0)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--updates", type=int, default=10_000)
+    parser.add_argument("--chunk", type=int, default=2_000)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
+    parser.add_argument("--episodes", type=int, default=100)
+    parser.add_argument("--horizon", type=int, default=1000, help="IB episode length")
+    parser.add_argument("--doc", default="docs/risk.md")
+    parser.add_argument("--results-dir", default=str(DEFAULT_RESULTS_DIR))
+    parser.add_argument("-d", "--description", default="Risk study: IQN critics and CVaR")
+    parser.add_argument("-t", "--tag", default="untagged")
+    parser.add_argument("--no-save", action="store_true")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 2 trajectories, 2 seeds, 100 updates"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.trajectories, args.seeds, args.updates, args.chunk = 2, 2, 100, 50
+        args.episodes, args.horizon = 10, 100
+    for name in ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    if args.seeds < 2:
+        parser.error("--seeds: at least 2, for an interval over seeds")
+    from neorl_industrial.core.environments import registered_envs
+
+    unknown = [task for task in args.tasks if task not in registered_envs()]
+    if unknown:
+        parser.error(f"--tasks: unknown environment {unknown[0]!r}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = utc_timestamp()
+    config, results = run_study(args)
+    page = markdown(config, results)
+    print(page)
+    if not args.no_save:
+        path = save_study(NAME, args, started, config, results, page)
+        print(f"Wrote {path} and {args.doc}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

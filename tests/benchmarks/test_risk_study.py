@@ -1,0 +1,133 @@
+"""Tests of the risk study's variants, scores, pairs and page; a tiny end-to-end study runs
+under the ``slow`` marker."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import risk_study
+
+
+def _summary(mean: float, ci: float | None = 1.0) -> dict:
+    return {"mean": mean, "ci": ci, "n": 5}
+
+
+def _variant(ret: float, ret_cvar: float, cost: float, cost_cvar: float) -> dict:
+    return {
+        "normalized_return": _summary(ret),
+        "normalized_return_cvar": _summary(ret_cvar),
+        "normalized_cost": _summary(cost, 0.05),
+        "normalized_cost_cvar": _summary(cost_cvar, 0.05),
+    }
+
+
+def test_every_variant_is_a_registered_algorithm_with_valid_critics():
+    from neorl_industrial.core.agents.registry import algorithm_entry, build_algorithm
+
+    for base, extra, label in risk_study.VARIANTS.values():
+        entry = algorithm_entry(base)
+        assert label
+        hyperparameters = {"hidden": [8], **extra}
+        if entry.safe:
+            hyperparameters.update(cost_limits=[10.0], episode_length=100)
+        _, config = build_algorithm(base, 4, 2, hyperparameters)
+        for field in ("critic", "cost_critic"):
+            if field in extra:
+                assert getattr(config, field).kind == "iqn"
+    for neutral, averse, target in risk_study.PAIRS:
+        assert neutral in risk_study.VARIANTS and averse in risk_study.VARIANTS
+        assert target in ("return", "cost")
+        assert "risk" not in risk_study.VARIANTS[neutral][1].get("critic", {})
+
+
+def test_scores_are_normalized_from_the_data_facts():
+    facts = {"random_return": -300.0, "expert_return": -100.0}
+    row = {
+        "return": -150.0,
+        "return_cvar": -250.0,
+        "normalized_cost": 0.5,
+        "normalized_cost_cvar": 2,
+    }
+    scored = risk_study.score(row, facts)
+    assert scored["normalized_return"] == pytest.approx(75.0)
+    assert scored["normalized_return_cvar"] == pytest.approx(25.0)
+    assert scored["normalized_cost"] == 0.5 and scored["normalized_cost_cvar"] == 2.0
+
+
+def test_pairs_say_whether_the_targeted_tail_improved_and_beyond_the_intervals():
+    variants = {
+        "td3bc": _variant(60.0, 20.0, 0.9, 1.5),
+        "td3bc_cvar": _variant(58.0, 30.0, 0.9, 1.5),  # return tail +10, intervals apart
+        "iql": _variant(60.0, 20.0, 0.9, 1.5),
+        "iql_cvar": _variant(61.0, 19.0, 0.9, 1.5),  # return tail worse
+        "td3bc_lag": _variant(50.0, 10.0, 1.0, 2.0),
+        "td3bc_lag_cvar": _variant(48.0, 9.0, 0.8, 1.95),  # cost tail better, within the CIs
+    }
+    pairs = {(p["neutral"], p["averse"]): p for p in risk_study.pairs(variants)}
+    assert set(pairs) == {
+        ("td3bc", "td3bc_cvar"),
+        ("iql", "iql_cvar"),
+        ("td3bc_lag", "td3bc_lag_cvar"),
+    }
+    td3bc = pairs[("td3bc", "td3bc_cvar")]
+    assert td3bc["target"] == "normalized_return_cvar"
+    assert td3bc["change"]["normalized_return"] == pytest.approx(-2.0)
+    assert td3bc["tail_better"] and td3bc["tail_better_significantly"]
+    iql = pairs[("iql", "iql_cvar")]
+    assert not iql["tail_better"] and not iql["tail_better_significantly"]
+    lag = pairs[("td3bc_lag", "td3bc_lag_cvar")]
+    assert lag["target"] == "normalized_cost_cvar"
+    assert lag["tail_better"] and not lag["tail_better_significantly"]
+
+
+def test_the_page_has_a_row_per_variant_and_a_verdict_per_pair():
+    variants = {
+        "td3bc": _variant(60.0, 20.0, 0.9, 1.5),
+        "td3bc_cvar": _variant(58.0, 30.0, 0.9, 1.5),
+    }
+    config = {"n_seeds": 5, "n_updates": 10_000, "batch_size": 256, "hidden": [64, 64]}
+    config["n_episodes"] = 100
+    task = {
+        "variants": variants,
+        "timing": {name: {"train_s": 12.0, "eval_s": 3.0} for name in variants},
+        "pairs": risk_study.pairs(variants),
+    }
+    page = risk_study.markdown(config, {"tasks": {"IB-v0": task}})
+    assert "## IB-v0" in page
+    assert "| TD3+BC | 60.0 ± 1.0 | 20.0 ± 1.0 | 0.90 ± 0.05 | 1.50 ± 0.05 | 12 |" in page
+    assert "| TD3+BC, IQN, actor on CVaR 0.1 vs TD3+BC | -2.0 | +10.0 |" in page
+    assert "yes, beyond the intervals" in page
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--variants", "sac"], "invalid choice: 'sac'"),
+        (["--seeds", "1"], "--seeds: at least 2"),
+        (["--updates", "0"], "--updates: expected a positive integer"),
+        (["--tasks", "Nope-v0"], "--tasks: unknown environment 'Nope-v0'"),
+    ],
+)
+def test_bad_arguments_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        risk_study.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tiny_study_runs_end_to_end(tmp_path):
+    doc = tmp_path / "risk.md"
+    argv = ["--quick", "--variants", "td3bc", "td3bc_cvar", "--hidden", "8"]
+    argv += ["--doc", str(doc), "--results-dir", str(tmp_path), "-t", "test"]
+    assert risk_study.main(argv) == 0
+    (saved,) = tmp_path.glob("risk_study-test-*.json")
+    task = json.loads(saved.read_text())["results"]["tasks"]["IB-v0"]
+    assert set(task["variants"]) == {"td3bc", "td3bc_cvar"}
+    assert all(
+        np.isfinite(seed["normalized_return_cvar"])
+        for seed in task["variants"]["td3bc"]["per_seed"]
+    )
+    assert "vs TD3+BC" in doc.read_text()
