@@ -355,6 +355,7 @@ def run_training(
             else None,
             "resumed_from": result.resumed_from,
             "stopped_early": result.stopped_early,
+            "reward_scale": agent.training.get("reward_scale"),
         },
         "evaluations": result.evaluations,
         "ope_beside_simulator": agent.training.get("ope"),
@@ -484,6 +485,7 @@ def _log_outputs(
         for key, value in agent.hyperparameters.items()
         if key not in ("obs_mean", "obs_std")
     }
+    resolved["reward_scaling"] = agent.training.get("reward_scale")
     tracker.sender.submit("log_batch", "parent", params=flatten({"resolved": resolved}))
     plots = run_dir / "plots"
     learning_curves(

@@ -69,6 +69,10 @@ def test_params_tags_and_nested_runs(tracked):
     assert params["training.seeds"] == "[0, 1]"
     assert params["algorithm.hyperparameters.hidden"] == "[16, 16]"
     assert json.loads(params["resolved.cost_limits"]) == [100.0, 100.0]
+    # the reward scaling TD3BC-Lag trains with, as fitted on the data
+    scaling = outcome.report["training"]["reward_scale"]
+    assert params["resolved.reward_scaling.kind"] == scaling["kind"] == "std"
+    assert float(params["resolved.reward_scaling.scale"]) == pytest.approx(scaling["scale"])
     tags = parent.data.tags
     assert tags["env"] == "IB-v0" and tags["algorithm"] == "td3bc-lag"
     assert tags["dataset"] == outcome.report["data"]["name"]
