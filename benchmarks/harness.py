@@ -1,4 +1,5 @@
-"""Shared pieces of every benchmark: system description, result files and timing helpers.
+"""Shared pieces of every benchmark: system description, result files, timing and
+statistics helpers.
 
 Every benchmark run produces one :class:`BenchmarkResult`, saved as one JSON file in
 ``benchmarks/results/`` named ``<name>-<tag>-<YYYYmmddTHHMMSSZ>.json``. The file holds the
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -412,6 +413,19 @@ def ratio(value: float | None, reference: float | None) -> float | None:
     if value is None or reference is None or not reference > 0:
         return None
     return value / reference
+
+
+def mean_confidence_interval(values: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    """Mean of ``values`` with the half-width of a Student-t confidence interval."""
+    import numpy as np
+    from scipy import stats
+
+    data = np.asarray(values, np.float64)
+    mean = float(data.mean())
+    if data.size < 2:
+        return {"mean": mean, "ci": None, "n": int(data.size)}
+    half = stats.t.ppf(0.5 + level / 2, data.size - 1) * data.std(ddof=1) / np.sqrt(data.size)
+    return {"mean": mean, "ci": float(half), "n": int(data.size)}
 
 
 # --------------------------------------------------------------------------- formatting

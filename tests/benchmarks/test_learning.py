@@ -11,25 +11,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import learning
+from benchmarks import (
+    harness,
+    learning,
+    learning_common,
+    learning_page,
+    learning_programs,
+    learning_progress,
+    learning_runs,
+)
 
 
 def test_confidence_interval_is_students_t_over_seeds():
-    result = learning.mean_confidence_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    result = harness.mean_confidence_interval([1.0, 2.0, 3.0, 4.0, 5.0])
     assert result["mean"] == pytest.approx(3.0)
     # t(0.975, 4) = 2.7764, sample std = sqrt(2.5)
     assert result["ci"] == pytest.approx(2.7764 * np.sqrt(2.5) / np.sqrt(5), rel=1e-4)
-    assert learning.mean_confidence_interval([7.0])["ci"] is None
+    assert harness.mean_confidence_interval([7.0])["ci"] is None
 
 
 def test_reward_scaling_is_the_registrys_per_algorithm_unless_overridden():
-    assert learning.reward_scaling_kind("iql") == "return_range"
-    assert learning.reward_scaling_kind("bc") == "std"
-    assert learning.reward_scaling_kind("td3bc") == "std"
+    assert learning_programs.reward_scaling_kind("iql") == "return_range"
+    assert learning_programs.reward_scaling_kind("bc") == "std"
+    assert learning_programs.reward_scaling_kind("td3bc") == "std"
     for variant in ("cql", "cql_alpha", "cql_bc", "cql_d3rlpy"):
-        assert learning.reward_scaling_kind(variant) == "std"
-    assert learning.reward_scaling_kind("iql", "std") == "std"
-    assert learning.reward_scaling_kind("bc", "none") == "none"
+        assert learning_programs.reward_scaling_kind(variant) == "std"
+    assert learning_programs.reward_scaling_kind("iql", "std") == "std"
+    assert learning_programs.reward_scaling_kind("bc", "none") == "none"
 
 
 def _results(scores: dict[str, tuple[float, float]], behaviour: float) -> dict:
@@ -47,11 +55,11 @@ def _results(scores: dict[str, tuple[float, float]], behaviour: float) -> dict:
 def test_checks_can_fail_and_pass():
     config = {"qualities": ["low"], "algorithms": ["bc", "td3bc", "iql"]}
     results = _results({"bc": (31.0, 2.0), "td3bc": (40.0, 3.0), "iql": (29.0, 4.0)}, 30.0)
-    verdicts = learning.checks(config, results)
+    verdicts = learning_page.checks(config, results)
     assert verdicts["bc_low_close_to_behaviour"]["passed"] is True
     assert verdicts["td3bc_low_reaches_behaviour"]["passed"] is True
     assert verdicts["iql_low_reaches_behaviour"]["passed"] is False  # 29 < 30 whatever the CI
-    far = learning.checks(config, _results({"bc": (5.0, 1.0)}, 30.0))
+    far = learning_page.checks(config, _results({"bc": (5.0, 1.0)}, 30.0))
     assert far["bc_low_close_to_behaviour"]["passed"] is False
 
 
@@ -69,8 +77,8 @@ def test_markdown_page_has_one_row_per_dataset_and_the_verdicts():
         "device": "cpu",
     }
     results = _results({"bc": (31.0, 2.0), "td3bc": (40.0, 3.0)}, 30.0)
-    results["checks"] = learning.checks(config, results)
-    page = learning.markdown(config, results)
+    results["checks"] = learning_page.checks(config, results)
+    page = learning_page.markdown(config, results)
     assert "| IB-v0-low | 30.0 | 31.0 ± 2.0 | 40.0 ± 3.0 |" in page
     assert "TD3+BC reaches the behaviour score on low: met" in page
 
@@ -159,11 +167,11 @@ def tiny_task():
     """FourTank's datasets (its evaluation compiles fastest of the tasks): 3 episodes of
     60 steps per quality, generated as the study does, shared with the study test (the
     compiled programs are reused)."""
-    return learning.prepare_task("FourTank-v0", ["low", "medium"], TINY["trajectories"], 0)
+    return learning_runs.prepare_task("FourTank-v0", ["low", "medium"], TINY["trajectories"], 0)
 
 
 def test_each_dataset_gets_its_own_reward_scaling(tiny_task):
-    scaled, scalings = learning.scaled_datasets(tiny_task, "return_range")
+    scaled, scalings = learning_runs.scaled_datasets(tiny_task, "return_range")
     assert scaled.rewards.shape[0] == 2  # stacked: one per dataset
     for index, (dataset, scaling) in enumerate(zip(tiny_task.datasets, scalings, strict=True)):
         returns = np.asarray(dataset.episode_returns())
@@ -173,20 +181,20 @@ def test_each_dataset_gets_its_own_reward_scaling(tiny_task):
             scaled.rewards[index], np.asarray(dataset.rewards) * scaling.scale, rtol=1e-6
         )
     args = learning.parse_args(["--tasks", "FourTank-v0"])
-    assert learning.RunSettings.of(args, "FourTank-v0", "iql").reward_scaling == "return_range"
-    assert learning.RunSettings.of(args, "FourTank-v0", "cql_bc").reward_scaling == "std"
+    assert learning_runs.RunSettings.of(args, "FourTank-v0", "iql").reward_scaling == "return_range"
+    assert learning_runs.RunSettings.of(args, "FourTank-v0", "cql_bc").reward_scaling == "std"
     args = learning.parse_args(["--tasks", "FourTank-v0", "--reward-scaling", "none"])
-    assert learning.RunSettings.of(args, "FourTank-v0", "iql").reward_scaling == "none"
+    assert learning_runs.RunSettings.of(args, "FourTank-v0", "iql").reward_scaling == "none"
 
 
-def _settings(algorithm: str, **changes) -> learning.RunSettings:
+def _settings(algorithm: str, **changes) -> learning_runs.RunSettings:
     fields = {**TINY, "task": "FourTank-v0", "algorithm": algorithm, "data_seed": 0}
     fields.update(qualities=("low", "medium"), **changes)
-    fields.setdefault("reward_scaling", learning.reward_scaling_kind(algorithm))
-    return learning.RunSettings(**fields)
+    fields.setdefault("reward_scaling", learning_programs.reward_scaling_kind(algorithm))
+    return learning_runs.RunSettings(**fields)
 
 
-class _StopAfterFirstChunk(learning.StudyProgress):
+class _StopAfterFirstChunk(learning_progress.StudyProgress):
     """Kills the run right after its first chunk (and that chunk's checkpoint)."""
 
     def chunk_done(self, done: int, seconds: float) -> None:
@@ -199,7 +207,7 @@ def test_a_run_resumed_after_one_chunk_ends_exactly_as_an_uninterrupted_one(tiny
     from neorl_industrial.wrappers.training.trainer import CheckpointMismatchError
 
     settings = _settings("bc")
-    straight = learning.run_algorithm(tiny_task, settings, tmp_path / "straight")
+    straight = learning_runs.run_algorithm(tiny_task, settings, tmp_path / "straight")
     record = straight.record
     # A point every 20 updates; the last one is the final evaluation at 30.
     assert [p["updates"] for p in record["curve"]] == [20, 30]
@@ -208,21 +216,21 @@ def test_a_run_resumed_after_one_chunk_ends_exactly_as_an_uninterrupted_one(tiny
     assert record["sessions"] == 1 and record["train_s"] > 0 and record["eval_s"] > 0
 
     with pytest.raises(KeyboardInterrupt):
-        learning.run_algorithm(
+        learning_runs.run_algorithm(
             tiny_task, settings, tmp_path / "cut", reporter=_StopAfterFirstChunk(rich=False)
         )
-    assert learning.RunCheckpoints(tmp_path / "cut").latest() == 10
+    assert learning_runs.RunCheckpoints(tmp_path / "cut").latest() == 10
     with pytest.raises(FileExistsError, match="--resume"):
-        learning.run_algorithm(tiny_task, settings, tmp_path / "cut")
+        learning_runs.run_algorithm(tiny_task, settings, tmp_path / "cut")
     with pytest.raises(CheckpointMismatchError, match="--updates 40 here, 30 in the checkpoint"):
-        learning.run_algorithm(
+        learning_runs.run_algorithm(
             tiny_task, _settings("bc", updates=40), tmp_path / "cut", resume=True
         )
     with pytest.raises(CheckpointMismatchError, match=r"--hidden \[16\] here, \[8\] in"):
-        learning.run_algorithm(
+        learning_runs.run_algorithm(
             tiny_task, _settings("bc", hidden=(16,)), tmp_path / "cut", resume=True
         )
-    resumed = learning.run_algorithm(tiny_task, settings, tmp_path / "cut", resume=True)
+    resumed = learning_runs.run_algorithm(tiny_task, settings, tmp_path / "cut", resume=True)
 
     for a, b in zip(jax.tree.leaves(straight.states), jax.tree.leaves(resumed.states), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -232,7 +240,7 @@ def test_a_run_resumed_after_one_chunk_ends_exactly_as_an_uninterrupted_one(tiny
     assert [h["updates"] for h in resumed.record["history"]] == [10, 20, 30]
 
     # A finished run is read back, not trained again.
-    again = learning.run_algorithm(tiny_task, settings, tmp_path / "straight", resume=True)
+    again = learning_runs.run_algorithm(tiny_task, settings, tmp_path / "straight", resume=True)
     assert again.states is None
     assert again.record["final_returns"] == record["final_returns"]
 
@@ -331,7 +339,7 @@ def test_merge_joins_runs_of_different_algorithms_and_refuses_mismatches(tmp_pat
     task = results["tasks"]["IB-v0"]
     assert set(task["datasets"]["low"]["scores"]) == {"td3bc", "cql"}
     assert "cql" not in task["datasets"]["high"]["scores"]
-    page = learning.markdown(config, results)
+    page = learning_page.markdown(config, results)
     assert "| IB-v0-high | 30.0 | 40.0 ± 2.0 | — |" in page
     other = _saved(tmp_path, "c", "iql", ["low"], 10_000, trajectories=10)
     with pytest.raises(ValueError, match="trajectories"):
@@ -350,16 +358,16 @@ def test_merge_keeps_curves_and_reward_scaling_and_plots_them(tmp_path):
     assert set(task["datasets"]["low"]["reward_scaling"]) == {"td3bc", "cql"}
     assert "cql" not in task["datasets"]["medium"]["reward_scaling"]
     assert results["wall_time"]["train_s"] == pytest.approx(2.0)
-    written = learning.plot_curves(config, results, tmp_path / "images")
+    written = learning_page.plot_curves(config, results, tmp_path / "images")
     assert sorted(path.name for path in written) == ["IB-v0-low.png", "IB-v0-medium.png"]
-    page = learning.markdown(config, results, "images")
+    page = learning_page.markdown(config, results, "images")
     assert "![IB-v0-medium](images/IB-v0-medium.png)" in page
     assert "| IB-v0-low | std (scale 0.5) | std (scale 0.5) |" in page
     # without curves (runs saved before them): no plots and no images on the page
     for task in results["tasks"].values():
         task.pop("curves")
-    assert learning.plot_curves(config, results, tmp_path / "none") == []
-    assert "![" not in learning.markdown(config, results, "images")
+    assert learning_page.plot_curves(config, results, tmp_path / "none") == []
+    assert "![" not in learning_page.markdown(config, results, "images")
 
 
 def test_the_progress_bar_names_the_run_and_its_last_score():
@@ -369,7 +377,7 @@ def test_the_progress_bar_names_the_run_and_its_last_score():
 
     stream = io.StringIO()
     console = Console(file=stream, force_terminal=True, width=160)
-    with learning.StudyProgress(300, 100, rich=True, console=console) as bars:
+    with learning_progress.StudyProgress(300, 100, rich=True, console=console) as bars:
         bars.run_skipped("IB-v0 BC", 100)
         bars.run_begin("IB-v0 TD3+BC", 0, 200)
         bars.chunk_done(100, 1.0)
@@ -381,11 +389,9 @@ def test_the_progress_bar_names_the_run_and_its_last_score():
 
 
 def test_every_algorithm_has_a_label_and_a_factory():
-    from benchmarks import learning
-
-    assert set(learning.LABELS) == set(learning.ALGORITHMS)
-    for name in learning.ALGORITHMS:
-        algorithm = learning.make_algorithm(name, 4, 2, (8,), n_updates=100)
+    assert set(learning_common.LABELS) == set(learning_common.ALGORITHMS)
+    for name in learning_common.ALGORITHMS:
+        algorithm = learning_programs.make_algorithm(name, 4, 2, (8,), n_updates=100)
         assert callable(algorithm.update)
 
 
@@ -407,12 +413,12 @@ def test_a_suite_page_has_a_table_per_task_a_summary_and_neorl2_beside_ours():
     dmsd["datasets"]["low"]["returns"]["td3bc"] = {"mean": 440.055, "ci": 9.0, "n": 5}
     results = {"tasks": {"DMSD-v0": dmsd, "FourTank-v0": tank}}
     for task in results["tasks"].values():
-        task["checks"] = learning.checks(config, task)
-    counts = learning.summary(config, results)
+        task["checks"] = learning_page.checks(config, task)
+    counts = learning_page.summary(config, results)
     # BC: 31 > 30 on DMSD only; TD3+BC beats both, significantly only on DMSD (40 - 3 > 30)
     assert counts["bc"] == {"beats": 1, "significantly": 0, "datasets": 2}
     assert counts["td3bc"] == {"beats": 2, "significantly": 1, "datasets": 2}
-    page = learning.markdown(config, results)
+    page = learning_page.markdown(config, results)
     assert "| TD3+BC | 2 of 2 | 1 of 2 |" in page
     assert "## DMSD-v0" in page and "## FourTank-v0" in page
     assert "| FourTank-v0-low | 30.0 | 20.0 ± 2.0 | 31.0 ± 3.0 |" in page
@@ -422,7 +428,7 @@ def test_a_suite_page_has_a_table_per_task_a_summary_and_neorl2_beside_ours():
     assert "| DMSD-v0-low (ours, rescored) | -28.16 | — | — | 50.00 |" in page
     assert "FourTank-v0-low (ours, rescored)" not in page
     with pytest.raises(ValueError, match="env_id: NeoRL-2 publishes no normalization"):
-        learning.neorl2_normalization("FourTank-v0")
+        learning_page.neorl2_normalization("FourTank-v0")
 
 
 def test_merge_joins_tasks_and_refuses_an_algorithm_twice_on_one_task(tmp_path):

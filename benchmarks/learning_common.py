@@ -1,0 +1,21 @@
+"""The learning study's names shared by its modules: the algorithms it trains, their
+labels on the page, the registered algorithm each variant shares defaults with, the
+dataset qualities, and how a study's configuration names per-algorithm reward scaling."""
+
+from __future__ import annotations
+
+ALGORITHMS = ("bc", "td3bc", "iql", "cql", "cql_alpha", "cql_bc", "cql_d3rlpy")
+LABELS = {
+    "bc": "BC",
+    "td3bc": "TD3+BC",
+    "iql": "IQL",
+    "cql": "CQL",
+    "cql_alpha": "CQL-α",
+    "cql_bc": "CQL (BC warm start)",
+    "cql_d3rlpy": "CQL (d3rlpy defaults)",
+}
+#: The registered algorithm whose defaults (reward scaling) a variant of the study shares.
+REGISTRY_NAMES = {"cql_alpha": "cql", "cql_bc": "cql", "cql_d3rlpy": "cql"}
+QUALITIES = ("low", "medium", "high")
+#: ``config["reward_scaling"]`` of a study that scales as the algorithm registry says.
+PER_ALGORITHM = "per_algorithm"
