@@ -100,6 +100,7 @@ def test_the_page_has_a_row_per_variant_and_a_verdict_per_pair():
     assert "| TD3+BC | 60.0 ± 1.0 | 20.0 ± 1.0 | 0.90 ± 0.05 | 1.50 ± 0.05 | 12 |" in page
     assert "| TD3+BC, IQN, actor on CVaR 0.1 vs TD3+BC | -2.0 | +10.0 |" in page
     assert "yes, beyond the intervals" in page
+    assert "Quantile critics: 8 fractions drawn per TD step" in page
 
 
 @pytest.mark.parametrize(
