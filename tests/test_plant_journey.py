@@ -73,6 +73,8 @@ def test_training_on_a_plant_log_is_evaluated_off_policy_and_says_so(journey):
     assert best["estimate"] == "fqe" and best["heldout_episodes"] >= 1
     assert best["return_ci"] is not None and best["normalized_cost"] >= 0
     assert report["outputs"]["policy"]
+    # IQL-Lag trains on the IQL paper's reward scaling, fitted on the log's episodes
+    assert report["training"]["reward_scale"]["kind"] == "return_range"
 
 
 def test_evaluate_needs_logged_data_for_a_plant_and_estimates_with_it(journey, capsys):
