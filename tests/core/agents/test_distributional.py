@@ -201,6 +201,46 @@ def test_agents_update_with_quantile_critics(name, extra):
     )
 
 
+def test_the_cost_floor_holds_the_tail_the_actor_reads():
+    """TD3BC-Lag's floor on quantile cost critics penalizes the policy's *risk measure*
+    (the upper tail) falling below the data's, not only the mean."""
+    from neorl_industrial.core.agents import cost_critics
+
+    config = CriticConfig(**IQN, risk="cvar", cvar_level=0.1)
+    costs = cost_critics.make_cost_critics((8,), 1, 1e-3, config)
+    state = cost_critics.init_cost_critics(costs, jax.random.PRNGKey(0), 3, 2)
+    keys = jax.random.split(jax.random.PRNGKey(1), 3)
+    observations = jax.random.normal(keys[0], (16, 3))
+    data_actions = jax.random.uniform(keys[1], (16, 2), minval=-1, maxval=1)
+    policy_actions = jax.random.uniform(keys[2], (16, 2), minval=-1, maxval=1)
+    targets = jnp.ones((1, 16, 8))
+    key = jax.random.PRNGKey(2)
+
+    def loss(floor):
+        _, value, _ = cost_critics.critic_step(
+            costs, state, observations, data_actions, targets, floor, policy_actions, key
+        )
+        return float(value)
+
+    risk_data = costs.risk_values(state.critic, observations, data_actions)
+    risk_policy = costs.risk_values(state.critic, observations, policy_actions)
+    shortfall = float(jnp.mean(jnp.sum(jax.nn.relu(risk_data - risk_policy), axis=(0, 1))))
+    assert shortfall > 0
+    np.testing.assert_allclose(loss(1.0) - loss(0.0), shortfall, rtol=1e-4)
+    means = float(
+        jnp.mean(
+            jnp.sum(
+                jax.nn.relu(
+                    costs.q_values(state.critic, observations, data_actions)
+                    - costs.q_values(state.critic, observations, policy_actions)
+                ),
+                axis=(0, 1),
+            )
+        )
+    )
+    assert abs(shortfall - means) > 1e-3  # the tail, not the mean, is held
+
+
 @pytest.mark.slow
 def test_quantile_td_loss_is_the_same_with_and_without_jit():
     critics = make_critics(CriticConfig(**IQN), (8,), 4)
