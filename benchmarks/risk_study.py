@@ -28,17 +28,19 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks.harness import (
     DEFAULT_RESULTS_DIR,
+    BenchmarkResult,
+    mean_confidence_interval,
     progress,
     save_study,
     utc_timestamp,
 )
-from benchmarks.learning import mean_confidence_interval
 from benchmarks.safety_study import (
     build_data,
     evaluate_policies,
@@ -249,6 +251,12 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
         f"{IQN['embedding_size']} cosines.",
         "",
     ]
+    if config.get("kept_from"):
+        lines += [
+            f"Variants not trained in this run were carried over from `{config['kept_from']}` "
+            "(the same settings and data); their training seconds are that run's.",
+            "",
+        ]
     for env_id, task in results["tasks"].items():
         lines += [
             f"## {env_id}",
@@ -290,27 +298,69 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Settings a kept result must share with this run (names of the result's config).
+SHARED_SETTINGS = (
+    "tasks",
+    "trajectories_per_quality",
+    "fatigue_limit",
+    "cost_limit",
+    "n_seeds",
+    "n_updates",
+    "batch_size",
+    "hidden",
+    "n_episodes",
+    "ib_horizon",
+)
+
+
+def check_keepable(saved: BenchmarkResult, config: dict[str, Any]) -> None:
+    """Raises ``ValueError`` naming each setting in which ``saved`` differs from
+    ``config`` (a run's own settings), or when it is not a risk-study result."""
+    if saved.name != NAME:
+        raise ValueError(f"a {saved.name!r} result, not a {NAME} one")
+    differing = [
+        f"{key} {config.get(key)} here, {saved.config.get(key)} there"
+        for key in SHARED_SETTINGS
+        if saved.config.get(key) != config.get(key)
+    ]
+    if differing:
+        raise ValueError(
+            "--keep: the result was run with other settings (" + "; ".join(differing) + ")"
+        )
+
+
+def keep_variants(
+    results: dict[str, Any], saved: BenchmarkResult, rerun: Sequence[str]
+) -> list[str]:
+    """Adds to ``results`` the variants of ``saved`` that this run did not train again (in
+    the saved order, then the new ones) with the pairs recomputed; returns every variant."""
+    order = [name for name in saved.config["variants"] if name not in rerun] + list(rerun)
+    for env_id, task in results["tasks"].items():
+        old = saved.results["tasks"][env_id]
+        variants = {**old["variants"], **task["variants"]}
+        timing = {**old["timing"], **task["timing"]}
+        task["variants"] = {name: variants[name] for name in order if name in variants}
+        task["timing"] = {name: timing[name] for name in order if name in timing}
+        task["pairs"] = pairs(task["variants"])
+    return order
+
+
 def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     import jax
 
     results: dict[str, Any] = {"tasks": {}}
     for env_id in args.tasks:
         results["tasks"][env_id] = study_task(env_id, args)
+    variants = list(args.variants)
+    if args.keep is not None:
+        variants = keep_variants(results, args.keep_result, args.variants)
     config = {
-        "tasks": list(args.tasks),
-        "variants": list(args.variants),
+        "variants": variants,
+        "kept_from": None if args.keep is None else args.keep.name,
         "variant_settings": {
-            name: {"algorithm": VARIANTS[name][0], **VARIANTS[name][1]} for name in args.variants
+            name: {"algorithm": VARIANTS[name][0], **VARIANTS[name][1]} for name in variants
         },
-        "trajectories_per_quality": args.trajectories,
-        "fatigue_limit": args.fatigue_limit,
-        "cost_limit": args.cost_limit,
-        "n_seeds": args.seeds,
-        "n_updates": args.updates,
-        "batch_size": args.batch_size,
-        "hidden": list(args.hidden),
-        "n_episodes": args.episodes,
-        "ib_horizon": args.horizon,
+        **settings_of(args),
         "tail": 0.1,
         "device": str(jax.devices()[0].device_kind),
     }
@@ -336,6 +386,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--horizon", type=int, default=1000, help="IB episode length")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="an earlier result of this study with the same settings: its variants not "
+        "given in --variants are carried over (those given are trained again)",
+    )
     parser.add_argument("--doc", default="docs/risk.md")
     parser.add_argument("--results-dir", default=str(DEFAULT_RESULTS_DIR))
     parser.add_argument("-d", "--description", default="Risk study: IQN critics and CVaR")
@@ -358,7 +414,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [task for task in args.tasks if task not in registered_envs()]
     if unknown:
         parser.error(f"--tasks: unknown environment {unknown[0]!r}")
+    if args.keep is not None:
+        try:
+            saved = BenchmarkResult.load(args.keep)
+            check_keepable(saved, settings_of(args))
+        except (OSError, ValueError, KeyError) as error:
+            parser.error(f"--keep {args.keep}: {error}")
+        args.keep_result = saved
     return args
+
+
+def settings_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's settings under the names of its result's config."""
+    return {
+        "tasks": list(args.tasks),
+        "trajectories_per_quality": args.trajectories,
+        "fatigue_limit": args.fatigue_limit,
+        "cost_limit": args.cost_limit,
+        "n_seeds": args.seeds,
+        "n_updates": args.updates,
+        "batch_size": args.batch_size,
+        "hidden": list(args.hidden),
+        "n_episodes": args.episodes,
+        "ib_horizon": args.horizon,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -132,3 +132,48 @@ def test_tiny_study_runs_end_to_end(tmp_path):
         for seed in task["variants"]["td3bc"]["per_seed"]
     )
     assert "vs TD3+BC" in doc.read_text()
+
+
+def _saved_result(tmp_path, **changes):
+    from benchmarks.harness import BenchmarkResult
+
+    args = risk_study.parse_args([])
+    config = {**risk_study.settings_of(args), "variants": ["td3bc", "td3bc_cvar"], **changes}
+    variants = {
+        "td3bc": _variant(60.0, 20.0, 0.9, 1.5),
+        "td3bc_cvar": _variant(58.0, 30.0, 0.9, 1.5),
+    }
+    task = {
+        "variants": variants,
+        "timing": {name: {"train_s": 1.0, "eval_s": 1.0} for name in variants},
+        "pairs": [],
+    }
+    result = BenchmarkResult(name="risk_study", config=config, results={"tasks": {"IB-v0": task}})
+    return result.save(tmp_path)
+
+
+def test_kept_variants_are_carried_over_and_rerun_ones_replaced(tmp_path):
+    args = risk_study.parse_args(
+        ["--keep", str(_saved_result(tmp_path)), "--variants", "td3bc_cvar"]
+    )
+    rerun = _variant(57.0, 35.0, 0.8, 1.2)
+    results = {
+        "tasks": {"IB-v0": {"variants": {"td3bc_cvar": rerun}, "timing": {"td3bc_cvar": {}}}}
+    }
+    order = risk_study.keep_variants(results, args.keep_result, args.variants)
+    assert order == ["td3bc", "td3bc_cvar"]
+    task = results["tasks"]["IB-v0"]
+    assert task["variants"]["td3bc"]["normalized_return"]["mean"] == 60.0  # kept
+    assert task["variants"]["td3bc_cvar"] is rerun  # trained again
+    (pair,) = task["pairs"]
+    assert pair["change"]["normalized_return_cvar"] == pytest.approx(15.0)
+
+
+def test_a_kept_result_of_other_settings_is_refused_by_name(tmp_path, capsys):
+    path = _saved_result(tmp_path, n_updates=500)
+    with pytest.raises(SystemExit):
+        risk_study.parse_args(["--keep", str(path)])
+    assert "n_updates 10000 here, 500 there" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        risk_study.parse_args(["--keep", str(tmp_path / "missing.json")])
+    assert "--keep" in capsys.readouterr().err
