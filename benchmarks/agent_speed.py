@@ -13,8 +13,8 @@ What is measured:
   actions), built by the registry, one jitted chunk of ``chunk_updates`` updates of batch
   256, the batches sampled inside the ``lax.scan`` (what :func:`train_offline` runs).
   Steps per second = ``chunk_updates / best chunk time``. ``*_iqn`` rows use implicit
-  quantile critics with d3rlpy's ``IQNQFunctionFactory`` defaults (64 sampled fractions
-  for the TD loss, 32 for the expectation, 64 cosine features).
+  quantile critics as d3rlpy's ``IQNQFunctionFactory`` configured alike (32 sampled
+  fractions for the TD loss and for the expectation, 64 cosine features).
 * **d3rlpy** - the same algorithm from ``d3rlpy.algos`` with the same encoders
   (``VectorEncoderFactory`` of the same widths), two critics, 10 CQL action samples, the
   IQN Q-function for the ``*_iqn`` rows, batch 256, ``algo.update(batch)`` in a Python loop
@@ -70,8 +70,11 @@ BATCH_SIZE = 256
 OBSERVATION_SIZE = 180
 ACTION_SIZE = 3
 N_SEEDS = 8
-#: d3rlpy's ``IQNQFunctionFactory`` defaults, as our critic settings.
-IQN_CRITIC = {"kind": "iqn", "n_quantiles": 64, "n_policy_quantiles": 32, "embedding_size": 64}
+#: Implicit quantile critics of the ``*_iqn`` rows, the same for both libraries: 32
+#: fractions per TD step and for the expectation, 64 cosines. d3rlpy's continuous-action
+#: algorithms need its ``n_quantiles`` equal to ``n_greedy_quantiles`` (their targets are
+#: drawn at the greedy count, and its IQN loss asserts the two shapes agree).
+IQN_CRITIC = {"kind": "iqn", "n_quantiles": 32, "n_policy_quantiles": 32, "embedding_size": 64}
 
 TARGETS: dict[str, tuple[str, float, str]] = {
     **{
