@@ -10,7 +10,6 @@ read side by side by ``python -m benchmarks.compare``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -19,7 +18,6 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -224,24 +222,12 @@ def to_jsonable(value: Any) -> Any:
 
 
 def write_atomically(path: str | os.PathLike[str], text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file in the same directory moved
-    into place with ``os.replace``: a reader sees the old file or the new one, never a
-    part, and a failed write leaves nothing behind."""
-    path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp"
-    )
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), 0o644)  # mkstemp's 0600 would hide it from others
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    """Writes ``text`` to ``path`` atomically (the package's ``write_text_atomic``): a
+    reader sees the old file or the new one, never a part, and a failed write leaves
+    nothing behind."""
+    from neorl_industrial.wrappers.hostio import write_text_atomic
+
+    write_text_atomic(path, text)
 
 
 def save_study(
