@@ -227,7 +227,8 @@ def write_atomically(path: str | os.PathLike[str], text: str) -> None:
     nothing behind."""
     from neorl_industrial.wrappers.hostio import write_text_atomic
 
-    write_text_atomic(path, text)
+    written = write_text_atomic(path, text)
+    os.chmod(written, 0o644)  # results and pages are for everyone to read
 
 
 def save_study(
