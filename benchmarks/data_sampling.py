@@ -137,7 +137,19 @@ def settings(quick: bool) -> Settings:
 
 
 def peak_rss_bytes() -> int:
-    """The process's peak resident memory so far, in bytes."""
+    """The process's peak resident memory so far, in bytes.
+
+    On Linux this is ``VmHWM`` of ``/proc/self/status``: ``getrusage``'s ``ru_maxrss``
+    survives ``exec``, so a child started by a large parent (``subprocess`` forks the
+    parent's address space first) would report the parent's peak, not its own.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports kiB
 
@@ -775,7 +787,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
             "ours": memory_ours,
             "d3rlpy": d3rlpy_memory or {"error": d3rlpy_result.get("error")},
             "process": process,
-            "process_note": "peak_rss_bytes is the peak so far (getrusage), rss_bytes the "
+            "process_note": "peak_rss_bytes is the peak so far (VmHWM), rss_bytes the "
             "resident memory then; after_synthesis holds the synthetic host arrays, "
             "after_dataset_build also our device copy, after_d3rlpy_import adds torch and "
             "d3rlpy, after_d3rlpy_build its buffer (a view of the host arrays plus its index)",

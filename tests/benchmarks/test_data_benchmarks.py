@@ -309,3 +309,22 @@ def test_generation_measurement_builds_the_dataset() -> None:
     assert entry["dataset_transitions"] == 12
     for stage in data_generation.STAGES:
         assert entry[stage]["transitions_per_s"] > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux's")
+def test_peak_rss_of_a_child_is_its_own_not_its_parents() -> None:
+    """A child started while this process holds 400 MB reports its own, small peak
+    (``getrusage`` alone carries the parent's peak across ``exec``)."""
+    import subprocess
+
+    held = np.ones(400 * 2**20 // 8)
+    held[::512] = 2.0  # touch every page
+    code = (
+        "import json; from benchmarks.data_sampling import peak_rss_bytes; "
+        "print(json.dumps(peak_rss_bytes()))"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert int(child.stdout.strip()) < 200 * 2**20
+    assert data_sampling.peak_rss_bytes() >= held.nbytes
