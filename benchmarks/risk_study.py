@@ -20,6 +20,7 @@ Usage (from the repository root)::
     python -m benchmarks.risk_study                         # IB-v0, docs/risk.md
     python -m benchmarks.risk_study --tasks IB-v0 CSTR-v0 FourTank-v0
     python -m benchmarks.risk_study --quick --no-save       # a smoke run
+    python -m benchmarks.risk_study --merge RESULT.json ...  # one page from runs per task
 """
 
 from __future__ import annotations
@@ -229,6 +230,64 @@ def _cell(summary: dict[str, Any], digits: int) -> str:
     return f"{summary['mean']:.{digits}f} ± {summary['ci']:.{digits}f}"
 
 
+def episodes_identical(task: dict[str, Any]) -> bool:
+    """Whether every variant's tail equals its mean, return and cost alike: the episodes
+    of each policy were the same episode."""
+    for entry in task["variants"].values():
+        if not entry.get("per_seed"):
+            return False
+        for seed in entry["per_seed"]:
+            for mean, tail in (
+                ("normalized_return", "normalized_return_cvar"),
+                ("normalized_cost", "normalized_cost_cvar"),
+            ):
+                if not np.isclose(seed[mean], seed[tail], rtol=1e-9, atol=1e-9):
+                    return False
+    return True
+
+
+def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One study from saved runs of it on different tasks (the first run's settings head
+    the page; each task names the device and file it came from).
+
+    Raises:
+        ValueError: for no files, a result of another benchmark, a task in two files, or
+            runs whose settings other than the tasks differ.
+    """
+    if not paths:
+        raise ValueError("merge: expected at least one result file")
+    config: dict[str, Any] | None = None
+    results: dict[str, Any] = {"tasks": {}}
+    for path in paths:
+        saved = BenchmarkResult.load(path)
+        if saved.name != NAME:
+            raise ValueError(f"{path}: a {saved.name!r} result, not a {NAME} one")
+        if config is None:
+            config = {**saved.config, "tasks": [], "merged_from": []}
+        else:
+            differing = [
+                key
+                for key in SHARED_SETTINGS
+                if key != "tasks" and saved.config.get(key) != config.get(key)
+            ]
+            if differing:
+                raise ValueError(
+                    f"{path}: run with other settings than {paths[0]} ({', '.join(differing)})"
+                )
+        for env_id, task in saved.results["tasks"].items():
+            if env_id in results["tasks"]:
+                raise ValueError(f"{path}: task {env_id} is already in an earlier file")
+            results["tasks"][env_id] = {
+                **task,
+                "device": saved.config.get("device"),
+                "result": Path(path).name,
+            }
+            config["tasks"].append(env_id)
+        config["merged_from"].append(Path(path).name)
+    assert config is not None
+    return config, results
+
+
 def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
     """The study as a markdown page."""
     lines = [
@@ -258,9 +317,18 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
             "",
         ]
     for env_id, task in results["tasks"].items():
+        lines += [f"## {env_id}", ""]
+        if task.get("device"):
+            lines += [f"Trained and evaluated on {task['device']} ({task['result']}).", ""]
+        if episodes_identical(task):
+            lines += [
+                "Every policy's episodes here are identical (the task's reset and its "
+                "setpoint and disturbance schedules are deterministic), so the CVaR over "
+                "episodes equals the mean: the tables compare policies across seeds, not "
+                "tails within a policy.",
+                "",
+            ]
         lines += [
-            f"## {env_id}",
-            "",
             "| variant | return | return CVaR 0.1 | cost | cost CVaR 0.1 | train s |",
             "|---|---|---|---|---|---|",
         ]
@@ -400,6 +468,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 2 trajectories, 2 seeds, 100 updates"
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="RESULT",
+        help="write the page (and a combined result) from saved runs on different tasks "
+        "instead of running",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.trajectories, args.seeds, args.updates, args.chunk = 2, 2, 100, 50
@@ -443,7 +519,14 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = utc_timestamp()
-    config, results = run_study(args)
+    if args.merge:
+        try:
+            config, results = merge(args.merge)
+        except (OSError, ValueError, KeyError) as error:
+            print(f"--merge: {error}", file=sys.stderr)
+            return 2
+    else:
+        config, results = run_study(args)
     page = markdown(config, results)
     print(page)
     if not args.no_save:

@@ -134,7 +134,7 @@ def test_tiny_study_runs_end_to_end(tmp_path):
     assert "vs TD3+BC" in doc.read_text()
 
 
-def _saved_result(tmp_path, **changes):
+def _saved_result(tmp_path, env_id="IB-v0", per_seed=None, **changes):
     from benchmarks.harness import BenchmarkResult
 
     args = risk_study.parse_args([])
@@ -143,13 +143,54 @@ def _saved_result(tmp_path, **changes):
         "td3bc": _variant(60.0, 20.0, 0.9, 1.5),
         "td3bc_cvar": _variant(58.0, 30.0, 0.9, 1.5),
     }
+    if per_seed is not None:
+        for entry in variants.values():
+            entry["per_seed"] = per_seed
     task = {
         "variants": variants,
         "timing": {name: {"train_s": 1.0, "eval_s": 1.0} for name in variants},
         "pairs": [],
     }
-    result = BenchmarkResult(name="risk_study", config=config, results={"tasks": {"IB-v0": task}})
+    result = BenchmarkResult(
+        name="risk_study", tag=env_id, config=config, results={"tasks": {env_id: task}}
+    )
     return result.save(tmp_path)
+
+
+def _seed(ret: float, ret_cvar: float, cost: float, cost_cvar: float) -> dict:
+    return {
+        "normalized_return": ret,
+        "normalized_return_cvar": ret_cvar,
+        "normalized_cost": cost,
+        "normalized_cost_cvar": cost_cvar,
+    }
+
+
+def test_runs_on_different_tasks_merge_into_one_page(tmp_path):
+    noisy = _saved_result(
+        tmp_path / "a", per_seed=[_seed(60.0, 20.0, 0.9, 1.5)], device="cpu"
+    )
+    same = [_seed(98.0, 98.0, 0.5, 0.5), _seed(97.0, 97.0, 0.4, 0.4)]
+    deterministic = _saved_result(tmp_path / "b", "CSTR-v0", per_seed=same, device="H100")
+    config, results = risk_study.merge([noisy, deterministic])
+    assert config["tasks"] == ["IB-v0", "CSTR-v0"]
+    assert [results["tasks"][t]["device"] for t in config["tasks"]] == ["cpu", "H100"]
+    page = risk_study.markdown(config, results)
+    ib, cstr = page.split("## CSTR-v0")
+    assert "## IB-v0" in ib and "Trained and evaluated on cpu" in ib
+    assert "Trained and evaluated on H100" in cstr
+    note = "CVaR over episodes equals the mean"
+    assert note in cstr and note not in ib
+
+
+def test_a_merge_of_clashing_runs_is_refused_by_name(tmp_path, capsys):
+    first = _saved_result(tmp_path / "a")
+    with pytest.raises(ValueError, match="task IB-v0 is already in an earlier file"):
+        risk_study.merge([first, _saved_result(tmp_path / "b")])
+    with pytest.raises(ValueError, match="n_seeds"):
+        risk_study.merge([first, _saved_result(tmp_path / "c", "CSTR-v0", n_seeds=3)])
+    assert risk_study.main(["--merge", str(tmp_path / "missing.json")]) == 2
+    assert "--merge" in capsys.readouterr().err
 
 
 def test_kept_variants_are_carried_over_and_rerun_ones_replaced(tmp_path):
