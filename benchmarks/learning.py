@@ -245,7 +245,15 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
 
 
 #: Settings that may differ between the runs of one merged study.
-PER_RUN = ("algorithms", "qualities", "n_updates", "chunk_updates", "tasks")
+PER_RUN = (
+    "algorithms",
+    "qualities",
+    "n_updates",
+    "chunk_updates",
+    "tasks",
+    "device",
+    "jax_backend",
+)
 
 
 def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -297,6 +305,7 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
                     algorithms.append(name)
                 merged["timing"][name] = {
                     "n_updates": run_config["n_updates"],
+                    "device": run_config.get("device", "unknown"),
                     **task["timing"][name],
                 }
                 merged["history"][name] = task["history"][name]
@@ -323,6 +332,14 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
         updates if len(set(updates.values())) > 1 else next(iter(updates.values()))
     )
     config.pop("chunk_updates", None)
+    devices = {
+        name: timing["device"]
+        for task in results["tasks"].values()
+        for name, timing in task["timing"].items()
+    }
+    if len(set(devices.values())) > 1:
+        config["device"] = {name: devices[name] for name in config["algorithms"]}
+        config.pop("jax_backend", None)
     config["merged_from"] = [Path(path).name for path in paths]
     for task in results["tasks"].values():
         task["checks"] = checks(config, task)

@@ -225,6 +225,11 @@ def task_markdown(
             + ", ".join(
                 f"{LABELS[name]} {duration(timing[name]['train_s'])} + "
                 f"{duration(timing[name].get('eval_s', 0.0))}"
+                + (
+                    f" on {timing[name].get('device', 'unknown')}"
+                    if isinstance(config.get("device"), dict)
+                    else ""
+                )
                 for name in config["algorithms"]
                 if name in timing
             )
@@ -250,13 +255,51 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def wall_time(results: dict[str, Any]) -> dict[str, float]:
+def wall_time(results: dict[str, Any], device: str | None = None) -> dict[str, float]:
     """Seconds of training and of evaluation over every task and algorithm (summed over
-    resumed sessions), and their total."""
-    timings = [t for task in results["tasks"].values() for t in task.get("timing", {}).values()]
+    resumed sessions), and their total; with ``device``, of the algorithms run there."""
+    timings = [
+        t
+        for task in results["tasks"].values()
+        for t in task.get("timing", {}).values()
+        if device is None or t.get("device") == device
+    ]
     train = float(sum(t.get("train_s", 0.0) for t in timings))
     evaluation = float(sum(t.get("eval_s", 0.0) for t in timings))
     return {"train_s": train, "eval_s": evaluation, "total_s": train + evaluation}
+
+
+def _wall_time_text(config: dict[str, Any], results: dict[str, Any]) -> str:
+    """The study's wall time; per device when its algorithms ran on several."""
+
+    def text(spent: dict[str, float]) -> str:
+        return (
+            f"{duration(spent['total_s'])} (training {duration(spent['train_s'])}, "
+            f"evaluation {duration(spent['eval_s'])})"
+        )
+
+    devices = config.get("device")
+    if not isinstance(devices, dict):
+        return f"{text(wall_time(results))}; every task and algorithm"
+    parts = []
+    for device in dict.fromkeys(devices.values()):
+        names = ", ".join(LABELS[n] for n, d in devices.items() if d == device)
+        parts.append(f"{names} on {device}: {text(wall_time(results, device))}")
+    return "; ".join(parts)
+
+
+def _device_text(config: dict[str, Any]) -> str:
+    devices = config.get("device", "unknown")
+    if not isinstance(devices, dict):
+        return f"Device: {devices}."
+    return (
+        "Devices: "
+        + "; ".join(
+            ", ".join(LABELS[n] for n, d in devices.items() if d == device) + f" on {device}"
+            for device in dict.fromkeys(devices.values())
+        )
+        + "."
+    )
 
 
 def _preprocessing(config: dict[str, Any]) -> str:
@@ -278,7 +321,6 @@ def markdown(config: dict[str, Any], results: dict[str, Any], images: str | None
     plots under ``images``, a path relative to the page, when given)."""
     config, results = as_suite(config, results)
     tasks = list(results["tasks"])
-    spent = wall_time(results)
     lines = [
         "# Learning study: offline agents on the task suite",
         "",
@@ -294,9 +336,8 @@ def markdown(config: dict[str, Any], results: dict[str, Any], images: str | None
         "95 % confidence interval (Student's t over seeds). *Behaviour* is the dataset's "
         "own mean return.",
         "",
-        f"Wall time of the study: {duration(spent['total_s'])} (training "
-        f"{duration(spent['train_s'])}, evaluation {duration(spent['eval_s'])}; every task "
-        "and algorithm, summed over resumed sessions).",
+        f"Wall time of the study: {_wall_time_text(config, results)}; summed over "
+        "resumed sessions.",
         "",
     ]
     if len(tasks) > 1 or config.get("summary_always"):
@@ -319,7 +360,7 @@ def markdown(config: dict[str, Any], results: dict[str, Any], images: str | None
     for env_id in tasks:
         lines += task_markdown(env_id, config, results["tasks"][env_id], images)
     lines += [
-        f"Device: {config.get('device', 'unknown')}. Preprocessing: "
+        f"{_device_text(config)} Preprocessing: "
         "observations standardized with the dataset's per-feature statistics (the "
         f"normalizer is part of the policy); {_preprocessing(config)}; "
         "actions in plant units scaled to [-1, 1] by the "

@@ -295,7 +295,13 @@ def test_the_study_records_scaling_curves_and_wall_time_and_plots_them(tmp_path)
 
 
 def _saved(
-    tmp_path, name: str, algorithm: str, qualities: list[str], updates: int, trajectories=100
+    tmp_path,
+    name: str,
+    algorithm: str,
+    qualities: list[str],
+    updates: int,
+    trajectories=100,
+    device="cpu",
 ):
     from benchmarks.harness import BenchmarkResult
 
@@ -310,7 +316,7 @@ def _saved(
         "n_episodes": 100,
         "horizon": 1000,
         "trajectories": trajectories,
-        "device": "cpu",
+        "device": device,
     }
     results = _results({algorithm: (40.0, 2.0)}, 30.0)
     results["datasets"] = {q: dict(results["datasets"]["low"]) for q in qualities}
@@ -346,6 +352,23 @@ def test_merge_joins_runs_of_different_algorithms_and_refuses_mismatches(tmp_pat
         learning.merge([first, other])
     with pytest.raises(ValueError, match="two runs"):
         learning.merge([first, first])
+
+
+def test_merge_of_runs_on_two_devices_says_which_ran_where(tmp_path):
+    first = _saved(tmp_path, "a", "td3bc", ["low"], 10_000)
+    second = _saved(tmp_path, "b", "cql", ["low"], 10_000, device="NVIDIA H100")
+    config, results = learning.merge([first, second])
+    assert config["device"] == {"td3bc": "cpu", "cql": "NVIDIA H100"}
+    page = learning_page.markdown(config, results)
+    assert "TD3+BC on cpu: 1 s (training 1 s, evaluation 0 s)" in page
+    assert "CQL on NVIDIA H100: 1 s" in page
+    assert "Devices: TD3+BC on cpu; CQL on NVIDIA H100." in page
+    assert "TD3+BC 1 s + 0 s on cpu" in page
+    # one device: one wall time, no per-algorithm devices
+    config, results = learning.merge([first, _saved(tmp_path, "c", "cql", ["low"], 10_000)])
+    assert config["device"] == "cpu"
+    page = learning_page.markdown(config, results)
+    assert "Device: cpu." in page and " on cpu" not in page
 
 
 def test_merge_keeps_curves_and_reward_scaling_and_plots_them(tmp_path):
