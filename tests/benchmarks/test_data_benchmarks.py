@@ -323,8 +323,6 @@ def test_peak_rss_of_a_child_is_its_own_not_its_parents() -> None:
         "import json; from benchmarks.data_sampling import peak_rss_bytes; "
         "print(json.dumps(peak_rss_bytes()))"
     )
-    child = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(child.stdout.strip()) < 200 * 2**20
     assert data_sampling.peak_rss_bytes() >= held.nbytes

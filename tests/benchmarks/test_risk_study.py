@@ -167,9 +167,7 @@ def _seed(ret: float, ret_cvar: float, cost: float, cost_cvar: float) -> dict:
 
 
 def test_runs_on_different_tasks_merge_into_one_page(tmp_path):
-    noisy = _saved_result(
-        tmp_path / "a", per_seed=[_seed(60.0, 20.0, 0.9, 1.5)], device="cpu"
-    )
+    noisy = _saved_result(tmp_path / "a", per_seed=[_seed(60.0, 20.0, 0.9, 1.5)], device="cpu")
     same = [_seed(98.0, 98.0, 0.5, 0.5), _seed(97.0, 97.0, 0.4, 0.4)]
     deterministic = _saved_result(tmp_path / "b", "CSTR-v0", per_seed=same, device="H100")
     config, results = risk_study.merge([noisy, deterministic])
