@@ -298,7 +298,8 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
                     "horizon": task.get("horizon"),
                 },
             )
-            for name in run_config["algorithms"]:
+            # A merged run may hold an algorithm on some of its tasks only.
+            for name in (n for n in run_config["algorithms"] if n in task["timing"]):
                 if name in merged["timing"]:
                     raise ValueError(f"{path}: algorithm {name!r} on {env_id} appears in two runs")
                 if name not in algorithms:

@@ -417,6 +417,10 @@ def curve_datasets(config: dict[str, Any], task: dict[str, Any]) -> list[str]:
     ]
 
 
+#: The lowest normalized score a learning-curve plot shows; means below it are marked.
+SCORE_FLOOR = -100.0
+
+
 def plot_curves(
     config: dict[str, Any], results: dict[str, Any], directory: str | Path
 ) -> list[Path]:
@@ -437,6 +441,7 @@ def plot_curves(
         for quality in curve_datasets(config, task):
             entry = task["datasets"][quality]
             figure, axis = plt.subplots(figsize=(7.0, 4.4))
+            off_scale, highest = False, 100.0
             for name in config["algorithms"]:
                 curve = curves.get(name)
                 if curve is None or quality not in curve["scores"]:
@@ -449,11 +454,40 @@ def plot_curves(
                 color = f"C{ALGORITHMS.index(name) % 10}"
                 axis.plot(updates, mean, color=color, marker="o", ms=3, label=LABELS[name])
                 axis.fill_between(updates, mean - half, mean + half, color=color, alpha=0.18)
+                highest = max(highest, float(np.max(mean)))
+                below = mean < SCORE_FLOOR
+                if below.any():
+                    # A diverged seed would squash every other curve: its mean is drawn
+                    # as a triangle on the floor, labelled with its value.
+                    off_scale = True
+                    axis.scatter(
+                        updates[below],
+                        np.full(below.sum(), SCORE_FLOOR),
+                        marker="v",
+                        s=40,
+                        color=color,
+                        zorder=3,
+                    )
+                    for x, value in zip(updates[below], mean[below], strict=True):
+                        axis.annotate(
+                            f"{value:.0f}",
+                            (x, SCORE_FLOOR),
+                            textcoords="offset points",
+                            xytext=(0, 6),
+                            ha="center",
+                            fontsize=7,
+                            color=color,
+                        )
             axis.axhline(
                 entry["behaviour_score"], color="black", ls="--", lw=1.2, label="behaviour policy"
             )
+            if off_scale:  # the bands of the diverged runs' means leave the plot too
+                axis.set_ylim(SCORE_FLOOR - 15.0, highest + 15.0)
             axis.set_xlabel("updates")
-            axis.set_ylabel("normalized score")
+            axis.set_ylabel(
+                "normalized score"
+                + (f" (means below {SCORE_FLOOR:.0f}: ▼ with the value)" if off_scale else "")
+            )
             axis.set_title(f"{env_id}-{quality}: mean over seeds, 95 % interval")
             axis.grid(alpha=0.3)
             axis.legend(fontsize=8, loc="best")

@@ -371,6 +371,22 @@ def test_merge_of_runs_on_two_devices_says_which_ran_where(tmp_path):
     assert "Device: cpu." in page and " on cpu" not in page
 
 
+def test_a_diverged_curve_is_drawn_on_the_floor_not_stretching_the_axis(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    config, results = learning.merge([_saved(tmp_path, "a", "cql", ["low"], 10_000)])
+    curve = results["tasks"]["IB-v0"]["curves"]["cql"]
+    curve["scores"]["low"][0] = [-1800.0, 40.0, 42.0]  # one seed far below
+    limits = []
+    original = Axes.set_ylim
+    monkeypatch.setattr(
+        Axes, "set_ylim", lambda self, *a, **k: limits.append(a) or original(self, *a, **k)
+    )
+    (written,) = learning_page.plot_curves(config, results, tmp_path / "images")
+    assert written.stat().st_size > 0
+    assert limits[-1] == (learning_page.SCORE_FLOOR - 15.0, 100.0 + 15.0)
+
+
 def test_merge_keeps_curves_and_reward_scaling_and_plots_them(tmp_path):
     first = _saved(tmp_path, "a", "td3bc", ["low", "medium"], 10_000)
     second = _saved(tmp_path, "b", "cql", ["low"], 5_000)
