@@ -6,7 +6,8 @@ replay buffer, and the host evaluates and snapshots the policy between chunks.
 ``generate_trajectories`` rolls out behaviour policies into offline data.
 ``normalized_actions`` drives a task in plant units with an agent's [-1, 1] actions.
 ``train_offline`` fuses N offline updates (sampling included) into one compiled chunk
-and trains many seeds at once with ``vmap``.
+and trains many seeds at once with ``vmap``; ``train_sweep`` trains a grid of traced
+hyperparameters × seeds the same way, as one program (``plan_sweep`` checks it first).
 """
 
 from neorl_industrial.functional.transformations.action_scaling import (
@@ -42,6 +43,13 @@ from neorl_industrial.functional.transformations.online import (
     replay_buffer_sample,
     train_online,
 )
+from neorl_industrial.functional.transformations.sweep import (
+    SweepError,
+    SweepPlan,
+    SweepResult,
+    plan_sweep,
+    train_sweep,
+)
 
 __all__ = [
     "ActionScaledEnv",
@@ -52,6 +60,9 @@ __all__ = [
     "ProgressFn",
     "ReplayBuffer",
     "RolloutStatistics",
+    "SweepError",
+    "SweepPlan",
+    "SweepResult",
     "Trajectories",
     "action_scaler_for",
     "behaviour_policy",
@@ -63,10 +74,12 @@ __all__ = [
     "make_seeded_chunk",
     "make_train_chunk",
     "normalized_actions",
+    "plan_sweep",
     "random_rollout_statistics",
     "replay_buffer_add",
     "replay_buffer_init",
     "replay_buffer_sample",
     "train_offline",
     "train_online",
+    "train_sweep",
 ]

@@ -1,0 +1,398 @@
+"""Hyperparameter sweeps as one program: a grid of configurations × seeds trained as one
+vmapped computation with a leading *runs* axis.
+
+A hyperparameter that does not decide a shape or a Python branch (a learning rate,
+TD3+BC's ``alpha``, IQL's ``expectile`` and ``beta``, CQL's penalty weight, the discount,
+a PID gain) is a *traced* value here: every run builds its algorithm from a config whose
+swept fields are tracers of the compiled program, so one compilation serves every
+configuration. The algorithms need nothing for it: their factories close over the
+config's values, and closing over a tracer is what makes the value an input of the
+program. A field that decides a shape (``hidden``, ``n_actions``) or Python control flow
+cannot be traced; :func:`plan_sweep` finds out by tracing one update abstractly
+(``jax.eval_shape``, nothing compiled or run) and names the field.
+
+Every concrete value is validated first, as a single run's would be (the config's own
+checks run on each grid point), so a sweep never trains a configuration a single run
+would refuse.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from neorl_industrial.core.agents.registry import (
+    HyperparameterError,
+    algorithm_entry,
+    validate_hyperparameters,
+)
+from neorl_industrial.core.agents.types import Algorithm
+from neorl_industrial.functional.state_management import Dataset, sample
+from neorl_industrial.functional.state_management.train_state import (
+    TrainState,
+    init_train_state,
+)
+from neorl_industrial.functional.transformations.offline import (
+    ChunkCallback,
+    Sampler,
+    _warn_about_action_units,
+    make_chunk,
+)
+
+__all__ = [
+    "SweepError",
+    "SweepPlan",
+    "SweepResult",
+    "expand_grid",
+    "init_sweep",
+    "make_sweep_chunk",
+    "plan_sweep",
+    "traced_config",
+    "train_sweep",
+]
+
+
+class SweepError(ValueError):
+    """A sweep that cannot be run as asked, with what is wrong named."""
+
+
+def expand_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """The configurations of a grid: every combination of the fields' values, the first
+    field varying slowest.
+
+    Raises:
+        SweepError: for an empty grid or a field with no values.
+    """
+    if not grid:
+        raise SweepError("grid: expected at least one hyperparameter to sweep")
+    for field, values in grid.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise SweepError(f"grid.{field}: expected a list of values, got {values!r}")
+        if len(values) == 0:
+            raise SweepError(f"grid.{field}: expected at least one value, got an empty list")
+    fields = list(grid)
+    return [dict(zip(fields, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+def _nested(point: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"critic.cvar_level": 0.1}`` as ``{"critic": {"cvar_level": 0.1}}``."""
+    nested: dict[str, Any] = {}
+    for path, value in point.items():
+        *parents, leaf = path.split(".")
+        target = nested
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[leaf] = value
+    return nested
+
+
+def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _get(config: Any, path: str) -> Any:
+    value = config
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def traced_config(config: Any, values: Mapping[str, Any]) -> Any:
+    """A copy of the frozen config dataclass with the fields at the dotted ``values``
+    paths replaced, *without* its validation (the values may be tracers; their concrete
+    counterparts were validated by :func:`plan_sweep`)."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for path, value in values.items():
+        head, _, rest = path.partition(".")
+        grouped.setdefault(head, {})[rest] = value
+    result = copy.copy(config)
+    for head, children in grouped.items():
+        if "" in children:
+            object.__setattr__(result, head, children[""])
+        else:
+            object.__setattr__(result, head, traced_config(getattr(config, head), children))
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPlan:
+    """What a sweep trains: runs are configurations × seeds, configuration-major.
+
+    Attributes:
+        algorithm: the registered algorithm's name.
+        fields: the swept hyperparameters (dotted paths into its config).
+        points: the configurations, ``{field: value}`` each.
+        seeds: the seeds every configuration is trained with.
+        configs: the validated config of each configuration.
+        obs_size: observation length.
+        action_size: action length (number of actions when discrete).
+    """
+
+    algorithm: str
+    fields: tuple[str, ...]
+    points: tuple[dict[str, Any], ...]
+    seeds: tuple[int, ...]
+    configs: tuple[Any, ...]
+    obs_size: int
+    action_size: int
+
+    @property
+    def n_runs(self) -> int:
+        return len(self.points) * len(self.seeds)
+
+    def runs(self) -> list[tuple[int, int]]:
+        """``(configuration index, seed)`` of every run, in the runs axis' order."""
+        return [(p, s) for p in range(len(self.points)) for s in self.seeds]
+
+    def values(self) -> dict[str, np.ndarray]:
+        """Each swept field's value per run (``[n_runs]``, the config field's type)."""
+        columns = {}
+        for field in self.fields:
+            dtype = np.int32 if isinstance(_get(self.configs[0], field), int) else np.float32
+            columns[field] = np.asarray(
+                [self.points[p][field] for p, _ in self.runs()], dtype=dtype
+            )
+        return columns
+
+    def build(self, values: Mapping[str, Any]) -> Algorithm:
+        """The algorithm of one run, its swept fields set to ``values`` (tracers inside
+        the compiled sweep)."""
+        entry = algorithm_entry(self.algorithm)
+        config = traced_config(self.configs[0], values)
+        return entry.factory(config, self.obs_size, self.action_size)
+
+
+def plan_sweep(
+    algorithm: str,
+    grid: Mapping[str, Sequence[Any]],
+    *,
+    seeds: Sequence[int] = (0,),
+    obs_size: int,
+    action_size: int,
+    hyperparameters: Mapping[str, Any] | None = None,
+) -> SweepPlan:
+    """Checks a sweep and lays out its runs.
+
+    Args:
+        algorithm: a registered algorithm (``td3bc``, ``iql``, ...).
+        grid: ``{field: [values]}``; a field is a hyperparameter of the algorithm's
+            config, nested ones by dotted path (``critic.cvar_level``).
+        seeds: trained for every configuration.
+        obs_size: observation length.
+        action_size: action length (number of actions when discrete).
+        hyperparameters: the fixed hyperparameters every configuration starts from.
+
+    Raises:
+        SweepError: an empty grid or list of seeds, a field that is not a hyperparameter
+            (naming the closest one) or whose value its config refuses (naming the
+            configuration), or a field that cannot be traced (it decides a shape or a
+            Python branch: sweep it as separate programs).
+    """
+    points = expand_grid(grid)
+    seeds = tuple(int(seed) for seed in seeds)
+    if not seeds:
+        raise SweepError("seeds: expected at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise SweepError(f"seeds: {list(seeds)} repeats a seed; each run needs its own")
+    base = dict(hyperparameters or {})
+    configs = []
+    for number, point in enumerate(points):
+        try:
+            configs.append(validate_hyperparameters(algorithm, _merged(base, _nested(point))))
+        except (HyperparameterError, ValueError, TypeError) as error:
+            raise SweepError(f"grid configuration {number} {point}: {error}") from error
+    fields = tuple(grid)
+    for field in fields:
+        default = _get(configs[0], field)
+        if isinstance(default, bool) or not isinstance(default, (int, float)):
+            raise SweepError(
+                f"grid.{field}: a {type(default).__name__} hyperparameter cannot be traced "
+                "(only numbers can); sweep it as separate runs"
+            )
+    plan = SweepPlan(
+        algorithm=algorithm_entry(algorithm).name,
+        fields=fields,
+        points=tuple(points),
+        seeds=seeds,
+        configs=tuple(configs),
+        obs_size=int(obs_size),
+        action_size=int(action_size),
+    )
+    for field in fields:  # one at a time, so the message names the field
+        _check_traceable(plan, field)
+    return plan
+
+
+def _check_traceable(plan: SweepPlan, field: str) -> None:
+    """Traces one initialization and one update with ``field`` as an input, abstractly."""
+    dtype = jnp.int32 if isinstance(_get(plan.configs[0], field), int) else jnp.float32
+    discrete = algorithm_entry(plan.algorithm).discrete
+    n_costs = len(getattr(plan.configs[0], "cost_limits", None) or (0.0,))
+    batch = _abstract_batch(plan.obs_size, plan.action_size, discrete, n_costs)
+
+    def one_update(value: jax.Array) -> Any:
+        algorithm = plan.build({field: value})
+        state = algorithm.init(jax.random.PRNGKey(0))
+        return algorithm.update(state, batch, jax.random.PRNGKey(1))
+
+    try:
+        jax.eval_shape(one_update, jax.ShapeDtypeStruct((), dtype))
+    except (
+        jax.errors.ConcretizationTypeError,
+        jax.errors.TracerArrayConversionError,
+        jax.errors.TracerIntegerConversionError,
+        jax.errors.TracerBoolConversionError,
+        TypeError,
+    ) as error:
+        raise SweepError(
+            f"grid.{field}: cannot be traced: {plan.algorithm} uses it for a shape or a "
+            "Python decision, so every value needs its own program; sweep it as separate "
+            f"runs ({type(error).__name__})"
+        ) from error
+
+
+def _abstract_batch(obs_size: int, action_size: int, discrete: bool, n_costs: int) -> Any:
+    from neorl_industrial.core.agents.types import Batch
+
+    size = 2
+    observations = jnp.zeros((size, obs_size), jnp.float32)
+    return Batch(
+        observations=observations,
+        actions=(
+            jnp.zeros((size,), jnp.int32)
+            if discrete
+            else jnp.zeros((size, action_size), jnp.float32)
+        ),
+        rewards=jnp.zeros((size,), jnp.float32),
+        costs=jnp.zeros((size, n_costs), jnp.float32),
+        next_observations=observations,
+        terminals=jnp.zeros((size,), bool),
+        discounts=jnp.full((size,), 0.99, jnp.float32),
+    )
+
+
+def init_sweep(plan: SweepPlan) -> TrainState:
+    """Fresh runs of the sweep: each run's algorithm state initialized from its seed and
+    its configuration (leading runs axis), in one compiled program."""
+    values = {field: jnp.asarray(column) for field, column in plan.values().items()}
+    seeds = jnp.asarray([seed for _, seed in plan.runs()], jnp.uint32)
+
+    def one(run_values: dict[str, jax.Array], seed: jax.Array) -> TrainState:
+        return init_train_state(plan.build(run_values), seed)
+
+    return jax.jit(jax.vmap(one))(values, seeds)
+
+
+def make_sweep_chunk(
+    plan: SweepPlan, batch_size: int, n_updates: int, sampler: Sampler = sample
+) -> Callable[[TrainState, dict[str, jax.Array], Dataset], tuple[TrainState, Any]]:
+    """``chunk(state, values, dataset) -> (state, mean metrics)``: ``n_updates`` updates of
+    every run (leading runs axis on ``state`` and on each ``values[field]``), each run's
+    algorithm built from its own values. Pure; jit it at the call site."""
+
+    def one(state: TrainState, run_values: dict[str, jax.Array], dataset: Dataset):
+        chunk = make_chunk(plan.build(run_values), batch_size, n_updates, sampler)
+        key, chunk_key = jax.random.split(state.key)
+        agent, metrics = chunk(state.agent, dataset, chunk_key)
+        return TrainState(agent=agent, key=key, updates=state.updates + n_updates), metrics
+
+    return jax.vmap(one, in_axes=(0, 0, None))
+
+
+@dataclasses.dataclass
+class SweepResult:
+    """A trained sweep.
+
+    Attributes:
+        plan: the runs.
+        state: every run's :class:`TrainState` (leading runs axis, ``plan.runs()``'s order).
+        history: per chunk, the updates done, seconds, updates per second (all runs) and
+            the mean metrics per run.
+    """
+
+    plan: SweepPlan
+    state: TrainState
+    history: list[dict[str, Any]]
+
+    def run_state(self, index: int) -> Any:
+        """The algorithm state of run ``index`` (no runs axis)."""
+        return jax.tree.map(lambda leaf: leaf[index], self.state.agent)
+
+
+def train_sweep(
+    plan: SweepPlan,
+    dataset: Dataset,
+    *,
+    n_updates: int,
+    chunk_updates: int = 1000,
+    batch_size: int = 256,
+    sampler: Sampler = sample,
+    callback: ChunkCallback | None = None,
+    state: TrainState | None = None,
+) -> SweepResult:
+    """Trains every run of ``plan`` on ``dataset`` in one vmapped program per chunk.
+
+    Run ``(configuration c, seed s)`` ends with the same parameters as
+    ``train_offline`` of configuration ``c`` with seed ``s`` (up to floating-point
+    reassociation): the same initialization, keys and batches.
+
+    Args:
+        plan: from :func:`plan_sweep`.
+        dataset: the data, on device, shared by every run.
+        n_updates: updates per run in this call; rounded up to whole chunks.
+        chunk_updates: updates fused into one compiled call.
+        batch_size: transitions per update.
+        sampler: how batches are drawn.
+        callback: called on the host after every chunk with the metrics per run.
+        state: continue these runs instead of starting fresh ones.
+    """
+    for name, value in (
+        ("n_updates", n_updates),
+        ("chunk_updates", chunk_updates),
+        ("batch_size", batch_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    if not algorithm_entry(plan.algorithm).discrete:
+        _warn_about_action_units(dataset)
+    if state is None:
+        state = init_sweep(plan)
+    elif state.n_seeds != plan.n_runs:
+        raise SweepError(f"state: holds {state.n_seeds} runs, the plan {plan.n_runs}")
+    values = {field: jnp.asarray(column) for field, column in plan.values().items()}
+    chunk = jax.jit(make_sweep_chunk(plan, batch_size, chunk_updates, sampler), donate_argnums=0)
+    state = jax.tree.map(jnp.copy, state)  # donated below; the caller's state survives
+    history: list[dict[str, Any]] = []
+    done = 0
+    while done < n_updates:
+        started = time.perf_counter()
+        state, metrics = chunk(state, values, dataset)
+        metrics = jax.device_get(metrics)  # the one transfer of the chunk
+        seconds = time.perf_counter() - started
+        done += chunk_updates
+        total = int(state.updates[0])
+        history.append(
+            {
+                "updates": total,
+                "seconds": seconds,
+                "updates_per_s": plan.n_runs * chunk_updates / seconds,
+                "metrics": metrics,
+            }
+        )
+        if callback is not None:
+            callback(total, metrics)
+    return SweepResult(plan=plan, state=state, history=history)
