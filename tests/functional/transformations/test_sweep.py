@@ -13,6 +13,8 @@ from neorl_industrial.functional.state_management import ActionScaler
 from neorl_industrial.functional.transformations.offline import train_offline
 from neorl_industrial.functional.transformations.sweep import (
     SweepError,
+    check_sweep_fits,
+    estimate_sweep_bytes,
     expand_grid,
     plan_sweep,
     train_sweep,
@@ -137,3 +139,31 @@ def test_bad_sweeps_are_refused_by_name(grid, seeds, message):
     with pytest.raises(SweepError) as error:
         plan_sweep("td3bc", grid, seeds=seeds, obs_size=3, action_size=2, hyperparameters=HIDDEN)
     assert message in str(error.value)
+
+
+def test_a_sweep_larger_than_memory_is_refused_before_compiling():
+    plan = plan_sweep(
+        "td3bc",
+        {"alpha": [1.0, 2.5, 5.0, 7.5]},
+        seeds=(0, 1),
+        obs_size=180,
+        action_size=3,
+        hyperparameters={"hidden": (256, 256)},
+    )
+    needed = estimate_sweep_bytes(plan, 256)
+    one_run = estimate_sweep_bytes(
+        plan_sweep(
+            "td3bc",
+            {"alpha": [1.0]},
+            obs_size=180,
+            action_size=3,
+            hyperparameters={"hidden": (256, 256)},
+        ),
+        256,
+    )
+    assert needed == 8 * one_run
+    # TD3+BC at (256, 256): actor, two critics, their targets, Adam's two moments each
+    assert 8 * 2**20 < one_run < 64 * 2**20
+    assert check_sweep_fits(plan, 256, available=needed) == needed
+    with pytest.raises(SweepError, match=r"sweep: 8 runs need at least [\d,]+ MiB .* 1 MiB"):
+        check_sweep_fits(plan, 256, available=2**20)

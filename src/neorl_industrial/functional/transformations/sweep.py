@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -51,6 +52,9 @@ __all__ = [
     "SweepError",
     "SweepPlan",
     "SweepResult",
+    "available_device_bytes",
+    "check_sweep_fits",
+    "estimate_sweep_bytes",
     "expand_grid",
     "init_sweep",
     "make_sweep_chunk",
@@ -313,6 +317,52 @@ def make_sweep_chunk(
     return jax.vmap(one, in_axes=(0, 0, None))
 
 
+def estimate_sweep_bytes(plan: SweepPlan, batch_size: int) -> int:
+    """A lower bound on the device memory of training the sweep's runs at once: each run's
+    state (parameters, optimizer moments, targets) three times over (the donated state,
+    the new one and the gradients with the update's temporaries) and its batch, from an
+    abstract initialization (nothing is computed)."""
+    shapes = jax.eval_shape(lambda: init_train_state(plan.build({}), 0))
+    state_bytes = sum(
+        int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(shapes)
+    )
+    batch_bytes = batch_size * (2 * plan.obs_size + plan.action_size + 8) * 4
+    return plan.n_runs * (3 * state_bytes + batch_bytes)
+
+
+def available_device_bytes(device: Any | None = None) -> int | None:
+    """Memory the device can still give: an accelerator's free memory, the host's
+    available memory for a CPU device; None where it cannot be told."""
+    device = device if device is not None else jax.devices()[0]
+    stats = None
+    try:
+        stats = device.memory_stats()
+    except (AttributeError, NotImplementedError, RuntimeError):
+        stats = None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_sweep_fits(plan: SweepPlan, batch_size: int, available: int | None = None) -> int:
+    """The estimate of :func:`estimate_sweep_bytes`; raises :class:`SweepError` before
+    anything is compiled when it exceeds the memory the device has (``available``, or
+    :func:`available_device_bytes`)."""
+    needed = estimate_sweep_bytes(plan, batch_size)
+    available = available if available is not None else available_device_bytes()
+    if available is not None and needed > available:
+        raise SweepError(
+            f"sweep: {plan.n_runs} runs need at least {needed / 2**20:,.0f} MiB of device "
+            f"memory at once and {available / 2**20:,.0f} MiB are available; sweep fewer "
+            "configurations or seeds at a time, smaller networks, or shard the runs over "
+            "more devices"
+        )
+    return needed
+
+
 @dataclasses.dataclass
 class SweepResult:
     """A trained sweep.
@@ -369,6 +419,7 @@ def train_sweep(
             raise ValueError(f"{name}: expected a positive integer, got {value!r}")
     if not algorithm_entry(plan.algorithm).discrete:
         _warn_about_action_units(dataset)
+    check_sweep_fits(plan, batch_size)
     if state is None:
         state = init_sweep(plan)
     elif state.n_seeds != plan.n_runs:
