@@ -171,3 +171,81 @@ def test_a_plant_log_trains_risk_averse_quantile_critics_in_plant_units():
     actions = np.asarray(agent.predict(np.asarray(dataset.observations[:4])))
     assert actions.shape == (4, 2) and np.all(np.isfinite(actions))
     assert np.all((actions >= 0.0) & (actions <= 100.0))
+
+
+def test_a_sweep_on_a_plant_log_chooses_a_configuration_without_the_plant(tmp_path):
+    """The mixing-tank log has no simulator: a grid of TD3+BC's alpha × two seeds trains
+    as one program, every run is estimated by FQE on held-out episodes, and the agent ends
+    with the chosen configuration, acting in the plant's percent and saving as any."""
+    from pathlib import Path
+
+    from neorl_industrial.integration.datasets import load_plant_log
+    from neorl_industrial.wrappers.agents import OPESettings
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "mixing-tank"
+    dataset, card = load_plant_log(example / "mixing_tank.csv", example / "schema.yaml")
+    agent = Agent("td3bc", task=card.task(), hidden=(8,))
+    ope = OPESettings(updates=20, seeds=(0, 1), hidden=(8,))
+    table = agent.sweep(
+        dataset,
+        {"alpha": [1.0, 4.0]},
+        seeds=(0, 1),
+        updates=20,
+        chunk=10,
+        batch_size=32,
+        ope=ope,
+        card=card,
+    )
+    assert table["fields"] == ["alpha"] and table["estimate"] == "fqe"
+    assert [c["values"] for c in table["configurations"]] == [{"alpha": 1.0}, {"alpha": 4.0}]
+    for configuration in table["configurations"]:
+        assert [run["seed"] for run in configuration["runs"]] == [0, 1]
+        assert np.isfinite(configuration["summary"]["return"]["mean"])
+    chosen = table["configurations"][table["selected"]]
+    means = [c["summary"]["return"]["mean"] for c in table["configurations"]]
+    assert chosen["summary"]["return"]["mean"] == max(means)  # no cost limits: by return
+    assert agent.hyperparameters["alpha"] == chosen["values"]["alpha"]
+    assert agent.training["sweep"] is table and agent.seeds == [0, 1]
+    actions = np.asarray(agent.predict(np.asarray(dataset.observations[:4])))
+    assert actions.shape == (4, 2) and np.all((actions >= 0.0) & (actions <= 100.0))
+    loaded = Agent.load(agent.save(tmp_path / "swept"))
+    np.testing.assert_allclose(
+        loaded.predict(np.asarray(dataset.observations[:4])), actions, rtol=1e-6
+    )
+
+
+def test_a_bad_sweep_is_refused_by_name(ib_data):
+    agent = Agent("td3bc", hidden=(8,))
+    with pytest.raises(AgentError, match="did you mean 'alpha'"):
+        agent.sweep(ib_data, {"alfa": [1.0]}, updates=10, chunk=10)
+    with pytest.raises(AgentError, match="cannot be traced"):
+        agent.sweep(ib_data, {"hidden": [[8], [16]]}, updates=10, chunk=10)
+    assert not agent.fitted
+
+
+def test_a_sweep_in_the_simulator_chooses_safety_first(ib_data):
+    """With a simulator every run is evaluated there, the shield on; the configuration
+    kept is the best by the safety-first key of its mean over seeds."""
+    from neorl_industrial.wrappers.training.evaluation import selection_key
+
+    agent = Agent("td3bc-lag", "IB-v0", hidden=(16, 16), cost_limits=[5.0, 5.0])
+    table = agent.sweep(
+        ib_data,
+        {"alpha": [1.0, 2.5]},
+        seeds=(0, 1),
+        updates=50,
+        chunk=50,
+        batch_size=32,
+        eval_episodes=2,
+        eval_horizon=20,
+    )
+    assert table["estimate"] == "simulator" and len(table["configurations"]) == 2
+    keys = [
+        selection_key({k: v["mean"] for k, v in c["summary"].items()})
+        for c in table["configurations"]
+    ]
+    assert keys[table["selected"]] == max(keys)
+    chosen = table["configurations"][table["selected"]]
+    assert chosen["within_limits"] == (keys[table["selected"]][0] == 1.0)
+    assert "normalized_cost" in chosen["summary"]
+    assert agent.hyperparameters["alpha"] == chosen["values"]["alpha"]

@@ -24,7 +24,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +71,7 @@ from neorl_industrial.wrappers.training import (
     TrainResult,
     summarize_runs,
 )
+from neorl_industrial.wrappers.training.evaluation import selection_key
 from neorl_industrial.wrappers.training.ope import OffPolicyEvaluator
 
 __all__ = ["Agent", "AgentError", "OPESettings", "load_constraint_spec"]
@@ -116,6 +117,17 @@ class OPESettings:
             raise AgentError(f"ope.updates: expected a positive integer, got {self.updates}")
         if len(self.seeds) < 2:
             raise AgentError(f"ope.seeds: expected at least two seeds, got {list(self.seeds)}")
+
+
+class _Prepared(NamedTuple):
+    """Training data and settings, as ``Agent._prepare`` makes them."""
+
+    data: Dataset
+    heldout: Dataset | None
+    ope: OPESettings
+    hyperparameters: dict[str, Any]
+    reward_scale: RewardScaling
+    reward_scaling: str
 
 
 class Agent:
@@ -307,6 +319,74 @@ class Agent:
             return relabel_costs(dataset, self.safety.constraints)
         return dataset
 
+    def _prepare(
+        self,
+        dataset: Dataset,
+        *,
+        card: Any,
+        reward_scaling: str | None,
+        normalize_observations: bool,
+        evaluate: bool,
+        ope: OPESettings | None,
+    ) -> _Prepared:
+        """The training data as ``fit`` and ``sweep`` train on it: checked against the
+        task, costs relabelled, held-out episodes split off for off-policy evaluation,
+        safe episodes selected, observation statistics added to the hyperparameters,
+        rewards scaled and actions scaled to [-1, 1]."""
+        self.check_dataset(dataset, card)
+        reward_scaling = reward_scaling or self.entry.reward_scaling
+        if reward_scaling not in REWARD_SCALINGS:
+            raise AgentError(
+                f"reward_scaling: expected one of {list(REWARD_SCALINGS)}, got {reward_scaling!r}"
+            )
+        data = self.training_data(dataset)
+        heldout = None
+        use_ope = (
+            evaluate
+            and not self.entry.discrete
+            and (not self.task.has_simulator or (ope is not None and ope.always))
+        )
+        ope = ope or OPESettings()
+        if use_ope:
+            if data.n_episodes < 2:
+                raise AgentError(
+                    f"{getattr(dataset, 'name', 'dataset')}: off-policy evaluation holds out "
+                    "whole episodes and needs at least two; give more data or evaluate=False"
+                )
+            data, heldout = split_episodes(data, ope.holdout, ope.split_seed)
+        if self.entry.select_safe_data:
+            try:
+                data = select_safe_episodes(data, self.cost_limits or [])
+            except ValueError as error:
+                raise AgentError(f"{self.entry.name}: {error}") from None
+        hyperparameters = dict(self.hyperparameters)
+        if (
+            self.entry.safe
+            and "episode_length" in self.entry.fields
+            and "episode_length" not in hyperparameters
+        ):
+            lengths = np.asarray(jax.device_get(data.episode_lengths))
+            hyperparameters["episode_length"] = max(1, round(float(lengths.mean())))
+        if normalize_observations:
+            observations = np.asarray(jax.device_get(data.observations), np.float64)
+            hyperparameters["obs_mean"] = observations.mean(0).tolist()
+            hyperparameters["obs_std"] = observations.std(0).tolist()
+        try:
+            reward_scale = RewardScaling.fit(data, reward_scaling)
+        except ValueError as error:
+            raise AgentError(str(error)) from None
+        data = reward_scale.apply(data)
+        if self.scaler is not None:
+            data = data.replace(actions=self.scaler.scale(data.actions))
+        return _Prepared(
+            data=data,
+            heldout=heldout,
+            ope=ope,
+            hyperparameters=hyperparameters,
+            reward_scale=reward_scale,
+            reward_scaling=reward_scaling,
+        )
+
     def fit(
         self,
         dataset: Dataset,
@@ -353,51 +433,17 @@ class Agent:
             AgentError: for data that does not fit the agent, or bad settings.
             CheckpointMismatchError: when resuming from another run's checkpoint.
         """
-        self.check_dataset(dataset, card)
-        reward_scaling = reward_scaling or self.entry.reward_scaling
-        if reward_scaling not in REWARD_SCALINGS:
-            raise AgentError(
-                f"reward_scaling: expected one of {list(REWARD_SCALINGS)}, got {reward_scaling!r}"
-            )
-        data = self.training_data(dataset)
-        heldout = None
-        use_ope = (
-            evaluate
-            and not self.entry.discrete
-            and (not self.task.has_simulator or (ope is not None and ope.always))
+        prepared = self._prepare(
+            dataset,
+            card=card,
+            reward_scaling=reward_scaling,
+            normalize_observations=normalize_observations,
+            evaluate=evaluate,
+            ope=ope,
         )
-        ope = ope or OPESettings()
-        if use_ope:
-            if data.n_episodes < 2:
-                raise AgentError(
-                    f"{getattr(dataset, 'name', 'dataset')}: off-policy evaluation holds out "
-                    "whole episodes and needs at least two; give more data or evaluate=False"
-                )
-            data, heldout = split_episodes(data, ope.holdout, ope.split_seed)
-        if self.entry.select_safe_data:
-            try:
-                data = select_safe_episodes(data, self.cost_limits or [])
-            except ValueError as error:
-                raise AgentError(f"{self.entry.name}: {error}") from None
-        hyperparameters = dict(self.hyperparameters)
-        if (
-            self.entry.safe
-            and "episode_length" in self.entry.fields
-            and "episode_length" not in hyperparameters
-        ):
-            lengths = np.asarray(jax.device_get(data.episode_lengths))
-            hyperparameters["episode_length"] = max(1, round(float(lengths.mean())))
-        if normalize_observations:
-            observations = np.asarray(jax.device_get(data.observations), np.float64)
-            hyperparameters["obs_mean"] = observations.mean(0).tolist()
-            hyperparameters["obs_std"] = observations.std(0).tolist()
-        try:
-            reward_scale = RewardScaling.fit(data, reward_scaling)
-        except ValueError as error:
-            raise AgentError(str(error)) from None
-        data = reward_scale.apply(data)
-        if self.scaler is not None:
-            data = data.replace(actions=self.scaler.scale(data.actions))
+        data, heldout, ope = prepared.data, prepared.heldout, prepared.ope
+        hyperparameters, reward_scale = prepared.hyperparameters, prepared.reward_scale
+        reward_scaling = prepared.reward_scaling
         self._build(hyperparameters)
         evaluator: Any = None
         ope_evaluator = None
@@ -477,6 +523,161 @@ class Agent:
             # Beside the simulator: how far the estimates are from the truth.
             self.training["ope"] = self._side_by_side(ope_evaluator, eval_episodes, eval_seed)
         return result
+
+    def sweep(
+        self,
+        dataset: Dataset,
+        grid: Mapping[str, Sequence[Any]],
+        *,
+        updates: int = 5000,
+        seeds: Sequence[int] = (0,),
+        batch_size: int = 256,
+        chunk: int = 1000,
+        eval_episodes: int = 10,
+        eval_horizon: int | None = None,
+        eval_shield: bool = True,
+        eval_seed: int = 0,
+        normalize_observations: bool = True,
+        reward_scaling: str | None = None,
+        ope: OPESettings | None = None,
+        card: Any = None,
+    ) -> dict[str, Any]:
+        """Trains every configuration of ``grid`` × ``seeds`` in one program
+        (:func:`~neorl_industrial.functional.transformations.train_sweep`), evaluates every
+        run as :meth:`fit` would at its end (the task's simulator with the shield, or FQE
+        on held-out episodes when there is none), and keeps the best configuration, chosen
+        safety first on its mean over seeds: configurations whose mean episode cost keeps
+        every limit rank above the others, then by return.
+
+        ``grid`` maps hyperparameters of the algorithm (dotted for nested ones, e.g.
+        ``critic.cvar_level``) to their values; only numeric ones that set no shape can be
+        swept in one program. The agent ends fitted with the chosen configuration's
+        hyperparameters and its seeds' policies (its best seed selected), as after
+        :meth:`fit`; ``training["sweep"]`` holds the table this returns:
+        ``{"fields", "configurations": [{"values", "runs", "summary", "within_limits"}],
+        "selected", "reason"}``.
+
+        Raises:
+            AgentError: for data that does not fit the agent, a bad grid (unknown or
+                untraceable field, empty, a value the algorithm refuses) or bad settings.
+        """
+        from neorl_industrial.functional.transformations.sweep import (
+            SweepError,
+            plan_sweep,
+            train_sweep,
+        )
+
+        prepared = self._prepare(
+            dataset,
+            card=card,
+            reward_scaling=reward_scaling,
+            normalize_observations=normalize_observations,
+            evaluate=True,
+            ope=ope,
+        )
+        data, hyperparameters = prepared.data, prepared.hyperparameters
+        action_size = self.task.num_actions if self.entry.discrete else self.task.action_size
+        try:
+            plan = plan_sweep(
+                self.entry.name,
+                grid,
+                seeds=seeds,
+                obs_size=self.task.observation_size,
+                action_size=action_size,
+                hyperparameters=hyperparameters,
+            )
+            result = train_sweep(
+                plan, data, n_updates=updates, chunk_updates=chunk, batch_size=batch_size
+            )
+        except SweepError as error:
+            raise AgentError(str(error)) from None
+        except ValueError as error:
+            if type(error) is ValueError:
+                raise AgentError(str(error)) from None
+            raise
+        self._build(hyperparameters)
+        if self.task.has_simulator:
+            evaluator: Any = self._evaluator(eval_episodes, eval_horizon, eval_shield, eval_seed)
+            estimate = "simulator"
+        elif prepared.heldout is not None:
+            evaluator = self._ope_evaluator(prepared.heldout, prepared.ope, hyperparameters)
+            estimate = "fqe"
+        else:
+            raise AgentError(
+                f"{self.entry.name}: a sweep chooses by evaluation, and {self.task.name} has "
+                "neither a simulator nor held-out episodes for off-policy evaluation"
+            )
+        policies = result.state.agent.policy
+        metrics = evaluator(policies, updates)
+        configurations = []
+        n_seeds = len(plan.seeds)
+        for index, point in enumerate(plan.points):
+            own = metrics[index * n_seeds : (index + 1) * n_seeds]
+            summary = summarize_runs(own)
+            runs = [{"seed": seed, **run} for seed, run in zip(plan.seeds, own, strict=True)]
+            mean_metrics = {
+                key: value["mean"]
+                for key, value in summary.items()
+                if isinstance(value, dict) and "mean" in value
+            }
+            configurations.append(
+                {
+                    "values": dict(point),
+                    "runs": runs,
+                    "summary": summary,
+                    "within_limits": selection_key(mean_metrics)[0] == 1.0,
+                    "_key": selection_key(mean_metrics),
+                }
+            )
+        chosen = max(range(len(configurations)), key=lambda i: configurations[i]["_key"])
+        for configuration in configurations:
+            del configuration["_key"]
+        best = configurations[chosen]
+        reason = (
+            "the best mean return among the configurations within the cost limits"
+            if best["within_limits"]
+            else "no configuration kept the cost limits on average: the lowest mean cost"
+        )
+        if all(c["summary"].get("normalized_cost") is None for c in configurations):
+            reason = "the best mean return (no cost limits)"
+        table = {
+            "fields": list(plan.fields),
+            "seeds": list(plan.seeds),
+            "estimate": estimate,
+            "configurations": configurations,
+            "selected": chosen,
+            "reason": reason,
+        }
+        # The agent becomes the chosen configuration's, as if fitted with it.
+        chosen_hyperparameters = _with_values(hyperparameters, plan.points[chosen])
+        self._build(chosen_hyperparameters)
+        start = chosen * n_seeds
+        self.policies = jax.tree.map(lambda leaf: leaf[start : start + n_seeds], policies)
+        self.seeds = list(plan.seeds)
+        self.selected = max(range(n_seeds), key=lambda number: selection_key(best["runs"][number]))
+        self.hyperparameters = chosen_hyperparameters
+        self.result = None
+        self.training = {
+            "updates": int(result.state.updates[0]),
+            "seeds": self.seeds,
+            "batch_size": batch_size,
+            "reward_scaling": prepared.reward_scaling,
+            "reward_scale": prepared.reward_scale.to_dict(),
+            "evaluation": estimate,
+            "dataset": {
+                "name": getattr(dataset, "name", None),
+                "transitions": dataset.n_transitions,
+                "episodes": dataset.n_episodes,
+                "used_episodes": data.n_episodes,
+                "heldout_episodes": None
+                if prepared.heldout is None
+                else prepared.heldout.n_episodes,
+            },
+            "selected_run": self.selected,
+            "sweep": table,
+            "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        return table
 
     def _side_by_side(
         self, ope_evaluator: OffPolicyEvaluator, episodes: int, seed: int
@@ -818,3 +1019,18 @@ class Agent:
             overwrite=overwrite,
             signing_key=signing_key,
         )
+
+
+def _with_values(hyperparameters: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:
+    """``hyperparameters`` with a sweep configuration's dotted ``point`` set in them."""
+    result = dict(hyperparameters)
+    for path, value in point.items():
+        *parents, leaf = path.split(".")
+        target = result
+        for parent in parents:
+            nested = target.get(parent)
+            nested = dict(nested) if isinstance(nested, Mapping) else {}
+            target[parent] = nested
+            target = nested
+        target[leaf] = value
+    return result
