@@ -184,6 +184,7 @@ def test_train_errors_are_named_without_a_traceback(tmp_path, capsys):
         [],
         ["run"],
         ["train"],
+        ["sweep"],
         ["evaluate"],
         ["export"],
         ["bench"],
@@ -230,3 +231,97 @@ def test_bench_runs_the_benchmark_runner_in_its_own_process(monkeypatch, capfd):
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     assert cli.main(["--no-cache", "bench", "env_throughput", "--help"]) == 0
     assert "usage: python -m benchmarks.run" in capfd.readouterr().out
+
+
+def _mixing_tank_sweep(tmp_path, name, grid):
+    """``sweep`` of TD3BC-Lag on the imported mixing-tank log (no simulator), tracked
+    in a store of its own."""
+    root = Path(__file__).resolve().parents[1] / "examples" / "mixing-tank"
+    data = tmp_path / "mixing-tank"
+    if not data.exists():
+        assert (
+            cli.main(
+                [
+                    "--no-cache",
+                    "datasets",
+                    "import",
+                    str(root / "mixing_tank.csv"),
+                    "--schema",
+                    str(root / "schema.yaml"),
+                    "--out",
+                    str(data),
+                ]
+            )
+            == 0
+        )
+    overrides = [
+        f"data.path={data}",
+        f"output={tmp_path}",
+        f"name={name}",
+        "algorithm.name=td3bc-lag",
+        "algorithm.hyperparameters={hidden: [8]}",
+        "training.updates=20",
+        "training.chunk=10",
+        "training.batch_size=32",
+        "evaluation.ope={holdout: 0.25, updates: 20, seeds: [0, 1], hidden: [8]}",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        "tracking.registered_model=mixing-tank-sweep",
+        "tracking.flush_timeout=120",
+    ]
+    args = ["--no-cache", "sweep", "-c", str(root / "run.yaml"), *_sets(overrides)]
+    return cli.main([*args, *[a for g in grid for a in ("--grid", g)]])
+
+
+def test_sweep_on_a_plant_log_is_one_program_tracked_as_parent_and_configurations(tmp_path, capsys):
+    import json
+
+    from mlflow import MlflowClient
+
+    grid = ["algorithm.hyperparameters.alpha=[1.0, 4.0]", "training.seeds=[0, 1]"]
+    assert _mixing_tank_sweep(tmp_path, "swept", grid) == 0
+    out = capsys.readouterr().out
+    assert "every configuration (FQE estimate" in out and "Chosen: configuration" in out
+    run = tmp_path / "swept"
+    table = json.loads((run / "sweep.json").read_text())
+    assert [c["values"] for c in table["configurations"]] == [{"alpha": 1.0}, {"alpha": 4.0}]
+    assert table["estimate"] == "fqe" and table["seeds"] == [0, 1]
+    assert "**" in (run / "sweep.md").read_text()
+    for part in ("agent/agent.json", "policy/manifest.json", "report.json"):
+        assert (run / part).is_file(), part
+    report = json.loads((run / "report.json").read_text())
+    tracking = report["tracking"]
+    client = MlflowClient(tracking_uri=tracking["uri"])
+    parent = client.get_run(tracking["run_id"])
+    assert parent.data.tags["sweep"] == "true" and parent.info.status == "FINISHED"
+    assert parent.data.tags["selected_configuration"] == str(table["selected"])
+    assert parent.data.tags["selection_reason"] == table["reason"]
+    children = [client.get_run(i) for i in tracking["configuration_run_ids"].values()]
+    assert len(children) == 2
+    for index, child in enumerate(children):
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.params["algorithm.hyperparameters.alpha"] == str(
+            table["configurations"][index]["values"]["alpha"]
+        )
+        assert "ope/return_mean" in child.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"sweep.json", "sweep.md"} <= artifacts
+    version = tracking["model"]
+    tags = client.get_model_version(version["name"], version["version"]).tags
+    assert tags["sweep_reason"] == table["reason"]
+
+
+def test_a_sweep_that_cannot_run_is_named_and_its_parent_run_marked_failed(tmp_path, capsys):
+    from mlflow import MlflowClient
+
+    grid = ["algorithm.hyperparameters.hidden=[[8], [16]]"]
+    assert _mixing_tank_sweep(tmp_path, "unsweepable", grid) == 2
+    assert "grid.hidden" in capsys.readouterr().err
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name("neorl-industrial").experiment_id]
+    )
+    assert parent.data.tags["sweep"] == "true" and parent.info.status == "FAILED"
+    # a key that cannot be swept in one program is refused before anything runs
+    bad = ["training.batch_size=[32, 64]"]
+    assert _mixing_tank_sweep(tmp_path, "other", bad) == 2
+    assert "only algorithm.hyperparameters.<name> and training.seeds" in capsys.readouterr().err

@@ -42,7 +42,9 @@ __all__ = [
     "load_data",
     "main_job_config",
     "resolve_run",
+    "run_sweep",
     "run_training",
+    "sweep_markdown",
 ]
 
 #: The main job (``neorl-industrial run``, ``make run``): TD3BC-Lag on a small generated
@@ -562,5 +564,284 @@ def _log_outputs(
     summary = tracker.close()
     section["spooled"] = summary.spooled
     section["spool"] = None if summary.spool_path is None else str(summary.spool_path)
+    section["errors"] = summary.errors[:5]
+    return section
+
+
+# ----- sweeps ---------------------------------------------------------------------------
+def sweep_markdown(table: dict[str, Any], title: str) -> str:
+    """The sweep's table as a markdown page (an MLflow artifact and ``sweep.md``)."""
+    fields, chosen = table["fields"], table["selected"]
+    has_cost = any("normalized_cost" in c["summary"] for c in table["configurations"])
+    head = [*fields, "return (mean ± 95 %)"] + (["normalized cost", "within limits"] * has_cost)
+    lines = [
+        f"# {title}",
+        "",
+        f"{len(table['configurations'])} configurations × seeds {table['seeds']}, trained as "
+        f"one program; each run evaluated by {table['estimate']}. Chosen: configuration "
+        f"{chosen} ({table['reason']}).",
+        "",
+        "| # | " + " | ".join(head) + " |",
+        "|" + "---|" * (len(head) + 1),
+    ]
+    for index, configuration in enumerate(table["configurations"]):
+        summary = configuration["summary"]
+        ret = summary["return"]
+        cells = [str(configuration["values"][field]) for field in fields]
+        cells.append(f"{ret['mean']:.4g} ± {ret['ci'] or 0.0:.3g}")
+        if has_cost:
+            cost = summary.get("normalized_cost")
+            cells.append("—" if cost is None else f"{cost['mean']:.3g}")
+            cells.append("yes" if configuration["within_limits"] else "no")
+        mark = f"**{index}**" if index == chosen else str(index)
+        lines.append(f"| {mark} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_sweep(config: RunConfig, *, export: bool = True, console: Any = None) -> RunOutcome:
+    """Runs the grid of ``config.sweep`` as one program (``Agent.sweep``) and writes its
+    outputs under ``config.run_dir``: ``sweep.json`` and ``sweep.md`` (every configuration,
+    its runs and the choice), the chosen configuration's agent and policy, ``report.json``.
+
+    With tracking, MLflow gets a parent run for the sweep and a nested run per
+    configuration (its values as params, the mean and 95 % interval over seeds of every
+    metric), the table as an artifact, and the chosen policy as a registered model whose
+    version carries the reason it was chosen. A sweep that fails after its parent run was
+    made ends that run FAILED (KILLED when interrupted).
+
+    Raises:
+        AgentError: an earlier run's directory, data that does not fit, a grid that cannot
+            be run as one program (naming the field).
+    """
+    grid = config.sweep.hyperparameter_grid()
+    if not grid:
+        raise AgentError(
+            "sweep.grid: no hyperparameter to sweep; give --grid "
+            "algorithm.hyperparameters.<name>=[...] (or a sweep: grid: section)"
+        )
+    seeds = list(config.sweep.grid.get("training.seeds") or config.training.seeds)
+    run_dir = config.run_dir
+    agent_dir, policy_dir = run_dir / "agent", run_dir / "policy"
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise AgentError(
+            f"{run_dir}: holds an earlier run; give another name (name=...) or output "
+            "directory (nothing was overwritten)"
+        )
+    started = time.perf_counter()
+    plan = resolve_run(config)
+    agent = plan.agent()
+    agent.check_dataset(plan.dataset, plan.card)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config.to_yaml())
+    (run_dir / "dataset.json").write_text(plan.card.to_json())
+    tracker = _tracker(plan, agent, console) if config.tracking.enabled else None
+    if tracker is not None:
+        _open_sweep_runs(tracker, config, grid, seeds)
+    training, evaluation = config.training, config.evaluation
+    try:
+        table = agent.sweep(
+            plan.dataset,
+            grid,
+            seeds=seeds,
+            updates=training.updates,
+            batch_size=training.batch_size,
+            chunk=training.chunk,
+            eval_episodes=evaluation.episodes,
+            eval_horizon=evaluation.horizon,
+            eval_shield=evaluation.shield,
+            eval_seed=evaluation.seed,
+            normalize_observations=training.normalize_observations,
+            reward_scaling=training.reward_scaling,
+            ope=plan.ope,
+            card=plan.card,
+        )
+    except BaseException as error:
+        if tracker is not None:
+            tracker.close(status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        raise
+    fit_seconds = time.perf_counter() - started
+    title = f"Sweep of {agent.name} on {plan.label} ({config.name})"
+    write_text_atomic(run_dir / "sweep.json", json.dumps(table, indent=2, default=json_default))
+    write_text_atomic(run_dir / "sweep.md", sweep_markdown(table, title))
+    agent.save(agent_dir)
+    exported = None
+    if export and not agent.entry.discrete:
+        exported = agent.export(policy_dir, signing_key=_signing_key(config, console))
+    chosen = table["configurations"][table["selected"]]
+    report = {
+        "name": config.name,
+        "algorithm": agent.name,
+        "env": agent.task.env_id,
+        "evaluation": table["estimate"],
+        "backend": jax.default_backend(),
+        "data": plan.facts,
+        "sweep": {
+            "fields": table["fields"],
+            "configurations": len(table["configurations"]),
+            "seeds": seeds,
+            "runs": len(table["configurations"]) * len(seeds),
+            "updates": training.updates,
+            "seconds": fit_seconds,
+            "selected": table["selected"],
+            "selected_values": chosen["values"],
+            "reason": table["reason"],
+        },
+        "selected_run": agent.selected,
+        "cost_limits": agent.cost_limits,
+        "outputs": {
+            "run": str(run_dir),
+            "agent": str(agent_dir),
+            "policy": None if exported is None else str(policy_dir),
+            "sweep": str(run_dir / "sweep.json"),
+        },
+        "seconds": time.perf_counter() - started,
+    }
+    if tracker is not None:
+        report["tracking"] = _log_sweep(tracker, plan, agent, table, report, exported)
+    _write_report(run_dir, report)
+    return RunOutcome(config, agent, report, run_dir, agent_dir, exported)
+
+
+def _configuration_key(index: int) -> str:
+    return f"config-{index}"
+
+
+def _open_sweep_runs(
+    tracker: Any, config: RunConfig, grid: dict[str, list[Any]], seeds: list[int]
+) -> None:
+    """The sweep's parent run, made before anything trains (so a failure marks it)."""
+    from neorl_industrial.integration.mlflow import flatten
+
+    now = int(time.time() * 1000)
+    tracker.sender.submit(
+        "create_run",
+        "parent",
+        name=config.name,
+        tags={**tracker.tags, "sweep": "true", "seeds": json.dumps(seeds)},
+        experiment=tracker.experiment,
+        time=now,
+    )
+    tracker.sender.submit(
+        "log_batch",
+        "parent",
+        params={**tracker.params, **flatten({"sweep": {"grid": grid, "seeds": seeds}})},
+    )
+
+
+def _log_sweep(
+    tracker: Any,
+    plan: RunPlan,
+    agent: Agent,
+    table: dict[str, Any],
+    report: dict[str, Any],
+    policy_dir: Path | None,
+) -> dict[str, Any]:
+    """A nested run per configuration, the table, the chosen policy registered with the
+    reason; then the flush. Returns the report's ``tracking`` section."""
+    from neorl_industrial.integration.mlflow import registered_model_name, ui_command
+
+    config, card = plan.config, plan.card
+    now = int(time.time() * 1000)
+    step = int(config.training.updates)
+    prefix = "ope/" if table["estimate"] == "fqe" else "eval/"
+    for index, configuration in enumerate(table["configurations"]):
+        key = _configuration_key(index)
+        values = configuration["values"]
+        tracker.sender.submit(
+            "create_run",
+            key,
+            name=f"{config.name}/" + ",".join(f"{k}={v}" for k, v in values.items()),
+            tags={
+                **tracker.tags,
+                "configuration": str(index),
+                "selected": str(index == table["selected"]).lower(),
+                "within_limits": str(configuration["within_limits"]).lower(),
+            },
+            parent="parent",
+            experiment=tracker.experiment,
+            time=now,
+        )
+        metrics = []
+        for name, stats in configuration["summary"].items():
+            for suffix, field in (("mean", "mean"), ("ci95", "ci")):
+                value = stats.get(field)
+                if value is not None and np.isfinite(value):
+                    metrics.append((f"{prefix}{name}_{suffix}", float(value), step, now))
+        tracker.sender.submit(
+            "log_batch",
+            key,
+            params={
+                **{f"algorithm.hyperparameters.{k}": str(v) for k, v in values.items()},
+                "seeds": json.dumps(table["seeds"]),
+            },
+            metrics=metrics,
+        )
+        tracker.sender.submit("end_run", key, status="FINISHED", time=now)
+    chosen = table["configurations"][table["selected"]]
+    tracker.sender.submit(
+        "log_batch",
+        "parent",
+        tags={
+            "selected_configuration": str(table["selected"]),
+            "selected_values": json.dumps(chosen["values"]),
+            "selection_reason": table["reason"],
+        },
+        metrics=[
+            (f"selected/{name}_mean", float(stats["mean"]), step, now)
+            for name, stats in chosen["summary"].items()
+            if stats.get("mean") is not None and np.isfinite(stats["mean"])
+        ],
+    )
+    run_dir = config.run_dir
+    for name in ("config.yaml", "dataset.json", "sweep.json", "sweep.md"):
+        tracker.log_artifact(run_dir / name)
+    tracker.log_artifact(run_dir / "agent", "agent")
+    tracking = config.tracking
+    model_name = None
+    if tracking.log_model and policy_dir is not None:
+        model_name = registered_model_name(plan.label, tracking.registered_model)
+        best = chosen["runs"][agent.selected]
+        keys = ("return", "normalized_return", "normalized_cost", "violation_rate")
+        example = np.asarray(jax.device_get(plan.dataset.observations[:2]), np.float64).tolist()
+        tracker.log_model(
+            policy_dir,
+            agent_dir=run_dir / "agent",
+            dataset_card=json.loads(card.to_json()),
+            input_example=example,
+            registered_model=model_name,
+            version_metrics={key: best.get(key) for key in keys},
+            version_tags={
+                "env": plan.label,
+                "algorithm": agent.name,
+                "seed": agent.seeds[agent.selected],
+                "dataset": card.name,
+                "run_name": config.name,
+                "evaluation": table["estimate"],
+                "sweep_values": json.dumps(chosen["values"]),
+                "sweep_reason": table["reason"],
+            },
+            promote=tracking.promote,
+        )
+    tracker.sender.wait_idle(tracking.flush_timeout)
+    section: dict[str, Any] = {
+        "uri": tracker.tracking_uri,
+        "experiment": tracking.experiment,
+        "run_id": tracker.parent_run_id,
+        "configuration_run_ids": {
+            str(index): tracker.sender.run_ids.get(_configuration_key(index))
+            for index in range(len(table["configurations"]))
+        },
+        "ui": ui_command(tracker.tracking_uri),
+    }
+    registered = tracker.sender.results.get("register")
+    if registered:
+        section["model"] = {
+            **registered,
+            "uri": f"models:/{registered['name']}/{registered['version']}",
+        }
+    _write_report(run_dir, {**report, "tracking": section})
+    tracker.log_artifact(run_dir / "report.json")
+    summary = tracker.close()
+    section["spooled"] = summary.spooled
     section["errors"] = summary.errors[:5]
     return section

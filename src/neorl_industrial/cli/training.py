@@ -46,6 +46,65 @@ def command_train(args: argparse.Namespace) -> int:
     return _train_and_report(config, resume=args.resume, console=console)
 
 
+def command_sweep(args: argparse.Namespace) -> int:
+    from neorl_industrial.pipeline import run_sweep
+    from neorl_industrial.wrappers.training import RunConfig
+
+    config = RunConfig.from_files(list(args.config or []), list(args.set or []))
+    config = config.with_grid(list(args.grid or []))
+    console = make_console()
+    task = config.env.id or ("the dataset's task" if config.data.path else "IB-v0")
+    grid = config.sweep.hyperparameter_grid()
+    console.print(
+        f"[bold]sweep[/bold] of {config.algorithm.name} on {task}: "
+        + ", ".join(f"{name} in {values}" for name, values in grid.items())
+        + f" x seeds {config.sweep.grid.get('training.seeds') or config.training.seeds}, "
+        f"one program -> {config.run_dir}"
+    )
+    started = time.perf_counter()
+    outcome = run_sweep(config, console=console)
+    report = outcome.report
+    sweep = report["sweep"]
+    table_path = outcome.run_dir / "sweep.json"
+    table = json.loads(table_path.read_text())
+    console.print(_sweep_table(table, report))
+    console.print(
+        escape(
+            f"Chosen: configuration {sweep['selected']} {sweep['selected_values']} "
+            f"({sweep['reason']}); {sweep['runs']} runs x {sweep['updates']:,} updates in "
+            f"{sweep['seconds']:.1f} s."
+        )
+    )
+    console.print(f"Agent: {report['outputs']['agent']}  (Agent.load)")
+    if report["outputs"]["policy"]:
+        console.print(f"Policy: {report['outputs']['policy']}  (served without training code)")
+    console.print(f"Table: {outcome.run_dir / 'sweep.md'}; report: {outcome.run_dir}/report.json")
+    tracking = report.get("tracking")
+    if tracking:
+        _print_tracking(console, tracking)
+    console.print(f"Done in {time.perf_counter() - started:.1f} s.")
+    return 0
+
+
+def _sweep_table(table: dict, report: dict) -> Table:
+    estimate = "FQE estimate" if table["estimate"] == "fqe" else "simulator"
+    out = Table(title=f"{report['algorithm']}: every configuration ({estimate}, mean over seeds)")
+    for column in ("#", *table["fields"], "return", "± 95 %", "normalized cost", "within limits"):
+        out.add_column(column, justify="right")
+    for index, configuration in enumerate(table["configurations"]):
+        summary = configuration["summary"]
+        cost = summary.get("normalized_cost")
+        out.add_row(
+            f"{index}{' *' if index == table['selected'] else ''}",
+            *(str(configuration["values"][field]) for field in table["fields"]),
+            f"{summary['return']['mean']:,.4g}",
+            f"{summary['return']['ci'] or 0.0:,.3g}",
+            "-" if cost is None else f"{cost['mean']:.3g}",
+            "-" if cost is None else ("yes" if configuration["within_limits"] else "no"),
+        )
+    return out
+
+
 def _train_and_report(config, *, resume: bool, console: Console) -> int:
     from neorl_industrial.pipeline import run_training
     from neorl_industrial.wrappers.training import RichProgress
@@ -287,7 +346,8 @@ def command_export(args: argparse.Namespace) -> int:
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
-    """Adds ``run``, ``train``, ``evaluate`` and ``export`` to the command line."""
+    """Adds ``run``, ``train``, ``sweep``, ``evaluate`` and ``export`` to the command
+    line."""
     run = commands.add_parser(
         "run",
         help="the main job: generate data, train a safe agent, evaluate, save, export, report",
@@ -319,6 +379,30 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "--resume", action="store_true", help="continue the run from its newest checkpoint"
     )
     train.set_defaults(handler=command_train)
+
+    sweep = commands.add_parser(
+        "sweep",
+        help="train a grid of hyperparameters x seeds as one program and keep the best "
+        "configuration, chosen without the plant",
+    )
+    sweep.add_argument(
+        "--config",
+        "-c",
+        action="append",
+        metavar="YAML",
+        help="a configuration file (its sweep: grid: section is read too)",
+    )
+    sweep.add_argument(
+        "--set", action="append", metavar="FIELD=VALUE", help="override a field, as for train"
+    )
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        metavar="KEY=[VALUES]",
+        help="values of one swept setting, e.g. algorithm.hyperparameters.alpha=[1,2.5,5] "
+        "or training.seeds=[0,1,2,3,4]; repeat for a grid",
+    )
+    sweep.set_defaults(handler=command_sweep)
 
     evaluate = commands.add_parser(
         "evaluate",

@@ -37,6 +37,7 @@ __all__ = [
     "OPESection",
     "RunConfig",
     "SafetySection",
+    "SweepSection",
     "TrackingSection",
     "TrainingSection",
     "apply_overrides",
@@ -217,6 +218,49 @@ class TrackingSection(_Section):
     flush_timeout: float = Field(default=60.0, ge=0)
 
 
+#: The keys a sweep's grid may name: the algorithm's hyperparameters (traced in one
+#: program) and the seeds.
+SWEEP_PREFIX = "algorithm.hyperparameters."
+SWEEP_SEEDS = "training.seeds"
+
+
+class SweepSection(_Section):
+    """A grid of configurations trained as one program by ``neorl-industrial sweep``:
+    ``{"algorithm.hyperparameters.alpha": [1, 2.5, 5], "training.seeds": [0, 1, 2]}``.
+    Only numeric hyperparameters that set no shape can be swept in one program; the seeds
+    listed here replace ``training.seeds``."""
+
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+
+    @field_validator("grid")
+    @classmethod
+    def _sweepable(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in grid.items():
+            if key != SWEEP_SEEDS and not (
+                key.startswith(SWEEP_PREFIX) and len(key) > len(SWEEP_PREFIX)
+            ):
+                raise ValueError(
+                    f"{key}: only {SWEEP_PREFIX}<name> and {SWEEP_SEEDS} can be swept in one "
+                    "program; run other settings as separate sweeps"
+                )
+            if not values:
+                raise ValueError(f"{key}: expected at least one value, got an empty list")
+            if key == SWEEP_SEEDS and (
+                any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values)
+                or len(set(values)) != len(values)
+            ):
+                raise ValueError(f"{key}: expected distinct non-negative integers, got {values}")
+        return grid
+
+    def hyperparameter_grid(self) -> dict[str, list[Any]]:
+        """The grid of the algorithm's hyperparameters, by their (dotted) names."""
+        return {
+            key[len(SWEEP_PREFIX) :]: list(values)
+            for key, values in self.grid.items()
+            if key != SWEEP_SEEDS
+        }
+
+
 class RunConfig(_Section):
     """A training run end to end. Every field has a default: ``RunConfig()`` is the
     main job's run (TD3BC-Lag on a generated IB dataset)."""
@@ -231,6 +275,8 @@ class RunConfig(_Section):
     checkpoints: CheckpointSection = Field(default_factory=CheckpointSection)
     export: ExportSection = Field(default_factory=ExportSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection)
+    #: The grid of ``neorl-industrial sweep`` (ignored by ``train`` and ``run``).
+    sweep: SweepSection = Field(default_factory=SweepSection)
     #: Where the run writes its agent, checkpoints, export and report.
     output: str = "runs"
 
@@ -292,6 +338,33 @@ class RunConfig(_Section):
     def with_overrides(self, overrides: list[str]) -> RunConfig:
         values = apply_overrides(self.to_dict(), overrides)
         return RunConfig.from_dict(values, source="overrides")
+
+    def with_grid(self, items: list[str]) -> RunConfig:
+        """The configuration with ``key=[values]`` entries added to ``sweep.grid`` (the
+        values read as YAML; a later entry of the same key wins).
+
+        Raises:
+            ConfigError: for an entry without ``=``, values that are not a list, or a key
+                that cannot be swept (see :class:`SweepSection`).
+        """
+        values = self.to_dict()
+        grid = values["sweep"]["grid"]
+        for item in items:
+            key, sep, text = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise ConfigError(
+                    f"--grid {item!r}: expected key=[values], e.g. "
+                    "algorithm.hyperparameters.alpha=[1,2.5,5]"
+                )
+            try:
+                parsed = load_yaml_text(text, f"--grid {item!r}")
+            except YamlError as error:
+                raise ConfigError(str(error)) from None
+            if not isinstance(parsed, list):
+                raise ConfigError(f"--grid {item!r}: expected a list of values in [...]")
+            grid[key] = parsed
+        return RunConfig.from_dict(values, source="--grid")
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
