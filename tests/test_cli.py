@@ -258,6 +258,7 @@ def _mixing_tank_sweep(tmp_path, name, grid):
         f"data.path={data}",
         f"output={tmp_path}",
         f"name={name}",
+        f"safety.constraints={root / 'constraints.yaml'}",
         "algorithm.name=td3bc-lag",
         "algorithm.hyperparameters={hidden: [8]}",
         "training.updates=20",
