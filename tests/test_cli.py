@@ -305,7 +305,8 @@ def test_sweep_on_a_plant_log_is_one_program_tracked_as_parent_and_configuration
         )
         assert "ope/return_mean" in child.data.metrics
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"sweep.json", "sweep.md"} <= artifacts
+    assert {"sweep.json", "sweep.md", "plots"} <= artifacts
+    assert (run / "plots" / "sweep.png").stat().st_size > 0
     version = tracking["model"]
     tags = client.get_model_version(version["name"], version["version"]).tags
     assert tags["sweep_reason"] == table["reason"]

@@ -663,6 +663,9 @@ def run_sweep(config: RunConfig, *, export: bool = True, console: Any = None) ->
     title = f"Sweep of {agent.name} on {plan.label} ({config.name})"
     write_text_atomic(run_dir / "sweep.json", json.dumps(table, indent=2, default=json_default))
     write_text_atomic(run_dir / "sweep.md", sweep_markdown(table, title))
+    from neorl_industrial.integration.mlflow.plots import sweep_plot
+
+    sweep_plot(table, run_dir / "plots" / "sweep.png", title=title)
     agent.save(agent_dir)
     exported = None
     if export and not agent.entry.discrete:
@@ -795,6 +798,7 @@ def _log_sweep(
     run_dir = config.run_dir
     for name in ("config.yaml", "dataset.json", "sweep.json", "sweep.md"):
         tracker.log_artifact(run_dir / name)
+    tracker.log_artifact(run_dir / "plots", "plots")
     tracker.log_artifact(run_dir / "agent", "agent")
     tracking = config.tracking
     model_name = None

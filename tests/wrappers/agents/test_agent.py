@@ -203,7 +203,12 @@ def test_a_sweep_on_a_plant_log_chooses_a_configuration_without_the_plant(tmp_pa
         assert np.isfinite(configuration["summary"]["return"]["mean"])
     chosen = table["configurations"][table["selected"]]
     means = [c["summary"]["return"]["mean"] for c in table["configurations"]]
-    assert chosen["summary"]["return"]["mean"] == max(means)  # no cost limits: by return
+    assert chosen["summary"]["return"]["mean"] == max(means)  # all within the limits: by return
+    assert "the best mean return" in table["reason"]
+    other = table["configurations"][1 - table["selected"]]["summary"]["return"]
+    ours = chosen["summary"]["return"]
+    overlap = ours["mean"] - ours["ci"] <= other["mean"] + other["ci"]
+    assert ("cannot tell them apart" in table["reason"]) == overlap
     assert agent.hyperparameters["alpha"] == chosen["values"]["alpha"]
     assert agent.training["sweep"] is table and agent.seeds == [0, 1]
     actions = np.asarray(agent.predict(np.asarray(dataset.observations[:4])))

@@ -42,6 +42,7 @@ _EXPORTS = {
     "ui_command": ".tracking",
     "learning_curves": ".plots",
     "safety_plot": ".plots",
+    "sweep_plot": ".plots",
     "ShieldedPolicyModel": ".pyfunc",
     "log_policy_model": ".pyfunc",
     "policy_signature": ".pyfunc",

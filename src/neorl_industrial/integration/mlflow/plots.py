@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["learning_curves", "safety_plot"]
+__all__ = ["learning_curves", "safety_plot", "sweep_plot"]
 
 
 def _figure(n_panels: int) -> tuple[Any, list[Any]]:
@@ -188,6 +188,57 @@ def _estimated_safety_plot(
         axis.grid(alpha=0.3)
         axis.set_xlabel(f"policy after {evaluations[-1]['updates']:,} updates")
     axes[0].legend(fontsize=7)
+    if title:
+        figure.suptitle(title)
+    return _save(figure, path)
+
+
+def sweep_plot(table: dict[str, Any], path: str | Path, *, title: str = "") -> Path:
+    """A sweep's configurations side by side: the return's mean over seeds with its 95 %
+    interval and each seed's value, and (with cost limits) the normalized cost with the
+    limit at 1; the chosen configuration is marked, those over the limits are hollow."""
+    configurations = table["configurations"]
+    has_cost = any("normalized_cost" in c["summary"] for c in configurations)
+    figure, axes = _figure(2 if has_cost else 1)
+    labels = [
+        "\n".join(
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in c["values"].items()
+        )
+        for c in configurations
+    ]
+    x = np.arange(len(configurations))
+    estimate = "FQE estimate" if table.get("estimate") == "fqe" else "simulator"
+    panels = [("return", f"return ({estimate})")]
+    if has_cost:
+        panels.append(("normalized_cost", "episode cost / limit"))
+    for axis, (key, name) in zip(axes, panels, strict=True):
+        for index, configuration in enumerate(configurations):
+            stats = configuration["summary"].get(key)
+            if stats is None:
+                continue
+            chosen = index == table["selected"]
+            color = "C3" if chosen else "C0"
+            face = color if configuration["within_limits"] or not has_cost else "white"
+            axis.errorbar(
+                index,
+                stats["mean"],
+                yerr=stats.get("ci") or 0.0,
+                fmt="o",
+                ms=8,
+                color=color,
+                mfc=face,
+                capsize=4,
+                zorder=3,
+            )
+            seeds = [run.get(key) for run in configuration["runs"]]
+            axis.scatter(np.full(len(seeds), index) + 0.12, seeds, s=10, color="gray", zorder=2)
+        if key == "normalized_cost":
+            axis.axhline(1.0, color="red", ls="--", lw=1.2, label="limit")
+            axis.legend(fontsize=7)
+        axis.set_xticks(x, labels, fontsize=7)
+        axis.set_title(name)
+        axis.grid(alpha=0.3)
+    axes[0].set_xlabel(f"configuration (red: chosen; grey: seeds {table.get('seeds')})")
     if title:
         figure.suptitle(title)
     return _save(figure, path)

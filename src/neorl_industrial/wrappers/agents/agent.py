@@ -630,8 +630,6 @@ class Agent:
                 }
             )
         chosen = max(range(len(configurations)), key=lambda i: configurations[i]["_key"])
-        for configuration in configurations:
-            del configuration["_key"]
         best = configurations[chosen]
         reason = (
             "the best mean return among the configurations within the cost limits"
@@ -640,6 +638,22 @@ class Agent:
         )
         if all(c["summary"].get("normalized_cost") is None for c in configurations):
             reason = "the best mean return (no cost limits)"
+        rivals = [
+            i
+            for i in range(len(configurations))
+            if i != chosen and configurations[i]["_key"][0] == best["_key"][0]
+        ]
+        by_return = best["_key"][0] == 1.0 or "normalized_cost" not in best["summary"]
+        if rivals and by_return:
+            runner = max(rivals, key=lambda i: configurations[i]["_key"])
+            ours, theirs = best["summary"]["return"], configurations[runner]["summary"]["return"]
+            if ours["mean"] - (ours["ci"] or 0.0) <= theirs["mean"] + (theirs["ci"] or 0.0):
+                reason += (
+                    f"; configuration {runner} is within the 95 % intervals, so the data "
+                    "cannot tell them apart (more seeds or held-out episodes can)"
+                )
+        for configuration in configurations:
+            del configuration["_key"]
         table = {
             "fields": list(plan.fields),
             "seeds": list(plan.seeds),
