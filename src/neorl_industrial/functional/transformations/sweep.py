@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from neorl_industrial.core.agents.registry import (
     HyperparameterError,
@@ -59,6 +60,7 @@ __all__ = [
     "init_sweep",
     "make_sweep_chunk",
     "plan_sweep",
+    "runs_mesh",
     "traced_config",
     "train_sweep",
 ]
@@ -347,11 +349,13 @@ def available_device_bytes(device: Any | None = None) -> int | None:
         return None
 
 
-def check_sweep_fits(plan: SweepPlan, batch_size: int, available: int | None = None) -> int:
-    """The estimate of :func:`estimate_sweep_bytes`; raises :class:`SweepError` before
-    anything is compiled when it exceeds the memory the device has (``available``, or
-    :func:`available_device_bytes`)."""
-    needed = estimate_sweep_bytes(plan, batch_size)
+def check_sweep_fits(
+    plan: SweepPlan, batch_size: int, available: int | None = None, n_devices: int = 1
+) -> int:
+    """The estimate of :func:`estimate_sweep_bytes` per device (the runs spread over
+    ``n_devices``); raises :class:`SweepError` before anything is compiled when it exceeds
+    the memory a device has (``available``, or :func:`available_device_bytes`)."""
+    needed = -(-estimate_sweep_bytes(plan, batch_size) // n_devices)
     available = available if available is not None else available_device_bytes()
     if available is not None and needed > available:
         raise SweepError(
@@ -383,6 +387,22 @@ class SweepResult:
         return jax.tree.map(lambda leaf: leaf[index], self.state.agent)
 
 
+def runs_mesh(devices: Sequence[Any] | None = None) -> Mesh:
+    """A one-axis mesh (``"runs"``) over ``devices`` (default: every device)."""
+    return Mesh(np.asarray(list(devices) if devices is not None else jax.devices()), ("runs",))
+
+
+def _shardings(mesh: Mesh, n_runs: int) -> tuple[NamedSharding, NamedSharding]:
+    """``(over runs, replicated)`` on ``mesh``; the runs must divide over its devices."""
+    n_devices = int(mesh.devices.size)
+    if n_runs % n_devices:
+        raise SweepError(
+            f"sweep: {n_runs} runs do not divide over {n_devices} devices; give a number "
+            f"of configurations × seeds that is a multiple of {n_devices}, or fewer devices"
+        )
+    return NamedSharding(mesh, PartitionSpec("runs")), NamedSharding(mesh, PartitionSpec())
+
+
 def train_sweep(
     plan: SweepPlan,
     dataset: Dataset,
@@ -393,6 +413,7 @@ def train_sweep(
     sampler: Sampler = sample,
     callback: ChunkCallback | None = None,
     state: TrainState | None = None,
+    mesh: Mesh | None = None,
 ) -> SweepResult:
     """Trains every run of ``plan`` on ``dataset`` in one vmapped program per chunk.
 
@@ -409,6 +430,13 @@ def train_sweep(
         sampler: how batches are drawn.
         callback: called on the host after every chunk with the metrics per run.
         state: continue these runs instead of starting fresh ones.
+        mesh: lay the runs axis over this mesh's devices (:func:`runs_mesh`; the dataset
+            is replicated on each) and compile with those shardings; each device trains
+            its share of the runs. None: one device, as ``train_offline``.
+
+    Raises:
+        SweepError: for a state of another number of runs, runs that do not divide over
+            the mesh's devices, or a sweep larger than the device's memory.
     """
     for name, value in (
         ("n_updates", n_updates),
@@ -419,14 +447,27 @@ def train_sweep(
             raise ValueError(f"{name}: expected a positive integer, got {value!r}")
     if not algorithm_entry(plan.algorithm).discrete:
         _warn_about_action_units(dataset)
-    check_sweep_fits(plan, batch_size)
+    check_sweep_fits(plan, batch_size, n_devices=1 if mesh is None else int(mesh.devices.size))
     if state is None:
         state = init_sweep(plan)
     elif state.n_seeds != plan.n_runs:
         raise SweepError(f"state: holds {state.n_seeds} runs, the plan {plan.n_runs}")
     values = {field: jnp.asarray(column) for field, column in plan.values().items()}
-    chunk = jax.jit(make_sweep_chunk(plan, batch_size, chunk_updates, sampler), donate_argnums=0)
+    program = make_sweep_chunk(plan, batch_size, chunk_updates, sampler)
     state = jax.tree.map(jnp.copy, state)  # donated below; the caller's state survives
+    if mesh is None:
+        chunk = jax.jit(program, donate_argnums=0)
+    else:
+        over_runs, replicated = _shardings(mesh, plan.n_runs)
+        state = jax.device_put(state, over_runs)
+        values = jax.device_put(values, over_runs)
+        dataset = jax.device_put(dataset, replicated)
+        chunk = jax.jit(
+            program,
+            donate_argnums=0,
+            in_shardings=(over_runs, over_runs, replicated),
+            out_shardings=(over_runs, over_runs),
+        )
     history: list[dict[str, Any]] = []
     done = 0
     while done < n_updates:
