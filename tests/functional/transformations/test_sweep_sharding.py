@@ -66,3 +66,125 @@ def test_runs_sharded_over_four_host_devices_match_one_device():
     assert result["devices"] == 4 and result["leaf_devices"] == 4
     assert result["distance"] < 1e-5
     assert "3 runs do not divide over 4 devices" in result["refused"]
+
+
+DISTRIBUTED = r"""
+import json, sys
+import jax, numpy as np
+from neorl_industrial.functional.transformations.sweep import (
+    initialize_distributed, plan_sweep, runs_mesh, train_sweep)
+
+index, count = initialize_distributed(timeout_s=60)
+from neorl_industrial.functional.state_management import ActionScaler
+from neorl_industrial.integration.datasets import load_plant_log
+
+root, out = sys.argv[1], sys.argv[2]
+dataset, card = load_plant_log(root + "/mixing_tank.csv", root + "/schema.yaml")
+task = card.task()
+dataset = dataset.replace(
+    actions=ActionScaler.create(task.action_low, task.action_high).scale(dataset.actions))
+plan = plan_sweep("td3bc", {"alpha": [1.0, 4.0]}, seeds=(0, 1),
+                  obs_size=dataset.observation_size, action_size=dataset.action_size,
+                  hyperparameters={"hidden": (8,)})
+result = train_sweep(plan, dataset, n_updates=20, chunk_updates=10, batch_size=32,
+                     mesh=runs_mesh())
+if index == 0:
+    leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(result.state.agent)]
+    np.savez(out, *leaves)
+print(json.dumps({"index": index, "count": count, "devices": len(jax.devices()),
+                  "local": len(jax.local_devices())}))
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_processes_on_loopback_train_the_sweep_one_process_trains(tmp_path):
+    import jax
+    import numpy as np
+
+    from neorl_industrial.functional.state_management import ActionScaler
+    from neorl_industrial.functional.transformations.sweep import plan_sweep, train_sweep
+    from neorl_industrial.integration.datasets import load_plant_log
+
+    root = ROOT / "examples" / "mixing-tank"
+    port = _free_port()
+    processes = []
+    for index in range(2):
+        environment = {
+            **os.environ,
+            "XLA_FLAGS": with_fast_compile(None),
+            "JAX_PLATFORMS": "cpu",
+            "NEORL_INDUSTRIAL_COORDINATOR": f"127.0.0.1:{port}",
+            "NEORL_INDUSTRIAL_NUM_PROCESSES": "2",
+            "NEORL_INDUSTRIAL_PROCESS_ID": str(index),
+        }
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", DISTRIBUTED, str(root), str(tmp_path / "state.npz")],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=environment,
+                cwd=ROOT,
+            )
+        )
+    outputs = [process.communicate(timeout=600) for process in processes]
+    for process, (_out, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err[-2000:]
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert [r["index"] for r in reports] == [0, 1]
+    assert all(r["count"] == 2 and r["devices"] == 2 and r["local"] == 1 for r in reports)
+    # the same sweep in this one process
+    dataset, card = load_plant_log(root / "mixing_tank.csv", root / "schema.yaml")
+    task = card.task()
+    scaler = ActionScaler.create(task.action_low, task.action_high)
+    dataset = dataset.replace(actions=scaler.scale(dataset.actions))
+    plan = plan_sweep(
+        "td3bc",
+        {"alpha": [1.0, 4.0]},
+        seeds=(0, 1),
+        obs_size=dataset.observation_size,
+        action_size=dataset.action_size,
+        hyperparameters={"hidden": (8,)},
+    )
+    one = train_sweep(plan, dataset, n_updates=20, chunk_updates=10, batch_size=32)
+    saved = np.load(tmp_path / "state.npz")
+    theirs = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    ours = [np.asarray(leaf) for leaf in jax.tree.leaves(one.state.agent)]
+    assert len(ours) == len(theirs)
+    for mine, other in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(mine, other, rtol=1e-5, atol=1e-5)
+
+
+def test_a_process_that_cannot_reach_the_coordinator_names_the_address():
+    script = (
+        "from neorl_industrial.functional.transformations.sweep import "
+        "initialize_distributed, SweepError\n"
+        "try:\n    initialize_distributed(timeout_s=3)\n"
+        "except SweepError as error:\n    print(error)\n"
+    )
+    port = _free_port()
+    environment = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "NEORL_INDUSTRIAL_COORDINATOR": f"127.0.0.1:{port}",
+        "NEORL_INDUSTRIAL_NUM_PROCESSES": "2",
+        "NEORL_INDUSTRIAL_PROCESS_ID": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert f"could not join the coordinator at 127.0.0.1:{port} within 3 s" in done.stdout, (
+        done.stdout + done.stderr[-1500:]
+    )

@@ -58,6 +58,7 @@ __all__ = [
     "estimate_sweep_bytes",
     "expand_grid",
     "init_sweep",
+    "initialize_distributed",
     "make_sweep_chunk",
     "plan_sweep",
     "runs_mesh",
@@ -459,9 +460,9 @@ def train_sweep(
         chunk = jax.jit(program, donate_argnums=0)
     else:
         over_runs, replicated = _shardings(mesh, plan.n_runs)
-        state = jax.device_put(state, over_runs)
-        values = jax.device_put(values, over_runs)
-        dataset = jax.device_put(dataset, replicated)
+        state = _place(state, over_runs)
+        values = _place(values, over_runs)
+        dataset = _place(dataset, replicated)
         chunk = jax.jit(
             program,
             donate_argnums=0,
@@ -473,7 +474,7 @@ def train_sweep(
     while done < n_updates:
         started = time.perf_counter()
         state, metrics = chunk(state, values, dataset)
-        metrics = jax.device_get(metrics)  # the one transfer of the chunk
+        metrics = _to_host(metrics)  # the one transfer of the chunk
         seconds = time.perf_counter() - started
         done += chunk_updates
         total = int(state.updates[0])
@@ -487,4 +488,97 @@ def train_sweep(
         )
         if callback is not None:
             callback(total, metrics)
+    if jax.process_count() > 1:
+        # Every process gets every run's state (for evaluation and process 0's logging).
+        state = jax.tree.map(jnp.asarray, _to_host(state))
     return SweepResult(plan=plan, state=state, history=history)
+
+
+def _place(tree: Any, sharding: NamedSharding) -> Any:
+    """``tree``'s arrays as global arrays of ``sharding``, each device holding its part
+    (every process passes the same full values; works across hosts)."""
+
+    def put(leaf: Any) -> jax.Array:
+        host = np.asarray(leaf)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(put, tree)
+
+
+def _to_host(tree: Any) -> Any:
+    """Numpy copies of ``tree``'s arrays, gathered from every process when there are
+    several."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(tree, tiled=True)
+    return jax.device_get(tree)
+
+
+#: Environment variables of a distributed sweep (one process per host or device group).
+COORDINATOR_ENV = "NEORL_INDUSTRIAL_COORDINATOR"
+NUM_PROCESSES_ENV = "NEORL_INDUSTRIAL_NUM_PROCESSES"
+PROCESS_ID_ENV = "NEORL_INDUSTRIAL_PROCESS_ID"
+
+
+def initialize_distributed(
+    environ: Mapping[str, str] | None = None, timeout_s: int = 120
+) -> tuple[int, int]:
+    """Starts JAX's distributed runtime from the environment: the coordinator's
+    ``host:port`` (``NEORL_INDUSTRIAL_COORDINATOR``), the number of processes
+    (``NEORL_INDUSTRIAL_NUM_PROCESSES``) and this process's id
+    (``NEORL_INDUSTRIAL_PROCESS_ID``, else a Kubernetes Indexed Job's
+    ``JOB_COMPLETION_INDEX``). On CPUs the collectives go through gloo. Returns
+    ``(process id, process count)``.
+
+    Raises:
+        SweepError: for a missing or malformed variable, or a coordinator not reached
+            within ``timeout_s`` (naming the address).
+    """
+    environ = os.environ if environ is None else environ
+    address = environ.get(COORDINATOR_ENV, "").strip()
+    if not address or ":" not in address:
+        raise SweepError(
+            f"{COORDINATOR_ENV}: expected the coordinator's host:port, got {address!r}"
+        )
+    try:
+        count = int(environ.get(NUM_PROCESSES_ENV, ""))
+        index = int(environ.get(PROCESS_ID_ENV, environ.get("JOB_COMPLETION_INDEX", "")))
+    except ValueError:
+        raise SweepError(
+            f"{NUM_PROCESSES_ENV} and {PROCESS_ID_ENV} (or JOB_COMPLETION_INDEX): expected integers"
+        ) from None
+    if count < 1 or not 0 <= index < count:
+        raise SweepError(f"process id {index} of {count} processes: expected 0 <= id < count")
+    unreachable = SweepError(
+        f"process {index} of {count}: could not join the coordinator at {address} within "
+        f"{timeout_s} s; is process 0 running and the port reachable?"
+    )
+    # The runtime aborts the whole process when the coordinator never answers, so the
+    # other processes first wait for its port here, where a clear error can be raised.
+    if index > 0 and not _reachable(address, timeout_s):
+        raise unreachable
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(
+            address, num_processes=count, process_id=index, initialization_timeout=timeout_s
+        )
+    except Exception as error:  # the runtime's own errors do not name the address
+        raise unreachable from error
+    return jax.process_index(), jax.process_count()
+
+
+def _reachable(address: str, timeout_s: float) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout_s`` (retried)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return True
+        except (OSError, ValueError):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
