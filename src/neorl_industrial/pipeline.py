@@ -598,7 +598,9 @@ def sweep_markdown(table: dict[str, Any], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_sweep(config: RunConfig, *, export: bool = True, console: Any = None) -> RunOutcome:
+def run_sweep(
+    config: RunConfig, *, export: bool = True, console: Any = None, mesh: Any = None
+) -> RunOutcome:
     """Runs the grid of ``config.sweep`` as one program (``Agent.sweep``) and writes its
     outputs under ``config.run_dir``: ``sweep.json`` and ``sweep.md`` (every configuration,
     its runs and the choice), the chosen configuration's agent and policy, ``report.json``.
@@ -608,6 +610,10 @@ def run_sweep(config: RunConfig, *, export: bool = True, console: Any = None) ->
     metric), the table as an artifact, and the chosen policy as a registered model whose
     version carries the reason it was chosen. A sweep that fails after its parent run was
     made ends that run FAILED (KILLED when interrupted).
+
+    ``mesh`` lays the runs over its devices (``runs_mesh()``); in a distributed sweep
+    every process trains its share and evaluates, and process 0 alone writes the outputs
+    and logs to MLflow (the others return its report without outputs).
 
     Raises:
         AgentError: an earlier run's directory, data that does not fit, a grid that cannot
@@ -631,10 +637,12 @@ def run_sweep(config: RunConfig, *, export: bool = True, console: Any = None) ->
     plan = resolve_run(config)
     agent = plan.agent()
     agent.check_dataset(plan.dataset, plan.card)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config.to_yaml())
-    (run_dir / "dataset.json").write_text(plan.card.to_json())
-    tracker = _tracker(plan, agent, console) if config.tracking.enabled else None
+    leader = jax.process_index() == 0
+    if leader:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(config.to_yaml())
+        (run_dir / "dataset.json").write_text(plan.card.to_json())
+    tracker = _tracker(plan, agent, console) if config.tracking.enabled and leader else None
     if tracker is not None:
         _open_sweep_runs(tracker, config, grid, seeds)
     training, evaluation = config.training, config.evaluation
@@ -654,12 +662,26 @@ def run_sweep(config: RunConfig, *, export: bool = True, console: Any = None) ->
             reward_scaling=training.reward_scaling,
             ope=plan.ope,
             card=plan.card,
+            mesh=mesh,
         )
     except BaseException as error:
         if tracker is not None:
             tracker.close(status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
         raise
     fit_seconds = time.perf_counter() - started
+    if not leader:
+        chosen = table["configurations"][table["selected"]]
+        report = {
+            "name": config.name,
+            "process": jax.process_index(),
+            "sweep": {
+                "selected": table["selected"],
+                "selected_values": chosen["values"],
+                "reason": table["reason"],
+                "seconds": fit_seconds,
+            },
+        }
+        return RunOutcome(config, agent, report, run_dir, agent_dir, None)
     title = f"Sweep of {agent.name} on {plan.label} ({config.name})"
     write_text_atomic(run_dir / "sweep.json", json.dumps(table, indent=2, default=json_default))
     write_text_atomic(run_dir / "sweep.md", sweep_markdown(table, title))

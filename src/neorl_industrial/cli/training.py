@@ -52,6 +52,19 @@ def command_sweep(args: argparse.Namespace) -> int:
 
     config = RunConfig.from_files(list(args.config or []), list(args.set or []))
     config = config.with_grid(list(args.grid or []))
+    mesh = None
+    if args.distributed:
+        from neorl_industrial.functional.transformations.sweep import (
+            initialize_distributed,
+            runs_mesh,
+        )
+
+        index, count = initialize_distributed()
+        mesh = runs_mesh()
+        if index:
+            run_sweep(config, mesh=mesh)
+            print(f"process {index} of {count}: done; process 0 writes and logs the sweep")
+            return 0
     console = make_console()
     task = config.env.id or ("the dataset's task" if config.data.path else "IB-v0")
     grid = config.sweep.hyperparameter_grid()
@@ -62,7 +75,9 @@ def command_sweep(args: argparse.Namespace) -> int:
         f"one program -> {config.run_dir}"
     )
     started = time.perf_counter()
-    outcome = run_sweep(config, console=console)
+    if mesh is not None:
+        console.print(f"{len(mesh.devices.ravel())} devices in {jax.process_count()} processes")
+    outcome = run_sweep(config, console=console, mesh=mesh)
     report = outcome.report
     sweep = report["sweep"]
     table_path = outcome.run_dir / "sweep.json"
@@ -401,6 +416,14 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         metavar="KEY=[VALUES]",
         help="values of one swept setting, e.g. algorithm.hyperparameters.alpha=[1,2.5,5] "
         "or training.seeds=[0,1,2,3,4]; repeat for a grid",
+    )
+    sweep.add_argument(
+        "--distributed",
+        action="store_true",
+        help="one of several processes of JAX's distributed runtime (the coordinator from "
+        "NEORL_INDUSTRIAL_COORDINATOR=host:port, NEORL_INDUSTRIAL_NUM_PROCESSES and "
+        "NEORL_INDUSTRIAL_PROCESS_ID or JOB_COMPLETION_INDEX): the runs are laid over every "
+        "process's devices; process 0 writes the outputs and logs to MLflow",
     )
     sweep.set_defaults(handler=command_sweep)
 

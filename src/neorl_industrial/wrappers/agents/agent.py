@@ -541,6 +541,7 @@ class Agent:
         reward_scaling: str | None = None,
         ope: OPESettings | None = None,
         card: Any = None,
+        mesh: Any = None,
     ) -> dict[str, Any]:
         """Trains every configuration of ``grid`` × ``seeds`` in one program
         (:func:`~neorl_industrial.functional.transformations.train_sweep`), evaluates every
@@ -551,7 +552,9 @@ class Agent:
 
         ``grid`` maps hyperparameters of the algorithm (dotted for nested ones, e.g.
         ``critic.cvar_level``) to their values; only numeric ones that set no shape can be
-        swept in one program. The agent ends fitted with the chosen configuration's
+        swept in one program. ``mesh`` (``runs_mesh()``) lays the runs over its devices,
+        across processes after ``initialize_distributed``. The agent ends fitted with the
+        chosen configuration's
         hyperparameters and its seeds' policies (its best seed selected), as after
         :meth:`fit`; ``training["sweep"]`` holds the table this returns:
         ``{"fields", "configurations": [{"values", "runs", "summary", "within_limits"}],
@@ -587,7 +590,12 @@ class Agent:
                 hyperparameters=hyperparameters,
             )
             result = train_sweep(
-                plan, data, n_updates=updates, chunk_updates=chunk, batch_size=batch_size
+                plan,
+                data,
+                n_updates=updates,
+                chunk_updates=chunk,
+                batch_size=batch_size,
+                mesh=mesh,
             )
         except SweepError as error:
             raise AgentError(str(error)) from None
