@@ -34,7 +34,7 @@ def _documents(path: Path) -> list[dict]:
 
 
 def _all_manifests() -> list[dict]:
-    return [doc for path in sorted(K8S.glob("*.yaml")) for doc in _documents(path)]
+    return [doc for path in sorted(K8S.rglob("*.yaml")) for doc in _documents(path)]
 
 
 def _manifests() -> dict[str, dict]:
@@ -279,3 +279,30 @@ def test_the_mlflow_script_writes_the_database_password_to_a_private_pgpass(tmp_
     lines = result.stdout.splitlines()
     assert lines[:3] == ["600", "127.0.0.1:5432:*:mlflow:s3cr\\:et\\\\pw", "600"], result
     assert "s3cr" not in result.stdout.split("ARGS", 1)[-1]
+
+
+def test_the_sweep_job_is_indexed_and_its_processes_find_the_coordinator():
+    """The Indexed Job's pods are the distributed sweep's processes: as many as the
+    environment says, pod 0's DNS name through the headless Service as the coordinator,
+    and a run configuration whose grid the command line accepts."""
+    from neorl_industrial.wrappers.training import RunConfig
+
+    documents = {doc["kind"]: doc for doc in _documents(K8S / "sweep" / "job.yaml")}
+    job, service, config = documents["Job"], documents["Service"], documents["ConfigMap"]
+    spec = job["spec"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert spec["completionMode"] == "Indexed" and spec["backoffLimit"] == 0
+    assert spec["completions"] == spec["parallelism"] == int(env["NEORL_INDUSTRIAL_NUM_PROCESSES"])
+    assert (
+        service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service["metadata"]["name"]
+    )
+    host, port = env["NEORL_INDUSTRIAL_COORDINATOR"].split(":")
+    assert host == f"{job['metadata']['name']}-0.{service['metadata']['name']}"
+    assert int(port) in [p["port"] for p in service["spec"]["ports"]]
+    assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert container["command"][:3] == ["neorl-industrial", "sweep", "--distributed"]
+    run = RunConfig.from_dict(yaml.safe_load(config["data"]["run.yaml"]))
+    runs = len(run.sweep.hyperparameter_grid()["alpha"]) * len(run.training.seeds)
+    assert runs % spec["completions"] == 0  # the runs divide over the processes
