@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, str] = {
     "data_sampling": "benchmarks.data_sampling",
     "data_generation": "benchmarks.data_generation",
     "agent_speed": "benchmarks.agent_speed",
+    "sweep": "benchmarks.sweep",
     "shield_overhead": "benchmarks.shield_overhead",
     "ope": "benchmarks.ope",
     "serving": "benchmarks.serving",
