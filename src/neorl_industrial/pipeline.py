@@ -18,10 +18,12 @@ nested run per seed, the artifacts above, and the shielded policy as a registere
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -295,33 +297,19 @@ def run_training(
         tracker = _tracker(plan, agent, console)
     fit_started = time.perf_counter()
     every = [*(callbacks or []), *([tracker] if tracker is not None else [])]
-    try:
+    with _failures_marked(tracker):
         result = agent.fit(
             dataset,
-            updates=training.updates,
             seeds=training.seeds,
-            batch_size=training.batch_size,
-            chunk=training.chunk,
             eval_every=evaluation.every,
-            eval_episodes=evaluation.episodes,
-            eval_horizon=evaluation.horizon,
-            eval_shield=evaluation.shield,
-            eval_seed=evaluation.seed,
             patience=evaluation.patience,
             checkpoint_dir=run_dir / "checkpoints" if checkpoints.every else None,
             checkpoint_every=checkpoints.every,
             keep_checkpoints=checkpoints.keep,
             resume=resume,
             callbacks=every,
-            normalize_observations=training.normalize_observations,
-            reward_scaling=training.reward_scaling,
-            ope=plan.ope,
-            card=card,
+            **_training_settings(plan),
         )
-    except BaseException as error:
-        if tracker is not None:
-            tracker.close(status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
-        raise
     fit_seconds = time.perf_counter() - fit_started
     agent.save(agent_dir, overwrite=resume)
     exported = None
@@ -381,6 +369,35 @@ def run_training(
         )
     _write_report(run_dir, report)
     return RunOutcome(config, agent, report, run_dir, agent_dir, exported)
+
+
+def _training_settings(plan: RunPlan) -> dict[str, Any]:
+    """What ``Agent.fit`` and ``Agent.sweep`` take alike from a run's configuration."""
+    training, evaluation = plan.config.training, plan.config.evaluation
+    return {
+        "updates": training.updates,
+        "batch_size": training.batch_size,
+        "chunk": training.chunk,
+        "eval_episodes": evaluation.episodes,
+        "eval_horizon": evaluation.horizon,
+        "eval_shield": evaluation.shield,
+        "eval_seed": evaluation.seed,
+        "normalize_observations": training.normalize_observations,
+        "reward_scaling": training.reward_scaling,
+        "ope": plan.ope,
+        "card": plan.card,
+    }
+
+
+@contextlib.contextmanager
+def _failures_marked(tracker: Any) -> Iterator[None]:
+    """Ends the tracked MLflow run FAILED (KILLED when interrupted) if the body raises."""
+    try:
+        yield
+    except BaseException as error:
+        if tracker is not None:
+            tracker.close(status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        raise
 
 
 def _signing_key(config: RunConfig, console: Any) -> Path | None:
@@ -475,12 +492,10 @@ def _log_outputs(
     from neorl_industrial.integration.mlflow import (
         flatten,
         learning_curves,
-        registered_model_name,
         safety_plot,
-        ui_command,
     )
 
-    config, dataset, card = plan.config, plan.dataset, plan.card
+    config, card = plan.config, plan.card
     title = f"{agent.name} on {plan.label} ({config.name})"
     resolved = {
         key: value
@@ -506,15 +521,41 @@ def _log_outputs(
     if steps:
         tracker.log_artifact(checkpoints / str(steps[0]), f"checkpoint/{steps[0]}")
     tracker.log_artifact(agent_dir, "agent")
+    selected = agent.selected
+    best = dict(result.best[selected]["metrics"]) if result.best[selected] else {}
+    if "return" in best and card.random_return is not None and card.expert_return:
+        span = card.expert_return - card.random_return
+        best.setdefault("normalized_return", (best["return"] - card.random_return) / span)
+    runs = {
+        "seed_run_ids": {
+            str(seed): tracker.sender.run_ids.get(tracker.seed_key(seed)) for seed in agent.seeds
+        }
+    }
+    tags = {"evaluation": agent.training.get("evaluation") or "none"}
+    return _register_and_close(tracker, plan, agent, policy_dir, report, best, tags, runs)
+
+
+def _register_and_close(
+    tracker: Any,
+    plan: RunPlan,
+    agent: Agent,
+    policy_dir: Path | None,
+    report: dict[str, Any],
+    best: dict[str, Any],
+    version_tags: dict[str, Any],
+    runs: Any,
+) -> dict[str, Any]:
+    """Logs the exported policy as a model and registers it (with ``best``'s metrics and
+    ``version_tags`` beside the run's), waits for the calls, writes the report with its
+    ``tracking`` section (``runs()`` gives the nested runs' ids once they exist), logs it
+    and ends the run. Returns the section."""
+    from neorl_industrial.integration.mlflow import registered_model_name, ui_command
+
+    config, card, run_dir = plan.config, plan.card, plan.config.run_dir
     tracking = config.tracking
     model_name = None
     if tracking.log_model and policy_dir is not None:
         model_name = registered_model_name(plan.label, tracking.registered_model)
-        selected = agent.selected
-        best = dict(result.best[selected]["metrics"]) if result.best[selected] else {}
-        if "return" in best and card.random_return is not None and card.expert_return:
-            span = card.expert_return - card.random_return
-            best.setdefault("normalized_return", (best["return"] - card.random_return) / span)
         keys = (
             "return",
             "normalized_return",
@@ -523,10 +564,10 @@ def _log_outputs(
             "override_rate",
             "hard_violation_steps",
         )
-        example = np.asarray(jax.device_get(dataset.observations[:2]), np.float64).tolist()
+        example = np.asarray(jax.device_get(plan.dataset.observations[:2]), np.float64).tolist()
         tracker.log_model(
             policy_dir,
-            agent_dir=agent_dir,
+            agent_dir=run_dir / "agent",
             dataset_card=json.loads(card.to_json()),
             input_example=example,
             registered_model=model_name,
@@ -534,10 +575,10 @@ def _log_outputs(
             version_tags={
                 "env": plan.label,
                 "algorithm": agent.name,
-                "seed": agent.seeds[selected],
+                "seed": agent.seeds[agent.selected],
                 "dataset": card.name,
                 "run_name": config.name,
-                "evaluation": agent.training.get("evaluation") or "none",
+                **version_tags,
             },
             promote=tracking.promote,
         )
@@ -546,9 +587,7 @@ def _log_outputs(
         "uri": tracker.tracking_uri,
         "experiment": tracking.experiment,
         "run_id": tracker.parent_run_id,
-        "seed_run_ids": {
-            str(seed): tracker.sender.run_ids.get(tracker.seed_key(seed)) for seed in agent.seeds
-        },
+        **(runs() if callable(runs) else runs),
         "ui": ui_command(tracker.tracking_uri),
     }
     registered = tracker.sender.results.get("register")
@@ -645,29 +684,9 @@ def run_sweep(
     tracker = _tracker(plan, agent, console) if config.tracking.enabled and leader else None
     if tracker is not None:
         _open_sweep_runs(tracker, config, grid, seeds)
-    training, evaluation = config.training, config.evaluation
-    try:
-        table = agent.sweep(
-            plan.dataset,
-            grid,
-            seeds=seeds,
-            updates=training.updates,
-            batch_size=training.batch_size,
-            chunk=training.chunk,
-            eval_episodes=evaluation.episodes,
-            eval_horizon=evaluation.horizon,
-            eval_shield=evaluation.shield,
-            eval_seed=evaluation.seed,
-            normalize_observations=training.normalize_observations,
-            reward_scaling=training.reward_scaling,
-            ope=plan.ope,
-            card=plan.card,
-            mesh=mesh,
-        )
-    except BaseException as error:
-        if tracker is not None:
-            tracker.close(status="KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
-        raise
+    training = config.training
+    with _failures_marked(tracker):
+        table = agent.sweep(plan.dataset, grid, seeds=seeds, mesh=mesh, **_training_settings(plan))
     fit_seconds = time.perf_counter() - started
     if not leader:
         chosen = table["configurations"][table["selected"]]
@@ -763,9 +782,8 @@ def _log_sweep(
 ) -> dict[str, Any]:
     """A nested run per configuration, the table, the chosen policy registered with the
     reason; then the flush. Returns the report's ``tracking`` section."""
-    from neorl_industrial.integration.mlflow import registered_model_name, ui_command
 
-    config, card = plan.config, plan.card
+    config = plan.config
     now = int(time.time() * 1000)
     step = int(config.training.updates)
     prefix = "ope/" if table["estimate"] == "fqe" else "eval/"
@@ -822,52 +840,18 @@ def _log_sweep(
         tracker.log_artifact(run_dir / name)
     tracker.log_artifact(run_dir / "plots", "plots")
     tracker.log_artifact(run_dir / "agent", "agent")
-    tracking = config.tracking
-    model_name = None
-    if tracking.log_model and policy_dir is not None:
-        model_name = registered_model_name(plan.label, tracking.registered_model)
-        best = chosen["runs"][agent.selected]
-        keys = ("return", "normalized_return", "normalized_cost", "violation_rate")
-        example = np.asarray(jax.device_get(plan.dataset.observations[:2]), np.float64).tolist()
-        tracker.log_model(
-            policy_dir,
-            agent_dir=run_dir / "agent",
-            dataset_card=json.loads(card.to_json()),
-            input_example=example,
-            registered_model=model_name,
-            version_metrics={key: best.get(key) for key in keys},
-            version_tags={
-                "env": plan.label,
-                "algorithm": agent.name,
-                "seed": agent.seeds[agent.selected],
-                "dataset": card.name,
-                "run_name": config.name,
-                "evaluation": table["estimate"],
-                "sweep_values": json.dumps(chosen["values"]),
-                "sweep_reason": table["reason"],
-            },
-            promote=tracking.promote,
-        )
-    tracker.sender.wait_idle(tracking.flush_timeout)
-    section: dict[str, Any] = {
-        "uri": tracker.tracking_uri,
-        "experiment": tracking.experiment,
-        "run_id": tracker.parent_run_id,
-        "configuration_run_ids": {
-            str(index): tracker.sender.run_ids.get(_configuration_key(index))
-            for index in range(len(table["configurations"]))
-        },
-        "ui": ui_command(tracker.tracking_uri),
+    tags = {
+        "evaluation": table["estimate"],
+        "sweep_values": json.dumps(chosen["values"]),
+        "sweep_reason": table["reason"],
     }
-    registered = tracker.sender.results.get("register")
-    if registered:
-        section["model"] = {
-            **registered,
-            "uri": f"models:/{registered['name']}/{registered['version']}",
+
+    def runs() -> dict[str, Any]:
+        ids = tracker.sender.run_ids
+        count = len(table["configurations"])
+        return {
+            "configuration_run_ids": {str(i): ids.get(_configuration_key(i)) for i in range(count)}
         }
-    _write_report(run_dir, {**report, "tracking": section})
-    tracker.log_artifact(run_dir / "report.json")
-    summary = tracker.close()
-    section["spooled"] = summary.spooled
-    section["errors"] = summary.errors[:5]
-    return section
+
+    best = chosen["runs"][agent.selected]
+    return _register_and_close(tracker, plan, agent, policy_dir, report, best, tags, runs)

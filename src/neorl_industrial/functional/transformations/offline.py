@@ -123,13 +123,7 @@ def train_offline(
         algorithm states are ``state.agent``) and, per chunk, the updates done (in total),
         seconds, updates per second (all seeds) and the mean metrics per seed.
     """
-    for name, value in (
-        ("n_updates", n_updates),
-        ("chunk_updates", chunk_updates),
-        ("batch_size", batch_size),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    check_positive_ints(n_updates=n_updates, chunk_updates=chunk_updates, batch_size=batch_size)
     if state is None:
         if not seeds:
             raise ValueError("seeds: expected at least one seed")
@@ -165,6 +159,13 @@ def train_offline(
         if callback is not None:
             callback(total, metrics)
     return state, history
+
+
+def check_positive_ints(**values: Any) -> None:
+    """Raises ValueError naming the first of ``values`` that is not a positive integer."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
 
 
 def _warn_about_action_units(dataset: Dataset) -> None:

@@ -46,6 +46,7 @@ from neorl_industrial.functional.transformations.offline import (
     ChunkCallback,
     Sampler,
     _warn_about_action_units,
+    check_positive_ints,
     make_chunk,
 )
 
@@ -439,13 +440,7 @@ def train_sweep(
         SweepError: for a state of another number of runs, runs that do not divide over
             the mesh's devices, or a sweep larger than the device's memory.
     """
-    for name, value in (
-        ("n_updates", n_updates),
-        ("chunk_updates", chunk_updates),
-        ("batch_size", batch_size),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    check_positive_ints(n_updates=n_updates, chunk_updates=chunk_updates, batch_size=batch_size)
     if not algorithm_entry(plan.algorithm).discrete:
         _warn_about_action_units(dataset)
     check_sweep_fits(plan, batch_size, n_devices=1 if mesh is None else int(mesh.devices.size))
