@@ -13,12 +13,10 @@ from tests.compile_flags import with_fast_compile
 
 ROOT = Path(__file__).resolve().parents[3]
 
-SCRIPT = r"""
-import json, sys
-import jax, numpy as np
+#: The mixing-tank log, actions scaled to [-1, 1], and a 2 x 2 TD3+BC sweep of it (the
+#: child scripts' common part; the log's folder is their first argument).
+DATA = r"""
 from neorl_industrial.functional.state_management import ActionScaler
-from neorl_industrial.functional.transformations.sweep import (
-    SweepError, plan_sweep, runs_mesh, train_sweep)
 from neorl_industrial.integration.datasets import load_plant_log
 
 root = sys.argv[1]
@@ -29,6 +27,17 @@ dataset = dataset.replace(
 plan = plan_sweep("td3bc", {"alpha": [1.0, 4.0]}, seeds=(0, 1),
                   obs_size=dataset.observation_size, action_size=dataset.action_size,
                   hyperparameters={"hidden": (8,)})
+"""
+
+SCRIPT = (
+    r"""
+import json, sys
+import jax, numpy as np
+from neorl_industrial.functional.transformations.sweep import (
+    SweepError, plan_sweep, runs_mesh, train_sweep)
+"""
+    + DATA
+    + r"""
 settings = dict(n_updates=20, chunk_updates=10, batch_size=32)
 one = train_sweep(plan, dataset, **settings)
 mesh = runs_mesh()
@@ -48,6 +57,7 @@ except SweepError as error:
 print(json.dumps({"devices": len(jax.devices()), "leaf_devices": len(leaf.devices()),
                   "distance": distance, "refused": refused}))
 """
+)
 
 
 def test_runs_sharded_over_four_host_devices_match_one_device():
@@ -68,24 +78,18 @@ def test_runs_sharded_over_four_host_devices_match_one_device():
     assert "3 runs do not divide over 4 devices" in result["refused"]
 
 
-DISTRIBUTED = r"""
+DISTRIBUTED = (
+    r"""
 import json, sys
 import jax, numpy as np
 from neorl_industrial.functional.transformations.sweep import (
     initialize_distributed, plan_sweep, runs_mesh, train_sweep)
 
 index, count = initialize_distributed(timeout_s=60)
-from neorl_industrial.functional.state_management import ActionScaler
-from neorl_industrial.integration.datasets import load_plant_log
-
-root, out = sys.argv[1], sys.argv[2]
-dataset, card = load_plant_log(root + "/mixing_tank.csv", root + "/schema.yaml")
-task = card.task()
-dataset = dataset.replace(
-    actions=ActionScaler.create(task.action_low, task.action_high).scale(dataset.actions))
-plan = plan_sweep("td3bc", {"alpha": [1.0, 4.0]}, seeds=(0, 1),
-                  obs_size=dataset.observation_size, action_size=dataset.action_size,
-                  hyperparameters={"hidden": (8,)})
+out = sys.argv[2]
+"""
+    + DATA
+    + r"""
 result = train_sweep(plan, dataset, n_updates=20, chunk_updates=10, batch_size=32,
                      mesh=runs_mesh())
 if index == 0:
@@ -94,6 +98,7 @@ if index == 0:
 print(json.dumps({"index": index, "count": count, "devices": len(jax.devices()),
                   "local": len(jax.local_devices())}))
 """
+)
 
 
 def _free_port() -> int:
