@@ -41,6 +41,12 @@ def test_a_grid_expands_to_every_combination_first_field_slowest():
     assert len(points) == 6
     assert points[0] == {"alpha": 1.0, "tau": 0.005}
     assert points[3] == {"alpha": 2.5, "tau": 0.005}
+    plan = plan_sweep(
+        "td3bc", {"alpha": [1, 4]}, seeds=(0, 3), obs_size=3, action_size=2,
+        hyperparameters=HIDDEN,
+    )  # fmt: skip
+    assert plan.runs() == [(0, 0), (0, 3), (1, 0), (1, 3)]  # configuration-major
+    np.testing.assert_array_equal(plan.values()["alpha"], np.float32([1, 1, 4, 4]))
 
 
 _ALONE: dict[tuple, list] = {}
@@ -93,12 +99,12 @@ def test_every_run_of_a_sweep_ends_where_its_own_training_run_ends(plant_data):
     obs, act = plant_data.observation_size, plant_data.action_size
     grid = {"alpha": [1.0, 4.0], "actor_lr": [1e-3]}
     plan = plan_sweep(
-        "td3bc", grid, seeds=(0, 3), obs_size=obs, action_size=act, hyperparameters=HIDDEN
+        "td3bc", grid, seeds=(3,), obs_size=obs, action_size=act, hyperparameters=HIDDEN
     )
-    assert plan.n_runs == 4 and plan.runs() == [(0, 0), (0, 3), (1, 0), (1, 3)]
+    assert plan.n_runs == 2 and plan.runs() == [(0, 3), (1, 3)]
     result = train_sweep(plan, plant_data, n_updates=40, chunk_updates=20, batch_size=32)
     assert [entry["updates"] for entry in result.history] == [20, 40]
-    assert np.asarray(result.history[-1]["metrics"]["critic_loss"]).shape == (4,)
+    assert np.asarray(result.history[-1]["metrics"]["critic_loss"]).shape == (2,)
     for index, (point, seed) in enumerate(plan.runs()):
         ours = jax.tree.leaves(result.run_state(index))
         assert _distance(ours, _alone(plant_data, plan.points[point], seed)) < 2e-3
