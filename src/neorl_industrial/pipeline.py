@@ -634,6 +634,17 @@ def sweep_markdown(table: dict[str, Any], title: str) -> str:
             cells.append("yes" if configuration["within_limits"] else "no")
         mark = f"**{index}**" if index == chosen else str(index)
         lines.append(f"| {mark} | " + " | ".join(cells) + " |")
+    hindsight = table.get("hindsight")
+    if hindsight:
+        correlation = hindsight["rank_correlation"]
+        lines += [
+            "",
+            "In hindsight (the simulator's returns of the same policies): the best "
+            f"configuration is {hindsight['best_in_hindsight']}, the offline choice's regret "
+            f"{hindsight['regret']:.4g}, the rank correlation of estimated and true returns "
+            + ("undefined (a constant side)" if correlation is None else f"{correlation:.2f}")
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -833,6 +844,11 @@ def _log_sweep(
             (f"selected/{name}_mean", float(stats["mean"]), step, now)
             for name, stats in chosen["summary"].items()
             if stats.get("mean") is not None and np.isfinite(stats["mean"])
+        ]
+        + [
+            (f"hindsight/{name}", float(value), step, now)
+            for name, value in (table.get("hindsight") or {}).items()
+            if name != "best_in_hindsight" and value is not None
         ],
     )
     run_dir = config.run_dir

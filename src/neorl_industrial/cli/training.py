@@ -90,6 +90,13 @@ def command_sweep(args: argparse.Namespace) -> int:
             f"{sweep['seconds']:.1f} s."
         )
     )
+    hindsight = table.get("hindsight")
+    if hindsight:
+        console.print(
+            f"In the simulator: best configuration {hindsight['best_in_hindsight']}, regret of "
+            f"the offline choice {hindsight['regret']:.4g}, rank correlation "
+            f"{hindsight['rank_correlation']}."
+        )
     console.print(f"Agent: {report['outputs']['agent']}  (Agent.load)")
     if report["outputs"]["policy"]:
         console.print(f"Policy: {report['outputs']['policy']}  (served without training code)")

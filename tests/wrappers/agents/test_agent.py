@@ -228,23 +228,29 @@ def test_a_bad_sweep_is_refused_by_name(ib_data):
     assert not agent.fitted
 
 
-def test_a_sweep_in_the_simulator_chooses_safety_first(ib_data):
-    """With a simulator every run is evaluated there, the shield on; the configuration
-    kept is the best by the safety-first key of its mean over seeds."""
+def test_a_sweep_chooses_offline_and_the_simulator_says_how_well(ib_data):
+    """With ``ope.always`` every run is estimated by FQE on held-out episodes and the
+    configuration is chosen on those estimates, safety first, as on a plant; the
+    simulator's numbers of the same policies give the choice's regret and the rank
+    correlation of estimated and true returns."""
+    from scipy.stats import spearmanr
+
+    from neorl_industrial.wrappers.agents import OPESettings
     from neorl_industrial.wrappers.training.evaluation import selection_key
 
     agent = Agent("td3bc-lag", "IB-v0", hidden=(16, 16), cost_limits=[5.0, 5.0])
     table = agent.sweep(
         ib_data,
-        {"alpha": [1.0, 2.5]},
+        {"alpha": [1.0, 2.5, 5.0]},
         seeds=(0, 1),
         updates=50,
         chunk=50,
         batch_size=32,
         eval_episodes=2,
         eval_horizon=20,
+        ope=OPESettings(always=True, updates=20, seeds=(0, 1), hidden=(8,)),
     )
-    assert table["estimate"] == "simulator" and len(table["configurations"]) == 2
+    assert table["estimate"] == "fqe" and len(table["configurations"]) == 3
     keys = [
         selection_key({k: v["mean"] for k, v in c["summary"].items()})
         for c in table["configurations"]
@@ -252,5 +258,15 @@ def test_a_sweep_in_the_simulator_chooses_safety_first(ib_data):
     assert keys[table["selected"]] == max(keys)
     chosen = table["configurations"][table["selected"]]
     assert chosen["within_limits"] == (keys[table["selected"]][0] == 1.0)
-    assert "normalized_cost" in chosen["summary"]
     assert agent.hyperparameters["alpha"] == chosen["values"]["alpha"]
+    truth = [c["simulated"]["return"]["mean"] for c in table["configurations"]]
+    hindsight = table["hindsight"]
+    assert hindsight["best_in_hindsight"] == int(np.argmax(truth))
+    assert hindsight["regret"] == pytest.approx(max(truth) - truth[table["selected"]])
+    assert hindsight["regret"] >= 0.0
+    estimated = [c["summary"]["return"]["mean"] for c in table["configurations"]]
+    expected = spearmanr(estimated, truth).statistic
+    if np.isnan(expected):  # a constant side has no ranking
+        assert hindsight["rank_correlation"] is None
+    else:
+        assert hindsight["rank_correlation"] == pytest.approx(expected)

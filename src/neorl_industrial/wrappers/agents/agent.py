@@ -604,12 +604,16 @@ class Agent:
                 raise AgentError(str(error)) from None
             raise
         self._build(hyperparameters)
+        simulator = None
         if self.task.has_simulator:
-            evaluator: Any = self._evaluator(eval_episodes, eval_horizon, eval_shield, eval_seed)
-            estimate = "simulator"
-        elif prepared.heldout is not None:
-            evaluator = self._ope_evaluator(prepared.heldout, prepared.ope, hyperparameters)
+            simulator = self._evaluator(eval_episodes, eval_horizon, eval_shield, eval_seed)
+        if prepared.heldout is not None:
+            # Off policy, as on a plant: with a simulator too when ope.always, which then
+            # says how good the offline choice was.
+            evaluator: Any = self._ope_evaluator(prepared.heldout, prepared.ope, hyperparameters)
             estimate = "fqe"
+        elif simulator is not None:
+            evaluator, estimate, simulator = simulator, "simulator", None
         else:
             raise AgentError(
                 f"{self.entry.name}: a sweep chooses by evaluation, and {self.task.name} has "
@@ -662,7 +666,13 @@ class Agent:
                 )
         for configuration in configurations:
             del configuration["_key"]
+        hindsight = None
+        if simulator is not None:
+            hindsight = _offline_choice_quality(
+                configurations, simulator(policies, updates), n_seeds, chosen
+            )
         table = {
+            "hindsight": hindsight,
             "fields": list(plan.fields),
             "seeds": list(plan.seeds),
             "estimate": estimate,
@@ -1056,3 +1066,30 @@ def _with_values(hyperparameters: Mapping[str, Any], point: Mapping[str, Any]) -
             target = nested
         target[leaf] = value
     return result
+
+
+def _offline_choice_quality(
+    configurations: list[dict[str, Any]], truth: list[dict[str, Any]], n_seeds: int, chosen: int
+) -> dict[str, Any]:
+    """How good a choice made on off-policy estimates was, by the simulator's numbers of
+    the same policies: each configuration's true mean return (and cost) is added to it,
+    and the regret (the best true mean return minus the chosen one's) and the Spearman
+    rank correlation of estimated and true mean returns are returned."""
+    from scipy.stats import spearmanr
+
+    true_returns = []
+    for index, configuration in enumerate(configurations):
+        own = truth[index * n_seeds : (index + 1) * n_seeds]
+        summary = summarize_runs(own)
+        configuration["simulated"] = summary
+        true_returns.append(summary["return"]["mean"])
+    estimated = [c["summary"]["return"]["mean"] for c in configurations]
+    best = int(np.argmax(true_returns))
+    correlation = None
+    if len(configurations) > 1 and np.ptp(estimated) > 0 and np.ptp(true_returns) > 0:
+        correlation = float(spearmanr(estimated, true_returns).statistic)
+    return {
+        "best_in_hindsight": best,
+        "regret": float(true_returns[best] - true_returns[chosen]),
+        "rank_correlation": correlation,
+    }
