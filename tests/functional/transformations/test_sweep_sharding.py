@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.compile_flags import with_fast_compile
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -109,6 +111,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_on_loopback_train_the_sweep_one_process_trains(tmp_path):
     import jax
     import numpy as np

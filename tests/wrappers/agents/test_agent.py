@@ -228,6 +228,7 @@ def test_a_bad_sweep_is_refused_by_name(ib_data):
     assert not agent.fitted
 
 
+@pytest.mark.slow
 def test_a_sweep_chooses_offline_and_the_simulator_says_how_well(ib_data):
     """With ``ope.always`` every run is estimated by FQE on held-out episodes and the
     configuration is chosen on those estimates, safety first, as on a plant; the
