@@ -140,22 +140,42 @@ def train_offline(
     # network starts as its online network), and a caller's state must survive, so each
     # leaf gets its own copy first.
     state = jax.tree.map(jnp.copy, state)
+    state, history = run_chunks(
+        lambda state: chunk(state, dataset), state, n_updates, chunk_updates, n_runs, callback
+    )
+    return state, history
+
+
+def run_chunks(
+    step: Callable[[TrainState], tuple[TrainState, Any]],
+    state: TrainState,
+    n_updates: int,
+    chunk_updates: int,
+    n_runs: int,
+    callback: ChunkCallback | None = None,
+    to_host: Callable[[Any], Any] = jax.device_get,
+) -> tuple[TrainState, list[dict[str, Any]]]:
+    """Calls the compiled chunk ``step`` until ``n_updates`` updates are done; per chunk
+    the updates done (in total), seconds, updates per second (all ``n_runs`` runs) and the
+    metrics, brought to the host once with ``to_host`` and given to ``callback``. Returns
+    the final state and those entries."""
     history: list[dict[str, Any]] = []
     done = 0
     while done < n_updates:
         started = time.perf_counter()
-        state, metrics = chunk(state, dataset)
-        metrics = jax.device_get(metrics)  # the one transfer of the chunk
+        state, metrics = step(state)
+        metrics = to_host(metrics)  # the one transfer of the chunk
         seconds = time.perf_counter() - started
         done += chunk_updates
         total = int(state.updates[0])
-        entry = {
-            "updates": total,
-            "seconds": seconds,
-            "updates_per_s": n_runs * chunk_updates / seconds,
-            "metrics": metrics,
-        }
-        history.append(entry)
+        history.append(
+            {
+                "updates": total,
+                "seconds": seconds,
+                "updates_per_s": n_runs * chunk_updates / seconds,
+                "metrics": metrics,
+            }
+        )
         if callback is not None:
             callback(total, metrics)
     return state, history

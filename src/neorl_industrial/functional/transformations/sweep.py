@@ -48,6 +48,7 @@ from neorl_industrial.functional.transformations.offline import (
     _warn_about_action_units,
     check_positive_ints,
     make_chunk,
+    run_chunks,
 )
 
 __all__ = [
@@ -464,25 +465,15 @@ def train_sweep(
             in_shardings=(over_runs, over_runs, replicated),
             out_shardings=(over_runs, over_runs),
         )
-    history: list[dict[str, Any]] = []
-    done = 0
-    while done < n_updates:
-        started = time.perf_counter()
-        state, metrics = chunk(state, values, dataset)
-        metrics = _to_host(metrics)  # the one transfer of the chunk
-        seconds = time.perf_counter() - started
-        done += chunk_updates
-        total = int(state.updates[0])
-        history.append(
-            {
-                "updates": total,
-                "seconds": seconds,
-                "updates_per_s": plan.n_runs * chunk_updates / seconds,
-                "metrics": metrics,
-            }
-        )
-        if callback is not None:
-            callback(total, metrics)
+    state, history = run_chunks(
+        lambda state: chunk(state, values, dataset),
+        state,
+        n_updates,
+        chunk_updates,
+        plan.n_runs,
+        callback,
+        to_host=_to_host,
+    )
     if jax.process_count() > 1:
         # Every process gets every run's state (for evaluation and process 0's logging).
         state = jax.tree.map(jnp.asarray, _to_host(state))
