@@ -81,8 +81,7 @@ def observation_normalizer(dataset: Any) -> Any:
     """The dataset's per-feature observation normalizer."""
     from neorl_industrial.core.agents import ObservationNormalizer
 
-    observations = np.asarray(dataset.observations, np.float64)
-    return ObservationNormalizer.create(observations.mean(0), observations.std(0))
+    return ObservationNormalizer.create(*dataset.observation_moments())
 
 
 # ----- training and evaluation programs ---------------------------------------------------

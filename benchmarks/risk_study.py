@@ -100,17 +100,16 @@ def build_variant(
     """``(algorithm, entry)`` of variant ``name`` for ``dataset``: its registered algorithm
     with the variant's critics, ``hidden`` layers, the data's observation statistics and,
     for a safe algorithm, the study's limits."""
-    import jax
 
     from neorl_industrial.core.agents.registry import algorithm_entry, build_algorithm
 
     base, extra, _ = VARIANTS[name]
     entry = algorithm_entry(base)
-    observations = np.asarray(jax.device_get(dataset.observations), np.float64)
+    obs_mean, obs_std = dataset.observation_moments()
     hyperparameters: dict[str, Any] = {
         "hidden": list(hidden),
-        "obs_mean": observations.mean(0).tolist(),
-        "obs_std": observations.std(0).tolist(),
+        "obs_mean": obs_mean.tolist(),
+        "obs_std": obs_std.tolist(),
         **extra,
     }
     if entry.safe:

@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, str] = {
     "env_throughput": "benchmarks.env_throughput",
     "data_sampling": "benchmarks.data_sampling",
     "data_generation": "benchmarks.data_generation",
+    "frames": "benchmarks.frames",
     "agent_speed": "benchmarks.agent_speed",
     "sweep": "benchmarks.sweep",
     "shield_overhead": "benchmarks.shield_overhead",

@@ -188,23 +188,7 @@ def study_cost(env_id: str, args: argparse.Namespace) -> StudyCost:
 
 def episodes_of(dataset: Any) -> list[dict[str, Any]]:
     """The dataset's episodes as per-episode arrays (to mix datasets)."""
-    import jax
-
-    host = jax.device_get(dataset)
-    episodes = []
-    for start, length in zip(host.episode_starts, host.episode_lengths, strict=True):
-        start, length = int(start), int(length)
-        first = int(host.observation_index[start])
-        episodes.append(
-            {
-                "observations": host.observations[first : first + length + 1],
-                "actions": host.actions[start : start + length],
-                "rewards": host.rewards[start : start + length],
-                "costs": host.costs[start : start + length],
-                "terminated": bool(host.terminals[start + length - 1]),
-            }
-        )
-    return episodes
+    return dataset.to_episodes()
 
 
 def build_data(

@@ -136,12 +136,13 @@ def run(job: Mapping[str, Any]) -> dict[str, Any]:
     from d3rlpy.dataset import MDPDataset
     from d3rlpy.logging import NoopAdapterFactory
 
-    from neorl_industrial.integration.datasets.native import read_native_arrays
+    from neorl_industrial.integration.datasets.arrays import dataset_arrays
+    from neorl_industrial.integration.datasets.native import load_native
 
     if job.get("torch_threads"):
         torch.set_num_threads(int(job["torch_threads"]))
-    arrays, _ = read_native_arrays(job["dataset"])
-    flat = d3rlpy_arrays(arrays)
+    ours, _ = load_native(job["dataset"])
+    flat = d3rlpy_arrays(dataset_arrays(ours, frames=False))
     discrete = job["num_actions"] is not None
     dataset = MDPDataset(
         **flat,

@@ -564,7 +564,9 @@ def _register_and_close(
             "override_rate",
             "hard_violation_steps",
         )
-        example = np.asarray(jax.device_get(plan.dataset.observations[:2]), np.float64).tolist()
+        example = np.asarray(
+            jax.device_get(plan.dataset.initial_observations()[:2]), np.float64
+        ).tolist()
         tracker.log_model(
             policy_dir,
             agent_dir=run_dir / "agent",

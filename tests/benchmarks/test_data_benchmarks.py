@@ -326,3 +326,19 @@ def test_peak_rss_of_a_child_is_its_own_not_its_parents() -> None:
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(child.stdout.strip()) < 200 * 2**20
     assert data_sampling.peak_rss_bytes() >= held.nbytes
+
+
+def test_frames_benchmark_measures_both_layouts_of_the_same_data():
+    from benchmarks import frames
+
+    arrays = frames.synthesize(2, 20)
+    # The synthetic observations really stack: each is the previous shifted by a frame.
+    observations = arrays["observations"]
+    np.testing.assert_array_equal(observations[1, frames.FRAME :], observations[0, : -frames.FRAME])
+    config, results = frames.run(quick=True)
+    layouts = results["layouts"]
+    assert (layouts["whole"]["frame_stack"], layouts["frames"]["frame_stack"]) == (1, 30)
+    comparison = results["comparison"]
+    assert comparison["observations_whole_over_frames"] > 25
+    assert 5 < comparison["disk_whole_over_frames"] < comparison["observations_whole_over_frames"]
+    assert len(frames.report(config, results)[0].rows) == 2

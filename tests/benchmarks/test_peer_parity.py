@@ -284,7 +284,7 @@ def test_reward_and_observation_scalers_give_d3rlpy_our_numbers():
 @pytest.mark.parametrize("discrete", [False, True])
 def test_d3rlpy_layout_holds_exactly_our_transitions(discrete):
     dataset = _dataset(discrete)
-    flat = d3rlpy_arrays(dataset_arrays(dataset))
+    flat = d3rlpy_arrays(dataset_arrays(dataset, frames=False))
     # Episode 0 timed out after 5 steps (one extra row), episode 1 terminated after 3.
     np.testing.assert_array_equal(flat["timeouts"], [0, 0, 0, 0, 0, 1, 0, 0, 0])
     np.testing.assert_array_equal(flat["terminals"], [0, 0, 0, 0, 0, 0, 0, 0, 1])

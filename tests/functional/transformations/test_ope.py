@@ -9,7 +9,6 @@ import pytest
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.functional.transformations.ope import (
     fitted_q_evaluation,
-    initial_observations_of,
     signal_scales,
 )
 from tests.core.agents.test_fqe import (
@@ -63,7 +62,7 @@ def test_scales_follow_the_data():
 
 def test_initial_observations_are_the_episode_starts():
     dataset = two_state_dataset(n_episodes=3, length=4)
-    np.testing.assert_array_equal(initial_observations_of(dataset), np.zeros((3, 1)))
+    np.testing.assert_array_equal(dataset.initial_observations(), np.zeros((3, 1)))
 
 
 def test_bad_input_names_the_argument():

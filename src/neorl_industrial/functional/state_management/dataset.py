@@ -6,6 +6,15 @@ next observation of transition ``i`` is the row after ``observation_index[i]``. 
 transition stays within ``(T + 1) / T`` of the raw observations, and no second copy of
 every observation exists.
 
+Stacked observations (a history of ``H`` frames, newest first, each step's observation the
+previous one shifted by a frame, as IB-v0's 30 frames of 6 values) are stored as frames:
+each episode holds its first observation's ``H`` frames (oldest first) and then one new
+frame per step, ``T + H`` rows of ``F`` values instead of ``T + 1`` rows of ``H * F``. An
+observation is the ``H`` rows ending at its newest frame, gathered inside the compiled
+sampler (:meth:`Dataset.observations_at`). :meth:`Dataset.from_arrays` finds the stacking
+in the data itself (exact equality, so storing frames loses nothing); nothing names a
+simulator.
+
 Everything sampling needs (episode ids, steps to the episode's end, valid window starts)
 is computed once here, on the host, so a batch is a handful of gathers.
 """
@@ -25,10 +34,11 @@ from flax import struct
 class Dataset:
     """Transitions of many episodes and the indices that make sampling cheap.
 
-    Shapes: ``N`` transitions, ``E`` episodes, ``N + E`` stored observations.
+    Shapes: ``N`` transitions, ``E`` episodes, ``N + E`` stored observations (``N + E H``
+    frames of ``obs_size / H`` values when ``frame_stack`` is ``H > 1``).
     """
 
-    observations: jax.Array  # [N + E, obs_size] float32, episode-major with final obs
+    observations: jax.Array  # [N + E H, obs_size / H] float32, episode-major with final obs
     actions: jax.Array  # [N, action_size] float32, or [N] int32 for discrete actions
     rewards: jax.Array  # [N] float32
     costs: jax.Array  # [N, n_costs] float32
@@ -39,6 +49,8 @@ class Dataset:
     steps_to_end: jax.Array  # [N] int32: transitions left in the episode, >= 1
     episode_starts: jax.Array  # [E] int32: first transition of each episode
     episode_lengths: jax.Array  # [E] int32
+    #: Frames per observation (1: rows are whole observations); see the module docs.
+    frame_stack: int = struct.field(pytree_node=False, default=1)
 
     # ----- sizes (static: read from shapes) ------------------------------------------
     @property
@@ -51,6 +63,11 @@ class Dataset:
 
     @property
     def observation_size(self) -> int:
+        return int(self.observations.shape[1]) * self.frame_stack
+
+    @property
+    def frame_size(self) -> int:
+        """Values per stored row: a frame, or the whole observation without stacking."""
         return int(self.observations.shape[1])
 
     @property
@@ -69,13 +86,54 @@ class Dataset:
         return self.n_transitions
 
     # ----- views ----------------------------------------------------------------------
+    def observations_at(self, rows: Any) -> Any:
+        """``[..., obs_size]`` observations whose newest stored row is ``rows`` (as
+        ``observation_index`` gives them): a gather of ``frame_stack`` rows each. Works on
+        device arrays inside compiled code and on a host copy (``jax.device_get``) alike."""
+        return gather_stacked(self.observations, rows, self.frame_stack)
+
+    def observation_rows(self) -> np.ndarray:
+        """``[N + E]`` stored row of every observation (each transition's and each
+        episode's final one), episode-major, on the host."""
+        lengths = np.asarray(jax.device_get(self.episode_lengths), np.int64)
+        episode = np.repeat(np.arange(len(lengths)), lengths + 1)
+        return np.arange(len(episode)) + (episode + 1) * (self.frame_stack - 1)
+
+    def all_observations(self) -> jax.Array:
+        """``[N + E, obs_size]`` every observation, final ones included (allocates the
+        full stack)."""
+        return self.observations_at(jnp.asarray(self.observation_rows(), jnp.int32))
+
+    def observation_moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of every observation feature over all ``N + E``
+        observations, in float64 on the host, without building the stacked array."""
+        frames = np.asarray(jax.device_get(self.observations))
+        rows = self.observation_rows()
+        means, stds = [], []
+        for age in range(self.frame_stack):
+            values = frames[rows - age].astype(np.float64)
+            means.append(values.mean(0))
+            stds.append(values.std(0))
+        return np.concatenate(means), np.concatenate(stds)
+
     def transition_observations(self) -> jax.Array:
         """``[N, obs_size]`` observation of every transition (a gather; allocates)."""
-        return self.observations[self.observation_index]
+        return self.observations_at(self.observation_index)
 
     def next_observations(self) -> jax.Array:
         """``[N, obs_size]`` next observation of every transition (a gather; allocates)."""
-        return self.observations[self.observation_index + 1]
+        return self.observations_at(self.observation_index + 1)
+
+    def initial_observations(self) -> jax.Array:
+        """``[E, obs_size]`` first observation of every episode."""
+        return self.observations_at(self.observation_index[self.episode_starts])
+
+    def episode_observations(self, episode: int) -> np.ndarray:
+        """``[T + 1, obs_size]`` observations of one episode, final one included (host)."""
+        host = jax.device_get(self)
+        first = int(host.observation_index[int(host.episode_starts[episode])])
+        length = int(host.episode_lengths[episode])
+        return np.asarray(host.observations_at(np.arange(first, first + length + 1)))
 
     def episode_returns(self) -> jax.Array:
         """``[E]`` undiscounted return of every episode."""
@@ -94,7 +152,7 @@ class Dataset:
         and flags per transition, without next observations or indices."""
         n = self.n_transitions
         per_transition = (
-            self.observations.shape[1] * self.observations.dtype.itemsize
+            self.observation_size * self.observations.dtype.itemsize
             + int(np.prod(self.actions.shape[1:], dtype=np.int64)) * self.actions.dtype.itemsize
             + self.rewards.dtype.itemsize
             + self.n_costs * self.costs.dtype.itemsize
@@ -113,15 +171,24 @@ class Dataset:
         terminals: Any,
         timeouts: Any,
         episode_lengths: Any,
+        *,
+        frame_stack: int | None = None,
     ) -> Dataset:
         """The dataset of already laid-out arrays: the episode structure follows from the
         episode lengths, so the sampling indices are computed here, once, in numpy.
 
         ``observations`` has ``N + E`` rows (each episode's steps, then its final
-        observation); the others have ``N`` rows. Arrays may be memory-mapped: each is
-        read once, straight into device memory. Callers validate untrusted input.
+        observation), or ``N + E H`` frames when ``frame_stack`` is ``H > 1``; the others
+        have ``N`` rows. With ``frame_stack=None`` the observations are whole ones, and
+        stacked frames are found in them (:func:`find_frame_stack`) and stored once.
+        Arrays may be memory-mapped: each is read once, straight into device memory.
+        Callers validate untrusted input.
         """
         lengths = np.asarray(episode_lengths, np.int32)
+        if frame_stack is None:
+            frame_stack = find_frame_stack(observations, lengths)
+            if frame_stack > 1:
+                observations = to_frames(np.asarray(observations), lengths, frame_stack)
         ends = np.cumsum(lengths, dtype=np.int64)
         starts = ends - lengths
         n_transitions = int(ends[-1])
@@ -136,11 +203,12 @@ class Dataset:
             costs=jnp.asarray(costs, jnp.float32),
             terminals=jnp.asarray(terminals, bool),
             timeouts=jnp.asarray(timeouts, bool),
-            observation_index=jnp.asarray(transition + episode_id),
+            observation_index=jnp.asarray(stored_rows(transition, episode_id, frame_stack)),
             episode_id=jnp.asarray(episode_id),
             steps_to_end=jnp.asarray((ends[episode_id] - transition).astype(np.int32)),
             episode_starts=jnp.asarray(starts.astype(np.int32)),
             episode_lengths=jnp.asarray(lengths),
+            frame_stack=int(frame_stack),
         )
 
     @classmethod
@@ -342,8 +410,8 @@ class Dataset:
         host = jax.device_get(self)
         rows = np.asarray(host.observation_index)
         return {
-            "observations": np.asarray(host.observations)[rows],
-            "next_observations": np.asarray(host.observations)[rows + 1],
+            "observations": np.asarray(host.observations_at(rows)),
+            "next_observations": np.asarray(host.observations_at(rows + 1)),
             "actions": np.asarray(host.actions),
             "rewards": np.asarray(host.rewards),
             "costs": np.asarray(host.costs),
@@ -352,24 +420,30 @@ class Dataset:
             "episode_id": np.asarray(host.episode_id),
         }
 
-    def select_episodes(self, episode_ids: np.ndarray) -> Dataset:
-        """A new dataset made of the given episodes, in the given order (on the host)."""
+    def to_episodes(self, episode_ids: Any = None) -> list[dict[str, np.ndarray | bool]]:
+        """Per-episode host arrays (the form :meth:`from_episodes` takes) of the given
+        episodes in the given order, all of them by default."""
         host = jax.device_get(self)
+        if episode_ids is None:
+            episode_ids = np.arange(self.n_episodes)
         episodes = []
         for episode in np.asarray(episode_ids):
             start = int(host.episode_starts[episode])
             length = int(host.episode_lengths[episode])
-            first_row = int(host.observation_index[start])
             episodes.append(
                 {
-                    "observations": host.observations[first_row : first_row + length + 1],
+                    "observations": host.episode_observations(int(episode)),
                     "actions": host.actions[start : start + length],
                     "rewards": host.rewards[start : start + length],
                     "costs": host.costs[start : start + length],
                     "terminated": bool(host.terminals[start + length - 1]),
                 }
             )
-        return Dataset.from_episodes(episodes)
+        return episodes
+
+    def select_episodes(self, episode_ids: np.ndarray) -> Dataset:
+        """A new dataset made of the given episodes, in the given order (on the host)."""
+        return Dataset.from_episodes(self.to_episodes(episode_ids))
 
 
 def split_episodes(
@@ -486,3 +560,87 @@ class _EpisodeColumns:
     def build(self) -> Dataset:
         arrays = {field: np.concatenate(parts) for field, parts in self.parts.items()}
         return Dataset.from_arrays(**arrays, episode_lengths=np.asarray(self.lengths, np.int32))
+
+
+# ----- stacked observations ------------------------------------------------------------
+def gather_stacked(frames: Any, rows: Any, frame_stack: int) -> Any:
+    """``[..., frame_stack * F]`` observations ending at stored ``rows`` of ``frames``
+    (``[R, F]``), newest frame first; plain rows when ``frame_stack`` is 1. numpy in,
+    numpy out (memory-mapped files included); otherwise jax."""
+    if frame_stack == 1:
+        return frames[rows]
+    xp = np if isinstance(frames, np.ndarray) else jnp
+    rows = xp.asarray(rows)
+    stacked = frames[rows[..., None] - xp.arange(frame_stack)]
+    return stacked.reshape(*rows.shape, frame_stack * frames.shape[1])
+
+
+def stored_rows(indices: Any, episode: Any, frame_stack: int) -> Any:
+    """Stored row of the observation of transition ``indices`` in episode ``episode``:
+    each earlier episode stored one final observation and ``frame_stack - 1`` history
+    frames more than it has transitions."""
+    return indices + episode * frame_stack + frame_stack - 1
+
+
+#: Rows compared at once while looking for stacked frames (bounds the temporary memory).
+_FRAME_CHECK_ROWS = 1 << 15
+
+
+def find_frame_stack(observations: Any, episode_lengths: Any) -> int:
+    """How many frames each observation stacks, found in the data: the largest ``H > 1``
+    dividing the observation size such that, within every episode, each observation is the
+    previous one shifted by one frame of ``size / H`` values (newest frame first), compared
+    exactly; 1 when no such ``H`` exists (or episodes are too short to tell).
+
+    ``observations`` is ``[N + E, size]``, episode-major with each final observation, as
+    :meth:`Dataset.from_arrays` takes them. Reads the rows in blocks, so a memory-mapped
+    array is never copied whole.
+    """
+    size = int(observations.shape[1]) if np.ndim(observations) == 2 else 0
+    candidates = [f for f in range(1, size // 2 + 1) if size % f == 0]
+    lengths = np.asarray(episode_lengths, np.int64)
+    # Pairs (row, row + 1) inside one episode: every row but each episode's last.
+    last = np.cumsum(lengths + 1) - 1
+    if not candidates or len(last) == 0 or int(lengths.sum()) < 2:
+        return 1
+    n_rows = int(last[-1]) + 1
+    for frame in candidates:
+        if _shifted_everywhere(observations, n_rows, last, frame):
+            return size // frame
+    return 1
+
+
+def _shifted_everywhere(observations: Any, n_rows: int, last: np.ndarray, frame: int) -> bool:
+    # A small first block rejects most sizes after a few rows.
+    bounds = [0, *range(min(256, n_rows - 1), n_rows - 1, _FRAME_CHECK_ROWS)]
+    for begin, end in zip(bounds, [*bounds[1:], n_rows - 1], strict=True):
+        stop = end + 1
+        block = np.asarray(observations[begin:stop])
+        same = block[1:, frame:] == block[:-1, :-frame]
+        inside = np.ones(len(block) - 1, bool)
+        ends = last[(last >= begin) & (last < stop - 1)] - begin
+        inside[ends] = False
+        if not np.all(same[inside]):
+            return False
+    return True
+
+
+def to_frames(observations: np.ndarray, episode_lengths: Any, frame_stack: int) -> np.ndarray:
+    """``[N + E H, size / H]`` frames of stacked ``[N + E, size]`` observations (see
+    :func:`find_frame_stack`): per episode its first observation's frames, oldest first,
+    then each later observation's newest frame."""
+    lengths = np.asarray(episode_lengths, np.int64)
+    frame = observations.shape[1] // frame_stack
+    firsts = np.cumsum(lengths + 1) - (lengths + 1)  # first observation row of each episode
+    frames = np.empty((int(lengths.sum()) + len(lengths) * frame_stack, frame), np.float32)
+    frame_starts = firsts + np.arange(len(lengths)) * (frame_stack - 1)
+    history = observations[firsts].reshape(len(lengths), frame_stack, frame)[:, ::-1]
+    frames[(frame_starts[:, None] + np.arange(frame_stack)).reshape(-1)] = history.reshape(
+        -1, frame
+    )
+    later = np.ones(len(observations), bool)
+    later[firsts] = False
+    episode = np.repeat(np.arange(len(lengths)), lengths + 1)
+    rows = np.arange(len(observations)) + (episode + 1) * (frame_stack - 1)
+    frames[rows[later]] = observations[later, :frame]
+    return frames

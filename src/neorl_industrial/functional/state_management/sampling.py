@@ -36,11 +36,11 @@ def gather_transitions(dataset: Dataset, indices: jax.Array, gamma: float = 0.99
     rows = dataset.observation_index[indices]
     terminals = dataset.terminals[indices]
     return Batch(
-        observations=dataset.observations[rows],
+        observations=dataset.observations_at(rows),
         actions=dataset.actions[indices],
         rewards=dataset.rewards[indices],
         costs=dataset.costs[indices],
-        next_observations=dataset.observations[rows + 1],
+        next_observations=dataset.observations_at(rows + 1),
         terminals=terminals,
         discounts=jnp.where(terminals, 0.0, jnp.asarray(gamma, jnp.float32)),
     )
@@ -70,11 +70,11 @@ def gather_nstep(dataset: Dataset, indices: jax.Array, n_step: int, gamma: float
     rows = dataset.observation_index[indices]
     discounts = jnp.where(terminals, 0.0, jnp.asarray(gamma, jnp.float32) ** horizon)
     return Batch(
-        observations=dataset.observations[rows],
+        observations=dataset.observations_at(rows),
         actions=dataset.actions[indices],
         rewards=rewards,
         costs=costs,
-        next_observations=dataset.observations[rows + horizon],
+        next_observations=dataset.observations_at(rows + horizon),
         terminals=terminals,
         discounts=discounts.astype(jnp.float32),
     )
@@ -111,7 +111,7 @@ def gather_windows(dataset: Dataset, starts: jax.Array, length: int) -> Windows:
     first_rows = dataset.observation_index[starts]
     rows = first_rows[:, None] + jnp.arange(length + 1)
     return Windows(
-        observations=dataset.observations[rows],
+        observations=dataset.observations_at(rows),
         actions=dataset.actions[steps],
         rewards=dataset.rewards[steps],
         costs=dataset.costs[steps],

@@ -152,11 +152,6 @@ def _spread(values: np.ndarray) -> float:
     return spread if spread > 1e-6 else 1.0
 
 
-def initial_observations_of(dataset: Dataset) -> jax.Array:
-    """``[n_episodes, obs_size]`` first observation of every episode."""
-    return dataset.observations[dataset.observation_index[dataset.episode_starts]]
-
-
 def _prepare(
     dataset: Dataset,
     config: FQEConfig | None,
@@ -174,12 +169,10 @@ def _prepare(
         )
     config = FQEConfig() if config is None else config
     if config.obs_mean is None:
-        observations = np.asarray(jax.device_get(dataset.observations), np.float64)
-        config = dataclasses.replace(
-            config, obs_mean=observations.mean(axis=0), obs_std=observations.std(axis=0)
-        )
+        obs_mean, obs_std = dataset.observation_moments()
+        config = dataclasses.replace(config, obs_mean=obs_mean, obs_std=obs_std)
     if initial_observations is None:
-        initial_observations = initial_observations_of(dataset)
+        initial_observations = dataset.initial_observations()
     initial_observations = jnp.asarray(initial_observations, jnp.float32)
     if initial_observations.ndim != 2 or initial_observations.shape[1] != (
         dataset.observation_size

@@ -29,11 +29,19 @@ STORED_ARRAYS = (
 )
 
 
-def dataset_arrays(dataset: Dataset) -> dict[str, np.ndarray]:
-    """Host copies of the arrays that define ``dataset`` (indices excluded)."""
+def dataset_arrays(dataset: Dataset, *, frames: bool = True) -> dict[str, np.ndarray]:
+    """Host copies of the arrays that define ``dataset`` (indices excluded).
+
+    Args:
+        dataset: the dataset.
+        frames: observations as stored (frames when ``dataset.frame_stack > 1``);
+            ``False`` gives whole observations, ``[N + E, obs_size]``, for readers that
+            know no frames.
+    """
     host = jax.device_get(dataset)
+    observations = host.observations if frames else dataset.all_observations()
     return {
-        "observations": np.asarray(host.observations, np.float32),
+        "observations": np.asarray(observations, np.float32),
         "actions": np.asarray(host.actions, np.int32 if dataset.discrete else np.float32),
         "rewards": np.asarray(host.rewards, np.float32),
         "costs": np.asarray(host.costs, np.float32),
@@ -50,8 +58,11 @@ def episode_bounds(episode_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return ends - episode_lengths, ends
 
 
-def check_consistent(arrays: Mapping[str, np.ndarray], path: str | PathLike[str]) -> None:
-    """Checks that the stored arrays describe one set of episodes.
+def check_consistent(
+    arrays: Mapping[str, np.ndarray], path: str | PathLike[str], frame_stack: int = 1
+) -> None:
+    """Checks that the stored arrays describe one set of episodes (observations stored as
+    frames when ``frame_stack > 1``: ``N + E frame_stack`` rows).
 
     Raises:
         DatasetFormatError: naming the array whose length disagrees with the episode
@@ -74,7 +85,7 @@ def check_consistent(arrays: Mapping[str, np.ndarray], path: str | PathLike[str]
         )
     n_transitions = int(lengths.sum(dtype=np.int64))
     n_episodes = len(lengths)
-    expected = {"observations": n_transitions + n_episodes}
+    expected = {"observations": n_transitions + n_episodes * frame_stack}
     expected |= {name: n_transitions for name in STORED_ARRAYS[1:-1]}
     for name, rows in expected.items():
         if arrays[name].shape[0] != rows:
@@ -90,11 +101,14 @@ def check_consistent(arrays: Mapping[str, np.ndarray], path: str | PathLike[str]
         )
 
 
-def dataset_from_arrays(arrays: Mapping[str, np.ndarray]) -> Dataset:
+def dataset_from_arrays(arrays: Mapping[str, np.ndarray], frame_stack: int | None = 1) -> Dataset:
     """Builds the on-device :class:`Dataset` from the stored arrays (see
-    :data:`STORED_ARRAYS`), recomputing its sampling indices.
+    :data:`STORED_ARRAYS`), recomputing its sampling indices; ``frame_stack=None`` finds
+    stacked frames in whole observations (see :meth:`Dataset.from_arrays`).
 
     The arrays may be memory-mapped: each is read once, straight into device memory.
     Call :func:`check_consistent` first on untrusted input.
     """
-    return Dataset.from_arrays(**{name: arrays[name] for name in STORED_ARRAYS})
+    return Dataset.from_arrays(
+        **{name: arrays[name] for name in STORED_ARRAYS}, frame_stack=frame_stack
+    )

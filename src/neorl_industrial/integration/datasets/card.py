@@ -70,6 +70,8 @@ class DatasetSizes(BaseModel):
     action_size: int
     n_costs: int = 0
     discrete: bool = False
+    #: Frames per observation as stored (``observations.npy`` holds frames when > 1).
+    frame_stack: int = Field(1, ge=1)
 
     @classmethod
     def of(cls, dataset: Dataset) -> DatasetSizes:
@@ -81,6 +83,7 @@ class DatasetSizes(BaseModel):
             action_size=dataset.action_size,
             n_costs=dataset.n_costs,
             discrete=dataset.discrete,
+            frame_stack=dataset.frame_stack,
         )
 
 

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from neorl_industrial.functional.state_management import Batch
+from neorl_industrial.functional.state_management.dataset import gather_stacked, stored_rows
 from neorl_industrial.integration.datasets.arrays import episode_bounds
 from neorl_industrial.integration.datasets.card import DatasetCard
 from neorl_industrial.integration.datasets.native import read_native_arrays
@@ -84,6 +85,7 @@ class MemmapSampler:
         self._rewards = arrays["rewards"]
         self._costs = arrays["costs"]
         self._terminals = arrays["terminals"]
+        self._frame_stack = card.sizes.frame_stack if card.sizes is not None else 1
         _, self._episode_ends = episode_bounds(np.asarray(arrays["episode_lengths"]))
         self.n_transitions = int(self._episode_ends[-1])
         self.batch_size = batch_size
@@ -115,16 +117,16 @@ class MemmapSampler:
         :func:`~neorl_industrial.functional.state_management.gather_nstep`)."""
         indices = np.asarray(indices, np.int64)
         episode = np.searchsorted(self._episode_ends, indices, side="right")
-        rows = indices + episode
+        rows = stored_rows(indices, episode, self._frame_stack)
         steps_to_end = self._episode_ends[episode] - indices
         if self.n_step == 1:
             terminals = np.asarray(self._terminals[indices])
             return Batch(
-                observations=np.asarray(self._observations[rows]),
+                observations=np.asarray(self._observations_at(rows)),
                 actions=np.asarray(self._actions[indices]),
                 rewards=np.asarray(self._rewards[indices]),
                 costs=np.asarray(self._costs[indices]),
-                next_observations=np.asarray(self._observations[rows + 1]),
+                next_observations=np.asarray(self._observations_at(rows + 1)),
                 terminals=terminals,
                 discounts=np.where(terminals, np.float32(0.0), self.gamma).astype(np.float32),
             )
@@ -144,14 +146,17 @@ class MemmapSampler:
             terminals, np.float32(0.0), np.power(self.gamma, horizon.astype(np.float32))
         )
         return Batch(
-            observations=np.asarray(self._observations[rows]),
+            observations=np.asarray(self._observations_at(rows)),
             actions=np.asarray(self._actions[indices]),
             rewards=np.sum(weights * rewards, axis=1, dtype=np.float32),
             costs=np.einsum("bn,bnc->bc", weights, costs).astype(np.float32),
-            next_observations=np.asarray(self._observations[rows + horizon]),
+            next_observations=np.asarray(self._observations_at(rows + horizon)),
             terminals=terminals,
             discounts=discounts.astype(np.float32),
         )
+
+    def _observations_at(self, rows: np.ndarray) -> np.ndarray:
+        return gather_stacked(self._observations, rows, self._frame_stack)
 
     # ----- prefetching iterator -------------------------------------------------------
     def __iter__(self) -> MemmapSampler:

@@ -5,6 +5,7 @@
     my-dataset/
       dataset.json          card: provenance, sizes, schema (dtype, shape), sha256 per file
       observations.npy      [N + E, obs] float32, episode-major, final observation appended
+                            (stacked observations: [N + E H, obs / H] frames, H in the card)
       actions.npy           [N, act] float32, or [N] int32 (discrete)
       rewards.npy           [N] float32
       costs.npy             [N, n_costs] float32
@@ -173,7 +174,17 @@ def read_native_arrays(
             raise DatasetFormatError(f"unreadable .npy file: {error}", path=file) from error
         _check_against_schema(file, name, array, card)
         arrays[name] = array
-    check_consistent(arrays, path)
+    frame_stack = card.sizes.frame_stack if card.sizes is not None else 1
+    if card.sizes is not None and arrays["observations"].ndim == 2:
+        stored = arrays["observations"].shape[1] * frame_stack
+        if stored != card.sizes.observation_size:
+            raise DatasetFormatError(
+                f"{frame_stack} frame(s) of {arrays['observations'].shape[1]} values make "
+                f"observations of {stored}, but {CARD_FILE} declares "
+                f"{card.sizes.observation_size}",
+                path=path / "observations.npy",
+            )
+    check_consistent(arrays, path, frame_stack)
     return arrays, card
 
 
@@ -224,4 +235,6 @@ def load_native(
         DatasetFormatError: naming the file that is missing, corrupt or inconsistent.
     """
     arrays, card = read_native_arrays(path, verify=verify, mmap=mmap)
-    return dataset_from_arrays(arrays), card
+    frame_stack = card.sizes.frame_stack if card.sizes is not None else 1
+    # A dataset saved with whole observations gets its stacked frames found on load.
+    return dataset_from_arrays(arrays, frame_stack if frame_stack > 1 else None), card

@@ -368,9 +368,9 @@ class Agent:
             lengths = np.asarray(jax.device_get(data.episode_lengths))
             hyperparameters["episode_length"] = max(1, round(float(lengths.mean())))
         if normalize_observations:
-            observations = np.asarray(jax.device_get(data.observations), np.float64)
-            hyperparameters["obs_mean"] = observations.mean(0).tolist()
-            hyperparameters["obs_std"] = observations.std(0).tolist()
+            obs_mean, obs_std = data.observation_moments()
+            hyperparameters["obs_mean"] = obs_mean.tolist()
+            hyperparameters["obs_std"] = obs_std.tolist()
         try:
             reward_scale = RewardScaling.fit(data, reward_scaling)
         except ValueError as error:

@@ -88,7 +88,7 @@ def dataset_fingerprint(dataset: Dataset) -> str:
         array = np.asarray(jax.device_get(leaf))
         digest.update(str((array.shape, array.dtype.str)).encode())
         digest.update(np.ascontiguousarray(array).tobytes())
-    digest.update(str(dataset.observations.shape).encode())
+    digest.update(str((dataset.observations.shape, dataset.frame_stack)).encode())
     return digest.hexdigest()[:16]
 
 
