@@ -269,8 +269,13 @@ def run_training(
     callbacks: list[Callback] | None = None,
     export: bool = True,
     console: Any = None,
+    mesh: Any = None,
 ) -> RunOutcome:
     """Runs ``config`` end to end and writes its outputs under ``config.run_dir``.
+
+    ``mesh`` trains data-parallel over its devices (``data_mesh()``); in a distributed run
+    every process trains (each holding its shards of the data) and process 0 alone writes
+    the outputs and logs to MLflow (the others return a report without outputs).
 
     Raises:
         AgentError: for an output directory of an earlier run (without ``resume``), data
@@ -288,12 +293,14 @@ def run_training(
     agent = plan.agent()
     dataset, data_facts, card = plan.dataset, plan.facts, plan.card
     agent.check_dataset(dataset, card)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(config.to_yaml())
-    (run_dir / "dataset.json").write_text(card.to_json())
+    leader = jax.process_index() == 0
+    if leader:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(config.to_yaml())
+        (run_dir / "dataset.json").write_text(card.to_json())
     training, evaluation, checkpoints = config.training, config.evaluation, config.checkpoints
     tracker = None
-    if config.tracking.enabled:
+    if config.tracking.enabled and leader:
         tracker = _tracker(plan, agent, console)
     fit_started = time.perf_counter()
     every = [*(callbacks or []), *([tracker] if tracker is not None else [])]
@@ -308,9 +315,17 @@ def run_training(
             keep_checkpoints=checkpoints.keep,
             resume=resume,
             callbacks=every,
+            mesh=mesh,
             **_training_settings(plan),
         )
     fit_seconds = time.perf_counter() - fit_started
+    if not leader:
+        report = {
+            "name": config.name,
+            "process": jax.process_index(),
+            "training": {"updates": int(result.state.updates[0]), "seconds": fit_seconds},
+        }
+        return RunOutcome(config, agent, report, run_dir, agent_dir, None)
     agent.save(agent_dir, overwrite=resume)
     exported = None
     if export and not agent.entry.discrete:
@@ -334,6 +349,8 @@ def run_training(
         },
         "evaluation": agent.training.get("evaluation"),
         "backend": jax.default_backend(),
+        "devices": 1 if mesh is None else int(mesh.devices.size),
+        "processes": jax.process_count(),
         "data": data_facts,
         "training": {
             "updates": int(result.state.updates[0]),

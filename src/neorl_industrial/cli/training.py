@@ -6,6 +6,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 from rich.console import Console
@@ -36,6 +37,21 @@ def command_train(args: argparse.Namespace) -> int:
     from neorl_industrial.wrappers.training import RunConfig
 
     config = RunConfig.from_files(list(args.config or []), list(args.set or []))
+    mesh = None
+    if args.distributed or args.data_parallel:
+        from neorl_industrial.functional.transformations.data_parallel import data_mesh
+
+        if args.distributed:
+            from neorl_industrial.functional.transformations.sweep import initialize_distributed
+
+            index, count = initialize_distributed()
+        mesh = data_mesh()
+        if args.distributed and index:
+            from neorl_industrial.pipeline import run_training
+
+            run_training(config, resume=args.resume, mesh=mesh)
+            print(f"process {index} of {count}: done; process 0 writes and logs the run")
+            return 0
     console = make_console()
     task = config.env.id or ("the dataset's task" if config.data.path else "IB-v0")
     console.print(
@@ -43,7 +59,11 @@ def command_train(args: argparse.Namespace) -> int:
         f"({config.data.path or 'generated data'}), seeds {config.training.seeds} "
         f"-> {config.run_dir}"
     )
-    return _train_and_report(config, resume=args.resume, console=console)
+    if mesh is not None:
+        console.print(
+            f"data-parallel over {mesh.devices.size} devices in {jax.process_count()} processes"
+        )
+    return _train_and_report(config, resume=args.resume, console=console, mesh=mesh)
 
 
 def command_sweep(args: argparse.Namespace) -> int:
@@ -127,7 +147,7 @@ def _sweep_table(table: dict, report: dict) -> Table:
     return out
 
 
-def _train_and_report(config, *, resume: bool, console: Console) -> int:
+def _train_and_report(config, *, resume: bool, console: Console, mesh: Any = None) -> int:
     from neorl_industrial.pipeline import run_training
     from neorl_industrial.wrappers.training import RichProgress
 
@@ -137,6 +157,7 @@ def _train_and_report(config, *, resume: bool, console: Console) -> int:
         resume=resume,
         callbacks=[RichProgress(console, metrics=("critic_loss",))],
         console=console,
+        mesh=mesh,
     )
     report = outcome.report
     console.print(_summary_table(report))
@@ -399,6 +420,19 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     train.add_argument(
         "--resume", action="store_true", help="continue the run from its newest checkpoint"
+    )
+    train.add_argument(
+        "--data-parallel",
+        action="store_true",
+        help="train data-parallel over this process's devices: one shard of whole episodes "
+        "per device, gradients averaged across them",
+    )
+    train.add_argument(
+        "--distributed",
+        action="store_true",
+        help="one of several processes of JAX's distributed runtime (as for sweep): the data "
+        "is split over every process's devices and gradients averaged across them; "
+        "process 0 writes the outputs and logs to MLflow",
     )
     train.set_defaults(handler=command_train)
 

@@ -420,6 +420,27 @@ class Dataset:
             "episode_id": np.asarray(host.episode_id),
         }
 
+    def stored_arrays(self, *, frames: bool = True) -> dict[str, np.ndarray]:
+        """Host copies of the arrays that define the dataset, indices excluded (the native
+        format's files): observations as stored (frames when ``frame_stack > 1``), or
+        whole (``[N + E, obs_size]``) with ``frames=False``."""
+        host = jax.device_get(self)
+        observations = host.observations if frames else self.all_observations()
+        return {
+            "observations": np.asarray(observations, np.float32),
+            "actions": np.asarray(host.actions, np.int32 if self.discrete else np.float32),
+            "rewards": np.asarray(host.rewards, np.float32),
+            "costs": np.asarray(host.costs, np.float32),
+            "terminals": np.asarray(host.terminals, bool),
+            "timeouts": np.asarray(host.timeouts, bool),
+            "episode_lengths": np.asarray(host.episode_lengths, np.int32),
+        }
+
+    def slice_episodes(self, first: int, stop: int) -> Dataset:
+        """Episodes ``first .. stop - 1`` as a dataset of their own (same frame stacking)."""
+        arrays = episode_range_arrays(self.stored_arrays(), first, stop, self.frame_stack)
+        return Dataset.from_arrays(**arrays, frame_stack=self.frame_stack)
+
     def to_episodes(self, episode_ids: Any = None) -> list[dict[str, np.ndarray | bool]]:
         """Per-episode host arrays (the form :meth:`from_episodes` takes) of the given
         episodes in the given order, all of them by default."""
@@ -560,6 +581,33 @@ class _EpisodeColumns:
     def build(self) -> Dataset:
         arrays = {field: np.concatenate(parts) for field, parts in self.parts.items()}
         return Dataset.from_arrays(**arrays, episode_lengths=np.asarray(self.lengths, np.int32))
+
+
+# ----- contiguous episode ranges (shards) ----------------------------------------------
+def episode_range_arrays(
+    arrays: Any, first: int, stop: int, frame_stack: int = 1
+) -> dict[str, Any]:
+    """The stored arrays (``observations``, ``actions``, ``rewards``, ``costs``,
+    ``terminals``, ``timeouts``, ``episode_lengths``: the native format's) of episodes
+    ``first .. stop - 1``, as slices: memory-mapped input stays on disk until read."""
+    lengths = np.asarray(arrays["episode_lengths"], np.int64)
+    if not 0 <= first < stop <= len(lengths):
+        raise ValueError(
+            f"episodes {first}..{stop - 1}: expected a non-empty range within the "
+            f"{len(lengths)} episodes"
+        )
+    begin = int(lengths[:first].sum())
+    end = begin + int(lengths[first:stop].sum())
+    transitions = slice(begin, end)
+    rows = slice(begin + first * frame_stack, end + stop * frame_stack)
+    return {
+        "observations": arrays["observations"][rows],
+        **{
+            name: arrays[name][transitions]
+            for name in ("actions", "rewards", "costs", "terminals", "timeouts")
+        },
+        "episode_lengths": np.asarray(arrays["episode_lengths"][first:stop]),
+    }
 
 
 # ----- stacked observations ------------------------------------------------------------

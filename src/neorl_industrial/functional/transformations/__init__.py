@@ -8,12 +8,24 @@ replay buffer, and the host evaluates and snapshots the policy between chunks.
 ``train_offline`` fuses N offline updates (sampling included) into one compiled chunk
 and trains many seeds at once with ``vmap``; ``train_sweep`` trains a grid of traced
 hyperparameters × seeds the same way, as one program (``plan_sweep`` checks it first).
+``train_data_parallel`` trains one run on a dataset split into shards of episodes over the
+devices (and processes) of a ``"data"`` mesh, averaging gradients across them.
 """
 
 from neorl_industrial.functional.transformations.action_scaling import (
     ActionScaledEnv,
     action_scaler_for,
     normalized_actions,
+)
+from neorl_industrial.functional.transformations.data_parallel import (
+    DataParallelError,
+    ShardedDataset,
+    ShardPlan,
+    data_mesh,
+    plan_shards,
+    shard_dataset,
+    split_dataset,
+    train_data_parallel,
 )
 from neorl_industrial.functional.transformations.generation import (
     Trajectories,
@@ -53,6 +65,7 @@ from neorl_industrial.functional.transformations.sweep import (
 
 __all__ = [
     "ActionScaledEnv",
+    "DataParallelError",
     "Evaluation",
     "OnlineCarry",
     "OnlineConfig",
@@ -60,12 +73,15 @@ __all__ = [
     "ProgressFn",
     "ReplayBuffer",
     "RolloutStatistics",
+    "ShardPlan",
+    "ShardedDataset",
     "SweepError",
     "SweepPlan",
     "SweepResult",
     "Trajectories",
     "action_scaler_for",
     "behaviour_policy",
+    "data_mesh",
     "generate_trajectories",
     "init_carry",
     "init_seeds",
@@ -74,11 +90,15 @@ __all__ = [
     "make_seeded_chunk",
     "make_train_chunk",
     "normalized_actions",
+    "plan_shards",
     "plan_sweep",
     "random_rollout_statistics",
     "replay_buffer_add",
     "replay_buffer_init",
     "replay_buffer_sample",
+    "shard_dataset",
+    "split_dataset",
+    "train_data_parallel",
     "train_offline",
     "train_online",
     "train_sweep",

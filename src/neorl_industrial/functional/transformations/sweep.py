@@ -456,9 +456,9 @@ def train_sweep(
         chunk = jax.jit(program, donate_argnums=0)
     else:
         over_runs, replicated = _shardings(mesh, plan.n_runs)
-        state = _place(state, over_runs)
-        values = _place(values, over_runs)
-        dataset = _place(dataset, replicated)
+        state = place(state, over_runs)
+        values = place(values, over_runs)
+        dataset = place(dataset, replicated)
         chunk = jax.jit(
             program,
             donate_argnums=0,
@@ -472,15 +472,15 @@ def train_sweep(
         chunk_updates,
         plan.n_runs,
         callback,
-        to_host=_to_host,
+        to_host=to_host,
     )
     if jax.process_count() > 1:
         # Every process gets every run's state (for evaluation and process 0's logging).
-        state = jax.tree.map(jnp.asarray, _to_host(state))
+        state = jax.tree.map(jnp.asarray, to_host(state))
     return SweepResult(plan=plan, state=state, history=history)
 
 
-def _place(tree: Any, sharding: NamedSharding) -> Any:
+def place(tree: Any, sharding: NamedSharding) -> Any:
     """``tree``'s arrays as global arrays of ``sharding``, each device holding its part
     (every process passes the same full values; works across hosts)."""
 
@@ -491,13 +491,18 @@ def _place(tree: Any, sharding: NamedSharding) -> Any:
     return jax.tree.map(put, tree)
 
 
-def _to_host(tree: Any) -> Any:
+def to_host(tree: Any) -> Any:
     """Numpy copies of ``tree``'s arrays, gathered from every process when there are
-    several."""
+    several (a replicated array is read from this process's own copy)."""
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
-        return multihost_utils.process_allgather(tree, tiled=True)
+        def gather(leaf: Any) -> Any:
+            if isinstance(leaf, jax.Array) and leaf.is_fully_replicated:
+                return np.asarray(leaf.addressable_data(0))
+            return multihost_utils.process_allgather(leaf, tiled=True)
+
+        return jax.tree.map(gather, tree)
     return jax.device_get(tree)
 
 

@@ -33,7 +33,11 @@ from neorl_industrial.integration.datasets.inspection import (
 )
 from neorl_industrial.integration.datasets.memmap import MemmapSampler
 from neorl_industrial.integration.datasets.minari import load_minari
-from neorl_industrial.integration.datasets.native import load_native, save_native
+from neorl_industrial.integration.datasets.native import (
+    load_native,
+    load_native_shards,
+    save_native,
+)
 from neorl_industrial.integration.datasets.neorl import load_neorl_npz, save_neorl_npz
 from neorl_industrial.integration.datasets.plant_log import load_plant_log
 from neorl_industrial.integration.datasets.plant_schema import (
@@ -67,6 +71,7 @@ __all__ = [
     "load_any",
     "load_minari",
     "load_native",
+    "load_native_shards",
     "load_neorl_npz",
     "load_plant_log",
     "load_plant_schema",

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from os import PathLike
 
-import jax
 import numpy as np
 
 from neorl_industrial.functional.state_management import Dataset
@@ -30,25 +29,10 @@ STORED_ARRAYS = (
 
 
 def dataset_arrays(dataset: Dataset, *, frames: bool = True) -> dict[str, np.ndarray]:
-    """Host copies of the arrays that define ``dataset`` (indices excluded).
-
-    Args:
-        dataset: the dataset.
-        frames: observations as stored (frames when ``dataset.frame_stack > 1``);
-            ``False`` gives whole observations, ``[N + E, obs_size]``, for readers that
-            know no frames.
-    """
-    host = jax.device_get(dataset)
-    observations = host.observations if frames else dataset.all_observations()
-    return {
-        "observations": np.asarray(observations, np.float32),
-        "actions": np.asarray(host.actions, np.int32 if dataset.discrete else np.float32),
-        "rewards": np.asarray(host.rewards, np.float32),
-        "costs": np.asarray(host.costs, np.float32),
-        "terminals": np.asarray(host.terminals, bool),
-        "timeouts": np.asarray(host.timeouts, bool),
-        "episode_lengths": np.asarray(host.episode_lengths, np.int32),
-    }
+    """Host copies of the arrays that define ``dataset`` (indices excluded); see
+    :meth:`Dataset.stored_arrays` (``frames=False``: whole observations, for readers that
+    know no frames)."""
+    return dataset.stored_arrays(frames=frames)
 
 
 def episode_bounds(episode_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

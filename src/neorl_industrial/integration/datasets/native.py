@@ -22,12 +22,19 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from neorl_industrial.functional.state_management import Dataset
+from neorl_industrial.functional.state_management.dataset import episode_range_arrays
+from neorl_industrial.functional.transformations.data_parallel import (
+    ShardPlan,
+    local_shard_ids,
+    plan_shards,
+)
 from neorl_industrial.integration.datasets.arrays import (
     STORED_ARRAYS,
     check_consistent,
@@ -238,3 +245,43 @@ def load_native(
     frame_stack = card.sizes.frame_stack if card.sizes is not None else 1
     # A dataset saved with whole observations gets its stacked frames found on load.
     return dataset_from_arrays(arrays, frame_stack if frame_stack > 1 else None), card
+
+
+def load_native_shards(
+    path: str | os.PathLike[str],
+    n_shards: int,
+    shard_ids: Sequence[int] | None = None,
+    *,
+    verify: bool = True,
+) -> tuple[list[Dataset], ShardPlan, DatasetCard]:
+    """Loads only some shards of a native dataset (contiguous, transition-balanced ranges
+    of whole episodes, see :func:`plan_shards`) for data-parallel training: the files are
+    memory-mapped and only the chosen episodes' rows are read.
+
+    Args:
+        path: the dataset directory.
+        n_shards: how many shards the whole dataset is split into.
+        shard_ids: the shards to load (default: this process's share,
+            :func:`local_shard_ids`).
+        verify: check every file's sha256 first (reads each file once, holds nothing).
+
+    Returns:
+        ``(shards, plan, card)``: every process that makes the plan from the same files
+        gets the same plan.
+
+    Raises:
+        DatasetFormatError: as :func:`load_native`.
+        DataParallelError: for more shards than episodes or shards that do not divide
+            over the processes.
+    """
+    arrays, card = read_native_arrays(path, verify=verify, mmap=True)
+    frame_stack = card.sizes.frame_stack if card.sizes is not None else 1
+    plan = plan_shards(np.asarray(arrays["episode_lengths"]), n_shards, frame_stack)
+    ids = local_shard_ids(plan) if shard_ids is None else shard_ids
+    shards = [
+        dataset_from_arrays(
+            episode_range_arrays(arrays, *plan.episodes(int(shard)), frame_stack), frame_stack
+        )
+        for shard in ids
+    ]
+    return shards, plan, card

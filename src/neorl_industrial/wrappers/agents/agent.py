@@ -412,6 +412,7 @@ class Agent:
         ope: OPESettings | None = None,
         progress: bool = False,
         card: Any = None,
+        mesh: Any = None,
     ) -> TrainResult:
         """Trains one run per seed on ``dataset`` (all at once) and keeps each run's best
         policy.
@@ -428,6 +429,9 @@ class Agent:
         recorded in ``training["reward_scale"]`` and the exported policy's metadata.
         ``progress``: show the rich progress bar the command line shows (and say whether
         the fit is tracked in MLflow: it is when ``callbacks`` holds an ``MlflowTracker``).
+        ``mesh``: train data-parallel over a ``"data"`` mesh (``data_mesh()``), one shard
+        of whole episodes per device and gradients averaged across them (see
+        :class:`~neorl_industrial.wrappers.training.Trainer`).
 
         Raises:
             AgentError: for data that does not fit the agent, or bad settings.
@@ -484,6 +488,7 @@ class Agent:
                 "constraints": self.constraint_spec.to_dict(),
                 "cost_limits": self.cost_limits,
             },
+            mesh=mesh,
         )
         try:
             result = trainer.fit(updates, resume=resume)

@@ -32,7 +32,15 @@ import numpy as np
 
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.functional.state_management import Dataset, TrainState, init_train_states
+from neorl_industrial.functional.transformations.data_parallel import (
+    check_batch,
+    data_parallel_chunk,
+    localize,
+    replicate,
+    split_dataset,
+)
 from neorl_industrial.functional.transformations.offline import make_train_chunk
+from neorl_industrial.functional.transformations.sweep import to_host
 from neorl_industrial.wrappers.hostio import to_json_data
 from neorl_industrial.wrappers.training.callbacks import Callback
 from neorl_industrial.wrappers.training.evaluation import (
@@ -111,6 +119,11 @@ class Trainer:
         callbacks: called on the host between chunks.
         fingerprint: what identifies the run's configuration (JSON-serializable); a
             checkpoint of another configuration or dataset is refused on resume.
+        mesh: train data-parallel over this ``"data"`` mesh (``data_mesh()``): the
+            dataset in one shard of whole episodes per device, gradients averaged across
+            devices and processes (``train_data_parallel``). None: one device. In a
+            distributed run every process passes the whole dataset and keeps its shards;
+            checkpoints then need a single process.
     """
 
     def __init__(
@@ -129,6 +142,7 @@ class Trainer:
         keep_checkpoints: int = 2,
         callbacks: Sequence[Callback] = (),
         fingerprint: dict[str, Any] | None = None,
+        mesh: Any = None,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("chunk_updates", chunk_updates)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -163,7 +177,19 @@ class Trainer:
             "chunk_updates": chunk_updates,
             "dataset": dataset_fingerprint(dataset),
         }
-        self._chunk = _compiled_chunk(algorithm, batch_size, chunk_updates)
+        self.mesh = mesh
+        if mesh is None:
+            self._chunk = _compiled_chunk(algorithm, batch_size, chunk_updates)
+            self._data: Any = dataset
+        else:
+            if checkpoint_dir is not None and jax.process_count() > 1:
+                raise ValueError(
+                    "checkpoint_dir: checkpoints of a data-parallel run need a single "
+                    f"process, this run has {jax.process_count()}; train without checkpoints"
+                )
+            self._data = split_dataset(dataset, mesh=mesh)
+            check_batch(batch_size, self._data.n_shards)
+            self._chunk = data_parallel_chunk(algorithm, batch_size, chunk_updates, mesh)
         self._manager: Any = None
 
     # ----- checkpoints -----------------------------------------------------------------
@@ -272,6 +298,8 @@ class Trainer:
         # network starts as its online network), so every leaf gets its own copy.
         state = jax.tree.map(jnp.copy, state)
         best_policies = jax.tree.map(jnp.copy, best_policies)
+        if self.mesh is not None:
+            state = replicate(state, self.mesh)
         for callback in self.callbacks:
             callback.on_train_begin(self, int(state.updates[0]), n_updates)
 
@@ -279,8 +307,8 @@ class Trainer:
         done = int(state.updates[0])
         while done < n_updates:
             started = time.perf_counter()
-            state, metrics = self._chunk(state, self.dataset)
-            metrics = jax.device_get(metrics)  # the chunk's one transfer
+            state, metrics = self._chunk(state, self._data)
+            metrics = to_host(metrics)  # the chunk's one transfer
             seconds = time.perf_counter() - started
             done = int(state.updates[0])
             entry = {
@@ -297,7 +325,9 @@ class Trainer:
                 (self.eval_every and done % self.eval_every == 0) or done >= n_updates
             )
             if evaluate_now:
-                best_policies, improved = self._evaluate(state, best_policies, record, done)
+                best_policies, improved = self._evaluate(
+                    self._local(state), best_policies, record, done
+                )
                 record["since_improvement"] = 0 if improved else record["since_improvement"] + 1
                 if self.patience is not None and record["since_improvement"] >= self.patience:
                     stopped_early = done < n_updates
@@ -306,10 +336,11 @@ class Trainer:
                 or done >= n_updates
                 or stopped_early
             ):
-                self._save(state, best_policies, record)
+                self._save(self._local(state), best_policies, record)
             if stopped_early:
                 break
 
+        state = self._local(state)
         if self.evaluator is None or not record["evaluations"]:
             best_policies = state.agent.policy
         runs = [b["metrics"] for b in record["best"] if b is not None]
@@ -326,6 +357,11 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_train_end(self, result)
         return result
+
+    def _local(self, state: TrainState) -> TrainState:
+        """The state on this process's device (a data-parallel run's is replicated over
+        the mesh)."""
+        return state if self.mesh is None else localize(state)
 
     def _evaluate(
         self, state: TrainState, best_policies: Any, record: dict[str, Any], done: int
