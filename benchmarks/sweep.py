@@ -11,6 +11,9 @@ trained one after the other, ours and d3rlpy's, and the runs laid over 1, 2 and 
   second in its Python loop (``agent_speed.measure_d3rlpy``), times R runs. Skipped (and
   said so) where d3rlpy is not installed: run in the peer environment
   (``make peer-env``; ``.venv-d3rlpy/bin/python -m benchmarks.run sweep``).
+* **data-parallel** - one run over the same meshes (``train_data_parallel``, one shard
+  of episodes per device): seconds per chunk, efficiency, and the dataset's bytes per
+  device, which is what data parallelism divides.
 * **device scaling** - R = 16 runs over a mesh of 1, 2 and 4 forced host devices
   (``--xla_force_host_platform_device_count``, a child process each): seconds per chunk
   and the parallel efficiency ``t1 / (n tn)``. On a 2-core CPU the forced devices share
@@ -32,7 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.agent_speed import BATCH_SIZE, build_dataset, d3rlpy_dataset, measure_d3rlpy
+from benchmarks.agent_speed import (
+    BATCH_SIZE,
+    build_dataset,
+    d3rlpy_dataset,
+    matmul_peak,
+    measure_d3rlpy,
+    update_flops,
+)
 from benchmarks.harness import Table, evaluate_targets, progress, ratio
 
 DESCRIPTION = "TD3+BC sweeps as one program vs sequential runs (ours, d3rlpy); device scaling"
@@ -116,6 +126,74 @@ def scaling_child(n_runs: int, n_episodes: int, chunk_updates: int, repeats: int
     return {"devices": len(jax.devices()), **timing}
 
 
+def data_parallel_child(n_episodes: int, chunk_updates: int, repeats: int) -> dict:
+    """Runs in a child process with forced host devices: one TD3+BC run data-parallel over
+    all of them (one shard per device)."""
+    import jax
+
+    from benchmarks.agent_speed import make_algorithm
+    from neorl_industrial.functional.transformations.data_parallel import (
+        data_mesh,
+        split_dataset,
+        train_data_parallel,
+    )
+
+    dataset = build_dataset(n_episodes)
+    mesh = data_mesh()
+    data = split_dataset(dataset, mesh=mesh)
+    _, history = train_data_parallel(
+        make_algorithm("td3bc", HIDDEN),
+        data,
+        mesh=mesh,
+        n_updates=chunk_updates * (repeats + 1),
+        chunk_updates=chunk_updates,
+        batch_size=BATCH_SIZE,
+    )
+    per_device = sum(
+        leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(data.shards)
+    )
+    return {
+        "devices": len(jax.devices()),
+        "chunk_s": min(entry["seconds"] for entry in history[1:]),
+        "dataset_bytes": dataset.nbytes(),
+        "dataset_bytes_per_device": int(per_device),
+    }
+
+
+def _in_child(code: str, devices: int) -> dict[str, Any]:
+    """The JSON a child process with ``devices`` forced host devices prints last."""
+    environment = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+        "NEORL_INDUSTRIAL_JAX_CACHE": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=environment, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _with_speedup(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    base = rows[0]["chunk_s"]
+    for row in rows:
+        row["speedup"] = base / row["chunk_s"]
+        row["efficiency"] = base / (row["devices"] * row["chunk_s"])
+    return rows
+
+
+def measure_data_parallel(cfg: Settings) -> list[dict[str, Any]]:
+    rows = []
+    for count in cfg.devices:
+        progress(f"data-parallel: one run over {count} forced device(s)")
+        code = (
+            "import json; from benchmarks.sweep import data_parallel_child; print(json.dumps("
+            f"data_parallel_child({cfg.n_episodes}, {cfg.chunk_updates}, {cfg.repeats})))"
+        )
+        rows.append(_in_child(code, count))
+    return _with_speedup(rows)
+
+
 def measure_scaling(cfg: Settings) -> list[dict[str, Any]]:
     rows = []
     for count in cfg.devices:
@@ -125,25 +203,8 @@ def measure_scaling(cfg: Settings) -> list[dict[str, Any]]:
             f"scaling_child({cfg.scaling_runs}, {cfg.n_episodes}, {cfg.chunk_updates}, "
             f"{cfg.repeats})))"
         )
-        environment = {
-            **os.environ,
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={count}",
-            "JAX_PLATFORMS": "cpu",
-            "NEORL_INDUSTRIAL_JAX_CACHE": "0",
-        }
-        done = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            env=environment,
-            check=True,
-        )
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    base = rows[0]["chunk_s"]
-    for row in rows:
-        row["speedup"] = base / row["chunk_s"]
-        row["efficiency"] = base / (row["devices"] * row["chunk_s"])
-    return rows
+        rows.append(_in_child(code, count))
+    return _with_speedup(rows)
 
 
 def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -187,8 +248,27 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
                 "vs_d3rlpy_sequential": ratio(d3rlpy_s, timing["chunk_s"]),
             }
         )
-    results: dict[str, Any] = {"sweeps": rows, "d3rlpy_updates_per_s": d3rlpy_rate}
+    # The bound: at the measured matrix-product peak, no program does more runs x updates
+    # per second than peak / FLOP per update.
+    flops = update_flops("td3bc", HIDDEN, dataset)
+    peaks = [matmul_peak(size) for size in (64, 256, 1024)]
+    peak = max(entry["flop_per_s"] for entry in peaks)
+    for row in rows:
+        row["fraction_of_peak"] = (
+            None if flops is None else ratio(row["runs_updates_per_s"] * flops, peak)
+        )
+    results: dict[str, Any] = {
+        "sweeps": rows,
+        "d3rlpy_updates_per_s": d3rlpy_rate,
+        "flop_per_update": flops,
+        "matmul_peak": peaks,
+        # The most any sweep could gain over sequential d3rlpy runs on this machine.
+        "bound_vs_d3rlpy_sequential": None
+        if flops is None or d3rlpy_rate is None
+        else ratio(peak / flops, d3rlpy_rate),
+    }
     results["scaling"] = measure_scaling(cfg)
+    results["data_parallel"] = measure_data_parallel(cfg)
     sixteen = next((row for row in rows if row["runs"] == 16), None)
     results["targets"] = evaluate_targets(
         {
@@ -219,9 +299,13 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
             "updates/s per run",
             "vs ours sequential",
             "vs d3rlpy sequential",
+            "of peak",
             "compile s",
         ],
         rows=[],
+        caption=f"{(results.get('flop_per_update') or 0) / 1e6:.1f} MFLOP per update; "
+        f"at the matmul peak a sweep could reach "
+        f"{results.get('bound_vs_d3rlpy_sequential') or float('nan'):.1f}x sequential d3rlpy",
     )
     for row in results["sweeps"]:
         sweeps.rows.append(
@@ -232,6 +316,7 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
                 row["updates_per_s_per_run"],
                 row["vs_ours_sequential"],
                 row["vs_d3rlpy_sequential"],
+                row.get("fraction_of_peak"),
                 row["compile_s"],
             ]
         )
@@ -242,4 +327,18 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
     )
     for row in results["scaling"]:
         scaling.rows.append([row["devices"], row["chunk_s"], row["speedup"], row["efficiency"]])
-    return [sweeps, scaling]
+    parallel = Table(
+        title="data-parallel: one run over forced host devices (one shard each)",
+        columns=["devices", "chunk s", "speedup", "efficiency", "dataset MB per device"],
+        rows=[
+            [
+                row["devices"],
+                row["chunk_s"],
+                row["speedup"],
+                row["efficiency"],
+                row["dataset_bytes_per_device"] / 1e6,
+            ]
+            for row in results.get("data_parallel", [])
+        ],
+    )
+    return [sweeps, scaling, parallel]

@@ -32,5 +32,5 @@ def test_the_report_has_a_row_per_sweep_and_per_device_count():
         ],
     }
     tables = sweep.report({"hidden": [64, 64], "chunk_updates": 10}, results)
-    assert [len(table.rows) for table in tables] == [2, 2]
+    assert [len(table.rows) for table in tables] == [2, 2, 0]
     assert tables[0].rows[1][0] == 4 and tables[1].rows[1][3] == 0.83

@@ -98,6 +98,28 @@ def test_data_parallel_training_learns_and_refuses_what_cannot_divide(tank):
         split_dataset(dataset, 9, mesh)
 
 
+def test_the_trainer_on_a_mesh_trains_what_train_data_parallel_trains(tank):
+    from neorl_industrial.wrappers.training import Trainer
+
+    dataset, _ = tank
+    algorithm = _algorithm(dataset)
+    mesh = data_mesh(jax.devices()[:1])
+    trainer = Trainer(algorithm, dataset, seeds=(0, 1), batch_size=32, chunk_updates=10, mesh=mesh)
+    result = trainer.fit(20)
+    # The Trainer splits the data into one shard per device of the mesh.
+    state, _ = train_data_parallel(
+        algorithm,
+        split_dataset(dataset, mesh=mesh),
+        mesh=mesh,
+        seeds=(0, 1),
+        n_updates=20,
+        chunk_updates=10,
+        batch_size=32,
+    )
+    for ours, theirs in zip(jax.tree.leaves(result.state), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
 def test_native_shards_are_read_from_the_files_alone(tank, tmp_path):
     dataset, card = tank
     save_native(dataset, tmp_path / "tank", card)
@@ -176,6 +198,7 @@ def test_four_host_devices_train_the_parameters_one_device_trains(tank, tmp_path
     assert result["relative"] < 1e-4
 
 
+@pytest.mark.slow
 def test_train_data_parallel_on_the_command_line(tank, tmp_path):
     """``neorl-industrial train --data-parallel`` on two forced host devices: the plant
     log's run trains over both, is evaluated off policy and exported as usual."""
@@ -242,7 +265,6 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.mark.slow
 def test_two_processes_each_with_its_own_shard_train_what_one_process_trains(tank, tmp_path):
     dataset, card = tank
     save_native(dataset, tmp_path / "tank", card)
