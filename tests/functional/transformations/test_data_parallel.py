@@ -20,6 +20,7 @@ from neorl_industrial.functional.state_management import ActionScaler, Dataset
 from neorl_industrial.functional.transformations.data_parallel import (
     DataParallelError,
     data_mesh,
+    observation_moments,
     plan_shards,
     shard_dataset,
     split_dataset,
@@ -127,6 +128,10 @@ def test_native_shards_are_read_from_the_files_alone(tank, tmp_path):
     shards, plan, _ = load_native_shards(tmp_path / "tank", 4, [1, 2])
     assert [s.n_transitions for s in shards] == list(plan.transitions[1:3])
     everything, plan, _ = load_native_shards(tmp_path / "tank", 4)
+    for ours, whole in zip(
+        observation_moments(everything), dataset.observation_moments(), strict=True
+    ):
+        np.testing.assert_allclose(ours, whole, rtol=1e-6, atol=1e-9)
     loaded = shard_dataset(everything, plan, mesh)
     split = split_dataset(dataset, 4, mesh)
     for ours, theirs in zip(jax.tree.leaves(loaded), jax.tree.leaves(split), strict=True):
@@ -237,13 +242,14 @@ import json, sys
 import jax, numpy as np
 from neorl_industrial.core.agents.registry import build_algorithm
 from neorl_industrial.functional.transformations.data_parallel import (
-    data_mesh, shard_dataset, train_data_parallel)
+    data_mesh, observation_moments, shard_dataset, train_data_parallel)
 from neorl_industrial.functional.transformations.sweep import initialize_distributed
 from neorl_industrial.integration.datasets import load_native_shards
 
 index, count = initialize_distributed(timeout_s=60)
 path, out = sys.argv[1], sys.argv[2]
 shards, plan, _ = load_native_shards(path, 2)  # this process's shard only
+mean, std = observation_moments(shards)  # over both processes' shards
 mesh = data_mesh()
 data = shard_dataset(shards, plan, mesh)
 algorithm, _ = build_algorithm("td3bc", shards[0].observation_size, shards[0].action_size,
@@ -251,7 +257,7 @@ algorithm, _ = build_algorithm("td3bc", shards[0].observation_size, shards[0].ac
 state, _ = train_data_parallel(algorithm, data, mesh=mesh, seeds=(0, 1), n_updates=20,
                                chunk_updates=10, batch_size=32)
 if index == 0:
-    np.savez(out, *[np.asarray(leaf) for leaf in jax.tree.leaves(state)])
+    np.savez(out, mean, std, *[np.asarray(leaf) for leaf in jax.tree.leaves(state)])
 print(json.dumps({"index": index, "devices": len(jax.devices()),
                   "loaded": [s.n_transitions for s in shards], "plan": list(plan.transitions)}))
 """
@@ -314,7 +320,11 @@ def test_two_processes_each_with_its_own_shard_train_what_one_process_trains(tan
         batch_size=32,
     )
     saved = np.load(tmp_path / "s.npz")
-    theirs = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    for gathered, whole in zip(
+        (saved["arr_0"], saved["arr_1"]), dataset.observation_moments(), strict=True
+    ):
+        np.testing.assert_allclose(gathered, whole, rtol=1e-6, atol=1e-9)
+    theirs = [saved[f"arr_{i}"] for i in range(2, len(saved.files))]
     ours = [np.asarray(leaf) for leaf in jax.tree.leaves(one)]
     assert len(ours) == len(theirs)
     for mine, other in zip(ours, theirs, strict=True):

@@ -245,6 +245,30 @@ def split_dataset(
     return shard_dataset(shards, plan, mesh)
 
 
+def observation_moments(local_shards: Sequence[Dataset]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of every observation feature over the shards of every
+    process (each process's sums gathered once), as :meth:`Dataset.observation_moments`
+    of the whole dataset gives them: what a normalizer needs when no process holds it."""
+    rows = []
+    for shard in local_shards:
+        mean, std = shard.observation_moments()
+        count = shard.n_transitions + shard.n_episodes
+        rows.append(np.concatenate([[count], mean, count * std**2]))
+    stats = np.stack(rows)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        stats = np.asarray(multihost_utils.process_allgather(stats), np.float64)
+        stats = stats.reshape(-1, stats.shape[-1])
+    # Chan et al.'s pairwise combination: each shard's squared deviations about its own
+    # mean, plus its mean's deviation from the total mean (no E[x^2] - E[x]^2 cancellation).
+    size = (stats.shape[1] - 1) // 2
+    counts, means, squares = stats[:, :1], stats[:, 1 : 1 + size], stats[:, 1 + size :]
+    mean = (counts * means).sum(0) / counts.sum()
+    variance = (squares + counts * (means - mean) ** 2).sum(0) / counts.sum()
+    return mean, np.sqrt(variance)
+
+
 def sharded_sampler(mesh: Mesh, n_step: int = 1, gamma: float = 0.99):
     """``sampler(sharded, key, batch_size) -> Batch``: ``batch_size / n_shards`` uniform
     transitions (or ``n_step`` returns) from each shard, concatenated shard-major and
