@@ -315,9 +315,9 @@ def test_sweep_on_a_plant_log_is_one_program_tracked_as_parent_and_configuration
 def test_a_sweep_that_cannot_run_is_named_and_its_parent_run_marked_failed(tmp_path, capsys):
     from mlflow import MlflowClient
 
-    grid = ["algorithm.hyperparameters.hidden=[[8], [16]]"]
+    grid = ["algorithm.hyperparameters.actor_lr=[0.001, -1.0]"]
     assert _mixing_tank_sweep(tmp_path, "unsweepable", grid) == 2
-    assert "grid.hidden" in capsys.readouterr().err
+    assert "grid configuration 1 {'actor_lr': -1.0}" in capsys.readouterr().err
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     (parent,) = client.search_runs(
         [client.get_experiment_by_name("neorl-industrial").experiment_id]

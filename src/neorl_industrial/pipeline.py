@@ -636,7 +636,12 @@ def sweep_markdown(table: dict[str, Any], title: str) -> str:
         f"# {title}",
         "",
         f"{len(table['configurations'])} configurations × seeds {table['seeds']}, trained as "
-        f"one program; each run evaluated by {table['estimate']}. Chosen: configuration "
+        + (
+            "one program"
+            if table.get("programs", 1) == 1
+            else f"{table['programs']} programs (one per value of the fields no program traces)"
+        )
+        + f"; each run evaluated by {table['estimate']}. Chosen: configuration "
         f"{chosen} ({table['reason']}).",
         "",
         "| # | " + " | ".join(head) + " |",

@@ -17,6 +17,7 @@ from neorl_industrial.functional.transformations.sweep import (
     estimate_sweep_bytes,
     expand_grid,
     plan_sweep,
+    plan_sweep_groups,
     train_sweep,
 )
 
@@ -126,6 +127,31 @@ def test_iql_and_cql_hyperparameters_trace_and_shapes_do_not(plant_data):
         plan_sweep(
             "cql", {"n_actions": [5, 10]}, obs_size=obs, action_size=act, hyperparameters=HIDDEN
         )
+
+
+def test_values_no_program_can_trace_split_the_grid_into_groups(plant_data):
+    obs, act = plant_data.observation_size, plant_data.action_size
+    grid = {"hidden": [[8], [4, 4]], "cql_alpha": [1.0, 4.0], "n_actions": [5, 10]}
+    groups = plan_sweep_groups("cql", grid, seeds=(0, 1), obs_size=obs, action_size=act)
+    # hidden and n_actions set shapes: each pair of their values is a group (a program);
+    # cql_alpha is traced inside each.
+    points = expand_grid(grid)
+    assert len(groups) == 4
+    assert sorted(i for g in groups for i in g.indices) == list(range(len(points)))
+    for group in groups:
+        assert group.plan.fields == ("cql_alpha",) and group.plan.n_runs == 4
+        assert set(group.fixed) == {"hidden", "n_actions"}
+        for index, point in zip(group.indices, group.plan.points, strict=True):
+            assert points[index] == {**group.fixed, **point}
+        assert tuple(group.plan.configs[0].hidden) == tuple(group.fixed["hidden"])
+    # A grid of traced fields only is one group, plan_sweep's plan.
+    (one,) = plan_sweep_groups("td3bc", {"alpha": [1.0, 2.0]}, obs_size=obs, action_size=act)
+    assert one.fixed == {} and one.indices == (0, 1) and one.plan.fields == ("alpha",)
+    # Only untraceable fields: one configuration per group, its seeds.
+    groups = plan_sweep_groups("td3bc", {"hidden": [[8], [16]]}, obs_size=obs, action_size=act)
+    assert [g.plan.fields for g in groups] == [(), ()] and [g.plan.n_runs for g in groups] == [1, 1]
+    with pytest.raises(SweepError, match="did you mean 'alpha'"):
+        plan_sweep_groups("td3bc", {"alfa": [1.0]}, obs_size=obs, action_size=act)
 
 
 @pytest.mark.parametrize(

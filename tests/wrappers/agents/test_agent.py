@@ -223,8 +223,10 @@ def test_a_bad_sweep_is_refused_by_name(ib_data):
     agent = Agent("td3bc", hidden=(8,))
     with pytest.raises(AgentError, match="did you mean 'alpha'"):
         agent.sweep(ib_data, {"alfa": [1.0]}, updates=10, chunk=10)
-    with pytest.raises(AgentError, match="cannot be traced"):
-        agent.sweep(ib_data, {"hidden": [[8], [16]]}, updates=10, chunk=10)
+    with pytest.raises(AgentError, match=r"grid configuration 1 \{'actor_lr': -1.0\}"):
+        agent.sweep(ib_data, {"actor_lr": [1e-3, -1.0]}, updates=10, chunk=10)
+    with pytest.raises(AgentError, match="grid.alpha: expected at least one value"):
+        agent.sweep(ib_data, {"hidden": [[8], [16]], "alpha": []}, updates=10, chunk=10)
     assert not agent.fitted
 
 
@@ -271,3 +273,42 @@ def test_a_sweep_chooses_offline_and_the_simulator_says_how_well(ib_data):
         assert hindsight["rank_correlation"] is None
     else:
         assert hindsight["rank_correlation"] == pytest.approx(expected)
+
+
+def test_a_sweep_over_network_sizes_trains_one_program_per_size(tmp_path):
+    """Hidden sizes set shapes, so each size is a program of its own (its alphas traced
+    in it); the table keeps the grid's order and the agent ends with the chosen size."""
+    from pathlib import Path
+
+    from neorl_industrial.integration.datasets import load_plant_log
+    from neorl_industrial.wrappers.agents import OPESettings
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "mixing-tank"
+    dataset, card = load_plant_log(example / "mixing_tank.csv", example / "schema.yaml")
+    agent = Agent("td3bc", task=card.task(), hidden=(8,))
+    table = agent.sweep(
+        dataset,
+        {"hidden": [[4], [6, 6]], "alpha": [1.0, 4.0]},
+        seeds=(0, 1),
+        updates=10,
+        chunk=10,
+        batch_size=32,
+        ope=OPESettings(updates=10, seeds=(0, 1), hidden=(8,)),
+        card=card,
+    )
+    assert table["programs"] == 2 and table["fields"] == ["hidden", "alpha"]
+    assert [c["values"] for c in table["configurations"]] == [
+        {"hidden": [4], "alpha": 1.0},
+        {"hidden": [4], "alpha": 4.0},
+        {"hidden": [6, 6], "alpha": 1.0},
+        {"hidden": [6, 6], "alpha": 4.0},
+    ]
+    chosen = table["configurations"][table["selected"]]
+    assert list(agent.hyperparameters["hidden"]) == chosen["values"]["hidden"]
+    assert tuple(agent.config.hidden) == tuple(chosen["values"]["hidden"])
+    first_layer = jax.tree.leaves(agent.policies)[0]
+    assert first_layer.shape[0] == 2  # the chosen configuration's two seeds
+    observations = np.asarray(dataset.initial_observations()[:3])
+    actions = np.asarray(agent.predict(observations))
+    loaded = Agent.load(agent.save(tmp_path / "swept"))
+    np.testing.assert_allclose(loaded.predict(observations), actions, rtol=1e-6)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -193,6 +194,7 @@ def plan_sweep(
     obs_size: int,
     action_size: int,
     hyperparameters: Mapping[str, Any] | None = None,
+    check_traceable: bool = True,
 ) -> SweepPlan:
     """Checks a sweep and lays out its runs.
 
@@ -204,12 +206,15 @@ def plan_sweep(
         obs_size: observation length.
         action_size: action length (number of actions when discrete).
         hyperparameters: the fixed hyperparameters every configuration starts from.
+        check_traceable: refuse fields that cannot be traced (False: for
+            :func:`plan_sweep_groups`, which groups by them).
 
     Raises:
         SweepError: an empty grid or list of seeds, a field that is not a hyperparameter
             (naming the closest one) or whose value its config refuses (naming the
             configuration), or a field that cannot be traced (it decides a shape or a
-            Python branch: sweep it as separate programs).
+            Python branch: :func:`plan_sweep_groups` trains each of its values as a
+            program of its own).
     """
     points = expand_grid(grid)
     seeds = tuple(int(seed) for seed in seeds)
@@ -225,12 +230,12 @@ def plan_sweep(
         except (HyperparameterError, ValueError, TypeError) as error:
             raise SweepError(f"grid configuration {number} {point}: {error}") from error
     fields = tuple(grid)
-    for field in fields:
+    for field in fields if check_traceable else ():
         default = _get(configs[0], field)
         if isinstance(default, bool) or not isinstance(default, (int, float)):
             raise SweepError(
                 f"grid.{field}: a {type(default).__name__} hyperparameter cannot be traced "
-                "(only numbers can); sweep it as separate runs"
+                "(only numbers can); sweep it as separate programs (plan_sweep_groups)"
             )
     plan = SweepPlan(
         algorithm=algorithm_entry(algorithm).name,
@@ -241,9 +246,82 @@ def plan_sweep(
         obs_size=int(obs_size),
         action_size=int(action_size),
     )
-    for field in fields:  # one at a time, so the message names the field
+    for field in fields if check_traceable else ():  # one at a time: the message names it
         _check_traceable(plan, field)
     return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepGroup:
+    """Configurations of a grid that share their untraceable values: one program.
+
+    Attributes:
+        indices: the configurations' positions in the whole grid (``expand_grid`` order).
+        fixed: the untraceable fields' values every configuration of the group shares.
+        plan: the group's sweep of the traceable fields (``fields`` may be empty: then
+            one configuration, its seeds).
+    """
+
+    indices: tuple[int, ...]
+    fixed: dict[str, Any]
+    plan: SweepPlan
+
+
+def plan_sweep_groups(
+    algorithm: str,
+    grid: Mapping[str, Sequence[Any]],
+    *,
+    seeds: Sequence[int] = (0,),
+    obs_size: int,
+    action_size: int,
+    hyperparameters: Mapping[str, Any] | None = None,
+) -> list[SweepGroup]:
+    """A grid that may hold fields no program can trace (``hidden``, a shape or a Python
+    branch), split into groups: the configurations sharing those fields' values form one
+    group, trained as one program of the other (traced) fields, so each group compiles
+    once. A grid of traceable fields only is one group, :func:`plan_sweep`'s plan.
+
+    Raises:
+        SweepError: as :func:`plan_sweep` for the grid, the seeds and the values.
+    """
+    points = expand_grid(grid)
+    whole = plan_sweep(
+        algorithm,
+        grid,
+        seeds=seeds,
+        obs_size=obs_size,
+        action_size=action_size,
+        hyperparameters=hyperparameters,
+        check_traceable=False,
+    )
+    fixed_fields = [field for field in whole.fields if not _traceable(whole, field)]
+    traced = [field for field in whole.fields if field not in fixed_fields]
+    members: dict[str, list[int]] = {}
+    for index, point in enumerate(points):
+        key = json.dumps([point[field] for field in fixed_fields], default=str)
+        members.setdefault(key, []).append(index)
+    groups = []
+    for indices in members.values():
+        fixed = {field: points[indices[0]][field] for field in fixed_fields}
+        plan = dataclasses.replace(
+            whole,
+            fields=tuple(traced),
+            points=tuple({field: points[i][field] for field in traced} for i in indices),
+            configs=tuple(whole.configs[i] for i in indices),
+        )
+        groups.append(SweepGroup(indices=tuple(indices), fixed=fixed, plan=plan))
+    return groups
+
+
+def _traceable(plan: SweepPlan, field: str) -> bool:
+    default = _get(plan.configs[0], field)
+    if isinstance(default, bool) or not isinstance(default, (int, float)):
+        return False
+    try:
+        _check_traceable(plan, field)
+    except SweepError:
+        return False
+    return True
 
 
 def _check_traceable(plan: SweepPlan, field: str) -> None:
@@ -270,7 +348,7 @@ def _check_traceable(plan: SweepPlan, field: str) -> None:
         raise SweepError(
             f"grid.{field}: cannot be traced: {plan.algorithm} uses it for a shape or a "
             "Python decision, so every value needs its own program; sweep it as separate "
-            f"runs ({type(error).__name__})"
+            f"programs (plan_sweep_groups) ({type(error).__name__})"
         ) from error
 
 

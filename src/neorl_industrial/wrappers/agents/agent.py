@@ -571,7 +571,8 @@ class Agent:
         """
         from neorl_industrial.functional.transformations.sweep import (
             SweepError,
-            plan_sweep,
+            expand_grid,
+            plan_sweep_groups,
             train_sweep,
         )
 
@@ -586,7 +587,7 @@ class Agent:
         data, hyperparameters = prepared.data, prepared.hyperparameters
         action_size = self.task.num_actions if self.entry.discrete else self.task.action_size
         try:
-            plan = plan_sweep(
+            groups = plan_sweep_groups(
                 self.entry.name,
                 grid,
                 seeds=seeds,
@@ -594,44 +595,69 @@ class Agent:
                 action_size=action_size,
                 hyperparameters=hyperparameters,
             )
-            result = train_sweep(
-                plan,
-                data,
-                n_updates=updates,
-                chunk_updates=chunk,
-                batch_size=batch_size,
-                mesh=mesh,
-            )
         except SweepError as error:
             raise AgentError(str(error)) from None
-        except ValueError as error:
-            if type(error) is ValueError:
-                raise AgentError(str(error)) from None
-            raise
-        self._build(hyperparameters)
-        simulator = None
-        if self.task.has_simulator:
-            simulator = self._evaluator(eval_episodes, eval_horizon, eval_shield, eval_seed)
-        if prepared.heldout is not None:
-            # Off policy, as on a plant: with a simulator too when ope.always, which then
-            # says how good the offline choice was.
-            evaluator: Any = self._ope_evaluator(prepared.heldout, prepared.ope, hyperparameters)
-            estimate = "fqe"
-        elif simulator is not None:
-            evaluator, estimate, simulator = simulator, "simulator", None
-        else:
+        if prepared.heldout is None and not self.task.has_simulator:
             raise AgentError(
                 f"{self.entry.name}: a sweep chooses by evaluation, and {self.task.name} has "
                 "neither a simulator nor held-out episodes for off-policy evaluation"
             )
-        policies = result.state.agent.policy
-        metrics = evaluator(policies, updates)
+        points = expand_grid(grid)
+        n_seeds = len(groups[0].plan.seeds)
+        # Per configuration (the grid's order): its runs' evaluations and its policies.
+        metrics: list[Any] = [None] * (len(points) * n_seeds)
+        truth: list[Any] = [None] * (len(points) * n_seeds)
+        group_policies: dict[int, tuple[Any, int]] = {}
+        estimate = "fqe" if prepared.heldout is not None else "simulator"
+        updates_done = 0
+        for group in groups:
+            # Each group is one program: the values no program can trace are fixed in it.
+            try:
+                result = train_sweep(
+                    group.plan,
+                    data,
+                    n_updates=updates,
+                    chunk_updates=chunk,
+                    batch_size=batch_size,
+                    mesh=mesh,
+                )
+            except SweepError as error:
+                raise AgentError(str(error)) from None
+            except ValueError as error:
+                if type(error) is ValueError:
+                    raise AgentError(str(error)) from None
+                raise
+            updates_done = int(result.state.updates[0])
+            group_hyperparameters = _with_values(hyperparameters, group.fixed)
+            self._build(group_hyperparameters)
+            simulator = None
+            if self.task.has_simulator:
+                simulator = self._evaluator(eval_episodes, eval_horizon, eval_shield, eval_seed)
+            policies = result.state.agent.policy
+            if prepared.heldout is not None:
+                # Off policy, as on a plant: with a simulator too when ope.always, which
+                # then says how good the offline choice was.
+                evaluator = self._ope_evaluator(
+                    prepared.heldout, prepared.ope, group_hyperparameters
+                )
+                own = evaluator(policies, updates)
+                simulated = None if simulator is None else simulator(policies, updates)
+            else:
+                own, simulated = simulator(policies, updates), None
+            for position, index in enumerate(group.indices):
+                runs = slice(position * n_seeds, (position + 1) * n_seeds)
+                target = slice(index * n_seeds, (index + 1) * n_seeds)
+                metrics[target] = own[runs]
+                if simulated is not None:
+                    truth[target] = simulated[runs]
+                group_policies[index] = (policies, position * n_seeds)
+        simulator_judges = estimate == "fqe" and self.task.has_simulator
+        seeds = list(groups[0].plan.seeds)
         configurations = []
-        n_seeds = len(plan.seeds)
-        for index, point in enumerate(plan.points):
+        for index, point in enumerate(points):
             own = metrics[index * n_seeds : (index + 1) * n_seeds]
             summary = summarize_runs(own)
-            runs = [{"seed": seed, **run} for seed, run in zip(plan.seeds, own, strict=True)]
+            runs = [{"seed": seed, **run} for seed, run in zip(seeds, own, strict=True)]
             mean_metrics = {
                 key: value["mean"]
                 for key, value in summary.items()
@@ -672,30 +698,29 @@ class Agent:
         for configuration in configurations:
             del configuration["_key"]
         hindsight = None
-        if simulator is not None:
-            hindsight = _offline_choice_quality(
-                configurations, simulator(policies, updates), n_seeds, chosen
-            )
+        if simulator_judges:
+            hindsight = _offline_choice_quality(configurations, truth, n_seeds, chosen)
         table = {
             "hindsight": hindsight,
-            "fields": list(plan.fields),
-            "seeds": list(plan.seeds),
+            "fields": list(grid),
+            "seeds": seeds,
+            "programs": len(groups),
             "estimate": estimate,
             "configurations": configurations,
             "selected": chosen,
             "reason": reason,
         }
         # The agent becomes the chosen configuration's, as if fitted with it.
-        chosen_hyperparameters = _with_values(hyperparameters, plan.points[chosen])
+        chosen_hyperparameters = _with_values(hyperparameters, points[chosen])
         self._build(chosen_hyperparameters)
-        start = chosen * n_seeds
+        policies, start = group_policies[chosen]
         self.policies = jax.tree.map(lambda leaf: leaf[start : start + n_seeds], policies)
-        self.seeds = list(plan.seeds)
+        self.seeds = seeds
         self.selected = max(range(n_seeds), key=lambda number: selection_key(best["runs"][number]))
         self.hyperparameters = chosen_hyperparameters
         self.result = None
         self.training = {
-            "updates": int(result.state.updates[0]),
+            "updates": updates_done,
             "seeds": self.seeds,
             "batch_size": batch_size,
             "reward_scaling": prepared.reward_scaling,

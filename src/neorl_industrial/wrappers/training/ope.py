@@ -119,7 +119,8 @@ class OffPolicyEvaluator:
         act, scaler, constraints = self.algorithm.act, self.scaler, self.constraints
         observations = self.dataset.transition_observations()
 
-        def rates(policy_params: Any) -> tuple[jax.Array, jax.Array]:
+        # The observations are an argument, not a closed-over constant that XLA would fold.
+        def rates(policy_params: Any, observations: jax.Array) -> tuple[jax.Array, jax.Array]:
             actions = jax.vmap(lambda o: act(policy_params, o, None, deterministic=True))(
                 observations
             )
@@ -128,7 +129,9 @@ class OffPolicyEvaluator:
             _, report = shield(constraints, observations, plant, unknown)
             return jnp.mean(report.overridden), jnp.mean(report.fallback)
 
-        overridden, fallback = jax.device_get(jax.jit(jax.vmap(rates))(policies))
+        overridden, fallback = jax.device_get(
+            jax.jit(jax.vmap(rates, in_axes=(0, None)))(policies, observations)
+        )
         return np.asarray(overridden, np.float64), np.asarray(fallback, np.float64)
 
     def actions(self, policy_params: Any, observations: jax.Array) -> jax.Array:
