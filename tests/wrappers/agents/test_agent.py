@@ -225,7 +225,7 @@ def test_a_bad_sweep_is_refused_by_name(ib_data):
         agent.sweep(ib_data, {"alfa": [1.0]}, updates=10, chunk=10)
     with pytest.raises(AgentError, match=r"grid configuration 1 \{'actor_lr': -1.0\}"):
         agent.sweep(ib_data, {"actor_lr": [1e-3, -1.0]}, updates=10, chunk=10)
-    with pytest.raises(AgentError, match="grid.alpha: expected at least one value"):
+    with pytest.raises(AgentError, match=r"grid\.alpha: expected at least one value"):
         agent.sweep(ib_data, {"hidden": [[8], [16]], "alpha": []}, updates=10, chunk=10)
     assert not agent.fitted
 
