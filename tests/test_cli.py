@@ -330,16 +330,13 @@ def test_a_sweep_that_cannot_run_is_named_and_its_parent_run_marked_failed(tmp_p
 
 
 @pytest.mark.slow
-def test_a_distributed_sweep_runs_over_two_processes_and_process_0_writes(tmp_path):
-    """``sweep --distributed`` as two local processes (gloo on loopback): both train their
-    runs, process 0 alone writes the outputs."""
+def test_a_distributed_train_is_data_parallel_over_two_processes(tmp_path):
+    """``train --distributed`` as two local processes: one run, its data split over both
+    and its gradients averaged; process 0 alone writes the run."""
     import json
-    import os
-    import socket
-    import subprocess
     import sys
 
-    from tests.compile_flags import with_fast_compile
+    from tests.processes import run_distributed
 
     root = Path(__file__).resolve().parents[1] / "examples" / "mixing-tank"
     data = tmp_path / "mixing-tank"
@@ -347,9 +344,38 @@ def test_a_distributed_sweep_runs_over_two_processes_and_process_0_writes(tmp_pa
         ["--no-cache", "datasets", "import", str(root / "mixing_tank.csv"),
          "--schema", str(root / "schema.yaml"), "--out", str(data)]
     ) == 0  # fmt: skip
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    overrides = [
+        f"data.path={data}", f"output={tmp_path}", "name=parallel",
+        f"safety.constraints={root / 'constraints.yaml'}", "algorithm.name=td3bc-lag",
+        "algorithm.hyperparameters={hidden: [8]}", "training.updates=20", "training.chunk=10",
+        "training.batch_size=32", "training.seeds=[0]",
+        "evaluation.ope={holdout: 0.25, updates: 20, seeds: [0, 1]}", "tracking.enabled=false",
+    ]  # fmt: skip
+    command = [sys.executable, "-m", "neorl_industrial", "--no-cache", "train", "--distributed",
+               "-c", str(root / "run.yaml"), *_sets(overrides)]  # fmt: skip
+    outputs = run_distributed(command, timeout=900)
+    assert "data-parallel over 2 devices in 2 processes" in outputs[0][0]
+    assert "process 1 of 2: done" in outputs[1][0]
+    report = json.loads((tmp_path / "parallel" / "report.json").read_text())
+    assert report["devices"] == 2 and report["processes"] == 2
+    assert report["training"]["updates"] == 20
+
+
+@pytest.mark.slow
+def test_a_distributed_sweep_runs_over_two_processes_and_process_0_writes(tmp_path):
+    """``sweep --distributed`` as two local processes (gloo on loopback): both train their
+    runs, process 0 alone writes the outputs."""
+    import json
+    import sys
+
+    from tests.processes import run_distributed
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "mixing-tank"
+    data = tmp_path / "mixing-tank"
+    assert cli.main(
+        ["--no-cache", "datasets", "import", str(root / "mixing_tank.csv"),
+         "--schema", str(root / "schema.yaml"), "--out", str(data)]
+    ) == 0  # fmt: skip
     overrides = [
         f"data.path={data}", f"output={tmp_path}", "name=distributed",
         f"safety.constraints={root / 'constraints.yaml'}", "algorithm.name=td3bc-lag",
@@ -360,23 +386,7 @@ def test_a_distributed_sweep_runs_over_two_processes_and_process_0_writes(tmp_pa
     command = [sys.executable, "-m", "neorl_industrial", "--no-cache", "sweep", "--distributed",
                "-c", str(root / "run.yaml"), *_sets(overrides),
                "--grid", "algorithm.hyperparameters.alpha=[1.0, 4.0]"]  # fmt: skip
-    processes = []
-    for index in range(2):
-        environment = {
-            **os.environ,
-            "XLA_FLAGS": with_fast_compile(None),
-            "NEORL_INDUSTRIAL_COORDINATOR": f"127.0.0.1:{port}",
-            "NEORL_INDUSTRIAL_NUM_PROCESSES": "2",
-            "JOB_COMPLETION_INDEX": str(index),
-        }
-        processes.append(
-            subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment
-            )
-        )
-    outputs = [process.communicate(timeout=900) for process in processes]
-    for process, (_, err) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, err[-2000:]
+    outputs = run_distributed(command, id_variable="JOB_COMPLETION_INDEX", timeout=900)
     assert "2 devices in 2 processes" in outputs[0][0]
     assert "process 1 of 2: done" in outputs[1][0]
     table = json.loads((tmp_path / "distributed" / "sweep.json").read_text())

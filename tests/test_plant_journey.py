@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +17,8 @@ from fastapi.testclient import TestClient
 from neorl_industrial.cli import main
 from neorl_industrial.integration.deployment import ServerSettings, create_app
 from tests.compile_flags import user_environment
+from tests.processes import free_port
 from tests.readme import link_repository, plant_journey
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +26,7 @@ def journey(tmp_path_factory):
     root = tmp_path_factory.mktemp("plant")
     link_repository(root)
     # As printed, but on a free port (8000 may be taken on a test machine).
-    script = plant_journey().replace("8000", str(_free_port()))
+    script = plant_journey().replace("8000", str(free_port()))
     environment = {
         **user_environment(),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -28,6 +28,7 @@ from neorl_industrial.functional.transformations.data_parallel import (
 )
 from neorl_industrial.integration.datasets import load_native_shards, load_plant_log, save_native
 from tests.compile_flags import with_fast_compile
+from tests.processes import run_distributed
 
 ROOT = Path(__file__).resolve().parents[3]
 TANK = ROOT / "examples" / "mixing-tank"
@@ -263,47 +264,12 @@ print(json.dumps({"index": index, "devices": len(jax.devices()),
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_two_processes_each_with_its_own_shard_train_what_one_process_trains(tank, tmp_path):
     dataset, card = tank
     save_native(dataset, tmp_path / "tank", card)
-    port = _free_port()
-    processes = []
-    for index in range(2):
-        environment = {
-            **os.environ,
-            "XLA_FLAGS": with_fast_compile(None),
-            "JAX_PLATFORMS": "cpu",
-            "NEORL_INDUSTRIAL_COORDINATOR": f"127.0.0.1:{port}",
-            "NEORL_INDUSTRIAL_NUM_PROCESSES": "2",
-            "NEORL_INDUSTRIAL_PROCESS_ID": str(index),
-        }
-        processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    DISTRIBUTED,
-                    str(tmp_path / "tank"),
-                    str(tmp_path / "s.npz"),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=environment,
-                cwd=ROOT,
-            )
-        )
-    outputs = [process.communicate(timeout=600) for process in processes]
-    for process, (_out, err) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, err[-2000:]
+    outputs = run_distributed(
+        [sys.executable, "-c", DISTRIBUTED, str(tmp_path / "tank"), str(tmp_path / "s.npz")]
+    )
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     plan = reports[0]["plan"]
     # Each process read only its own episodes.

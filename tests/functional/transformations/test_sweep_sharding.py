@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.compile_flags import with_fast_compile
+from tests.processes import free_port, run_distributed
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -103,14 +104,6 @@ print(json.dumps({"index": index, "count": count, "devices": len(jax.devices()),
 )
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_on_loopback_train_the_sweep_one_process_trains(tmp_path):
     import jax
@@ -121,30 +114,9 @@ def test_two_processes_on_loopback_train_the_sweep_one_process_trains(tmp_path):
     from neorl_industrial.integration.datasets import load_plant_log
 
     root = ROOT / "examples" / "mixing-tank"
-    port = _free_port()
-    processes = []
-    for index in range(2):
-        environment = {
-            **os.environ,
-            "XLA_FLAGS": with_fast_compile(None),
-            "JAX_PLATFORMS": "cpu",
-            "NEORL_INDUSTRIAL_COORDINATOR": f"127.0.0.1:{port}",
-            "NEORL_INDUSTRIAL_NUM_PROCESSES": "2",
-            "NEORL_INDUSTRIAL_PROCESS_ID": str(index),
-        }
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-c", DISTRIBUTED, str(root), str(tmp_path / "state.npz")],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=environment,
-                cwd=ROOT,
-            )
-        )
-    outputs = [process.communicate(timeout=600) for process in processes]
-    for process, (_out, err) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, err[-2000:]
+    outputs = run_distributed(
+        [sys.executable, "-c", DISTRIBUTED, str(root), str(tmp_path / "state.npz")]
+    )
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert [r["index"] for r in reports] == [0, 1]
     assert all(r["count"] == 2 and r["devices"] == 2 and r["local"] == 1 for r in reports)
@@ -177,7 +149,7 @@ def test_a_process_that_cannot_reach_the_coordinator_names_the_address():
         "try:\n    initialize_distributed(timeout_s=3)\n"
         "except SweepError as error:\n    print(error)\n"
     )
-    port = _free_port()
+    port = free_port()
     environment = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
