@@ -3,9 +3,11 @@ of JAX's distributed runtime on loopback (gloo on CPUs), each told its id."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -56,3 +58,27 @@ def run_distributed(
     for process, (_out, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, err[-2000:]
     return outputs
+
+
+def run_on_host_devices(
+    arguments: Sequence[str], devices: int, *, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``python ARGUMENTS`` from the repository root with ``devices`` forced host
+    devices; asserts it exits 0 and returns it (stdout and stderr as text)."""
+    flags = with_fast_compile(f"--xla_force_host_platform_device_count={devices}")
+    environment = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, *arguments],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+def last_json(done: subprocess.CompletedProcess[str]) -> dict:
+    """The JSON object a process printed on its last line."""
+    return json.loads(done.stdout.strip().splitlines()[-1])

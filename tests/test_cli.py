@@ -329,6 +329,25 @@ def test_a_sweep_that_cannot_run_is_named_and_its_parent_run_marked_failed(tmp_p
     assert "only algorithm.hyperparameters.<name> and training.seeds" in capsys.readouterr().err
 
 
+def _small_tank_run(tmp_path, name):
+    """The mixing-tank log imported under ``tmp_path`` and the overrides of a small,
+    untracked TD3BC-Lag run of it named ``name``: ``(example folder, overrides)``."""
+    root = Path(__file__).resolve().parents[1] / "examples" / "mixing-tank"
+    data = tmp_path / "mixing-tank"
+    assert cli.main(
+        ["--no-cache", "datasets", "import", str(root / "mixing_tank.csv"),
+         "--schema", str(root / "schema.yaml"), "--out", str(data)]
+    ) == 0  # fmt: skip
+    overrides = [
+        f"data.path={data}", f"output={tmp_path}", f"name={name}",
+        f"safety.constraints={root / 'constraints.yaml'}", "algorithm.name=td3bc-lag",
+        "algorithm.hyperparameters={hidden: [8]}", "training.updates=20", "training.chunk=10",
+        "training.batch_size=32", "evaluation.ope={holdout: 0.25, updates: 20, seeds: [0, 1]}",
+        "tracking.enabled=false",
+    ]  # fmt: skip
+    return root, overrides
+
+
 @pytest.mark.slow
 def test_a_distributed_train_is_data_parallel_over_two_processes(tmp_path):
     """``train --distributed`` as two local processes: one run, its data split over both
@@ -338,19 +357,8 @@ def test_a_distributed_train_is_data_parallel_over_two_processes(tmp_path):
 
     from tests.processes import run_distributed
 
-    root = Path(__file__).resolve().parents[1] / "examples" / "mixing-tank"
-    data = tmp_path / "mixing-tank"
-    assert cli.main(
-        ["--no-cache", "datasets", "import", str(root / "mixing_tank.csv"),
-         "--schema", str(root / "schema.yaml"), "--out", str(data)]
-    ) == 0  # fmt: skip
-    overrides = [
-        f"data.path={data}", f"output={tmp_path}", "name=parallel",
-        f"safety.constraints={root / 'constraints.yaml'}", "algorithm.name=td3bc-lag",
-        "algorithm.hyperparameters={hidden: [8]}", "training.updates=20", "training.chunk=10",
-        "training.batch_size=32", "training.seeds=[0]",
-        "evaluation.ope={holdout: 0.25, updates: 20, seeds: [0, 1]}", "tracking.enabled=false",
-    ]  # fmt: skip
+    root, overrides = _small_tank_run(tmp_path, "parallel")
+    overrides.append("training.seeds=[0]")
     command = [sys.executable, "-m", "neorl_industrial", "--no-cache", "train", "--distributed",
                "-c", str(root / "run.yaml"), *_sets(overrides)]  # fmt: skip
     outputs = run_distributed(command, timeout=900)
@@ -370,19 +378,7 @@ def test_a_distributed_sweep_runs_over_two_processes_and_process_0_writes(tmp_pa
 
     from tests.processes import run_distributed
 
-    root = Path(__file__).resolve().parents[1] / "examples" / "mixing-tank"
-    data = tmp_path / "mixing-tank"
-    assert cli.main(
-        ["--no-cache", "datasets", "import", str(root / "mixing_tank.csv"),
-         "--schema", str(root / "schema.yaml"), "--out", str(data)]
-    ) == 0  # fmt: skip
-    overrides = [
-        f"data.path={data}", f"output={tmp_path}", "name=distributed",
-        f"safety.constraints={root / 'constraints.yaml'}", "algorithm.name=td3bc-lag",
-        "algorithm.hyperparameters={hidden: [8]}", "training.updates=20", "training.chunk=10",
-        "training.batch_size=32", "evaluation.ope={holdout: 0.25, updates: 20, seeds: [0, 1]}",
-        "tracking.enabled=false",
-    ]  # fmt: skip
+    root, overrides = _small_tank_run(tmp_path, "distributed")
     command = [sys.executable, "-m", "neorl_industrial", "--no-cache", "sweep", "--distributed",
                "-c", str(root / "run.yaml"), *_sets(overrides),
                "--grid", "algorithm.hyperparameters.alpha=[1.0, 4.0]"]  # fmt: skip

@@ -6,8 +6,6 @@ each load only their own shard."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,8 +25,7 @@ from neorl_industrial.functional.transformations.data_parallel import (
     train_data_parallel,
 )
 from neorl_industrial.integration.datasets import load_native_shards, load_plant_log, save_native
-from tests.compile_flags import with_fast_compile
-from tests.processes import run_distributed
+from tests.processes import last_json, run_distributed, run_on_host_devices
 
 ROOT = Path(__file__).resolve().parents[3]
 TANK = ROOT / "examples" / "mixing-tank"
@@ -187,18 +184,7 @@ print(json.dumps({"devices": len(jax.devices()), "relative": relative,
 
 
 def test_four_host_devices_train_the_parameters_one_device_trains(tank, tmp_path):
-    flags = with_fast_compile("--xla_force_host_platform_device_count=4")
-    environment = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run(
-        [sys.executable, "-c", FORCED, str(TANK), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = last_json(run_on_host_devices(["-c", FORCED, str(TANK), str(tmp_path)], 4))
     assert result["devices"] == 4 and result["shard_devices"] == 4
     # The same program up to the order of the gradient sums.
     assert result["relative"] < 1e-4
@@ -210,8 +196,6 @@ def test_train_data_parallel_on_the_command_line(tank, tmp_path):
     log's run trains over both, is evaluated off policy and exported as usual."""
     data = tmp_path / "tank"
     save_native(tank[0], data, tank[1])
-    flags = with_fast_compile("--xla_force_host_platform_device_count=2")
-    environment = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     sets = [
         f"data.path={data}",
         f"output={tmp_path}",
@@ -226,12 +210,9 @@ def test_train_data_parallel_on_the_command_line(tank, tmp_path):
         "evaluation.ope={holdout: 0.25, updates: 20, seeds: [0, 1], hidden: [8]}",
         "tracking.enabled=false",
     ]
-    command = [sys.executable, "-m", "neorl_industrial", "--no-cache", "train", "--data-parallel"]
+    command = ["-m", "neorl_industrial", "--no-cache", "train", "--data-parallel"]
     command += ["-c", str(TANK / "run.yaml"), *[a for s in sets for a in ("--set", s)]]
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=environment, cwd=ROOT, timeout=600
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done = run_on_host_devices(command, 2)
     assert "data-parallel over 2 devices in 1 processes" in done.stdout
     report = json.loads((tmp_path / "parallel" / "report.json").read_text())
     assert report["devices"] == 2 and report["training"]["updates"] == 20

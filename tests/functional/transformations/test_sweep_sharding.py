@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.compile_flags import with_fast_compile
-from tests.processes import free_port, run_distributed
+from tests.processes import free_port, last_json, run_distributed, run_on_host_devices
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -64,18 +63,8 @@ print(json.dumps({"devices": len(jax.devices()), "leaf_devices": len(leaf.device
 
 
 def test_runs_sharded_over_four_host_devices_match_one_device():
-    flags = with_fast_compile("--xla_force_host_platform_device_count=4")
-    environment = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(ROOT / "examples" / "mixing-tank")],
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    done = run_on_host_devices(["-c", SCRIPT, str(ROOT / "examples" / "mixing-tank")], 4)
+    result = last_json(done)
     assert result["devices"] == 4 and result["leaf_devices"] == 4
     assert result["distance"] < 1e-5
     assert "3 runs do not divide over 4 devices" in result["refused"]
