@@ -137,7 +137,8 @@ def plan_shards(episode_lengths: Any, n_shards: int, frame_stack: int = 1) -> Sh
 
 def pad_shard(shard: Dataset, plan: ShardPlan) -> Dataset:
     """``shard`` with every array padded (zeros; steps to the end 1) to the plan's common
-    sizes. Padding is never sampled: indices are drawn below the shard's own count."""
+    sizes, as host arrays (they go to the mesh's devices next). Padding is never sampled:
+    indices are drawn below the shard's own count."""
     if shard.frame_stack != plan.frame_stack:
         raise DataParallelError(
             f"shard: stores {shard.frame_stack} frame(s) per observation, the plan "
@@ -149,10 +150,11 @@ def pad_shard(shard: Dataset, plan: ShardPlan) -> Dataset:
         "episode_lengths": plan.padded_episodes,
     }
 
-    def pad(name: str, leaf: jax.Array) -> jax.Array:
+    def pad(name: str, leaf: Any) -> np.ndarray:
+        leaf = np.asarray(leaf)
         target = sizes.get(name, plan.padded_transitions)
         widths = [(0, target - leaf.shape[0])] + [(0, 0)] * (leaf.ndim - 1)
-        return jnp.pad(leaf, widths, constant_values=1 if name == "steps_to_end" else 0)
+        return np.pad(leaf, widths, constant_values=1 if name == "steps_to_end" else 0)
 
     return shard.replace(
         **{
@@ -204,7 +206,7 @@ def shard_dataset(
             f"multiple of {n_devices} shards"
         )
     padded = [pad_shard(shard, plan) for shard in local_shards]
-    local = jax.tree.map(lambda *leaves: np.stack([np.asarray(x) for x in leaves]), *padded)
+    local = jax.tree.map(lambda *leaves: np.stack(leaves), *padded)
     counts = np.asarray([shard.n_transitions for shard in local_shards], np.int32)
     sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
