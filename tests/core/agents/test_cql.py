@@ -60,3 +60,27 @@ def test_config_errors_name_the_field():
         CQLConfig(n_actions=0)
     with pytest.raises(ValueError, match="cql_alpha"):
         CQLConfig(cql_alpha=-1.0)
+
+
+def test_cql_starts_from_pytorch_s_weight_scale_and_refuses_an_unknown_one():
+    """CQL's networks start as CORL's and d3rlpy's (uniform in ±1/sqrt(fan_in)); the other
+    agents keep flax's LeCun normal, whose weights pass that bound."""
+    from neorl_industrial.core.agents import TD3BCConfig, make_td3bc
+
+    def kernels(params):
+        return [
+            np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+            if "kernel" in jax.tree_util.keystr(path)
+        ]  # fmt: skip
+
+    cql = make_cql(CQLConfig(hidden=(64, 64)), 12, 2).init(jax.random.PRNGKey(0))
+    every = kernels((cql.policy.actor, cql.critic))
+    assert len(every) == 4 + 3  # the actor's torso and heads, the critics' layers
+    for kernel in every:  # a critic ensemble's kernels are [members, fan_in, width]
+        assert np.max(np.abs(kernel)) <= 1.0 / np.sqrt(kernel.shape[-2]) + 1e-6
+    td3bc = make_td3bc(TD3BCConfig(hidden=(64, 64)), 12, 2).init(jax.random.PRNGKey(0))
+    first = kernels(td3bc.policy.actor)[0]
+    assert first.shape == (12, 64)
+    assert np.max(np.abs(first)) > 1.0 / np.sqrt(12)  # LeCun normal's tails
+    with pytest.raises(ValueError, match="weight_init: expected one of"):
+        CQLConfig(weight_init="xavier")

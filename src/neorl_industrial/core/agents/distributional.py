@@ -41,6 +41,7 @@ from neorl_industrial.core.agents.networks import (
     Activation,
     CriticEnsemble,
     critic_layers,
+    kernel_initializer,
     over_members,
 )
 
@@ -181,6 +182,7 @@ class QuantileCriticEnsemble(nn.Module):
         embedding_size: cosine features of a fraction.
         activation: nonlinearity of the hidden layers.
         batched: as :class:`CriticEnsemble`'s (``None``: by backend).
+        weight_init: the torso's weight initialization (``networks.KERNEL_INITS``).
     """
 
     hidden: Sequence[int] = (256, 256)
@@ -188,6 +190,7 @@ class QuantileCriticEnsemble(nn.Module):
     embedding_size: int = 64
     activation: Activation = nn.relu
     batched: bool | None = None
+    weight_init: str = "lecun"
 
     @nn.compact
     def __call__(
@@ -201,7 +204,7 @@ class QuantileCriticEnsemble(nn.Module):
         width = self.hidden[-1]
         torso = critic_layers(self, self.hidden, in_size, self.n_critics, output=False)
         ensemble = (self.n_critics,)
-        kernel_init = nn.initializers.lecun_normal(batch_axis=(0,))
+        kernel_init = kernel_initializer(self.weight_init, (0,))
         embed = (
             self.param("embed_kernel", kernel_init, (*ensemble, self.embedding_size, width)),
             self.param("embed_bias", nn.initializers.zeros, (*ensemble, width)),
@@ -340,15 +343,24 @@ def make_critics(
     hidden: Sequence[int],
     n_critics: int,
     activation: Callable[[jax.Array], jax.Array] = nn.relu,
+    weight_init: str = "lecun",
 ) -> Critics:
-    """``n_critics`` critics of ``config.kind`` with the given torso."""
+    """``n_critics`` critics of ``config.kind`` with the given torso and weight
+    initialization (``networks.KERNEL_INITS``; the mean critics' and the quantile critics'
+    torso)."""
     if config.distributional:
         network: Any = QuantileCriticEnsemble(
             hidden=tuple(hidden),
             n_critics=n_critics,
             embedding_size=config.embedding_size,
             activation=activation,
+            weight_init=weight_init,
         )
     else:
-        network = CriticEnsemble(hidden=tuple(hidden), n_critics=n_critics, activation=activation)
+        network = CriticEnsemble(
+            hidden=tuple(hidden),
+            n_critics=n_critics,
+            activation=activation,
+            weight_init=weight_init,
+        )
     return Critics(network=network, config=config, n_critics=n_critics)

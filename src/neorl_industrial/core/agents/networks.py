@@ -27,6 +27,28 @@ _HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
 _MIN_STD = 1e-6
 
 
+#: Weight initializations a network can be built with: flax's default (LeCun normal,
+#: variance 1 / fan_in) and PyTorch's ``nn.Linear`` default (uniform in
+#: ``±1 / sqrt(fan_in)``, a third of that variance), which CORL's and d3rlpy's agents use.
+KERNEL_INITS = ("lecun", "uniform")
+
+
+def kernel_initializer(name: str = "lecun", batch_axis: Sequence[int] = ()) -> Any:
+    """The weight initializer called ``name`` (see :data:`KERNEL_INITS`); ``batch_axis``
+    marks leading ensemble axes that do not count in the fan-in.
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    if name == "lecun":
+        return nn.initializers.lecun_normal(batch_axis=tuple(batch_axis))
+    if name == "uniform":
+        return nn.initializers.variance_scaling(
+            1.0 / 3.0, "fan_in", "uniform", batch_axis=tuple(batch_axis)
+        )
+    raise ValueError(f"weight_init: expected one of {list(KERNEL_INITS)}, got {name!r}")
+
+
 class MLP(nn.Module):
     """A multilayer perceptron.
 
@@ -100,6 +122,7 @@ class TanhGaussianActor(nn.Module):
         activation: nonlinearity of the hidden layers.
         log_std_min: smallest log standard deviation.
         log_std_max: largest log standard deviation.
+        weight_init: weight initialization (:data:`KERNEL_INITS`).
     """
 
     action_size: int
@@ -107,12 +130,16 @@ class TanhGaussianActor(nn.Module):
     activation: Activation = nn.relu
     log_std_min: float = -5.0
     log_std_max: float = 2.0
+    weight_init: str = "lecun"
 
     @nn.compact
     def __call__(self, observation: jax.Array) -> tuple[jax.Array, jax.Array]:
-        features = MLP(self.hidden, activation=self.activation, name="torso")(observation)
-        mean = nn.Dense(self.action_size, name="mean")(features)
-        raw_log_std = nn.Dense(self.action_size, name="log_std")(features)
+        kernel_init = kernel_initializer(self.weight_init)
+        features = MLP(
+            self.hidden, activation=self.activation, kernel_init=kernel_init, name="torso"
+        )(observation)
+        mean = nn.Dense(self.action_size, kernel_init=kernel_init, name="mean")(features)
+        raw_log_std = nn.Dense(self.action_size, kernel_init=kernel_init, name="log_std")(features)
         # A smooth bound keeps a gradient at the limits, unlike a hard clip.
         span = self.log_std_max - self.log_std_min
         log_std = self.log_std_min + 0.5 * span * (jnp.tanh(raw_log_std) + 1.0)
@@ -179,10 +206,11 @@ def critic_layers(
     output: bool = True,
 ) -> list[tuple[jax.Array, jax.Array]]:
     """Declares a critic's parameters ``layer_i/{kernel, bias}`` (with a leading ensemble
-    axis when ``ensemble`` is set), initialized as flax's ``Dense``: the hidden layers and,
-    with ``output``, the one-unit output layer."""
+    axis when ``ensemble`` is set), initialized as ``module.weight_init`` says (flax's ``Dense``
+    by default, :func:`kernel_initializer`): the hidden layers and, with ``output``, the
+    one-unit output layer."""
     lead = () if ensemble is None else (ensemble,)
-    kernel_init = nn.initializers.lecun_normal(batch_axis=(0,) if lead else ())
+    kernel_init = kernel_initializer(getattr(module, "weight_init", "lecun"), (0,) if lead else ())
     layers = []
     for i, width in enumerate((*hidden, 1) if output else tuple(hidden)):
         kernel = module.param(f"layer_{i}_kernel", kernel_init, (*lead, in_size, width))
@@ -252,12 +280,14 @@ class CriticEnsemble(nn.Module):
         activation: nonlinearity of the hidden layers.
         batched: ``True`` for one batched product per layer, ``False`` for one product per
             critic, ``None`` to choose by the default backend.
+        weight_init: weight initialization (:data:`KERNEL_INITS`).
     """
 
     hidden: Sequence[int] = (256, 256)
     n_critics: int = 2
     activation: Activation = nn.relu
     batched: bool | None = None
+    weight_init: str = "lecun"
 
     @nn.compact
     def __call__(
