@@ -210,7 +210,14 @@ DERIVED: dict[str, frozenset[str]] = {
     "td3bc": frozenset(),
     "iql": frozenset({"value_lr"}),
     "cql": frozenset(
-        {"lagrange", "target_action_gap", "alpha_prime_lr", "temperature", "bc_steps"}
+        {
+            "lagrange",
+            "target_action_gap",
+            "alpha_prime_lr",
+            "temperature",
+            "bc_steps",
+            "weight_init",
+        }
     ),
     "discrete-bc": frozenset(),
     "discrete-cql": frozenset({"tau", "double_q"}),
@@ -317,6 +324,11 @@ def d3rlpy_spec(name: str, config: Any, batch_size: int) -> PeerSpec:
         if config.bc_steps:
             differences.append(
                 f"bc_steps {config.bc_steps}: d3rlpy has no behaviour-cloning warm start."
+            )
+        if config.weight_init != "uniform":
+            differences.append(
+                f"weight_init {config.weight_init!r}: d3rlpy's layers start from PyTorch's "
+                "default, uniform in ±1/sqrt(fan_in) (ours: 'uniform')."
             )
     if name == "discrete-cql":
         kwargs["target_update_interval"] = max(1, round(1.0 / config.tau))
