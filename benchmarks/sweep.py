@@ -182,29 +182,31 @@ def _with_speedup(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def measure_data_parallel(cfg: Settings) -> list[dict[str, Any]]:
+def over_devices(cfg: Settings, what: str, call: str) -> list[dict[str, Any]]:
+    """``call`` (a child function of this module with its arguments) in a child process per
+    forced device count, with speedup and efficiency against the first count."""
     rows = []
     for count in cfg.devices:
-        progress(f"data-parallel: one run over {count} forced device(s)")
-        code = (
-            "import json; from benchmarks.sweep import data_parallel_child; print(json.dumps("
-            f"data_parallel_child({cfg.n_episodes}, {cfg.chunk_updates}, {cfg.repeats})))"
-        )
+        progress(f"{what} over {count} forced device(s)")
+        code = f"import json; from benchmarks import sweep; print(json.dumps(sweep.{call}))"
         rows.append(_in_child(code, count))
     return _with_speedup(rows)
+
+
+def measure_data_parallel(cfg: Settings) -> list[dict[str, Any]]:
+    return over_devices(
+        cfg,
+        "data-parallel: one run",
+        f"data_parallel_child({cfg.n_episodes}, {cfg.chunk_updates}, {cfg.repeats})",
+    )
 
 
 def measure_scaling(cfg: Settings) -> list[dict[str, Any]]:
-    rows = []
-    for count in cfg.devices:
-        progress(f"scaling: {cfg.scaling_runs} runs over {count} forced device(s)")
-        code = (
-            "import json; from benchmarks.sweep import scaling_child; print(json.dumps("
-            f"scaling_child({cfg.scaling_runs}, {cfg.n_episodes}, {cfg.chunk_updates}, "
-            f"{cfg.repeats})))"
-        )
-        rows.append(_in_child(code, count))
-    return _with_speedup(rows)
+    return over_devices(
+        cfg,
+        f"scaling: {cfg.scaling_runs} runs",
+        f"scaling_child({cfg.scaling_runs}, {cfg.n_episodes}, {cfg.chunk_updates}, {cfg.repeats})",
+    )
 
 
 def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
