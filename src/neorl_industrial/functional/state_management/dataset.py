@@ -95,9 +95,7 @@ class Dataset:
     def observation_rows(self) -> np.ndarray:
         """``[N + E]`` stored row of every observation (each transition's and each
         episode's final one), episode-major, on the host."""
-        lengths = np.asarray(jax.device_get(self.episode_lengths), np.int64)
-        episode = np.repeat(np.arange(len(lengths)), lengths + 1)
-        return np.arange(len(episode)) + (episode + 1) * (self.frame_stack - 1)
+        return observation_rows(jax.device_get(self.episode_lengths), self.frame_stack)
 
     def all_observations(self) -> jax.Array:
         """``[N + E, obs_size]`` every observation, final ones included (allocates the
@@ -438,8 +436,7 @@ class Dataset:
 
     def slice_episodes(self, first: int, stop: int) -> Dataset:
         """Episodes ``first .. stop - 1`` as a dataset of their own (same frame stacking)."""
-        arrays = episode_range_arrays(self.stored_arrays(), first, stop, self.frame_stack)
-        return Dataset.from_arrays(**arrays, frame_stack=self.frame_stack)
+        return episodes_dataset(self.stored_arrays(), first, stop, self.frame_stack)
 
     def to_episodes(self, episode_ids: Any = None) -> list[dict[str, np.ndarray | bool]]:
         """Per-episode host arrays (the form :meth:`from_episodes` takes) of the given
@@ -610,6 +607,13 @@ def episode_range_arrays(
     }
 
 
+def episodes_dataset(arrays: Any, first: int, stop: int, frame_stack: int = 1) -> Dataset:
+    """Episodes ``first .. stop - 1`` of stored arrays (see :func:`episode_range_arrays`)
+    as a :class:`Dataset` stacking ``frame_stack`` frames, as the arrays do."""
+    ranged = episode_range_arrays(arrays, first, stop, frame_stack)
+    return Dataset.from_arrays(**ranged, frame_stack=frame_stack)
+
+
 # ----- stacked observations ------------------------------------------------------------
 def gather_stacked(frames: Any, rows: Any, frame_stack: int) -> Any:
     """``[..., frame_stack * F]`` observations ending at stored ``rows`` of ``frames``
@@ -628,6 +632,14 @@ def stored_rows(indices: Any, episode: Any, frame_stack: int) -> Any:
     each earlier episode stored one final observation and ``frame_stack - 1`` history
     frames more than it has transitions."""
     return indices + episode * frame_stack + frame_stack - 1
+
+
+def observation_rows(episode_lengths: Any, frame_stack: int) -> np.ndarray:
+    """``[N + E]`` stored row of every observation, episode-major: episode ``e`` stored
+    ``frame_stack - 1`` history frames more than observations before each of its own."""
+    lengths = np.asarray(episode_lengths, np.int64)
+    episode = np.repeat(np.arange(len(lengths)), lengths + 1)
+    return np.arange(len(episode)) + (episode + 1) * (frame_stack - 1)
 
 
 #: Rows compared at once while looking for stacked frames (bounds the temporary memory).
@@ -688,7 +700,5 @@ def to_frames(observations: np.ndarray, episode_lengths: Any, frame_stack: int) 
     )
     later = np.ones(len(observations), bool)
     later[firsts] = False
-    episode = np.repeat(np.arange(len(lengths)), lengths + 1)
-    rows = np.arange(len(observations)) + (episode + 1) * (frame_stack - 1)
-    frames[rows[later]] = observations[later, :frame]
+    frames[observation_rows(lengths, frame_stack)[later]] = observations[later, :frame]
     return frames

@@ -43,6 +43,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.functional.state_management import Dataset
+from neorl_industrial.functional.state_management.dataset import episodes_dataset
 from neorl_industrial.functional.state_management.sampling import gather_nstep, gather_transitions
 from neorl_industrial.functional.state_management.train_state import (
     TrainState,
@@ -243,7 +244,11 @@ def split_dataset(
     plan = plan_shards(
         np.asarray(jax.device_get(dataset.episode_lengths)), n_shards, dataset.frame_stack
     )
-    shards = [dataset.slice_episodes(*plan.episodes(s)) for s in local_shard_ids(plan)]
+    arrays = dataset.stored_arrays()  # one host copy for every shard
+    shards = [
+        episodes_dataset(arrays, *plan.episodes(s), dataset.frame_stack)
+        for s in local_shard_ids(plan)
+    ]
     return shard_dataset(shards, plan, mesh)
 
 

@@ -148,6 +148,11 @@ class DatasetCard(BaseModel):
             )
         return normalized_score(returns, self.random_return, self.expert_return)
 
+    @property
+    def frame_stack(self) -> int:
+        """Frames per stored observation row (1 for a card without sizes)."""
+        return self.sizes.frame_stack if self.sizes is not None else 1
+
     def with_sizes(self, dataset: Dataset) -> DatasetCard:
         """A copy with ``sizes`` (and default cost names) taken from ``dataset``.
 

@@ -85,7 +85,7 @@ class MemmapSampler:
         self._rewards = arrays["rewards"]
         self._costs = arrays["costs"]
         self._terminals = arrays["terminals"]
-        self._frame_stack = card.sizes.frame_stack if card.sizes is not None else 1
+        self._frame_stack = card.frame_stack
         _, self._episode_ends = episode_bounds(np.asarray(arrays["episode_lengths"]))
         self.n_transitions = int(self._episode_ends[-1])
         self.batch_size = batch_size

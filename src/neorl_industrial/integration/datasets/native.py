@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from neorl_industrial.functional.state_management import Dataset
-from neorl_industrial.functional.state_management.dataset import episode_range_arrays
+from neorl_industrial.functional.state_management.dataset import episodes_dataset
 from neorl_industrial.functional.transformations.data_parallel import (
     ShardPlan,
     local_shard_ids,
@@ -181,7 +181,7 @@ def read_native_arrays(
             raise DatasetFormatError(f"unreadable .npy file: {error}", path=file) from error
         _check_against_schema(file, name, array, card)
         arrays[name] = array
-    frame_stack = card.sizes.frame_stack if card.sizes is not None else 1
+    frame_stack = card.frame_stack
     if card.sizes is not None and arrays["observations"].ndim == 2:
         stored = arrays["observations"].shape[1] * frame_stack
         if stored != card.sizes.observation_size:
@@ -242,7 +242,7 @@ def load_native(
         DatasetFormatError: naming the file that is missing, corrupt or inconsistent.
     """
     arrays, card = read_native_arrays(path, verify=verify, mmap=mmap)
-    frame_stack = card.sizes.frame_stack if card.sizes is not None else 1
+    frame_stack = card.frame_stack
     # A dataset saved with whole observations gets its stacked frames found on load.
     return dataset_from_arrays(arrays, frame_stack if frame_stack > 1 else None), card
 
@@ -275,13 +275,9 @@ def load_native_shards(
             over the processes.
     """
     arrays, card = read_native_arrays(path, verify=verify, mmap=True)
-    frame_stack = card.sizes.frame_stack if card.sizes is not None else 1
-    plan = plan_shards(np.asarray(arrays["episode_lengths"]), n_shards, frame_stack)
+    plan = plan_shards(np.asarray(arrays["episode_lengths"]), n_shards, card.frame_stack)
     ids = local_shard_ids(plan) if shard_ids is None else shard_ids
     shards = [
-        dataset_from_arrays(
-            episode_range_arrays(arrays, *plan.episodes(int(shard)), frame_stack), frame_stack
-        )
-        for shard in ids
+        episodes_dataset(arrays, *plan.episodes(int(shard)), card.frame_stack) for shard in ids
     ]
     return shards, plan, card
