@@ -311,8 +311,9 @@ def test_leaving_the_envelope_or_a_non_finite_state_terminates_with_full_cost(cs
         assert np.all(np.isfinite(timestep.observation))
 
 
-def test_check_env_passes_with_warnings_as_errors():
-    env = gymnasium.make("neorl_industrial/CSTR-v0")
+@pytest.mark.parametrize("env_id", ["CSTR-v0", "CSTR-stochastic-v0"])
+def test_check_env_passes_with_warnings_as_errors(env_id):
+    env = gymnasium.make(f"neorl_industrial/{env_id}")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         # The Gymnasium shell acts in [-1, 1], mapped to the coolant's [295, 302] K.
@@ -379,3 +380,79 @@ def test_the_shipped_expert_reference_is_the_replayed_nmpc_oracle(cstr):
     # return by ~3e-5 relative, against 3.9e-3 between the oracle and the trained expert.
     assert replayed == pytest.approx(reference["return_per_step"], rel=1e-4)
     assert reference["return_per_step"] >= policies.returns_per_step["expert"]
+
+
+# --------------------------------------------------------------------------- random feed
+
+
+def test_the_stochastic_variant_is_the_benchmark_with_a_random_feed(cstr):
+    env, params = cstr
+    noisy, noisy_params = make("CSTR-stochastic-v0")
+    assert repr(noisy) == (
+        "CSTR(auto_reset=True, disturbance_noise=0.02, disturbance_correlation=0.9)"
+    )
+    assert noisy != env and noisy == CSTR(disturbance_noise=0.02)
+    np.testing.assert_allclose(noisy.disturbance_spread, [2.6, 0.04], rtol=1e-6)
+    # A zero spread is the deterministic benchmark, program and all.
+    assert CSTR(disturbance_noise=0.0) == env
+    constant = constant_policy(np.array([298.0], np.float32))
+    keys = jax.random.split(KEY, 2)
+    quiet = [
+        rollout(k, env, params, constant, 8, 60, record=True).transitions.observation for k in keys
+    ]
+    np.testing.assert_array_equal(quiet[0], quiet[1])
+    runs = [
+        rollout(k, noisy, noisy_params, constant, 256, 60, record=True).transitions for k in keys
+    ]
+    again = rollout(keys[0], noisy, noisy_params, constant, 256, 60, record=True).transitions
+    np.testing.assert_array_equal(runs[0].observation, again.observation)  # reproducible
+    assert not np.array_equal(runs[0].observation, runs[1].observation)
+    feed = np.asarray(runs[0].observation[..., 3:])  # [steps, envs, (Ti, Caf)]
+    low, high = noisy.disturbance_low, noisy.disturbance_high
+    assert np.all((feed >= low) & (feed <= high))
+    deviation = feed - np.asarray(params.feed[0])
+    # Stationary from the reset on: the spread is the declared one at every step ...
+    np.testing.assert_allclose(deviation[0].std(axis=0), [2.6, 0.04], rtol=0.15)
+    np.testing.assert_allclose(deviation.std(axis=(0, 1)), [2.6, 0.04], rtol=0.1)
+    # ... and one interval's deviation carries 0.9 of the last one.
+    for column in range(2):
+        lagged = np.corrcoef(deviation[:-1, :, column].ravel(), deviation[1:, :, column].ravel())
+        assert lagged[0, 1] == pytest.approx(0.9, abs=0.03)
+    # The spread reaches the reactor: the temperature varies between episodes.
+    assert np.asarray(runs[0].observation[-1, :, 1]).std() > 0.1
+    assert np.asarray(quiet[0][-1, :, 1]).std() == 0.0
+
+
+def test_the_feed_observed_before_an_interval_is_the_one_applied_over_it():
+    env, params = make("CSTR-stochastic-v0")
+    state, timestep = env.reset(KEY, params)
+    step = jax.jit(env.step_env)
+    for index in range(5):
+        control = jnp.array([298.0 + index])
+        expected = env.integrate(state.plant, control, timestep.observation[3:], params)
+        state, timestep = step(jax.random.PRNGKey(index), state, control, params)
+        np.testing.assert_allclose(state.plant, expected, rtol=1e-6)
+    # The deviation moved: the feed observed now is not the schedule.
+    assert not np.allclose(timestep.observation[3:], params.feed[0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"disturbance_noise": -0.1}, "disturbance_noise: expected a fraction"),
+        ({"disturbance_noise": float("nan")}, "disturbance_noise: expected a finite number"),
+        ({"disturbance_noise": True}, "disturbance_noise: expected a finite number"),
+        ({"disturbance_correlation": 1.0}, r"disturbance_correlation: expected .* \[0, 1\)"),
+        ({"disturbance_correlation": "high"}, "disturbance_correlation: expected a finite"),
+    ],
+)
+def test_bad_random_feed_settings_name_the_setting(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make("CSTR-v0", **kwargs)
+
+
+def test_a_task_without_disturbances_refuses_a_random_one():
+    with pytest.raises(ValueError, match="FourTank has no disturbances to vary"):
+        make("FourTank-v0", disturbance_noise=0.1)
+    env, _ = make("FourTank-v0", disturbance_noise=0.0)
+    assert env == make("FourTank-v0")[0]

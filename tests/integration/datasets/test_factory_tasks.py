@@ -19,6 +19,7 @@ from neorl_industrial.functional.transformations import (
 )
 from neorl_industrial.integration.datasets import DatasetCard
 from neorl_industrial.integration.datasets.factory import (
+    POLICY_SOURCE,
     QUALITIES,
     BehaviourPolicies,
     generate_dataset,
@@ -33,8 +34,12 @@ SEED = 11
 
 @pytest.fixture(scope="module")
 def shipped():
-    """The shipped behaviour policies of every process task."""
-    return {env_id: BehaviourPolicies.load(env_id) for env_id in PROCESS_TASKS}
+    """The shipped behaviour policies of every process task (a variant's are its base
+    task's)."""
+    return {
+        env_id: BehaviourPolicies.load(POLICY_SOURCE.get(env_id, env_id))
+        for env_id in PROCESS_TASKS
+    }
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +157,21 @@ def test_regeneration_is_bit_identical(shipped, generated, env_id):
         np.testing.assert_array_equal(getattr(again, field), getattr(dataset, field))
     assert again_card.env_params == card.env_params
     assert not np.array_equal(other.actions, dataset.actions)
+
+
+def test_the_stochastic_cstr_logs_a_random_feed_with_policies_trained_on_it(shipped, generated):
+    dataset, card = generated[("CSTR-stochastic-v0", "medium")]
+    quiet, _ = generated[("CSTR-v0", "medium")]
+    assert card.env_id == "CSTR-stochastic-v0"
+    assert shipped["CSTR-stochastic-v0"].env_id == "CSTR-stochastic-v0"
+    # Trained on the random feed, its policies see a spread of feeds in their statistics.
+    feed_std = np.asarray(shipped["CSTR-stochastic-v0"].sac_config.obs_std[3:])
+    np.testing.assert_array_less([1.0, 0.01], feed_std)
+    feed = np.asarray(dataset.all_observations())[:, 3:]
+    assert len(np.unique(feed[:, 0])) > 100  # every logged interval's own feed
+    assert np.unique(np.asarray(quiet.all_observations())[:, 3:], axis=0).shape[0] == 1
+    # The medium policy keeps the reactor running: no episode diverges.
+    assert not np.asarray(dataset.terminals).any()
 
 
 def test_array_params_are_compared_with_the_defaults(shipped, generated):

@@ -14,11 +14,18 @@ class owns what every task must do the same way:
   1 in every channel, and reports the last valid state: no NaN ever reaches a dataset.
 * **Observations** are the plant's measured state, the current setpoints and the measured
   disturbances, in plant units (the policy normalizes inside).
+* **Random disturbances** (``disturbance_noise`` > 0): each disturbance wanders around its
+  schedule as a stationary AR(1) process, ``e[t+1] = rho e[t] + sqrt(1 - rho^2) sigma xi``
+  with ``sigma = disturbance_noise * (disturbance_high - disturbance_low)`` and ``rho =
+  disturbance_correlation`` per interval, drawn from the step's key; the value applied over
+  an interval (clipped to the declared bounds) is the one observed before it. At 0 (the
+  default) the task is deterministic given its reset, and its programs are unchanged.
 """
 
 from __future__ import annotations
 
 import abc
+import math
 from typing import Any, Generic, TypeVar
 
 import jax
@@ -40,6 +47,7 @@ class ProcessState:
     last_control: jax.Array  # [n_controls] applied over the previous interval
     time: jax.Array  # int32 steps since reset
     episode: jax.Array  # what a task draws per episode at reset (e.g. targets); may be empty
+    deviation: jax.Array  # [n_disturbances] random deviation from the schedule (0 if none)
 
 
 @struct.dataclass
@@ -93,10 +101,50 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
     #: (the next interval's; NeoRL-2's convention) instead of the one in force during it
     reward_against_next_setpoint: bool = False
 
-    def __init__(self, auto_reset: bool = True):
+    def __init__(
+        self,
+        auto_reset: bool = True,
+        disturbance_noise: float = 0.0,
+        disturbance_correlation: float = 0.9,
+    ):
         if not isinstance(auto_reset, bool):
             raise ValueError(f"auto_reset: expected True or False, got {auto_reset!r}")
+        for field, value in (
+            ("disturbance_noise", disturbance_noise),
+            ("disturbance_correlation", disturbance_correlation),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+            ):
+                raise ValueError(f"{field}: expected a finite number, got {value!r}")
+        if disturbance_noise < 0.0:
+            raise ValueError(
+                f"disturbance_noise: expected a fraction of each disturbance's range of at "
+                f"least 0, got {disturbance_noise!r}"
+            )
+        if disturbance_noise > 0.0 and not self.disturbance_names:
+            raise ValueError(
+                f"disturbance_noise: {type(self).__name__} has no disturbances to vary; expected 0"
+            )
+        if not 0.0 <= disturbance_correlation < 1.0:
+            raise ValueError(
+                "disturbance_correlation: expected a per-interval correlation in [0, 1), "
+                f"got {disturbance_correlation!r}"
+            )
         self.auto_reset = auto_reset
+        self.disturbance_noise = float(disturbance_noise)
+        self.disturbance_correlation = float(disturbance_correlation)
+
+    def __repr__(self) -> str:
+        noise = (
+            f", disturbance_noise={self.disturbance_noise}, "
+            f"disturbance_correlation={self.disturbance_correlation}"
+            if self.disturbance_noise
+            else ""
+        )
+        return f"{type(self).__name__}(auto_reset={self.auto_reset}{noise})"
 
     # ----- static description -------------------------------------------------------
     @property
@@ -222,15 +270,56 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
         return control, ~jnp.all(finite)
 
     def observe(
-        self, plant: jax.Array, params: ParamsT, time: jax.Array, episode: jax.Array
+        self,
+        plant: jax.Array,
+        params: ParamsT,
+        time: jax.Array,
+        episode: jax.Array,
+        deviation: jax.Array,
     ) -> jax.Array:
         return jnp.concatenate(
             [
                 plant[jnp.asarray(self._observed, jnp.int32)],
                 self.setpoint(params, time, episode),
-                self.disturbance(params, time),
+                self.disturbance_applied(params, time, deviation),
             ]
         ).astype(jnp.float32)
+
+    # ----- random disturbances ------------------------------------------------------------
+    @property
+    def disturbance_spread(self) -> np.ndarray:
+        """``[n_disturbances]`` stationary standard deviation of each random deviation, in
+        the disturbance's units (zeros for a deterministic task)."""
+        span = np.asarray(self.disturbance_high, np.float32) - np.asarray(
+            self.disturbance_low, np.float32
+        )
+        return (self.disturbance_noise * span).astype(np.float32)
+
+    def disturbance_applied(
+        self, params: ParamsT, time: jax.Array, deviation: jax.Array
+    ) -> jax.Array:
+        """The disturbances held over interval ``time``: the schedule plus ``deviation``,
+        within the declared bounds."""
+        scheduled = self.disturbance(params, time)
+        if not self.disturbance_noise:
+            return scheduled
+        return jnp.clip(scheduled + deviation, self.disturbance_low, self.disturbance_high)
+
+    def initial_deviation(self, key: jax.Array) -> jax.Array:
+        """A deviation from the AR(1) process's stationary distribution (zeros when the
+        task is deterministic)."""
+        size = len(self.disturbance_names)
+        if not self.disturbance_noise:
+            return jnp.zeros((size,), jnp.float32)
+        return jnp.asarray(self.disturbance_spread) * jax.random.normal(key, (size,))
+
+    def next_deviation(self, key: jax.Array, deviation: jax.Array) -> jax.Array:
+        """One AR(1) step of the deviation (unchanged when the task is deterministic)."""
+        if not self.disturbance_noise:
+            return deviation
+        rho = self.disturbance_correlation
+        innovation = jax.random.normal(key, deviation.shape) * jnp.asarray(self.disturbance_spread)
+        return rho * deviation + math.sqrt(1.0 - rho * rho) * innovation
 
     def integrate(
         self, plant: jax.Array, control: jax.Array, disturbance: jax.Array, params: ParamsT
@@ -255,8 +344,11 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
             last_control=self.initial_control(params).astype(jnp.float32),
             time=jnp.zeros((), jnp.int32),
             episode=self.draw_episode(episode_key, params).astype(jnp.float32),
+            # Folded from the reset key so that the plant's and episode's draws stay those
+            # of a deterministic task.
+            deviation=self.initial_deviation(jax.random.fold_in(key, 1)).astype(jnp.float32),
         )
-        observation = self.observe(plant, params, state.time, state.episode)
+        observation = self.observe(plant, params, state.time, state.episode, state.deviation)
         timestep = TimeStep.first(
             observation,
             self.n_costs,
@@ -272,9 +364,8 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
     def step_env(
         self, key: jax.Array, state: ProcessState, action: jax.Array, params: ParamsT
     ) -> tuple[ProcessState, TimeStep]:
-        del key  # the tasks' randomness is in their resets and traced schedules
         control, invalid = self.decode_control(action, state.last_control)
-        disturbance = self.disturbance(params, state.time)
+        disturbance = self.disturbance_applied(params, state.time, state.deviation)
         reached = self.after_interval(
             self.integrate(state.plant, control, disturbance, params), params
         ).astype(jnp.float32)
@@ -288,7 +379,8 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
         reward = self.reward(plant, control, setpoint, params).astype(jnp.float32)
         costs = self.costs(plant, control, params).astype(jnp.float32)
         costs = jnp.where(diverged, jnp.ones_like(costs), costs)
-        observation = self.observe(plant, params, time, state.episode)
+        deviation = self.next_deviation(key, state.deviation).astype(jnp.float32)
+        observation = self.observe(plant, params, time, state.episode, deviation)
         timestep = TimeStep(
             observation=observation,
             reward=reward,
@@ -303,12 +395,23 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
             ),
         )
         return (
-            ProcessState(plant=plant, last_control=control, time=time, episode=state.episode),
+            ProcessState(
+                plant=plant,
+                last_control=control,
+                time=time,
+                episode=state.episode,
+                deviation=deviation,
+            ),
             timestep,
         )
 
     def _static_config(self) -> tuple:
-        return (type(self), self.auto_reset)
+        return (
+            type(self),
+            self.auto_reset,
+            self.disturbance_noise,
+            self.disturbance_correlation,
+        )
 
 
 def schedule_value(schedule: jax.Array, time: jax.Array) -> jax.Array:

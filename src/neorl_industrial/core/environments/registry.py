@@ -134,3 +134,12 @@ register(
         description="pc-gym's CSTR: track Ca with the coolant temperature, 60 steps of 26 s",
     )
 )
+register(
+    EnvSpec(
+        "CSTR-stochastic-v0",
+        CSTR,
+        static_defaults={"disturbance_noise": 0.02, "disturbance_correlation": 0.9},
+        description="CSTR-v0 with a random feed: Ti and Caf wander around their schedule "
+        "(AR(1), 2 % of their ranges: 2.6 K, 0.04 mol/L; correlation 0.9 per interval)",
+    )
+)

@@ -78,6 +78,9 @@ TRAINING_PLANS: dict[str, dict[str, int]] = {
     "DMSD-v0": {"total_env_steps": 200_640, "eval_every": 960},
     "Pipeline-v0": {"total_env_steps": 100_080, "eval_every": 240},
     "CSTR-v0": {"total_env_steps": 52_800, "eval_every": 96},
+    # Policies of the deterministic feed do not transfer: it is constant in their data, so
+    # its normalization scale is the floor and any deviation saturates their actions.
+    "CSTR-stochastic-v0": {"total_env_steps": 52_800, "eval_every": 96},
 }
 
 

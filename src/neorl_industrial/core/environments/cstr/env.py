@@ -75,6 +75,10 @@ class CSTR(ProcessEnv[CSTRParams]):
 
     Args:
         auto_reset: restart finished episodes inside ``step``.
+        disturbance_noise: spread of the feed's random deviation from its schedule, as a
+            fraction of each feed variable's range (``Ti`` 130 K, ``Caf`` 2 mol/L); 0 keeps
+            the feed on its schedule (pc-gym's benchmark). ``CSTR-stochastic-v0`` sets 0.02.
+        disturbance_correlation: the deviation's correlation from one interval to the next.
     """
 
     name = "CSTR-v0"
@@ -100,9 +104,6 @@ class CSTR(ProcessEnv[CSTRParams]):
     # runaway temperature in 108 episodes of hot and rich feeds (three: 0.12 K), and end
     # each of their 87 runaways at the interval where the converged solution passes it.
     substeps = 4
-
-    def __repr__(self) -> str:
-        return f"CSTR(auto_reset={self.auto_reset})"
 
     def default_params(self, **overrides: Any) -> CSTRParams:
         return cstr_params(**overrides)

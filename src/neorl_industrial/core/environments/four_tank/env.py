@@ -93,9 +93,6 @@ class FourTank(ProcessEnv[FourTankParams]):
     # 2e-6 m; four agree with a converged float64 solution to 6e-8 m.
     substeps = 4
 
-    def __repr__(self) -> str:
-        return f"FourTank(auto_reset={self.auto_reset})"
-
     def default_params(self, **overrides: Any) -> FourTankParams:
         return four_tank_params(**overrides)
 
