@@ -34,6 +34,13 @@ Usage (from the repository root; ``make peer-env`` first)::
     python -m benchmarks.peer_parity                       # the study, writes docs/peer_parity.md
     python -m benchmarks.peer_parity --quick --no-save     # a smoke run of a few minutes
     python -m benchmarks.peer_parity --algorithms td3bc --qualities medium --seeds 2
+    python -m benchmarks.peer_parity --rows cql:low --base RESULT.json  # one row again
+
+With ``--base`` a saved study is the starting point: its rows that are not run again are
+carried over unchanged, and d3rlpy's side of a row that is run again is read back from it
+when d3rlpy would run exactly the same job (its configuration, reward scaling, dataset and
+evaluation), which saves the peer's hours when only our side changed (``--rerun-peer``
+trains d3rlpy again anyway). The page says which rows were carried or reused.
 """
 
 from __future__ import annotations
@@ -53,9 +60,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from benchmarks.harness import (
     DEFAULT_RESULTS_DIR,
+    BenchmarkResult,
     progress,
     save_study,
     utc_timestamp,
@@ -114,8 +123,7 @@ QUICK = {
 
 #: What no algorithm can match between the two libraries.
 COMMON_DIFFERENCES = (
-    "Initialization: d3rlpy's layers are PyTorch's defaults (Kaiming-uniform weights, "
-    "uniform biases), ours flax's (LeCun-normal weights, zero biases).",
+    "Biases: d3rlpy's start uniform in ±1/sqrt(fan_in) (PyTorch's default), ours at zero (flax's).",
     "Batches: d3rlpy draws them on the host with NumPy's generator, ours inside the "
     "compiled program with JAX's; both uniformly over the same transitions.",
 )
@@ -203,8 +211,8 @@ RENAMED: dict[str, dict[str, str]] = {
 }
 
 #: Our fields mapped by more than a rename (in :func:`d3rlpy_spec`), besides ``hidden``
-#: (the encoders), ``obs_mean``/``obs_std`` (the observation scaler) and ``critic`` (the
-#: critic's kind).
+#: (the encoders), ``obs_mean``/``obs_std`` (the observation scaler), ``critic`` (the
+#: critic's kind) and ``weight_init`` (the initialization).
 DERIVED: dict[str, frozenset[str]] = {
     "bc": frozenset(),
     "td3bc": frozenset(),
@@ -216,13 +224,12 @@ DERIVED: dict[str, frozenset[str]] = {
             "alpha_prime_lr",
             "temperature",
             "bc_steps",
-            "weight_init",
         }
     ),
     "discrete-bc": frozenset(),
-    "discrete-cql": frozenset({"tau", "double_q"}),
+    "discrete-cql": frozenset({"tau", "double_q", "td_loss"}),
 }
-SHARED_FIELDS = frozenset({"hidden", "obs_mean", "obs_std", "critic"})
+SHARED_FIELDS = frozenset({"hidden", "obs_mean", "obs_std", "critic", "weight_init"})
 
 #: d3rlpy's settings with no field of ours, fixed to what our agents do.
 FIXED: dict[str, dict[str, Any]] = {
@@ -264,12 +271,19 @@ ALGORITHM_DIFFERENCES: dict[str, tuple[str, ...]] = {
         "just before), then the actor and the temperature; ours steps the actor and "
         "temperature first and the critics against the updated actor.",
     ),
-    "discrete-cql": (
-        "TD loss: d3rlpy's is the Huber loss (0.5 d^2 within 1, linear beyond); ours the "
-        "squared error d^2, so our TD term weighs twice as much against the penalty near "
-        "zero and grows quadratically beyond.",
-    ),
 }
+
+
+def initialization_differences(weight_init: str) -> list[str]:
+    """What differs in the weights' initialization for our ``weight_init`` (an algorithm
+    without the field starts from flax's ``lecun``)."""
+    if weight_init == "uniform":
+        return []
+    return [
+        "Initialization: d3rlpy's weights start from PyTorch's default, uniform in "
+        f"±1/sqrt(fan_in); ours from weight_init {weight_init!r} (flax's LeCun normal, "
+        "three times the variance)."
+    ]
 
 
 def d3rlpy_spec(name: str, config: Any, batch_size: int) -> PeerSpec:
@@ -294,7 +308,7 @@ def d3rlpy_spec(name: str, config: Any, batch_size: int) -> PeerSpec:
     kwargs: dict[str, Any] = {"batch_size": int(batch_size), "gamma": _discount()}
     kwargs |= {theirs: getattr(config, ours) for ours, theirs in RENAMED[name].items()}
     kwargs |= FIXED[name]
-    differences: list[str] = []
+    differences = initialization_differences(getattr(config, "weight_init", "lecun"))
     critic = getattr(config, "critic", None)
     if critic is not None and critic.kind != "mean":
         differences.append(
@@ -325,11 +339,6 @@ def d3rlpy_spec(name: str, config: Any, batch_size: int) -> PeerSpec:
             differences.append(
                 f"bc_steps {config.bc_steps}: d3rlpy has no behaviour-cloning warm start."
             )
-        if config.weight_init != "uniform":
-            differences.append(
-                f"weight_init {config.weight_init!r}: d3rlpy's layers start from PyTorch's "
-                "default, uniform in ±1/sqrt(fan_in) (ours: 'uniform')."
-            )
     if name == "discrete-cql":
         kwargs["target_update_interval"] = max(1, round(1.0 / config.tau))
         differences.append(
@@ -337,6 +346,12 @@ def d3rlpy_spec(name: str, config: Any, batch_size: int) -> PeerSpec:
             f"updates ({kwargs['target_update_interval']}, set to 1 / tau); ours moves it "
             f"by Polyak averaging (tau {config.tau:g})."
         )
+        if config.td_loss != "huber":
+            differences.append(
+                f"td_loss {config.td_loss!r}: d3rlpy's is the Huber loss (0.5 d^2 within 1, "
+                "linear beyond); ours the squared error d^2, which weighs twice as much "
+                "against the penalty near zero and grows quadratically beyond."
+            )
         if not config.double_q:
             differences.append(
                 "double_q off: d3rlpy's DiscreteCQL always picks the next action with the "
@@ -447,6 +462,7 @@ def train_ours(
     from neorl_industrial.functional.transformations.offline import train_offline
 
     hyperparameters = {
+        **args.overrides,
         "hidden": list(args.hidden),
         "obs_mean": np.asarray(normalizer.mean, np.float32).tolist(),
         "obs_std": np.asarray(normalizer.std, np.float32).tolist(),
@@ -589,7 +605,6 @@ def study_dataset(
             algorithm, policies, args.seeds, evaluation
         )
         spec = d3rlpy_spec(name, config, args.batch_size)
-        progress(f"{label}: d3rlpy, {args.seeds} seeds x {args.updates} updates")
         job = {
             "label": label,
             "algorithm": name,
@@ -603,31 +618,25 @@ def study_dataset(
             "evaluation": evaluation,
             "torch_threads": args.torch_threads,
         }
-        peer = run_peer_job(job, work_dir, args.peer_python)
-        if peer["episodes_digest"] != ours_digest:
+        hyperparameters = {"ours": _plain_config(config), "d3rlpy": _plain(spec.to_job())}
+        theirs = reusable_peer(args, entry, name, hyperparameters["d3rlpy"], scaling.to_dict())
+        if theirs is None:
+            progress(f"{label}: d3rlpy, {args.seeds} seeds x {args.updates} updates")
+            theirs = peer_summary(card, run_peer_job(job, work_dir, args.peer_python), args)
+        else:
+            progress(f"{label}: d3rlpy's seeds read back from {theirs['reused_from']}")
+        if theirs.get("episodes_digest", ours_digest) != ours_digest:
             raise RuntimeError(
                 f"{label}: d3rlpy's evaluation episodes differ from ours (digest "
-                f"{peer['episodes_digest']} against {ours_digest}); the two environments "
+                f"{theirs['episodes_digest']} against {ours_digest}); the two environments "
                 "must run the same JAX and package versions"
             )
+        theirs_train_s = theirs["train_s"]
         ours = library_summary(card, ours_returns)
         ours.update(ours_timing, eval_s=ours_eval_s)
-        theirs = library_summary(card, [seed["returns"] for seed in peer["seeds"]])
-        theirs_train_s = float(sum(seed["train_s"] for seed in peer["seeds"]))
-        theirs.update(
-            train_s=theirs_train_s,
-            updates_per_s=args.seeds * args.updates / theirs_train_s,
-            per_seed_train_s=[seed["train_s"] for seed in peer["seeds"]],
-            eval_s=float(sum(seed["eval_s"] for seed in peer["seeds"])),
-            versions=peer["versions"],
-            config=peer["d3rlpy_config"],
-        )
         entry["algorithms"][name] = {
             "reward_scaling": scaling.to_dict(),
-            "hyperparameters": {
-                "ours": _plain_config(config),
-                "d3rlpy": spec.to_job(),
-            },
+            "hyperparameters": hyperparameters,
             "differences": list(spec.differences),
             "ours": ours,
             "d3rlpy": theirs,
@@ -642,11 +651,148 @@ def study_dataset(
     return entry
 
 
+def _plain(values: Any) -> Any:
+    """``values`` as it reads back from a result file (tuples as lists, ...)."""
+    return json.loads(json.dumps(values))
+
+
 def _plain_config(config: Any) -> dict[str, Any]:
     values = dataclasses.asdict(config)
     values.pop("obs_mean", None)
     values.pop("obs_std", None)
-    return json.loads(json.dumps(values))
+    return _plain(values)
+
+
+def peer_summary(card: Any, peer: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """d3rlpy's side of a row from its worker's result: scores, timing, versions."""
+    theirs = library_summary(card, [seed["returns"] for seed in peer["seeds"]])
+    train_s = float(sum(seed["train_s"] for seed in peer["seeds"]))
+    theirs.update(
+        train_s=train_s,
+        updates_per_s=args.seeds * args.updates / train_s,
+        per_seed_train_s=[seed["train_s"] for seed in peer["seeds"]],
+        eval_s=float(sum(seed["eval_s"] for seed in peer["seeds"])),
+        episodes_digest=peer["episodes_digest"],
+        versions=peer["versions"],
+        config=peer["d3rlpy_config"],
+    )
+    return theirs
+
+
+#: Settings a ``--base`` study must share with this one (the rest may differ: rows,
+#: algorithms, qualities, our chunk size).
+BASE_SETTINGS = (
+    "trajectories",
+    "data_seed",
+    "n_seeds",
+    "n_updates",
+    "batch_size",
+    "hidden",
+    "n_episodes",
+    "evaluation_seed",
+    "torch_threads",
+)
+
+
+def load_base(path: Path, args: argparse.Namespace) -> BenchmarkResult:
+    """The saved study ``path`` that ``args`` continues.
+
+    Raises:
+        ValueError: when it is not a peer-parity result or its settings differ from
+            ``args`` (naming the settings).
+    """
+    base = BenchmarkResult.load(path)
+    if base.name != NAME:
+        raise ValueError(f"--base {path}: not a peer-parity result (benchmark {base.name!r})")
+    ours = settings_of(args)
+    differing = [
+        f"{key} {base.config.get(key)!r} (here {ours[key]!r})"
+        for key in BASE_SETTINGS
+        if _plain(base.config.get(key)) != _plain(ours[key])
+    ]
+    if differing:
+        raise ValueError(f"--base {path}: settings differ: {'; '.join(differing)}")
+    return base
+
+
+def reusable_peer(
+    args: argparse.Namespace,
+    entry: Mapping[str, Any],
+    name: str,
+    job: Mapping[str, Any],
+    reward_scaling: Mapping[str, Any],
+) -> dict[str, Any] | None:
+    """d3rlpy's side of row ``name`` of dataset ``entry`` read back from ``args.base``
+    when d3rlpy ran exactly this job there (same configuration, reward scaling, dataset);
+    ``None`` when it must run (no base, ``--rerun-peer``, no such row, any difference)."""
+    base = getattr(args, "base_result", None)
+    if base is None or args.rerun_peer:
+        return None
+    key = f"{entry['env_id']}-{entry['quality']}"
+    base_entry = base.results["datasets"].get(key)
+    if base_entry is None or name not in base_entry["algorithms"]:
+        return None
+    row = base_entry["algorithms"][name]
+    same = (
+        row["hyperparameters"]["d3rlpy"] == job
+        and row["reward_scaling"] == _plain(dict(reward_scaling))
+        and base_entry["n_transitions"] == entry["n_transitions"]
+        and base_entry["behaviour_return"] == entry["behaviour_return"]
+    )
+    if not same:
+        return None
+    return {"reused_from": args.base.name, **row["d3rlpy"]}
+
+
+def with_base(
+    config: dict[str, Any], results: dict[str, Any], base: BenchmarkResult, base_name: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This study's rows and the ``base`` study's rows it did not run again (marked
+    ``carried_from``), in the base's order, with the summary recomputed."""
+    datasets: dict[str, Any] = {}
+    differences = dict(base.results["differences"])
+    for key, base_entry in base.results["datasets"].items():
+        entry = results["datasets"].get(key)
+        carried = {}
+        for name, row in base_entry["algorithms"].items():
+            if entry is not None and name in entry["algorithms"]:
+                continue
+            # Rows of a study from before the initialization was an algorithm's own
+            # setting: it is named per algorithm now, from the configuration it ran.
+            weight_init = row["hyperparameters"]["ours"].get("weight_init", "lecun")
+            notes = [
+                text
+                for text in initialization_differences(weight_init)
+                if text not in row["differences"]
+            ] + list(row["differences"])
+            carried[name] = {
+                **row,
+                "differences": notes,
+                "carried_from": row.get("carried_from", base_name),
+            }
+            differences[name] = notes
+        if entry is None:
+            datasets[key] = {**base_entry, "algorithms": carried}
+        else:
+            datasets[key] = {**entry, "algorithms": {**carried, **entry["algorithms"]}}
+    for key, entry in results["datasets"].items():
+        datasets.setdefault(key, entry)
+    rows = list(dict.fromkeys([*base.config["rows"], *config["rows"]]))
+    merged_config = {
+        **config,
+        "rows": rows,
+        "algorithms": [n for n in ALGORITHMS if any(r.split(":")[0] == n for r in rows)],
+        "qualities": [q for q in QUALITIES if any(r.split(":")[1] == q for r in rows)],
+        "env_ids": {**base.config["env_ids"], **config["env_ids"]},
+        "base": base_name,
+    }
+    merged = {
+        **results,
+        "datasets": datasets,
+        "differences": {**differences, **results["differences"]},
+        "summary": summary(datasets),
+    }
+    return merged_config, merged
 
 
 def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -669,17 +815,10 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
             for names in by_quality.values()
             for name in names
         },
-        "trajectories": args.trajectories,
-        "data_seed": args.data_seed,
-        "n_seeds": args.seeds,
-        "n_updates": args.updates,
+        **settings_of(args),
         "chunk_updates": args.chunk,
-        "batch_size": args.batch_size,
-        "hidden": list(args.hidden),
-        "n_episodes": args.episodes,
-        "evaluation_seed": args.eval_seed,
+        "overrides": dict(args.overrides),
         "quick": args.quick,
-        "torch_threads": args.torch_threads,
         "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "device": str(jax.devices()[0].device_kind),
     }
@@ -706,6 +845,21 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "summary": summary(datasets),
     }
     return config, results
+
+
+def settings_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings that decide every row's numbers (what a ``--base`` must share)."""
+    return {
+        "trajectories": args.trajectories,
+        "data_seed": args.data_seed,
+        "n_seeds": args.seeds,
+        "n_updates": args.updates,
+        "batch_size": args.batch_size,
+        "hidden": list(args.hidden),
+        "n_episodes": args.episodes,
+        "evaluation_seed": args.eval_seed,
+        "torch_threads": args.torch_threads,
+    }
 
 
 def study_rows(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -790,6 +944,35 @@ def rate_rows(config: Mapping[str, Any], results: Mapping[str, Any]) -> list[lis
     return rows
 
 
+def provenance(config: Mapping[str, Any], results: Mapping[str, Any]) -> list[str]:
+    """Paragraphs naming the rows carried over from earlier studies and the rows whose
+    d3rlpy side was read back from one (none for a study run whole)."""
+    carried: dict[str, list[str]] = {}
+    reused: dict[str, list[str]] = {}
+    for key, entry in results["datasets"].items():
+        for name, row in entry["algorithms"].items():
+            label = f"{key} {LABELS[name]}"
+            if "carried_from" in row:
+                carried.setdefault(row["carried_from"], []).append(label)
+            elif "reused_from" in row["d3rlpy"]:
+                reused.setdefault(row["d3rlpy"]["reused_from"], []).append(label)
+    lines = []
+    for source, labels in carried.items():
+        lines += [
+            f"Carried over unchanged from `{source}` (both libraries as run there): "
+            f"{', '.join(labels)}.",
+            "",
+        ]
+    for source, labels in reused.items():
+        lines += [
+            f"Ours run again, d3rlpy's seeds read back from `{source}` (the same d3rlpy job: "
+            f"configuration, reward scaling, dataset and evaluation): {', '.join(labels)}. "
+            "Its training seconds are that run's.",
+            "",
+        ]
+    return lines
+
+
 def markdown(config: Mapping[str, Any], results: Mapping[str, Any]) -> str:
     """The page: settings, the table, the known differences."""
     hidden = ", ".join(str(width) for width in config["hidden"])
@@ -820,6 +1003,17 @@ def markdown(config: Mapping[str, Any], results: Mapping[str, Any]) -> str:
         f"{counts['met']} of {counts['rows']} rows meet it"
         + (f"; not met: {', '.join(counts['not_met'])}." if counts["not_met"] else "."),
         "",
+        *provenance(config, results),
+        *(
+            [
+                "Our hyperparameters changed from the defaults for this study: "
+                + ", ".join(f"`{k}={v}`" for k, v in config["overrides"].items())
+                + ".",
+                "",
+            ]
+            if config.get("overrides")
+            else []
+        ),
         "| dataset | algorithm | behaviour | d3rlpy | ours | ours ≥ d3rlpy's lower 95 % bound "
         "| d3rlpy train s | ours train s | d3rlpy / ours |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -917,6 +1111,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=PEER_PYTHON,
         help="the interpreter of d3rlpy's environment (default .venv-d3rlpy/bin/python)",
     )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        metavar="RESULT",
+        help="a saved peer-parity result this study continues: its other rows are carried "
+        "over, and d3rlpy's side of a row run again is read back when its job is the same",
+    )
+    parser.add_argument(
+        "--rerun-peer",
+        action="store_true",
+        help="with --base: train d3rlpy again even where its job is the one saved",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="one of our hyperparameters for every row (a YAML value, e.g. "
+        "weight_init=uniform); d3rlpy gets it where it maps",
+    )
     parser.add_argument("--doc", default="docs/peer_parity.md", help="markdown page to write")
     parser.add_argument("--results-dir", default=str(DEFAULT_RESULTS_DIR))
     parser.add_argument("-d", "--description", default="Peer parity against d3rlpy 2.8")
@@ -964,6 +1179,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.peer_python = check_peer_python(python)
     except FileNotFoundError as error:
         parser.error(str(error))
+    overrides: dict[str, Any] = {}
+    for text in args.overrides:
+        field, sep, value = text.partition("=")
+        if not sep or not field.strip() or field.strip() in {"hidden", "obs_mean", "obs_std"}:
+            parser.error(
+                f"--set {text!r}: expected FIELD=VALUE with a hyperparameter other than "
+                "hidden (--hidden) and the observation statistics"
+            )
+        overrides[field.strip()] = yaml.safe_load(value)
+    args.overrides = overrides
+    args.base_result = None
+    if args.base is not None:
+        try:
+            args.base_result = load_base(args.base, args)
+        except (OSError, ValueError) as error:
+            parser.error(str(error))
+    elif args.rerun_peer:
+        parser.error("--rerun-peer: only with --base")
     return args
 
 
@@ -975,6 +1208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PeerWorkerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    if args.base_result is not None:
+        config, results = with_base(config, results, args.base_result, args.base.name)
     page = markdown(config, results)
     print(page)
     if not args.no_save:

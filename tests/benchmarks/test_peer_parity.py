@@ -97,7 +97,7 @@ def test_bc_maps_to_d3rlpy_field_by_field():
         {"learning_rate": 1e-3, "policy_type": "deterministic"},
         ("encoder_factory",),
     )
-    assert spec.differences == ()
+    assert spec.differences == tuple(peer_parity.initialization_differences("lecun"))
 
 
 def test_td3bc_maps_to_d3rlpy_field_by_field():
@@ -122,7 +122,7 @@ def test_td3bc_maps_to_d3rlpy_field_by_field():
         "update_actor_interval": 3,
     }
     _check(spec, "TD3PlusBCConfig", expected, ("actor_encoder_factory", "critic_encoder_factory"))
-    assert spec.differences == ()
+    assert spec.differences == tuple(peer_parity.initialization_differences("lecun"))
 
 
 def test_iql_maps_to_d3rlpy_field_by_field_and_names_a_separate_value_rate():
@@ -207,9 +207,24 @@ def test_discrete_algorithms_map_to_d3rlpy_field_by_field():
     }
     _check(cql, "DiscreteCQLConfig", expected, ("encoder_factory",))
     assert any("Polyak" in text and "(100," in text for text in cql.differences)
-    assert any(text.startswith("TD loss") for text in cql.differences)
-    _, single = _spec("discrete-cql", double_q=False)
+    assert not any("td_loss" in text for text in cql.differences)  # Huber, as d3rlpy's
+    _, single = _spec("discrete-cql", double_q=False, td_loss="squared")
     assert any(text.startswith("double_q off") for text in single.differences)
+    assert any(text.startswith("td_loss 'squared'") for text in single.differences)
+
+
+def test_initialization_is_a_difference_only_where_ours_is_not_pytorchs():
+    [text] = peer_parity.initialization_differences("lecun")
+    assert text.startswith("Initialization") and "'lecun'" in text
+    assert peer_parity.initialization_differences("uniform") == []
+    # An algorithm without the setting starts from flax's LeCun normal.
+    assert _spec("bc")[1].differences[0] == text
+    # CQL and the discrete agents start from PyTorch's scale unless told otherwise.
+    for name in ("cql", "discrete-bc", "discrete-cql"):
+        assert not any(t.startswith("Initialization") for t in _spec(name)[1].differences)
+        changed = _spec(name, weight_init="lecun")[1]
+        assert changed.differences[0] == text
+        assert changed.kwargs == _spec(name)[1].kwargs  # d3rlpy's job is the same
 
 
 def test_mapping_refuses_unknown_algorithms_and_unmapped_fields():
@@ -499,3 +514,127 @@ def test_real_worker_trains_and_evaluates_on_our_episodes(tmp_path):
         assert result["d3rlpy_config"]["batch_size"] == 16
         assert result["versions"]["d3rlpy"].startswith("2.8")
     assert not any(Path(REPO_ROOT).glob("d3rlpy_logs*"))
+
+
+# --------------------------------------------------------------------------- --base
+
+
+def _saved_study(tmp_path: Path, **changes) -> Path:
+    """A saved two-dataset study with BC and TD3+BC on medium and IQL on high."""
+    from benchmarks.harness import BenchmarkResult
+
+    args = peer_parity.parse_args(["--peer-python", "/bin/sh", "--rows", "bc:medium"])
+    config = {
+        "rows": ["bc:medium", "td3bc:medium", "iql:high"],
+        "algorithms": ["bc", "td3bc", "iql"],
+        "env_ids": {"bc": "IB-v0", "td3bc": "IB-v0", "iql": "IB-v0"},
+        **peer_parity.settings_of(args),
+        **changes,
+    }
+
+    def dataset(quality: str, rows: dict) -> dict:
+        for name, row in rows.items():
+            row["hyperparameters"] = {"ours": {}, "d3rlpy": {"config": name, "kwargs": {}}}
+            row["differences"] = [f"{name} difference"]
+        return {
+            "env_id": "IB-v0",
+            "quality": quality,
+            "n_transitions": 1000,
+            "behaviour_return": -240.0,
+            "behaviour_score": 48.3,
+            "algorithms": rows,
+        }
+
+    datasets = {
+        "IB-v0-medium": dataset(
+            "medium", {"bc": _row((45.0, 2.0), (46.0, 2.0)), "td3bc": _row((50.0, 1), (51.0, 1))}
+        ),
+        "IB-v0-high": dataset("high", {"iql": _row((70.0, 2.0), (60.0, 5.0))}),
+    }
+    results = {
+        "datasets": datasets,
+        "differences": {name: [f"{name} difference"] for name in ("bc", "td3bc", "iql")},
+        "common_differences": ["everywhere"],
+        "summary": peer_parity.summary(datasets),
+    }
+    return BenchmarkResult("peer_parity", config=config, results=results).save(tmp_path)
+
+
+def test_base_study_must_share_the_settings_that_decide_the_numbers(tmp_path, capsys):
+    path = _saved_study(tmp_path, n_updates=500)
+    with pytest.raises(SystemExit):
+        peer_parity.main(
+            ["--peer-python", "/bin/sh", "--rows", "bc:medium", "--base", str(path), "--no-save"]
+        )
+    err = capsys.readouterr().err
+    assert "settings differ: n_updates 500 (here 10000)" in err
+    other = tmp_path / "other.json"
+    other.write_text('{"name": "learning", "config": {}, "results": {}}')
+    for argv, message in (
+        (["--base", str(other)], "not a peer-parity result (benchmark 'learning')"),
+        (["--base", str(tmp_path / "missing.json")], "No such file"),
+        (["--rerun-peer"], "--rerun-peer: only with --base"),
+        (["--set", "alpha"], "--set 'alpha': expected FIELD=VALUE"),
+        (["--set", "hidden=[8]"], "--set 'hidden=[8]': expected FIELD=VALUE"),
+    ):
+        with pytest.raises(SystemExit):
+            peer_parity.main(["--peer-python", "/bin/sh", *argv, "--no-save"])
+        assert message in capsys.readouterr().err
+
+
+def test_base_study_gives_back_d3rlpys_seeds_only_for_the_same_job(tmp_path):
+    path = _saved_study(tmp_path)
+    args = peer_parity.parse_args(
+        ["--peer-python", "/bin/sh", "--rows", "bc:medium", "--base", str(path)]
+    )
+    entry = {"env_id": "IB-v0", "quality": "medium", "n_transitions": 1000}
+    entry["behaviour_return"] = -240.0
+    job = {"config": "bc", "kwargs": {}}
+    scaling = {"kind": "std", "shift": 0.0, "scale": 0.1}
+    theirs = peer_parity.reusable_peer(args, entry, "bc", job, scaling)
+    assert theirs["reused_from"] == path.name and theirs["score"]["mean"] == 46.0
+    # Any difference in d3rlpy's job, the scaling or the data runs d3rlpy again.
+    assert (
+        peer_parity.reusable_peer(args, entry, "bc", {**job, "kwargs": {"x": 1}}, scaling) is None
+    )
+    assert peer_parity.reusable_peer(args, entry, "bc", job, {**scaling, "scale": 0.2}) is None
+    assert (
+        peer_parity.reusable_peer(args, {**entry, "n_transitions": 999}, "bc", job, scaling) is None
+    )
+    assert peer_parity.reusable_peer(args, entry, "cql", job, scaling) is None
+    args.rerun_peer = True
+    assert peer_parity.reusable_peer(args, entry, "bc", job, scaling) is None
+
+
+def test_base_study_carries_the_rows_not_run_again(tmp_path):
+    from benchmarks.harness import BenchmarkResult
+
+    path = _saved_study(tmp_path)
+    base = BenchmarkResult.load(path)
+    new_row = _row((40.0, 1.0), (46.0, 2.0))  # BC run again, now below d3rlpy
+    new_row["d3rlpy"]["reused_from"] = path.name
+    config = {"rows": ["bc:medium"], "env_ids": {"bc": "IB-v0"}, "algorithms": ["bc"]}
+    config |= {key: base.config[key] for key in peer_parity.BASE_SETTINGS} | {"device": "cpu"}
+    results = {
+        "datasets": {
+            "IB-v0-medium": {**base.results["datasets"]["IB-v0-medium"], "algorithms": {}}
+        },
+        "differences": {"bc": ["new bc difference"]},
+        "common_differences": ["everywhere"],
+    }
+    results["datasets"]["IB-v0-medium"]["algorithms"]["bc"] = new_row
+    merged_config, merged = peer_parity.with_base(config, results, base, path.name)
+    assert merged_config["rows"] == ["bc:medium", "td3bc:medium", "iql:high"]
+    assert merged_config["algorithms"] == ["bc", "td3bc", "iql"]
+    medium = merged["datasets"]["IB-v0-medium"]["algorithms"]
+    assert medium["bc"] is new_row and "carried_from" not in medium["bc"]
+    assert medium["td3bc"]["carried_from"] == path.name
+    assert merged["datasets"]["IB-v0-high"]["algorithms"]["iql"]["carried_from"] == path.name
+    assert merged["summary"] == {"rows": 3, "met": 2, "not_met": ["IB-v0-medium bc"]}
+    # A carried row from before the initialization was per algorithm names it now.
+    assert merged["differences"]["td3bc"][0].startswith("Initialization")
+    assert merged["differences"]["bc"] == ["new bc difference"]
+    page = peer_parity.markdown(merged_config, merged)
+    assert f"Carried over unchanged from `{path.name}`" in page
+    assert "IB-v0-medium TD3+BC, IB-v0-high IQL" in page
+    assert f"d3rlpy's seeds read back from `{path.name}`" in page

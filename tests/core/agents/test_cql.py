@@ -62,25 +62,36 @@ def test_config_errors_name_the_field():
         CQLConfig(cql_alpha=-1.0)
 
 
-def test_cql_starts_from_pytorch_s_weight_scale_and_refuses_an_unknown_one():
-    """CQL's networks start as CORL's and d3rlpy's (uniform in ±1/sqrt(fan_in)); the other
-    agents keep flax's LeCun normal, whose weights pass that bound."""
+def layers_of(params) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every ``(kernel, bias)`` pair of a parameter tree (``.../kernel`` with ``.../bias``,
+    or ``<name>_kernel`` with ``<name>_bias``)."""
+    leaves = {
+        jax.tree_util.keystr(path): np.asarray(leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+    }
+    return [
+        (leaf, leaves[path.replace("kernel", "bias")])
+        for path, leaf in leaves.items()
+        if "kernel" in path
+    ]
+
+
+def test_cql_starts_from_pytorch_s_default_layers_and_refuses_an_unknown_one():
+    """CQL's networks start as CORL's and d3rlpy's (weights and biases uniform in
+    ±1/sqrt(fan_in)); the other agents keep flax's LeCun normal and zero biases."""
     from neorl_industrial.core.agents import TD3BCConfig, make_td3bc
 
-    def kernels(params):
-        return [
-            np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-            if "kernel" in jax.tree_util.keystr(path)
-        ]  # fmt: skip
-
     cql = make_cql(CQLConfig(hidden=(64, 64)), 12, 2).init(jax.random.PRNGKey(0))
-    every = kernels((cql.policy.actor, cql.critic))
+    every = layers_of((cql.policy.actor, cql.critic))
     assert len(every) == 4 + 3  # the actor's torso and heads, the critics' layers
-    for kernel in every:  # a critic ensemble's kernels are [members, fan_in, width]
-        assert np.max(np.abs(kernel)) <= 1.0 / np.sqrt(kernel.shape[-2]) + 1e-6
+    for kernel, bias in every:  # a critic ensemble's kernels are [members, fan_in, width]
+        bound = 1.0 / np.sqrt(kernel.shape[-2]) + 1e-6
+        assert np.max(np.abs(kernel)) <= bound and np.max(np.abs(bias)) <= bound
+        assert np.std(bias) > bound / 4  # uniform: spread over the bound, not zero
     td3bc = make_td3bc(TD3BCConfig(hidden=(64, 64)), 12, 2).init(jax.random.PRNGKey(0))
-    first = kernels(td3bc.policy.actor)[0]
+    first, _ = layers_of(td3bc.policy.actor)[0]
     assert first.shape == (12, 64)
     assert np.max(np.abs(first)) > 1.0 / np.sqrt(12)  # LeCun normal's tails
+    assert all(not bias.any() for _, bias in layers_of((td3bc.policy.actor, td3bc.critic)))
     with pytest.raises(ValueError, match="weight_init: expected one of"):
         CQLConfig(weight_init="xavier")

@@ -58,10 +58,17 @@ def test_losses_of_one_transition():
     logits = jnp.array([0.0, 1.0, 2.0])
     expected = -(1.0 - np.log(np.exp(0.0) + np.exp(1.0) + np.exp(2.0)))
     np.testing.assert_allclose(cross_entropy_loss(logits, jnp.asarray(1)), expected, rtol=1e-6)
-    loss, gap = discrete_cql_loss(logits, jnp.asarray(2), jnp.asarray(1.5), 2.0)
     lse = np.log(np.exp(0.0) + np.exp(1.0) + np.exp(2.0))
+    loss, gap = discrete_cql_loss(logits, jnp.asarray(2), jnp.asarray(1.5), 2.0, "squared")
     np.testing.assert_allclose(gap, lse - 2.0, rtol=1e-6)
     np.testing.assert_allclose(loss, 0.25 + 2.0 * (lse - 2.0), rtol=1e-6)
+    # Huber (the default): d^2 / 2 within 1, |d| - 1/2 beyond.
+    near, _ = discrete_cql_loss(logits, jnp.asarray(2), jnp.asarray(1.5), 2.0)
+    np.testing.assert_allclose(near, 0.125 + 2.0 * (lse - 2.0), rtol=1e-6)
+    far, _ = discrete_cql_loss(logits, jnp.asarray(2), jnp.asarray(5.0), 0.0)
+    np.testing.assert_allclose(far, 2.5, rtol=1e-6)
+    with pytest.raises(ValueError, match="td_loss: expected one of"):
+        DiscreteCQLConfig(td_loss="l1")
     with pytest.raises(AssertionError):
         cross_entropy_loss(logits, jnp.array([1]))
 
@@ -110,3 +117,25 @@ def test_config_errors_name_the_field():
         DiscreteCQLConfig(cql_alpha=-1.0)
     with pytest.raises(ValueError, match="learning_rate"):
         DiscreteBCConfig(learning_rate=0.0)
+    for config in (DiscreteBCConfig, DiscreteCQLConfig):
+        with pytest.raises(ValueError, match="weight_init: expected one of"):
+            config(weight_init="zeros")
+
+
+def test_networks_start_from_pytorch_s_default_layers_unless_told_otherwise():
+    from tests.core.agents.test_cql import layers_of
+
+    for make, config in (
+        (make_discrete_bc, DiscreteBCConfig),
+        (make_discrete_cql, DiscreteCQLConfig),
+    ):
+        state = make(config(hidden=(16,)), OBS, 5).init(jax.random.PRNGKey(1))
+        layers = layers_of(state.policy.actor)
+        assert [kernel.shape for kernel, _ in layers] == [(OBS, 16), (16, 5)]
+        for kernel, bias in layers:
+            bound = 1.0 / np.sqrt(kernel.shape[0]) + 1e-6
+            assert np.abs(kernel).max() <= bound and np.abs(bias).max() <= bound
+            assert bias.any()
+        flax_default = make(config(hidden=(16,), weight_init="lecun"), OBS, 5)
+        lecun = layers_of(flax_default.init(jax.random.PRNGKey(1)).policy.actor)
+        assert all(not bias.any() for _, bias in lecun)

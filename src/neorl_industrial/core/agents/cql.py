@@ -27,11 +27,11 @@ from flax import struct
 
 from neorl_industrial.core.agents.distributional import CriticConfig, make_critics, pessimistic
 from neorl_industrial.core.agents.networks import (
-    KERNEL_INITS,
     ObservationNormalizer,
     PolicyParams,
     TanhGaussianActor,
     check_observation_stats,
+    check_weight_init,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
@@ -84,10 +84,7 @@ class CQLConfig:
             raise ValueError(f"n_actions: expected a positive integer, got {self.n_actions}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
-        if self.weight_init not in KERNEL_INITS:
-            raise ValueError(
-                f"weight_init: expected one of {list(KERNEL_INITS)}, got {self.weight_init!r}"
-            )
+        check_weight_init(self.weight_init)
         check_observation_stats(self)
 
 

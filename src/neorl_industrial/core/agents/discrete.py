@@ -4,8 +4,8 @@ For environments whose action is one index out of ``num_actions`` (the Industria
 Benchmark's 27 combinations of {-1, 0, 1}³). Both reuse the continuous agents' pieces:
 the :class:`MLP`, the observation normalizer, Polyak averaging and the ``Algorithm``
 shape. Defaults follow d3rlpy's ``DiscreteBC`` / ``DiscreteCQL`` and CORL's DQN-style
-settings: (256, 256) networks, Adam at 3e-4 (BC 1e-3), CQL weight 1, a double-DQN target
-from a Polyak-averaged target network (tau 0.005).
+settings: (256, 256) networks with PyTorch's weight scale, Adam at 3e-4 (BC 1e-3), CQL
+weight 1, a double-DQN target from a Polyak-averaged target network (tau 0.005).
 """
 
 from __future__ import annotations
@@ -24,9 +24,13 @@ from neorl_industrial.core.agents.networks import (
     ObservationNormalizer,
     PolicyParams,
     check_observation_stats,
+    check_weight_init,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
+
+#: TD losses of discrete CQL: DQN's Huber loss (d3rlpy's) or the squared error.
+TD_LOSSES = ("huber", "squared")
 
 
 def _check_num_actions(num_actions: int) -> None:
@@ -36,10 +40,17 @@ def _check_num_actions(num_actions: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DiscreteBCConfig:
-    """Hyperparameters of discrete behaviour cloning (a softmax classifier)."""
+    """Hyperparameters of discrete behaviour cloning (a softmax classifier).
+
+    Attributes:
+        weight_init: the network's weight initialization (``networks.KERNEL_INITS``);
+            PyTorch's ``uniform``, d3rlpy's (10 seeds on IB-discrete-medium: 41.2 ± 2.7
+            against 40.3 ± 2.6 with flax's ``lecun``, d3rlpy 42.3 ± 1.7).
+    """
 
     learning_rate: float = 1e-3
     hidden: tuple[int, ...] = (256, 256)
+    weight_init: str = "uniform"
     obs_mean: tuple[float, ...] | None = None
     obs_std: tuple[float, ...] | None = None
 
@@ -49,6 +60,7 @@ class DiscreteBCConfig:
             raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
         if not self.hidden or min(self.hidden) < 1:
             raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
+        check_weight_init(self.weight_init)
         check_observation_stats(self)
 
 
@@ -76,7 +88,11 @@ def make_discrete_bc(config: DiscreteBCConfig, obs_size: int, num_actions: int) 
     """Discrete behaviour cloning as ``Algorithm(init, update, act)``; ``act`` returns the
     most likely action index (or a sample from the softmax when not deterministic)."""
     _check_num_actions(num_actions)
-    network = MLP(hidden=config.hidden, output_size=num_actions)
+    network = MLP(
+        hidden=config.hidden,
+        output_size=num_actions,
+        weight_init=config.weight_init,
+    )
     optimizer = optax.adam(config.learning_rate)
 
     def init(key: jax.Array) -> DiscreteBCState:
@@ -132,13 +148,19 @@ class DiscreteCQLConfig:
         cql_alpha: weight of the conservative penalty ``logsumexp_a Q(s, a) - Q(s, a_data)``.
         tau: Polyak rate of the target network.
         double_q: pick the next action with the online network (double DQN).
+        weight_init: the network's weight initialization (``networks.KERNEL_INITS``);
+            PyTorch's ``uniform``, d3rlpy's.
+        td_loss: ``huber`` (DQN's and d3rlpy's: ``d^2 / 2`` within 1, ``|d| - 1/2``
+            beyond) or ``squared`` (``d^2``), of the TD error ``d``.
     """
 
     learning_rate: float = 3e-4
     hidden: tuple[int, ...] = (256, 256)
+    weight_init: str = "uniform"
     cql_alpha: float = 1.0
     tau: float = 0.005
     double_q: bool = True
+    td_loss: str = "huber"
     obs_mean: tuple[float, ...] | None = None
     obs_std: tuple[float, ...] | None = None
 
@@ -152,6 +174,9 @@ class DiscreteCQLConfig:
             raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
         if not self.hidden or min(self.hidden) < 1:
             raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
+        check_weight_init(self.weight_init)
+        if self.td_loss not in TD_LOSSES:
+            raise ValueError(f"td_loss: expected one of {list(TD_LOSSES)}, got {self.td_loss!r}")
         check_observation_stats(self)
 
 
@@ -166,15 +191,20 @@ class DiscreteCQLState:
 
 
 def discrete_cql_loss(
-    q_tm1: jax.Array, a_tm1: jax.Array, target_t: jax.Array, cql_alpha: float
+    q_tm1: jax.Array,
+    a_tm1: jax.Array,
+    target_t: jax.Array,
+    cql_alpha: float,
+    td_loss: str = "huber",
 ) -> tuple[jax.Array, jax.Array]:
-    """Squared TD error and conservative gap of one transition.
+    """TD loss and conservative gap of one transition.
 
     Args:
         q_tm1: ``[num_actions]`` Q-values of the observation.
         a_tm1: the dataset's action index.
         target_t: the bootstrapped target ``r + discount * Q_target(s', a')``.
         cql_alpha: penalty weight.
+        td_loss: one of :data:`TD_LOSSES` (static).
 
     Returns:
         ``(loss, gap)`` with ``gap = logsumexp(q_tm1) - q_tm1[a_tm1]``.
@@ -182,14 +212,22 @@ def discrete_cql_loss(
     chex.assert_rank([q_tm1, a_tm1, target_t], [1, 0, 0])
     q_data = q_tm1[a_tm1]
     gap = jax.scipy.special.logsumexp(q_tm1) - q_data
-    return jnp.square(q_data - target_t) + cql_alpha * gap, gap
+    if td_loss == "huber":
+        td = optax.huber_loss(q_data, target_t, delta=1.0)
+    else:
+        td = jnp.square(q_data - target_t)
+    return td + cql_alpha * gap, gap
 
 
 def make_discrete_cql(config: DiscreteCQLConfig, obs_size: int, num_actions: int) -> Algorithm:
     """Discrete CQL as ``Algorithm(init, update, act)``; ``act`` is greedy in Q (or samples
     from ``softmax(Q)`` when not deterministic)."""
     _check_num_actions(num_actions)
-    network = MLP(hidden=config.hidden, output_size=num_actions)
+    network = MLP(
+        hidden=config.hidden,
+        output_size=num_actions,
+        weight_init=config.weight_init,
+    )
     optimizer = optax.adam(config.learning_rate)
 
     def init(key: jax.Array) -> DiscreteCQLState:
@@ -221,8 +259,8 @@ def make_discrete_cql(config: DiscreteCQLConfig, obs_size: int, num_actions: int
 
         def loss_fn(q_params: Any):
             q = network.apply(q_params, observations)
-            losses, gaps = jax.vmap(discrete_cql_loss, in_axes=(0, 0, 0, None))(
-                q, actions, targets, config.cql_alpha
+            losses, gaps = jax.vmap(discrete_cql_loss, in_axes=(0, 0, 0, None, None))(
+                q, actions, targets, config.cql_alpha, config.td_loss
             )
             return jnp.mean(losses), (jnp.mean(gaps), q)
 

@@ -40,6 +40,7 @@ from neorl_industrial.core.agents.losses import critic_loss
 from neorl_industrial.core.agents.networks import (
     Activation,
     CriticEnsemble,
+    bias_initializer,
     critic_layers,
     kernel_initializer,
     over_members,
@@ -205,13 +206,14 @@ class QuantileCriticEnsemble(nn.Module):
         torso = critic_layers(self, self.hidden, in_size, self.n_critics, output=False)
         ensemble = (self.n_critics,)
         kernel_init = kernel_initializer(self.weight_init, (0,))
+        embed_bias = bias_initializer(self.weight_init, self.embedding_size)
         embed = (
             self.param("embed_kernel", kernel_init, (*ensemble, self.embedding_size, width)),
-            self.param("embed_bias", nn.initializers.zeros, (*ensemble, width)),
+            self.param("embed_bias", embed_bias, (*ensemble, width)),
         )
         out = (
             self.param("out_kernel", kernel_init, (*ensemble, width, 1)),
-            self.param("out_bias", nn.initializers.zeros, (*ensemble, 1)),
+            self.param("out_bias", bias_initializer(self.weight_init, width), (*ensemble, 1)),
         )
         # cos(π i τ), i = 0 .. embedding_size - 1: [..., N, embedding_size]
         cosines = jnp.cos(jnp.pi * jnp.arange(self.embedding_size) * fractions[..., None])

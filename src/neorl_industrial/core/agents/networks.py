@@ -28,8 +28,9 @@ _MIN_STD = 1e-6
 
 
 #: Weight initializations a network can be built with: flax's default (LeCun normal,
-#: variance 1 / fan_in) and PyTorch's ``nn.Linear`` default (uniform in
-#: ``±1 / sqrt(fan_in)``, a third of that variance), which CORL's and d3rlpy's agents use.
+#: variance 1 / fan_in, zero biases) and PyTorch's ``nn.Linear`` default (weights and
+#: biases uniform in ``±1 / sqrt(fan_in)``, a third of that variance), which CORL's and
+#: d3rlpy's agents use.
 KERNEL_INITS = ("lecun", "uniform")
 
 
@@ -49,6 +50,31 @@ def kernel_initializer(name: str = "lecun", batch_axis: Sequence[int] = ()) -> A
     raise ValueError(f"weight_init: expected one of {list(KERNEL_INITS)}, got {name!r}")
 
 
+def bias_initializer(name: str, fan_in: int) -> Any:
+    """The bias initializer of weight initialization ``name`` for a layer of ``fan_in``
+    inputs: zeros (flax's) or uniform in ``±1 / sqrt(fan_in)`` (PyTorch's).
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    check_weight_init(name)
+    if name == "lecun":
+        return nn.initializers.zeros
+    bound = 1.0 / math.sqrt(fan_in)
+
+    def init(key: jax.Array, shape: Sequence[int], dtype: Any = jnp.float32) -> jax.Array:
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+def check_weight_init(name: str) -> None:
+    """Raises ``ValueError`` naming ``weight_init`` when ``name`` is not one of
+    :data:`KERNEL_INITS` (the check an agent's config runs on its field)."""
+    if name not in KERNEL_INITS:
+        raise ValueError(f"weight_init: expected one of {list(KERNEL_INITS)}, got {name!r}")
+
+
 class MLP(nn.Module):
     """A multilayer perceptron.
 
@@ -56,21 +82,32 @@ class MLP(nn.Module):
         hidden: widths of the hidden layers.
         output_size: width of the last (linear) layer; ``None`` ends at the last hidden layer.
         activation: nonlinearity after every hidden layer.
-        kernel_init: initializer of the hidden layers' weights.
+        weight_init: initialization of every layer (:data:`KERNEL_INITS`).
     """
 
     hidden: Sequence[int] = (256, 256)
     output_size: int | None = None
     activation: Activation = nn.relu
-    kernel_init: Callable[..., jax.Array] = nn.initializers.lecun_normal()
+    weight_init: str = "lecun"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for width in self.hidden:
-            x = self.activation(nn.Dense(width, kernel_init=self.kernel_init)(x))
+            x = self.activation(dense(width, x.shape[-1], self.weight_init)(x))
         if self.output_size is not None:
-            x = nn.Dense(self.output_size, kernel_init=self.kernel_init)(x)
+            x = dense(self.output_size, x.shape[-1], self.weight_init)(x)
         return x
+
+
+def dense(width: int, fan_in: int, weight_init: str, name: str | None = None) -> nn.Dense:
+    """A ``Dense`` layer of ``width`` units over ``fan_in`` inputs initialized as
+    ``weight_init`` says (:data:`KERNEL_INITS`)."""
+    return nn.Dense(
+        width,
+        kernel_init=kernel_initializer(weight_init),
+        bias_init=bias_initializer(weight_init, fan_in),
+        name=name,
+    )
 
 
 def tanh_gaussian_sample(
@@ -134,12 +171,12 @@ class TanhGaussianActor(nn.Module):
 
     @nn.compact
     def __call__(self, observation: jax.Array) -> tuple[jax.Array, jax.Array]:
-        kernel_init = kernel_initializer(self.weight_init)
         features = MLP(
-            self.hidden, activation=self.activation, kernel_init=kernel_init, name="torso"
+            self.hidden, activation=self.activation, weight_init=self.weight_init, name="torso"
         )(observation)
-        mean = nn.Dense(self.action_size, kernel_init=kernel_init, name="mean")(features)
-        raw_log_std = nn.Dense(self.action_size, kernel_init=kernel_init, name="log_std")(features)
+        width = features.shape[-1]
+        mean = dense(self.action_size, width, self.weight_init, name="mean")(features)
+        raw_log_std = dense(self.action_size, width, self.weight_init, name="log_std")(features)
         # A smooth bound keeps a gradient at the limits, unlike a hard clip.
         span = self.log_std_max - self.log_std_min
         log_std = self.log_std_min + 0.5 * span * (jnp.tanh(raw_log_std) + 1.0)
@@ -210,11 +247,13 @@ def critic_layers(
     by default, :func:`kernel_initializer`): the hidden layers and, with ``output``, the
     one-unit output layer."""
     lead = () if ensemble is None else (ensemble,)
-    kernel_init = kernel_initializer(getattr(module, "weight_init", "lecun"), (0,) if lead else ())
+    weight_init = getattr(module, "weight_init", "lecun")
+    kernel_init = kernel_initializer(weight_init, (0,) if lead else ())
     layers = []
     for i, width in enumerate((*hidden, 1) if output else tuple(hidden)):
         kernel = module.param(f"layer_{i}_kernel", kernel_init, (*lead, in_size, width))
-        bias = module.param(f"layer_{i}_bias", nn.initializers.zeros, (*lead, width))
+        bias_init = bias_initializer(weight_init, in_size)
+        bias = module.param(f"layer_{i}_bias", bias_init, (*lead, width))
         layers.append((kernel, bias))
         in_size = width
     return layers
