@@ -35,6 +35,7 @@ Usage (from the repository root; ``make peer-env`` first)::
     python -m benchmarks.peer_parity --quick --no-save     # a smoke run of a few minutes
     python -m benchmarks.peer_parity --algorithms td3bc --qualities medium --seeds 2
     python -m benchmarks.peer_parity --rows cql:low --base RESULT.json  # one row again
+    python -m benchmarks.peer_parity --page-from RESULT.json  # the page of a saved study
 
 With ``--base`` a saved study is the starting point: its rows that are not run again are
 carried over unchanged, and d3rlpy's side of a row that is run again is read back from it
@@ -68,6 +69,7 @@ from benchmarks.harness import (
     progress,
     save_study,
     utc_timestamp,
+    write_atomically,
 )
 from benchmarks.learning import mean_confidence_interval, observation_normalizer
 
@@ -944,6 +946,25 @@ def rate_rows(config: Mapping[str, Any], results: Mapping[str, Any]) -> list[lis
     return rows
 
 
+def whole_study(results: Mapping[str, Any]) -> list[str]:
+    """A paragraph with the whole study's seconds, training and evaluation of every row,
+    for each library (what a user waits for), and their ratio."""
+    totals = {"ours": 0.0, "d3rlpy": 0.0}
+    for entry in results["datasets"].values():
+        for row in entry["algorithms"].values():
+            for library in totals:
+                side = row[library]
+                if side.get("train_s") is None or side.get("eval_s") is None:
+                    return []
+                totals[library] += side["train_s"] + side["eval_s"]
+    return [
+        f"The whole study, training and evaluating every row's seeds: d3rlpy "
+        f"{totals['d3rlpy']:,.0f} s, ours {totals['ours']:,.0f} s, "
+        f"{totals['d3rlpy'] / totals['ours']:.1f}× less wall time for ours.",
+        "",
+    ]
+
+
 def provenance(config: Mapping[str, Any], results: Mapping[str, Any]) -> list[str]:
     """Paragraphs naming the rows carried over from earlier studies and the rows whose
     d3rlpy side was read back from one (none for a study run whole)."""
@@ -1040,6 +1061,7 @@ def markdown(config: Mapping[str, Any], results: Mapping[str, Any]) -> str:
             else ""
         ),
         "",
+        *whole_study(results),
         "Gradient updates per second, over all seeds (ours also without its first chunk, "
         "which compiles):",
         "",
@@ -1132,6 +1154,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="one of our hyperparameters for every row (a YAML value, e.g. "
         "weight_init=uniform); d3rlpy gets it where it maps",
     )
+    parser.add_argument(
+        "--page-from",
+        type=Path,
+        metavar="RESULT",
+        help="write the page of a saved result and stop (nothing is trained)",
+    )
     parser.add_argument("--doc", default="docs/peer_parity.md", help="markdown page to write")
     parser.add_argument("--results-dir", default=str(DEFAULT_RESULTS_DIR))
     parser.add_argument("-d", "--description", default="Peer parity against d3rlpy 2.8")
@@ -1202,6 +1230,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.page_from is not None:
+        saved = BenchmarkResult.load(args.page_from)
+        if saved.name != NAME:
+            print(f"error: {args.page_from}: not a peer-parity result", file=sys.stderr)
+            return 2
+        write_atomically(args.doc, markdown(saved.config, saved.results))
+        print(f"Wrote {args.doc}", file=sys.stderr)
+        return 0
     started = utc_timestamp()
     try:
         config, results = run_study(args)

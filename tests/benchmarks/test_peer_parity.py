@@ -340,12 +340,14 @@ def _row(ours: tuple[float, float], theirs: tuple[float, float]) -> dict:
         "ours": {
             "score": ours_score,
             "train_s": 20.0,
+            "eval_s": 1.0,
             "updates_per_s": 2500.0,
             "steady_updates_per_s": None,
         },
         "d3rlpy": {
             "score": theirs_score,
             "train_s": 100.0,
+            "eval_s": 2.0,
             "updates_per_s": 500.0,
             "versions": {"d3rlpy": "2.8.1", "torch": "2.13.0", "torch_threads": 2},
         },
@@ -390,6 +392,9 @@ def test_page_has_one_row_per_dataset_and_algorithm_and_flags_failures():
     assert "| IB-v0-medium | TD3+BC | 500 | 2,500 | — |" in page
     assert "- a difference" in page and "- everywhere" in page
     assert "BC:\n\n- none beyond the above." in page
+    # BC 20 + 1 and TD3+BC 20 + 1 seconds of ours, 100 + 2 each of d3rlpy's.
+    whole = "The whole study, training and evaluating every row's seeds: d3rlpy 204 s, ours 42 s"
+    assert whole in page
 
 
 # --------------------------------------------------------------------------- command line
@@ -529,6 +534,7 @@ def _saved_study(tmp_path: Path, **changes) -> Path:
         "algorithms": ["bc", "td3bc", "iql"],
         "env_ids": {"bc": "IB-v0", "td3bc": "IB-v0", "iql": "IB-v0"},
         **peer_parity.settings_of(args),
+        "device": "cpu",
         **changes,
     }
 
@@ -638,3 +644,17 @@ def test_base_study_carries_the_rows_not_run_again(tmp_path):
     assert f"Carried over unchanged from `{path.name}`" in page
     assert "IB-v0-medium TD3+BC, IB-v0-high IQL" in page
     assert f"d3rlpy's seeds read back from `{path.name}`" in page
+
+
+def test_page_of_a_saved_study_is_written_without_training(tmp_path, capsys):
+    path = _saved_study(tmp_path)
+    doc = tmp_path / "page.md"
+    argv = ["--peer-python", "/bin/sh", "--doc", str(doc)]
+    assert peer_parity.main([*argv, "--page-from", str(path)]) == 0
+    page = doc.read_text()
+    assert "| IB-v0-high | IQL | 48.3 | 60.0 ± 5.0 | 70.0 ± 2.0 | met |" in page
+    other = tmp_path / "other.json"
+    other.write_text('{"name": "learning", "config": {}, "results": {}}')
+    doc.unlink()
+    assert peer_parity.main([*argv, "--page-from", str(other)]) == 2
+    assert "not a peer-parity result" in capsys.readouterr().err and not doc.exists()
