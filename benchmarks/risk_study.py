@@ -45,6 +45,7 @@ from benchmarks.harness import (
 from benchmarks.safety_study import (
     build_data,
     evaluate_policies,
+    final_metrics,
     horizon_of,
     study_cost,
 )
@@ -141,7 +142,7 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
         scaling = RewardScaling.fit(mixed, entry.reward_scaling)
         progress(f"{env_id} {VARIANTS[name][2]}: {args.seeds} seeds, {args.updates} updates")
         started = time.perf_counter()
-        state, _ = train_offline(
+        state, history = train_offline(
             algorithm,
             scaling.apply(mixed),
             seeds=list(range(args.seeds)),
@@ -159,6 +160,9 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
         task["variants"][name] = {
             "reward_scaling": scaling.to_dict(),
             "per_seed": per_seed,
+            # A safe agent's multipliers and estimated cost values at the end of training.
+            "final_multiplier": final_metrics(history, "multiplier_"),
+            "final_cost_value": final_metrics(history, "cost_value_"),
             **{
                 metric: mean_confidence_interval([seed[metric] for seed in per_seed])
                 for metric in METRICS
@@ -276,15 +280,42 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
         for env_id, task in saved.results["tasks"].items():
             if env_id in results["tasks"]:
                 raise ValueError(f"{path}: task {env_id} is already in an earlier file")
+            # A task of an earlier merge keeps the device and file it came from.
             results["tasks"][env_id] = {
                 **task,
-                "device": saved.config.get("device"),
-                "result": Path(path).name,
+                "device": task.get("device", saved.config.get("device")),
+                "result": task.get("result", Path(path).name),
             }
             config["tasks"].append(env_id)
         config["merged_from"].append(Path(path).name)
     assert config is not None
     return config, results
+
+
+def multiplier_lines(task: dict[str, Any]) -> list[str]:
+    """A paragraph with each safe variant's multipliers and estimated cost values (what
+    they step on) at the end of training, mean over seeds per channel; none without."""
+    parts = []
+    for name, entry in task["variants"].items():
+        multipliers, values = entry.get("final_multiplier"), entry.get("final_cost_value")
+        if not multipliers or not values:
+            continue
+        channels = task["cost"]["channels"]
+        cells = [
+            f"{channel} λ {np.mean(multipliers[f'multiplier_{i}']):.3g}, "
+            f"estimate {np.mean(values[f'cost_value_{i}']):.3g}"
+            for i, channel in enumerate(channels)
+        ]
+        parts.append(f"{VARIANTS[name][2]}: {'; '.join(cells)}")
+    if not parts:
+        return []
+    return [
+        "",
+        "Multipliers and the estimated discounted cost they step on (the cost critics' mean, "
+        "or their CVaR for a cost-CVaR variant), at the end of training, mean over seeds: "
+        + ". ".join(parts)
+        + ".",
+    ]
 
 
 def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
@@ -339,6 +370,7 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
                 f"{_cell(entry['normalized_cost_cvar'], 2)} | "
                 f"{task['timing'][name]['train_s']:.0f} |"
             )
+        lines += multiplier_lines(task)
         if task["pairs"]:
             lines += [
                 "",

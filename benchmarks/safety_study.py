@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,14 @@ def study_cost(env_id: str, args: argparse.Namespace) -> StudyCost:
 def episodes_of(dataset: Any) -> list[dict[str, Any]]:
     """The dataset's episodes as per-episode arrays (to mix datasets)."""
     return dataset.to_episodes()
+
+
+def final_metrics(history: Sequence[dict[str, Any]], prefix: str) -> dict[str, list] | None:
+    """The last chunk's metrics whose names start with ``prefix`` (e.g. ``multiplier_``),
+    each as a list over seeds; ``None`` when the algorithm has none."""
+    last = history[-1]["metrics"]
+    names = sorted(key for key in last if key.startswith(prefix))
+    return {key: np.asarray(last[key]).reshape(-1).tolist() for key in names} or None
 
 
 def build_data(
@@ -374,13 +383,7 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
             entry["shield_on" if shielded else "shield_off"] = summarize(
                 rows, facts["random_return"], facts["expert_return"]
             )
-        last = history[-1]["metrics"]
-        multipliers = sorted(key for key in last if key.startswith("multiplier_"))
-        entry["final_multiplier"] = (
-            {key: np.asarray(last[key]).reshape(-1).tolist() for key in multipliers}
-            if multipliers
-            else None
-        )
+        entry["final_multiplier"] = final_metrics(history, "multiplier_")
         task["algorithms"][name] = entry
         task["timing"][name] = {"train_s": train_s}
         off = entry["shield_off"]

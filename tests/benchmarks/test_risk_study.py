@@ -181,6 +181,26 @@ def test_runs_on_different_tasks_merge_into_one_page(tmp_path):
     assert note in cstr and note not in ib
 
 
+def test_a_merged_study_merges_again_keeping_where_each_task_came_from(tmp_path):
+    from benchmarks.harness import BenchmarkResult
+
+    first = _saved_result(tmp_path / "a", device="cpu")
+    second = _saved_result(tmp_path / "b", "CSTR-v0", device="H100")
+    config, results = risk_study.merge([first, second])
+    merged = BenchmarkResult("risk_study", tag="merged", config=config, results=results)
+    merged_path = merged.save(tmp_path / "m")
+    third = _saved_result(tmp_path / "c", "CSTR-stochastic-v0", device="cpu")
+    config, results = risk_study.merge([merged_path, third])
+    assert config["tasks"] == ["IB-v0", "CSTR-v0", "CSTR-stochastic-v0"]
+    tasks = results["tasks"]
+    assert [tasks[t]["device"] for t in config["tasks"]] == ["cpu", "H100", "cpu"]
+    assert [tasks[t]["result"] for t in config["tasks"]] == [
+        first.name,
+        second.name,
+        third.name,
+    ]
+
+
 def test_a_merge_of_clashing_runs_is_refused_by_name(tmp_path, capsys):
     first = _saved_result(tmp_path / "a")
     with pytest.raises(ValueError, match="task IB-v0 is already in an earlier file"):
@@ -216,3 +236,18 @@ def test_a_kept_result_of_other_settings_is_refused_by_name(tmp_path, capsys):
     with pytest.raises(SystemExit):
         risk_study.parse_args(["--keep", str(tmp_path / "missing.json")])
     assert "--keep" in capsys.readouterr().err
+
+
+def test_the_page_gives_the_safe_variants_multipliers_and_their_cost_estimates():
+    lag = _variant(70.0, 15.0, 1.5, 4.9)
+    lag["final_multiplier"] = {"multiplier_0": [1.0, 3.0], "multiplier_1": [0.0, 0.5]}
+    lag["final_cost_value"] = {"cost_value_0": [2.0, 4.0], "cost_value_1": [0.1, 0.3]}
+    task = {
+        "cost": {"channels": ["T_high", "T_low"], "limits": [6.0, 6.0]},
+        "variants": {"td3bc": _variant(90.0, 50.0, 1.8, 5.2), "td3bc_lag": lag},
+    }
+    [_, line] = risk_study.multiplier_lines(task)
+    assert "TD3BC-Lag: T_high λ 2, estimate 3; T_low λ 0.25, estimate 0.2." in line
+    assert "TD3+BC:" not in line
+    del lag["final_multiplier"]
+    assert risk_study.multiplier_lines(task) == []
