@@ -141,10 +141,10 @@ def critic_step(
     ``[n_costs, B, N']``).
 
     Args:
-        floor: weight of a penalty on the estimate at ``policy_actions`` falling below
-            that at the data's ``actions`` (0: off; a Python number, static). The
-            estimate is what the actor reads: the risk measure of a quantile critic
-            (its upper tail), the mean of a mean critic.
+        floor: weight of a penalty on the expected cost at ``policy_actions`` falling
+            below that at the data's ``actions`` (0: off; a Python number, static). For
+            mean critics only: on quantile critics it diverges (see
+            ``TD3BCLagConfig.cost_floor``), and the agents refuse it.
         policy_actions: the policy's actions, needed when ``floor`` is positive.
         key: the fractions quantile critics draw.
 
@@ -161,11 +161,9 @@ def critic_step(
         if floor > 0.0:
             # The policy's actions are off the data, where a critic trained on the data
             # can be arbitrarily optimistic about cost and the actor would exploit it:
-            # their estimate is held no lower than that of the data's action. For
-            # quantile critics that is the tail the actor reads: off the data nothing else
-            # keeps the upper quantiles above the mean.
-            at_data = critics.risk_values(params, observations, actions)
-            qc_policy = critics.risk_values(params, observations, policy_actions)
+            # their estimate is held no lower than that of the data's action.
+            at_data = critics.q_values(params, observations, actions)
+            qc_policy = critics.q_values(params, observations, policy_actions)
             shortfall = jax.nn.relu(jax.lax.stop_gradient(at_data) - qc_policy)
             loss = loss + floor * jnp.mean(jnp.sum(shortfall, axis=(0, 1)))
         return loss, critics._pairs(qc)
