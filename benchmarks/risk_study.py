@@ -249,6 +249,18 @@ def episodes_identical(task: dict[str, Any]) -> bool:
     return True
 
 
+def kept_by(saved: BenchmarkResult, path: Path) -> dict[str, Any] | None:
+    """What a run made with ``--keep`` carried over, for a result saved before its tasks
+    recorded it: the source file, and its device when the file lies beside ``path`` (the
+    variants are not known)."""
+    source = saved.config.get("kept_from")
+    if not source:
+        return None
+    beside = path.parent / source
+    device = BenchmarkResult.load(beside).config.get("device") if beside.is_file() else None
+    return {"from": source, "device": device, "variants": None}
+
+
 def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
     """One study from saved runs of it on different tasks (the first run's settings head
     the page; each task names the device and file it came from).
@@ -285,6 +297,7 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
                 **task,
                 "device": task.get("device", saved.config.get("device")),
                 "result": task.get("result", Path(path).name),
+                "kept": task.get("kept") or kept_by(saved, Path(path)),
             }
             config["tasks"].append(env_id)
         config["merged_from"].append(Path(path).name)
@@ -318,6 +331,23 @@ def multiplier_lines(task: dict[str, Any]) -> list[str]:
     ]
 
 
+def kept_lines(kept: dict[str, Any] | None) -> list[str]:
+    """A paragraph naming the variants a task carried over from an earlier run."""
+    if not kept or kept.get("variants") == []:
+        return []
+    where = f"trained on {kept['device']}" if kept.get("device") else "trained there"
+    what = (
+        ": " + ", ".join(VARIANTS[name][2] for name in kept["variants"])
+        if kept.get("variants")
+        else " for the variants not trained again in this run"
+    )
+    return [
+        f"Carried over from `{kept['from']}` (the same settings and data; {where}, whose "
+        f"training seconds these are){what}.",
+        "",
+    ]
+
+
 def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
     """The study as a markdown page."""
     lines = [
@@ -340,16 +370,11 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
         f"{IQN['embedding_size']} cosines.",
         "",
     ]
-    if config.get("kept_from"):
-        lines += [
-            f"Variants not trained in this run were carried over from `{config['kept_from']}` "
-            "(the same settings and data); their training seconds are that run's.",
-            "",
-        ]
     for env_id, task in results["tasks"].items():
         lines += [f"## {env_id}", ""]
         if task.get("device"):
             lines += [f"Trained and evaluated on {task['device']} ({task['result']}).", ""]
+        lines += kept_lines(task.get("kept"))
         if episodes_identical(task):
             lines += [
                 "Every policy's episodes here are identical (the task's reset and its "
@@ -429,13 +454,22 @@ def check_keepable(saved: BenchmarkResult, config: dict[str, Any]) -> None:
 
 
 def keep_variants(
-    results: dict[str, Any], saved: BenchmarkResult, rerun: Sequence[str]
+    results: dict[str, Any],
+    saved: BenchmarkResult,
+    rerun: Sequence[str],
+    source: str = "an earlier run",
 ) -> list[str]:
-    """Adds to ``results`` the variants of ``saved`` that this run did not train again (in
-    the saved order, then the new ones) with the pairs recomputed; returns every variant."""
+    """Adds to ``results`` the variants of ``saved`` (the file ``source``) that this run did
+    not train again (in the saved order, then the new ones) with the pairs recomputed, and
+    records per task which were carried from where; returns every variant."""
     order = [name for name in saved.config["variants"] if name not in rerun] + list(rerun)
     for env_id, task in results["tasks"].items():
         old = saved.results["tasks"][env_id]
+        task["kept"] = {
+            "from": source,
+            "device": old.get("device", saved.config.get("device")),
+            "variants": [name for name in old["variants"] if name not in task["variants"]],
+        }
         variants = {**old["variants"], **task["variants"]}
         timing = {**old["timing"], **task["timing"]}
         task["variants"] = {name: variants[name] for name in order if name in variants}
@@ -452,7 +486,7 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         results["tasks"][env_id] = study_task(env_id, args)
     variants = list(args.variants)
     if args.keep is not None:
-        variants = keep_variants(results, args.keep_result, args.variants)
+        variants = keep_variants(results, args.keep_result, args.variants, args.keep.name)
     config = {
         "variants": variants,
         "kept_from": None if args.keep is None else args.keep.name,

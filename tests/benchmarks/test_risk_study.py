@@ -219,9 +219,12 @@ def test_kept_variants_are_carried_over_and_rerun_ones_replaced(tmp_path):
     results = {
         "tasks": {"IB-v0": {"variants": {"td3bc_cvar": rerun}, "timing": {"td3bc_cvar": {}}}}
     }
-    order = risk_study.keep_variants(results, args.keep_result, args.variants)
+    order = risk_study.keep_variants(results, args.keep_result, args.variants, "old.json")
     assert order == ["td3bc", "td3bc_cvar"]
     task = results["tasks"]["IB-v0"]
+    assert task["kept"] == {"from": "old.json", "device": None, "variants": ["td3bc"]}
+    [line, _] = risk_study.kept_lines(task["kept"])
+    assert line.startswith("Carried over from `old.json`") and line.endswith(": TD3+BC.")
     assert task["variants"]["td3bc"]["normalized_return"]["mean"] == 60.0  # kept
     assert task["variants"]["td3bc_cvar"] is rerun  # trained again
     (pair,) = task["pairs"]
@@ -251,3 +254,14 @@ def test_the_page_gives_the_safe_variants_multipliers_and_their_cost_estimates()
     assert "TD3+BC:" not in line
     del lag["final_multiplier"]
     assert risk_study.multiplier_lines(task) == []
+
+
+def test_a_merge_names_what_a_kept_run_carried_over_and_from_which_device(tmp_path):
+    source = _saved_result(tmp_path, "CSTR-v0", device="H100")
+    rerun = _saved_result(tmp_path, "CSTR-v0", device="cpu", kept_from=source.name)
+    _, results = risk_study.merge([rerun])
+    kept = results["tasks"]["CSTR-v0"]["kept"]
+    assert kept == {"from": source.name, "device": "H100", "variants": None}
+    [line, _] = risk_study.kept_lines(kept)
+    assert "trained on H100" in line and line.endswith("not trained again in this run.")
+    assert risk_study.kept_lines(None) == []
