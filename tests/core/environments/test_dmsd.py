@@ -135,7 +135,9 @@ def test_targets_starts_and_switches_follow_the_reference(dmsd):
     assert np.all(np.abs(plant[:, :2]) <= 0.25) and np.all(np.abs(plant[:, 2:]) <= 0.1)
     # The observation shows the first targets until step 49 and the second from step 50.
     state = jax.tree.map(lambda leaf: leaf[0], states)
-    observe = jax.jit(lambda time: env.observe(state.plant, params, time, state.episode))
+    observe = jax.jit(
+        lambda time: env.observe(state.plant, params, time, state.episode, state.deviation)
+    )
     np.testing.assert_array_equal(observe(49)[4:], episode[0, :2])
     np.testing.assert_array_equal(observe(50)[4:], episode[0, 2:])
 
