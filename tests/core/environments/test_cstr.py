@@ -404,8 +404,8 @@ def test_the_stochastic_variant_is_the_benchmark_with_a_random_feed(cstr):
     runs = [
         rollout(k, noisy, noisy_params, constant, 256, 60, record=True).transitions for k in keys
     ]
-    again = rollout(keys[0], noisy, noisy_params, constant, 256, 60, record=True).transitions
-    np.testing.assert_array_equal(runs[0].observation, again.observation)  # reproducible
+    # Another key, another feed (the same key's regeneration is bit-identical:
+    # tests/integration/datasets/test_factory_tasks.py).
     assert not np.array_equal(runs[0].observation, runs[1].observation)
     feed = np.asarray(runs[0].observation[..., 3:])  # [steps, envs, (Ti, Caf)]
     low, high = noisy.disturbance_low, noisy.disturbance_high
@@ -426,10 +426,10 @@ def test_the_stochastic_variant_is_the_benchmark_with_a_random_feed(cstr):
 def test_the_feed_observed_before_an_interval_is_the_one_applied_over_it():
     env, params = make("CSTR-stochastic-v0")
     state, timestep = env.reset(KEY, params)
-    step = jax.jit(env.step_env)
+    step, integrate = jax.jit(env.step_env), jax.jit(env.integrate)
     for index in range(5):
         control = jnp.array([298.0 + index])
-        expected = env.integrate(state.plant, control, timestep.observation[3:], params)
+        expected = integrate(state.plant, control, timestep.observation[3:], params)
         state, timestep = step(jax.random.PRNGKey(index), state, control, params)
         np.testing.assert_allclose(state.plant, expected, rtol=1e-6)
     # The deviation moved: the feed observed now is not the schedule.

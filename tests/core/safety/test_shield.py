@@ -138,7 +138,7 @@ def feasible_specs(draw):
     return ConstraintSpec.from_dict(spec).compile(2, size)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     constraints=feasible_specs(),
     obs=st.lists(st.floats(-2, 2, width=32), min_size=2, max_size=2).map(np.float32),

@@ -245,6 +245,7 @@ print(json.dumps({"index": index, "devices": len(jax.devices()),
 """
 
 
+@pytest.mark.slow
 def test_two_processes_each_with_its_own_shard_train_what_one_process_trains(tank, tmp_path):
     dataset, card = tank
     save_native(dataset, tmp_path / "tank", card)
