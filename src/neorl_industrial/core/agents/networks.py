@@ -41,13 +41,12 @@ def kernel_initializer(name: str = "lecun", batch_axis: Sequence[int] = ()) -> A
     Raises:
         ValueError: for an unknown name.
     """
+    check_weight_init(name)
     if name == "lecun":
         return nn.initializers.lecun_normal(batch_axis=tuple(batch_axis))
-    if name == "uniform":
-        return nn.initializers.variance_scaling(
-            1.0 / 3.0, "fan_in", "uniform", batch_axis=tuple(batch_axis)
-        )
-    raise ValueError(f"weight_init: expected one of {list(KERNEL_INITS)}, got {name!r}")
+    return nn.initializers.variance_scaling(
+        1.0 / 3.0, "fan_in", "uniform", batch_axis=tuple(batch_axis)
+    )
 
 
 def bias_initializer(name: str, fan_in: int) -> Any:
