@@ -54,6 +54,8 @@ Usage (from the repository root)::
     python -m benchmarks.learning --quick --no-save    # a minutes-long smoke run
     python -m benchmarks.learning --algorithms cql -t cql   # one algorithm per run ...
     python -m benchmarks.learning --merge benchmarks/results/learning-*.json  # ... merged
+    # a row re-run on one dataset: the other datasets from the earlier run
+    python -m benchmarks.learning --merge OLD.json:medium,high NEW_LOW.json
 
 The run is saved like every benchmark (``benchmarks/results/learning-<tag>-<time>.json``),
 the plots go to ``--images`` and the markdown page to ``--doc``.
@@ -257,22 +259,31 @@ PER_RUN = (
 
 
 def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One study from several saved runs of the same settings with different algorithms
-    or tasks (e.g. one run per algorithm, each within a time limit); curves, reward
-    scalings and timing travel with their algorithm.
+    """One study from several saved runs of the same settings with different algorithms,
+    tasks or qualities (e.g. one run per algorithm, each within a time limit); curves,
+    reward scalings and timing travel with their algorithm.
+
+    ``RESULT:QUALITY,...`` takes only those datasets of a run: an algorithm's row may be
+    joined from runs on disjoint qualities (CQL on ``low`` re-run on its own beside
+    ``medium`` and ``high`` from an earlier run). Such an algorithm's timing sums its parts
+    and keeps them (``parts``: qualities, device, seconds), and its device names the
+    qualities run on each.
 
     Raises:
         ValueError: when the runs' settings (other than algorithms, tasks, qualities and
-            updates) differ, or two runs hold the same algorithm on the same task.
+            updates) differ, two runs hold the same algorithm on the same dataset, the
+            parts of one algorithm differ in updates or curve points, or a selection names
+            a quality the run does not hold.
     """
     if not paths:
         raise ValueError("merge: expected at least one result file")
     runs = []
-    for path in paths:
+    for spec in paths:
+        path, selected = _merge_spec(spec)
         run = BenchmarkResult.load(path)
         if run.name != NAME:
             raise ValueError(f"{path}: not a learning study (benchmark {run.name!r})")
-        runs.append(as_suite(run.config, run.results))
+        runs.append(_select_qualities(spec, *as_suite(run.config, run.results), selected))
     base = dict(runs[0][0])
     algorithms: list[str] = []
     tasks: list[str] = []
@@ -300,18 +311,24 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
             )
             # A merged run may hold an algorithm on some of its tasks only.
             for name in (n for n in run_config["algorithms"] if n in task["timing"]):
-                if name in merged["timing"]:
-                    raise ValueError(f"{path}: algorithm {name!r} on {env_id} appears in two runs")
                 if name not in algorithms:
                     algorithms.append(name)
-                merged["timing"][name] = {
+                held = [
+                    q for q in QUALITIES if name in task["datasets"].get(q, {}).get("scores", {})
+                ]
+                part = {
                     "n_updates": run_config["n_updates"],
                     "device": run_config.get("device", "unknown"),
                     **task["timing"][name],
+                    "qualities": held,
                 }
-                merged["history"][name] = task["history"][name]
-                if name in task.get("curves", {}):
-                    merged["curves"][name] = task["curves"][name]
+                if name not in merged["timing"]:
+                    merged["timing"][name] = part
+                    merged["history"][name] = task["history"][name]
+                    if name in task.get("curves", {}):
+                        merged["curves"][name] = task["curves"][name]
+                    continue
+                _join_part(f"{path}: algorithm {name!r} on {env_id}", merged, task, name, part)
             for quality, entry in task["datasets"].items():
                 target = merged["datasets"].setdefault(
                     quality,
@@ -341,12 +358,105 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
     if len(set(devices.values())) > 1:
         config["device"] = {name: devices[name] for name in config["algorithms"]}
         config.pop("jax_backend", None)
-    config["merged_from"] = [Path(path).name for path in paths]
+    config["merged_from"] = [
+        Path(path).name + (f":{','.join(selected)}" if selected else "")
+        for path, selected in map(_merge_spec, paths)
+    ]
     for task in results["tasks"].values():
         task["checks"] = checks(config, task)
     results["summary"] = summary(config, results)
     results["wall_time"] = wall_time(results)
     return config, results
+
+
+def _merge_spec(spec: str | Path) -> tuple[str, tuple[str, ...] | None]:
+    """``RESULT`` or ``RESULT:QUALITY,...`` as (path, selected qualities or None)."""
+    path, colon, tail = str(spec).rpartition(":")
+    if not colon or "/" in tail or tail.endswith(".json"):
+        return str(spec), None
+    qualities = tuple(tail.split(","))
+    unknown = [q for q in qualities if q not in QUALITIES]
+    if unknown:
+        raise ValueError(
+            f"{spec}: unknown quality {', '.join(map(repr, unknown))} after the colon "
+            f"(expected RESULT:QUALITY,... with qualities among {', '.join(QUALITIES)})"
+        )
+    return path, qualities
+
+
+def _select_qualities(
+    spec: str | Path,
+    config: dict[str, Any],
+    results: dict[str, Any],
+    selected: tuple[str, ...] | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run with only the ``selected`` datasets (and their curves) of every task."""
+    if selected is None:
+        return config, results
+    for quality in selected:
+        if not any(quality in task["datasets"] for task in results["tasks"].values()):
+            raise ValueError(f"{spec}: the run holds no {quality} dataset")
+    tasks = {}
+    for env_id, task in results["tasks"].items():
+        curves = {
+            name: {**curve, "scores": {q: s for q, s in curve["scores"].items() if q in selected}}
+            for name, curve in task.get("curves", {}).items()
+        }
+        datasets = {q: e for q, e in task["datasets"].items() if q in selected}
+        tasks[env_id] = {**task, "datasets": datasets, "curves": curves}
+    config = {**config, "qualities": [q for q in config["qualities"] if q in selected]}
+    return config, {**results, "tasks": tasks}
+
+
+def _join_part(
+    where: str, merged: dict[str, Any], task: dict[str, Any], name: str, part: dict[str, Any]
+) -> None:
+    """Joins another run's ``part`` of algorithm ``name`` (other qualities of the same
+    task) to the merged task: timing summed with the parts kept, curves and history
+    joined."""
+    timing = merged["timing"][name]
+    parts = timing.get("parts", [timing])
+    overlap = [q for q in part["qualities"] if any(q in p["qualities"] for p in parts)]
+    if overlap:
+        raise ValueError(
+            f"{where} appears in two runs (on {', '.join(overlap)}); take each dataset "
+            "from one run with RESULT:QUALITY,..."
+        )
+    if part["n_updates"] != timing["n_updates"]:
+        raise ValueError(
+            f"{where}: {part['n_updates']:,} updates, where its other datasets had "
+            f"{timing['n_updates']:,}; one row is one budget"
+        )
+    curve, other = merged["curves"].get(name), task.get("curves", {}).get(name)
+    if (curve is None) != (other is None) or (
+        curve is not None
+        and (curve["updates"], curve["episodes"]) != (other["updates"], other["episodes"])
+    ):
+        raise ValueError(f"{where}: its learning curve has other points than its other datasets")
+    if curve is not None:
+        curve["scores"] = {**curve["scores"], **other["scores"]}
+    parts = [*parts, part]
+    devices: dict[str, list[str]] = {}
+    for p in parts:
+        devices.setdefault(p["device"], []).extend(p["qualities"])
+    merged["timing"][name] = {
+        "n_updates": timing["n_updates"],
+        "device": next(iter(devices))
+        if len(devices) == 1
+        else "; ".join(f"{device} ({', '.join(qs)})" for device, qs in devices.items()),
+        "train_s": sum(p.get("train_s", 0.0) for p in parts),
+        "eval_s": sum(p.get("eval_s", 0.0) for p in parts),
+        "sessions": sum(p.get("sessions", 1) for p in parts),
+        "qualities": [q for q in QUALITIES if any(q in p["qualities"] for p in parts)],
+        "parts": [{k: v for k, v in p.items() if k != "parts"} for p in parts],
+    }
+    earlier = merged["history"][name]
+    if "parts" not in timing:  # the first join: the first part's chunks say their datasets
+        earlier = [{**entry, "qualities": timing["qualities"]} for entry in earlier]
+    merged["history"][name] = [
+        *earlier,
+        *({**entry, "qualities": part["qualities"]} for entry in task["history"][name]),
+    ]
 
 
 #: A dataset's results kept per algorithm (merged algorithm by algorithm).
@@ -430,7 +540,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--merge",
         nargs="+",
         metavar="RESULT",
-        help="write the page (and a combined result) from saved runs instead of running",
+        help="write the page (and a combined result) from saved runs instead of running; "
+        "RESULT:QUALITY,... takes only those datasets of a run",
     )
     parser.add_argument(
         "--quick",
@@ -483,7 +594,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = utc_timestamp()
     try:
         config, results = merge(args.merge) if args.merge else run_study(args)
-    except (FileExistsError, CheckpointMismatchError) as error:
+    except (FileExistsError, CheckpointMismatchError, ValueError) as error:
+        # A merge's ValueError names bad input (its files); a study's is a defect.
+        study_defect = not isinstance(error, (FileExistsError, CheckpointMismatchError))
+        if study_defect and not args.merge:
+            raise
         print(f"python -m benchmarks.learning: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

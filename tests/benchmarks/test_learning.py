@@ -302,6 +302,7 @@ def _saved(
     updates: int,
     trajectories=100,
     device="cpu",
+    score=40.0,
 ):
     from benchmarks.harness import BenchmarkResult
 
@@ -318,12 +319,12 @@ def _saved(
         "trajectories": trajectories,
         "device": device,
     }
-    results = _results({algorithm: (40.0, 2.0)}, 30.0)
+    results = _results({algorithm: (score, 2.0)}, 30.0)
     results["datasets"] = {q: dict(results["datasets"]["low"]) for q in qualities}
     for entry in results["datasets"].values():
-        entry["per_seed_scores"] = {algorithm: [40.0] * 5}
+        entry["per_seed_scores"] = {algorithm: [score] * 5}
         entry["reward_scaling"] = {algorithm: {"kind": "std", "shift": 0.0, "scale": 0.5}}
-    results["history"] = {algorithm: []}
+    results["history"] = {algorithm: [{"updates": updates, "seconds": 1.0}]}
     results["curves"] = {
         algorithm: {
             "updates": [updates // 2, updates],
@@ -369,6 +370,46 @@ def test_merge_of_runs_on_two_devices_says_which_ran_where(tmp_path):
     assert config["device"] == "cpu"
     page = learning_page.markdown(config, results)
     assert "Device: cpu." in page and " on cpu" not in page
+
+
+def test_a_row_joins_runs_on_disjoint_datasets_when_the_qualities_are_selected(tmp_path, capsys):
+    # CQL on all three datasets on an accelerator, then low re-run on its own on the CPU
+    old = _saved(tmp_path, "old", "cql", ["low", "medium", "high"], 10_000, device="H100")
+    new = _saved(tmp_path, "new", "cql", ["low"], 10_000, score=55.0)
+    bc = _saved(tmp_path, "bc", "bc", ["low", "medium", "high"], 10_000)
+    config, results = learning.merge([bc, f"{old}:medium,high", new])
+    task = results["tasks"]["IB-v0"]
+    assert task["datasets"]["low"]["scores"]["cql"]["mean"] == 55.0
+    assert task["datasets"]["low"]["per_seed_scores"]["cql"] == [55.0] * 5
+    assert task["datasets"]["medium"]["scores"]["cql"]["mean"] == 40.0
+    assert set(task["curves"]["cql"]["scores"]) == {"medium", "high", "low"}
+    timing = task["timing"]["cql"]
+    assert timing["device"] == "H100 (medium, high); cpu (low)"
+    assert [part["qualities"] for part in timing["parts"]] == [["medium", "high"], ["low"]]
+    assert timing["train_s"] == pytest.approx(2.0)
+    assert [entry["qualities"] for entry in task["history"]["cql"]] == [["medium", "high"], ["low"]]
+    assert config["merged_from"] == ["bc.json", "old.json:medium,high", "new.json"]
+    page = learning_page.markdown(config, results)
+    assert "CQL on H100 (medium, high); cpu (low)" in page
+    assert "| IB-v0-low | 30.0 | 40.0 ± 2.0 | 55.0 ± 2.0 |" in page
+    # the merged study merges again
+    again = tmp_path / "again.json"
+    again.write_text(
+        harness.BenchmarkResult(name="learning", config=config, results=results).to_json()
+    )
+    assert learning.merge([again])[1]["tasks"]["IB-v0"]["timing"]["cql"]["parts"]
+    # each dataset from one run, one budget per row, and selections that name what is there
+    with pytest.raises(ValueError, match=r"'cql' on IB-v0 appears in two runs \(on low\)"):
+        learning.merge([old, new])
+    other_budget = _saved(tmp_path, "b5k", "cql", ["low"], 5_000)
+    with pytest.raises(ValueError, match="5,000 updates, where its other datasets had 10,000"):
+        learning.merge([f"{old}:medium,high", other_budget])
+    with pytest.raises(ValueError, match="unknown quality 'lo'"):
+        learning.merge([f"{old}:lo"])
+    with pytest.raises(ValueError, match="the run holds no high dataset"):
+        learning.merge([f"{new}:high"])
+    assert learning.main(["--merge", str(old), str(new), "--no-save"]) == 2
+    assert "appears in two runs (on low)" in capsys.readouterr().err
 
 
 def test_a_diverged_curve_is_drawn_on_the_floor_not_stretching_the_axis(tmp_path, monkeypatch):
