@@ -25,6 +25,28 @@ def test_every_algorithm_builds_with_its_defaults(name):
     assert state.policy is not None
 
 
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_policy_acts_and_a_stochastic_action_without_a_key_is_named(name):
+    entry = ALGORITHMS[name]
+    n_actions = 27 if entry.discrete else 3
+    algorithm, _ = build_algorithm(name, 6, n_actions, {"hidden": [8]})
+    policy = algorithm.init(jax.random.PRNGKey(0)).policy
+    observations = jax.numpy.ones((5, 6))
+    greedy = algorithm.act(policy, observations, deterministic=True)
+    drawn = algorithm.act(policy, observations, jax.random.PRNGKey(1), deterministic=False)
+    for action in (greedy, drawn):
+        if entry.discrete:
+            assert action.shape == (5,) and bool(((action >= 0) & (action < n_actions)).all())
+        else:
+            assert action.shape == (5, 3) and bool((abs(action) <= 1.0).all())
+    try:
+        keyless = algorithm.act(policy, observations, deterministic=False)
+    except ValueError as error:  # a policy that samples needs the key
+        assert "key: a stochastic action needs a PRNG key" in str(error)
+    else:  # a deterministic policy (BC, TD3+BC) acts the same either way
+        assert bool((keyless == greedy).all()) and bool((drawn == greedy).all())
+
+
 def test_names_are_forgiving_about_spelling_but_not_about_typos():
     assert algorithm_entry("TD3+BC").name == "td3bc"
     assert algorithm_entry("td3bc_lag").name == "td3bc-lag"

@@ -26,6 +26,7 @@ from neorl_industrial.core.agents.networks import (
     check_observation_stats,
     check_weight_init,
     polyak_average,
+    stochastic_key,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
 
@@ -62,6 +63,14 @@ class DiscreteBCConfig:
             raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
         check_weight_init(self.weight_init)
         check_observation_stats(self)
+
+
+def pick_action(scores: jax.Array, key: jax.Array | None, deterministic: bool) -> jax.Array:
+    """The action of the highest score, or one drawn with probabilities ``softmax(scores)``
+    (logits or Q-values) with ``key``."""
+    if deterministic:
+        return jnp.argmax(scores, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(stochastic_key(key), scores).astype(jnp.int32)
 
 
 @struct.dataclass
@@ -131,11 +140,7 @@ def make_discrete_bc(config: DiscreteBCConfig, obs_size: int, num_actions: int) 
         deterministic: bool = True,
     ) -> jax.Array:
         logits = network.apply(policy_params.actor, policy_params.normalizer(observation))
-        if deterministic:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        if key is None:
-            raise ValueError("key: a stochastic action needs a PRNG key")
-        return jax.random.categorical(key, logits).astype(jnp.int32)
+        return pick_action(logits, key, deterministic)
 
     return Algorithm(init=init, update=update, act=act)
 
@@ -289,10 +294,6 @@ def make_discrete_cql(config: DiscreteCQLConfig, obs_size: int, num_actions: int
         deterministic: bool = True,
     ) -> jax.Array:
         q = network.apply(policy_params.actor, policy_params.normalizer(observation))
-        if deterministic:
-            return jnp.argmax(q, axis=-1).astype(jnp.int32)
-        if key is None:
-            raise ValueError("key: a stochastic action needs a PRNG key")
-        return jax.random.categorical(key, q).astype(jnp.int32)
+        return pick_action(q, key, deterministic)
 
     return Algorithm(init=init, update=update, act=act)

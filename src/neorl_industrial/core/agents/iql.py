@@ -35,6 +35,7 @@ from neorl_industrial.core.agents.networks import (
     PolicyParams,
     check_observation_stats,
     polyak_average,
+    stochastic_key,
 )
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics, gradient_step
 
@@ -307,9 +308,7 @@ def make_iql(config: IQLConfig, obs_size: int, action_size: int) -> Algorithm:
         )
         if deterministic:
             return mean
-        if key is None:
-            raise ValueError("key: a stochastic action needs a PRNG key")
-        noise = jax.random.normal(key, mean.shape)
+        noise = jax.random.normal(stochastic_key(key), mean.shape)
         return jnp.clip(mean + jnp.exp(log_std) * noise, -1.0, 1.0)
 
     return Algorithm(init=init, update=update, act=act)

@@ -212,6 +212,28 @@ class TanhGaussianActor(nn.Module):
         mean, _ = self.apply(params, observation)
         return jnp.tanh(mean)
 
+    def act(
+        self,
+        policy: PolicyParams,
+        observation: jax.Array,
+        key: jax.Array | None,
+        deterministic: bool,
+    ) -> jax.Array:
+        """The policy's action on a raw observation (normalized here): ``tanh(mean)``, or a
+        sample drawn with ``key``."""
+        normalized = policy.normalizer(observation)
+        if deterministic:
+            return self.mean_action(policy.actor, normalized)
+        action, _ = self.sample(policy.actor, normalized, stochastic_key(key))
+        return action
+
+
+def stochastic_key(key: jax.Array | None) -> jax.Array:
+    """``key``, which a stochastic action needs; a clear error without one."""
+    if key is None:
+        raise ValueError("key: a stochastic action needs a PRNG key")
+    return key
+
 
 def _critic_forward(
     layers: Sequence[tuple[jax.Array, jax.Array]],

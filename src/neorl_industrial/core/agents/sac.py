@@ -341,13 +341,7 @@ def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
         key: jax.Array | None = None,
         deterministic: bool = False,
     ) -> jax.Array:
-        normalized = policy_params.normalizer(observation)
-        if deterministic:
-            return actor.mean_action(policy_params.actor, normalized)
-        if key is None:
-            raise ValueError("key: a stochastic action needs a PRNG key")
-        action, _ = actor.sample(policy_params.actor, normalized, key)
-        return action
+        return actor.act(policy_params, observation, key, deterministic)
 
     return Algorithm(init=init, update=update, act=act)
 
