@@ -256,6 +256,25 @@ def save_study(
     return path
 
 
+def publish_study(
+    name: str,
+    args: Any,
+    started: str,
+    config: Mapping[str, Any],
+    results: Mapping[str, Any],
+    page: str,
+) -> Path | None:
+    """Prints a study's page and, unless ``args.no_save``, saves it with its result
+    (:func:`save_study`) and says where on stderr. Returns the result's path (None when
+    not saved)."""
+    print(page)
+    if args.no_save:
+        return None
+    path = save_study(name, args, started, config, results, page)
+    print(f"Wrote {path} and {args.doc}", file=sys.stderr)
+    return path
+
+
 @dataclasses.dataclass
 class BenchmarkResult:
     """One run of one benchmark.

@@ -49,7 +49,7 @@ from benchmarks.harness import (
     Table,
     evaluate_targets,
     progress,
-    save_study,
+    publish_study,
     utc_timestamp,
 )
 from neorl_industrial.functional.transformations.evaluation import discounted_values
@@ -566,10 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = utc_timestamp()
     config, results = run_study(args)
     page = markdown(config, results)
-    print(page)
-    if not args.no_save:
-        path = save_study(NAME, args, started, config, results, page)
-        print(f"Wrote {path} and {args.doc}", file=sys.stderr)
+    publish_study(NAME, args, started, config, results, page)
     return 0
 
 

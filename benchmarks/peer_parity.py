@@ -67,7 +67,7 @@ from benchmarks.harness import (
     DEFAULT_RESULTS_DIR,
     BenchmarkResult,
     progress,
-    save_study,
+    publish_study,
     utc_timestamp,
     write_atomically,
 )
@@ -1247,10 +1247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.base_result is not None:
         config, results = with_base(config, results, args.base_result, args.base.name)
     page = markdown(config, results)
-    print(page)
-    if not args.no_save:
-        path = save_study(NAME, args, started, config, results, page)
-        print(f"Wrote {path} and {args.doc}", file=sys.stderr)
+    publish_study(NAME, args, started, config, results, page)
     return 0
 
 

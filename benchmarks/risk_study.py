@@ -39,7 +39,7 @@ from benchmarks.harness import (
     BenchmarkResult,
     mean_confidence_interval,
     progress,
-    save_study,
+    publish_study,
     utc_timestamp,
 )
 from benchmarks.safety_study import (
@@ -593,10 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         config, results = run_study(args)
     page = markdown(config, results)
-    print(page)
-    if not args.no_save:
-        path = save_study(NAME, args, started, config, results, page)
-        print(f"Wrote {path} and {args.doc}", file=sys.stderr)
+    publish_study(NAME, args, started, config, results, page)
     return 0
 
 

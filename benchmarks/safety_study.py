@@ -46,7 +46,7 @@ from benchmarks.harness import (
     DEFAULT_RESULTS_DIR,
     REPO_ROOT,
     progress,
-    save_study,
+    publish_study,
     utc_timestamp,
 )
 from benchmarks.learning import (
@@ -624,12 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     started = utc_timestamp()
     config, results = run_study(args)
     page = markdown(config, results)
-    print(page)
-    if not args.no_save:
-        doc = Path(args.doc)
-        args.doc = doc if doc.is_absolute() else Path(REPO_ROOT) / doc
-        path = save_study(NAME, args, started, config, results, page)
-        progress(f"Wrote {path} and {args.doc}")
+    doc = Path(args.doc)
+    args.doc = doc if doc.is_absolute() else Path(REPO_ROOT) / doc
+    publish_study(NAME, args, started, config, results, page)
     passed = all(
         check["passed"] for task in results["tasks"].values() for check in task["checks"].values()
     )

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import DEFAULT_RESULTS_DIR, progress, save_study, utc_timestamp
+from benchmarks.harness import DEFAULT_RESULTS_DIR, progress, publish_study, utc_timestamp
 
 NAME = "selection_study"
 DATASETS = (
@@ -257,10 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     results = {"datasets": rows, "seconds": seconds}
     text = page(config, rows, seconds)
-    print(text)
-    if not args.no_save:
-        path = save_study(NAME, args, started, config, results, text)
-        print(f"Wrote {path} and {args.doc}")
+    publish_study(NAME, args, started, config, results, text)
     return 0
 
 

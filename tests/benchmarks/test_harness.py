@@ -223,6 +223,21 @@ def test_a_study_saves_its_result_then_its_page_and_keeps_the_old_page_on_failur
     assert sorted(p.name for p in tmp_path.iterdir()) == ["page.md", "results"]
 
 
+def test_publish_prints_the_page_and_saves_unless_told_not_to(tmp_path: Path, capsys) -> None:
+    doc = tmp_path / "page.md"
+    args = types.SimpleNamespace(
+        description="a study", tag="t1", results_dir=tmp_path / "results", doc=doc, no_save=True
+    )
+    assert harness.publish_study("study", args, "2026-01-02T03:04:05Z", {}, {}, "# P\n") is None
+    assert capsys.readouterr().out == "# P\n\n" and not doc.exists()
+    assert not (tmp_path / "results").exists()
+    args.no_save = False
+    path = harness.publish_study("study", args, "2026-01-02T03:04:05Z", {"n": 1}, {}, "# P\n")
+    assert harness.BenchmarkResult.load(path).config == {"n": 1}
+    assert doc.read_text() == "# P\n"
+    assert f"Wrote {path} and {doc}" in capsys.readouterr().err
+
+
 def test_load_rejects_other_json(tmp_path: Path) -> None:
     path = tmp_path / "other.json"
     path.write_text("[1, 2, 3]")
