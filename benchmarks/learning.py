@@ -255,6 +255,8 @@ PER_RUN = (
     "tasks",
     "device",
     "jax_backend",
+    "merged_from",
+    "sources",
 )
 
 
@@ -266,8 +268,10 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
     ``RESULT:QUALITY,...`` takes only those datasets of a run: an algorithm's row may be
     joined from runs on disjoint qualities (CQL on ``low`` re-run on its own beside
     ``medium`` and ``high`` from an earlier run). Such an algorithm's timing sums its parts
-    and keeps them (``parts``: qualities, device, seconds), and its device names the
-    qualities run on each.
+    and keeps them (``parts``: qualities, device, seconds; a selected run's seconds are the
+    whole run's, whose datasets trained in one program), and its device names the
+    qualities run on each. ``config["sources"]`` names every run behind the merge (file,
+    description, commit, time), which the page lists.
 
     Raises:
         ValueError: when the runs' settings (other than algorithms, tasks, qualities and
@@ -278,12 +282,24 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
     if not paths:
         raise ValueError("merge: expected at least one result file")
     runs = []
+    sources: list[dict[str, str]] = []
     for spec in paths:
         path, selected = _merge_spec(spec)
         run = BenchmarkResult.load(path)
         if run.name != NAME:
             raise ValueError(f"{path}: not a learning study (benchmark {run.name!r})")
         runs.append(_select_qualities(spec, *as_suite(run.config, run.results), selected))
+        sources.extend(
+            run.config.get("sources")
+            or [
+                {
+                    "file": Path(path).name + (f":{','.join(selected)}" if selected else ""),
+                    "description": run.description,
+                    "commit": str(run.system.get("git_commit") or "")[:7],
+                    "timestamp": run.timestamp,
+                }
+            ]
+        )
     base = dict(runs[0][0])
     algorithms: list[str] = []
     tasks: list[str] = []
@@ -362,6 +378,8 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
         Path(path).name + (f":{','.join(selected)}" if selected else "")
         for path, selected in map(_merge_spec, paths)
     ]
+    # The runs behind the page (a merge of merges keeps the original runs).
+    config["sources"] = sources
     for task in results["tasks"].values():
         task["checks"] = checks(config, task)
     results["summary"] = summary(config, results)

@@ -368,6 +368,14 @@ def markdown(config: dict[str, Any], results: dict[str, Any], images: str | None
         "defaults (CORL's) except the network widths given above.",
         "",
     ]
+    if config.get("sources"):
+        lines += ["Merged from these runs (`benchmarks/results/`):", ""]
+        lines += [
+            f"- `{source['file']}`: {source['description']} "
+            f"(commit {source['commit'] or 'unknown'}, {source['timestamp'][:10]})"
+            for source in config["sources"]
+        ]
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -392,12 +392,22 @@ def test_a_row_joins_runs_on_disjoint_datasets_when_the_qualities_are_selected(t
     page = learning_page.markdown(config, results)
     assert "CQL on H100 (medium, high); cpu (low)" in page
     assert "| IB-v0-low | 30.0 | 40.0 ± 2.0 | 55.0 ± 2.0 |" in page
-    # the merged study merges again
+    assert [source["file"] for source in config["sources"]] == config["merged_from"]
+    assert "- `old.json:medium,high`: " in page and "(commit unknown, " in page
+    # the merged study merges again, with another run, and keeps the original runs
     again = tmp_path / "again.json"
     again.write_text(
         harness.BenchmarkResult(name="learning", config=config, results=results).to_json()
     )
-    assert learning.merge([again])[1]["tasks"]["IB-v0"]["timing"]["cql"]["parts"]
+    td3bc = _saved(tmp_path, "td3bc", "td3bc", ["low"], 10_000)
+    config, results = learning.merge([again, td3bc])
+    assert results["tasks"]["IB-v0"]["timing"]["cql"]["parts"]
+    assert [source["file"] for source in config["sources"]] == [
+        "bc.json",
+        "old.json:medium,high",
+        "new.json",
+        "td3bc.json",
+    ]
     # each dataset from one run, one budget per row, and selections that name what is there
     with pytest.raises(ValueError, match=r"'cql' on IB-v0 appears in two runs \(on low\)"):
         learning.merge([old, new])
