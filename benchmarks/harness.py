@@ -11,6 +11,7 @@ read side by side by ``python -m benchmarks.compare``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -106,6 +107,17 @@ def _git(*args: str) -> str | None:
     return completed.stdout.strip()
 
 
+@functools.cache
+def code_state() -> tuple[str | None, bool | None]:
+    """The git commit of the code this process runs and whether the tree had uncommitted
+    changes (None outside a git checkout), read once: when the harness is imported, so
+    that a study running for hours records the code it started with, not the tree at its
+    end."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return commit, bool(status) if status is not None else None
+
+
 def system_info() -> dict[str, Any]:
     """Describes the machine and software a benchmark runs on.
 
@@ -114,8 +126,8 @@ def system_info() -> dict[str, Any]:
     Returns:
         A JSON-serialisable dict with the platform, Python, CPU model, logical CPU count,
         CPU affinity, total memory, JAX/jaxlib/numpy/package versions, the JAX devices
-        and default backend, the git commit of the working tree (None outside a git
-        checkout) and whether the tree had uncommitted changes.
+        and default backend, the git commit of the code (:func:`code_state`; None
+        outside a git checkout) and whether the tree had uncommitted changes.
     """
     import jax
     import jaxlib
@@ -129,8 +141,7 @@ def system_info() -> dict[str, Any]:
         package_version = None
 
     affinity = _cpu_affinity()
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    commit, dirty = code_state()
     return {
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -149,7 +160,7 @@ def system_info() -> dict[str, Any]:
         "numpy_version": np.__version__,
         "package_version": package_version,
         "git_commit": commit,
-        "git_dirty": bool(status) if status is not None else None,
+        "git_dirty": dirty,
         "env": {name: os.environ[name] for name in _RECORDED_ENV_VARS if name in os.environ},
         "argv": list(sys.argv[1:]),
     }
@@ -619,3 +630,7 @@ def wait_for_http(
             tail = f":\n{log.read_text()[-4000:]}" if log is not None and log.exists() else ""
             raise RuntimeError(f"{url}: the server did not come up{tail}")
         time.sleep(0.3)
+
+
+# The code's commit as the process starts (studies save their results hours later).
+code_state()

@@ -68,9 +68,21 @@ def test_system_info_tolerates_missing_git(monkeypatch: pytest.MonkeyPatch) -> N
         raise FileNotFoundError("git")
 
     monkeypatch.setattr(harness.subprocess, "run", no_git)
-    info = harness.system_info()
-    assert info["git_commit"] is None
-    assert info["git_dirty"] is None
+    harness.code_state.cache_clear()
+    try:
+        info = harness.system_info()
+        assert info["git_commit"] is None
+        assert info["git_dirty"] is None
+    finally:
+        harness.code_state.cache_clear()
+
+
+def test_the_commit_recorded_is_the_one_the_process_started_with(monkeypatch):
+    started_with = harness.code_state()
+    monkeypatch.setattr(harness, "_git", lambda *args: "f" * 40)  # a commit made since
+    assert (harness.system_info()["git_commit"], harness.system_info()["git_dirty"]) == (
+        started_with
+    )
 
 
 def test_git_failure_exit_status_gives_none(monkeypatch: pytest.MonkeyPatch) -> None:
