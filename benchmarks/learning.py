@@ -224,7 +224,6 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "eval_every": args.eval_every,
         "curve_episodes": args.curve_episodes,
         "reward_scaling": args.reward_scaling or PER_ALGORITHM,
-        "seed_loop": args.seed_loop,
         "device": str(jax.devices()[0].device_kind),
         "jax_backend": jax.default_backend(),
     }
@@ -258,7 +257,6 @@ PER_RUN = (
     "jax_backend",
     "merged_from",
     "sources",
-    "seed_loop",
 )
 
 
@@ -368,8 +366,6 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
         updates if len(set(updates.values())) > 1 else next(iter(updates.values()))
     )
     config.pop("chunk_updates", None)
-    loops = {run_config.get("seed_loop", "vmap") for run_config, _ in runs}
-    config["seed_loop"] = loops.pop() if len(loops) == 1 else "mixed"
     devices = {
         name: timing["device"]
         for task in results["tasks"].values()
@@ -487,7 +483,6 @@ _PER_ALGORITHM_FIELDS = ("scores", "returns", "per_seed_scores", "reward_scaling
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     from neorl_industrial.functional.state_management import REWARD_SCALINGS
-    from neorl_industrial.functional.transformations.offline import SEED_LOOPS
 
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.learning", description=__doc__.split("\n\n")[0]
@@ -529,14 +524,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=REWARD_SCALINGS,
         help="one reward scaling for every algorithm (default: each algorithm's own, from "
         "the algorithm registry)",
-    )
-    parser.add_argument(
-        "--seed-loop",
-        choices=SEED_LOOPS,
-        default="vmap",
-        help="the agents of a program vmapped (default) or trained one after another: "
-        "map is faster for CQL on a CPU (docs/algorithms.md); a checkpoint resumes under "
-        "its own",
     )
     parser.add_argument(
         "--checkpoint-dir",

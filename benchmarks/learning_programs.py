@@ -122,20 +122,17 @@ def _build_states(algorithm: Any, normalizers: Any, n_seeds: int) -> Any:
     )
 
 
-def compiled_chunk(
-    algorithm: Any, batch_size: int, chunk_updates: int, seed_loop: str = "vmap"
-) -> Callable:
+def compiled_chunk(algorithm: Any, batch_size: int, chunk_updates: int) -> Callable:
     """``chunk(states, datasets) -> (states, mean metrics)``: ``chunk_updates`` updates of
     every agent (leading axes ``[dataset, seed]``) in one compiled call, the states
-    donated; datasets and seeds vmapped, or with ``seed_loop="map"`` trained one after
-    another (``functional.transformations.SEED_LOOPS``). Each chunk's randomness is split
-    from the agents' own keys, so the result depends on the states alone."""
+    donated. Each chunk's randomness is split from the agents' own keys, so the result
+    depends on the states alone."""
     import jax
 
-    from neorl_industrial.functional.transformations.offline import make_train_chunk, over_runs
+    from neorl_industrial.functional.transformations.offline import make_train_chunk
 
-    per_dataset = make_train_chunk(algorithm, batch_size, chunk_updates, seed_loop=seed_loop)
-    return jax.jit(over_runs(per_dataset, (0, 0), seed_loop), donate_argnums=0)
+    per_dataset = make_train_chunk(algorithm, batch_size, chunk_updates)
+    return jax.jit(jax.vmap(per_dataset, in_axes=(0, 0)), donate_argnums=0)
 
 
 def train_chunks(

@@ -53,10 +53,9 @@ def _study_chunk(
     n_updates: int,
     batch_size: int,
     chunk_updates: int,
-    seed_loop: str,
 ) -> Callable:
     algorithm = _study_algorithm(name, obs_size, action_size, hidden, n_updates)
-    return compiled_chunk(algorithm, batch_size, chunk_updates, seed_loop)
+    return compiled_chunk(algorithm, batch_size, chunk_updates)
 
 
 @functools.cache
@@ -214,10 +213,6 @@ class RunSettings:
         curve_episodes: evaluation episodes per agent of a curve point.
         episodes: evaluation episodes per agent of the final evaluation.
         reward_scaling: the reward scaling kind it trains with.
-        seed_loop: the agents vmapped (``vmap``) or one after another (``map``) in the
-            compiled program; the two differ in rounding only, so a checkpoint resumes
-            under its own (the default is not stored: checkpoints from before the option
-            resume as ``vmap``).
     """
 
     task: str
@@ -234,7 +229,6 @@ class RunSettings:
     curve_episodes: int
     episodes: int
     reward_scaling: str
-    seed_loop: str = "vmap"
 
     @classmethod
     def of(cls, args: argparse.Namespace, env_id: str, name: str) -> RunSettings:
@@ -254,7 +248,6 @@ class RunSettings:
             curve_episodes=args.curve_episodes,
             episodes=args.episodes,
             reward_scaling=reward_scaling_kind(name, args.reward_scaling),
-            seed_loop=getattr(args, "seed_loop", "vmap"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -262,15 +255,12 @@ class RunSettings:
         return {
             key: list(value) if isinstance(value, tuple) else value
             for key, value in dataclasses.asdict(self).items()
-            if not (key == "seed_loop" and value == "vmap")
         }
 
 
 def settings_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
     """The settings that differ between a checkpoint's and this run's, each with both
     values (``--updates 400 here, 200 in the checkpoint``); None when they agree."""
-    # Settings with a default that a checkpoint does not store.
-    saved, current = {"seed_loop": "vmap", **saved}, {"seed_loop": "vmap", **current}
     keys = list(current) + [key for key in saved if key not in current]
     differing = []
     for key in keys:
@@ -435,9 +425,7 @@ def run_algorithm(
         return RunOutcome(record=record, states=None)
 
     key = (task.obs_size, task.action_size, settings.hidden, settings.updates)
-    chunk = _study_chunk(
-        settings.algorithm, *key, settings.batch_size, settings.chunk, settings.seed_loop
-    )
+    chunk = _study_chunk(settings.algorithm, *key, settings.batch_size, settings.chunk)
     algorithm = _study_algorithm(settings.algorithm, *key)
     states = init_states(algorithm, task.normalizers, settings.seeds)
     if checkpoints is not None and latest is not None:

@@ -99,11 +99,6 @@ def test_seeds_are_reproducible_independent_and_vmapped_faithfully():
     assert not np.allclose(leaves[0][0], leaves[0][1])
     states = init_seeds(bc, [0, 1])
     assert jax.tree.leaves(states.policy.actor)[0].shape[0] == 2
-    # The seeds one after another in the program (seed_loop="map") train the same agents.
-    in_turn, _ = train_offline(bc, dataset, seeds=(3, 4, 5), seed_loop="map", **run)
-    for a, b in zip(leaves, jax.tree.leaves(in_turn.agent.policy.actor), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(in_turn.updates, [20, 20, 20])
 
 
 def test_training_resumes_exactly_from_a_saved_train_state():
@@ -132,7 +127,5 @@ def test_bad_loop_settings_are_named():
         train_offline(bc, dataset, n_updates=10, chunk_updates=0)
     with pytest.raises(ValueError, match="seeds"):
         train_offline(bc, dataset, seeds=(), n_updates=10)
-    with pytest.raises(ValueError, match="seed_loop: expected one of vmap, map, got 'pmap'"):
-        train_offline(bc, dataset, n_updates=10, seed_loop="pmap")
     with pytest.raises(ValueError, match="learning_rate"):
         BCConfig(learning_rate=0.0)

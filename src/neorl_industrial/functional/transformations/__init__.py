@@ -34,11 +34,9 @@ from neorl_industrial.functional.transformations.generation import (
     generate_trajectories,
 )
 from neorl_industrial.functional.transformations.offline import (
-    SEED_LOOPS,
     init_seeds,
     make_seeded_chunk,
     make_train_chunk,
-    over_runs,
     train_offline,
 )
 from neorl_industrial.functional.transformations.offline import make_chunk as make_offline_chunk
@@ -67,7 +65,6 @@ from neorl_industrial.functional.transformations.sweep import (
 )
 
 __all__ = [
-    "SEED_LOOPS",
     "ActionScaledEnv",
     "DataParallelError",
     "Evaluation",
@@ -95,7 +92,6 @@ __all__ = [
     "make_train_chunk",
     "normalized_actions",
     "observation_moments",
-    "over_runs",
     "plan_shards",
     "plan_sweep",
     "random_rollout_statistics",

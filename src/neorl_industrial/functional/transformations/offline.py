@@ -58,60 +58,12 @@ def make_chunk(
     return chunk
 
 
-#: How the runs (seeds) of one compiled program are laid out: ``vmap``, one batched
-#: program (the default; what fills an accelerator), or ``map``, one run after another
-#: inside the same program (``lax.map``). On a CPU ``map`` trains CQL's seeds faster: with a
-#: seed axis the weight gradients over its sampled actions become batched products that
-#: XLA's CPU backend lays out with transposes (docs/algorithms.md).
-SEED_LOOPS = ("vmap", "map")
-
-
-def check_seed_loop(seed_loop: str) -> None:
-    """Raises ValueError naming ``seed_loop`` unless it is one of :data:`SEED_LOOPS`."""
-    if seed_loop not in SEED_LOOPS:
-        raise ValueError(f"seed_loop: expected one of {', '.join(SEED_LOOPS)}, got {seed_loop!r}")
-
-
-def over_runs(
-    function: Callable[..., Any], in_axes: tuple[int | None, ...], seed_loop: str = "vmap"
-) -> Callable[..., Any]:
-    """``function`` over the leading run axis of the arguments whose ``in_axes`` entry is 0
-    (those with ``None`` are shared by every run), by ``vmap`` or, with ``seed_loop="map"``,
-    by ``lax.map``. The runs are independent either way; the two layouts differ only in
-    floating-point rounding."""
-    check_seed_loop(seed_loop)
-    if any(axis not in (0, None) for axis in in_axes):
-        raise ValueError(f"in_axes: expected 0 or None per argument, got {in_axes}")
-    if seed_loop == "vmap":
-        return jax.vmap(function, in_axes=in_axes)
-
-    def in_turn(*args: Any) -> Any:
-        per_run = tuple(arg for arg, axis in zip(args, in_axes, strict=True) if axis == 0)
-
-        def one(run_args: tuple[Any, ...]) -> Any:
-            taken = iter(run_args)
-            return function(
-                *(
-                    next(taken) if axis == 0 else arg
-                    for arg, axis in zip(args, in_axes, strict=True)
-                )
-            )
-
-        return jax.lax.map(one, per_run)
-
-    return in_turn
-
-
 def make_seeded_chunk(
-    algorithm: Algorithm,
-    batch_size: int,
-    n_updates: int,
-    sampler: Sampler = sample,
-    seed_loop: str = "vmap",
+    algorithm: Algorithm, batch_size: int, n_updates: int, sampler: Sampler = sample
 ) -> Callable[[Any, Dataset, jax.Array], tuple[Any, dict[str, jax.Array]]]:
-    """:func:`make_chunk` over seeds (:func:`over_runs`): states and keys carry a leading
-    seed axis, the dataset is shared."""
-    return over_runs(make_chunk(algorithm, batch_size, n_updates, sampler), (0, None, 0), seed_loop)
+    """:func:`make_chunk` vmapped over seeds: states and keys carry a leading seed axis,
+    the dataset is shared."""
+    return jax.vmap(make_chunk(algorithm, batch_size, n_updates, sampler), in_axes=(0, None, 0))
 
 
 def init_seeds(algorithm: Algorithm, seeds: jax.Array | list[int]) -> Any:
@@ -121,17 +73,12 @@ def init_seeds(algorithm: Algorithm, seeds: jax.Array | list[int]) -> Any:
 
 
 def make_train_chunk(
-    algorithm: Algorithm,
-    batch_size: int,
-    n_updates: int,
-    sampler: Sampler = sample,
-    seed_loop: str = "vmap",
+    algorithm: Algorithm, batch_size: int, n_updates: int, sampler: Sampler = sample
 ) -> Callable[[TrainState, Dataset], tuple[TrainState, dict[str, jax.Array]]]:
     """``chunk(train_state, dataset) -> (train_state, mean metrics)`` for runs with a
     leading seed axis: the chunk's key is split from each run's own key, so the result
-    depends only on the state (training resumes exactly from any saved state, under the
-    same ``seed_loop``)."""
-    seeded = make_seeded_chunk(algorithm, batch_size, n_updates, sampler, seed_loop)
+    depends only on the state (training resumes exactly from any saved state)."""
+    seeded = make_seeded_chunk(algorithm, batch_size, n_updates, sampler)
 
     def chunk(state: TrainState, dataset: Dataset):
         pairs = jax.vmap(jax.random.split)(state.key)
@@ -153,9 +100,8 @@ def train_offline(
     callback: ChunkCallback | None = None,
     state: TrainState | None = None,
     check_action_units: bool = True,
-    seed_loop: str = "vmap",
 ) -> tuple[TrainState, list[dict[str, Any]]]:
-    """Trains one agent per seed on ``dataset``, all seeds in one compiled program.
+    """Trains one agent per seed on ``dataset``, all seeds in one vmapped program.
 
     Args:
         algorithm: the agent.
@@ -171,8 +117,6 @@ def train_offline(
         check_action_units: warn when continuous actions lie outside [-1, 1], where the
             agents' tanh policies cannot reach (False for learners that take any action,
             such as FQE).
-        seed_loop: the seeds vmapped in one batched program (``"vmap"``) or one after
-            another inside it (``"map"``, faster for CQL on a CPU); :data:`SEED_LOOPS`.
 
     Returns:
         ``(state, history)``: the final :class:`TrainState` (leading seed axis; the
@@ -180,7 +124,6 @@ def train_offline(
         seconds, updates per second (all seeds) and the mean metrics per seed.
     """
     check_positive_ints(n_updates=n_updates, chunk_updates=chunk_updates, batch_size=batch_size)
-    check_seed_loop(seed_loop)
     if state is None:
         if not seeds:
             raise ValueError("seeds: expected at least one seed")
@@ -191,8 +134,7 @@ def train_offline(
     if check_action_units:
         _warn_about_action_units(dataset)
     chunk = jax.jit(
-        make_train_chunk(algorithm, batch_size, chunk_updates, sampler, seed_loop),
-        donate_argnums=0,
+        make_train_chunk(algorithm, batch_size, chunk_updates, sampler), donate_argnums=0
     )
     # States are donated to every chunk; a fresh state may hold one buffer twice (a target
     # network starts as its online network), and a caller's state must survive, so each
