@@ -293,7 +293,7 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
             run.config.get("sources")
             or [
                 {
-                    "file": Path(path).name + (f":{','.join(selected)}" if selected else ""),
+                    "file": _spec_name(spec),
                     "description": run.description,
                     "commit": str(run.system.get("git_commit") or "")[:7],
                     "timestamp": run.timestamp,
@@ -374,10 +374,7 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
     if len(set(devices.values())) > 1:
         config["device"] = {name: devices[name] for name in config["algorithms"]}
         config.pop("jax_backend", None)
-    config["merged_from"] = [
-        Path(path).name + (f":{','.join(selected)}" if selected else "")
-        for path, selected in map(_merge_spec, paths)
-    ]
+    config["merged_from"] = [_spec_name(spec) for spec in paths]
     # The runs behind the page (a merge of merges keeps the original runs).
     config["sources"] = sources
     for task in results["tasks"].values():
@@ -385,6 +382,12 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
     results["summary"] = summary(config, results)
     results["wall_time"] = wall_time(results)
     return config, results
+
+
+def _spec_name(spec: str | Path) -> str:
+    """A merged run's file name, with its selection (``RESULT:QUALITY,...``) if any."""
+    path, selected = _merge_spec(spec)
+    return Path(path).name + (f":{','.join(selected)}" if selected else "")
 
 
 def _merge_spec(spec: str | Path) -> tuple[str, tuple[str, ...] | None]:
