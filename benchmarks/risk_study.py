@@ -15,10 +15,20 @@ tenth). The tables give the mean over seeds and a 95 % interval (Student's t); a
 table sets each risk-averse variant beside its risk-neutral one (CODAC's and O-RAAC's
 claim: a better tail for a little mean).
 
+``--trip CHANNEL POINTS PROBABILITY`` adds CODAC's risky reward: every step with a cost on
+``CHANNEL`` (a study channel, one per step in its region) trips the plant with
+``PROBABILITY`` and loses ``POINTS`` normalized points of return (``POINTS / 100`` of the
+span between the random and the expert episode return). The data's rewards are relabelled
+with trips drawn once (``--data-seed``); an evaluated episode loses a trip's penalty for
+each of its binomial draw of trips over its steps in the region (trips change the reward,
+not the plant, so the draw per episode has the per-step trips' distribution). A return
+tail appears that a policy can avoid by keeping out of the region, at a price in tracking.
+
 Usage (from the repository root)::
 
     python -m benchmarks.risk_study                         # IB-v0, docs/risk.md
     python -m benchmarks.risk_study --tasks IB-v0 CSTR-v0 FourTank-v0
+    python -m benchmarks.risk_study --tasks CSTR-stochastic-v0 --trip T_high 10 0.1
     python -m benchmarks.risk_study --quick --no-save       # a smoke run
     python -m benchmarks.risk_study --merge RESULT.json ...  # one page from runs per task
 """
@@ -26,6 +36,7 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -91,6 +102,51 @@ DEFAULT_VARIANTS = (
 METRICS = ("normalized_return", "normalized_return_cvar", "normalized_cost", "normalized_cost_cvar")
 
 
+@dataclasses.dataclass(frozen=True)
+class Trip:
+    """CODAC's risky reward on a cost channel: each step with a cost on ``channel`` loses
+    ``penalty`` of reward with ``probability``.
+
+    Attributes:
+        channel: index of the channel among the study's cost channels.
+        penalty: reward lost per trip, in the reward's units.
+        probability: a step in the region trips with this probability.
+    """
+
+    channel: int
+    penalty: float
+    probability: float
+
+    def relabel(self, rewards: np.ndarray, costs: np.ndarray, seed: int) -> np.ndarray:
+        """Per-step ``rewards`` (``[T]``) less the penalty of a trip drawn (with ``seed``)
+        at every step whose cost (``[T, channels]``) on the channel is positive."""
+        inside = np.asarray(costs)[:, self.channel] > 0
+        trips = inside & (np.random.default_rng(seed).random(inside.shape) < self.probability)
+        return np.asarray(rewards) - self.penalty * trips
+
+    def episode_penalties(self, steps_inside: np.ndarray, seed: int) -> np.ndarray:
+        """The reward each episode loses to trips: a binomial draw (with ``seed``) of trips
+        over its ``steps_inside`` the region, times the penalty."""
+        counts = np.rint(np.asarray(steps_inside)).astype(np.int64)
+        return self.penalty * np.random.default_rng(seed).binomial(counts, self.probability)
+
+
+def make_trip(args: argparse.Namespace, channels: Sequence[str], facts: dict[str, Any]) -> Trip:
+    """The trip of ``--trip`` on a task with the study's cost ``channels``, its penalty in
+    the reward's units from the data facts' random and expert returns.
+
+    Raises:
+        ValueError: naming the channel when it is not one of ``channels``.
+    """
+    name, points, probability = args.trip
+    if name not in channels:
+        raise ValueError(
+            f"--trip: channel {name!r} is not a cost channel of the study {list(channels)}"
+        )
+    span = facts["expert_return"] - facts["random_return"]
+    return Trip(channels.index(name), float(points) / 100.0 * span, float(probability))
+
+
 def build_variant(
     name: str,
     dataset: Any,
@@ -123,13 +179,35 @@ def build_variant(
 
 
 def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One task: the data, every variant trained and evaluated without the shield."""
+    """One task: the data (with ``--trip``, its rewards relabelled), every variant trained
+    and evaluated without the shield."""
+    import jax.numpy as jnp
+
     from neorl_industrial.functional.state_management import RewardScaling
     from neorl_industrial.functional.transformations.offline import train_offline
 
     cost = study_cost(env_id, args)
     horizon = horizon_of(env_id, args)
     mixed, _card, facts = build_data(env_id, cost, args)
+    trip = None
+    if args.trip is not None:
+        trip = make_trip(args, list(cost.channels), facts)
+        costs = np.asarray(mixed.costs)[:, trip.channel]
+        if not np.all((costs == 0) | (costs == 1)):
+            raise ValueError(
+                f"--trip: channel {args.trip[0]!r} is not one cost per step in its region "
+                "(its costs are not all 0 or 1)"
+            )
+        rewards = trip.relabel(np.asarray(mixed.rewards), np.asarray(mixed.costs), args.data_seed)
+        facts["trip"] = {
+            "channel": args.trip[0],
+            "penalty_points": float(args.trip[1]),
+            "penalty": trip.penalty,
+            "probability": trip.probability,
+            "steps_inside": int(costs.sum()),
+            "trips": int(np.sum(rewards != np.asarray(mixed.rewards))),
+        }
+        mixed = mixed.replace(rewards=jnp.asarray(rewards, jnp.float32))
     task: dict[str, Any] = {
         "data": facts,
         "cost": {"channels": list(cost.channels), "limits": list(cost.limits)},
@@ -153,7 +231,13 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
         train_s = time.perf_counter() - started
         started = time.perf_counter()
         rows = evaluate_policies(
-            env_id, cost, algorithm, state.agent.policy, args, shield_actions=False
+            env_id,
+            cost,
+            algorithm,
+            state.agent.policy,
+            args,
+            shield_actions=False,
+            adjust=None if trip is None else trip_adjustment(trip, args.data_seed + 1),
         )
         eval_s = time.perf_counter() - started
         per_seed = [score(row, facts) for row in rows]
@@ -178,6 +262,21 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
         )
     task["pairs"] = pairs(task["variants"])
     return task
+
+
+def trip_adjustment(trip: Trip, seed: int) -> Any:
+    """What ``evaluate_policies`` does to its episode statistics under ``trip``: every
+    episode's return less its trips' penalty (the same draws for every variant's seed
+    ``i``, from ``seed``)."""
+
+    def adjust(stats: Any) -> Any:
+        steps_inside = np.asarray(stats.costs)[..., trip.channel]  # [policies, episodes]
+        penalties = np.stack(
+            [trip.episode_penalties(row, seed + i) for i, row in enumerate(steps_inside)]
+        )
+        return stats.replace(returns=np.asarray(stats.returns) - penalties)
+
+    return adjust
 
 
 def score(row: dict[str, Any], facts: dict[str, Any]) -> dict[str, float]:
@@ -331,6 +430,20 @@ def multiplier_lines(task: dict[str, Any]) -> list[str]:
     ]
 
 
+def trip_lines(trip: dict[str, Any] | None) -> list[str]:
+    """A paragraph on the task's trips (``--trip``); none without."""
+    if not trip:
+        return []
+    return [
+        f"Risky reward (`--trip`): each step with a `{trip['channel']}` cost trips with "
+        f"probability {trip['probability']:g} and loses {trip['penalty_points']:g} normalized "
+        f"points ({trip['penalty']:.3g} of reward). The data's {trip['steps_inside']:,} steps "
+        f"in the region drew {trip['trips']:,} trips; the returns and return CVaRs below "
+        "include the evaluated episodes' trips.",
+        "",
+    ]
+
+
 def kept_lines(kept: dict[str, Any] | None) -> list[str]:
     """A paragraph naming the variants a task carried over from an earlier run."""
     if not kept or kept.get("variants") == []:
@@ -375,6 +488,7 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
         if task.get("device"):
             lines += [f"Trained and evaluated on {task['device']} ({task['result']}).", ""]
         lines += kept_lines(task.get("kept"))
+        lines += trip_lines(task.get("data", {}).get("trip"))
         if episodes_identical(task):
             lines += [
                 "Every policy's episodes here are identical (the task's reset and its "
@@ -434,6 +548,7 @@ SHARED_SETTINGS = (
     "hidden",
     "n_episodes",
     "ib_horizon",
+    "trip",
 )
 
 
@@ -520,6 +635,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--horizon", type=int, default=1000, help="IB episode length")
     parser.add_argument(
+        "--trip",
+        nargs=3,
+        metavar=("CHANNEL", "POINTS", "PROBABILITY"),
+        help="CODAC's risky reward: each step with a cost on CHANNEL trips with "
+        "PROBABILITY and loses POINTS normalized points of return",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         help="an earlier result of this study with the same settings: its variants not "
@@ -550,6 +672,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
     if args.seeds < 2:
         parser.error("--seeds: at least 2, for an interval over seeds")
+    if args.trip is not None:
+        try:
+            points, probability = float(args.trip[1]), float(args.trip[2])
+        except ValueError:
+            parser.error(f"--trip: POINTS and PROBABILITY must be numbers, got {args.trip[1:]}")
+        if not (np.isfinite(points) and points > 0):
+            parser.error(f"--trip: POINTS must be positive, got {args.trip[1]}")
+        if not 0.0 < probability <= 1.0:
+            parser.error(f"--trip: PROBABILITY must lie in (0, 1], got {args.trip[2]}")
+        args.trip = [args.trip[0], points, probability]
     from neorl_industrial.core.environments import registered_envs
 
     unknown = [task for task in args.tasks if task not in registered_envs()]
@@ -578,6 +710,9 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "hidden": list(args.hidden),
         "n_episodes": args.episodes,
         "ib_horizon": args.horizon,
+        "trip": None
+        if args.trip is None
+        else {"channel": args.trip[0], "penalty_points": args.trip[1], "probability": args.trip[2]},
     }
 
 

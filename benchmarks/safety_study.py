@@ -36,7 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -258,8 +258,10 @@ def evaluate_policies(
     policies: Any,
     args: argparse.Namespace,
     shield_actions: bool,
+    adjust: Callable[[Any], Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """DSRL metrics of every seed's policy (leading axis of ``policies``)."""
+    """DSRL metrics of every seed's policy (leading axis of ``policies``); ``adjust`` maps
+    the episode statistics (costs on the study's channels) before the metrics."""
     import jax
 
     from neorl_industrial.core.environments import make
@@ -299,6 +301,8 @@ def evaluate_policies(
     # The study's channels only (on the IB: fatigue; the consumption channel is ignored).
     indices = [list(env.cost_names).index(name) for name in cost.channels]
     stats = stats.replace(costs=np.asarray(stats.costs)[..., indices])
+    if adjust is not None:
+        stats = adjust(stats)
     return per_policy_metrics(stats, list(cost.limits), cost_names=list(cost.channels))
 
 

@@ -265,3 +265,83 @@ def test_a_merge_names_what_a_kept_run_carried_over_and_from_which_device(tmp_pa
     [line, _] = risk_study.kept_lines(kept)
     assert "trained on H100" in line and line.endswith("not trained again in this run.")
     assert risk_study.kept_lines(None) == []
+
+
+def test_trips_cost_their_penalty_only_in_the_region_and_as_often_as_drawn():
+    trip = risk_study.Trip(channel=1, penalty=5.0, probability=0.25)
+    costs = np.zeros((40_000, 2))
+    costs[::2, 1] = 1.0  # every other step is in the region; channel 0 does not count
+    costs[1::2, 0] = 1.0
+    rewards = np.full(40_000, -1.0)
+    relabelled = trip.relabel(rewards, costs, seed=0)
+    lost = rewards - relabelled
+    assert set(np.unique(lost)) == {0.0, 5.0}
+    assert np.all(lost[1::2] == 0.0)  # outside the region: untouched
+    assert np.mean(lost[::2] == 5.0) == pytest.approx(0.25, abs=0.01)
+    assert np.array_equal(relabelled, trip.relabel(rewards, costs, seed=0))  # drawn once
+    certain = risk_study.Trip(channel=1, penalty=5.0, probability=1.0)
+    assert np.all(certain.relabel(rewards, costs, seed=3)[::2] == -6.0)
+    # Per episode: a binomial draw over its steps in the region.
+    assert np.array_equal(certain.episode_penalties(np.array([0, 3, 10]), 1), [0, 15, 50])
+    draws = trip.episode_penalties(np.full(20_000, 8.0), seed=2) / 5.0
+    assert draws.mean() == pytest.approx(8 * 0.25, abs=0.05)
+    assert draws.var() == pytest.approx(8 * 0.25 * 0.75, abs=0.1)
+
+
+def test_a_trip_is_priced_in_normalized_points_and_lowers_the_evaluated_returns():
+    import argparse
+
+    from neorl_industrial.functional.transformations.evaluation import EpisodeStats
+
+    facts = {"random_return": -300.0, "expert_return": -100.0}
+    args = argparse.Namespace(trip=["T_low", 10.0, 1.0])
+    trip = risk_study.make_trip(args, ["T_high", "T_low"], facts)
+    assert trip == risk_study.Trip(channel=1, penalty=20.0, probability=1.0)
+    with pytest.raises(ValueError, match="channel 'fatigue' is not a cost channel"):
+        risk_study.make_trip(
+            argparse.Namespace(trip=["fatigue", 10.0, 0.1]), ["T_high", "T_low"], facts
+        )
+    steps = np.array([[[5.0, 0.0], [9.0, 2.0]], [[0.0, 1.0], [0.0, 0.0]]])  # [policy, ep, ch]
+    stats = EpisodeStats(
+        returns=np.full((2, 2), -150.0),
+        costs=steps,
+        steps=np.full((2, 2), 60),
+        overrides=np.zeros((2, 2), int),
+        fallbacks=np.zeros((2, 2), int),
+        violations=np.zeros((2, 2, 0), int),
+        applied_violations=np.zeros((2, 2, 0), int),
+        invalid_actions=np.zeros((2, 2), int),
+    )
+    adjusted = risk_study.trip_adjustment(trip, seed=0)(stats)
+    assert np.array_equal(adjusted.returns, [[-150.0, -190.0], [-170.0, -150.0]])
+    assert np.array_equal(adjusted.costs, steps)  # the costs stay what they were
+
+
+def test_the_page_says_what_the_trips_were():
+    variants = {"td3bc": _variant(60.0, 20.0, 0.9, 1.5)}
+    trip = {"channel": "T_high", "probability": 0.1, "penalty_points": 10.0, "penalty": 9.3}
+    task = {
+        "data": {"trip": {**trip, "steps_inside": 1200, "trips": 118}},
+        "variants": variants,
+        "timing": {"td3bc": {"train_s": 1.0, "eval_s": 1.0}},
+        "pairs": [],
+    }
+    config = {"n_seeds": 5, "n_updates": 100, "batch_size": 8, "hidden": [8], "n_episodes": 4}
+    page = risk_study.markdown(config, {"tasks": {"CSTR-stochastic-v0": task}})
+    assert "each step with a `T_high` cost trips with probability 0.1 and loses 10" in page
+    assert "The data's 1,200 steps in the region drew 118 trips" in page
+
+
+@pytest.mark.parametrize(
+    ("trip", "message"),
+    [
+        (["T_high", "x", "0.1"], "POINTS and PROBABILITY must be numbers"),
+        (["T_high", "-5", "0.1"], "POINTS must be positive"),
+        (["T_high", "10", "0"], "PROBABILITY must lie in (0, 1]"),
+        (["T_high", "nan", "0.5"], "POINTS must be positive"),
+    ],
+)
+def test_bad_trips_are_named(trip, message, capsys):
+    with pytest.raises(SystemExit):
+        risk_study.parse_args(["--trip", *trip])
+    assert message in capsys.readouterr().err
