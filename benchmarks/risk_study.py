@@ -382,13 +382,15 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
             differing = [
                 key
                 for key in SHARED_SETTINGS
-                if key != "tasks" and saved.config.get(key) != config.get(key)
+                # Each task's section states its trips (tasks with trips are named apart).
+                if key not in ("tasks", "trip") and saved.config.get(key) != config.get(key)
             ]
             if differing:
                 raise ValueError(
                     f"{path}: run with other settings than {paths[0]} ({', '.join(differing)})"
                 )
-        for env_id, task in saved.results["tasks"].items():
+        for key, task in saved.results["tasks"].items():
+            env_id = task_key(key, task.get("data", {}).get("trip"))
             if env_id in results["tasks"]:
                 raise ValueError(f"{path}: task {env_id} is already in an earlier file")
             # A task of an earlier merge keeps the device and file it came from.
@@ -593,12 +595,26 @@ def keep_variants(
     return order
 
 
+#: How a task with trips is named apart from the task without.
+TRIPS_ON = ", trips on "
+
+
+def task_key(name: str, trip: dict[str, Any] | None) -> str:
+    """A task's name in the results and its heading: the environment id, with the trip's
+    channel when there is one (so a merge holds a task with and without trips); a name
+    that says its trips already stays."""
+    if trip is None or TRIPS_ON in name:
+        return name
+    return f"{name}{TRIPS_ON}{trip['channel']}"
+
+
 def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     import jax
 
     results: dict[str, Any] = {"tasks": {}}
     for env_id in args.tasks:
-        results["tasks"][env_id] = study_task(env_id, args)
+        task = study_task(env_id, args)
+        results["tasks"][task_key(env_id, task["data"].get("trip"))] = task
     variants = list(args.variants)
     if args.keep is not None:
         variants = keep_variants(results, args.keep_result, args.variants, args.keep.name)

@@ -345,3 +345,28 @@ def test_bad_trips_are_named(trip, message, capsys):
     with pytest.raises(SystemExit):
         risk_study.parse_args(["--trip", *trip])
     assert message in capsys.readouterr().err
+
+
+def test_a_run_with_trips_merges_beside_the_same_task_without(tmp_path):
+    from benchmarks.harness import BenchmarkResult
+
+    plain = _saved_result(tmp_path / "a", "CSTR-stochastic-v0", device="cpu")
+    trip = {"channel": "T_high", "penalty_points": 10.0, "probability": 0.1}
+    risky = BenchmarkResult.load(_saved_result(tmp_path / "b", "CSTR-stochastic-v0", trip=trip))
+    risky.results["tasks"]["CSTR-stochastic-v0"]["data"] = {
+        "trip": {**trip, "penalty": 9.3, "steps_inside": 100, "trips": 9}
+    }
+    risky_path = risky.save(tmp_path / "c")
+    config, results = risk_study.merge([plain, risky_path])
+    assert config["tasks"] == ["CSTR-stochastic-v0", "CSTR-stochastic-v0, trips on T_high"]
+    page = risk_study.markdown(config, results)
+    assert "## CSTR-stochastic-v0, trips on T_high" in page
+    # Merged again, the name stays; the same task with trips twice is refused.
+    merged = BenchmarkResult("risk_study", tag="m", config=config, results=results)
+    again, _ = risk_study.merge([merged.save(tmp_path / "m")])
+    assert again["tasks"] == config["tasks"]
+    with pytest.raises(ValueError, match="trips on T_high is already in an earlier file"):
+        risk_study.merge([risky_path, risky_path])
+    # --keep still needs the same trips.
+    with pytest.raises(SystemExit):
+        risk_study.parse_args(["--keep", str(risky_path)])
