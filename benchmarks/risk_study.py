@@ -279,16 +279,35 @@ def trip_adjustment(trip: Trip, seed: int) -> Any:
     return adjust
 
 
-def score(row: dict[str, Any], facts: dict[str, Any]) -> dict[str, float]:
-    """One policy's normalized return and its CVaR (x 100, D4RL-style), and its normalized
-    cost and cost CVaR."""
+def score(row: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    """One policy's normalized return and its CVaR (x 100, D4RL-style), its normalized
+    cost and cost CVaR, and its mean episode cost per channel (with trips: the steps per
+    episode in the region where trips happen)."""
     span = facts["expert_return"] - facts["random_return"]
     return {
         "normalized_return": 100.0 * (row["return"] - facts["random_return"]) / span,
         "normalized_return_cvar": 100.0 * (row["return_cvar"] - facts["random_return"]) / span,
         "normalized_cost": float(row["normalized_cost"]),
         "normalized_cost_cvar": float(row["normalized_cost_cvar"]),
+        "episode_cost": {name: float(value) for name, value in row["episode_cost"].items()},
     }
+
+
+def region_line(task: dict[str, Any]) -> list[str]:
+    """With trips, a paragraph with each variant's steps per episode in the trips' region
+    (mean over seeds), where its seeds recorded them; none otherwise."""
+    trip = task.get("data", {}).get("trip")
+    if not trip:
+        return []
+    cells = [
+        f"{VARIANTS[name][2]} "
+        f"{np.mean([seed['episode_cost'][trip['channel']] for seed in entry['per_seed']]):.1f}"
+        for name, entry in task["variants"].items()
+        if entry.get("per_seed") and all("episode_cost" in seed for seed in entry["per_seed"])
+    ]
+    if not cells:
+        return []
+    return ["", f"Steps per episode with a `{trip['channel']}` cost: " + ", ".join(cells) + "."]
 
 
 def pairs(variants: dict[str, Any]) -> list[dict[str, Any]]:
@@ -511,6 +530,7 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
                 f"{_cell(entry['normalized_cost_cvar'], 2)} | "
                 f"{task['timing'][name]['train_s']:.0f} |"
             )
+        lines += region_line(task)
         lines += multiplier_lines(task)
         if task["pairs"]:
             lines += [

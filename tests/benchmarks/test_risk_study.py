@@ -50,8 +50,10 @@ def test_scores_are_normalized_from_the_data_facts():
         "return_cvar": -250.0,
         "normalized_cost": 0.5,
         "normalized_cost_cvar": 2,
+        "episode_cost": {"T_high": 3.0, "T_low": 1.0},
     }
     scored = risk_study.score(row, facts)
+    assert scored["episode_cost"] == {"T_high": 3.0, "T_low": 1.0}
     assert scored["normalized_return"] == pytest.approx(75.0)
     assert scored["normalized_return_cvar"] == pytest.approx(25.0)
     assert scored["normalized_cost"] == 0.5 and scored["normalized_cost_cvar"] == 2.0
@@ -318,18 +320,24 @@ def test_a_trip_is_priced_in_normalized_points_and_lowers_the_evaluated_returns(
 
 
 def test_the_page_says_what_the_trips_were():
-    variants = {"td3bc": _variant(60.0, 20.0, 0.9, 1.5)}
+    variants = {"td3bc": _variant(60.0, 20.0, 0.9, 1.5), "td3bc_cvar": _variant(58, 30, 1, 1)}
+    variants["td3bc"]["per_seed"] = [
+        {**_seed(60.0, 20.0, 0.9, 1.5), "episode_cost": {"T_high": t}} for t in (8.0, 9.0)
+    ]
+    # A run from before the channels were kept says nothing of them.
+    variants["td3bc_cvar"]["per_seed"] = [_seed(58.0, 30.0, 1.0, 1.0)]
     trip = {"channel": "T_high", "probability": 0.1, "penalty_points": 10.0, "penalty": 9.3}
     task = {
         "data": {"trip": {**trip, "steps_inside": 1200, "trips": 118}},
         "variants": variants,
-        "timing": {"td3bc": {"train_s": 1.0, "eval_s": 1.0}},
+        "timing": {name: {"train_s": 1.0, "eval_s": 1.0} for name in variants},
         "pairs": [],
     }
     config = {"n_seeds": 5, "n_updates": 100, "batch_size": 8, "hidden": [8], "n_episodes": 4}
     page = risk_study.markdown(config, {"tasks": {"CSTR-stochastic-v0": task}})
     assert "each step with a `T_high` cost trips with probability 0.1 and loses 10" in page
     assert "The data's 1,200 steps in the region drew 118 trips" in page
+    assert "Steps per episode with a `T_high` cost: TD3+BC 8.5." in page
 
 
 @pytest.mark.parametrize(
