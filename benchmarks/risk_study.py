@@ -408,8 +408,7 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
                 raise ValueError(
                     f"{path}: run with other settings than {paths[0]} ({', '.join(differing)})"
                 )
-        for key, task in saved.results["tasks"].items():
-            env_id = task_key(key, task.get("data", {}).get("trip"))
+        for env_id, task in tasks_by_key(saved).items():
             if env_id in results["tasks"]:
                 raise ValueError(f"{path}: task {env_id} is already in an earlier file")
             # A task of an earlier merge keeps the device and file it came from.
@@ -600,8 +599,9 @@ def keep_variants(
     not train again (in the saved order, then the new ones) with the pairs recomputed, and
     records per task which were carried from where; returns every variant."""
     order = [name for name in saved.config["variants"] if name not in rerun] + list(rerun)
+    saved_tasks = tasks_by_key(saved)
     for env_id, task in results["tasks"].items():
-        old = saved.results["tasks"][env_id]
+        old = saved_tasks[env_id]
         task["kept"] = {
             "from": source,
             "device": old.get("device", saved.config.get("device")),
@@ -626,6 +626,15 @@ def task_key(name: str, trip: dict[str, Any] | None) -> str:
     if trip is None or TRIPS_ON in name:
         return name
     return f"{name}{TRIPS_ON}{trip['channel']}"
+
+
+def tasks_by_key(saved: BenchmarkResult) -> dict[str, Any]:
+    """The tasks of a saved run under their names (:func:`task_key`; runs from before
+    tasks with trips were named apart give the bare environment id)."""
+    return {
+        task_key(key, task.get("data", {}).get("trip")): task
+        for key, task in saved.results["tasks"].items()
+    }
 
 
 def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:

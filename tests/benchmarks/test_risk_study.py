@@ -378,3 +378,16 @@ def test_a_run_with_trips_merges_beside_the_same_task_without(tmp_path):
     # --keep still needs the same trips.
     with pytest.raises(SystemExit):
         risk_study.parse_args(["--keep", str(risky_path)])
+
+
+def test_a_run_with_trips_keeps_the_variants_of_a_run_that_named_its_task_bare(tmp_path):
+    from benchmarks.harness import BenchmarkResult
+
+    trip = {"channel": "T_high", "penalty_points": 10.0, "probability": 0.1}
+    saved = BenchmarkResult.load(_saved_result(tmp_path, "CSTR-stochastic-v0", trip=trip))
+    saved.results["tasks"]["CSTR-stochastic-v0"]["data"] = {"trip": {**trip, "trips": 3}}
+    name = "CSTR-stochastic-v0, trips on T_high"
+    results = {"tasks": {name: {"variants": {"iql": _variant(1, 1, 1, 1)}, "timing": {}}}}
+    order = risk_study.keep_variants(results, saved, ["iql"], "old.json")
+    assert order == ["td3bc", "td3bc_cvar", "iql"]
+    assert list(results["tasks"][name]["variants"]) == order
