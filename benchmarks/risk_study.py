@@ -621,11 +621,14 @@ TRIPS_ON = ", trips on "
 
 def task_key(name: str, trip: dict[str, Any] | None) -> str:
     """A task's name in the results and its heading: the environment id, with the trip's
-    channel when there is one (so a merge holds a task with and without trips); a name
-    that says its trips already stays."""
+    channel, penalty and probability when there is one (so a merge holds a task with and
+    without trips, and with other trips); a name that says its trips already stays."""
     if trip is None or TRIPS_ON in name:
         return name
-    return f"{name}{TRIPS_ON}{trip['channel']}"
+    return (
+        f"{name}{TRIPS_ON}{trip['channel']} ({trip['penalty_points']:g} points, "
+        f"p {trip['probability']:g})"
+    )
 
 
 def tasks_by_key(saved: BenchmarkResult) -> dict[str, Any]:

@@ -366,14 +366,15 @@ def test_a_run_with_trips_merges_beside_the_same_task_without(tmp_path):
     }
     risky_path = risky.save(tmp_path / "c")
     config, results = risk_study.merge([plain, risky_path])
-    assert config["tasks"] == ["CSTR-stochastic-v0", "CSTR-stochastic-v0, trips on T_high"]
+    risky_name = "CSTR-stochastic-v0, trips on T_high (10 points, p 0.1)"
+    assert config["tasks"] == ["CSTR-stochastic-v0", risky_name]
     page = risk_study.markdown(config, results)
-    assert "## CSTR-stochastic-v0, trips on T_high" in page
+    assert f"## {risky_name}" in page
     # Merged again, the name stays; the same task with trips twice is refused.
     merged = BenchmarkResult("risk_study", tag="m", config=config, results=results)
     again, _ = risk_study.merge([merged.save(tmp_path / "m")])
     assert again["tasks"] == config["tasks"]
-    with pytest.raises(ValueError, match="trips on T_high is already in an earlier file"):
+    with pytest.raises(ValueError, match=r"p 0.1\) is already in an earlier file"):
         risk_study.merge([risky_path, risky_path])
     # --keep still needs the same trips.
     with pytest.raises(SystemExit):
@@ -386,7 +387,7 @@ def test_a_run_with_trips_keeps_the_variants_of_a_run_that_named_its_task_bare(t
     trip = {"channel": "T_high", "penalty_points": 10.0, "probability": 0.1}
     saved = BenchmarkResult.load(_saved_result(tmp_path, "CSTR-stochastic-v0", trip=trip))
     saved.results["tasks"]["CSTR-stochastic-v0"]["data"] = {"trip": {**trip, "trips": 3}}
-    name = "CSTR-stochastic-v0, trips on T_high"
+    name = "CSTR-stochastic-v0, trips on T_high (10 points, p 0.1)"
     results = {"tasks": {name: {"variants": {"iql": _variant(1, 1, 1, 1)}, "timing": {}}}}
     order = risk_study.keep_variants(results, saved, ["iql"], "old.json")
     assert order == ["td3bc", "td3bc_cvar", "iql"]
