@@ -307,7 +307,11 @@ def region_line(task: dict[str, Any]) -> list[str]:
     ]
     if not cells:
         return []
-    return ["", f"Steps per episode with a `{trip['channel']}` cost: " + ", ".join(cells) + "."]
+    return [
+        "",
+        f"Steps per episode with a `{trip['channel']}` cost (where trips happen), mean over "
+        "seeds: " + "; ".join(cells) + ".",
+    ]
 
 
 def pairs(variants: dict[str, Any]) -> list[dict[str, Any]]:
@@ -622,11 +626,12 @@ TRIPS_ON = ", trips on "
 def task_key(name: str, trip: dict[str, Any] | None) -> str:
     """A task's name in the results and its heading: the environment id, with the trip's
     channel, penalty and probability when there is one (so a merge holds a task with and
-    without trips, and with other trips); a name that says its trips already stays."""
-    if trip is None or TRIPS_ON in name:
+    without trips, and with other trips); a name that says its trips is named again from
+    them (runs from before the penalty was in the name)."""
+    if trip is None:
         return name
     return (
-        f"{name}{TRIPS_ON}{trip['channel']} ({trip['penalty_points']:g} points, "
+        f"{name.split(TRIPS_ON)[0]}{TRIPS_ON}{trip['channel']} ({trip['penalty_points']:g} points, "
         f"p {trip['probability']:g})"
     )
 

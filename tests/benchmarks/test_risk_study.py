@@ -337,7 +337,8 @@ def test_the_page_says_what_the_trips_were():
     page = risk_study.markdown(config, {"tasks": {"CSTR-stochastic-v0": task}})
     assert "each step with a `T_high` cost trips with probability 0.1 and loses 10" in page
     assert "The data's 1,200 steps in the region drew 118 trips" in page
-    assert "Steps per episode with a `T_high` cost: TD3+BC 8.5." in page
+    region = "Steps per episode with a `T_high` cost (where trips happen), mean over seeds: "
+    assert region + "TD3+BC 8.5." in page
 
 
 @pytest.mark.parametrize(
@@ -392,3 +393,11 @@ def test_a_run_with_trips_keeps_the_variants_of_a_run_that_named_its_task_bare(t
     order = risk_study.keep_variants(results, saved, ["iql"], "old.json")
     assert order == ["td3bc", "td3bc_cvar", "iql"]
     assert list(results["tasks"][name]["variants"]) == order
+
+
+def test_a_task_is_named_from_its_trips_whatever_name_it_was_saved_under():
+    trip = {"channel": "T_high", "penalty_points": 30.0, "probability": 0.1}
+    full = "CSTR-stochastic-v0, trips on T_high (30 points, p 0.1)"
+    for saved_as in ("CSTR-stochastic-v0", "CSTR-stochastic-v0, trips on T_high", full):
+        assert risk_study.task_key(saved_as, trip) == full
+    assert risk_study.task_key("CSTR-stochastic-v0", None) == "CSTR-stochastic-v0"
