@@ -740,6 +740,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [task for task in args.tasks if task not in registered_envs()]
     if unknown:
         parser.error(f"--tasks: unknown environment {unknown[0]!r}")
+    if args.trip is not None:
+        for env_id in args.tasks:
+            channels = study_cost(env_id, args).channels
+            if args.trip[0] not in channels:
+                parser.error(
+                    f"--trip: channel {args.trip[0]!r} is not a cost channel of the study on "
+                    f"{env_id} {list(channels)}"
+                )
     if args.keep is not None:
         try:
             saved = BenchmarkResult.load(args.keep)

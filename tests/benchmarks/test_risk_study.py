@@ -348,11 +348,12 @@ def test_the_page_says_what_the_trips_were():
         (["T_high", "-5", "0.1"], "POINTS must be positive"),
         (["T_high", "10", "0"], "PROBABILITY must lie in (0, 1]"),
         (["T_high", "nan", "0.5"], "POINTS must be positive"),
+        (["T_high", "10", "0.1"], "channel 'T_high' is not a cost channel of the study on IB-v0"),
     ],
 )
 def test_bad_trips_are_named(trip, message, capsys):
     with pytest.raises(SystemExit):
-        risk_study.parse_args(["--trip", *trip])
+        risk_study.parse_args(["--trip", *trip])  # the default task, IB-v0: fatigue only
     assert message in capsys.readouterr().err
 
 
