@@ -200,10 +200,8 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
             )
         rewards = trip.relabel(np.asarray(mixed.rewards), np.asarray(mixed.costs), args.data_seed)
         facts["trip"] = {
-            "channel": args.trip[0],
-            "penalty_points": float(args.trip[1]),
+            **trip_settings(args),
             "penalty": trip.penalty,
-            "probability": trip.probability,
             "steps_inside": int(costs.sum()),
             "trips": int(np.sum(rewards != np.asarray(mixed.rewards))),
         }
@@ -771,10 +769,16 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "hidden": list(args.hidden),
         "n_episodes": args.episodes,
         "ib_horizon": args.horizon,
-        "trip": None
-        if args.trip is None
-        else {"channel": args.trip[0], "penalty_points": args.trip[1], "probability": args.trip[2]},
+        "trip": trip_settings(args),
     }
+
+
+def trip_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--trip`` as the result records it (None without trips)."""
+    if args.trip is None:
+        return None
+    channel, points, probability = args.trip
+    return {"channel": channel, "penalty_points": points, "probability": probability}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
