@@ -398,7 +398,13 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
         if saved.name != NAME:
             raise ValueError(f"{path}: a {saved.name!r} result, not a {NAME} one")
         if config is None:
-            config = {**saved.config, "tasks": [], "merged_from": []}
+            config = {
+                **saved.config,
+                "tasks": [],
+                "merged_from": [],
+                "variants": [],
+                "variant_settings": {},
+            }
         else:
             differing = [
                 key
@@ -410,20 +416,82 @@ def merge(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any]]:
                 raise ValueError(
                     f"{path}: run with other settings than {paths[0]} ({', '.join(differing)})"
                 )
+        for name in saved.config.get("variants", []):
+            if name not in config["variants"]:
+                config["variants"].append(name)
+                if name in saved.config.get("variant_settings", {}):
+                    config["variant_settings"][name] = saved.config["variant_settings"][name]
         for env_id, task in tasks_by_key(saved).items():
-            if env_id in results["tasks"]:
-                raise ValueError(f"{path}: task {env_id} is already in an earlier file")
             # A task of an earlier merge keeps the device and file it came from.
-            results["tasks"][env_id] = {
+            task = {
                 **task,
                 "device": task.get("device", saved.config.get("device")),
                 "result": task.get("result", Path(path).name),
                 "kept": task.get("kept") or kept_by(saved, Path(path)),
             }
+            if env_id in results["tasks"]:
+                join_task(results["tasks"][env_id], task, env_id, path)
+                continue
+            results["tasks"][env_id] = task
             config["tasks"].append(env_id)
         config["merged_from"].append(Path(path).name)
     assert config is not None
     return config, results
+
+
+#: What two runs of one task must share for their variants to join on one table.
+TASK_FACTS = ("data", "cost", "horizon")
+
+
+def join_task(into: dict[str, Any], task: dict[str, Any], env_id: str, path: Any) -> None:
+    """Adds to ``into`` (a merged task) the variants of ``task``, the same task from the
+    file ``path``, with the pairs recomputed, and records where they were trained.
+
+    Raises:
+        ValueError: naming the variants both runs trained, or the data fact that differs
+            (they must be one dataset, cost and horizon to share a table).
+    """
+    both = [name for name in task["variants"] if name in into["variants"]]
+    if both:
+        raise ValueError(
+            f"{path}: task {env_id} already has {', '.join(both)} from an earlier file"
+        )
+    differing = [key for key in TASK_FACTS if task.get(key) != into.get(key)]
+    if differing:
+        raise ValueError(
+            f"{path}: task {env_id} is in an earlier file with other {', '.join(differing)}"
+            " (variants join only on the same data)"
+        )
+    into["variants"] = {**into["variants"], **task["variants"]}
+    into["timing"] = {**into["timing"], **task["timing"]}
+    into["pairs"] = pairs(into["variants"])
+    # Where the incoming variants were trained: runs it joined, a run it kept from, itself.
+    sources = list(task.get("joined", []))
+    kept = task.get("kept") or {}
+    if kept.get("variants"):
+        sources.append(
+            {"from": kept["from"], "device": kept["device"], "variants": kept["variants"]}
+        )
+    placed = {name for entry in sources for name in entry["variants"]}
+    own = [name for name in task["variants"] if name not in placed]
+    if own:
+        sources.append({"from": task["result"], "device": task["device"], "variants": own})
+    into["joined"] = [*into.get("joined", []), *sources]
+
+
+def joined_lines(joined: Sequence[dict[str, Any]]) -> list[str]:
+    """A paragraph naming the variants a merged task took from other runs of it."""
+    return [
+        line
+        for entry in joined
+        for line in (
+            f"Joined from `{entry['from']}` (the same settings and data; trained on "
+            f"{entry['device']}, whose training seconds these are): "
+            + ", ".join(VARIANTS[name][2] for name in entry["variants"])
+            + ".",
+            "",
+        )
+    ]
 
 
 def multiplier_lines(task: dict[str, Any]) -> list[str]:
@@ -510,6 +578,7 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
         if task.get("device"):
             lines += [f"Trained and evaluated on {task['device']} ({task['result']}).", ""]
         lines += kept_lines(task.get("kept"))
+        lines += joined_lines(task.get("joined", []))
         lines += trip_lines(task.get("data", {}).get("trip"))
         if episodes_identical(task):
             lines += [

@@ -205,12 +205,83 @@ def test_a_merged_study_merges_again_keeping_where_each_task_came_from(tmp_path)
 
 def test_a_merge_of_clashing_runs_is_refused_by_name(tmp_path, capsys):
     first = _saved_result(tmp_path / "a")
-    with pytest.raises(ValueError, match="task IB-v0 is already in an earlier file"):
+    with pytest.raises(ValueError, match="task IB-v0 already has td3bc, td3bc_cvar from an"):
         risk_study.merge([first, _saved_result(tmp_path / "b")])
     with pytest.raises(ValueError, match="n_seeds"):
         risk_study.merge([first, _saved_result(tmp_path / "c", "CSTR-v0", n_seeds=3)])
     assert risk_study.main(["--merge", str(tmp_path / "missing.json")]) == 2
     assert "--merge" in capsys.readouterr().err
+
+
+def _other_variants(path, device, variants=("iql", "iql_cvar"), data=None, kept_from=None):
+    """A saved result of the same task with other variants (``_saved_result``'s layout)."""
+    from benchmarks.harness import BenchmarkResult
+
+    saved = BenchmarkResult.load(path)
+    settings = {name: {"algorithm": risk_study.VARIANTS[name][0]} for name in variants}
+    saved.config.update(variants=list(variants), variant_settings=settings, device=device)
+    if kept_from is not None:
+        saved.config["kept_from"] = kept_from
+    (task,) = saved.results["tasks"].values()
+    task["variants"] = {name: _variant(70.0, 25.0 + i, 1.0, 1.6) for i, name in enumerate(variants)}
+    task["timing"] = {name: {"train_s": 2.0, "eval_s": 1.0} for name in variants}
+    task["data"] = data if data is not None else {"episodes": 90}
+    return saved.save(path.parent / f"other_{device}")
+
+
+def test_runs_of_one_task_with_other_variants_join_on_one_table(tmp_path):
+    from benchmarks.harness import BenchmarkResult
+
+    first = BenchmarkResult.load(_saved_result(tmp_path / "a", "CSTR-v0", device="cpu"))
+    first.results["tasks"]["CSTR-v0"]["data"] = {"episodes": 90}
+    first_path = first.save(tmp_path / "a1")
+    gpu = _other_variants(first_path, "H200")
+    config, results = risk_study.merge([first_path, gpu])
+    assert config["tasks"] == ["CSTR-v0"]
+    assert config["variants"] == ["td3bc", "td3bc_cvar", "iql", "iql_cvar"]
+    assert config["variant_settings"]["iql_cvar"] == {"algorithm": "iql"}
+    task = results["tasks"]["CSTR-v0"]
+    assert list(task["variants"]) == config["variants"]
+    assert [(p["neutral"], p["averse"]) for p in task["pairs"]] == [
+        ("td3bc", "td3bc_cvar"),
+        ("iql", "iql_cvar"),
+    ]
+    assert task["device"] == "cpu"
+    assert task["joined"] == [{"from": gpu.name, "device": "H200", "variants": ["iql", "iql_cvar"]}]
+    page = risk_study.markdown(config, results)
+    assert f"Joined from `{gpu.name}` (the same settings and data; trained on H200" in page
+    assert page.count("| IQL, IQN, value on CVaR 0.1 |") == 1
+    assert "IQL, IQN, value on CVaR 0.1 vs IQL" in page
+    # A merged page merges again with the same provenance; a third run's kept variants
+    # are named with the run they were kept from.
+    merged = BenchmarkResult("risk_study", tag="m", config=config, results=results)
+    merged_path = merged.save(tmp_path / "m")
+    source = _other_variants(first_path, "H100", variants=("cql",))
+    rerun = _other_variants(source, "cpu2", variants=("cql", "codac_cvar"), kept_from=source.name)
+    rerun_saved = BenchmarkResult.load(rerun)
+    rerun_saved.results["tasks"]["CSTR-v0"]["kept"] = {
+        "from": source.name,
+        "device": "H100",
+        "variants": ["cql"],
+    }
+    rerun = rerun_saved.save(tmp_path / "r")
+    _, again = risk_study.merge([merged_path, rerun])
+    assert again["tasks"]["CSTR-v0"]["joined"] == [
+        {"from": gpu.name, "device": "H200", "variants": ["iql", "iql_cvar"]},
+        {"from": source.name, "device": "H100", "variants": ["cql"]},
+        {"from": rerun.name, "device": "cpu2", "variants": ["codac_cvar"]},
+    ]
+
+
+def test_runs_of_one_task_on_other_data_do_not_join(tmp_path):
+    from benchmarks.harness import BenchmarkResult
+
+    first = BenchmarkResult.load(_saved_result(tmp_path / "a", "CSTR-v0", device="cpu"))
+    first.results["tasks"]["CSTR-v0"]["data"] = {"episodes": 90}
+    first_path = first.save(tmp_path / "a1")
+    other = _other_variants(first_path, "H200", data={"episodes": 60})
+    with pytest.raises(ValueError, match="task CSTR-v0 is in an earlier file with other data"):
+        risk_study.merge([first_path, other])
 
 
 def test_kept_variants_are_carried_over_and_rerun_ones_replaced(tmp_path):
@@ -376,7 +447,7 @@ def test_a_run_with_trips_merges_beside_the_same_task_without(tmp_path):
     merged = BenchmarkResult("risk_study", tag="m", config=config, results=results)
     again, _ = risk_study.merge([merged.save(tmp_path / "m")])
     assert again["tasks"] == config["tasks"]
-    with pytest.raises(ValueError, match=r"p 0.1\) is already in an earlier file"):
+    with pytest.raises(ValueError, match=r"p 0.1\) already has td3bc, td3bc_cvar"):
         risk_study.merge([risky_path, risky_path])
     # --keep still needs the same trips.
     with pytest.raises(SystemExit):
