@@ -90,6 +90,73 @@ PAIRS: tuple[tuple[str, str, str], ...] = (
     ("td3bc_lag", "td3bc_lag_cvar", "cost"),
     ("iql_lag", "iql_lag_cvar", "cost"),
 )
+#: Joins a CVaR variant's name to another level than the study's: ``iql_cvar@0.25``.
+AT = "@"
+
+
+def variant(name: str) -> tuple[str, dict[str, Any], str]:
+    """``(registered algorithm, hyperparameters, label)`` of a study variant: one of
+    :data:`VARIANTS`, or ``NAME@LEVEL``, a CVaR variant with its CVaR at ``LEVEL`` instead
+    of the study's 0.1 (a milder or harsher tail; CODAC's paper sweeps it).
+
+    Raises:
+        ValueError: naming an unknown variant, a level on a variant without a CVaR, or a
+            level the critics refuse (not a number in (0, 1]).
+    """
+    from neorl_industrial.core.agents.distributional import CriticConfig
+
+    base, at, level = name.partition(AT)
+    if base not in VARIANTS:
+        raise ValueError(f"unknown variant {base!r}; expected one of {', '.join(VARIANTS)}")
+    algorithm, extra, label = VARIANTS[base]
+    if not at:
+        return algorithm, extra, label
+    key = _cvar_critic(extra)
+    if key is None:
+        raise ValueError(f"{name}: {base} reads no CVaR, so it takes no level")
+    try:
+        cvar_level = float(level)
+    except ValueError:
+        raise ValueError(f"{name}: the CVaR level must be a number, got {level!r}") from None
+    try:
+        CriticConfig(**{**extra[key], "cvar_level": cvar_level})
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+    study_level = f"CVaR {CVAR['cvar_level']:g}"
+    return (
+        algorithm,
+        {**extra, key: {**extra[key], "cvar_level": cvar_level}},
+        label.replace(study_level, f"CVaR {cvar_level:g}"),
+    )
+
+
+def variant_name(name: str) -> str:
+    """``name`` as the study records it: a level written as ``%g``, none for the study's
+    own (``iql_cvar@.10`` is ``iql_cvar``). Raises ``ValueError`` as :func:`variant`."""
+    _, extra, _ = variant(name)
+    base, at, _ = name.partition(AT)
+    if not at:
+        return name
+    level = extra[_cvar_critic(extra)]["cvar_level"]
+    return base if level == CVAR["cvar_level"] else f"{base}{AT}{level:g}"
+
+
+def variant_order(name: str) -> tuple[int, float]:
+    """Sorts variants as :data:`VARIANTS` lists them, a CVaR variant's levels after it in
+    increasing order (a table then reads from the harshest tail to the mildest)."""
+    base = name.partition(AT)[0]
+    _, extra, _ = variant(name)
+    key = _cvar_critic(extra)
+    return list(VARIANTS).index(base), extra[key]["cvar_level"] if key else 0.0
+
+
+def _cvar_critic(extra: dict[str, Any]) -> str | None:
+    """The hyperparameter (``critic`` or ``cost_critic``) of a variant's CVaR critic."""
+    return next(
+        (k for k, v in extra.items() if isinstance(v, dict) and v.get("risk") == "cvar"), None
+    )
+
+
 DEFAULT_VARIANTS = (
     "td3bc",
     "td3bc_iqn",
@@ -160,7 +227,7 @@ def build_variant(
 
     from neorl_industrial.core.agents.registry import algorithm_entry, build_algorithm
 
-    base, extra, _ = VARIANTS[name]
+    base, extra, _ = variant(name)
     entry = algorithm_entry(base)
     obs_mean, obs_std = dataset.observation_moments()
     hyperparameters: dict[str, Any] = {
@@ -216,7 +283,7 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
     for name in args.variants:
         algorithm, entry = build_variant(name, mixed, args.hidden, cost.limits, horizon)
         scaling = RewardScaling.fit(mixed, entry.reward_scaling)
-        progress(f"{env_id} {VARIANTS[name][2]}: {args.seeds} seeds, {args.updates} updates")
+        progress(f"{env_id} {variant(name)[2]}: {args.seeds} seeds, {args.updates} updates")
         started = time.perf_counter()
         state, history = train_offline(
             algorithm,
@@ -298,7 +365,7 @@ def region_line(task: dict[str, Any]) -> list[str]:
     if not trip:
         return []
     cells = [
-        f"{VARIANTS[name][2]} "
+        f"{variant(name)[2]} "
         f"{np.mean([seed['episode_cost'][trip['channel']] for seed in entry['per_seed']]):.1f}"
         for name, entry in task["variants"].items()
         if entry.get("per_seed") and all("episode_cost" in seed for seed in entry["per_seed"])
@@ -317,9 +384,13 @@ def pairs(variants: dict[str, Any]) -> list[dict[str, Any]]:
     of each metric (risk-averse minus neutral) and whether the tail it targets improved
     beyond the two intervals' overlap."""
     out = []
-    for neutral, averse, target in PAIRS:
-        if neutral not in variants or averse not in variants:
-            continue
+    present = [
+        (neutral, averse, target)
+        for neutral, averse_base, target in PAIRS
+        for averse in variants
+        if averse.partition(AT)[0] == averse_base and neutral in variants
+    ]
+    for neutral, averse, target in present:
         a, b = variants[neutral], variants[averse]
         change = {metric: b[metric]["mean"] - a[metric]["mean"] for metric in METRICS}
         if target == "return":
@@ -462,7 +533,8 @@ def join_task(into: dict[str, Any], task: dict[str, Any], env_id: str, path: Any
             f"{path}: task {env_id} is in an earlier file with other {', '.join(differing)}"
             " (variants join only on the same data)"
         )
-    into["variants"] = {**into["variants"], **task["variants"]}
+    variants = {**into["variants"], **task["variants"]}
+    into["variants"] = {name: variants[name] for name in sorted(variants, key=variant_order)}
     into["timing"] = {**into["timing"], **task["timing"]}
     into["pairs"] = pairs(into["variants"])
     # Where the incoming variants were trained: runs it joined, a run it kept from, itself.
@@ -487,7 +559,7 @@ def joined_lines(joined: Sequence[dict[str, Any]]) -> list[str]:
         for line in (
             f"Joined from `{entry['from']}` (the same settings and data; trained on "
             f"{entry['device']}, whose training seconds these are): "
-            + ", ".join(VARIANTS[name][2] for name in entry["variants"])
+            + "; ".join(variant(name)[2] for name in entry["variants"])
             + ".",
             "",
         )
@@ -508,7 +580,7 @@ def multiplier_lines(task: dict[str, Any]) -> list[str]:
             f"estimate {np.mean(values[f'cost_value_{i}']):.3g}"
             for i, channel in enumerate(channels)
         ]
-        parts.append(f"{VARIANTS[name][2]}: {'; '.join(cells)}")
+        parts.append(f"{variant(name)[2]}: {'; '.join(cells)}")
     if not parts:
         return []
     return [
@@ -540,7 +612,7 @@ def kept_lines(kept: dict[str, Any] | None) -> list[str]:
         return []
     where = f"trained on {kept['device']}" if kept.get("device") else "trained there"
     what = (
-        ": " + ", ".join(VARIANTS[name][2] for name in kept["variants"])
+        ": " + "; ".join(variant(name)[2] for name in kept["variants"])
         if kept.get("variants")
         else " for the variants not trained again in this run"
     )
@@ -594,7 +666,7 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
         ]
         for name, entry in task["variants"].items():
             lines.append(
-                f"| {VARIANTS[name][2]} | {_cell(entry['normalized_return'], 1)} | "
+                f"| {variant(name)[2]} | {_cell(entry['normalized_return'], 1)} | "
                 f"{_cell(entry['normalized_return_cvar'], 1)} | "
                 f"{_cell(entry['normalized_cost'], 2)} | "
                 f"{_cell(entry['normalized_cost_cvar'], 2)} | "
@@ -618,7 +690,7 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
                     else ("yes" if pair["tail_better"] else "**no**")
                 )
                 lines.append(
-                    f"| {VARIANTS[pair['averse']][2]} vs {VARIANTS[pair['neutral']][2]} | "
+                    f"| {variant(pair['averse'])[2]} vs {variant(pair['neutral'])[2]} | "
                     f"{change['normalized_return']:+.1f} | "
                     f"{change['normalized_return_cvar']:+.1f} | "
                     f"{change['normalized_cost']:+.2f} | "
@@ -726,7 +798,7 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "variants": variants,
         "kept_from": None if args.keep is None else args.keep.name,
         "variant_settings": {
-            name: {"algorithm": VARIANTS[name][0], **VARIANTS[name][1]} for name in variants
+            name: {"algorithm": variant(name)[0], **variant(name)[1]} for name in variants
         },
         **settings_of(args),
         "tail": 0.1,
@@ -741,7 +813,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--tasks", nargs="+", default=["IB-v0"])
     parser.add_argument(
-        "--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS)
+        "--variants",
+        nargs="+",
+        default=list(DEFAULT_VARIANTS),
+        metavar="VARIANT",
+        help=f"of {', '.join(VARIANTS)}; a CVaR variant at another level than "
+        f"{CVAR['cvar_level']:g} as NAME{AT}LEVEL (iql_cvar{AT}0.25)",
     )
     parser.add_argument("--trajectories", type=int, default=30, help="episodes per quality")
     parser.add_argument("--data-seed", type=int, default=0)
@@ -792,6 +869,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
     if args.seeds < 2:
         parser.error("--seeds: at least 2, for an interval over seeds")
+    try:
+        args.variants = [variant_name(name) for name in args.variants]
+    except ValueError as error:
+        parser.error(f"--variants: {error}")
+    twice = sorted({name for name in args.variants if args.variants.count(name) > 1})
+    if twice:
+        parser.error(f"--variants: given twice: {', '.join(twice)}")
     if args.trip is not None:
         try:
             points, probability = float(args.trip[1]), float(args.trip[2])

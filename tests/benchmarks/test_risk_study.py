@@ -85,6 +85,32 @@ def test_pairs_say_whether_the_targeted_tail_improved_and_beyond_the_intervals()
     assert lag["tail_better"] and not lag["tail_better_significantly"]
 
 
+def test_a_cvar_variant_runs_at_another_level_named_apart_and_paired_with_its_neutral():
+    algorithm, extra, label = risk_study.variant("iql_cvar@0.25")
+    assert algorithm == "iql" and label == "IQL, IQN, value on CVaR 0.25"
+    assert extra["critic"] == {**risk_study.CVAR, "cvar_level": 0.25}
+    assert risk_study.VARIANTS["iql_cvar"][1]["critic"]["cvar_level"] == 0.1  # untouched
+    _, extra, label = risk_study.variant("td3bc_lag_cvar@0.5")
+    assert extra["cost_critic"]["cvar_level"] == 0.5 and label == "TD3BC-Lag, cost CVaR 0.5"
+    assert risk_study.variant_name("iql_cvar@.10") == "iql_cvar"
+    assert risk_study.variant_name("iql_cvar@0.250") == "iql_cvar@0.25"
+    args = risk_study.parse_args(["--variants", "iql", "iql_cvar@0.5", "iql_cvar@1"])
+    assert args.variants == ["iql", "iql_cvar@0.5", "iql_cvar@1"]
+    variants = {name: _variant(60.0, 20.0 + i, 0.9, 1.5) for i, name in enumerate(args.variants)}
+    assert [(p["neutral"], p["averse"]) for p in risk_study.pairs(variants)] == [
+        ("iql", "iql_cvar@0.5"),
+        ("iql", "iql_cvar@1"),
+    ]
+    names = ["iql_cvar@0.5", "td3bc", "iql_cvar", "iql", "iql_cvar@0.25"]
+    assert sorted(names, key=risk_study.variant_order) == [
+        "td3bc",
+        "iql",
+        "iql_cvar",
+        "iql_cvar@0.25",
+        "iql_cvar@0.5",
+    ]
+
+
 def test_the_page_has_a_row_per_variant_and_a_verdict_per_pair():
     variants = {
         "td3bc": _variant(60.0, 20.0, 0.9, 1.5),
@@ -108,7 +134,12 @@ def test_the_page_has_a_row_per_variant_and_a_verdict_per_pair():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--variants", "sac"], "invalid choice: 'sac'"),
+        (["--variants", "sac"], "--variants: unknown variant 'sac'; expected one of td3bc,"),
+        (["--variants", "iql@0.5"], "--variants: iql@0.5: iql reads no CVaR, so it takes no"),
+        (["--variants", "iql_cvar@low"], "iql_cvar@low: the CVaR level must be a number, got"),
+        (["--variants", "iql_cvar@1.5"], "iql_cvar@1.5: critic.cvar_level: must lie in (0, 1]"),
+        (["--variants", "iql_cvar@nan"], "iql_cvar@nan: critic.cvar_level: must lie in (0, 1]"),
+        (["--variants", "iql_cvar@.5", "iql_cvar@0.50"], "--variants: given twice: iql_cvar@0.5"),
         (["--seeds", "1"], "--seeds: at least 2"),
         (["--updates", "0"], "--updates: expected a positive integer"),
         (["--tasks", "Nope-v0"], "--tasks: unknown environment 'Nope-v0'"),
