@@ -22,11 +22,18 @@ def default_cache_dir() -> Path:
     return base / "neorl_industrial" / "jax"
 
 
-def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path:
+def enable_compilation_cache(
+    directory: str | os.PathLike | None = None, *, min_compile_seconds: float = 0.5
+) -> Path:
     """Keeps compiled XLA programs on disk so later processes skip recompiling them.
 
     A rollout or training chunk compiled once on a machine then loads in a fraction of a
-    second. Programs that compile in under half a second are not stored.
+    second. Call it before the process compiles anything: JAX opens its cache once.
+
+    Args:
+        directory: the cache (default :func:`default_cache_dir`).
+        min_compile_seconds: programs that compile faster are not stored (0: every
+            program, however small).
 
     Returns:
         The cache directory.
@@ -34,5 +41,7 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
     path = Path(directory) if directory is not None else default_cache_dir()
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
+    if min_compile_seconds <= 0:
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
