@@ -69,13 +69,25 @@ def test_compilation_cache_goes_where_asked(tmp_path, monkeypatch):
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     assert default_cache_dir() == tmp_path / "cache"
-    previous = jax.config.jax_compilation_cache_dir
+    names = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    previous = {name: getattr(jax.config, name) for name in names}
     try:
         path = enable_compilation_cache()
         assert path.is_dir()
         assert jax.config.jax_compilation_cache_dir == str(path)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.5
+        # Every program, however small (the test suite's own cache).
+        every = enable_compilation_cache(tmp_path / "every", min_compile_seconds=0.0)
+        assert jax.config.jax_compilation_cache_dir == str(every)
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+        assert jax.config.jax_persistent_cache_min_entry_size_bytes == 0
     finally:
-        jax.config.update("jax_compilation_cache_dir", previous)
+        for name, value in previous.items():
+            jax.config.update(name, value)
 
 
 def test_datasets_generate_inspect_and_import(tmp_path, capsys):
