@@ -133,21 +133,17 @@ def variant(name: str) -> tuple[str, dict[str, Any], str]:
 def variant_name(name: str) -> str:
     """``name`` as the study records it: a level written as ``%g``, none for the study's
     own (``iql_cvar@.10`` is ``iql_cvar``). Raises ``ValueError`` as :func:`variant`."""
-    _, extra, _ = variant(name)
     base, at, _ = name.partition(AT)
+    level = _cvar_level(name)
     if not at:
         return name
-    level = extra[_cvar_critic(extra)]["cvar_level"]
     return base if level == CVAR["cvar_level"] else f"{base}{AT}{level:g}"
 
 
 def variant_order(name: str) -> tuple[int, float]:
     """Sorts variants as :data:`VARIANTS` lists them, a CVaR variant's levels after it in
     increasing order (a table then reads from the harshest tail to the mildest)."""
-    base = name.partition(AT)[0]
-    _, extra, _ = variant(name)
-    key = _cvar_critic(extra)
-    return list(VARIANTS).index(base), extra[key]["cvar_level"] if key else 0.0
+    return list(VARIANTS).index(name.partition(AT)[0]), _cvar_level(name) or 0.0
 
 
 def _cvar_critic(extra: dict[str, Any]) -> str | None:
@@ -155,6 +151,14 @@ def _cvar_critic(extra: dict[str, Any]) -> str | None:
     return next(
         (k for k, v in extra.items() if isinstance(v, dict) and v.get("risk") == "cvar"), None
     )
+
+
+def _cvar_level(name: str) -> float | None:
+    """The CVaR level variant ``name`` trains with; ``None`` for one without a CVaR.
+    Raises ``ValueError`` as :func:`variant`."""
+    _, extra, _ = variant(name)
+    key = _cvar_critic(extra)
+    return None if key is None else extra[key]["cvar_level"]
 
 
 DEFAULT_VARIANTS = (
@@ -798,7 +802,9 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "variants": variants,
         "kept_from": None if args.keep is None else args.keep.name,
         "variant_settings": {
-            name: {"algorithm": variant(name)[0], **variant(name)[1]} for name in variants
+            name: {"algorithm": algorithm, **extra}
+            for name in variants
+            for algorithm, extra, _ in [variant(name)]
         },
         **settings_of(args),
         "tail": 0.1,
