@@ -135,7 +135,7 @@ def _check_replaceable(
     if not target.exists():
         return
     if not overwrite:
-        raise FileExistsError(f"{target}: already exists; pass overwrite=True to replace it")
+        raise _exists(target)
     if not target.is_dir():
         raise FileExistsError(f"{target}: exists and is not a directory; refusing to replace it")
     empty = not any(target.iterdir())
@@ -164,7 +164,7 @@ def atomic_file(target: str | os.PathLike[str], *, overwrite: bool = True) -> It
     """
     target = Path(target)
     if target.exists() and not overwrite:
-        raise FileExistsError(f"{target}: already exists; pass overwrite=True to replace it")
+        raise _exists(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     descriptor, name = tempfile.mkstemp(
         prefix=f".{target.name}.", suffix=STAGING_SUFFIX, dir=target.parent
@@ -214,6 +214,12 @@ def write_bytes_atomic(
     with atomic_file(target, overwrite=overwrite) as staging:
         staging.write_bytes(data)
     return Path(target)
+
+
+def _exists(target: Path) -> FileExistsError:
+    return FileExistsError(
+        f"{target}: already exists; pass --overwrite (overwrite=True from Python) to replace it"
+    )
 
 
 def write_text_atomic(target: str | os.PathLike[str], text: str, *, overwrite: bool = True) -> Path:

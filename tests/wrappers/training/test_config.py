@@ -72,6 +72,25 @@ def test_errors_name_the_file_and_field(tmp_path):
         RunConfig().with_overrides(["training.seeds=[1, 1]"])
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm.hyperparameters.alpha=.nan", r"hyperparameters.alpha: expected a finite"),
+        ("algorithm.hyperparameters.actor_lr=.inf", r"hyperparameters.actor_lr: expected a fin"),
+        ("algorithm.hyperparameters.pid={kp: .nan}", r"pid.kp: must be a finite number"),
+        ("algorithm.hyperparameters.critic_lr=-.inf", r"critic_lr: must be positive, got -inf"),
+        ("safety.cost_limits=[10, .inf]", r"safety.cost_limits.1: Input should be a finite"),
+        ("evaluation.ope.discount=.nan", r"evaluation.ope.discount"),
+        ("name=..", r"name: expected letters.*not starting with '\.', got '\.\.'"),
+        ("name=.", r"name: expected letters"),
+        ("name=../up", r"name: expected letters"),
+    ],
+)
+def test_nan_infinity_and_escaping_names_are_refused_by_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig().with_overrides([override])
+
+
 def test_tracking_section_defaults_and_errors():
     config = RunConfig()
     assert config.tracking.enabled and config.tracking.uri is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -199,6 +200,11 @@ def validate_hyperparameters(name: str, hyperparameters: Mapping[str, Any] | Non
         raise HyperparameterError(problems) from None
     except (TypeError, ValueError) as error:
         raise HyperparameterError(f"algorithm.hyperparameters ({entry.name}): {error}") from None
+    found = _non_finite(dataclasses.asdict(config), "algorithm.hyperparameters")
+    if found is not None:
+        # A NaN learning rate or α trains silently into NaN parameters; no algorithm
+        # reads infinity as a setting either.
+        raise HyperparameterError(f"{found[0]}: expected a finite number, got {found[1]}")
     return config
 
 
@@ -229,6 +235,23 @@ def _merge(defaults: dict[str, Any], values: Mapping[str, Any], where: str) -> d
         else:
             merged[field] = value
     return merged
+
+
+def _non_finite(value: Any, where: str) -> tuple[str, float] | None:
+    """The dotted location and value of the first NaN or infinite number, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    if isinstance(value, dict):
+        items: Any = ((f"{where}.{key}", item) for key, item in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{where}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    for location, item in items:
+        found = _non_finite(item, location)
+        if found is not None:
+            return found
+    return None
 
 
 def _plain(value: Any) -> Any:

@@ -49,7 +49,9 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN or infinity in a setting (``--set evaluation.ope.discount=.nan``) is a typo,
+    # never a meaning: it is refused by name rather than trained into a NaN run.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class EnvSection(_Section):
@@ -82,7 +84,9 @@ class DataSection(_Section):
     #: (e.g. data logged at another setpoint) on purpose.
     allow_mismatch: bool = False
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class AlgorithmSection(_Section):
@@ -283,8 +287,12 @@ class RunConfig(_Section):
     @field_validator("name")
     @classmethod
     def _simple_name(cls, name: str) -> str:
-        if not name or not all(c.isalnum() or c in "-_." for c in name):
-            raise ValueError(f"expected letters, digits, '-', '_' or '.', got {name!r}")
+        # The name is a directory under ``output``: ``.``/``..`` or a leading dot would
+        # write into (or above) the output directory itself, or hide the run.
+        if not name or name.startswith(".") or not all(c.isalnum() or c in "-_." for c in name):
+            raise ValueError(
+                f"expected letters, digits, '-', '_' or '.' not starting with '.', got {name!r}"
+            )
         return name
 
     @model_validator(mode="after")

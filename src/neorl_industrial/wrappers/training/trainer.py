@@ -291,7 +291,8 @@ class Trainer:
         elif self.checkpoint_dir is not None and self.latest_checkpoint() is not None:
             raise CheckpointMismatchError(
                 f"{self.checkpoint_dir}: holds checkpoints of an earlier run; resume it "
-                "(resume=True) or choose an empty directory (nothing was overwritten)"
+                "(--resume, or resume=True from Python) or choose an empty directory (nothing was "
+                "overwritten)"
             )
         record["fingerprint"] = self.fingerprint
         # The chunk donates its input; a fresh state may hold one buffer twice (a target
