@@ -152,11 +152,23 @@ def test_main_job_trains_evaluates_saves_exports_and_reports(tmp_path, capsys):
     # A second run into the same directory is refused; nothing is overwritten.
     before = (run / "report.json").read_text()
     assert cli.main(["--no-cache", "run", *_sets(overrides)]) == 2
-    assert "holds an earlier run" in capsys.readouterr().err
+    refused = capsys.readouterr().err
+    assert "holds an earlier run" in refused and "--resume" in refused
+    assert (run / "report.json").read_text() == before
+
+    # --resume of a run that has no checkpoint, or with checkpoints turned off, is refused
+    # before anything is written (it would otherwise train afresh over the run).
+    config = run / "config.yaml"
+    fresh = ["training.updates=150", f"output={tmp_path}", "name=never-ran"]
+    assert cli.main(["--no-cache", "train", "-c", str(config), *_sets(fresh), "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    assert not (tmp_path / "never-ran").exists()
+    off = ["training.updates=150", f"output={tmp_path}", "name=small", "checkpoints.every=0"]
+    assert cli.main(["--no-cache", "train", "-c", str(config), *_sets(off), "--resume"]) == 2
+    assert "--resume needs checkpoints" in capsys.readouterr().err
     assert (run / "report.json").read_text() == before
 
     # train --resume continues the run from its checkpoints to more updates.
-    config = run / "config.yaml"
     more = ["training.updates=150", f"output={tmp_path}", "name=small"]
     assert cli.main(["--no-cache", "train", "-c", str(config), *_sets(more), "--resume"]) == 0
     report = json.loads((run / "report.json").read_text())

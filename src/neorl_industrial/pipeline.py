@@ -285,9 +285,24 @@ def run_training(
     agent_dir, policy_dir = run_dir / "agent", run_dir / "policy"
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise AgentError(
-            f"{run_dir}: holds an earlier run; pass resume to continue it, or another "
-            "name (name=...) or output directory (nothing was overwritten)"
+            f"{run_dir}: holds an earlier run; continue it with --resume (resume=True from "
+            "Python), or give another name (--set name=...) or output directory "
+            "(nothing was overwritten)"
         )
+    if resume:
+        # Resuming from nothing would train afresh over the run's files and MLflow runs.
+        if not config.checkpoints.every:
+            raise AgentError(
+                f"{run_dir}: --resume needs checkpoints (checkpoints.every is 0 in this "
+                "configuration); resume with the run's own config.yaml (nothing was changed)"
+            )
+        if not _checkpoint_steps(run_dir):
+            why = "it stopped before its first checkpoint" if run_dir.exists() else "no such run"
+            raise AgentError(
+                f"{run_dir}: nothing to resume: no checkpoint in {run_dir / 'checkpoints'} "
+                f"({why}); train it again without --resume under another name "
+                "(--set name=...), or remove the directory first (nothing was changed)"
+            )
     started = time.perf_counter()
     plan = resolve_run(config)
     agent = plan.agent()
@@ -404,6 +419,15 @@ def _training_settings(plan: RunPlan) -> dict[str, Any]:
         "ope": plan.ope,
         "card": plan.card,
     }
+
+
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    """The updates of the run's complete checkpoints, oldest first (orbax names a finished
+    checkpoint by its step; one still being written has a temporary suffix)."""
+    checkpoints = run_dir / "checkpoints"
+    if not checkpoints.is_dir():
+        return []
+    return sorted(int(entry.name) for entry in checkpoints.iterdir() if entry.name.isdigit())
 
 
 @contextlib.contextmanager
@@ -529,14 +553,9 @@ def _log_outputs(
     for name in ("config.yaml", "dataset.json"):
         tracker.log_artifact(run_dir / name)
     tracker.log_artifact(plots, "plots")
-    checkpoints = run_dir / "checkpoints"
-    steps = (
-        sorted((int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()), reverse=True)
-        if checkpoints.exists()
-        else []
-    )
+    steps = _checkpoint_steps(run_dir)
     if steps:
-        tracker.log_artifact(checkpoints / str(steps[0]), f"checkpoint/{steps[0]}")
+        tracker.log_artifact(run_dir / "checkpoints" / str(steps[-1]), f"checkpoint/{steps[-1]}")
     tracker.log_artifact(agent_dir, "agent")
     selected = agent.selected
     best = dict(result.best[selected]["metrics"]) if result.best[selected] else {}
@@ -704,7 +723,7 @@ def run_sweep(
     agent_dir, policy_dir = run_dir / "agent", run_dir / "policy"
     if run_dir.exists() and any(run_dir.iterdir()):
         raise AgentError(
-            f"{run_dir}: holds an earlier run; give another name (name=...) or output "
+            f"{run_dir}: holds an earlier run; give another name (--set name=...) or output "
             "directory (nothing was overwritten)"
         )
     started = time.perf_counter()
