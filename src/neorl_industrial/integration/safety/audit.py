@@ -1,36 +1,62 @@
 """An append-only audit log of the shield's overrides (JSON Lines, hash-chained).
 
-Every record holds the time (UTC), a sequence number, the request id and policy version,
-the observation, the proposed and the applied action, the constraints the proposal broke
-and how the shield repaired it. Each record carries the SHA-256 of its canonical JSON
-(``hash``) and the previous record's hash (``prev_hash``), so :meth:`AuditLog.verify`
-detects an edited, deleted, inserted or reordered record and names the first bad line.
-The chain alone cannot reveal records cut off the end or a log rewritten with fresh
-hashes; keep :attr:`AuditLog.last_hash` somewhere else to anchor it.
+Every override record holds the time (UTC), a sequence number, the request id, the policy
+version that decided, the API key's fingerprint, the observation, the proposed and the
+applied action, the constraints the proposal broke and how the shield repaired it. Each
+record carries the SHA-256 of its canonical JSON (``hash``) and the previous record's hash
+(``prev_hash``), so an edited, deleted, inserted or reordered record breaks the chain.
+
+**Files.** ``audit.jsonl`` is the file being written. With ``max_bytes`` and ``backups`` it
+rotates by size as :class:`logging.handlers.RotatingFileHandler` does (``audit.jsonl`` →
+``.1`` → ``.2`` ...), except that nothing is ever deleted: the file that would pass
+``backups`` is moved to the archive directory ``audit.jsonl.archive/`` (named by its file
+number), with a warning in the log and a count in :meth:`AuditLog.stats`. Shipping the
+archive elsewhere and emptying it is the operator's job. Every file starts with a ``file``
+record (chained like the others) holding its file number and how many records the previous
+file had. Beside the log:
+
+* ``audit.jsonl.anchor``: the newest file's number, the next sequence number and the chain's
+  head hash, rewritten after every write, so records cut from the end are detected;
+* ``audit.jsonl.lock``: an exclusive ``flock`` held while a process writes, with its pid; a
+  second writer is refused (two writers would interleave and break the chain);
+* ``audit.jsonl.torn``: the bytes of a torn last line (a crash mid-write), cut off when the
+  log is opened again, one JSON line each (base64), never discarded.
+
+:func:`check_chain` verifies the archive, the rotated files and the current one as one chain
+against the anchor: a file deleted from the middle, every rotated file deleted, a cut head
+or tail, an edited record and reordered files are each named. A log rewritten whole with
+fresh hashes and a fresh anchor is only caught against a head hash kept elsewhere
+(``check_chain(..., anchor=HASH)``, ``neorl-industrial audit verify LOG --anchor HASH``).
+
+**Volume.** With ``window_s``, overrides of one key with the same violated constraints,
+shield flags and policy version within a window are written as one full record (the first)
+and one ``aggregate`` record when the window closes: the count, the first and last time and
+request id, and a SHA-256 of the rows. With ``key_rate``, each key gets that many full
+records per second (burst: ten seconds' worth); past it, rows are folded into aggregates
+too. Nothing is dropped: every overridden row is in a full record or counted in an
+aggregate.
 
 Writes are one ``write`` per record followed by a flush (and, with ``fsync=True``, an
-``os.fsync``). A crash can leave a torn last line; opening the log again cuts it off
-(``recovered_bytes`` says how much) and continues the chain from the last whole record.
-One process owns a log; its threads may share it.
-
-With ``max_bytes``, the log rotates by size as :class:`logging.handlers.RotatingFileHandler`
-does: before a record would take ``audit.jsonl`` past ``max_bytes``, it becomes
-``audit.jsonl.1`` (``.1`` becomes ``.2`` ..., the one past ``backups`` is deleted) and a new
-``audit.jsonl`` is started. The chain runs on across files: the first record of the new file
-carries the previous file's last hash and the next sequence number, so
-:meth:`AuditLog.verify_rotated` checks the kept files as one log. Files are created with
-mode 0600 (owner only).
+``os.fsync`` of the log and the anchor). One process owns a log; its threads may share it.
+Files are created with mode 0600 (owner only).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import dataclasses
 import datetime as dt
+import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
+import re
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +64,21 @@ import numpy as np
 
 from neorl_industrial.integration.safety.monitor import host_report
 
-__all__ = ["GENESIS", "AuditLog", "AuditLogError"]
+__all__ = ["GENESIS", "AuditLog", "AuditLogError", "ChainCheck", "check_chain", "rows_digest_update"]
 
 GENESIS = "0" * 64
 _TAIL_CHUNK = 1 << 16
+#: The anchor is rewritten in place at a fixed length, so one ``pwrite`` replaces it.
+_ANCHOR_BYTES = 256
+#: Open aggregation groups kept at most; past it the oldest is written out early.
+_MAX_GROUPS = 4096
+_FLAGS = ("projected", "fallback", "infeasible", "invalid", "invalid_observation")
+
+log = logging.getLogger("neorl_industrial.audit")
 
 
 class AuditLogError(ValueError):
-    """An audit log that cannot be continued (its last whole record is corrupt)."""
+    """An audit log that cannot be written or continued; the message names the file."""
 
 
 def _encode_number(value: float) -> float | str:
@@ -64,6 +97,10 @@ def _digest(record: dict[str, Any]) -> str:
     body = {key: value for key, value in record.items() if key != "hash"}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
 def _rows(values: Any, batch_shape: tuple[int, ...], name: str) -> np.ndarray:
@@ -98,22 +135,74 @@ def _last_line(handle: Any, size: int) -> tuple[int, bytes]:
     return start, handle.read(size - start)
 
 
+def _first_record(path: Path) -> dict[str, Any] | None:
+    """The file's first line as a record (``None``: empty, missing or not a record)."""
+    try:
+        with open(path, "rb") as handle:
+            line = handle.readline()
+        record = json.loads(line) if line.strip() else None
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def rows_digest_update(
+    digest: Any, request_id: str | None, observation: Any, proposed: Any, applied: Any
+) -> None:
+    """Adds one row to an aggregate's ``rows_sha256``: the request id in UTF-8 and a NUL
+    byte, then the observation, the proposed and the applied action as little-endian
+    float64 — what anyone holding the rows can recompute."""
+    digest.update((request_id or "").encode() + b"\0")
+    for values in (observation, proposed, applied):
+        digest.update(np.asarray(values, "<f8").tobytes())
+
+
+@dataclasses.dataclass
+class _Group:
+    """Overrides folded into one aggregate record while its window is open."""
+
+    opened: float
+    key: str | None
+    policy_version: str
+    violated: tuple[str, ...]
+    flags: tuple[bool, ...]
+    detailed: int | None  # the sequence of the full record that opened it
+    count: int = 0
+    rate_limited: int = 0
+    first_time: str | None = None
+    last_time: str | None = None
+    first_request_id: str | None = None
+    last_request_id: str | None = None
+    digest: Any = dataclasses.field(default_factory=hashlib.sha256)
+
+
+@dataclasses.dataclass
+class _Bucket:
+    tokens: float
+    stamp: float
+    warned: float = -math.inf
+
+
 class AuditLog:
     """Appends override records to ``path`` (created with its directory if missing).
 
     Args:
         path: the JSON Lines file.
-        policy_version: written into every record.
+        policy_version: written into records that are not given one.
         fsync: ``os.fsync`` after every write (durable across power loss; slower).
         max_bytes: rotate before a record would take the file past this size (0: never).
-        backups: rotated files kept (``path.1`` newest .. ``path.<backups>``); with 0 the
-            log never rotates, as with ``RotatingFileHandler``.
+        backups: rotated files kept beside the log (``path.1`` newest .. ``path.<backups>``);
+            older ones move to ``path.archive/``; with 0 the log never rotates.
+        window_s: seconds an aggregation window stays open (0: every override in full).
+        key_rate: full records per key per second (0: no limit; needs ``window_s``).
 
     Attributes:
         recovered_bytes: bytes of a torn last line cut off when the log was opened.
 
     Raises:
-        AuditLogError: when the existing file's last whole record is not valid.
+        AuditLogError: when another process holds the log, or the existing file's last
+            whole record is not valid.
+        ValueError: for a rate limit without an aggregation window.
     """
 
     def __init__(
@@ -124,46 +213,119 @@ class AuditLog:
         fsync: bool = False,
         max_bytes: int = 0,
         backups: int = 0,
+        window_s: float = 0.0,
+        key_rate: float = 0.0,
     ) -> None:
         self.path = Path(path)
         self.policy_version = str(policy_version)
         self.fsync = fsync
         self.max_bytes = int(max_bytes)
         self.backups = int(backups)
+        self.window_s = float(window_s)
+        self.key_rate = float(key_rate)
+        if self.key_rate > 0 and self.window_s <= 0:
+            raise ValueError(
+                f"audit log {self.path}: a rate limit per key ({self.key_rate:g}/s) folds rows "
+                "into aggregates, which needs an aggregation window (window_s > 0)"
+            )
+        self._burst = max(1.0, 10.0 * self.key_rate)
         self._lock = threading.Lock()
+        self._groups: dict[tuple[Any, ...], _Group] = {}
+        self._buckets: dict[str | None, _Bucket] = {}
+        self._stats = dict.fromkeys(
+            (
+                "records",
+                "folded_rows",
+                "rate_limited_rows",
+                "aggregates",
+                "archived_files",
+                "archived_records",
+                "gaps",
+                "torn_bytes",
+            ),
+            0,
+        )
+        self._failed: str | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self._open()
-        self.recovered_bytes, last = self._recover()
-        if last is None and self._rotated(1).exists():
-            # Rotated, then stopped before the new file's first record: chain on from .1.
-            with open(self._rotated(1), "rb") as handle:
-                size = handle.seek(0, os.SEEK_END)
-                last = _last_line(handle, size)[1] if size else None
-        self._sequence, self._last_hash = self._resume(last)
-        self._size = self.path.stat().st_size
+        self._lock_fd = self._acquire()
+        try:
+            self._open_chain()
+        except BaseException:
+            self._release()
+            raise
+        self._stop = threading.Event()
+        self._flusher = None
+        if self.window_s > 0:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"audit-flush:{self.path.name}", daemon=True
+            )
+            self._flusher.start()
 
-    def _open(self) -> Any:
+    # ----- names beside the log -------------------------------------------------------
+    def _beside(self, suffix: str) -> Path:
+        return self.path.with_name(f"{self.path.name}.{suffix}")
+
+    def _rotated(self, index: int) -> Path:
+        return self._beside(str(index))
+
+    # ----- the lock -------------------------------------------------------------------
+    def _acquire(self) -> int:
+        lock = self._beside("lock")
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(descriptor)
+            raise AuditLogError(
+                f"audit log {self.path}: held by another process (pid {holder}, lock {lock}); "
+                "two writers would interleave and break the hash chain: stop that process "
+                "or give this one another audit log"
+            ) from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        return descriptor
+
+    def _release(self) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+
+    # ----- opening --------------------------------------------------------------------
+    def _open_file(self) -> Any:
         descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         return os.fdopen(descriptor, "ab")
 
-    def _rotated(self, index: int) -> Path:
-        return self.path.with_name(f"{self.path.name}.{index}")
+    def _open_chain(self) -> None:
+        self._file = self._open_file()
+        self.recovered_bytes, last = self._recover()
+        previous_file = None
+        if last is None and self._rotated(1).exists():
+            # Rotated, then stopped before the new file's header: chain on from .1.
+            with open(self._rotated(1), "rb") as handle:
+                size = handle.seek(0, os.SEEK_END)
+                last = _last_line(handle, size)[1] if size else None
+            previous_file = _first_record(self._rotated(1))
+        self._sequence, self._last_hash = self._resume(last)
+        self._size = self.path.stat().st_size
+        header = _first_record(self.path)
+        if self._size == 0:
+            number = 0
+            if previous_file is not None and previous_file.get("kind") == "file":
+                number = int(previous_file.get("file", -1)) + 1
+            self._file_number, self._file_records = number, 0
+            counted = _count_lines(self._rotated(1)) if number else 0
+            self._write_header(counted)
+        else:
+            self._file_number = int(header["file"]) if _is_header(header) else 0
+            self._file_records = _count_lines(self.path)
+        anchor_descriptor = os.open(self._beside("anchor"), os.O_RDWR | os.O_CREAT, 0o600)
+        self._anchor_fd = anchor_descriptor
+        self._reconcile_anchor()
 
-    def _rotate(self) -> None:
-        """``path`` → ``path.1`` → ... → ``path.<backups>`` (dropped past it); the caller
-        holds the lock."""
-        self._file.close()
-        for index in range(self.backups - 1, 0, -1):
-            if self._rotated(index).exists():
-                os.replace(self._rotated(index), self._rotated(index + 1))
-        os.replace(self.path, self._rotated(1))
-        self._file = self._open()
-        self._size = 0
-
-    # ----- opening --------------------------------------------------------------------
     def _recover(self) -> tuple[int, bytes | None]:
-        """Cuts a torn last line (no newline, or not JSON); returns the bytes cut and the
-        last whole line."""
+        """Cuts a torn last line (no newline, or not JSON) into the side file; returns the
+        bytes cut and the last whole line."""
         with open(self.path, "r+b") as handle:
             size = handle.seek(0, os.SEEK_END)
             if size == 0:
@@ -175,9 +337,34 @@ class AuditLog:
                 whole = False
             if whole:
                 return 0, line
+            self._keep_torn(line, start)
             handle.truncate(start)
             previous = _last_line(handle, start)[1] if start else None
             return size - start, previous
+
+    def _keep_torn(self, data: bytes, offset: int) -> None:
+        side = self._beside("torn")
+        entry = {
+            "time": _now(),
+            "file": self.path.name,
+            "offset": offset,
+            "bytes": len(data),
+            "base64": base64.b64encode(data).decode(),
+        }
+        descriptor = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(descriptor, "ab") as handle:
+            handle.write((json.dumps(entry) + "\n").encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        self._stats["torn_bytes"] += len(data)
+        log.warning(
+            "audit log %s: cut a torn last line of %d bytes at offset %d (a write interrupted "
+            "by a crash); the bytes are kept in %s",
+            self.path,
+            len(data),
+            offset,
+            side,
+        )
 
     def _resume(self, line: bytes | None) -> tuple[int, str]:
         if line is None:
@@ -192,10 +379,39 @@ class AuditLog:
             raise AuditLogError(f"{self.path}: the last record's hash does not match its content")
         return sequence + 1, record["hash"]
 
+    def _reconcile_anchor(self) -> None:
+        """Compares the anchor with the log's end; a log that ends before its anchor (or
+        has records but no anchor) gets a ``gap`` record saying so, then a fresh anchor."""
+        anchor = _read_anchor(self._beside("anchor"))
+        if anchor is None:
+            if self._sequence > 1:  # more than a header: there was an anchor
+                self._gap(None, "no anchor beside a log with records (deleted or unreadable)")
+        elif anchor.get("head") != self._last_hash:
+            sequence = anchor.get("sequence")
+            if not isinstance(sequence, int) or sequence >= self._sequence:
+                self._gap(
+                    anchor,
+                    f"the log ends at sequence {self._sequence}, its anchor at {sequence}: "
+                    "records were cut from the end",
+                )
+            else:  # written before a crash stopped the anchor's update: a lower bound
+                log.info(
+                    "audit log %s: %d records after its anchor (the anchor was not updated "
+                    "before the process stopped); anchor updated",
+                    self.path,
+                    self._sequence - sequence,
+                )
+        self._write_anchor()
+
+    def _gap(self, anchor: dict[str, Any] | None, reason: str) -> None:
+        log.error("audit log %s: %s; a gap record says so in the chain", self.path, reason)
+        self._stats["gaps"] += 1
+        self._append({"kind": "gap", "reason": reason, "anchor": anchor}, self.policy_version)
+
     # ----- writing --------------------------------------------------------------------
     @property
     def last_hash(self) -> str:
-        """The hash of the last record written (``GENESIS`` for an empty log)."""
+        """The hash of the last record written (the chain's head)."""
         with self._lock:
             return self._last_hash
 
@@ -205,6 +421,48 @@ class AuditLog:
         with self._lock:
             return self._sequence
 
+    @property
+    def file_number(self) -> int:
+        """The number of the file being written (0 for the first, +1 per rotation)."""
+        with self._lock:
+            return self._file_number
+
+    def stats(self) -> dict[str, int]:
+        """Counts since the log was opened: ``records`` written, ``folded_rows`` counted in
+        aggregates (``rate_limited_rows`` of them past a key's rate), ``aggregates``,
+        ``archived_files`` and ``archived_records`` moved to the archive, ``gaps`` found
+        against the anchor, ``torn_bytes`` cut on opening, and the open ``groups``."""
+        with self._lock:
+            return {**self._stats, "groups": len(self._groups)}
+
+    def check(self) -> None:
+        """Checks that the log can go on: still the file this process writes, no write has
+        failed, nobody else changed its size.
+
+        Raises:
+            AuditLogError: naming the file and what changed.
+        """
+        with self._lock:
+            if self._failed is not None:
+                raise AuditLogError(f"audit log {self.path}: a write failed: {self._failed}")
+            if self._file.closed:
+                raise AuditLogError(f"audit log {self.path}: closed")
+            held = os.fstat(self._file.fileno())
+            try:
+                current = os.stat(self.path)
+            except FileNotFoundError:
+                current = None
+            if current is None or (current.st_dev, current.st_ino) != (held.st_dev, held.st_ino):
+                raise AuditLogError(
+                    f"audit log {self.path}: the file was moved, replaced or deleted while "
+                    "this process wrote it; records would go to a file nobody reads"
+                )
+            if held.st_size != self._size:
+                raise AuditLogError(
+                    f"audit log {self.path}: {held.st_size} bytes on disk, {self._size} "
+                    "written by this process: another writer changed it"
+                )
+
     def write_overrides(
         self,
         observations: Any,
@@ -213,8 +471,12 @@ class AuditLog:
         report: Any,
         constraint_names: Sequence[str],
         request_ids: str | Sequence[str | None] | None = None,
+        *,
+        policy_version: str | None = None,
+        key: str | None = None,
     ) -> int:
-        """Writes one record per overridden row of a single or batched report.
+        """Records every overridden row of a single or batched report, in full or (with a
+        window) folded into an aggregate.
 
         The batch's records are written together, in row order, without records of other
         threads between them.
@@ -227,9 +489,12 @@ class AuditLog:
             constraint_names: the hard constraints' names, in the report's column order.
             request_ids: one id per row (row-major for several leading axes), or one id for
                 a single report.
+            policy_version: the version that decided (default: the log's).
+            key: who asked (an API key's fingerprint); aggregation and the rate limit are
+                per key.
 
         Returns:
-            The number of records written.
+            The number of overridden rows recorded.
 
         Raises:
             ValueError: when the arguments do not line up with the report.
@@ -242,28 +507,137 @@ class AuditLog:
             request_ids = [request_ids]
         if request_ids is not None and len(request_ids) != host.rows:
             raise ValueError(f"request_ids: {len(request_ids)} ids for {host.rows} rows")
+        version = self.policy_version if policy_version is None else str(policy_version)
         names = np.asarray(constraint_names, dtype=object)
-        entries = [
-            {
-                "request_id": None if request_ids is None else request_ids[row],
-                "observation": _vector(observations[row]),
-                "proposed": _vector(proposed[row]),
-                "applied": _vector(applied[row]),
-                "violated": names[host.violated[row]].tolist(),
-                "projected": bool(host.projected[row]),
-                "fallback": bool(host.fallback[row]),
-                "infeasible": bool(host.infeasible[row]),
-                "invalid": bool(host.invalid[row]),
-                "invalid_observation": bool(
-                    getattr(host, "invalid_observation", np.zeros_like(host.invalid))[row]
-                ),
-            }
-            for row in np.flatnonzero(host.overridden).tolist()
-        ]
+        flags = np.stack([getattr(host, name) for name in _FLAGS], axis=-1)
+        rows = np.flatnonzero(host.overridden).tolist()
         with self._lock:
-            for entry in entries:
-                self._append(entry)
-        return len(entries)
+            now = time.monotonic()
+            if self._groups:
+                self._flush_groups(now)
+            for row in rows:
+                violated = tuple(names[host.violated[row]].tolist())
+                row_flags = tuple(bool(flag) for flag in flags[row])
+                rid = None if request_ids is None else request_ids[row]
+                group_key = (key, version, violated, row_flags)
+                group = self._groups.get(group_key)
+                limited = False
+                if group is None:
+                    if self._take_token(key, now):
+                        entry = {
+                            "kind": "override",
+                            "key": key,
+                            "request_id": rid,
+                            "observation": _vector(observations[row]),
+                            "proposed": _vector(proposed[row]),
+                            "applied": _vector(applied[row]),
+                            "violated": list(violated),
+                            **dict(zip(_FLAGS, row_flags, strict=True)),
+                        }
+                        record = self._append(entry, version)
+                        if self.window_s > 0:
+                            self._open_group(group_key, now, record["sequence"])
+                        continue
+                    limited = True
+                    group = self._open_group(group_key, now, None)
+                self._fold(group, rid, observations[row], proposed[row], applied[row], limited)
+            if rows:
+                self._write_anchor()
+        return len(rows)
+
+    def _take_token(self, key: str | None, now: float) -> bool:
+        """Takes one full record of ``key``'s rate (always granted without a rate)."""
+        if self.key_rate <= 0:
+            return True
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(self._burst, now)
+        bucket.tokens = min(self._burst, bucket.tokens + (now - bucket.stamp) * self.key_rate)
+        bucket.stamp = now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            return True
+        if now - bucket.warned >= max(self.window_s, 1.0):
+            bucket.warned = now
+            log.warning(
+                "audit log %s: key %s over %g full records per second; its overrides are "
+                "counted in aggregate records",
+                self.path,
+                key,
+                self.key_rate,
+            )
+        return False
+
+    def _open_group(self, group_key: tuple[Any, ...], now: float, detailed: int | None) -> _Group:
+        if len(self._groups) >= _MAX_GROUPS:
+            oldest = min(self._groups, key=lambda k: self._groups[k].opened)
+            self._write_group(self._groups.pop(oldest))
+        key, version, violated, flags = group_key
+        group = _Group(now, key, version, violated, flags, detailed)
+        self._groups[group_key] = group
+        return group
+
+    def _fold(
+        self,
+        group: _Group,
+        request_id: str | None,
+        observation: np.ndarray,
+        proposed: np.ndarray,
+        applied: np.ndarray,
+        limited: bool,
+    ) -> None:
+        stamp = _now()
+        if group.count == 0:
+            group.first_time, group.first_request_id = stamp, request_id
+        group.last_time, group.last_request_id = stamp, request_id
+        group.count += 1
+        group.rate_limited += int(limited)
+        rows_digest_update(group.digest, request_id, observation, proposed, applied)
+        self._stats["folded_rows"] += 1
+        self._stats["rate_limited_rows"] += int(limited)
+
+    def _flush_groups(self, now: float | None = None) -> None:
+        """Writes the aggregates of closed windows (every one when ``now`` is None); the
+        caller holds the lock."""
+        closed = [
+            key
+            for key, group in self._groups.items()
+            if now is None or now - group.opened >= self.window_s
+        ]
+        for key in closed:
+            self._write_group(self._groups.pop(key))
+        if closed:
+            self._write_anchor()
+
+    def _write_group(self, group: _Group) -> None:
+        if group.count == 0:
+            return
+        entry = {
+            "kind": "aggregate",
+            "key": group.key,
+            "violated": list(group.violated),
+            **dict(zip(_FLAGS, group.flags, strict=True)),
+            "count": group.count,
+            "rate_limited": group.rate_limited,
+            "first_time": group.first_time,
+            "last_time": group.last_time,
+            "first_request_id": group.first_request_id,
+            "last_request_id": group.last_request_id,
+            "rows_sha256": group.digest.hexdigest(),
+            "detailed": group.detailed,
+        }
+        self._append(entry, group.policy_version)
+        self._stats["aggregates"] += 1
+
+    def _flush_loop(self) -> None:
+        period = min(self.window_s, 1.0) / 2
+        while not self._stop.wait(period):
+            with self._lock:
+                if self._groups and self._failed is None and not self._file.closed:
+                    try:
+                        self._flush_groups(time.monotonic())
+                    except OSError as error:  # recorded; the next write or check says so
+                        log.error("audit log %s: writing aggregates failed: %s", self.path, error)
 
     def record(
         self,
@@ -277,8 +651,11 @@ class AuditLog:
         fallback: bool = False,
         infeasible: bool = False,
         invalid: bool = False,
+        invalid_observation: bool = False,
+        policy_version: str | None = None,
+        key: str | None = None,
     ) -> dict[str, Any]:
-        """Appends one override record.
+        """Appends one override record in full (no aggregation, no rate limit).
 
         Args:
             observation: what the policy saw.
@@ -290,11 +667,16 @@ class AuditLog:
             fallback: the override is the fallback.
             infeasible: no action kept every constraint.
             invalid: the proposal was NaN or infinite.
+            invalid_observation: the observation left its physical bounds.
+            policy_version: the version that decided (default: the log's).
+            key: who asked (an API key's fingerprint).
 
         Returns:
             The record as written.
         """
         entry = {
+            "kind": "override",
+            "key": key,
             "request_id": request_id,
             "observation": _vector(observation),
             "proposed": _vector(proposed),
@@ -304,41 +686,128 @@ class AuditLog:
             "fallback": bool(fallback),
             "infeasible": bool(infeasible),
             "invalid": bool(invalid),
+            "invalid_observation": bool(invalid_observation),
         }
         with self._lock:
-            return self._append(entry)
+            record = self._append(entry, policy_version or self.policy_version)
+            self._write_anchor()
+            return record
 
-    def _append(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """Chains, writes and flushes one record; the caller holds the lock."""
+    def _append(self, entry: dict[str, Any], policy_version: str) -> dict[str, Any]:
+        """Chains, writes and flushes one record (rotating first when it would not fit);
+        the caller holds the lock."""
+        if self._failed is not None:
+            raise AuditLogError(f"audit log {self.path}: a write failed: {self._failed}")
         record = {
             "sequence": self._sequence,
-            "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"),
-            "policy_version": self.policy_version,
+            "timestamp": _now(),
+            "policy_version": policy_version,
             **entry,
             "prev_hash": self._last_hash,
         }
         record["hash"] = _digest(record)
         line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
         if (
-            self.max_bytes > 0
+            entry.get("kind") != "file"
+            and self.max_bytes > 0
             and self.backups > 0
             and self._size > 0
+            and self._file_records > 1  # never a file of its header alone
             and self._size + len(line) > self.max_bytes
         ):
             self._rotate()
-        self._file.write(line)
+            return self._append(entry, policy_version)  # chained after the new header
+        try:
+            self._file.write(line)
+            self._file.flush()
+            if self.fsync:
+                os.fsync(self._file.fileno())
+        except OSError as error:
+            self._failed = str(error)
+            raise
         self._size += len(line)
-        self._file.flush()
-        if self.fsync:
-            os.fsync(self._file.fileno())
+        self._file_records += 1
         self._sequence += 1
         self._last_hash = record["hash"]
+        self._stats["records"] += 1
         return record
 
+    def _write_header(self, previous_records: int) -> None:
+        header = {"kind": "file", "file": self._file_number, "previous_records": previous_records}
+        self._append(header, self.policy_version)
+
+    def _write_anchor(self) -> None:
+        """Rewrites the anchor in place (one fixed-length ``pwrite``); the caller holds the
+        lock (or is opening the log)."""
+        anchor = {
+            "file": self._file_number,
+            "sequence": self._sequence,
+            "head": self._last_hash,
+            "records": self._file_records,
+        }
+        text = json.dumps(anchor, separators=(",", ":"))
+        data = text.ljust(_ANCHOR_BYTES - 1).encode() + b"\n"
+        os.pwrite(self._anchor_fd, data, 0)
+        if self.fsync:
+            os.fsync(self._anchor_fd)
+
+    def _rotate(self) -> None:
+        """``path`` → ``path.1`` → ... → ``path.<backups>`` → the archive; a new file with
+        its header. The caller holds the lock."""
+        self._file.close()
+        oldest = self._rotated(self.backups)
+        if oldest.exists():
+            self._archive(oldest)
+        for index in range(self.backups - 1, 0, -1):
+            if self._rotated(index).exists():
+                os.replace(self._rotated(index), self._rotated(index + 1))
+        os.replace(self.path, self._rotated(1))
+        previous_records = self._file_records
+        self._file = self._open_file()
+        self._size = 0
+        self._file_number += 1
+        self._file_records = 0
+        self._write_header(previous_records)
+
+    def _archive(self, file: Path) -> None:
+        header = _first_record(file)
+        number = int(header["file"]) if _is_header(header) else self._file_number - self.backups
+        # The file after it says how many records it holds: no need to read it whole.
+        after = _first_record(self._rotated(self.backups - 1) if self.backups > 1 else self.path)
+        records = int(after.get("previous_records", 0)) if _is_header(after) else None
+        archive = self._beside("archive")
+        archive.mkdir(mode=0o700, exist_ok=True)
+        target = archive / f"{self.path.name}.{number:06d}"
+        os.replace(file, target)
+        self._stats["archived_files"] += 1
+        self._stats["archived_records"] += records or 0
+        log.warning(
+            "audit log %s: %d rotated files kept; moved file %d (%s records) to %s: "
+            "ship it elsewhere and delete it there",
+            self.path,
+            self.backups,
+            number,
+            "?" if records is None else records,
+            target,
+        )
+
     def close(self) -> None:
-        """Closes the file; later writes raise ``ValueError``."""
+        """Writes the open aggregates, closes the files and releases the lock; later
+        writes raise ``ValueError``."""
+        if getattr(self, "_flusher", None) is not None:
+            self._stop.set()
+            self._flusher.join()
         with self._lock:
-            self._file.close()
+            if self._file.closed:
+                return
+            try:
+                if self._failed is None:
+                    self._flush_groups()
+                    self._write_anchor()
+            finally:
+                self._file.close()
+                os.close(self._anchor_fd)
+                self._release()
 
     def __enter__(self) -> AuditLog:
         return self
@@ -349,7 +818,7 @@ class AuditLog:
     # ----- reading --------------------------------------------------------------------
     @staticmethod
     def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-        """Every record of the log, in order (without checking the chain)."""
+        """Every record of one file, in order (without checking the chain)."""
         with open(path, encoding="utf-8") as handle:
             return [json.loads(line) for line in handle if line.strip()]
 
@@ -362,71 +831,256 @@ class AuditLog:
         Args:
             path: the JSON Lines file.
             previous_hash: what the first record's ``prev_hash`` must be (``None``: any,
-                for a rotated file whose predecessor was deleted).
+                for a rotated file).
 
         Returns:
-            ``(ok, records checked, None)`` for an intact log, otherwise ``(False, records
+            ``(ok, records checked, None)`` for an intact file, otherwise ``(False, records
             checked before the first bad one, message naming its line number)``.
         """
-        ok, checked, message, _ = _verify_file(Path(path), previous_hash, None)
-        return ok, checked, message
+        state = _ChainState(previous_hash, 0 if previous_hash == GENESIS else None)
+        message = _verify_file(Path(path), state, expect_header=None)
+        return message is None, state.records, message
 
     @staticmethod
-    def verify_rotated(path: str | os.PathLike[str]) -> tuple[bool, int, str | None]:
-        """Checks a rotated log as one chain: the kept ``path.<n>`` .. ``path.1``, then
-        ``path``. The oldest kept file may start anywhere in the chain (older ones were
-        deleted); every later file must start where the one before ended.
+    def verify_rotated(
+        path: str | os.PathLike[str], *, anchor: str | None = None
+    ) -> tuple[bool, int, str | None]:
+        """Checks the whole log as one chain (:func:`check_chain`).
 
         Returns:
             as :meth:`verify`, the message naming the file and line.
         """
-        path = Path(path)
-        files = []
-        index = 1
-        while path.with_name(f"{path.name}.{index}").exists():
-            files.insert(0, path.with_name(f"{path.name}.{index}"))
-            index += 1
+        result = check_chain(path, anchor=anchor)
+        return result.ok, result.records, result.message
+
+
+def _is_header(record: dict[str, Any] | None) -> bool:
+    return (
+        isinstance(record, dict)
+        and record.get("kind") == "file"
+        and isinstance(record.get("file"), int)
+    )
+
+
+def _count_lines(path: Path) -> int:
+    count = 0
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            count += block.count(b"\n")
+    return count
+
+
+def _read_anchor(path: Path) -> dict[str, Any] | None:
+    try:
+        anchor = json.loads(path.read_bytes() or b"null")
+    except (OSError, ValueError):
+        return None
+    return anchor if isinstance(anchor, dict) else None
+
+
+# ----- verification -----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ChainCheck:
+    """What :func:`check_chain` found.
+
+    Attributes:
+        ok: the whole log is intact.
+        records: records checked before the first bad one (all of them when intact).
+        head: the hash of the last record checked (the chain's head when intact).
+        message: the first bad place (file and line) and what is wrong; ``None`` if ok.
+        files: the files checked, oldest first.
+        notes: facts that are not failures (records written after the anchor's update).
+    """
+
+    ok: bool
+    records: int
+    head: str
+    message: str | None
+    files: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class _ChainState:
+    previous: str | None
+    sequence: int | None
+    records: int = 0
+    file: int | None = None
+    file_records: int = 0
+    previous_file_records: int | None = None  # None: the first file checked
+    seen_anchor: bool = False
+    seen_head_at: int | None = None  # the index in the last file where the anchor's head is
+
+
+def _chain_files(path: Path) -> list[Path]:
+    """The archive (by file number), the rotated files (oldest first), the current file."""
+    archive = path.with_name(f"{path.name}.archive")
+    numbered = re.compile(re.escape(path.name) + r"\.(\d+)")
+    archived = []
+    if archive.is_dir():
+        archived = sorted(
+            (int(m.group(1)), p) for p in archive.iterdir() if (m := numbered.fullmatch(p.name))
+        )
+    rotated = sorted(
+        ((int(m.group(1)), p) for p in path.parent.iterdir() if (m := numbered.fullmatch(p.name))),
+        reverse=True,
+    )
+    files = [p for _, p in archived] + [p for _, p in rotated]
+    if path.exists():
         files.append(path)
-        state: tuple[str | None, int | None] = (None, None)
-        total = 0
-        for file in files:
-            ok, checked, message, state = _verify_file(file, *state)
-            total += checked
-            if not ok:
-                return False, total, f"{file.name}: {message}"
-        return True, total, None
+    return files
+
+
+def _records(path: Path) -> Iterator[tuple[int, str]]:
+    with open(path, encoding="utf-8", errors="surrogateescape") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield number, line
 
 
 def _verify_file(
-    path: Path, previous: str | None, expected: int | None
-) -> tuple[bool, int, str | None, tuple[str | None, int | None]]:
-    """One file of the chain: ok, records checked, the message, and the (last hash, next
-    sequence) the next file starts from."""
-    checked = 0
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                return False, checked, f"line {number}: not valid JSON", (previous, expected)
-            if not isinstance(record, dict):
-                return False, checked, f"line {number}: not a record", (previous, expected)
-            if previous is not None and record.get("prev_hash") != previous:
-                message = (
-                    f"line {number}: breaks the chain "
-                    "(a record before it was changed, removed or moved)"
+    path: Path,
+    state: _ChainState,
+    *,
+    expect_header: int | None,
+    anchor: str | None = None,
+    head: str | None = None,
+) -> str | None:
+    """Checks one file, continuing ``state``; the message of the first bad line or None.
+
+    ``expect_header``: the file number its first record must declare (None: no header
+    needed). ``anchor``: a hash to look for; ``head``: the beside-the-log anchor's head."""
+    first = True
+    state.file_records = 0
+    for number, line in _records(path):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return f"line {number}: not valid JSON"
+        if not isinstance(record, dict):
+            return f"line {number}: not a record"
+        if first and expect_header is not None:
+            if not _is_header(record):
+                return (
+                    f"line {number}: not a file header (the head of the file was cut, or it "
+                    "was written by another program)"
                 )
-                return False, checked, message, (previous, expected)
-            if _digest(record) != record.get("hash"):
-                message = f"line {number}: the content does not match its hash"
-                return False, checked, message, (previous, expected)
-            sequence = record.get("sequence")
-            if not isinstance(sequence, int) or expected not in (None, sequence):
-                message = f"line {number}: sequence {sequence!r}, expected {expected}"
-                return False, checked, message, (previous, expected)
-            expected = sequence + 1
-            previous = record["hash"]
-            checked += 1
-    return True, checked, None, (previous, expected)
+            declared = record["file"]
+            if declared != expect_header:
+                if declared > expect_header:
+                    missing = (
+                        f"file {expect_header} is"
+                        if declared == expect_header + 1
+                        else f"files {expect_header} to {declared - 1} are"
+                    )
+                    return (
+                        f"is file {declared}, expected file {expect_header}: {missing} missing "
+                        "(deleted, or renamed out of order)"
+                    )
+                return f"is file {declared}, expected file {expect_header}: files out of order"
+            held = state.previous_file_records
+            if held is not None and record.get("previous_records") != held:
+                return (
+                    f"line {number}: the previous file held {record.get('previous_records')} "
+                    f"records, {held} were found in it"
+                )
+        first = False
+        if state.previous is not None and record.get("prev_hash") != state.previous:
+            return (
+                f"line {number}: breaks the chain (a record before it was changed, removed or "
+                "moved, or the end of the previous file was cut)"
+            )
+        if _digest(record) != record.get("hash"):
+            return f"line {number}: the content does not match its hash"
+        sequence = record.get("sequence")
+        if not isinstance(sequence, int) or state.sequence not in (None, sequence):
+            return f"line {number}: sequence {sequence!r}, expected {state.sequence}"
+        if record.get("kind") == "gap":
+            return f"line {number}: records were lost before it ({record.get('reason')})"
+        state.sequence = sequence + 1
+        state.previous = record["hash"]
+        state.records += 1
+        state.file_records += 1
+        if anchor is not None and record["hash"] == anchor:
+            state.seen_anchor = True
+        if head is not None and record["hash"] == head:
+            state.seen_head_at = state.file_records
+    if first and expect_header is not None:
+        return "empty: no file header"
+    return None
+
+
+def check_chain(
+    path: str | os.PathLike[str], *, anchor: str | None = None, since_file: int = 0
+) -> ChainCheck:
+    """Verifies an audit log whole: every kept file (archive, rotated, current), their
+    headers in order with no file missing, the chain across them, and its end against the
+    anchor beside the log.
+
+    Args:
+        path: the log (``audit.jsonl``).
+        anchor: a head hash kept elsewhere (printed by an earlier verification): it must be
+            a record of the chain, or the log was cut before it or rewritten.
+        since_file: the oldest file that must be present (files before it were shipped
+            elsewhere and deleted on purpose); its first record may continue any chain.
+
+    Returns:
+        the :class:`ChainCheck`.
+    """
+    path = Path(path)
+    files = _chain_files(path)
+    names = tuple(str(file) for file in files)
+    if since_file < 0:
+        raise ValueError(f"since_file: expected a file number >= 0, got {since_file}")
+    state = _ChainState(GENESIS if since_file == 0 else None, 0 if since_file == 0 else None)
+    beside = _read_anchor(path.with_name(f"{path.name}.anchor"))
+
+    def failed(message: str) -> ChainCheck:
+        return ChainCheck(False, state.records, state.previous or GENESIS, message, names)
+
+    if not path.exists():
+        return failed(f"{path}: no such audit log")
+    expected = since_file
+    kept = []
+    for file in files:
+        header = _first_record(file)
+        if since_file and _is_header(header) and header["file"] < since_file:
+            continue  # shipped off on purpose: only files from since_file on are checked
+        kept.append(file)
+    for index, file in enumerate(kept):
+        last = index == len(kept) - 1
+        head = beside.get("head") if (last and beside) else None
+        state.previous_file_records = state.file_records if index else None
+        message = _verify_file(file, state, expect_header=expected, anchor=anchor, head=head)
+        if message is not None:
+            return failed(f"{file.name}: {message}")
+        state.file = expected
+        expected += 1
+    notes = []
+    if beside is None:
+        return failed(
+            f"{path.name}.anchor: missing or unreadable; without it records cut from the end "
+            "cannot be detected"
+        )
+    if beside.get("file") != state.file:
+        return failed(
+            f"{path.name}.anchor: names file {beside.get('file')} as the newest, the newest "
+            f"on disk is file {state.file}: files were removed or renamed"
+        )
+    if state.seen_head_at is None:
+        return failed(
+            f"{path.name}: ends at sequence {state.sequence} (head {(state.previous or '')[:16]}), "
+            f"its anchor at sequence {beside.get('sequence')} (head "
+            f"{str(beside.get('head'))[:16]}): records were cut from the end or rewritten"
+        )
+    if state.seen_head_at < state.file_records:
+        notes.append(
+            f"{state.file_records - state.seen_head_at} records after the anchor (written when "
+            "the process stopped before updating it)"
+        )
+    if anchor is not None and not state.seen_anchor:
+        return failed(
+            f"anchor {anchor[:16]}... is not a record of this log: it was cut before that "
+            "record or rewritten"
+        )
+    return ChainCheck(True, state.records, state.previous or GENESIS, None, names, tuple(notes))
