@@ -40,13 +40,20 @@ def command_serve(args: argparse.Namespace) -> int:
 
 
 def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
-    """uvicorn's limits for slow and many clients, from the server's settings."""
-    from neorl_industrial.integration.deployment.middleware import header_timeout_protocol
+    """uvicorn's limits for slow and many clients, from the server's settings: the
+    deadlines and the shedding connection cap live in the protocol class, which replaces
+    uvicorn's ``limit_concurrency`` (that one refuses everyone, probes included, once slow
+    clients hold the connections)."""
+    from neorl_industrial.integration.deployment.middleware import guarded_protocol
 
     return {
-        "http": header_timeout_protocol(settings.header_timeout_s),
+        "http": guarded_protocol(
+            header_timeout_s=settings.header_timeout_s,
+            body_timeout_s=settings.body_timeout_s,
+            body_min_rate=settings.body_min_rate,
+            max_connections=settings.max_connections,
+        ),
         "timeout_keep_alive": settings.keep_alive_s,
-        "limit_concurrency": settings.max_connections,
         "h11_max_incomplete_event_size": settings.max_header_bytes,
     }
 

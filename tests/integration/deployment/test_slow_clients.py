@@ -1,8 +1,18 @@
-"""Slow clients against a real uvicorn server: a client trickling its headers is
-disconnected after the header timeout; ``serve`` takes its limits from the settings."""
+"""Slow and many clients against a real uvicorn server on a free port, real sockets, the
+protocol ``serve`` runs (:func:`guarded_protocol`) with short deadlines from the settings.
+
+Slow-header and slow-body attackers (no API key) are cut with a 408 and counted; a body
+that keeps up the minimum rate is not; at the connection cap, attackers are shed so that
+fresh clients and the probes are answered; only when every connection is answering a
+request does a new one get a 503, counted by reason, while the probes still answer.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import http.client
+import json
+import re
 import socket
 import threading
 import time
@@ -12,80 +22,259 @@ import uvicorn
 
 from benchmarks.harness import free_port
 from neorl_industrial.cli.serving import uvicorn_options
-from neorl_industrial.integration.deployment import ServerSettings
-from neorl_industrial.integration.deployment.middleware import header_timeout_protocol
+from neorl_industrial.integration.deployment import ServerMetrics, ServerSettings, create_app
+from neorl_industrial.integration.deployment.middleware import (
+    METRICS_STATE_KEY,
+    guarded_protocol,
+)
+from tests.wrappers.agents.test_export import Policy
+
+KEY = "t8Hq2vN3xK_pLw9ZbRc4YdJe6FgA1sMuVo0Ti5XnQkE"
+DEADLINE_S = 0.5
+CAP = 8
+BODY = json.dumps({"observation": [50.0] * 6}).encode()
 
 
-async def _hello(scope, receive, send):
-    if scope["type"] != "http":
-        return
-    await send(
-        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+class _Served:
+    """A uvicorn server in a thread, stopped on exit."""
+
+    def __init__(self, app, **options) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                **options)  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> _Served:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The policy server as ``serve`` runs it: deadlines of 0.5 s, at most 8 connections."""
+    model = Policy().export(tmp_path_factory.mktemp("policy") / "a")
+    settings = ServerSettings(
+        model=str(model),
+        api_keys={"act": [KEY]},
+        batch_sizes=[1, 2],
+        max_batch=2,
+        header_timeout_s=DEADLINE_S,
+        body_timeout_s=DEADLINE_S,
+        body_min_rate=1024.0,
+        max_connections=CAP,
+        allow_unsigned=True,  # the test's policy is not signed
     )
-    await send({"type": "http.response.body", "body": b"ok"})
+    with _Served(create_app(settings), **uvicorn_options(settings)) as served:
+        yield served.port
 
 
-@pytest.fixture
-def server():
-    port = free_port()
-    config = uvicorn.Config(
-        _hello, host="127.0.0.1", port=port, log_level="warning",
-        http=header_timeout_protocol(0.5), timeout_keep_alive=5,
-    )  # fmt: skip
-    instance = uvicorn.Server(config)
-    thread = threading.Thread(target=instance.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not instance.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield port
-    instance.should_exit = True
-    thread.join(10)
+def _metric(port: int, name: str, reason: str) -> float:
+    text = _get(port, "/metrics")[1].decode()
+    match = re.search(rf'^{name}_total{{reason="{reason}"}} (\S+)$', text, re.MULTILINE)
+    assert match, f"{name}_total{{reason={reason!r}}} not in /metrics"
+    return float(match.group(1))
 
 
-def _closed_after(sock: socket.socket, limit: float) -> float | None:
-    """Seconds until the server closed ``sock`` while bytes trickle in, or None."""
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _act(port: int, body: bytes = BODY) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("POST", "/v1/act", body, {
+            "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})  # fmt: skip
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _trickle(sock: socket.socket, chunk: bytes, every: float, limit: float) -> tuple[float, bytes]:
+    """Sends ``chunk`` every ``every`` s until the server closes; (seconds, what it said)."""
     started = time.monotonic()
-    sock.settimeout(0.2)
+    answer = b""
+    sock.settimeout(every)
     while time.monotonic() - started < limit:
         try:
-            sock.sendall(b"X-Slow: a\r\n")
-            if sock.recv(1024) == b"":
-                return time.monotonic() - started
+            sock.sendall(chunk)
+            data = sock.recv(4096)
         except TimeoutError:
             continue
         except (BrokenPipeError, ConnectionResetError):
-            return time.monotonic() - started
-    return None
+            break
+        if not data:
+            break
+        answer += data
+    return time.monotonic() - started, answer
 
 
-def test_a_client_trickling_its_headers_is_disconnected(server):
+def _slow_body_head(length: int) -> bytes:
+    return (b"POST /v1/act HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % length)  # fmt: skip
+
+
+def test_a_client_trickling_its_headers_gets_a_408_and_is_counted(server):
+    before = _metric(server, "neorl_connections_cut", "header_timeout")
     with socket.create_connection(("127.0.0.1", server)) as sock:
-        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
-        closed = _closed_after(sock, 5.0)
-    assert closed is not None and closed < 2.0
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        seconds, answer = _trickle(sock, b"X-Slow: a\r\n", 0.1, 5.0)
+    assert seconds < 4 * DEADLINE_S
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert _metric(server, "neorl_connections_cut", "header_timeout") == before + 1
+
+
+def test_a_client_trickling_its_body_gets_a_408_and_is_counted(server):
+    before = _metric(server, "neorl_connections_cut", "body_timeout")
+    with socket.create_connection(("127.0.0.1", server)) as sock:
+        sock.sendall(_slow_body_head(1000))
+        seconds, answer = _trickle(sock, b" ", 0.1, 5.0)
+    assert seconds < 4 * DEADLINE_S
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert _metric(server, "neorl_connections_cut", "body_timeout") == before + 1
+
+
+def test_a_body_keeping_up_the_minimum_rate_is_not_cut(server):
+    # 3,000 bytes at ~3 KiB/s (the minimum: 1 KiB/s) takes ~1 s, twice the body timeout.
+    body = BODY + b" " * (3000 - len(BODY))
+    with socket.create_connection(("127.0.0.1", server)) as sock:
+        sock.sendall(_slow_body_head(len(body)))
+        for start in range(0, len(body), 300):
+            sock.sendall(body[start : start + 300])
+            time.sleep(0.1)
+        sock.settimeout(10)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 401")  # read in full and answered (no key sent)
+
+
+def test_at_the_cap_slow_attackers_are_shed_and_fresh_clients_answered(server):
+    shed = _metric(server, "neorl_connections_cut", "shed")
+    attackers = []
+    try:
+        for _ in range(2 * CAP):  # twice the cap, no key, bodies a byte at a time
+            sock = socket.create_connection(("127.0.0.1", server))
+            sock.sendall(_slow_body_head(1000) + b"{")
+            attackers.append(sock)
+        time.sleep(0.05)
+        for _ in range(5):
+            assert _act(server)[0] == 200
+            assert _get(server, "/readyz")[0] == 200
+    finally:
+        for sock in attackers:
+            sock.close()
+    assert _metric(server, "neorl_connections_cut", "shed") >= shed + CAP
+    assert _metric(server, "neorl_unavailable", "connection_limit") == 0
 
 
 def test_a_normal_client_and_a_keep_alive_second_request_are_served(server):
-    with socket.create_connection(("127.0.0.1", server)) as sock:
+    connection = http.client.HTTPConnection("127.0.0.1", server, timeout=10)
+    try:
         for _ in range(2):
-            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            answer = b""
-            while not answer.endswith(b"ok"):
-                answer += sock.recv(4096)
-            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
-            time.sleep(0.7)  # idle longer than the header timeout: keep-alive governs
-        # The next request's headers trickle: the deadline applies again.
-        sock.sendall(b"GET / HTTP/1.1\r\n")
-        assert _closed_after(sock, 5.0) is not None
+            connection.request("GET", "/healthz")
+            response = connection.getresponse()
+            assert response.status == 200 and json.loads(response.read()) == {"status": "ok"}
+            time.sleep(2 * DEADLINE_S)  # idle past the header deadline: keep-alive governs
+        connection.sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # the next headers trickle
+        seconds, answer = _trickle(connection.sock, b"X-Slow: a\r\n", 0.1, 5.0)
+    finally:
+        connection.close()
+    assert seconds < 4 * DEADLINE_S and answer.startswith(b"HTTP/1.1 408")
+
+
+# -- every connection answering a request: a 503 for the new one, the probes still answered
+
+
+def _busy_app(metrics: ServerMetrics):
+    """An ASGI app whose ``/work`` waits for ``release``; its lifespan hands the protocol
+    the metrics, as :func:`create_app`'s does."""
+    waiting: dict = {}
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            await receive()
+            waiting["release"] = asyncio.Event()
+            waiting["loop"] = asyncio.get_running_loop()
+            scope["state"][METRICS_STATE_KEY] = metrics
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["path"] == "/work":
+            await waiting["release"].wait()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    return app, waiting
+
+
+def test_when_every_connection_is_answering_a_new_request_gets_a_counted_503():
+    metrics = ServerMetrics()
+    app, waiting = _busy_app(metrics)
+    protocol = guarded_protocol(
+        header_timeout_s=5.0, body_timeout_s=5.0, body_min_rate=1024.0, max_connections=2
+    )
+    with _Served(app, http=protocol) as served:
+        busy = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(2)]
+        try:
+            for sock in busy:
+                sock.sendall(b"GET /work HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.1)
+            assert _get(served.port, "/other")[0] == 503
+            assert _get(served.port, "/readyz")[0] == 200  # the probes are never refused
+            assert _get(served.port, "/healthz")[0] == 200
+        finally:
+            waiting["loop"].call_soon_threadsafe(waiting["release"].set)
+            for sock in busy:
+                sock.settimeout(5)
+                assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+                sock.close()
+        assert _get(served.port, "/other")[0] == 200  # room again
+    text = metrics.exposition()[0].decode()
+    assert 'neorl_unavailable_total{reason="connection_limit"} 1.0' in text
 
 
 def test_serve_takes_its_limits_from_the_settings():
     settings = ServerSettings(
-        header_timeout_s=3.0, keep_alive_s=4.0, max_connections=32, max_header_bytes=8192
+        header_timeout_s=3.0,
+        body_timeout_s=6.0,
+        body_min_rate=512.0,
+        keep_alive_s=4.0,
+        max_connections=32,
+        max_header_bytes=8192,
     )
     options = uvicorn_options(settings)
-    assert options["http"].header_timeout == 3.0
+    protocol = options["http"]
+    assert (protocol.header_timeout, protocol.body_timeout) == (3.0, 6.0)
+    assert (protocol.min_rate, protocol.connection_cap) == (512.0, 32)
     assert options["timeout_keep_alive"] == 4.0
-    assert options["limit_concurrency"] == 32
+    assert "limit_concurrency" not in options  # uvicorn's would refuse the probes too
     assert options["h11_max_incomplete_event_size"] == 8192
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("header_timeout_s", 0.0), ("body_timeout_s", -1.0), ("body_min_rate", -1.0),
+     ("max_connections", 0)],
+)  # fmt: skip
+def test_bad_limits_are_refused_naming_the_setting(field, value):
+    limits = {"header_timeout_s": 1.0, "body_timeout_s": 1.0, "body_min_rate": 0.0,
+              "max_connections": 1, field: value}  # fmt: skip
+    with pytest.raises(ValueError, match=field):
+        guarded_protocol(**limits)

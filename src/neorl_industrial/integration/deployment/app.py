@@ -11,7 +11,8 @@ The app is assembled from parts in the shape of the FastAPI full-stack template:
 * :mod:`.deps` — the serving state on ``app.state.serving`` and the ``Annotated``
   dependencies the routes declare (``PolicyDep``, ``ActKeyDep``, ``AdminKeyDep``, ...);
 * :mod:`.schemas` — request and response bodies; :mod:`.routes` — the endpoints;
-* :mod:`.middleware` — the body size limit and per-request metrics;
+* :mod:`.middleware` — the body size limit and per-request metrics, and the uvicorn
+  protocol that cuts slow clients and sheds them at the connection cap;
 * :mod:`.batcher` — concurrent requests micro-batched into one compiled call.
 
 Overrides are counted by the safety monitor and written to the audit log with their
@@ -37,7 +38,10 @@ from fastapi.responses import JSONResponse
 
 from neorl_industrial.integration.deployment.batcher import MicroBatcher
 from neorl_industrial.integration.deployment.deps import ServingState
-from neorl_industrial.integration.deployment.middleware import LimitsAndMetrics
+from neorl_industrial.integration.deployment.middleware import (
+    METRICS_STATE_KEY,
+    LimitsAndMetrics,
+)
 from neorl_industrial.integration.deployment.policy import LoadedPolicy, load_policy_source
 from neorl_industrial.integration.deployment.routes import router
 from neorl_industrial.integration.deployment.settings import ServerSettings, SettingsError
@@ -76,7 +80,12 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type", "X-Request-ID"],
         )
-    app.add_middleware(LimitsAndMetrics, metrics=serving.metrics, max_body=settings.max_body_bytes)
+    app.add_middleware(
+        LimitsAndMetrics,
+        metrics=serving.metrics,
+        max_body=settings.max_body_bytes,
+        ready=lambda: serving.ready,
+    )
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(Exception, _unexpected)
     app.include_router(router)
@@ -84,8 +93,11 @@ def create_app(
 
 
 @contextlib.asynccontextmanager
-async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Loads and compiles the policy, starts the batcher; on shutdown drains and closes."""
+async def _lifespan(app: FastAPI) -> AsyncIterator[dict]:
+    """Loads and compiles the policy, starts the batcher; on shutdown drains and closes.
+
+    Yields the lifespan state, through which the uvicorn protocol of ``serve`` counts the
+    connections it cuts and the 503s it answers in this app's metrics."""
     serving: ServingState = app.state.serving
     settings = serving.settings
     loaded = serving.policy
@@ -117,7 +129,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         gc.set_threshold(50_000, 50, 100)
     log.info("serving %s (%s)", loaded.version, loaded.source)
     try:
-        yield
+        yield {METRICS_STATE_KEY: metrics}
     finally:
         await batcher.stop()
         serving.close()

@@ -16,7 +16,28 @@ from prometheus_client import (
 
 from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
 
-__all__ = ["ServerMetrics"]
+__all__ = [
+    "CUT_BODY_TIMEOUT",
+    "CUT_HEADER_TIMEOUT",
+    "CUT_REASONS",
+    "CUT_SHED",
+    "UNAVAILABLE_CONNECTION_LIMIT",
+    "UNAVAILABLE_LOADING",
+    "UNAVAILABLE_REASONS",
+    "UNAVAILABLE_SHUTTING_DOWN",
+    "ServerMetrics",
+]
+
+# Why the server closed a connection (the ``reason`` of ``neorl_connections_cut_total``).
+CUT_HEADER_TIMEOUT = "header_timeout"  # request line and headers not in time
+CUT_BODY_TIMEOUT = "body_timeout"  # body not in time, or slower than the minimum rate
+CUT_SHED = "shed"  # closed to make room for a new connection at the cap
+CUT_REASONS = (CUT_HEADER_TIMEOUT, CUT_BODY_TIMEOUT, CUT_SHED)
+# Why the server answered 503 (the ``reason`` of ``neorl_unavailable_total``).
+UNAVAILABLE_CONNECTION_LIMIT = "connection_limit"  # every connection answering a request
+UNAVAILABLE_LOADING = "loading"  # no policy compiled yet
+UNAVAILABLE_SHUTTING_DOWN = "shutting_down"
+UNAVAILABLE_REASONS = (UNAVAILABLE_CONNECTION_LIMIT, UNAVAILABLE_LOADING, UNAVAILABLE_SHUTTING_DOWN)
 
 # Latency buckets from 0.25 ms to 2.5 s: a shielded action takes well under a millisecond
 # of compute, so the interesting part of the distribution is at the low end.
@@ -59,6 +80,30 @@ class ServerMetrics:
             ["version", "source"],
             registry=r,
         )
+        self.cut = Counter(
+            "neorl_connections_cut",
+            "connections the server closed, by reason (header_timeout, body_timeout: a slow "
+            "client; shed: closed to make room at the connection cap)",
+            ["reason"],
+            registry=r,
+        )
+        self.unavailable_answers = Counter(
+            "neorl_unavailable",
+            "503 answers by reason (connection_limit, loading, shutting_down)",
+            ["reason"],
+            registry=r,
+        )
+        # Every reason is exported from the start (at 0), so an alert on a rate has a series.
+        self._cut = {reason: self.cut.labels(reason) for reason in CUT_REASONS}
+        self._unavailable = {
+            reason: self.unavailable_answers.labels(reason) for reason in UNAVAILABLE_REASONS
+        }
+
+    def connection_cut(self, reason: str) -> None:
+        self._cut[reason].inc()
+
+    def unavailable(self, reason: str) -> None:
+        self._unavailable[reason].inc()
 
     # Requests that arrived at an act route and have not reached the batcher yet (read
     # and changed on the event loop only).

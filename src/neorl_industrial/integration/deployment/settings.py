@@ -81,9 +81,16 @@ class ServerSettings(BaseSettings):
     audit_backups: int = Field(default=10, ge=0)
     #: Seconds a client has to send its request line and headers (``serve``).
     header_timeout_s: float = Field(default=10.0, gt=0.0)
+    #: Seconds a client has to send a request's body once its headers are in, plus one
+    #: second per ``body_min_rate`` bytes received (``serve``); then 408 and closed.
+    body_timeout_s: float = Field(default=10.0, gt=0.0)
+    #: Bytes per second a body must keep up, on average, past ``body_timeout_s`` (0: the
+    #: body deadline is fixed) (``serve``).
+    body_min_rate: float = Field(default=1024.0, ge=0.0)
     #: Seconds an idle keep-alive connection stays open (``serve``).
     keep_alive_s: float = Field(default=5.0, gt=0.0)
-    #: Most concurrent connections and tasks; past it, 503 (``serve``).
+    #: Most open connections (``serve``): past it, the slowest reader is shed; a 503 only
+    #: when every connection is answering a request (``/healthz``, ``/readyz`` never).
     max_connections: int = Field(default=256, ge=1)
     #: Largest request line plus headers in bytes (``serve``).
     max_header_bytes: int = Field(default=16 * 1024, ge=1024)
