@@ -47,7 +47,22 @@ def test_default_names_when_the_environment_gives_none():
         ("action_bounds: {velocity: [1, -1]}", "action_bounds.velocity: low 1.0 is above high"),
         ("action_bounds: {velocity: [1, 2, 3]}", "action_bounds.velocity: expected [low, high]"),
         ("rate_limits: {gain: -0.5}", "rate_limits.gain: must be a finite number >= 0"),
-        ("rate_limit: {gain: 0.5}", "rate_limit: Extra inputs are not permitted"),
+        (
+            "rate_limit: {gain: 0.5}",
+            "rate_limit: unknown field 'rate_limit'; did you mean 'rate_limits'",
+        ),
+        (
+            "state_limits: [{name: a, when: {feature: f, abov: 1}, action: v, max: 0}]",
+            "state_limits[0].when.abov: unknown field 'abov'; did you mean 'above'",
+        ),
+        (
+            "linear: [{name: l, action: {gain: 1}, bound: 1, priorty: 5}]",
+            "linear[0].priorty: unknown field 'priorty'; did you mean 'priority'",
+        ),
+        ("rate_limits: {gain: {max_chnage: 1}}", "rate_limits.gain.max_chnage: unknown field"),
+        ("rate_limits: {gain: {max_change: 1, priority: -1}}", "rate_limits.gain.priority"),
+        ("rate_limits: {gain: {max_change: 1, priority: 1.5}}", "rate_limits.gain.priority"),
+        ("rate_limits: {gain: {max_change: 1, priority: true}}", "rate_limits.gain.priority"),
         (
             "state_limits: [{name: a, when: {feature: fatigue}, action: velocity, max: 0}]",
             "state_limits[0].when: give exactly one of 'above' or 'below'",
@@ -154,3 +169,44 @@ def test_every_registered_environment_declares_constraints():
         env, _ = make(env_id)
         compiled = env.compile_constraints()
         assert compiled.action_size == env.action_size
+
+
+def test_priorities_default_by_kind_and_round_trip():
+    spec = constraint_spec_from_text(
+        """
+        rate_limits: {velocity: 1.0, gain: {max_change: 0.5, priority: 400}}
+        state_limits:
+          - {name: interlock, when: {feature: fatigue, above: 50}, action: velocity, min: 0}
+          - {name: soft, when: {feature: fatigue, above: 80}, action: gain, max: 0, priority: 50}
+        linear:
+          - {name: push, action: {velocity: 1, gain: 1}, bound: 1.5}
+        """
+    )
+    assert spec.priorities == {
+        "rate/velocity": 100,
+        "rate/gain": 400,
+        "interlock": 300,
+        "soft": 50,
+        "push": 200,
+    }
+    compiled = spec.compile(6, 3, OBS, ACT)
+    assert compiled.levels == (400, 300, 200, 100, 50)
+    assert dict(zip(compiled.names, compiled.priorities, strict=True)) == {
+        "rate/velocity": 100,
+        "rate/gain": 400,
+        "interlock": 300,
+        "soft": 50,
+        "push": 200,
+    }
+    data = spec.to_dict()
+    # A rate limit without its own priority stays the bare number.
+    assert data["rate_limits"] == {"velocity": 1.0, "gain": {"max_change": 0.5, "priority": 400}}
+    assert constraint_spec_from_text(constraint_spec_yaml(spec)) == spec
+
+
+def test_a_huge_unknown_name_is_quoted_short():
+    spec = ConstraintSpec.from_dict({"action_bounds": {"v" * 1_000_000: [-1, 1]}})
+    with pytest.raises(ConstraintSpecError) as caught:
+        spec.compile(6, 3, OBS, ACT)
+    assert len(str(caught.value)) < 600
+    assert "(1000000 characters)" in str(caught.value)

@@ -7,12 +7,14 @@ wrappers and the policy server.
 """
 
 from neorl_industrial.core.safety.constraints import (
+    DEFAULT_PRIORITY,
     TOLERANCE,
     CompiledConstraints,
     action_box,
     cost_limits,
     costs,
     describe,
+    in_data_range,
     margins,
     satisfies,
     violations,
@@ -35,11 +37,13 @@ from neorl_industrial.core.safety.spec import (
     CostSpec,
     FallbackSpec,
     LinearConstraint,
+    RateLimit,
     StateCondition,
     StateLimit,
 )
 
 __all__ = [
+    "DEFAULT_PRIORITY",
     "TOLERANCE",
     "ActionBound",
     "CompiledConstraints",
@@ -48,6 +52,7 @@ __all__ = [
     "CostSpec",
     "FallbackSpec",
     "LinearConstraint",
+    "RateLimit",
     "SafetyContract",
     "SafetyReport",
     "StateCondition",
@@ -59,6 +64,7 @@ __all__ = [
     "describe",
     "fallback_action",
     "get_safe_controller",
+    "in_data_range",
     "margins",
     "project",
     "register_safe_controller",

@@ -9,6 +9,12 @@ rate limits, state-conditional limits, linear constraints. A margin is the slack
 constraint (``>= 0`` when it holds, ``+inf`` for a state limit whose condition is off);
 a constraint is violated when its margin is below ``-TOLERANCE`` or not a number.
 
+Every constraint but the action bounds has a priority (static: the shield unrolls its
+levels at trace time); the action bounds always hold. A feature has two ranges: its
+physical range (``observation_low``/``high``: outside it, or not a number, the reading is
+invalid) and the range of the data the policy learnt from (``data_low``/``high``: outside
+it the observation is flagged as out of distribution, nothing more).
+
 Linear constraints and float32 (the numerics guarantee). ``bound - c_obs · obs`` is
 computed in float32 (x64 is off by default, and the shield must stay cheap), and with
 observations far above the bound's scale it cancels: velocity ``-1e20`` and gain ``+1e20``
@@ -43,12 +49,14 @@ import numpy as np
 from flax import struct
 
 __all__ = [
+    "DEFAULT_PRIORITY",
     "TOLERANCE",
     "CompiledConstraints",
     "action_box",
     "cost_limits",
     "costs",
     "describe",
+    "in_data_range",
     "linear_lhs",
     "linear_rhs",
     "margins",
@@ -63,6 +71,10 @@ TOLERANCE = 1e-5
 # Twice float32's unit roundoff: the per-operation relative error the linear margins
 # allow for (see the module docstring).
 _ROUNDING = 2.0**-23
+# The priority of each kind of constraint unless the spec gives one (larger wins):
+# interlocks (state-conditional limits) over linear process limits over equipment rate
+# limits. The action bounds are the actuator's range and always hold.
+DEFAULT_PRIORITY = {"state_limits": 300, "linear": 200, "rate_limits": 100}
 
 
 @struct.dataclass
@@ -86,6 +98,10 @@ class CompiledConstraints:
     # Physical bounds of each feature (±inf where unknown): a finite bound is checked.
     observation_low: jax.Array  # [obs_size]
     observation_high: jax.Array  # [obs_size]
+    # Range of the data the policy learnt from (±inf where unknown): outside it the
+    # observation is flagged out of distribution; the decision does not change.
+    data_low: jax.Array  # [obs_size]
+    data_high: jax.Array  # [obs_size]
     fallback_value: jax.Array  # [action_size] the constant fallback
     cost_threshold: jax.Array  # [n_costs]
     cost_above: jax.Array  # [n_costs] bool
@@ -102,10 +118,33 @@ class CompiledConstraints:
     fallback_kind: str = struct.field(pytree_node=False, default="hold_previous")
     controller: str | None = struct.field(pytree_node=False, default=None)
     action_size: int = struct.field(pytree_node=False, default=0)
+    # Priority of each rate limit, state limit and linear constraint (larger wins).
+    rate_priority: tuple[int, ...] = struct.field(pytree_node=False, default=())
+    state_priority: tuple[int, ...] = struct.field(pytree_node=False, default=())
+    linear_priority: tuple[int, ...] = struct.field(pytree_node=False, default=())
+    # Whether any feature has a data range (skips the check otherwise).
+    checks_data_range: bool = struct.field(pytree_node=False, default=False)
 
     @property
     def n_hard(self) -> int:
         return len(self.names)
+
+    @property
+    def priorities(self) -> tuple[int | None, ...]:
+        """Per hard constraint (``names`` order), its priority; None for the action
+        bounds, which always hold."""
+        return (
+            *(None for _ in self.bound_index),
+            *self.rate_priority,
+            *self.state_priority,
+            *self.linear_priority,
+        )
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        """The distinct priorities, highest first."""
+        every = {*self.rate_priority, *self.state_priority, *self.linear_priority}
+        return tuple(sorted(every, reverse=True))
 
     @property
     def n_costs(self) -> int:
@@ -169,16 +208,43 @@ def _any(parts: Components) -> jax.Array:
     return result
 
 
+def _feature_valid(
+    constraints: CompiledConstraints, observation: jax.Array, feature: int
+) -> jax.Array:
+    """``[...]`` bool: the reading of one feature is a finite number within its physical
+    bounds (``±inf`` bounds: any finite number)."""
+    value = observation[..., feature]
+    low, high = constraints.observation_low[feature], constraints.observation_high[feature]
+    return jnp.isfinite(value) & (value >= low) & (value <= high)
+
+
 def _state_active(constraints: CompiledConstraints, observation: jax.Array) -> Components:
-    """Which state-conditional limits are on. A feature that is not a finite number
-    turns its limit on: an unreadable sensor is treated as the unsafe case."""
+    """Which state-conditional limits are on. A reading that is not a finite number, or
+    outside its feature's physical bounds, turns its limit on: an unreadable sensor is
+    treated as the unsafe case."""
     active = []
     for k, feature in enumerate(constraints.state_feature):
         value = observation[..., feature]
         threshold = constraints.state_threshold[k]
         passed = jnp.where(constraints.state_above[k], value > threshold, value < threshold)
-        active.append(passed | ~jnp.isfinite(value))
+        active.append(passed | ~_feature_valid(constraints, observation, feature))
     return active
+
+
+def linear_readable(constraints: CompiledConstraints, observation: jax.Array) -> Components:
+    """Per linear constraint, ``[...]`` bool: no feature it reads has a finite physical
+    bound that the reading is outside of (or not a number within). A constraint that
+    reads an invalid sensor cannot be checked."""
+    readable = []
+    for support in constraints.linear_support:
+        ok = jnp.ones((), bool)
+        for feature in support:
+            low = constraints.observation_low[feature]
+            high = constraints.observation_high[feature]
+            bounded = jnp.isfinite(low) | jnp.isfinite(high)
+            ok = ok & ~(bounded & ~_feature_valid(constraints, observation, feature))
+        readable.append(ok)
+    return readable
 
 
 def observation_valid(constraints: CompiledConstraints, observation: jax.Array) -> jax.Array:
@@ -187,6 +253,18 @@ def observation_valid(constraints: CompiledConstraints, observation: jax.Array) 
     low, high = constraints.observation_low, constraints.observation_high
     checked = jnp.isfinite(low) | jnp.isfinite(high)
     inside = jnp.isfinite(observation) & (observation >= low) & (observation <= high)
+    return ~jnp.any(checked & ~inside, axis=-1)
+
+
+def in_data_range(constraints: CompiledConstraints, observation: jax.Array) -> jax.Array:
+    """``[...]`` bool: every feature with a data range is within it (a reading that is
+    not a number is not). Always true without data ranges."""
+    observation = _as_float(observation)
+    if not constraints.checks_data_range:
+        return jnp.ones(observation.shape[:-1], bool)
+    low, high = constraints.data_low, constraints.data_high
+    checked = jnp.isfinite(low) | jnp.isfinite(high)
+    inside = (observation >= low) & (observation <= high)
     return ~jnp.any(checked & ~inside, axis=-1)
 
 
@@ -220,6 +298,20 @@ def _lhs(constraints: CompiledConstraints, action: Components) -> Components:
             total = total + constraints.linear_act[row, j] * action[j]
         rows.append(total)
     return rows
+
+
+def row_margin(
+    constraints: CompiledConstraints, row: int, rhs: jax.Array, action: Components
+) -> jax.Array:
+    """The margin of linear constraint ``row`` for ``action`` given its right-hand side
+    (from :func:`_rhs`): a lower bound on the exact slack."""
+    total = jnp.zeros((), jnp.float32)
+    size = jnp.zeros((), jnp.float32)
+    for j in range(constraints.action_size):
+        term = constraints.linear_act[row, j] * action[j]
+        total = total + term
+        size = size + jnp.abs(term)
+    return rhs - total - _row_rounding(constraints, row) * size
 
 
 def _lhs_error(constraints: CompiledConstraints, action: Components) -> Components:
@@ -406,9 +498,10 @@ def cost_limits(constraints: CompiledConstraints) -> dict[str, float]:
 
 
 def describe(constraints: CompiledConstraints) -> dict[str, Any]:
-    """A JSON-ready summary of the compiled constraints (names, counts, fallback)."""
+    """A JSON-ready summary of the compiled constraints (names, priorities, fallback)."""
     return {
         "hard_constraints": list(constraints.names),
+        "priorities": dict(zip(constraints.names, constraints.priorities, strict=True)),
         "costs": cost_limits(constraints),
         "fallback": constraints.fallback_kind,
         "controller": constraints.controller,

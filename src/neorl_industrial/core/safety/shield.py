@@ -9,26 +9,30 @@ a :class:`SafetyReport`:
    closed form, for one half-space (several are visited in turn a fixed number of times;
    a proposal so far outside the box that float32 cannot place the projection's kinks
    has its box-clipped self projected instead), and used if it keeps every constraint;
-3. otherwise (a NaN or infinite action, or a projection that fails) the fallback (previous
-   action, a constant or a named safe controller) is projected the same way and used;
-4. if even that breaks a constraint, the constraints contradict each other for this
-   observation: the report says ``infeasible`` and the fallback, clipped into the action
-   bounds alone, is returned.
+3. otherwise (a NaN or infinite action, a projection that fails, or an invalid
+   observation) the fallback (previous action, a constant or a named safe controller) is
+   moved, priority level by priority level, to keep the highest-priority constraints
+   that can be kept (:func:`_prioritized`); the action bounds always hold;
+4. if it still breaks a constraint (they contradict each other for this observation) the
+   report says ``infeasible``, and ``violated_after`` names what the applied action
+   breaks.
 
 Before any of this, the observation is checked against the plant's physical bounds
 (``CompiledConstraints.observation_low``/``high``, from the task): a feature with a finite
-bound that is outside it or not a number means a broken sensor, and every constraint
-that reads the observation means nothing. Whatever the proposal, the fallback is then
-applied, clipped into what does not depend on the observation (the action bounds and
-rate limits), and the report says ``invalid_observation`` (its margins, computed from
-the bad reading, may be NaN or infinite).
+bound that is outside it or not a number means a broken sensor. Whatever the proposal,
+the fallback is then applied (step 3) and the report says ``invalid_observation``: a
+state limit whose condition reads the broken sensor counts as on (the unsafe reading), a
+linear constraint that reads it cannot be checked and is left out (``violated_after``
+reports it, its margin NaN), every other constraint is kept. An observation outside the
+range of the data the policy learnt from (``data_low``/``high``) is only flagged
+``out_of_distribution``.
 
 Linear margins are lower bounds on the exact slack (see
 :mod:`neorl_industrial.core.safety.constraints`): no finite input can make a float32
 cancellation pass an action that breaks a linear constraint.
 
 The choice is a ``lax.cond``; under ``vmap`` it becomes a select, so both branches run —
-they are a few dozen flops for plant-sized actions.
+they are a few dozen flops per priority level for plant-sized actions.
 """
 
 from __future__ import annotations
@@ -44,14 +48,18 @@ from neorl_industrial.core.safety.constraints import (
     CompiledConstraints,
     Components,
     _all,
+    _any,
     _rhs,
+    _state_active,
     bounds_box,
     box,
+    in_data_range,
     join,
     keeps_all,
+    linear_readable,
     margin_list,
     observation_valid,
-    rate_box,
+    row_margin,
     split,
 )
 from neorl_industrial.core.safety.controllers import get_safe_controller
@@ -61,6 +69,7 @@ __all__ = [
     "INFEASIBLE",
     "INVALID",
     "INVALID_OBSERVATION",
+    "OUT_OF_DISTRIBUTION",
     "OVERRIDDEN",
     "PROJECTED",
     "PROJECTION_PASSES",
@@ -79,29 +88,37 @@ BRANCH_MIN_BATCH = 64
 # Bits of ``SafetyReport.status``.
 OVERRIDDEN, PROJECTED, FALLBACK, INVALID, INFEASIBLE = 1, 2, 4, 8, 16
 INVALID_OBSERVATION = 32
+OUT_OF_DISTRIBUTION = 64
 
 
 @struct.dataclass
 class SafetyReport:
     """What the shield saw and did for one action (leading axes for a batch).
 
-    Two arrays travel: ``status``, the decision's flags as bits, and ``margin``, the
+    Three arrays travel: ``status``, the decision's flags as bits; ``margin``, the
     proposed action's slack per hard constraint (in ``constraints.names`` order; negative
-    or NaN: violated). The flags and ``violated`` are read from them:
+    or NaN: violated); ``applied_margin``, the same for the applied action (NaN for a
+    constraint that reads an invalid sensor and cannot be checked). The flags,
+    ``violated`` and ``violated_after`` are read from them:
 
     * ``overridden``: the applied action differs from the proposed one;
     * ``projected``: the override is the projection of the proposed action;
     * ``fallback``: the override is the fallback;
     * ``invalid``: the proposed action was NaN or infinite;
-    * ``infeasible``: no action kept every constraint (the fallback was clipped into the
-      action bounds);
+    * ``infeasible``: the fallback could not keep every constraint it could check; it
+      keeps the highest-priority ones that can be kept (``violated_after``: the others);
     * ``invalid_observation``: the observation was outside the plant's physical bounds or
       not a number where bounded; the fallback was applied, whatever the proposal;
-    * ``violated``: ``[..., n_hard]`` the hard constraints the proposed action broke.
+    * ``out_of_distribution``: the observation was outside the range of the data the
+      policy learnt from (a flag only: the decision is the same);
+    * ``violated``: ``[..., n_hard]`` the hard constraints the proposed action broke;
+    * ``violated_after``: ``[..., n_hard]`` the hard constraints the applied action
+      breaks, or cannot be shown to keep (it reads an invalid sensor).
     """
 
     status: jax.Array  # [...] int32 bit flags (OVERRIDDEN, PROJECTED, ...)
     margin: jax.Array  # [..., n_hard] slack of the proposed action
+    applied_margin: jax.Array  # [..., n_hard] slack of the applied action
 
     def _flag(self, bit: int) -> jax.Array:
         return (self.status & bit) != 0
@@ -131,8 +148,16 @@ class SafetyReport:
         return self._flag(INVALID_OBSERVATION)
 
     @property
+    def out_of_distribution(self) -> jax.Array:
+        return self._flag(OUT_OF_DISTRIBUTION)
+
+    @property
     def violated(self) -> jax.Array:
         return ~(self.margin >= -TOLERANCE)
+
+    @property
+    def violated_after(self) -> jax.Array:
+        return ~(self.applied_margin >= -TOLERANCE)
 
 
 def _status(
@@ -142,6 +167,7 @@ def _status(
     invalid: jax.Array,
     infeasible: jax.Array,
     invalid_observation: jax.Array,
+    out_of_distribution: jax.Array,
 ) -> jax.Array:
     status = jnp.zeros(jnp.shape(overridden), jnp.int32)
     for flag, bit in (
@@ -151,6 +177,7 @@ def _status(
         (invalid, INVALID),
         (infeasible, INFEASIBLE),
         (invalid_observation, INVALID_OBSERVATION),
+        (out_of_distribution, OUT_OF_DISTRIBUTION),
     ):
         status = status | jnp.where(flag, bit, 0)
     return status
@@ -240,18 +267,25 @@ def _project(
     action: Components,
     low: Components,
     high: Components,
+    rows: list[int] | None = None,
+    limits: dict[int, jax.Array] | None = None,
 ) -> Components:
-    n_linear = constraints.n_linear
-    if n_linear == 0:
+    """``action`` projected onto the box and the linear constraints ``rows`` (default:
+    all), each with its right-hand side from ``limits`` (default: the observation's;
+    ``+inf`` leaves a row out)."""
+    rows = list(range(constraints.n_linear)) if rows is None else rows
+    if not rows:
         return [jnp.clip(a, lo, hi) for a, lo, hi in zip(action, low, high, strict=True)]
-    rhs = _rhs(constraints, observation)
+    if limits is None:
+        rhs = _rhs(constraints, observation)
+        limits = {row: rhs[row] for row in rows}
     # The first visit starts from the proposal itself: exact for a single half-space.
     projected = action
-    passes = 1 if n_linear == 1 else PROJECTION_PASSES
+    passes = 1 if len(rows) == 1 else PROJECTION_PASSES
     for _ in range(passes):
-        for row in range(n_linear):
+        for row in rows:
             normal = [constraints.linear_act[row, j] for j in range(constraints.action_size)]
-            projected = _halfspace_in_box(projected, normal, rhs[row], low, high)
+            projected = _halfspace_in_box(projected, normal, limits[row], low, high)
     return projected
 
 
@@ -330,6 +364,110 @@ def shield(
     return _decide(constraints, observation, action, prev_action)
 
 
+def _level_box(
+    constraints: CompiledConstraints,
+    level: int,
+    previous: Components,
+    active: Components,
+) -> tuple[Components, Components] | None:
+    """Per action ``(low, high)`` of the rate and state limits of priority ``level``
+    (None when it has none). Limits of one level that contradict each other meet
+    halfway: the midpoint breaks each by the least."""
+    rates = [k for k, p in enumerate(constraints.rate_priority) if p == level]
+    states = [k for k, p in enumerate(constraints.state_priority) if p == level]
+    if not rates and not states:
+        return None
+    inf = jnp.float32(jnp.inf)
+    low: Components = [-inf] * constraints.action_size
+    high: Components = [inf] * constraints.action_size
+    for k in rates:
+        j = constraints.rate_index[k]
+        prev, limit = previous[j], constraints.rate_limit[k]
+        known = jnp.isfinite(prev)
+        low[j] = jnp.maximum(low[j], jnp.where(known, prev - limit, -inf))
+        high[j] = jnp.minimum(high[j], jnp.where(known, prev + limit, inf))
+    for k in states:
+        j = constraints.state_action[k]
+        low[j] = jnp.maximum(low[j], jnp.where(active[k], constraints.state_low[k], -inf))
+        high[j] = jnp.minimum(high[j], jnp.where(active[k], constraints.state_high[k], inf))
+    touched = {constraints.rate_index[k] for k in rates} | {
+        constraints.state_action[k] for k in states
+    }
+    for j in touched:
+        # Empty only when both sides are finite, so the midpoint is a number.
+        empty = low[j] > high[j]
+        middle = 0.5 * low[j] + 0.5 * high[j]
+        low[j], high[j] = jnp.where(empty, middle, low[j]), jnp.where(empty, middle, high[j])
+    return low, high
+
+
+def _prioritized(
+    constraints: CompiledConstraints,
+    observation: jax.Array,
+    start: Components,
+    previous: Components,
+    usable: Components,
+) -> Components:
+    """``start`` (the fallback) moved to keep the highest-priority constraints that can
+    be kept, level by level (the levels are static; this loop is unrolled at trace time).
+
+    The action bounds always hold. A level's rate and state limits narrow the box left by
+    the levels above; where they leave nothing in an action's component, the component
+    goes to the point of that box nearest to them (the rate limit's full step towards the
+    safe side, say), so a higher level is never given up for a lower one. A level's
+    linear constraints (those ``usable``: readable and finite) are added when the
+    projection of ``start`` onto everything kept so far keeps them; otherwise the level
+    is given up (its box too, if its box alone breaks a kept linear constraint).
+    """
+    n_linear = constraints.n_linear
+    low, high = bounds_box(constraints)
+    candidate = [jnp.clip(x, lo, hi) for x, lo, hi in zip(start, low, high, strict=True)]
+    active = _state_active(constraints, observation)
+    rhs = _rhs(constraints, observation)
+    inf = jnp.float32(jnp.inf)
+    enabled: Components = [jnp.zeros((), bool)] * n_linear
+
+    def attempt(
+        box_low: Components, box_high: Components, on: Components, rows: list[int]
+    ) -> tuple[Components, jax.Array]:
+        limits = {r: jnp.where(on[r], rhs[r], inf) for r in rows}
+        trial = _project(constraints, observation, start, box_low, box_high, rows, limits)
+        ok = _all(
+            [~on[r] | (row_margin(constraints, r, rhs[r], trial) >= -TOLERANCE) for r in rows]
+        )
+        return trial, ok
+
+    for level in constraints.levels:
+        box = _level_box(constraints, level, previous, active)
+        if box is None:
+            box_low, box_high = low, high
+        else:
+            box_low = [jnp.clip(x, lo, hi) for x, lo, hi in zip(box[0], low, high, strict=True)]
+            box_high = [jnp.clip(x, lo, hi) for x, lo, hi in zip(box[1], low, high, strict=True)]
+        here = [r for r, p in enumerate(constraints.linear_priority) if p == level]
+        # Rows that may be kept from this level on (static).
+        rows = [r for r, p in enumerate(constraints.linear_priority) if p >= level]
+        if not rows:
+            low, high = box_low, box_high
+            candidate = [jnp.clip(x, lo, hi) for x, lo, hi in zip(start, low, high, strict=True)]
+            continue
+        on = list(enabled)
+        for r in here:
+            on[r] = usable[r]
+        trial, ok = attempt(box_low, box_high, on, rows)
+        keep_box, keep_rows = ok, ok
+        if box is not None and here:
+            # The level's rows cannot be kept: its box alone, with the rows kept so far.
+            alone, alone_ok = attempt(box_low, box_high, enabled, rows)
+            trial = [jnp.where(ok, x, y) for x, y in zip(trial, alone, strict=True)]
+            keep_box = ok | alone_ok
+        low = [jnp.where(keep_box, x, y) for x, y in zip(box_low, low, strict=True)]
+        high = [jnp.where(keep_box, x, y) for x, y in zip(box_high, high, strict=True)]
+        candidate = [jnp.where(keep_box, x, y) for x, y in zip(trial, candidate, strict=True)]
+        enabled = [jnp.where(keep_rows, x, y) for x, y in zip(on, enabled, strict=True)]
+    return candidate
+
+
 def _decide(
     constraints: CompiledConstraints,
     observation: jax.Array,
@@ -343,67 +481,44 @@ def _decide(
     margins_ = join([jnp.broadcast_to(m, shape) for m in margin], shape)
     finite = _all([jnp.isfinite(part) for part in proposed])
     sensible = observation_valid(constraints, observation)
+    familiar = in_data_range(constraints, observation)
     # Read from the joined margins (one pass), not recomputed per constraint.
     keep = sensible & finite & jnp.all(margins_ >= -TOLERANCE, axis=-1)
+    # One item: a branch that runs only when the action needs it. A large batch: one
+    # branch for the whole batch (the repair runs only when some row needs it; branch
+    # boundaries also keep XLA from recomputing the repair in every consumer). A small
+    # batch: every row's repair in one pass, selected (what vmap makes of a cond), which
+    # costs less than a branch there.
+    large = math.prod(shape) >= BRANCH_MIN_BATCH
+    branches = not shape or large
 
     def override(_):
-        safe, (projected, used_fallback, infeasible) = repair()
-        # A broken sensor: the fallback within what does not depend on the observation.
-        low, high = box_without_observation()
-        fallback = split(fallback_action(constraints, observation, prev_action))
-        sensor_safe = [jnp.clip(x, lo, hi) for x, lo, hi in zip(fallback, low, high, strict=True)]
-        safe = join(
-            [
-                jnp.broadcast_to(jnp.where(sensible, part, alternative), shape)
-                for part, alternative in zip(split(safe), sensor_safe, strict=True)
-            ]
-        )
-        return safe, (projected & sensible, used_fallback | ~sensible, infeasible & sensible)
-
-    def box_without_observation() -> tuple[Components, Components]:
-        # Rate limits that leave the action bounds give way to them (physical limits).
-        low, high = rate_box(constraints, previous)
-        bound_low, bound_high = bounds_box(constraints)
-        return [
-            [jnp.clip(x, lo, hi) for x, lo, hi in zip(side, bound_low, bound_high, strict=True)]
-            for side in (low, high)
-        ]
-
-    def repair():
         low, high = box(constraints, observation, previous)
+        fallback = split(fallback_action(constraints, observation, prev_action))
         if constraints.n_linear <= 1:
-            return exact_override(low, high)
-        start = [jnp.where(jnp.isfinite(part), part, 0.0) for part in proposed]
-        projected = _project(constraints, observation, start, low, high)
-        projected_ok = finite & keeps_all(constraints, observation, projected, previous)
+            projected, projected_ok = exact_projection(fallback, low, high)
+        else:
+            start = [jnp.where(jnp.isfinite(part), part, 0.0) for part in proposed]
+            projected = _project(constraints, observation, start, low, high)
+            projected_ok = finite & keeps_all(constraints, observation, projected, previous)
+        # A broken sensor: whatever the proposal, the fallback.
+        projected_ok = projected_ok & sensible
+        needs_fallback = ~keep & ~projected_ok
+        readable = linear_readable(constraints, observation)
+        rhs = _rhs(constraints, observation)
+        usable = [ok & jnp.isfinite(r) for ok, r in zip(readable, rhs, strict=True)]
 
         def with_fallback(_):
-            fallback = split(fallback_action(constraints, observation, prev_action))
-            repaired = _project(constraints, observation, fallback, low, high)
-            fallback_ok = keeps_all(constraints, observation, repaired, previous)
-            # With contradicting constraints only the action bounds are kept.
-            bound_low, bound_high = bounds_box(constraints)
-            chosen = [
-                jnp.where(
-                    fallback_ok, repaired[j], jnp.clip(fallback[j], bound_low[j], bound_high[j])
-                )
-                for j in range(constraints.action_size)
-            ]
-            return [jnp.broadcast_to(x, shape) for x in chosen], jnp.broadcast_to(
-                fallback_ok, shape
-            )
+            chosen = _prioritized(constraints, observation, fallback, previous, usable)
+            return [jnp.broadcast_to(x, shape) for x in chosen]
 
         def without_fallback(_):
-            return [jnp.broadcast_to(x, shape) for x in projected], jnp.ones(shape, bool)
+            return [jnp.broadcast_to(x, shape) for x in projected]
 
-        needs_fallback = ~keep & ~projected_ok
-        if large:
-            # The fallback only when some row of the batch needs it.
-            chosen, fallback_ok = jax.lax.cond(
-                jnp.any(needs_fallback), with_fallback, without_fallback, None
-            )
+        if branches:
+            chosen = jax.lax.cond(jnp.any(needs_fallback), with_fallback, without_fallback, None)
         else:
-            chosen, fallback_ok = with_fallback(None)
+            chosen = with_fallback(None)
         safe = [
             jnp.broadcast_to(
                 jnp.where(keep, proposed[j], jnp.where(projected_ok, projected[j], chosen[j])),
@@ -411,15 +526,24 @@ def _decide(
             )
             for j in range(constraints.action_size)
         ]
-        flags = (~keep & projected_ok, needs_fallback, needs_fallback & ~fallback_ok)
-        return join(safe), tuple(jnp.broadcast_to(flag, shape) for flag in flags)
+        # The applied action's margins; a constraint that reads an invalid sensor cannot
+        # be checked (NaN: reported as broken, but not as infeasible).
+        applied = margin_list(constraints, observation, safe, previous)
+        offset = constraints.n_hard - constraints.n_linear
+        for row, ok in enumerate(readable):
+            applied[offset + row] = jnp.where(ok, applied[offset + row], jnp.nan)
+        applied_ = join([jnp.broadcast_to(m, shape) for m in applied], shape)
+        checkable = [jnp.ones((), bool)] * offset + readable
+        broken = _any([~(m >= -TOLERANCE) & ok for m, ok in zip(applied, checkable, strict=True)])
+        flags = (~keep & finite & projected_ok, ~keep & ~(finite & projected_ok))
+        flags += (needs_fallback & broken,)
+        return join(safe), tuple(jnp.broadcast_to(flag, shape) for flag in flags), applied_
 
-    def exact_override(low: Components, high: Components):
+    def exact_projection(fallback: Components, low: Components, high: Components):
         # With at most one linear constraint the projection is exact: it fails only when
         # no action keeps the constraints, and then the fallback cannot either. So one
         # projection serves both: of the proposal, or of the fallback in place of a NaN
         # or infinite proposal.
-        fallback = split(fallback_action(constraints, observation, prev_action))
         start = [jnp.where(finite, p, f) for p, f in zip(proposed, fallback, strict=True)]
         projected = _project(constraints, observation, start, low, high)
         projected_ok = keeps_all(constraints, observation, projected, previous)
@@ -440,50 +564,24 @@ def _decide(
         def as_is(_):
             return projected, projected_ok
 
-        projected, projected_ok = jax.lax.cond(jnp.any(retry), clipped_again, as_is, None)
-        bound_low, bound_high = bounds_box(constraints)
-        safe = [
-            jnp.broadcast_to(
-                jnp.where(
-                    keep,
-                    proposed[j],
-                    jnp.where(
-                        projected_ok,
-                        projected[j],
-                        jnp.clip(fallback[j], bound_low[j], bound_high[j]),
-                    ),
-                ),
-                shape,
-            )
-            for j in range(constraints.action_size)
-        ]
-        flags = (
-            ~keep & finite & projected_ok,
-            ~keep & ~(finite & projected_ok),
-            ~keep & ~projected_ok,
-        )
-        return join(safe), tuple(jnp.broadcast_to(flag, shape) for flag in flags)
+        return jax.lax.cond(jnp.any(retry), clipped_again, as_is, None)
 
     def untouched(_):
         false = jnp.zeros(shape, bool)
-        return action, (false, false, false)
+        return action, (false, false, false), margins_
 
-    # One item: a branch that runs only when the action needs it. A large batch: one
-    # branch for the whole batch (the repair runs only when some row needs it; branch
-    # boundaries also keep XLA from recomputing the repair in every consumer). A small
-    # batch: every row's repair in one pass, selected (what vmap makes of a cond), which
-    # costs less than a branch there.
-    large = math.prod(shape) >= BRANCH_MIN_BATCH
-    if not shape or large:
-        safe, (projected, used_fallback, infeasible) = jax.lax.cond(
+    if branches:
+        safe, (projected, used_fallback, infeasible), applied = jax.lax.cond(
             jnp.all(keep), untouched, override, None
         )
     else:
-        safe, (projected, used_fallback, infeasible) = override(None)
+        safe, (projected, used_fallback, infeasible), applied = override(None)
     report = SafetyReport(
         status=jnp.broadcast_to(
-            _status(~keep, projected, used_fallback, ~finite, infeasible, ~sensible), shape
+            _status(~keep, projected, used_fallback, ~finite, infeasible, ~sensible, ~familiar),
+            shape,
         ),
         margin=margins_,
+        applied_margin=applied,
     )
     return safe, report

@@ -14,6 +14,11 @@ Hard constraints (the shield enforces them on every action):
   may not exceed ``max`` (or fall below ``min``);
 * ``linear``: ``sum_i c_i * obs_i + sum_j d_j * action_j <= bound``.
 
+Every rate limit, state limit and linear constraint has a ``priority`` (a whole number,
+larger wins; by default interlocks, i.e. state limits, 300, linear constraints 200, rate
+limits 100). When no action keeps them all, the shield keeps the highest-priority ones
+that can be kept; the action bounds always hold.
+
 The ``fallback`` replaces an action that cannot be repaired by projection: hold the
 previous setting, a constant, or a registered safe controller. ``costs`` are the soft
 constraints a safe agent is trained against: a cost of 1 per step whose next observed
@@ -30,6 +35,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from neorl_industrial.core.safety.constraints import DEFAULT_PRIORITY
+from neorl_industrial.core.utils.messages import quote, validation_lines
+
 __all__ = [
     "ActionBound",
     "ConstraintSpec",
@@ -37,9 +45,13 @@ __all__ = [
     "CostSpec",
     "FallbackSpec",
     "LinearConstraint",
+    "RateLimit",
     "StateCondition",
     "StateLimit",
 ]
+
+# A priority: a whole number >= 0 (not a bool, not a float); None: the kind's default.
+_PRIORITY = Field(None, ge=0, strict=True, description="larger wins; None: the default")
 
 
 class ConstraintSpecError(ValueError):
@@ -99,6 +111,25 @@ class StateCondition(_Model):
         return self.above if self.above is not None else self.below  # type: ignore[return-value]
 
 
+class RateLimit(_Model):
+    """``|a_t - a_{t-1}| <= max_change``; a bare number is shorthand for
+    ``{max_change: <number>}``."""
+
+    max_change: float
+    priority: int | None = _PRIORITY
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_number(cls, value: Any) -> Any:
+        return value if isinstance(value, Mapping | RateLimit) else {"max_change": value}
+
+    @model_validator(mode="after")
+    def _non_negative(self) -> RateLimit:
+        if not (math.isfinite(self.max_change) and self.max_change >= 0.0):
+            raise ValueError(f"must be a finite number >= 0, got {self.max_change}")
+        return self
+
+
 class StateLimit(_Model):
     """While ``when`` holds, ``action`` stays within ``[min, max]``."""
 
@@ -107,6 +138,7 @@ class StateLimit(_Model):
     action: str
     max: float | None = None
     min: float | None = None
+    priority: int | None = _PRIORITY
 
     @model_validator(mode="after")
     def _some_limit(self) -> StateLimit:
@@ -127,6 +159,7 @@ class LinearConstraint(_Model):
     observation: dict[str, float] = Field(default_factory=dict)
     action: dict[str, float]
     bound: float
+    priority: int | None = _PRIORITY
 
     @model_validator(mode="after")
     def _useful(self) -> LinearConstraint:
@@ -191,7 +224,7 @@ class ConstraintSpec(_Model):
     name: str = "constraints"
     description: str = ""
     action_bounds: dict[str, ActionBound] = Field(default_factory=dict)
-    rate_limits: dict[str, float] = Field(default_factory=dict)
+    rate_limits: dict[str, RateLimit] = Field(default_factory=dict)
     state_limits: list[StateLimit] = Field(default_factory=list)
     linear: list[LinearConstraint] = Field(default_factory=list)
     fallback: FallbackSpec = Field(default_factory=FallbackSpec)
@@ -199,9 +232,6 @@ class ConstraintSpec(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> ConstraintSpec:
-        for action, limit in self.rate_limits.items():
-            if not (math.isfinite(limit) and limit >= 0.0):
-                raise ValueError(f"rate_limits.{action}: must be a finite number >= 0, got {limit}")
         names = [item.name for item in (*self.state_limits, *self.linear)]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -223,7 +253,7 @@ class ConstraintSpec(_Model):
         try:
             return cls.model_validate(dict(data))
         except ValidationError as error:
-            raise ConstraintSpecError(_describe(error, source)) from None
+            raise ConstraintSpecError("\n".join(validation_lines(error, cls, source))) from None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data that :meth:`from_dict` turns back into this spec."""
@@ -231,7 +261,30 @@ class ConstraintSpec(_Model):
         data["action_bounds"] = {
             action: [bound.low, bound.high] for action, bound in self.action_bounds.items()
         }
+        # A rate limit without its own priority as the bare number.
+        data["rate_limits"] = {
+            action: limit.max_change if limit.priority is None else data["rate_limits"][action]
+            for action, limit in self.rate_limits.items()
+        }
         return data
+
+    @property
+    def priorities(self) -> dict[str, int]:
+        """Per rate limit, state limit and linear constraint (``hard_names``), its
+        priority: the spec's, else its kind's default (larger wins)."""
+        return {
+            **{
+                f"rate/{action}": _priority(limit.priority, "rate_limits")
+                for action, limit in self.rate_limits.items()
+            },
+            **{
+                limit.name: _priority(limit.priority, "state_limits") for limit in self.state_limits
+            },
+            **{
+                constraint.name: _priority(constraint.priority, "linear")
+                for constraint in self.linear
+            },
+        }
 
     @property
     def hard_names(self) -> tuple[str, ...]:
@@ -255,6 +308,7 @@ class ConstraintSpec(_Model):
         observation_names: Sequence[str] | None = None,
         action_names: Sequence[str] | None = None,
         observation_bounds: tuple[Sequence[float], Sequence[float]] | None = None,
+        data_bounds: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> Any:
         """The spec as :class:`CompiledConstraints` for an environment's spaces.
 
@@ -265,6 +319,9 @@ class ConstraintSpec(_Model):
         unknown; default: all unknown), are the physical bounds the shield checks every
         observation against: an observation outside them, or not a number, in a feature
         with a finite bound sends the fallback, flagged ``invalid_observation``.
+        ``data_bounds`` ``(low, high)``, the same way, is the range of the data the policy
+        learnt from: an observation outside it is flagged ``out_of_distribution``, and the
+        decision is the same.
         """
         from neorl_industrial.core.safety.constraints import CompiledConstraints
         from neorl_industrial.core.safety.controllers import get_safe_controller
@@ -281,7 +338,10 @@ class ConstraintSpec(_Model):
             raise ConstraintSpecError(
                 f"action_names: {len(action_names)} names for {action_size} actions"
             )
-        observation_low, observation_high = _observation_bounds(observation_bounds, obs_size)
+        observation_low, observation_high = _observation_bounds(
+            observation_bounds, obs_size, "observation_bounds"
+        )
+        data_low, data_high = _observation_bounds(data_bounds, obs_size, "data_bounds")
         feature = _Resolver(observation_names, "observation feature")
         act = _Resolver(action_names, "action")
 
@@ -321,7 +381,9 @@ class ConstraintSpec(_Model):
             bound_low=np.asarray([b.low for b in self.action_bounds.values()], np.float32),
             bound_high=np.asarray([b.high for b in self.action_bounds.values()], np.float32),
             rate_index=tuple(rate_index),
-            rate_limit=np.asarray(list(self.rate_limits.values()), np.float32),
+            rate_limit=np.asarray(
+                [limit.max_change for limit in self.rate_limits.values()], np.float32
+            ),
             state_feature=tuple(state_feature),
             state_threshold=np.asarray(
                 [limit.when.threshold for limit in self.state_limits], np.float32
@@ -343,6 +405,8 @@ class ConstraintSpec(_Model):
             linear_bound=np.asarray([c.bound for c in self.linear], np.float32),
             observation_low=observation_low,
             observation_high=observation_high,
+            data_low=data_low,
+            data_high=data_high,
             fallback_value=fallback_value,
             cost_feature=tuple(cost_feature),
             linear_support=tuple(tuple(int(f) for f in np.flatnonzero(row)) for row in linear_obs),
@@ -354,11 +418,25 @@ class ConstraintSpec(_Model):
             fallback_kind=self.fallback.kind,
             controller=self.fallback.controller,
             action_size=action_size,
+            rate_priority=tuple(
+                _priority(limit.priority, "rate_limits") for limit in self.rate_limits.values()
+            ),
+            state_priority=tuple(
+                _priority(limit.priority, "state_limits") for limit in self.state_limits
+            ),
+            linear_priority=tuple(
+                _priority(constraint.priority, "linear") for constraint in self.linear
+            ),
+            checks_data_range=data_bounds is not None,
         ).to_device()
 
 
+def _priority(given: int | None, kind: str) -> int:
+    return DEFAULT_PRIORITY[kind] if given is None else given
+
+
 def _observation_bounds(
-    bounds: tuple[Sequence[float], Sequence[float]] | None, obs_size: int
+    bounds: tuple[Sequence[float], Sequence[float]] | None, obs_size: int, field: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(low, high)`` as float32 arrays of ``obs_size``; errors name the field.
 
@@ -370,23 +448,21 @@ def _observation_bounds(
         low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
     except (TypeError, ValueError):
         raise ConstraintSpecError(
-            "observation_bounds: expected (low, high), one number per feature each"
+            f"{field}: expected (low, high), one number per feature each"
         ) from None
     for values, what in ((low, "low"), (high, "high")):
         if values.shape != (obs_size,):
             raise ConstraintSpecError(
-                f"observation_bounds: {what} has shape {values.shape}, expected ({obs_size},)"
+                f"{field}: {what} has shape {values.shape}, expected ({obs_size},)"
             )
         if np.isnan(values).any():
             raise ConstraintSpecError(
-                f"observation_bounds: {what} has NaN at features "
+                f"{field}: {what} has NaN at features "
                 f"{np.flatnonzero(np.isnan(values)).tolist()}; use ±inf for unknown"
             )
     above = np.flatnonzero(low > high)
     if above.size:
-        raise ConstraintSpecError(
-            f"observation_bounds: low is above high at features {above.tolist()}"
-        )
+        raise ConstraintSpecError(f"{field}: low is above high at features {above.tolist()}")
     low32 = low.astype(np.float32)
     high32 = high.astype(np.float32)
     low32 = np.where(low32 > low, np.nextafter(low32, np.float32(-np.inf)), low32)
@@ -405,18 +481,9 @@ class _Resolver:
     def __call__(self, name: str, field: str) -> int:
         if name in self.index:
             return self.index[name]
+        # The field path holds the name as written: cut like any quoted value.
+        field = field if len(field) <= 120 else f"{field[:120]}…"
         close = difflib.get_close_matches(name, self.names, n=3)
         hint = f"did you mean {close}?" if close else f"known: {list(self.names[:8])}"
         more = "" if close or len(self.names) <= 8 else f" (and {len(self.names) - 8} more)"
-        raise ConstraintSpecError(f"{field}: unknown {self.what} {name!r}; {hint}{more}")
-
-
-def _describe(error: ValidationError, source: str) -> str:
-    lines = []
-    for item in error.errors():
-        path = ""
-        for part in item["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        message = item["msg"].removeprefix("Value error, ")
-        lines.append(f"{source}: {path or '<root>'}: {message}")
-    return "\n".join(lines)
+        raise ConstraintSpecError(f"{field}: unknown {self.what} {quote(name)}; {hint}{more}")
