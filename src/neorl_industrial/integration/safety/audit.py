@@ -64,7 +64,14 @@ import numpy as np
 
 from neorl_industrial.integration.safety.monitor import host_report
 
-__all__ = ["GENESIS", "AuditLog", "AuditLogError", "ChainCheck", "check_chain", "rows_digest_update"]
+__all__ = [
+    "GENESIS",
+    "AuditLog",
+    "AuditLogError",
+    "ChainCheck",
+    "check_chain",
+    "rows_digest_update",
+]
 
 GENESIS = "0" * 64
 _TAIL_CHUNK = 1 << 16
@@ -75,6 +82,7 @@ _MAX_GROUPS = 4096
 _FLAGS = ("projected", "fallback", "infeasible", "invalid", "invalid_observation")
 
 log = logging.getLogger("neorl_industrial.audit")
+_clock = time.monotonic  # windows and rates run on it (a test replaces it)
 
 
 class AuditLogError(ValueError):
@@ -512,7 +520,7 @@ class AuditLog:
         flags = np.stack([getattr(host, name) for name in _FLAGS], axis=-1)
         rows = np.flatnonzero(host.overridden).tolist()
         with self._lock:
-            now = time.monotonic()
+            now = _clock()
             if self._groups:
                 self._flush_groups(now)
             for row in rows:
@@ -635,7 +643,7 @@ class AuditLog:
             with self._lock:
                 if self._groups and self._failed is None and not self._file.closed:
                     try:
-                        self._flush_groups(time.monotonic())
+                        self._flush_groups(_clock())
                     except OSError as error:  # recorded; the next write or check says so
                         log.error("audit log %s: writing aggregates failed: %s", self.path, error)
 
