@@ -76,6 +76,9 @@ def test_only_overridden_rows_are_written(tmp_path):
     ]
     assert first["proposed"] == [2.0, 0.0, 0.0] and first["applied"][0] == pytest.approx(1.0)
     assert (first["projected"], first["fallback"], first["infeasible"]) == (True, False, False)
+    # The projection keeps every constraint; the fallback for a NaN proposal too.
+    assert first["violated_after"] == [] and second["violated_after"] == []
+    assert first["out_of_distribution"] is False
     assert first["observation"] == [0.0] * ENV.observation_size
     assert first["timestamp"].endswith("+00:00")
     assert first["prev_hash"] == header["hash"] and second["prev_hash"] == first["hash"]

@@ -50,7 +50,16 @@ def test_a_batch_is_counted_exactly():
     assert per["bounds/gain"]["margin_mean"] == pytest.approx(0.75)
     # A state-conditional limit that never applied: +inf margins, no statistics.
     inactive = per["no-velocity-decrease-when-fatigued"]
-    assert inactive == {"violations": 0, "margin_min": None, "margin_mean": None, "margin_count": 0}
+    assert inactive == {
+        "violations": 0,
+        "violations_after": 0,
+        "margin_min": None,
+        "margin_mean": None,
+        "margin_count": 0,
+    }
+    # The shield repaired every proposal: the applied actions break nothing.
+    assert host_report(_report(), len(NAMES)).violated_after.any() == np.False_
+    assert all(per[name]["violations_after"] == 0 for name in NAMES)
 
 
 def test_single_reports_and_batches_add_up():
@@ -104,11 +113,13 @@ def test_a_host_report_with_plain_fields_is_accepted():
         infeasible=np.array([False, False]),
         violated=np.array([[True], [False]]),
         margin=np.array([[-2.0], [np.inf]]),
+        violated_after=np.array([[True], [False]]),
     )
     monitor = SafetyMonitor(["limit"])
     monitor.observe(report)
     assert monitor.per_constraint()["limit"] == {
         "violations": 1,
+        "violations_after": 1,
         "margin_min": -2.0,
         "margin_mean": -2.0,
         "margin_count": 1,
@@ -166,3 +177,5 @@ def test_invalid_observations_are_counted():
     )
     # Reports from before the observation check have no such flag: counted as zero.
     assert host_report(plain, len(NAMES)).invalid_observation.tolist() == [False, False]
+    assert host_report(plain, len(NAMES)).violated_after is None
+    assert SafetyMonitor(NAMES).summary()["out_of_distribution"] == 0

@@ -2,7 +2,9 @@
 
 Every override record holds the time (UTC), a sequence number, the request id, the policy
 version that decided, the API key's fingerprint, the observation, the proposed and the
-applied action, the constraints the proposal broke and how the shield repaired it. Each
+applied action, the constraints the proposal broke (``violated``) and those the applied
+action still breaks (``violated_after``, where the report says), and how the shield
+repaired it. Each
 record carries the SHA-256 of its canonical JSON (``hash``) and the previous record's hash
 (``prev_hash``), so an edited, deleted, inserted or reordered record breaks the chain.
 
@@ -79,7 +81,14 @@ _TAIL_CHUNK = 1 << 16
 _ANCHOR_BYTES = 256
 #: Open aggregation groups kept at most; past it the oldest is written out early.
 _MAX_GROUPS = 4096
-_FLAGS = ("projected", "fallback", "infeasible", "invalid", "invalid_observation")
+_FLAGS = (
+    "projected",
+    "fallback",
+    "infeasible",
+    "invalid",
+    "invalid_observation",
+    "out_of_distribution",
+)
 
 log = logging.getLogger("neorl_industrial.audit")
 _clock = time.monotonic  # windows and rates run on it (a test replaces it)
@@ -173,6 +182,7 @@ class _Group:
     key: str | None
     policy_version: str
     violated: tuple[str, ...]
+    violated_after: tuple[str, ...] | None
     flags: tuple[bool, ...]
     detailed: int | None  # the sequence of the full record that opened it
     count: int = 0
@@ -518,6 +528,7 @@ class AuditLog:
         version = self.policy_version if policy_version is None else str(policy_version)
         names = np.asarray(constraint_names, dtype=object)
         flags = np.stack([getattr(host, name) for name in _FLAGS], axis=-1)
+        after = host.violated_after
         rows = np.flatnonzero(host.overridden).tolist()
         with self._lock:
             now = _clock()
@@ -525,9 +536,10 @@ class AuditLog:
                 self._flush_groups(now)
             for row in rows:
                 violated = tuple(names[host.violated[row]].tolist())
+                still = None if after is None else tuple(names[after[row]].tolist())
                 row_flags = tuple(bool(flag) for flag in flags[row])
                 rid = None if request_ids is None else request_ids[row]
-                group_key = (key, version, violated, row_flags)
+                group_key = (key, version, violated, still, row_flags)
                 group = self._groups.get(group_key)
                 limited = False
                 if group is None:
@@ -540,6 +552,7 @@ class AuditLog:
                             "proposed": _vector(proposed[row]),
                             "applied": _vector(applied[row]),
                             "violated": list(violated),
+                            "violated_after": None if still is None else list(still),
                             **dict(zip(_FLAGS, row_flags, strict=True)),
                         }
                         record = self._append(entry, version)
@@ -580,8 +593,8 @@ class AuditLog:
         if len(self._groups) >= _MAX_GROUPS:
             oldest = min(self._groups, key=lambda k: self._groups[k].opened)
             self._write_group(self._groups.pop(oldest))
-        key, version, violated, flags = group_key
-        group = _Group(now, key, version, violated, flags, detailed)
+        key, version, violated, still, flags = group_key
+        group = _Group(now, key, version, violated, still, flags, detailed)
         self._groups[group_key] = group
         return group
 
@@ -624,6 +637,7 @@ class AuditLog:
             "kind": "aggregate",
             "key": group.key,
             "violated": list(group.violated),
+            "violated_after": None if group.violated_after is None else list(group.violated_after),
             **dict(zip(_FLAGS, group.flags, strict=True)),
             "count": group.count,
             "rate_limited": group.rate_limited,
@@ -660,6 +674,8 @@ class AuditLog:
         infeasible: bool = False,
         invalid: bool = False,
         invalid_observation: bool = False,
+        out_of_distribution: bool = False,
+        violated_after: Sequence[str] | None = None,
         policy_version: str | None = None,
         key: str | None = None,
     ) -> dict[str, Any]:
@@ -676,6 +692,9 @@ class AuditLog:
             infeasible: no action kept every constraint.
             invalid: the proposal was NaN or infinite.
             invalid_observation: the observation left its physical bounds.
+            out_of_distribution: the observation left the training data's range.
+            violated_after: names of the hard constraints the applied action breaks
+                (``None``: not known).
             policy_version: the version that decided (default: the log's).
             key: who asked (an API key's fingerprint).
 
@@ -690,11 +709,15 @@ class AuditLog:
             "proposed": _vector(proposed),
             "applied": _vector(applied),
             "violated": [str(name) for name in violated],
+            "violated_after": None
+            if violated_after is None
+            else [str(name) for name in violated_after],
             "projected": bool(projected),
             "fallback": bool(fallback),
             "infeasible": bool(infeasible),
             "invalid": bool(invalid),
             "invalid_observation": bool(invalid_observation),
+            "out_of_distribution": bool(out_of_distribution),
         }
         with self._lock:
             record = self._append(entry, policy_version or self.policy_version)

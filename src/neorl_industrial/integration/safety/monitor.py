@@ -2,7 +2,8 @@
 
 A :class:`SafetyMonitor` counts what the shield did — decisions, overrides, projections,
 fallbacks, invalid proposals, infeasible situations, observations outside their physical
-bounds, violations per hard constraint — and
+bounds or outside the training data's range, violations per hard constraint by the
+proposed and by the applied action — and
 keeps running statistics of each constraint's margin. It takes whole batches of reports
 (one NumPy pass per batch), is safe to call from several threads (a server's workers), and
 summarizes to strict JSON (no infinities or NaN).
@@ -23,6 +24,7 @@ from neorl_industrial.core.safety.shield import (
     INFEASIBLE,
     INVALID,
     INVALID_OBSERVATION,
+    OUT_OF_DISTRIBUTION,
     OVERRIDDEN,
     PROJECTED,
 )
@@ -36,6 +38,7 @@ _BITS = {
     "invalid": INVALID,
     "infeasible": INFEASIBLE,
     "invalid_observation": INVALID_OBSERVATION,
+    "out_of_distribution": OUT_OF_DISTRIBUTION,
 }
 
 
@@ -49,9 +52,12 @@ class HostReport(NamedTuple):
         invalid: ``[rows]`` bool.
         infeasible: ``[rows]`` bool.
         invalid_observation: ``[rows]`` bool.
-        violated: ``[rows, n_hard]`` bool.
+        out_of_distribution: ``[rows]`` bool.
+        violated: ``[rows, n_hard]`` bool: the proposed action breaks the constraint.
         margin: ``[rows, n_hard]`` float64.
         batch_shape: the report's leading axes (``()`` for a single decision).
+        violated_after: ``[rows, n_hard]`` bool: the applied action breaks the constraint
+            or cannot be shown to keep it (``None``: the report does not say).
     """
 
     overridden: np.ndarray
@@ -60,9 +66,11 @@ class HostReport(NamedTuple):
     invalid: np.ndarray
     infeasible: np.ndarray
     invalid_observation: np.ndarray
+    out_of_distribution: np.ndarray
     violated: np.ndarray
     margin: np.ndarray
     batch_shape: tuple[int, ...]
+    violated_after: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -77,8 +85,10 @@ def host_report(
 
     A report with ``status`` bits (the shield's own) is decoded with NumPy; any other
     object with boolean ``overridden``, ``projected``, ``fallback``, ``invalid``,
-    ``infeasible``, ``violated`` and a ``margin`` (``invalid_observation`` where it has
-    one) is read field by field.
+    ``infeasible``, ``violated`` and a ``margin`` (``invalid_observation`` and
+    ``out_of_distribution`` where it has them) is read field by field. What the applied
+    action breaks is read from ``applied_margin`` (or ``violated_after``) where the report
+    has it.
 
     Args:
         report: the shield's report, any leading axes.
@@ -98,6 +108,8 @@ def host_report(
         status = np.asarray(status)
         flags = {name: (status & bit) != 0 for name, bit in _BITS.items()}
         violated = ~(margin >= -TOLERANCE)
+        applied_margin = getattr(report, "applied_margin", None)
+        after = None if applied_margin is None else ~(np.asarray(applied_margin) >= -TOLERANCE)
     else:
         # Reports from before the observation check have no such flag: never set.
         flags = {
@@ -105,6 +117,8 @@ def host_report(
             for name in _BITS
         }
         violated = np.asarray(report.violated, bool)
+        after = getattr(report, "violated_after", None)
+        after = None if after is None else np.asarray(after, bool)
     width = violated.shape[-1] if violated.ndim else 0
     if violated.ndim == 0 or width != n_constraints:
         raise ValueError(
@@ -116,12 +130,18 @@ def host_report(
             f"report: flags of shape {flags['overridden'].shape} and margins of shape "
             f"{margin.shape} do not line up"
         )
+    if after is not None and after.shape != violated.shape:
+        raise ValueError(
+            f"report: applied margins of shape {after.shape}, proposed margins of shape "
+            f"{violated.shape}"
+        )
     rows = math.prod(batch_shape)
     return HostReport(
         **{name: values.reshape(rows) for name, values in flags.items()},
         violated=violated.reshape(rows, n_constraints),
         margin=margin.reshape(rows, n_constraints),
         batch_shape=tuple(batch_shape),
+        violated_after=None if after is None else after.reshape(rows, n_constraints),
     )
 
 
@@ -152,6 +172,7 @@ class SafetyMonitor:
             self._decisions = 0
             self._flags = dict.fromkeys(_BITS, 0)
             self._violations = np.zeros(n, np.int64)
+            self._violations_after = np.zeros(n, np.int64)
             self._margin_count = np.zeros(n, np.int64)
             self._margin_sum = np.zeros(n, np.float64)
             self._margin_min = np.full(n, np.inf)
@@ -173,12 +194,14 @@ class SafetyMonitor:
         total = np.where(finite, host.margin, 0.0).sum(axis=0)
         lowest = np.where(finite, host.margin, np.inf).min(axis=0, initial=np.inf)
         violations = host.violated.sum(axis=0)
+        after = 0 if host.violated_after is None else host.violated_after.sum(axis=0)
         flags = {name: int(getattr(host, name).sum()) for name in _BITS}
         with self._lock:
             self._decisions += host.rows
             for name, value in flags.items():
                 self._flags[name] += value
             self._violations += violations
+            self._violations_after += after
             self._margin_count += count
             self._margin_sum += total
             np.minimum(self._margin_min, lowest, out=self._margin_min)
@@ -209,11 +232,14 @@ class SafetyMonitor:
         return self._flags["overridden"] / self._decisions if self._decisions else 0.0
 
     def per_constraint(self) -> dict[str, dict[str, Any]]:
-        """Per hard constraint: violations of proposed actions and margin statistics.
+        """Per hard constraint: violations by the proposed and by the applied actions and
+        margin statistics (of the proposed actions).
 
         Returns:
-            ``{name: {"violations", "margin_min", "margin_mean", "margin_count"}}``, the
-            statistics over finite margins only and ``None`` where there were none.
+            ``{name: {"violations", "violations_after", "margin_min", "margin_mean",
+            "margin_count"}}``, the statistics over finite margins only and ``None`` where
+            there were none; ``violations_after`` counts applied actions that break the
+            constraint or cannot be shown to keep it (reports that say so only).
         """
         with self._lock:
             return self._per_constraint()
@@ -224,6 +250,7 @@ class SafetyMonitor:
             count = int(self._margin_count[i])
             out[name] = {
                 "violations": int(self._violations[i]),
+                "violations_after": int(self._violations_after[i]),
                 "margin_min": _json_number(self._margin_min[i]) if count else None,
                 "margin_mean": _json_number(self._margin_sum[i] / count) if count else None,
                 "margin_count": count,
