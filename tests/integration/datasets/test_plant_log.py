@@ -208,10 +208,51 @@ def test_episode_ids_must_not_come_back(tmp_path):
 @pytest.mark.parametrize(
     ("schema", "field", "complaint"),
     [
-        (SCHEMA.replace(", bounds: [0, 100]}", "}"), "actions.0.bounds", "Field required"),
+        (SCHEMA.replace(", bounds: [0, 100]}", "}"), "actions[0].bounds", "Field required"),
         (SCHEMA.replace("sampling_period: 60", "sampling_period: -60"), "sampling_period", ""),
-        (SCHEMA.replace("observations:", "observation:"), "observation", "Extra inputs"),
-        (SCHEMA.replace("bounds: [0, 500]", "bounds: [500, 0]"), "observations.0.bounds", ""),
+        (
+            SCHEMA.replace("observations:", "observation:"),
+            "observation",
+            "unknown field 'observation'; did you mean 'observations'?",
+        ),
+        (
+            SCHEMA.replace("unit: degC,", "units: degC,"),
+            "observations[0].units",
+            "unknown field 'units'; did you mean 'unit'?",
+        ),
+        (
+            SCHEMA.replace("gap_factor", "gap_factr").replace(
+                "sampling_period: 60", "sampling_period: 60\ngap_factr: 2"
+            ),
+            "gap_factr",
+            "did you mean 'gap_factor'?",
+        ),
+        (SCHEMA.replace("bounds: [0, 500]", "bounds: [500, 0]"), "observations[0].bounds", ""),
+        (
+            SCHEMA.replace("bounds: [0, 500]", "physical: [0, 500], bounds: [0, 500]"),
+            "observations[0]",
+            "give 'physical' (the sensor's range) only",
+        ),
+        (
+            SCHEMA.replace("bounds: [0, 500]", "physical: [.nan, 500]"),
+            "observations[0].physical",
+            "has NaN; write .inf or -.inf for an open side",
+        ),
+        (
+            SCHEMA.replace("bounds: [0, 100]", "bounds: [0, .inf]"),
+            "actions[0].bounds",
+            "an action's bounds must be finite numbers",
+        ),
+        (
+            SCHEMA.replace("limit: 5.0", "limit: .nan"),
+            "costs[0].limit",
+            "must be a finite number >= 0, got nan; for no limit, leave 'limit' out",
+        ),
+        (
+            SCHEMA.replace("limit: 5.0", "limit: .inf"),
+            "costs[0].limit",
+            "must be a finite number >= 0, got inf; for no limit, leave 'limit' out",
+        ),
     ],
 )
 def test_schema_errors_name_the_schema_file_and_field(tmp_path, schema, field, complaint):
@@ -219,8 +260,8 @@ def test_schema_errors_name_the_schema_file_and_field(tmp_path, schema, field, c
     with pytest.raises(DatasetFormatError) as caught:
         load_plant_log(table_path, schema_path)
     message = str(caught.value)
-    assert message.startswith(f"{schema_path}: invalid plant-log schema")
-    assert f"\n{field}\n" in message and complaint in message
+    assert message.startswith(f"{schema_path}: invalid plant-log schema\n")
+    assert f"\n{field}: " in message and complaint in message, message
 
 
 @pytest.mark.parametrize(

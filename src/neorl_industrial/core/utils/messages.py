@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["QUOTE_LIMIT", "quote", "unknown_key", "validation_lines"]
+__all__ = ["QUOTE_LIMIT", "quote", "shorten", "unknown_key", "validation_lines"]
 
 # Characters of a quoted value kept in a message.
 QUOTE_LIMIT = 80
@@ -33,6 +33,14 @@ def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
     return f"{text[:limit]}… ({size} {unit})"
 
 
+def shorten(text: str, limit: int = 4 * QUOTE_LIMIT) -> str:
+    """``text`` (a message from a library that may embed an input value) cut to
+    ``limit`` characters, with its full length said."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
+
+
 def unknown_key(key: Any, known: Sequence[str]) -> str:
     """``unknown field 'x'; did you mean 'y'?`` (or the known fields when none is close)."""
     close = difflib.get_close_matches(str(key), list(known), n=3) if isinstance(key, str) else []
@@ -43,7 +51,8 @@ def unknown_key(key: Any, known: Sequence[str]) -> str:
 
 
 def validation_lines(error: ValidationError, model: type[BaseModel], source: str) -> list[str]:
-    """One ``source: field.path: message`` line per error of ``model``'s validation.
+    """One ``source: field.path: message`` line per error of ``model``'s validation
+    (``field.path: message`` when ``source`` is empty).
 
     An unknown key (``extra="forbid"``) names the closest fields of the model it was
     found in; values quoted by pydantic are cut by :func:`quote`.
@@ -56,7 +65,8 @@ def validation_lines(error: ValidationError, model: type[BaseModel], source: str
             parent = _model_at(model, location[:-1])
             if parent is not None:
                 message = unknown_key(location[-1], _field_names(parent))
-        lines.append(f"{source}: {_path(location) or '<root>'}: {_cut(message)}")
+        prefix = f"{source}: " if source else ""
+        lines.append(f"{prefix}{_path(location) or '<root>'}: {shorten(message)}")
     return lines
 
 
@@ -68,13 +78,6 @@ def _path(location: tuple[Any, ...]) -> str:
         else:
             path += f".{part}" if path else str(part)
     return path
-
-
-def _cut(message: str, limit: int = 4 * QUOTE_LIMIT) -> str:
-    """A message (which may embed an input value) no longer than ``limit``."""
-    if len(message) <= limit:
-        return message
-    return f"{message[:limit]}… ({len(message)} characters)"
 
 
 def _field_names(model: type[BaseModel]) -> list[str]:

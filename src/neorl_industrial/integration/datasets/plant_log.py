@@ -8,8 +8,13 @@ changes, where the time gap exceeds ``gap_factor * sampling_period``, and after 
 flagged ``terminal``; a stretch of a single row makes no transition and is skipped (with
 a warning).
 
+An observation outside its column's ``physical`` range is an invalid reading, handled
+like a missing value (refused, or dropped with ``missing: drop|split``). The range each
+observation column actually spans is recorded on the card (``observed``): the data's
+range, outside which a served observation is flagged as out of distribution.
+
 Rows in error messages are 0-based data rows, the header not counted (as pandas and
-pyarrow number them).
+pyarrow number them). Values quoted in errors are cut to a readable length.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
+from neorl_industrial.core.utils.messages import quote, shorten
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.integration.datasets.card import ColumnInfo, DatasetCard
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
@@ -37,6 +43,7 @@ _MISSING_HINT = (
     "to drop such rows instead, set 'missing: drop' (or 'missing: split', which also starts "
     "a new episode there) in the schema, or import with --missing drop|split"
 )
+_ENCODING_HINT = "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 in.csv > out.csv)"
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 # pyarrow names a column by its index and no row: "In CSV column #2: CSV conversion
@@ -92,11 +99,20 @@ def load_plant_log(
     numeric = _numeric_columns(schema, definitions)
     _require_columns(table_path, schema_path, schema, numeric, available)
     table = _read_table(table_path, schema, numeric)
+    physical = {
+        spec.column: spec.physical_range
+        for spec in schema.observations
+        if spec.physical_range is not None
+    }
     dropped, breaks = 0, None
     if schema.missing != "error":
-        table, dropped, breaks = _drop_missing(table, list(numeric), schema.missing == "split")
+        table, dropped, breaks = _drop_missing(
+            table, list(numeric), schema.missing == "split", physical
+        )
     values = {column: _numeric(table, column, table_path) for column in numeric}
     log = _LogSegments(table, schema, table_path, breaks)
+    for column, bounds in physical.items():
+        _check_physical(values[column], column, bounds, table_path)
     for spec in schema.actions:
         _check_bounds(values[spec.column], spec.column, spec.bounds, table_path)
     offset = 1 if schema.reward_row == "next" else 0
@@ -128,28 +144,38 @@ def load_plant_log(
         raise DatasetFormatError(str(error), path=table_path) from error
     if dropped:
         warnings.warn(
-            f"{table_path}: dropped {dropped} row(s) with missing or infinite values "
-            f"(missing: {schema.missing})",
+            f"{table_path}: dropped {dropped} row(s) with missing, infinite or invalid "
+            f"(outside the physical range) values (missing: {schema.missing})",
             stacklevel=2,
         )
-    card = _card(schema, table_path, dataset)
+    card = _card(schema, table_path, dataset, observations, log.segments)
     if dropped:
         card = card.model_copy(update={"dropped_rows": dropped, "missing": schema.missing})
     return dataset, card
 
 
 def _drop_missing(
-    table: pa.Table, columns: list[str], split: bool
+    table: pa.Table,
+    columns: list[str],
+    split: bool,
+    physical: dict[str, tuple[float, float]] | None = None,
 ) -> tuple[pa.Table, int, np.ndarray | None]:
     """``table`` without the rows that hold a missing or infinite value in ``columns``,
-    how many were dropped, and (with ``split``) a mask of the kept rows that start a new
-    episode because rows before them were dropped."""
+    or an observation outside its ``physical`` range, how many were dropped, and (with
+    ``split``) a mask of the kept rows that start a new episode because rows before them
+    were dropped."""
+    physical = physical or {}
     bad = np.zeros(table.num_rows, bool)
     for column in columns:
         array = table.column(column)
         bad |= pc.is_null(array).to_numpy(zero_copy_only=False)
-        if pa.types.is_floating(array.type):
-            bad |= ~np.isfinite(array.to_numpy(zero_copy_only=False).astype(np.float64))
+        if pa.types.is_floating(array.type) or pa.types.is_integer(array.type):
+            values = array.to_numpy(zero_copy_only=False).astype(np.float64)
+            bad |= ~np.isfinite(values)
+            if column in physical:
+                low, high = physical[column]
+                with np.errstate(invalid="ignore"):
+                    bad |= (values < low) | (values > high)
     if not bad.any():
         return table, 0, None
     kept = ~bad
@@ -172,13 +198,25 @@ def _column_names(path: Path) -> list[str]:
                 return list(reader.schema.names)
     except FileNotFoundError:
         raise DatasetFormatError("file not found", path=path) from None
+    except UnicodeDecodeError as error:
+        raise _encoding_error(path, error, "header") from None
     except pa.ArrowInvalid as error:
         # Opening a CSV parses its first block: a malformed row there fails here.
         raise _csv_error(path, error, names=[]) from error
     except (pa.ArrowException, OSError) as error:
-        raise DatasetFormatError(f"unreadable table: {error}", path=path) from error
+        raise DatasetFormatError(f"unreadable table: {shorten(str(error))}", path=path) from error
     raise DatasetFormatError(
         f"unknown table type; expected one of {CSV_SUFFIXES + PARQUET_SUFFIXES}", path=path
+    )
+
+
+def _encoding_error(path: Path, error: UnicodeDecodeError, where: str) -> DatasetFormatError:
+    """The file is not UTF-8: name the byte and its position, and how to convert."""
+    byte = error.object[error.start : error.start + 1].hex()
+    return DatasetFormatError(
+        f"the {where} is not UTF-8 text (byte 0x{byte} at position {error.start} of a "
+        f"block; Latin-1 or Windows-1252, perhaps): {_ENCODING_HINT}",
+        path=path,
     )
 
 
@@ -225,7 +263,7 @@ def _require_columns(
         if column not in available:
             raise DatasetFormatError(
                 f"not in the file, but {schema_path.name} uses it ({field}); the file has "
-                f"columns: {', '.join(available)}",
+                f"columns: {shorten(', '.join(available))}",
                 path=table_path,
                 column=column,
             )
@@ -244,10 +282,12 @@ def _read_table(path: Path, schema: PlantLogSchema, numeric: dict[str, str]) -> 
             types[schema.episode] = pa.string()
         options = pcsv.ConvertOptions(include_columns=columns, column_types=types)
         return pcsv.read_csv(path, convert_options=options)
+    except UnicodeDecodeError as error:
+        raise _encoding_error(path, error, "file") from None
     except pa.ArrowInvalid as error:
         raise _csv_error(path, error) from error
     except (pa.ArrowException, OSError) as error:
-        raise DatasetFormatError(f"unreadable table: {error}", path=path) from error
+        raise DatasetFormatError(f"unreadable table: {shorten(str(error))}", path=path) from error
 
 
 def _csv_error(
@@ -263,7 +303,7 @@ def _csv_error(
             column, kind = names[index], conversion["kind"].strip()
             expected = "a number" if kind in ("double", "float") else kind
             return DatasetFormatError(
-                f"{conversion['detail'].strip()}, expected {expected}",
+                f"{shorten(conversion['detail'].strip())}, expected {expected}",
                 path=path,
                 column=column,
                 row=_first_unconvertible(path, column, kind),
@@ -273,11 +313,11 @@ def _csv_error(
         if malformed is not None:
             return DatasetFormatError(
                 f"{malformed.actual_columns} field(s) where the header has "
-                f"{malformed.expected_columns}: {malformed.text[:200]!r}",
+                f"{malformed.expected_columns}: {quote(malformed.text)}",
                 path=path,
                 row=None if malformed.number is None else malformed.number - 2,
             )
-    return DatasetFormatError(f"unreadable table: {error}", path=path)
+    return DatasetFormatError(f"unreadable table: {shorten(str(error))}", path=path)
 
 
 def _first_unconvertible(path: Path, column: str, kind: str) -> int | None:
@@ -349,7 +389,7 @@ def _numeric(table: pa.Table, column: str, path: Path) -> np.ndarray:
         row = _first_failing_cast(pc.utf8_trim_whitespace(array), pa.float64())
         if row is not None:
             raise DatasetFormatError(
-                f"{array[row].as_py()!r} is not a number", path=path, column=column, row=row
+                f"{quote(array[row].as_py())} is not a number", path=path, column=column, row=row
             )
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
         raise DatasetFormatError(f"holds {kind}, expected numbers", path=path, column=column)
@@ -369,6 +409,22 @@ def _numeric(table: pa.Table, column: str, path: Path) -> np.ndarray:
             row=row,
         )
     return values
+
+
+def _check_physical(
+    values: np.ndarray, column: str, bounds: tuple[float, float], path: Path
+) -> None:
+    low, high = bounds
+    outside = (values < low) | (values > high)
+    if outside.any():
+        row = int(np.argmax(outside))
+        raise DatasetFormatError(
+            f"reading {values[row]} is outside the sensor's physical range [{low}, {high}] "
+            f"(an invalid reading); {_MISSING_HINT}",
+            path=path,
+            column=column,
+            row=row,
+        )
 
 
 def _check_bounds(values: np.ndarray, column: str, bounds: tuple[float, float], path: Path) -> None:
@@ -433,8 +489,9 @@ class _LogSegments:
         if backwards.any():
             row = int(np.argmax(backwards)) + 1
             raise DatasetFormatError(
-                f"timestamp {stamps[row].as_py()} is not after the previous row's "
-                f"{stamps[row - 1].as_py()}; sort the log by time and drop duplicate rows",
+                f"timestamp {shorten(str(stamps[row].as_py()))} is not after the previous "
+                f"row's {shorten(str(stamps[row - 1].as_py()))}; sort the log by time and "
+                "drop duplicate rows",
                 path=path,
                 column=schema.timestamp,
                 row=row,
@@ -483,7 +540,7 @@ def _episode_changes(ids: pa.ChunkedArray, column: str, path: Path) -> np.ndarra
     for row in np.flatnonzero(changes).tolist():
         if values[row] in seen:
             raise DatasetFormatError(
-                f"episode {values[row]!r} appears again after other episodes; sort the log "
+                f"episode {quote(values[row])} appears again after other episodes; sort the log "
                 "by episode, then by time",
                 path=path,
                 column=column,
@@ -533,7 +590,7 @@ def _parse_iso(stamps: pa.ChunkedArray, column: str, path: Path) -> pa.ChunkedAr
     for row in range(len(stamps)):
         if not _parses(stamps[row], target):
             raise DatasetFormatError(
-                f"{stamps[row].as_py()!r} is not an ISO 8601 timestamp "
+                f"{quote(stamps[row].as_py())} is not an ISO 8601 timestamp "
                 f"({'with' if expects_zone else 'without'} a zone offset, like row 0)",
                 path=path,
                 column=column,
@@ -551,9 +608,25 @@ def _parses(value: pa.Scalar, target: pa.DataType) -> bool:
 
 
 # ----- card ------------------------------------------------------------------------------
-def _card(schema: PlantLogSchema, table_path: Path, dataset: Dataset) -> DatasetCard:
-    def columns(specs: list[Any]) -> list[ColumnInfo]:
-        return [ColumnInfo(name=s.column, unit=s.unit, bounds=s.bounds) for s in specs]
+def _card(
+    schema: PlantLogSchema,
+    table_path: Path,
+    dataset: Dataset,
+    observations: np.ndarray,
+    segments: list[tuple[int, int]],
+) -> DatasetCard:
+    # The range of the observations in the dataset's episodes (rows in no episode left out).
+    rows = np.concatenate([np.arange(start, stop) for start, stop in segments])
+    seen = observations[rows]
+    observed = [
+        (float(low), float(high))
+        for low, high in zip(seen.min(axis=0), seen.max(axis=0), strict=True)
+    ]
+    sensors = [
+        ColumnInfo(name=s.column, unit=s.unit, bounds=s.physical_range, observed=span)
+        for s, span in zip(schema.observations, observed, strict=True)
+    ]
+    actuators = [ColumnInfo(name=s.column, unit=s.unit, bounds=s.bounds) for s in schema.actions]
 
     card = DatasetCard(
         name=schema.name or table_path.name.split(".")[0],
@@ -563,8 +636,8 @@ def _card(schema: PlantLogSchema, table_path: Path, dataset: Dataset) -> Dataset
         sampling_period=schema.sampling_period,
         cost_names=[cost.name for cost in schema.costs],
         cost_limits={cost.name: cost.limit for cost in schema.costs if cost.limit is not None},
-        observation_columns=columns(schema.observations),
-        action_columns=columns(schema.actions),
+        observation_columns=sensors,
+        action_columns=actuators,
         definitions={"reward": schema.reward}
         | {cost.name: cost.definition for cost in schema.costs},
     )

@@ -10,18 +10,26 @@ Example::
     episode: batch_id           # optional: explicit episode ids
     terminal: tripped           # optional: true on a row whose state is terminal
     observations:
-      - {column: temperature, unit: degC, bounds: [0, 500]}
-      - pressure                # a bare column name: no unit, no bounds
+      - {column: temperature, unit: degC, physical: [0, 500]}  # the sensor's range
+      - pressure                # a bare column name: no unit, no physical range
     actions:
       - {column: valve, unit: "%", bounds: [0, 100]}   # bounds are required
     reward: -abs(temperature - 350) - 0.01 * valve
     costs:
       - {name: overheating, expression: max(temperature - 420, 0), limit: 5.0}
-      - {name: alarm}           # the column 'alarm' itself
+      - {name: alarm}           # the column 'alarm' itself; no episode limit
+
+An observation's ``physical`` range is what its sensor can read: a value outside it is
+an invalid reading (refused, or dropped with ``missing: drop|split``, on import; the
+shield's fallback at run time). ``bounds`` on an observation is the older name of the
+same range. The range of the data itself (min and max of each column) is measured on
+import and recorded on the card: outside it an observation is only flagged as out of
+distribution.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -36,17 +44,34 @@ from pydantic import (
     model_validator,
 )
 
+from neorl_industrial.core.utils.messages import validation_lines
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
 from neorl_industrial.wrappers.hostio import YamlError, read_yaml
 
 
+def _range(bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+    """``[low, high]`` with ``low <= high``, neither NaN (``±.inf``: open on that side)."""
+    if bounds is None:
+        return None
+    if any(math.isnan(value) for value in bounds):
+        raise ValueError(f"{list(bounds)} has NaN; write .inf or -.inf for an open side")
+    if not bounds[0] <= bounds[1]:
+        raise ValueError(f"low {bounds[0]} must not exceed high {bounds[1]}")
+    return bounds
+
+
 class ColumnSpec(BaseModel):
-    """One observation column; a bare string is shorthand for ``{column: <string>}``."""
+    """One observation column; a bare string is shorthand for ``{column: <string>}``.
+
+    ``physical`` is the sensor's range: a reading outside it is invalid (``bounds``, the
+    older name, means the same; give one of the two).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     column: str = Field(min_length=1)
     unit: str | None = None
+    physical: tuple[float, float] | None = None
     bounds: tuple[float, float] | None = None
 
     @model_validator(mode="before")
@@ -54,18 +79,40 @@ class ColumnSpec(BaseModel):
     def _bare_name(cls, data: Any) -> Any:
         return {"column": data} if isinstance(data, str) else data
 
-    @field_validator("bounds")
+    @field_validator("physical", "bounds")
     @classmethod
     def _ordered(cls, bounds: tuple[float, float] | None) -> tuple[float, float] | None:
-        if bounds is not None and not bounds[0] <= bounds[1]:
-            raise ValueError(f"low {bounds[0]} must not exceed high {bounds[1]}")
-        return bounds
+        return _range(bounds)
+
+    @model_validator(mode="after")
+    def _one_range(self) -> ColumnSpec:
+        if self.physical is not None and self.bounds is not None:
+            raise ValueError(
+                "give 'physical' (the sensor's range) only; 'bounds' is its older name"
+            )
+        return self
+
+    @property
+    def physical_range(self) -> tuple[float, float] | None:
+        """The sensor's range, whichever name gave it."""
+        return self.physical if self.physical is not None else self.bounds
 
 
-class ActionColumnSpec(ColumnSpec):
+class ActionColumnSpec(BaseModel):
     """One action column; its bounds are required and every logged value is checked."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    column: str = Field(min_length=1)
+    unit: str | None = None
     bounds: tuple[float, float]
+
+    @field_validator("bounds")
+    @classmethod
+    def _finite(cls, bounds: tuple[float, float]) -> tuple[float, float]:
+        if not all(math.isfinite(value) for value in bounds):
+            raise ValueError(f"{list(bounds)}: an action's bounds must be finite numbers")
+        return _range(bounds)  # type: ignore[return-value]
 
 
 class CostSpec(BaseModel):
@@ -75,7 +122,18 @@ class CostSpec(BaseModel):
 
     name: str = Field(min_length=1)
     expression: str | None = None
-    limit: float | None = Field(None, description="episode-level cost limit")
+    limit: float | None = Field(
+        None, description="episode cost limit; leave it out for a channel without one"
+    )
+
+    @field_validator("limit")
+    @classmethod
+    def _finite(cls, limit: float | None) -> float | None:
+        if limit is not None and not (math.isfinite(limit) and limit >= 0.0):
+            raise ValueError(
+                f"must be a finite number >= 0, got {limit}; for no limit, leave 'limit' out"
+            )
+        return limit
 
     @property
     def definition(self) -> str:
@@ -134,9 +192,9 @@ def load_plant_schema(path: str | os.PathLike[str]) -> PlantLogSchema:
     """Reads and validates a plant-log schema.
 
     Raises:
-        DatasetFormatError: naming the schema file, with pydantic's field path and message
-            for a wrong or missing field, or YAML's line for a syntax error, an anchor or
-            alias, or a document over 1 MiB.
+        DatasetFormatError: naming the schema file, with the field path and message for a
+            wrong, misspelled (with the closest field names) or missing field, or YAML's
+            line for a syntax error, an anchor or alias, or a document over 1 MiB.
     """
     path = Path(path)
     try:
@@ -151,4 +209,6 @@ def load_plant_schema(path: str | os.PathLike[str]) -> PlantLogSchema:
     try:
         return PlantLogSchema.model_validate(document)
     except ValidationError as error:
-        raise DatasetFormatError(f"invalid plant-log schema\n{error}", path=path) from error
+        # One line per error, "field.path: message", a "did you mean" for a misspelled key.
+        details = "\n".join(validation_lines(error, PlantLogSchema, ""))
+        raise DatasetFormatError(f"invalid plant-log schema\n{details}", path=path) from None
