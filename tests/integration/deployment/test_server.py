@@ -64,6 +64,8 @@ def _settings(tmp_path, model, **overrides):
         "max_batch": 16,
         "max_wait_ms": 2.0,
         "audit_log": tmp_path / "audit.jsonl",
+        "audit_window_s": 0.0,  # every override in full, so a test finds each by its id
+        "audit_key_rate": 0.0,
         **overrides,
     }
     return ServerSettings(**values)

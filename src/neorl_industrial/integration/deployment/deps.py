@@ -1,8 +1,9 @@
 """What the routes depend on: the serving state and ``Annotated`` dependency aliases.
 
 One :class:`ServingState` per app, on ``app.state.serving``, holds everything requests
-share: the settings, the loaded policy (swapped whole by a reload), the safety monitor and
-audit log built for it, the micro-batcher, the metrics and the API keys. Routes never
+share: the settings, the loaded policy (swapped whole by a reload), the safety monitor
+built for it, the audit log (opened once, kept across reloads), the micro-batcher, the
+metrics and the API keys. Routes never
 reach for it through globals or closures; they declare what they need::
 
     @router.get("/v1/policy")
@@ -17,6 +18,7 @@ a hop that costs more than the work it does here.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 from collections.abc import Mapping
 from typing import Annotated, Any
@@ -27,7 +29,7 @@ from fastapi import Depends, HTTPException, Request
 from neorl_industrial.integration.deployment.batcher import MicroBatcher
 from neorl_industrial.integration.deployment.metrics import ServerMetrics
 from neorl_industrial.integration.deployment.policy import LoadedPolicy, padded_sizes
-from neorl_industrial.integration.deployment.settings import ServerSettings
+from neorl_industrial.integration.deployment.settings import ServerSettings, SettingsError
 from neorl_industrial.integration.safety import AuditLog, SafetyMonitor
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "get_policy",
     "get_serving",
     "get_settings",
+    "key_fingerprint",
     "require_act_key",
     "require_admin_key",
 ]
@@ -67,7 +70,12 @@ class ServingState:
         self.audit: AuditLog | None = None
         self.batcher: MicroBatcher | None = None
         self.reload_lock = asyncio.Lock()
-        self._keys = [(key.encode(), role) for key, role in keys.items()]
+        self._keys = [(key.encode(), role, key_fingerprint(key)) for key, role in keys.items()]
+        if settings.audit_key_rate > 0 and settings.audit_window_s <= 0:
+            raise SettingsError(
+                f"audit_key_rate: {settings.audit_key_rate:g} full records per key per second "
+                "folds the rest into aggregate records, which needs audit_window_s > 0"
+            )
 
     @property
     def ready(self) -> bool:
@@ -75,22 +83,36 @@ class ServingState:
         return self.policy is not None and self.batcher is not None
 
     def install(self, loaded: LoadedPolicy) -> None:
-        """Serves ``loaded`` from the next batch on, with a fresh monitor and audit log."""
-        self.policy = loaded
-        self.monitor = SafetyMonitor(loaded.names)
-        self.metrics.policy_loaded(loaded.version, loaded.source)
+        """Serves ``loaded`` from the next batch on, with a fresh monitor; all or nothing.
+
+        The audit log is opened by the first install and kept by the next (records carry
+        the version that decided them). Everything that can fail runs before the swap:
+        opening the log, or checking that the open log can go on.
+
+        Raises:
+            AuditLogError: the audit log cannot be opened (another process holds it, its
+                last record is corrupt) or can no longer be written; nothing changed.
+            OSError: the audit log's file cannot be created; nothing changed.
+        """
         settings = self.settings
+        audit = self.audit
         if settings.audit_log is not None:
-            previous = self.audit
-            self.audit = AuditLog(
-                settings.audit_log,
-                policy_version=loaded.version,
-                fsync=settings.audit_fsync,
-                max_bytes=settings.audit_max_bytes,
-                backups=settings.audit_backups,
-            )
-            if previous is not None:
-                previous.close()
+            if audit is None:
+                audit = AuditLog(
+                    settings.audit_log,
+                    policy_version=loaded.version,
+                    fsync=settings.audit_fsync,
+                    max_bytes=settings.audit_max_bytes,
+                    backups=settings.audit_backups,
+                    window_s=settings.audit_window_s,
+                    key_rate=settings.audit_key_rate,
+                )
+            else:
+                audit.check()
+        monitor = SafetyMonitor(loaded.names)
+        # The swap: assignments only, nothing that can fail between them.
+        self.audit, self.monitor, self.policy = audit, monitor, loaded
+        self.metrics.policy_loaded(loaded.version, loaded.source)
 
     def predict(self, observations: np.ndarray, prev: np.ndarray | None) -> Any:
         """The batcher's call (on its worker thread): the policy installed when it runs."""
@@ -102,15 +124,28 @@ class ServingState:
         return await self.batcher.submit(observations, prev)
 
     def record(
-        self, loaded: LoadedPolicy, observations: np.ndarray, decision: Any, ids: list[str]
+        self,
+        loaded: LoadedPolicy,
+        observations: np.ndarray,
+        decision: Any,
+        ids: list[str],
+        key: str | None = None,
     ) -> None:
-        """Counts a decision in the monitor and metrics; writes its overrides to the audit."""
+        """Counts a decision in the monitor and metrics; writes its overrides to the audit
+        under the version that decided and the caller's key fingerprint."""
         self.monitor.observe(decision, policy_version=loaded.version)
         self.metrics.decisions(decision)
         audit = self.audit
         if audit is not None and bool(decision.overridden.any()):
             audit.write_overrides(
-                observations, decision.proposed, decision.action, decision, loaded.names, ids
+                observations,
+                decision.proposed,
+                decision.action,
+                decision,
+                loaded.names,
+                ids,
+                policy_version=loaded.version,
+                key=key,
             )
 
     def role_of(self, headers: Mapping[str, str]) -> str:
@@ -119,11 +154,20 @@ class ServingState:
         Raises:
             HTTPException: 401 for a missing or unknown key.
         """
+        return self.identify(headers)[0]
+
+    def identify(self, headers: Mapping[str, str]) -> tuple[str, str | None]:
+        """The role and fingerprint of the request's API key (``("admin", None)`` when
+        auth is off).
+
+        Raises:
+            HTTPException: 401 for a missing or unknown key.
+        """
         header = headers.get("authorization", "")
         given = header[7:].strip() if header.lower().startswith("bearer ") else ""
         given = given or headers.get("x-api-key", "")
         if not self.settings.auth:
-            return "admin"
+            return "admin", None
         if not given:
             raise HTTPException(
                 401, "missing API key (Authorization: Bearer <key> or X-API-Key)",
@@ -131,9 +175,9 @@ class ServingState:
             )  # fmt: skip
         candidate = given.encode()
         found = None
-        for key, role in self._keys:  # every key compared, in constant time each
+        for key, role, fingerprint in self._keys:  # every key compared, in constant time each
             if hmac.compare_digest(candidate, key):
-                found = role
+                found = role, fingerprint
         if found is None:
             raise HTTPException(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
         return found
@@ -175,8 +219,16 @@ PolicyDep = Annotated[LoadedPolicy, Depends(get_policy)]
 
 
 async def require_act_key(request: Request, serving: ServingDep) -> str:
-    """The role of a key that may act (either role); 401 without one."""
-    return serving.role_of(request.headers)
+    """The role of a key that may act (either role); 401 without one. The key's
+    fingerprint goes on ``request.state.key`` for the audit log."""
+    role, request.state.key = serving.identify(request.headers)
+    return role
+
+
+def key_fingerprint(key: str) -> str:
+    """What the audit log writes for an API key: the first 16 hex digits of its SHA-256
+    (keys are high-entropy secrets, so this names a key without revealing it)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 ActKeyDep = Annotated[str, Depends(require_act_key)]

@@ -11,9 +11,10 @@
                                    batch sizes
 =========================  ======  ============================================================
 
-Lengths that depend on the policy (observation and action sizes, rows per batch) are
-checked here, after the schemas, with a 422 in the same shape as pydantic's that names the
-field and row.
+Lengths that depend on the policy (observation and action sizes, rows per batch), names
+given for ``/v1/act``'s observation and previous action, and previous actions outside the
+action's bounds are checked here, after the schemas, with a 422 in the same shape as
+pydantic's that names the field, row and element.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
+import difflib
 import gc
 import re
 import time
 import uuid
+import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -32,6 +37,7 @@ import orjson
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
+from neorl_industrial.core.safety import TOLERANCE
 from neorl_industrial.integration.deployment.deps import (
     ActKeyDep,
     AdminKeyDep,
@@ -48,6 +54,7 @@ from neorl_industrial.integration.deployment.schemas import (
     BatchResponse,
     ReloadRequest,
 )
+from neorl_industrial.integration.safety import AuditLogError
 from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
 
 __all__ = ["orjson_response", "router"]
@@ -61,8 +68,11 @@ _FLAGS = tuple(STATUS_BITS)  # the decision's flags, in the artifact's order
 async def act(
     body: ActRequest, request: Request, _: ActKeyDep, policy: PolicyDep, serving: ServingDep
 ) -> Any:
+    observation = body.observation
+    if isinstance(observation, dict):
+        observation = _by_name(observation, _spec(policy).observation_index, "observation")
     observations = _check_rows(
-        [body.observation],
+        [observation],
         policy.observation_size,
         "observation",
         "one per observation feature",
@@ -70,12 +80,16 @@ async def act(
     )
     prev = None
     if body.prev_action is not None:
-        prev = _check_rows(
-            [body.prev_action], policy.action_size, "prev_action", "one per action", True
-        )
+        spec = _spec(policy)
+        given = body.prev_action
+        named = isinstance(given, dict)
+        if named:
+            given = _by_name(given, spec.action_index, "prev_action")
+        prev = _check_rows([given], policy.action_size, "prev_action", "one per action", True)
+        _check_bounds(prev, spec, "prev_action", single=True, named=named)
     rid = _request_id(request, body.request_id)
     decision = await _decide(serving, request, observations, prev, "observation")
-    serving.record(policy, observations, decision, [rid])
+    serving.record(policy, observations, decision, [rid], _key(request))
     return orjson_response(
         {
             "action": decision.action[0].tolist(),
@@ -112,10 +126,11 @@ async def act_batch(
                 f"got {len(body.prev_actions)}",
             )
         prev = _check_rows(body.prev_actions, policy.action_size, "prev_actions", "one per action")
+        _check_bounds(prev, _spec(policy), "prev_actions")
     rid = _request_id(request, body.request_id)
     decision = await _decide(serving, request, observations, prev, "observations")
     ids = [f"{rid}/{row}" for row in range(len(observations))]
-    serving.record(policy, observations, decision, ids)
+    serving.record(policy, observations, decision, ids, _key(request))
     return orjson_response(
         {
             "actions": decision.action.tolist(),
@@ -129,7 +144,12 @@ async def act_batch(
 
 @router.get("/v1/policy", tags=["policy"])
 async def policy_info(_: ActKeyDep, policy: PolicyDep, serving: ServingDep) -> dict[str, Any]:
-    return {**policy.describe(), "safety": serving.monitor.summary()}
+    audit = serving.audit
+    return {
+        **policy.describe(),
+        "safety": serving.monitor.summary(),
+        "audit": None if audit is None else audit.stats(),
+    }
 
 
 @router.post("/v1/admin/reload", tags=["admin"])
@@ -167,7 +187,14 @@ async def reload(
                 f"{loaded.action_size} actions; the served policy {previous.observation_size} "
                 f"and {previous.action_size} (start a new server for another plant)",
             )
-        serving.install(loaded)  # one assignment: the next batch uses the new policy
+        try:
+            serving.install(loaded)  # all or nothing: the next batch uses the new policy
+        except (AuditLogError, OSError) as error:
+            raise HTTPException(
+                503,
+                f"audit log: {error}; reload refused, {previous.version} keeps serving "
+                "(restart the server once the audit log is sorted out)",
+            ) from None
         answer = {
             "previous": previous.version,
             "version": loaded.version,
@@ -252,6 +279,88 @@ def _unprocessable(field: tuple[Any, ...], message: str) -> HTTPException:
     return HTTPException(422, [{"loc": ["body", *field], "msg": message, "type": "value_error"}])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """What the input checks need of a policy, computed once per loaded policy."""
+
+    observation_index: dict[str, int]
+    action_index: dict[str, int]
+    action_names: tuple[str, ...]
+    low: np.ndarray
+    high: np.ndarray
+    # The bounds widened by the shield's tolerance: an applied action on a bound, sent
+    # back as JSON, may land a rounding step outside it.
+    low_tolerated: np.ndarray
+    high_tolerated: np.ndarray
+
+
+# Weak keys: a replaced policy is freed by a reload, not kept alive by this cache.
+_SPECS: weakref.WeakKeyDictionary[Any, _Spec] = weakref.WeakKeyDictionary()
+
+
+def _spec(policy: Any) -> _Spec:
+    spec = _SPECS.get(policy)
+    if spec is None:
+        artifact = policy.artifact
+        low = np.asarray(artifact.action_low, np.float64)
+        high = np.asarray(artifact.action_high, np.float64)
+        slack = TOLERANCE * np.maximum(1.0, np.maximum(np.abs(low), np.abs(high)))
+        spec = _Spec(
+            observation_index={n: i for i, n in enumerate(artifact.observation_names)},
+            action_index={n: i for i, n in enumerate(artifact.action_names)},
+            action_names=tuple(artifact.action_names),
+            low=low,
+            high=high,
+            low_tolerated=low - slack,
+            high_tolerated=high + slack,
+        )
+        _SPECS[policy] = spec
+    return spec
+
+
+def _by_name(values: Mapping[str, float], index: Mapping[str, int], field: str) -> list[float]:
+    """``{name: value}`` in the policy's order; every name required, none unknown."""
+    unknown = [name for name in values if name not in index]
+    if unknown:
+        name = unknown[0]
+        close = difflib.get_close_matches(name, list(index), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        more = f" ({len(unknown)} unknown names in all)" if len(unknown) > 1 else ""
+        raise _unprocessable((field, name), f"unknown name {name!r}{hint}{more}")
+    if len(values) != len(index):
+        missing = [name for name in index if name not in values]
+        shown = ", ".join(repr(name) for name in missing[:8])
+        shown += f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise _unprocessable((field,), f"missing {len(missing)} of the {len(index)} names: {shown}")
+    ordered = [0.0] * len(index)
+    for name, value in values.items():
+        ordered[index[name]] = value
+    return ordered
+
+
+def _check_bounds(
+    prev: np.ndarray, spec: _Spec, field: str, single: bool = False, named: bool = False
+) -> None:
+    """A 422 naming the first previous action outside the action's bounds."""
+    outside = (prev < spec.low_tolerated) | (prev > spec.high_tolerated)
+    if not outside.any():
+        return
+    row, column = (int(i) for i in np.argwhere(outside)[0])
+    name = spec.action_names[column]
+    where = (field, name if named else column) if single else (field, row, column)
+    raise _unprocessable(
+        where,
+        f"{float(prev[row, column])!r} is outside {name!r}'s bounds "
+        f"[{spec.low[column]:g}, {spec.high[column]:g}]; the action applied at the previous "
+        "step is within them",
+    )
+
+
+def _key(request: Request) -> str | None:
+    """The caller's key fingerprint (``require_act_key`` set it; None without auth)."""
+    return getattr(request.state, "key", None)
+
+
 def _check_rows(
     values: list[list[float]], width: int, field: str, what: str, single: bool = False
 ) -> np.ndarray:
@@ -298,7 +407,7 @@ def _reports(decision: Any) -> list[dict[str, Any]]:
     violated = decision.violated
     flags = [(name, getattr(decision, name).tolist()) for name in _FLAGS]
     statuses = decision.status.tolist()
-    return [
+    reports = [
         {
             **{name: values[i] for name, values in flags},
             "status": statuses[i],
@@ -307,3 +416,11 @@ def _reports(decision: Any) -> list[dict[str, Any]]:
         }
         for i in range(len(statuses))
     ]
+    # What the applied action still breaks, where the policy's shield reports it.
+    applied_margin = getattr(decision, "applied_margin", None)
+    if applied_margin is not None:
+        broken = ~(np.asarray(applied_margin) >= -TOLERANCE)
+        labels = np.asarray(names, dtype=object)
+        for report, row in zip(reports, broken.reshape(len(reports), -1), strict=True):
+            report["violated_after"] = labels[row].tolist()
+    return reports

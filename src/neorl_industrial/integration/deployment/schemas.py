@@ -1,17 +1,28 @@
 """Request and response bodies of the policy server.
 
 Requests refuse unknown fields, non-finite numbers, numbers outside float32, and strings
-or booleans given as numbers, so a 422 names the field that is
-wrong. The responses document the OpenAPI schema; the act routes write them with orjson
-(:func:`.routes.orjson_response`) rather than through these models.
+or booleans given as numbers, so a 422 names the field that is wrong. ``/v1/act`` takes
+its observation and previous action as a list in the policy's order or as a mapping of
+name to value. The responses document the OpenAPI schema; the act routes write them with
+orjson (:func:`.routes.orjson_response`) rather than through these models.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import ValidationError as CoreValidationError
 
 __all__ = [
     "ActRequest",
@@ -38,16 +49,56 @@ Finite = Annotated[float, Field(strict=True, allow_inf_nan=False), AfterValidato
 RequestId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/\-]+$")]
 
 
+def _form(value: Any) -> str:
+    return "named" if isinstance(value, dict) else "ordered"
+
+
+# A list in the policy's order, or {name: value}. The discriminator picks one form by the
+# JSON type, so the array form costs one function call over a plain list.
+Values = Annotated[
+    Annotated[list[Finite], Tag("ordered")] | Annotated[dict[str, Finite], Tag("named")],
+    Discriminator(_form),
+]
+_TAGS = ("ordered", "named")
+
+
 class ActRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    observation: list[Finite] = Field(description="one value per observation feature")
-    prev_action: list[Finite] | None = Field(
+    observation: Values = Field(
+        description="one value per observation feature: a list in the policy's order "
+        "(GET /v1/policy), or {name: value} with every observation name"
+    )
+    prev_action: Values | None = Field(
         default=None,
-        description="the action applied at the previous step, in plant units; left out: "
-        "unknown, and rate limits cannot apply",
+        description="the action applied at the previous step, in plant units, as a list "
+        "or {name: value}; within the action's bounds; left out: unknown, and rate limits "
+        "cannot apply",
     )
     request_id: RequestId | None = None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _untagged(cls, data: Any, handler: Any) -> Any:
+        # pydantic puts the form's tag into an error's location (observation.ordered.2);
+        # the 422 names the field as the client wrote it (observation.2).
+        try:
+            return handler(data)
+        except ValidationError as error:
+            raise _without_tags(error) from None
+
+
+def _without_tags(error: ValidationError) -> CoreValidationError:
+    details = []
+    for item in error.errors():
+        loc = item["loc"]
+        if len(loc) > 1 and loc[1] in _TAGS:
+            loc = (loc[0], *loc[2:])
+        detail = {"type": item["type"], "loc": loc, "input": item["input"]}
+        if "ctx" in item:
+            detail["ctx"] = item["ctx"]
+        details.append(detail)
+    return CoreValidationError.from_exception_data(error.title, details)
 
 
 class BatchRequest(BaseModel):
@@ -70,6 +121,11 @@ class Report(BaseModel):
     )
     status: int
     violated: list[str]
+    violated_after: list[str] | None = Field(
+        default=None,
+        description="hard constraints the applied action still breaks or cannot be shown "
+        "to keep (absent: the policy's shield does not say)",
+    )
     margin: dict[str, float | None] = Field(
         description="slack of the proposed action per hard constraint (null: not active)"
     )

@@ -77,8 +77,16 @@ class ServerSettings(BaseSettings):
     audit_fsync: bool = False
     #: Rotate the audit log before it passes this many bytes (0: never).
     audit_max_bytes: int = Field(default=100 * 1024 * 1024, ge=0)
-    #: Rotated audit files kept (audit.jsonl.1 .. .N); 0: never rotate.
+    #: Rotated audit files kept (audit.jsonl.1 .. .N; older ones move to
+    #: audit.jsonl.archive/, never deleted); 0: never rotate.
     audit_backups: int = Field(default=10, ge=0)
+    #: Overrides of one key with the same constraints and shield flags within this many
+    #: seconds are one full record and one aggregate record (count, times, digest of the
+    #: rows); 0: every override in full.
+    audit_window_s: float = Field(default=10.0, ge=0.0)
+    #: Full audit records per API key per second (burst: ten seconds' worth); past it,
+    #: overrides are counted in aggregate records. 0: no limit (needs audit_window_s).
+    audit_key_rate: float = Field(default=10.0, ge=0.0)
     #: Seconds a client has to send its request line and headers (``serve``).
     header_timeout_s: float = Field(default=10.0, gt=0.0)
     #: Seconds a client has to send a request's body once its headers are in, plus one
