@@ -448,3 +448,71 @@ def test_a_terminal_column_of_words_names_the_row(tmp_path):
     tripped = ["0", "0", "0", "yes", "0", "0", "0", "0"]
     with pytest.raises(DatasetFormatError, match="column 'tripped', row 3: 'yes' is not a number"):
         load_plant_log(*_write(tmp_path, _table(tripped=tripped), "parquet", schema))
+
+
+# ----- physical range vs the data's range ---------------------------------------------
+def test_a_reading_outside_the_physical_range_is_an_invalid_reading(tmp_path):
+    temperature = [*TEMPERATURE[:5], 612.0, *TEMPERATURE[6:]]  # the sensor reads 0..500
+    schema = SCHEMA.replace("bounds: [0, 500]", "physical: [0, 500]")
+    table_path, schema_path = _write(tmp_path, _table(temperature=temperature), schema=schema)
+    with pytest.raises(DatasetFormatError) as caught:
+        load_plant_log(table_path, schema_path)
+    assert (caught.value.column, caught.value.row) == ("temperature", 5)
+    assert "reading 612.0 is outside the sensor's physical range [0.0, 500.0]" in str(caught.value)
+    assert "missing: drop" in str(caught.value)
+    # Dropped like a missing value on request (row 5 goes; see the missing-value test).
+    with pytest.warns(UserWarning, match="dropped 1 row"):
+        dataset, card = load_plant_log(table_path, schema_path, missing="drop")
+    assert card.dropped_rows == 1
+    assert float(np.max(np.asarray(dataset.observations)[:, 0])) <= 500.0
+
+
+def test_the_card_records_the_data_range_and_the_task_flags_outside_it(tmp_path):
+    table_path, schema_path = _write(tmp_path, _table())
+    dataset, card = load_plant_log(table_path, schema_path)
+    temperature, pressure = card.observation_columns
+    # The physical range is the schema's; the observed one is what the episodes span
+    # (row 7, 425 degC, ends the last episode; every row is in an episode here).
+    assert temperature.bounds == (0, 500)
+    assert temperature.observed == (min(TEMPERATURE), max(TEMPERATURE))
+    assert pressure.bounds is None and pressure.observed == (min(PRESSURE), max(PRESSURE))
+    task = card.task(dataset)
+    assert task.data_low == (min(TEMPERATURE), min(PRESSURE))
+    from neorl_industrial.core.safety import ConstraintSpec, shield
+
+    spec = ConstraintSpec.from_dict({"action_bounds": {"valve": [0, 100]}})
+    compiled = task.compile_constraints(spec)
+    inside = np.asarray([400.0, 1.5], np.float32)
+    hotter = np.asarray([480.0, 1.5], np.float32)  # above the data, below physics
+    broken = np.asarray([520.0, 1.5], np.float32)  # above physics
+    action, prev = np.asarray([50.0], np.float32), np.asarray([50.0], np.float32)
+    _, report = shield(compiled, inside, action, prev)
+    assert int(report.status) == 0
+    safe, report = shield(compiled, hotter, action, prev)
+    assert bool(report.out_of_distribution) and not bool(report.overridden)
+    assert float(safe[0]) == 50.0
+    _, report = shield(compiled, broken, action, prev)
+    assert bool(report.invalid_observation) and bool(report.fallback)
+
+
+def test_a_latin1_header_names_the_file_and_the_encoding(tmp_path):
+    table_path, schema_path = _write(tmp_path, _table())
+    text = table_path.read_text().replace("pressure", "pression_\u00e9", 1)
+    table_path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(DatasetFormatError) as caught:
+        load_plant_log(table_path, schema_path)
+    message = str(caught.value)
+    assert message.startswith(f"{table_path}: the header is not UTF-8 text (byte 0xe9")
+    assert "save the file as UTF-8" in message
+
+
+def test_a_huge_cell_is_quoted_short(tmp_path):
+    pressure = [str(value) for value in PRESSURE]
+    pressure[3] = "x" * 20_000_000
+    table_path, schema_path = _write(tmp_path, _table(pressure=pressure), "parquet")
+    with pytest.raises(DatasetFormatError) as caught:
+        load_plant_log(table_path, schema_path)
+    message = str(caught.value)
+    assert len(message) < 1_000
+    assert (caught.value.column, caught.value.row) == ("pressure", 3)
+    assert "(20000000 characters)" in message

@@ -82,6 +82,10 @@ class Task:
         env_params: overrides of the simulator's configuration and parameters.
         constraints: the hard constraints and costs to start from (a ``ConstraintSpec``);
             None: the action bounds alone.
+        data_low, data_high: the range of each feature in the data the policy learns
+            from (a plant log's observed range; ``±inf`` where unknown); None: unknown.
+            Outside it the shield flags an observation as out of distribution, nothing
+            more.
     """
 
     name: str
@@ -103,6 +107,8 @@ class Task:
     env_id: str | None = None
     env_params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     constraints: ConstraintSpec | None = None
+    data_low: tuple[float, ...] | None = None
+    data_high: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not str(self.name):
@@ -129,6 +135,9 @@ class Task:
             "observation_high",
             _floats(self.observation_high, n_obs, math.inf, "observation_high"),
         )
+        if self.data_low is not None or self.data_high is not None:
+            set_(self, "data_low", _floats(self.data_low, n_obs, -math.inf, "data_low"))
+            set_(self, "data_high", _floats(self.data_high, n_obs, math.inf, "data_high"))
         for what, units, size in (
             ("observation_units", self.observation_units, n_obs),
             ("action_units", self.action_units, n_act),
@@ -231,6 +240,7 @@ class Task:
             self.observation_names,
             self.action_names,
             observation_bounds=(self.observation_low, self.observation_high),
+            data_bounds=None if self.data_low is None else (self.data_low, self.data_high),
         )
 
     # ----- simulator ----------------------------------------------------------------------
@@ -369,6 +379,8 @@ class Task:
             "env_id": self.env_id,
             "env_params": dict(self.env_params),
             "constraints": None if self.constraints is None else self.constraints.to_dict(),
+            "data_low": bounds(self.data_low),
+            "data_high": bounds(self.data_high),
         }
 
     @classmethod
@@ -385,7 +397,12 @@ class Task:
         unknown = sorted(set(values) - known)
         if unknown:
             raise TaskError(f"{source}: unknown fields {unknown}; known: {sorted(known)}")
-        for key, fill in (("observation_low", -math.inf), ("observation_high", math.inf)):
+        for key, fill in (
+            ("observation_low", -math.inf),
+            ("observation_high", math.inf),
+            ("data_low", -math.inf),
+            ("data_high", math.inf),
+        ):
             if values.get(key) is not None:
                 values[key] = [fill if value is None else value for value in values[key]]
         for key in ("observation_units", "action_units"):

@@ -34,15 +34,19 @@ class BehaviourPolicy(BaseModel):
 
 
 class ColumnInfo(BaseModel):
-    """Physical meaning of one observation or action column (known for plant logs)."""
+    """Physical meaning of one observation or action column (known for plant logs):
+    ``bounds`` is an action's range, or an observation's physical range (outside it a
+    reading is invalid); ``observed`` is the range an observation spans in the data
+    (outside it an observation is flagged as out of distribution)."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
     unit: str | None = None
     bounds: tuple[float, float] | None = None
+    observed: tuple[float, float] | None = None
 
-    @field_validator("bounds")
+    @field_validator("bounds", "observed")
     @classmethod
     def _ordered(cls, bounds: tuple[float, float] | None) -> tuple[float, float] | None:
         if bounds is not None and bounds[0] > bounds[1]:
@@ -200,10 +204,20 @@ class DatasetCard(BaseModel):
                 observation_high = [
                     np.inf if c.bounds is None else c.bounds[1] for c in self.observation_columns
                 ]
+                spans = [c.observed for c in self.observation_columns]
+                data_low = (
+                    None
+                    if all(s is None for s in spans)
+                    else [-np.inf if s is None else s[0] for s in spans]
+                )
+                data_high = (
+                    None if data_low is None else [np.inf if s is None else s[1] for s in spans]
+                )
             else:
                 size = sizes.observation_size if sizes else _size(dataset, "observation_size")
                 observation_names = [f"observation_{i}" for i in range(size)]
                 units, observation_low, observation_high = None, None, None
+                data_low, data_high = None, None
             discrete = bool(sizes.discrete) if sizes else bool(dataset and dataset.discrete)
             action_units = None
             if self.action_columns is not None:
@@ -244,6 +258,8 @@ class DatasetCard(BaseModel):
                 action_high=tuple(action_high),
                 observation_low=None if observation_low is None else tuple(observation_low),
                 observation_high=None if observation_high is None else tuple(observation_high),
+                data_low=None if data_low is None else tuple(data_low),
+                data_high=None if data_high is None else tuple(data_high),
                 observation_units=None if units is None else tuple(units),
                 action_units=None if action_units is None else tuple(action_units),
                 cost_names=tuple(self.cost_names),
