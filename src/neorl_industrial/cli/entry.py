@@ -7,7 +7,16 @@ from collections.abc import Sequence
 
 from rich.markup import escape
 
-from neorl_industrial.cli import bench, datasets, environments, keys, models, serving, training
+from neorl_industrial.cli import (
+    audit,
+    bench,
+    datasets,
+    environments,
+    keys,
+    models,
+    serving,
+    training,
+)
 from neorl_industrial.cli.common import make_console
 from neorl_industrial.runtime import enable_compilation_cache
 
@@ -21,6 +30,7 @@ _COMMAND_GROUPS = (
     environments.add_parsers,
     datasets.add_parsers,
     keys.add_parsers,
+    audit.add_parsers,
 )
 
 
