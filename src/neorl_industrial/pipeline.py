@@ -447,6 +447,12 @@ def _signing_key(config: RunConfig, console: Any) -> Path | None:
 
     section = config.export
     if section.signing_keys is None:
+        if console is not None:
+            console.print(
+                "[yellow]warning:[/yellow] export.signing_keys is null: the policy is exported "
+                "unsigned; servers that require signatures refuse it and the registry never "
+                "promotes it"
+            )
         return None
     key = Path(section.signing_keys) / PRIVATE_KEY
     if not key.exists():
@@ -455,7 +461,10 @@ def _signing_key(config: RunConfig, console: Any) -> Path | None:
                 f"export.signing_keys: no {PRIVATE_KEY} in {section.signing_keys}; make one "
                 f"with `neorl-industrial keys generate --out {section.signing_keys}`"
             )
-        generate_key_pair(section.signing_keys)
+        try:
+            generate_key_pair(section.signing_keys)
+        except FileExistsError:
+            return key  # another run made the pair meanwhile; it signs with that one
         if console is not None:
             console.print(
                 f"Made a policy-signing key pair in {section.signing_keys}/ (the private key "

@@ -1,4 +1,4 @@
-"""``models list|promote|export`` over MLflow's registry and ``mlflow replay``."""
+"""``models list|promote|export|register`` over MLflow's registry and ``mlflow replay``."""
 
 from __future__ import annotations
 
@@ -79,24 +79,54 @@ def command_models_promote(args: argparse.Namespace) -> int:
 
 
 def command_models_export(args: argparse.Namespace) -> int:
-    import shutil
-
-    from neorl_industrial.integration.mlflow.registry import resolve_policy_dir
-    from neorl_industrial.wrappers.agents.artifact import PolicyArtifact
+    from neorl_industrial.integration.mlflow.registry import downloaded_policy_dir
+    from neorl_industrial.wrappers.agents.artifact import MANIFEST, PolicyArtifact
+    from neorl_industrial.wrappers.hostio import atomic_directory
 
     _, uri = _registry_client(args.tracking_uri)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise FileExistsError(f"{out}: already exists; pass --overwrite to replace it")
-    source = resolve_policy_dir(args.model, uri)
-    artifact = PolicyArtifact.load(source)  # verified before it is copied
-    staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging)
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
+    with downloaded_policy_dir(args.model, uri) as source:
+        artifact = PolicyArtifact.load(source)  # verified before it is copied
+        # All or nothing: the staging directory is removed on error too.
+        with atomic_directory(
+            out,
+            overwrite=args.overwrite,
+            replaceable=lambda existing: (existing / MANIFEST).is_file(),
+            refusal=f"is not a policy artifact (no {MANIFEST})",
+        ) as staging:
+            for file in sorted(source.iterdir()):
+                (staging / file.name).write_bytes(file.read_bytes())
     make_console().print(f"Exported {args.model} ({artifact!r}) to {out}")
+    return 0
+
+
+def command_models_register(args: argparse.Namespace) -> int:
+    from neorl_industrial.integration.mlflow.registry import register_policy
+
+    metrics: dict[str, float] = {}
+    for item in args.metric or []:
+        key, _, value = item.partition("=")
+        try:
+            metrics[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--metric {item!r}: expected NAME=NUMBER, e.g. return=42.5") from None
+    _, uri = _registry_client(args.tracking_uri)
+    result = register_policy(
+        args.policy,
+        args.name,
+        uri,
+        trusted_keys=args.trusted_key,
+        allow_unsigned=args.allow_unsigned,
+        metrics=metrics,
+        promote_now=args.promote,
+    )
+    line = f"Registered {args.policy} as {result['uri']} (signature: {result['signature']})"
+    if "promoted" in result:
+        verdict = "promoted to @champion" if result["promoted"] else "not promoted"
+        line += f"; {verdict}: {result['reason']}"
+    make_console().print(escape(line), soft_wrap=True)
     return 0
 
 
@@ -121,7 +151,7 @@ def command_mlflow_replay(args: argparse.Namespace) -> int:
 
 
 def add_model_parsers(commands: argparse._SubParsersAction) -> None:
-    """Adds ``models list|promote|export`` to the command line."""
+    """Adds ``models list|promote|export|register`` to the command line."""
     models = commands.add_parser("models", help="registered policies in MLflow's registry")
     models_commands = models.add_subparsers(dest="models_command", required=True)
     tracking_help = "the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
@@ -149,6 +179,29 @@ def add_model_parsers(commands: argparse._SubParsersAction) -> None:
     exporting.add_argument("--overwrite", action="store_true")
     exporting.add_argument("--tracking-uri", help=tracking_help)
     exporting.set_defaults(handler=command_models_export)
+    registering = models_commands.add_parser(
+        "register",
+        help="register an exported (signed) policy directory as a new version of a model",
+    )
+    registering.add_argument("policy", help="the policy artifact's directory")
+    registering.add_argument("--name", required=True, help="the registered model, e.g. ib-policy")
+    registering.add_argument(
+        "--trusted-key", action="append", metavar="PUB",
+        help="a public key its signature must verify against (repeatable)",
+    )  # fmt: skip
+    registering.add_argument(
+        "--allow-unsigned", action="store_true",
+        help="register an unsigned policy too (it can never be promoted)",
+    )  # fmt: skip
+    registering.add_argument(
+        "--metric", action="append", metavar="NAME=VALUE",
+        help="its evaluation for the promotion rule (return, normalized_cost, ...; repeatable)",
+    )  # fmt: skip
+    registering.add_argument(
+        "--promote", action="store_true", help="apply the promotion rule to it right away"
+    )
+    registering.add_argument("--tracking-uri", help=tracking_help)
+    registering.set_defaults(handler=command_models_register)
 
 
 def add_mlflow_parsers(commands: argparse._SubParsersAction) -> None:

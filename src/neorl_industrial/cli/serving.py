@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import TYPE_CHECKING, Any
 
 from neorl_industrial.cli.common import make_console, positive_int
@@ -12,25 +13,51 @@ if TYPE_CHECKING:
 
 
 def command_serve(args: argparse.Namespace) -> int:
+    """Loads and checks the policy before uvicorn starts, so that settings, keys, pins or
+    a policy the server cannot trust end the command with one line naming what to do
+    (exit 2), not a server that fails while starting."""
     import uvicorn
 
     from neorl_industrial.integration.deployment import ServerSettings, create_app
+    from neorl_industrial.integration.deployment.policy import load_policy_source, padded_sizes
 
-    overrides = {
+    overrides: dict[str, Any] = {
         key: value
         for key, value in (
             ("model", args.model),
             ("tracking_uri", args.tracking_uri),
             ("api_keys_file", args.api_keys_file),
             ("audit_log", args.audit_log),
+            ("trusted_keys", args.trusted_key or None),
+            ("pinned_constraints", args.pinned_constraints),
+            ("pinned_task", args.pinned_task),
         )
         if value is not None
     }
     if args.no_auth:
         overrides["auth"] = False
+    if args.allow_unsigned:
+        overrides["allow_unsigned"] = True
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     settings = ServerSettings(tune_gc=True, **overrides)
-    app = create_app(settings)
-    make_console(stderr=True).print(
+    settings.keys()  # API keys first: the cheapest refusal
+    if not settings.model:
+        raise ValueError("model: no policy to serve; pass --model or set NEORL_SERVE_MODEL")
+    trust = settings.trust()
+    console = make_console(stderr=True)
+    if trust.allow_unsigned:
+        console.print(
+            "[yellow]warning:[/yellow] --allow-unsigned: policies without a signature by a "
+            "trusted key are served (development only)"
+        )
+    loaded = load_policy_source(
+        settings.model,
+        settings.tracking_uri,
+        padded_sizes(settings.max_batch, settings.batch_sizes),
+        trust=trust,
+    )
+    app = create_app(settings, policy=loaded)
+    console.print(
         f"serving {settings.model} on http://{args.host}:{args.port} "
         f"(docs at /docs, metrics at /metrics)"
     )
@@ -75,5 +102,24 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--no-auth", action="store_true", help="serve without API keys (closed networks only)"
     )
+    serve.add_argument(
+        "--trusted-key", action="append", metavar="PUB",
+        help="a public key (keys generate) whose signatures are trusted; repeatable "
+        "(default: $NEORL_SERVE_TRUSTED_KEYS, else keys/policy-signing.pub if present)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--allow-unsigned", action="store_true",
+        help="also serve policies without a trusted signature (development only; logged)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--pinned-constraints", metavar="YAML",
+        help="the safety engineer's constraint spec: policies must enforce it, and every "
+        "action is checked against it",
+    )  # fmt: skip
+    serve.add_argument(
+        "--pinned-task", metavar="FILE",
+        help="the task policies must be exported for (a dataset card such as a run's "
+        "dataset.json, or a task file): names in order, units, bounds",
+    )  # fmt: skip
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
     serve.set_defaults(handler=command_serve)

@@ -10,17 +10,23 @@ Keys are compared in constant time. A server without any key refuses to start un
 with a placeholder (``replace-with-...``, ``change-me``), short (below 32 characters) or
 low-entropy key.
 
-What the server trusts (see :class:`~.policy.PolicyTrust`):
+What the server trusts (see :class:`~.policy.PolicyTrust`): policies signed by one of its
+keys, by default ``keys/policy-signing.pub`` in the working directory (where a first
+``neorl-industrial run`` makes the pair) when no key is named; a server with no key
+refuses to start unless ``NEORL_SERVE_ALLOW_UNSIGNED=true`` says, on purpose, that
+unsigned policies may serve (logged as a warning at start and at every reload).
 
-    NEORL_SERVE_TRUSTED_KEYS='["/run/secrets/release.pub"]'   # signatures required
+    NEORL_SERVE_TRUSTED_KEYS='["/run/secrets/release.pub"]'     # whose signatures count
     NEORL_SERVE_PINNED_CONSTRAINTS=/etc/neorl/constraints.yaml  # the safety engineer's spec
+    NEORL_SERVE_PINNED_TASK=/etc/neorl/dataset.json             # names, units, bounds
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import math
+import re
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +35,45 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from neorl_industrial.wrappers.hostio import YamlError, read_yaml
 
-__all__ = ["MIN_KEY_LENGTH", "ROLES", "ServerSettings", "SettingsError", "check_api_key"]
+__all__ = [
+    "DEFAULT_TRUSTED_KEY",
+    "MIN_KEY_LENGTH",
+    "ROLES",
+    "ServerSettings",
+    "SettingsError",
+    "check_api_key",
+]
 
 #: ``act`` may call the policy; ``admin`` may also reload it.
 ROLES = ("act", "admin")
 #: The shortest API key accepted (``secrets.token_urlsafe(32)`` gives 43 characters).
 MIN_KEY_LENGTH = 32
-#: Fewer bits than this by the key's own character frequencies: a pattern, not a secret.
-_MIN_KEY_BITS = 80.0
-_PLACEHOLDERS = ("replace-with", "change-me", "changeme", "placeholder")
+#: Fewer bits than this (estimated, see :func:`check_api_key`): a pattern, not a secret.
+_MIN_KEY_BITS = 90.0
+_PLACEHOLDERS = (
+    "replace-with",
+    "change-me",
+    "changeme",
+    "placeholder",
+    "your-api-key",
+    "your_api_key",
+    "api-key-here",
+    "secret-key",
+    "password",
+    "example",
+)
+#: Runs of neighbouring keys and letters (``qwerty``, ``asdf``, ``12345``, ``abcde``),
+#: which a person types and an attacker tries first.
+_WALKS = (
+    "qwertyuiop",
+    "asdfghjkl",
+    "zxcvbnm",
+    "1234567890",
+    "abcdefghijklmnopqrstuvwxyz",
+    "qazwsxedcrfvtgbyhnujmikolp",
+)
+#: The trusted key the server reads when none is named: where ``make run`` puts it.
+DEFAULT_TRUSTED_KEY = Path("keys") / "policy-signing.pub"
 _GENERATE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 
@@ -107,12 +143,21 @@ class ServerSettings(BaseSettings):
     #: JAX's objects put ~100 ms pauses into the latency tail. Process-wide, so the
     #: ``serve`` command turns it on; an app embedded in another process leaves it off.
     tune_gc: bool = False
-    #: Ed25519 public key files (``keys generate``) whose signatures are trusted; when
-    #: set, every artifact served must be signed by one of them.
+    #: Ed25519 public key files (``keys generate``) whose signatures are trusted; every
+    #: artifact served must be signed by one of them. Empty: ``keys/policy-signing.pub``
+    #: in the working directory if there is one.
     trusted_keys: list[Path] = Field(default_factory=list)
-    #: The safety engineer's own constraint spec: an artifact whose bundled spec differs
-    #: from it is refused, at start and at reload.
+    #: Serve unsigned policies too (development only): logged as a warning at start and
+    #: every reload, and shown in ``/v1/policy``. Signed ones are still verified when
+    #: keys are given.
+    allow_unsigned: bool = False
+    #: The safety engineer's own constraint spec: an artifact whose bundled spec enforces
+    #: other limits is refused, and the server checks every action against this one.
     pinned_constraints: Path | None = None
+    #: The task the policy must be exported for (a dataset card, e.g. a run's
+    #: ``dataset.json``, or a task file): observation and action names in order, units,
+    #: bounds. Required with ``pinned_constraints``.
+    pinned_task: Path | None = None
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -176,14 +221,26 @@ class ServerSettings(BaseSettings):
         return roles
 
     def trust(self) -> Any:
-        """The :class:`~.policy.PolicyTrust` of these settings (keys and pinned spec read).
+        """The :class:`~.policy.PolicyTrust` of these settings (keys and pins read).
 
         Raises:
-            SettingsError: for a trusted key or pinned spec that cannot be read.
+            SettingsError: for a trusted key, pinned spec or task that cannot be read, or
+                no trusted key while signatures are required.
         """
         from neorl_industrial.integration.deployment.policy import PolicyTrust
 
-        return PolicyTrust.from_files(self.trusted_keys, self.pinned_constraints)
+        return PolicyTrust.from_files(
+            self.trusted_key_files(),
+            self.pinned_constraints,
+            self.pinned_task,
+            allow_unsigned=self.allow_unsigned,
+        )
+
+    def trusted_key_files(self) -> list[Path]:
+        """The named trusted keys, else ``keys/policy-signing.pub`` if it exists here."""
+        if self.trusted_keys:
+            return list(self.trusted_keys)
+        return [DEFAULT_TRUSTED_KEY] if DEFAULT_TRUSTED_KEY.is_file() else []
 
 
 def check_api_key(key: str, role: str) -> None:
@@ -201,10 +258,55 @@ def check_api_key(key: str, role: str) -> None:
             f"api_keys: a key of role {role!r} is shorter than {MIN_KEY_LENGTH} characters "
             f"({len(key)}); {how}"
         )
-    counts = collections.Counter(key).values()
-    bits = -sum(count * math.log2(count / len(key)) for count in counts)
+    bits = _estimated_bits(key)
     if bits < _MIN_KEY_BITS:
         raise SettingsError(
-            f"api_keys: a key of role {role!r} is low-entropy ({bits:.0f} bits by its "
-            f"characters, at least {_MIN_KEY_BITS:.0f} expected); {how}"
+            f"api_keys: a key of role {role!r} is low-entropy (about {bits:.0f} bits: "
+            f"repeats, keyboard walks or words; at least {_MIN_KEY_BITS:.0f} expected); {how}"
         )
+
+
+def _estimated_bits(key: str) -> float:
+    """A cautious estimate of a key's entropy in bits: the smaller of two.
+
+    * Compression: a random key does not compress, while zlib finds every repeated
+      substring (``"password" * 4``, ``"ab" * 20``); its compressed length, less zlib's
+      fixed overhead, bounds what the key holds.
+    * Composition: runs of neighbouring keys or letters (``qwerty``, ``12345``, both
+      directions) count a few bits in all; runs of five or more letters with the vowels of
+      words (``thisismysecret``) count 2 bits a letter, as English does; every other
+      character counts by the alphabet it draws from (lower, upper, digits, symbols).
+    """
+    lowered = key.lower()
+    walked = [False] * len(key)
+    for walk in _WALKS:
+        for run in (walk, walk[::-1]):
+            for start in range(len(run) - 3):
+                piece = run[start : start + 4]
+                for found in re.finditer(f"(?={re.escape(piece)})", lowered):
+                    for i in range(found.start(), found.start() + 4):
+                        walked[i] = True
+    worded = [False] * len(key)
+    # Words are typed in lower case or capitalized; a random key mixes cases.
+    for found in re.finditer(r"[A-Z]?[a-z]{4,}|[A-Z]{5,}", key):
+        letters = found.group().lower()
+        if sum(c in "aeiouy" for c in letters) >= 0.3 * len(letters):
+            for i in range(found.start(), found.end()):
+                worded[i] = not walked[i]
+    rest = "".join(c for c, w, v in zip(key, walked, worded, strict=True) if not (w or v))
+    alphabet = sum(
+        (
+            any(c.islower() for c in rest) * 26,
+            any(c.isupper() for c in rest) * 26,
+            any(c.isdigit() for c in rest) * 10,
+            any(not c.isalnum() for c in rest) * 33,
+        )
+    )
+    composition = (
+        len(rest) * (math.log2(alphabet) if alphabet else 0.0)
+        + 2.0 * sum(worded)
+        + 4.0 * math.sqrt(sum(walked))
+    )
+    # zlib adds ~11 bytes of header and checksum to any input.
+    compressed = max(len(zlib.compress(key.encode(), 9)) - 11, 0) * 8.0
+    return min(composition, compressed)

@@ -31,8 +31,10 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ __all__ = [
     "VersionSummary",
     "decide_promotion",
     "describe_model_uri",
+    "downloaded_policy_dir",
     "finish_registration",
     "is_model_uri",
     "list_versions",
@@ -57,6 +60,7 @@ __all__ = [
     "load_policy",
     "policy_signature_tag",
     "promote",
+    "register_policy",
     "registered_model_name",
     "resolve_agent_dir",
     "resolve_policy_dir",
@@ -334,6 +338,83 @@ def finish_registration(
     return result
 
 
+def register_policy(
+    policy_dir: str | Path,
+    name: str,
+    tracking_uri: str | None = None,
+    *,
+    trusted_keys: list[str | Path] | None = None,
+    allow_unsigned: bool = False,
+    metrics: dict[str, float] | None = None,
+    experiment: str = "neorl-industrial",
+    promote_now: bool = False,
+) -> dict[str, Any]:
+    """Registers an exported policy directory as a new version of ``name``: the artifact
+    is verified first, logged as the pyfunc model of a run of its own, tagged with the
+    fingerprint of its signature (the promotion rule's first condition), its ``metrics``
+    (``return``, ``normalized_cost``, ...) put on its tags, and given ``challenger``.
+
+    Args:
+        trusted_keys: public keys the signature must verify against; ``None``: the
+            signature is read and recorded, and servers verify it against their keys.
+        allow_unsigned: register an unsigned policy too (it can never be promoted).
+
+    Raises:
+        PolicyArtifactError: for an artifact that is corrupt, unsigned (unless allowed),
+            or not signed by one of ``trusted_keys``.
+        RegistryError: for a metric name the promotion rule does not read.
+    """
+    from mlflow import MlflowClient
+
+    from neorl_industrial.integration.mlflow.pyfunc import log_policy_model
+    from neorl_industrial.integration.mlflow.runs import _experiment_id
+    from neorl_industrial.wrappers.agents.artifact import PolicyArtifact, PolicyArtifactError
+    from neorl_industrial.wrappers.agents.signing import SIGNATURE
+
+    unknown = sorted(set(metrics or {}) - set(METRIC_TAGS))
+    if unknown:
+        raise RegistryError(f"metrics: unknown {unknown}; the registry reads {list(METRIC_TAGS)}")
+    policy_dir = Path(policy_dir)
+    artifact = PolicyArtifact.load(
+        policy_dir, trusted_keys=trusted_keys or None, require_signature=bool(trusted_keys)
+    )
+    if artifact.signature is None and not allow_unsigned:
+        raise PolicyArtifactError(
+            f"{policy_dir}: unsigned (no {SIGNATURE}); an unsigned policy can never be "
+            "promoted and no server that requires signatures serves it. Export it with a "
+            "signing key (neorl-industrial export --sign-key, or a run with export.signing_keys)"
+            ", or pass --allow-unsigned to register it anyway"
+        )
+    store = resolve_tracking_uri(tracking_uri)
+    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    run = client.create_run(
+        _experiment_id(client, experiment),
+        run_name=f"register {name}",
+        tags={"neorl.registered_from": str(policy_dir.absolute())},
+    )
+    run_id = run.info.run_id
+    status = "FAILED"
+    try:
+        logged = log_policy_model(
+            store, run_id, policy_dir=policy_dir, registered_model=name, registry_uri=store
+        )
+        version = str(logged["version"])
+        signature = policy_signature_tag(policy_dir)
+        client.set_model_version_tag(name, version, SIGNATURE_TAG, signature)
+        result = finish_registration(
+            client,
+            name=name,
+            version=version,
+            metrics=dict(metrics or {}),
+            tags={"algorithm": artifact.metadata.get("algorithm")},
+            promote_now=promote_now,
+        )
+        status = "FINISHED"
+    finally:
+        client.set_terminated(run_id, status=status)
+    return {**result, "signature": signature, "run_id": run_id, "uri": f"models:/{name}/{version}"}
+
+
 def registered_model_name(task_name: str, explicit: str | None = None) -> str:
     """The registered model a task's policies become versions of: ``explicit`` if given,
     else a name from the task's:
@@ -427,7 +508,7 @@ def is_model_uri(value: str | Path) -> bool:
     return isinstance(value, str) and value.startswith(_SCHEMES)
 
 
-def _download(uri: str, tracking_uri: str | None) -> Path:
+def _download(uri: str, tracking_uri: str | None, target: Path) -> Path:
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -435,7 +516,6 @@ def _download(uri: str, tracking_uri: str | None) -> Path:
         uri = uri.rstrip("/") + "/policy"
     from neorl_industrial.integration.mlflow.pyfunc import tracking_uri_for
 
-    target = Path(tempfile.mkdtemp(prefix="neorl-model-"))
     try:
         with tracking_uri_for(tracking_uri or mlflow.get_tracking_uri(), None):
             local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(target))
@@ -444,10 +524,36 @@ def _download(uri: str, tracking_uri: str | None) -> Path:
     return Path(local)
 
 
+@contextlib.contextmanager
+def downloaded_policy_dir(value: str | Path, tracking_uri: str | None = None) -> Iterator[Path]:
+    """:func:`resolve_policy_dir` whose download (for a URI) is removed when the block
+    ends, on error too; a local path is yielded as it is."""
+    with _resolved(value, "policy", tracking_uri) as path:
+        yield path
+
+
+@contextlib.contextmanager
+def _resolved(value: str | Path, part: str, tracking_uri: str | None) -> Iterator[Path]:
+    if not is_model_uri(value):
+        yield Path(value)
+        return
+    with tempfile.TemporaryDirectory(prefix="neorl-model-") as scratch:
+        yield _located(value, part, _download(str(value), tracking_uri, Path(scratch)))
+
+
 def _resolve(value: str | Path, part: str, tracking_uri: str | None) -> Path:
     if not is_model_uri(value):
         return Path(value)
-    model_dir = _download(str(value), tracking_uri)
+    # The caller keeps the files: they stay until it removes them (see _resolved).
+    target = Path(tempfile.mkdtemp(prefix="neorl-model-"))
+    try:
+        return _located(value, part, _download(str(value), tracking_uri, target))
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+
+
+def _located(value: str | Path, part: str, model_dir: Path) -> Path:
     found = model_dir / "artifacts" / part
     mlmodel = model_dir / "MLmodel"
     if mlmodel.exists():
@@ -500,12 +606,15 @@ def resolve_agent_dir(value: str | Path, tracking_uri: str | None = None) -> Pat
     return _resolve(value, "agent", tracking_uri)
 
 
-def load_policy(value: str | Path, tracking_uri: str | None = None) -> Any:
+def load_policy(value: str | Path, tracking_uri: str | None = None, **options: Any) -> Any:
     """The :class:`~neorl_industrial.wrappers.agents.artifact.PolicyArtifact` at a path or
-    a ``models:/`` / ``runs:/`` URI (``models:/ib-policy@champion``)."""
+    a ``models:/`` / ``runs:/`` URI (``models:/ib-policy@champion``); a download is
+    removed once the artifact is loaded (it holds what it serves in memory). ``options``
+    go to ``PolicyArtifact.load`` (``trusted_keys``, ``require_signature``)."""
     from neorl_industrial.wrappers.agents.artifact import PolicyArtifact
 
-    return PolicyArtifact.load(resolve_policy_dir(value, tracking_uri))
+    with downloaded_policy_dir(value, tracking_uri) as path:
+        return PolicyArtifact.load(path, **options)
 
 
 def load_agent(value: str | Path, tracking_uri: str | None = None) -> Any:
@@ -513,4 +622,5 @@ def load_agent(value: str | Path, tracking_uri: str | None = None) -> Any:
     ``models:/`` / ``runs:/`` URI, ready to predict, evaluate or export."""
     from neorl_industrial.wrappers.agents import Agent
 
-    return Agent.load(resolve_agent_dir(value, tracking_uri))
+    with _resolved(value, "agent", tracking_uri) as path:
+        return Agent.load(path)

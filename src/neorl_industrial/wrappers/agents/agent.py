@@ -1069,6 +1069,8 @@ class Agent:
             action_low=np.asarray(task.action_low, np.float32),
             action_high=np.asarray(task.action_high, np.float32),
             observation_bounds=(task.observation_low, task.observation_high),
+            observation_units=task.observation_units,
+            action_units=task.action_units,
             metadata={
                 "algorithm": self.entry.name,
                 "env": task.env_id,

@@ -12,11 +12,13 @@ import functools
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
@@ -66,6 +68,25 @@ STATUS_BITS = {
 _FUNCTIONS = (("serve.jaxexport", 1), ("serve_large.jaxexport", BRANCH_MIN_BATCH))
 
 
+class Guard(Protocol):
+    """The loader's own check of served actions (a server builds it from the constraints
+    it enforces; see :mod:`neorl_industrial.integration.deployment.pin`)."""
+
+    def accepts(
+        self, observations: jax.Array, prev_actions: jax.Array, action: jax.Array
+    ) -> jax.Array:
+        """``[batch]`` bool: the row's action is served as it is. Pure JAX: it runs inside
+        the artifact's jitted call, one program per batch."""
+        ...
+
+    def repair(
+        self, observations: np.ndarray, prev_actions: np.ndarray, action: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """For rows not accepted: the action to serve and ``[rows]`` bool, whether it
+        differs from the artifact's (an incident). On the host, rarely."""
+        ...
+
+
 class PolicyArtifactError(ValueError):
     """An artifact that cannot be written or loaded; the message names the file or field."""
 
@@ -97,6 +118,9 @@ class PolicyDecision:
     infeasible: np.ndarray  # [...] bool: no action kept every constraint
     invalid_observation: np.ndarray  # [...] bool: the observation left its physical bounds
     constraint_names: tuple[str, ...]
+    #: ``[...]`` bool: the loader's own check replaced the artifact's action (it broke the
+    #: loader's constraints); such rows are also ``overridden``. All false without a guard.
+    incident: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((), bool))
 
     @functools.cached_property
     def violated_mask(self) -> np.ndarray:
@@ -135,12 +159,17 @@ class PolicyArtifact:
         functions: list,
         spec_text: str,
         signature: dict[str, Any] | None = None,
+        guard: Guard | None = None,
+        on_incident: Callable[[PolicyDecision], None] | None = None,
     ):
         self._path = path
         self._signature = signature
         self._manifest = manifest
         self._spec_text = spec_text
         self._traced: list[int] = []
+        self._guard = guard
+        self._on_incident = on_incident
+        self._exported = list(functions)
         # Largest first, so a batch takes the first function whose minimum it reaches.
         self._functions = sorted(
             ((entry["min_batch"], self._compiled(exported)) for entry, exported in functions),
@@ -158,6 +187,8 @@ class PolicyArtifact:
         *,
         trusted_keys: Iterable[str | os.PathLike[str] | Any] | None = None,
         require_signature: bool = False,
+        guard: Guard | None = None,
+        on_incident: Callable[[PolicyDecision], None] | None = None,
     ) -> PolicyArtifact:
         """Reads and verifies the artifact at ``path``.
 
@@ -167,14 +198,18 @@ class PolicyArtifact:
                 accepted; a signed artifact is verified against them. ``None``: a
                 signature is read but not verified.
             require_signature: refuse an artifact without a signature by a trusted key.
+            guard: the loader's own check of every served action (see :class:`Guard`),
+                run in the same compiled call; ``None``: the artifact's actions as they are.
+            on_incident: called with a decision in which the guard replaced some action.
 
         Raises:
-            PolicyArtifactError: naming the file that is missing, corrupt, of an unknown
-                format version, or lowered for platforms this machine has none of; an
-                unsigned artifact when a signature is required, a signature by a key not
-                trusted, or one that does not match the manifest.
+            PolicyArtifactError: naming the file that is missing, corrupt, not a regular
+                file, of an unknown format version, or lowered for platforms this machine
+                has none of; an unsigned artifact when a signature is required, a signature
+                by a key not trusted, or one that does not match the manifest.
         """
         path = Path(path)
+        _check_entries(path)
         manifest = _read_manifest(path)
         signature = _checked_signature(path, manifest, trusted_keys, require_signature)
         digests = manifest["files"]
@@ -199,8 +234,11 @@ class PolicyArtifact:
                     f"runs on {platform!r}; export it again with platforms including {platform!r}"
                 )
             functions.append((entry, exported))
-        spec_text = contents[CONSTRAINTS].decode()
-        artifact = cls(path, manifest, functions, spec_text, signature)
+        try:
+            spec_text = contents[CONSTRAINTS].decode()
+        except UnicodeDecodeError as error:
+            raise PolicyArtifactError(f"{path / CONSTRAINTS}: not UTF-8 text: {error}") from None
+        artifact = cls(path, manifest, functions, spec_text, signature, guard, on_incident)
         if artifact.constraint_spec.hard_names != artifact.constraint_names:
             raise PolicyArtifactError(
                 f"{path / CONSTRAINTS}: its constraints {list(artifact.constraint_spec.hard_names)}"
@@ -208,10 +246,34 @@ class PolicyArtifact:
             )
         return artifact
 
+    def with_guard(
+        self, guard: Guard, on_incident: Callable[[PolicyDecision], None] | None = None
+    ) -> PolicyArtifact:
+        """The same artifact serving through ``guard`` (see :class:`Guard`), compiled anew."""
+        return type(self)(
+            self._path,
+            self._manifest,
+            self._exported,
+            self._spec_text,
+            self._signature,
+            guard,
+            on_incident,
+        )
+
+    def set_incident_handler(self, on_incident: Callable[[PolicyDecision], None] | None) -> None:
+        """Who hears of a decision in which the guard replaced an action."""
+        self._on_incident = on_incident
+
     def _compiled(self, exported: jax.export.Exported) -> Callable:
+        guard = self._guard
+
         def call(observations: jax.Array, prev_actions: jax.Array) -> tuple[jax.Array, ...]:
             self._traced.append(int(observations.shape[0]))  # runs once per traced shape
-            return exported.call(observations, prev_actions)
+            outputs = exported.call(observations, prev_actions)
+            if guard is None:
+                return (*outputs, jnp.ones(outputs[2].shape, bool))
+            # The guard's check in the same program: one call per batch, fused by XLA.
+            return (*outputs, guard.accepts(observations, prev_actions, outputs[0]))
 
         return jax.jit(call)
 
@@ -244,6 +306,19 @@ class PolicyArtifact:
                     f"prev_action: expected the shape {expected} of one action per "
                     f"observation, got {np.shape(prev_action)}"
                 )
+        return self._decide(observations, prev_actions, single)
+
+    def decide_rows(self, observations: np.ndarray, prev_actions: np.ndarray) -> PolicyDecision:
+        """:meth:`predict` for ``[b, obs]`` float32 rows, unvalidated: a ``NaN`` previous
+        action is unknown (no rate limit) row by row. For checking the artifact (probes)."""
+        return self._decide(
+            np.asarray(observations, np.float32), np.asarray(prev_actions, np.float32), False
+        )
+
+    def _decide(
+        self, observations: np.ndarray, prev_actions: np.ndarray, single: bool
+    ) -> PolicyDecision:
+        rows = len(observations)
         padded = 1 << (rows - 1).bit_length()
         if padded != rows:
             # Batches are padded to a power of two (repeating the last row, so padding
@@ -253,19 +328,38 @@ class PolicyArtifact:
             prev_actions = np.pad(prev_actions, pad, mode="edge")
         serve = next(function for min_batch, function in self._functions if padded >= min_batch)
         outputs = [output[:rows] for output in jax.device_get(serve(observations, prev_actions))]
+        action, proposed, status, margin, accepted = outputs
+        incident = np.zeros(rows, bool)
+        if not accepted.all():
+            # Rows the guard does not accept as they are (a fallback for a bad reading, an
+            # infeasible row, or an action that breaks the loader's constraints): its
+            # repair decides them on the host.
+            rejected = ~accepted
+            fixed, replaced = self._guard.repair(
+                observations[:rows][rejected], prev_actions[:rows][rejected], action[rejected]
+            )
+            action = action.copy()
+            action[rejected] = fixed
+            incident[rejected] = replaced
+            status = np.where(incident, status | OVERRIDDEN, status)
         if single:
-            outputs = [output[0] for output in outputs]
-        action, proposed, status, margin = outputs
+            action, proposed, status, margin, incident = (
+                value[0] for value in (action, proposed, status, margin, incident)
+            )
         flags = {name: (status & bit) != 0 for name, bit in self._bits.items()}
-        return PolicyDecision(
+        decision = PolicyDecision(
             action=action,
             proposed=proposed,
             status=status,
             margin=margin,
             constraint_names=self._names,
+            incident=incident,
             # An artifact whose manifest lacks a bit was exported by a shield without it.
             **{name: flags.get(name, np.zeros_like(status, bool)) for name in STATUS_BITS},
         )
+        if self._on_incident is not None and incident.any():
+            self._on_incident(decision)
+        return decision
 
     def warmup(self, batch_sizes: Sequence[int] = (1,)) -> None:
         """Compiles the shapes that ``batch_sizes`` use, so no request pays for it."""
@@ -349,10 +443,20 @@ class PolicyArtifact:
         """The (padded) batch sizes compiled so far, one entry per trace."""
         return tuple(self._traced)
 
+    @property
+    def guarded(self) -> bool:
+        """Whether the loader's own check runs on every served action."""
+        return self._guard is not None
+
     def parameters(self) -> dict[str, np.ndarray]:
         """The policy's parameters by path (``actor/params/...``), for inspection; the
         serialized function carries its own copy."""
-        return serialization.msgpack_restore((self._path / PARAMETERS).read_bytes())
+        data = _read_regular(self._path / PARAMETERS)
+        if hashlib.sha256(data).hexdigest() != self._manifest["files"].get(PARAMETERS):
+            raise PolicyArtifactError(
+                f"{self._path / PARAMETERS}: corrupt (sha256 differs from the manifest's)"
+            )
+        return serialization.msgpack_restore(data)
 
     def __repr__(self) -> str:
         algorithm = self._manifest["metadata"].get("algorithm", "policy")
@@ -362,13 +466,79 @@ class PolicyArtifact:
         )
 
 
+def _check_entries(path: Path) -> None:
+    """Refuses an artifact directory holding anything but regular files (a FIFO would
+    block a reader forever, a symlink could point out of the directory, a device could
+    be endless), before a byte of it is read."""
+    try:
+        entries = sorted(os.scandir(path), key=lambda entry: entry.name)
+    except NotADirectoryError:
+        raise PolicyArtifactError(f"{path}: not a directory; a policy artifact is one") from None
+    except FileNotFoundError:
+        raise PolicyArtifactError(f"{path}: no such policy artifact directory") from None
+    except OSError as error:
+        raise PolicyArtifactError(f"{path}: cannot be listed: {error}") from None
+    for entry in entries:
+        if not entry.is_file(follow_symlinks=False):
+            mode = entry.stat(follow_symlinks=False).st_mode
+            raise PolicyArtifactError(
+                f"{path / entry.name}: a {_kind(mode)}, not a regular file; a policy artifact "
+                "holds regular files only (nothing was read)"
+            )
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _read_regular(file: Path) -> bytes:
+    """The bytes of ``file``, opened without following a symlink and without blocking,
+    and read only if it is a regular file (checked on the open descriptor, so nothing can
+    be swapped in between the check and the read).
+
+    Raises:
+        FileNotFoundError: if it is missing.
+        PolicyArtifactError: for anything but a regular file, or an unreadable one.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        descriptor = os.open(file, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        if file.is_symlink():
+            raise PolicyArtifactError(
+                f"{file}: a symbolic link, not a regular file; a policy artifact holds "
+                "regular files only"
+            ) from None
+        raise PolicyArtifactError(f"{file}: cannot be read: {error}") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise PolicyArtifactError(
+                f"{file}: a {_kind(mode)}, not a regular file; a policy artifact holds regular "
+                "files only"
+            )
+        return handle.read()
+
+
 def _read_manifest(path: Path) -> dict[str, Any]:
     file = path / MANIFEST
-    if not file.is_file():
-        raise PolicyArtifactError(f"{file}: missing; {path} is not a policy artifact")
     try:
-        manifest = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        manifest = json.loads(_read_regular(file))
+    except FileNotFoundError:
+        raise PolicyArtifactError(f"{file}: missing; {path} is not a policy artifact") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise PolicyArtifactError(f"{file}: cannot be read as JSON: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise PolicyArtifactError(f"{file}: not a {FORMAT} manifest (no 'format': {FORMAT!r})")
@@ -387,7 +557,7 @@ def _verified(path: Path, name: str, digest: str) -> bytes:
     if Path(name).name != name:
         raise PolicyArtifactError(f"{path / MANIFEST}: file name {name!r} is not in the artifact")
     try:
-        data = file.read_bytes()
+        data = _read_regular(file)
     except FileNotFoundError:
         raise PolicyArtifactError(f"{file}: missing from the policy artifact") from None
     if hashlib.sha256(data).hexdigest() != digest:
@@ -403,16 +573,18 @@ def _checked_signature(
 ) -> dict[str, Any] | None:
     """The artifact's signature, verified against ``trusted_keys`` when they are given."""
     file = path / SIGNATURE
-    if not file.is_file():
+    try:
+        data = _read_regular(file)
+    except FileNotFoundError:
         if require_signature:
             raise PolicyArtifactError(
                 f"{path}: unsigned (no {SIGNATURE}), but a signature by a trusted key is "
                 "required; export it with a signing key (neorl-industrial export --sign-key)"
-            )
+            ) from None
         return None
     try:
-        signature = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        signature = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise PolicyArtifactError(f"{file}: cannot be read as JSON: {error}") from None
     if not isinstance(signature, dict):
         raise PolicyArtifactError(f"{file}: expected a JSON object")

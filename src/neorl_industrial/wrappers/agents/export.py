@@ -92,6 +92,8 @@ def export_policy(
     platforms: Sequence[str] = ("cpu", "cuda"),
     signing_key: str | os.PathLike[str] | Ed25519PrivateKey | None = None,
     observation_bounds: tuple[Sequence[float], Sequence[float]] | None = None,
+    observation_units: Sequence[str | None] | None = None,
+    action_units: Sequence[str | None] | None = None,
 ) -> Path:
     """Writes a self-contained policy artifact directory (see the module docstring).
 
@@ -115,6 +117,11 @@ def export_policy(
             manifest into ``signature.json``; ``None``: unsigned.
         observation_bounds: ``(low, high)`` physical bounds per feature (``±inf`` where
             unknown): the shield sends the fallback for an observation outside them.
+        observation_units: the unit of each feature (``None``: not stated).
+        action_units: the unit of each action (``None``: not stated).
+
+    The manifest records the task the function was built for (names in order, units,
+    action and observation bounds), which a server compares with the task it pins.
 
     Returns:
         ``path``.
@@ -144,6 +151,8 @@ def export_policy(
             f"action_low: {low[column]} is above action_high {high[column]} "
             f"for action {action_names[column]!r}"
         )
+    observation_units = _units(observation_units, observation_size, "observation")
+    action_units = _units(action_units, action_size, "action")
     spec = _effective_spec(constraints_spec, action_names, low, high)
     compiled = spec.compile(
         observation_size,
@@ -208,6 +217,10 @@ def export_policy(
         "action_names": list(action_names),
         "action_low": low.tolist(),
         "action_high": high.tolist(),
+        "observation_low": _finite_or_none(compiled.observation_low),
+        "observation_high": _finite_or_none(compiled.observation_high),
+        "observation_units": observation_units,
+        "action_units": action_units,
         "constraints": {
             "file": CONSTRAINTS,
             "name": spec.name,
@@ -250,6 +263,22 @@ def _names(names: Sequence[str] | None, size: int, what: str) -> tuple[str, ...]
         repeated = sorted({name for name in names if names.count(name) > 1})
         raise PolicyArtifactError(f"{what}_names: names must be unique; repeated: {repeated}")
     return names
+
+
+def _units(units: Sequence[str | None] | None, size: int, what: str) -> list[str | None] | None:
+    if units is None or len(units) == 0:
+        return None
+    units = list(units)
+    if len(units) != size or not all(unit is None or isinstance(unit, str) for unit in units):
+        raise PolicyArtifactError(
+            f"{what}_units: expected {size} strings or nulls (one per {what}), got {units[:8]}"
+        )
+    return units
+
+
+def _finite_or_none(values: Any) -> list[float | None]:
+    """Bounds as JSON: an infinite bound (none known) as null."""
+    return [float(v) if np.isfinite(v) else None for v in np.asarray(values, np.float64)]
 
 
 def _bound(values: Any, size: int, field: str) -> np.ndarray:

@@ -18,6 +18,7 @@ import base64
 import hashlib
 import json
 import os
+import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -87,12 +88,40 @@ def generate_key_pair(directory: str | os.PathLike[str], *, overwrite: bool = Fa
     public_pem = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    private_path.unlink(missing_ok=True)
-    # Created 0600 from the start: the key is never readable by others, not even briefly.
-    descriptor = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as file:
-        file.write(private_pem)
-    public_path.write_bytes(public_pem)
+    # Each key is written whole under a temporary name and then put in place, so a
+    # process that finds a key (two runs making the pair at once) reads a complete one.
+    staged = []
+    try:
+        for path, data, mode in (
+            (public_path, public_pem, 0o644),
+            (private_path, private_pem, 0o600),
+        ):
+            temporary = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+            # Created with its mode from the start: a private key is never readable by
+            # others, not even briefly.
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            staged.append(temporary)
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(data)
+        public_staged, private_staged = staged
+        if overwrite:
+            os.replace(private_staged, private_path)
+            os.replace(public_staged, public_path)
+        else:
+            # link() fails if the name exists: of two writers, one pair wins whole.
+            os.link(private_staged, private_path)
+            try:
+                os.link(public_staged, public_path)
+            except FileExistsError:
+                private_path.unlink()
+                raise
+    except FileExistsError:
+        raise FileExistsError(
+            f"{private_path}: already exists; pass overwrite to replace it"
+        ) from None
+    finally:
+        for temporary in staged:
+            temporary.unlink(missing_ok=True)
     return private_path
 
 

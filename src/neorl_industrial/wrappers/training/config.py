@@ -185,14 +185,17 @@ class SafetySection(_Section):
 
 
 class ExportSection(_Section):
-    """The exported policy: signed when a key is given (servers and the registry's
-    promotion trust only signed policies)."""
+    """The exported policy, signed by default (servers and the registry's promotion
+    trust only signed policies)."""
 
     #: A directory holding the Ed25519 signing key (``policy-signing.key``, made by
-    #: ``neorl-industrial keys generate``); None: the policy is exported unsigned.
-    signing_keys: str | None = None
+    #: ``neorl-industrial keys generate``), relative to the working directory; ``keys``
+    #: by default, where a server started in the same directory looks for the public
+    #: key. None: the policy is exported unsigned (a warning says so; no server that
+    #: requires signatures serves it and the registry never promotes it).
+    signing_keys: str | None = "keys"
     #: Make the key pair in ``signing_keys`` when it holds none (the private key 0600).
-    create_keys: bool = False
+    create_keys: bool = True
 
 
 class CheckpointSection(_Section):
