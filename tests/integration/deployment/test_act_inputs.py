@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from neorl_industrial.integration.deployment import create_app
 from neorl_industrial.integration.deployment.routes import _reports
 from neorl_industrial.wrappers.agents import PolicyArtifact
+from neorl_industrial.wrappers.agents.signing import generate_key_pair
 from tests.integration.deployment.test_server import AS_ACT, _settings
 from tests.wrappers.agents.test_export import Policy, plant_inputs
 
@@ -19,7 +20,8 @@ from tests.wrappers.agents.test_export import Policy, plant_inputs
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
-    model = Policy().export(root / "policy")
+    # Signed by the key _settings trusts (the servers trust only signed policies).
+    model = Policy().export(root / "policy", signing_key=generate_key_pair(root / "keys"))
     with TestClient(create_app(_settings(root, model))) as client:
         yield client, PolicyArtifact.load(model)
 
@@ -114,8 +116,8 @@ def test_a_previous_action_outside_its_bounds_is_refused(served):
     name = artifact.action_names[1]
     assert detail["loc"] == ["body", "prev_action", 1]
     assert detail["msg"] == (
-        f"{outside[1]!r} is outside {name!r}'s bounds [{low[1]:g}, {high[1]:g}]; the action "
-        "applied at the previous step is within them"
+        f"{outside[1]!r} is outside the bounds [{low[1]:g}, {high[1]:g}] of {name!r}; the "
+        "action applied at the previous step is within them"
     )
     named = dict(zip(artifact.action_names, outside, strict=True))
     (detail,) = _detail(_act(client, {"observation": observation, "prev_action": named}))

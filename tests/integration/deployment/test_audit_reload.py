@@ -11,6 +11,7 @@ from neorl_industrial.integration.deployment.deps import key_fingerprint
 from neorl_industrial.integration.safety import AuditLog, AuditLogError
 from neorl_industrial.integration.safety.audit import check_chain
 from neorl_industrial.wrappers.agents import PolicyArtifact
+from neorl_industrial.wrappers.agents.signing import generate_key_pair
 from tests.integration.deployment.test_server import ACT, ADMIN, AS_ACT, AS_ADMIN, _settings
 from tests.wrappers.agents.test_export import Policy, plant_inputs
 
@@ -22,7 +23,12 @@ def models(tmp_path_factory):
     import jax
 
     second.params = second.algorithm.init(jax.random.key(7)).policy
-    return {"a": first.export(root / "a"), "b": second.export(root / "b")}
+    # Signed by the key _settings trusts (the servers trust only signed policies).
+    key = generate_key_pair(root / "keys")
+    return {
+        "a": first.export(root / "a", signing_key=key),
+        "b": second.export(root / "b", signing_key=key),
+    }
 
 
 @pytest.fixture(scope="module")
