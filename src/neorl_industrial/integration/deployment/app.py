@@ -120,6 +120,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[dict]:
         max_wait=settings.max_wait_ms / 1000.0,
         on_batch=metrics.batch_rows.observe,
         arriving=lambda: metrics.arriving,
+        alone=lambda: metrics.requests_in is not None and metrics.requests_in <= 1,
     )
     batcher.start()
     serving.batcher = batcher

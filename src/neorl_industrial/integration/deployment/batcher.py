@@ -6,6 +6,13 @@ running) up to ``max_batch`` rows, runs the policy once on a worker thread (the 
 loop keeps accepting requests), and hands each request its slice of the result. When
 the shared call fails, each request is run on its own, so a request whose rows break
 the policy fails alone and the others get their actions.
+
+A request that is the only one being answered and finds the batcher idle (nothing
+queued, no call running) is decided at once on the event loop: there is nothing to batch
+it with, and the hop to the worker thread and back costs more than the call itself.
+
+Requests that send previous actions and requests that leave them out (unknown: the
+shield leaves their rate limits out) are decided in separate calls of the same batch.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ __all__ = ["MicroBatcher"]
 class _Item:
     observations: np.ndarray  # [rows, obs]
     prev_actions: np.ndarray | None  # [rows, act] or None (unknown: rate limits off)
-    future: asyncio.Future
+    future: asyncio.Future | None  # None: decided at once, on the event loop
 
 
 class MicroBatcher:
@@ -42,9 +49,12 @@ class MicroBatcher:
         max_wait: seconds to wait for more requests after the first (0: only take what
             is already waiting).
         on_batch: called (on the worker thread) with each call's row count.
-        arriving: the number of requests that have arrived but not yet submitted (still
-            being read or parsed); the batcher waits for more only while there are such
-            requests, so a lone request never waits.
+        arriving: the number of requests that have arrived but not yet submitted (being
+            parsed); the batcher waits for more only while there are such requests, so a
+            lone request never waits.
+        alone: whether the submitting request is the only one being answered; such a
+            request, finding the batcher idle, is decided at once on the event loop.
+            None: every request goes through the worker thread.
     """
 
     def __init__(
@@ -56,6 +66,7 @@ class MicroBatcher:
         max_wait: float,
         on_batch: Callable[[int], None] | None = None,
         arriving: Callable[[], int] | None = None,
+        alone: Callable[[], bool] | None = None,
     ) -> None:
         self.predict = predict
         self.action_size = action_size
@@ -63,15 +74,19 @@ class MicroBatcher:
         self.max_wait = max_wait
         self.on_batch = on_batch
         self.arriving = arriving
+        self.alone = alone
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._carry: collections.deque[_Item] = collections.deque()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         self._task: asyncio.Task | None = None
+        self._busy = False  # a call is running on the worker thread
+        self._stopped = False
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -83,9 +98,22 @@ class MicroBatcher:
 
     async def submit(self, observations: np.ndarray, prev_actions: np.ndarray | None) -> Any:
         """The decision for these rows (a batch of one or more)."""
+        if self._stopped:
+            raise RuntimeError("the server is shutting down")
+        if self._idle():
+            return self._call([_Item(observations, prev_actions, None)])[0]
         future = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Item(observations, prev_actions, future))
         return await future
+
+    def _idle(self) -> bool:
+        return (
+            self.alone is not None
+            and not self._busy
+            and not self._carry
+            and self._queue.empty()
+            and self.alone()
+        )
 
     async def barrier(self) -> None:
         """Returns once the call running on the policy thread, if any, has finished."""
@@ -129,7 +157,7 @@ class MicroBatcher:
             if not batch:
                 continue
             try:
-                decision = await self._decide(loop, batch)
+                decisions = await self._decide(loop, batch)
             except Exception as error:
                 if len(batch) == 1:
                     _fail(batch[0], error)
@@ -138,39 +166,49 @@ class MicroBatcher:
                 # own, so only the one that fails gets the error.
                 for item in batch:
                     try:
-                        _answer(item, await self._decide(loop, [item]))
+                        _answer(item, (await self._decide(loop, [item]))[0])
                     except Exception as own_error:
                         _fail(item, own_error)
                 continue
-            start = 0
-            for item in batch:
-                stop = start + len(item.observations)
-                if not item.future.done():
-                    item.future.set_result(_rows(decision, start, stop))
-                start = stop
+            for item, decision in zip(batch, decisions, strict=True):
+                _answer(item, decision)
 
-    async def _decide(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> Any:
-        observations = np.concatenate([item.observations for item in batch])
-        prev = None
-        if any(item.prev_actions is not None for item in batch):
-            prev = np.concatenate(
-                [
-                    item.prev_actions
-                    if item.prev_actions is not None
-                    else np.full((len(item.observations), self.action_size), np.nan, np.float32)
-                    for item in batch
-                ]
-            )
-        return await loop.run_in_executor(self._executor, self._call, observations, prev)
+    async def _decide(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> list[Any]:
+        self._busy = True
+        try:
+            return await loop.run_in_executor(self._executor, self._call, batch)
+        finally:
+            self._busy = False
 
     def _more_coming(self) -> bool:
         return self.arriving is None or self.arriving() > 0
 
-    def _call(self, observations: np.ndarray, prev: np.ndarray | None) -> Any:
-        decision = self.predict(observations, prev)
-        if self.on_batch is not None:
-            self.on_batch(len(observations))
-        return decision
+    def _call(self, batch: list[_Item]) -> list[Any]:
+        """Each item's decision: one policy call for the items with previous actions, one
+        for those without (an unknown previous action is not a number the policy takes)."""
+        decisions: list[Any] = [None] * len(batch)
+        for known in (True, False):
+            group = [i for i, item in enumerate(batch) if (item.prev_actions is not None) is known]
+            if not group:
+                continue
+            if len(group) == 1:
+                item = batch[group[0]]
+                observations, prev = item.observations, item.prev_actions
+            else:
+                observations = np.concatenate([batch[i].observations for i in group])
+                prev = np.concatenate([batch[i].prev_actions for i in group]) if known else None
+            decision = self.predict(observations, prev)
+            if self.on_batch is not None:
+                self.on_batch(len(observations))
+            if len(group) == 1:
+                decisions[group[0]] = decision
+                continue
+            start = 0
+            for i in group:
+                stop = start + len(batch[i].observations)
+                decisions[i] = _rows(decision, start, stop)
+                start = stop
+        return decisions
 
 
 def _answer(item: _Item, decision: Any) -> None:

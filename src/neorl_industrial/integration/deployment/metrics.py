@@ -93,6 +93,7 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
         # Every reason is exported from the start (at 0), so an alert on a rate has a series.
         self._cut = {reason: self.cut.labels(reason) for reason in CUT_REASONS}
         self._unavailable = {
@@ -108,6 +109,9 @@ class ServerMetrics:
     # Requests that arrived at an act route and have not reached the batcher yet (read
     # and changed on the event loop only).
     arriving = 0
+    # Requests read in full and not answered yet, on any route, as ``serve``'s protocol
+    # counts them (None: no such protocol, e.g. an app in a test client).
+    requests_in: int | None = None
 
     def arrived(self, scope: dict) -> None:
         scope.setdefault("state", {})["neorl.arriving"] = True
@@ -121,19 +125,29 @@ class ServerMetrics:
 
     def request(self, path: str, status: int, seconds: float) -> None:
         route = path if path in _ROUTES else "other"
-        self.requests.labels(route, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        # The labelled children, looked up once per route and status (a bounded set: a
+        # client's own paths all count as "other"), not on every request.
+        children = self._children.get((route, status))
+        if children is None:
+            children = (self.requests.labels(route, str(status)), self.latency.labels(route))
+            self._children[route, status] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def decisions(self, decision: Any) -> None:
-        self.decided.inc(len(decision.status))
-        for kind in STATUS_BITS:
-            count = int(np.count_nonzero(getattr(decision, kind)))
-            if count:
-                self.flags.labels(kind).inc(count)
-        counts = decision.violated_mask.sum(axis=0)
-        for name, count in zip(decision.constraint_names, counts.tolist(), strict=True):
-            if count:
-                self.violations.labels(name).inc(count)
+        status = decision.status
+        self.decided.inc(status.size)
+        if status.any():  # every flag is a bit of the status: none set, nothing to count
+            for kind in STATUS_BITS:
+                count = int(np.count_nonzero(getattr(decision, kind)))
+                if count:
+                    self.flags.labels(kind).inc(count)
+        mask = decision.violated_mask
+        if mask.any():
+            counts = mask.reshape(-1, mask.shape[-1]).sum(axis=0)
+            for name, count in zip(decision.constraint_names, counts.tolist(), strict=True):
+                if count:
+                    self.violations.labels(name).inc(count)
 
     def policy_loaded(self, version: str, source: str) -> None:
         # /metrics is served without auth: a registry URI names the model, a directory is

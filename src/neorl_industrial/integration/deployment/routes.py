@@ -46,6 +46,7 @@ from neorl_industrial.integration.deployment.deps import (
     ServingDep,
     SettingsDep,
 )
+from neorl_industrial.integration.deployment.middleware import OrjsonRoute
 from neorl_industrial.integration.deployment.policy import load_policy_source
 from neorl_industrial.integration.deployment.schemas import (
     ActRequest,
@@ -59,7 +60,7 @@ from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
 
 __all__ = ["orjson_response", "router"]
 
-router = APIRouter()
+router = APIRouter(route_class=OrjsonRoute)  # bodies parsed by orjson
 
 _FLAGS = tuple(STATUS_BITS)  # the decision's flags, in the artifact's order
 
