@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from benchmarks.harness import free_port, wait_for_http
 from neorl_industrial.integration.deployment import ServerSettings, SettingsError, create_app
 from neorl_industrial.integration.safety import AuditLog
 from neorl_industrial.wrappers.agents import PolicyArtifact
+from neorl_industrial.wrappers.agents.signing import PUBLIC_KEY, generate_key_pair
 from tests.wrappers.agents.test_export import Policy, plant_inputs
 
 # Keys as secrets.token_urlsafe(32) makes them (shorter or placeholder keys are refused).
@@ -41,8 +43,13 @@ def policies(tmp_path_factory):
     second = Policy()
     import jax
 
+    # Signed, as a server trusts only signed policies (the key: _settings' trusted_keys).
+    key = generate_key_pair(root / "keys")
     second.params = second.algorithm.init(jax.random.key(7)).policy
-    paths = {"a": first.export(root / "a"), "b": second.export(root / "b")}
+    paths = {
+        "a": first.export(root / "a", signing_key=key),
+        "b": second.export(root / "b", signing_key=key),
+    }
     from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
 
     wide = make_td3bc(TD3BCConfig(hidden=(8, 8)), 7, 3)
@@ -52,6 +59,7 @@ def policies(tmp_path_factory):
         policy_params=wide.init(jax.random.key(1)).policy,
         observation_size=7,
         observation_names=[*first.env.observation_names, "extra"],
+        signing_key=key,
     )
     return paths
 
@@ -59,6 +67,7 @@ def policies(tmp_path_factory):
 def _settings(tmp_path, model, **overrides):
     values = {
         "model": str(model),
+        "trusted_keys": [Path(model).parent / "keys" / PUBLIC_KEY],
         "api_keys": {"act": [ACT], "admin": [ADMIN]},
         "batch_sizes": [1, 2, 4, 8, 16],
         "max_batch": 16,
@@ -383,7 +392,7 @@ def test_cli_serve_starts_uvicorn(policies, tmp_path):
     command = [
         sys.executable, "-m", "neorl_industrial.cli", "--no-cache", "serve",
         "--model", str(policies["a"]), "--port", str(port), "--api-keys-file", str(keys),
-        "--log-level", "warning",
+        "--trusted-key", str(policies["a"].parent / "keys" / PUBLIC_KEY), "--log-level", "warning",
     ]  # fmt: skip
     server = subprocess.Popen(command, env=os.environ.copy())
     try:

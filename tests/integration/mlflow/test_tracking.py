@@ -329,6 +329,7 @@ def test_the_policy_server_loads_a_registry_uri(tracked):
     settings = ServerSettings(
         model=f"models:/{MODEL}@champion", tracking_uri=uri, auth=False,
         batch_sizes=[1, 2], max_batch=2,
+        trusted_keys=[Path(outcome.config.export.signing_keys) / "policy-signing.pub"],
     )  # fmt: skip
     with TestClient(create_app(settings)) as server:
         info = server.get("/v1/policy").json()

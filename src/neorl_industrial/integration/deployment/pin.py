@@ -417,16 +417,26 @@ def probe_inputs(
 
 
 def probe_refusals(
-    artifact: Any, check: ServerCheck, task: ServedTask, *, seed: int | None = None
+    artifact: Any,
+    check: ServerCheck,
+    task: ServedTask,
+    batch_sizes: Sequence[int],
+    *,
+    seed: int | None = None,
 ) -> list[str]:
     """What ``artifact`` (serving through ``check``) served on the probe inputs that the
-    server's own shield would not pass (empty: every action passed), in words. Every
-    serialized function is probed: batches of 64 rows (the shield's batch path) and of 32
-    take different ones; both sizes are among those a server compiles anyway."""
+    server's own shield would not pass (empty: every action passed), in words.
+
+    Every serialized function the server will call is probed, in batches of the largest
+    of ``batch_sizes`` (the padded sizes it compiles) that reaches it: batches from the
+    shield's batch path on (64 rows) take another function than smaller ones."""
     rng = np.random.default_rng(seed)
     observations, prev = probe_inputs(check.compiled, task, rng)
+    sizes = sorted(set(batch_sizes))
+    chosen = [max(s for s in sizes if s < BRANCH_MIN_BATCH)] if sizes[0] < BRANCH_MIN_BATCH else []
+    chosen += [sizes[-1]] if sizes[-1] >= BRANCH_MIN_BATCH else []
     found = []
-    for size in (BRANCH_MIN_BATCH, BRANCH_MIN_BATCH // 2):
+    for size in chosen:
         incidents = 0
         check.last_incident = None
         for start in range(0, len(observations), size):

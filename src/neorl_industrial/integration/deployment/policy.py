@@ -330,7 +330,7 @@ def load_policy_source(
     artifact = artifact.with_guard(check)
     # What the function does, not what it says: probe inputs through the server's check,
     # which must not have to replace a single action.
-    refusals = probe_refusals(artifact, check, task)
+    refusals = probe_refusals(artifact, check, task, batch_sizes)
     if refusals:
         raise PolicyArtifactError(
             f"{artifact.path}: its serialized policy function does not keep the "
