@@ -351,9 +351,9 @@ def _check_bounds(
     where = (field, name if named else column) if single else (field, row, column)
     raise _unprocessable(
         where,
-        f"{float(prev[row, column])!r} is outside {name!r}'s bounds "
-        f"[{spec.low[column]:g}, {spec.high[column]:g}]; the action applied at the previous "
-        "step is within them",
+        f"{float(prev[row, column])!r} is outside the bounds "
+        f"[{spec.low[column]:g}, {spec.high[column]:g}] of {name!r}; the action applied at "
+        "the previous step is within them",
     )
 
 
