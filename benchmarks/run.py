@@ -46,6 +46,7 @@ BENCHMARKS: dict[str, str] = {
     "ope": "benchmarks.ope",
     "serving": "benchmarks.serving",
     "soak": "benchmarks.soak",
+    "slow_clients": "benchmarks.slow_clients",
 }
 
 

@@ -1,5 +1,5 @@
-"""Serving a policy: our FastAPI server against ``mlflow models serve``, same policy, same
-machine, same load generator, in one run.
+"""Serving a policy: our FastAPI server against ``mlflow models serve`` and against the
+framework's ceiling, same policy, same machine, same load generator, in one run.
 
 What is measured:
 
@@ -12,15 +12,20 @@ What is measured:
   /invocations`` with the same observation as a one-row ``dataframe_split``. Requests per
   second and p50/p99 latency at 1 and 16 connections, servers measured alternately and
   ``rounds`` times; the medians are reported with their ratios.
+* The ceiling: a bare FastAPI app (:mod:`benchmarks.serving_ceiling`) that parses the same
+  body through a pydantic model and answers a constant, on uvicorn's default HTTP parser
+  (``bare``: httptools when installed) and on h11 (``bare_h11``: the parser ours runs on,
+  for its slow-client deadlines); measured in the same rounds. Ours as a share of each.
 * Soak: our server at a fixed rate for ``soak_seconds`` (a paced asyncio client):
   errors, and resident memory (``/proc/<pid>/status`` VmRSS) after warm-up against the end.
 * Hot reload under load: ``wrk`` at 16 connections while the admin endpoint swaps the
   policy ``reloads`` times: non-2xx responses and socket errors.
 * schemathesis against our OpenAPI schema (``/openapi.json``): server errors (5xx).
 
-Targets (from the serving issue): throughput at 16 connections >= 30x MLflow's, p99 at 16
-connections <= 10 % of MLflow's, zero soak errors with RSS growth < 10 %, zero failed
-requests during reloads, zero schemathesis server errors.
+Targets: throughput at 16 connections >= 30x MLflow's, p99 at 16 connections <= 10 % of
+MLflow's, throughput >= 70 % of the bare app's at 16 connections and >= 60 % at 1, zero
+soak errors with RSS growth < 10 %, zero failed requests during reloads, zero schemathesis
+server errors.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
+    REPO_ROOT,
     Table,
     evaluate_targets,
     free_port,
@@ -189,7 +195,9 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         {"dataframe_split": {"columns": list(artifact.observation_names), "data": [observation]}}
     )
     (scratch / "keys.yaml").write_text(f"act: [{KEY}]\nadmin: [{ADMIN}]\n")
-    ports = {"ours": free_port(), "mlflow": free_port()}
+    ports = {"ours": free_port(), "mlflow": free_port(), "bare": free_port(),
+             "bare_h11": free_port()}  # fmt: skip
+    ceiling = [sys.executable, "-m", "benchmarks.serving_ceiling", "--port"]
     servers = {
         "ours": subprocess.Popen(
             [sys.executable, "-m", "neorl_industrial.cli", "serve", "--model", model,
@@ -202,28 +210,41 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
              "local", "-h", "127.0.0.1", "-p", str(ports["mlflow"])],
             env=env, cwd=scratch, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ),
+        "bare": subprocess.Popen(
+            [*ceiling, str(ports["bare"])], env=env, cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ),
+        "bare_h11": subprocess.Popen(
+            [*ceiling, str(ports["bare_h11"]), "--http", "h11"], env=env, cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ),
     }  # fmt: skip
     urls = {
         "ours": f"http://127.0.0.1:{ports['ours']}/v1/act",
         "mlflow": f"http://127.0.0.1:{ports['mlflow']}/invocations",
+        "bare": f"http://127.0.0.1:{ports['bare']}/v1/act",
+        "bare_h11": f"http://127.0.0.1:{ports['bare_h11']}/v1/act",
     }
     scripts = {
         "ours": _lua(scratch / "ours.lua", ours_body, {
             "Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}),
         "mlflow": _lua(scratch / "mlflow.lua", mlflow_body, {"Content-Type": "application/json"}),
     }  # fmt: skip
+    scripts["bare"] = scripts["bare_h11"] = scripts["ours"]  # the same request, key and all
     results: dict[str, Any] = {}
     try:
         wait_for_http(f"http://127.0.0.1:{ports['ours']}/readyz", servers["ours"], 180)
         wait_for_http(f"http://127.0.0.1:{ports['mlflow']}/ping", servers["mlflow"], 180)
-        for name in ("ours", "mlflow"):  # warm both (first requests compile / load lazily)
+        for name in ("bare", "bare_h11"):
+            wait_for_http(f"http://127.0.0.1:{ports[name]}/docs", servers[name], 60)
+        for name in urls:  # warm every server (first requests compile / load lazily)
             _wrk(urls[name], scripts[name], 1, 2)
         runs: dict[str, dict[int, list[dict[str, float]]]] = {
             name: {c: [] for c in config["connections"]} for name in urls
         }
         for round_ in range(config["rounds"]):
             for connections in config["connections"]:
-                for name in ("mlflow", "ours"):
+                for name in ("mlflow", "bare", "ours", "bare_h11"):
                     progress(f"round {round_ + 1}: {name}, {connections} connection(s)")
                     runs[name][connections].append(
                         _wrk(urls[name], scripts[name], connections, config["seconds"])
@@ -240,7 +261,15 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
             ours, theirs = table[f"ours_c{c}"], table[f"mlflow_c{c}"]
             results[f"throughput_ratio_c{c}"] = ours["requests_per_s"] / theirs["requests_per_s"]
             results[f"p99_share_c{c}"] = ours["p99_ms"] / theirs["p99_ms"]
-        servers["mlflow"].terminate()
+            for bare in ("bare", "bare_h11"):
+                # Each round's ratio (its runs were seconds apart), then their median: on a
+                # shared machine the absolute rates drift between rounds, the ratio less.
+                pairs = zip(runs["ours"][c], runs[bare][c], strict=True)
+                shares = [o["requests_per_s"] / b["requests_per_s"] for o, b in pairs]
+                results[f"ceiling_share_c{c}" + bare[4:]] = statistics.median(shares)
+                results[f"ceiling_shares_c{c}" + bare[4:]] = shares
+        for name in ("mlflow", "bare", "bare_h11"):
+            servers[name].terminate()
 
         # Soak at a fixed rate: errors and memory.
         progress(f"soak: {config['soak_rate']} req/s for {config['soak_seconds']} s")
@@ -313,6 +342,8 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         {
             "throughput_ratio_c16": results["throughput_ratio_c16"],
             "p99_share_c16": results["p99_share_c16"],
+            "ceiling_share_c16": results["ceiling_share_c16"],
+            "ceiling_share_c1": results["ceiling_share_c1"],
             "soak_errors": soak["errors"],
             "soak_rss_growth": soak["rss_growth"],
             "reload_failed": reload["failed"] + (1 if reload["socket_errors"] else 0),
@@ -321,6 +352,8 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         {
             "throughput_ratio_c16": (">=", 30.0, "req/s at 16 connections vs mlflow models serve"),
             "p99_share_c16": ("<=", 0.10, "p99 at 16 connections as a share of mlflow's"),
+            "ceiling_share_c16": (">=", 0.70, "req/s at 16 connections vs the bare FastAPI app"),
+            "ceiling_share_c1": (">=", 0.60, "req/s at 1 connection vs the bare FastAPI app"),
             "soak_errors": ("<=", 0, "errors in the fixed-rate soak"),
             "soak_rss_growth": ("<", 0.10, "resident memory growth over the soak"),
             "reload_failed": ("<=", 0, "failed requests while reloading under load"),
@@ -360,9 +393,33 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
              results[f"throughput_ratio_c{c}"], theirs["p50_ms"], ours["p50_ms"],
              theirs["p99_ms"], ours["p99_ms"], results[f"p99_share_c{c}"]]
         )  # fmt: skip
+    ceiling = []
+    for c in config["connections"]:
+        ours = load[f"ours_c{c}"]
+        bare, bare_h11 = load[f"bare_c{c}"], load[f"bare_h11_c{c}"]
+        ceiling.append(
+            [c, ours["requests_per_s"], bare["requests_per_s"], results[f"ceiling_share_c{c}"],
+             bare_h11["requests_per_s"], results[f"ceiling_share_c{c}_h11"],
+             ours["p50_ms"], bare["p50_ms"]]
+        )  # fmt: skip
     soak, reload, fuzz = results["soak"], results["reload"], results["schemathesis"]
     targets = results["targets"]
     return [
+        Table(
+            "Ours against the framework's ceiling (a bare FastAPI app parsing the same body; "
+            "share: median of the rounds' ratios)",
+            [
+                "connections",
+                "ours req/s",
+                "bare req/s",
+                "share",
+                "bare h11 req/s",
+                "share (h11)",
+                "ours p50 ms",
+                "bare p50 ms",
+            ],
+            ceiling,
+        ),
         Table(
             "Serving the same shielded policy (medians of alternating wrk runs)",
             [
