@@ -33,3 +33,59 @@ def test_replay_sends_to_the_default_store_not_the_spools(tmp_path, monkeypatch,
     assert not planted.exists()
     runs = MlflowClient(tracking_uri=uri).search_runs(["1"])
     assert [run.info.run_name for run in runs] == ["r"]
+
+
+def test_register_refuses_unsigned_and_registers_a_signed_export_that_can_be_promoted(
+    tmp_path, monkeypatch, capsys
+):
+    """``models register`` is how a signed export reaches the registry: verified,
+    tagged with its signature, promotable; an unsigned one only on request (never
+    promoted). Loading a ``models:/`` URI leaves nothing in the temporary directory."""
+    import tempfile
+
+    from mlflow import MlflowClient
+
+    from neorl_industrial.integration.deployment.policy import PolicyTrust, load_policy_source
+    from neorl_industrial.integration.mlflow.registry import load_policy
+    from neorl_industrial.wrappers.agents.signing import PUBLIC_KEY, generate_key_pair
+    from tests.wrappers.agents.test_export import Policy
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    key = generate_key_pair(tmp_path / "keys")
+    policy = Policy()
+    signed = policy.export(tmp_path / "signed", signing_key=key)
+    unsigned = policy.export(tmp_path / "unsigned")
+
+    assert cli.main(["models", "register", str(unsigned), "--name", "plant-policy"]) == 2
+    assert "unsigned" in " ".join(capsys.readouterr().err.split())
+    assert cli.main(["models", "register", str(unsigned), "--name", "plant-policy",
+                     "--allow-unsigned"]) == 0  # fmt: skip
+    stranger = generate_key_pair(tmp_path / "stranger").parent / PUBLIC_KEY
+    trusted = str(key.parent / PUBLIC_KEY)
+    refused = ["models", "register", str(signed), "--name", "p", "--trusted-key", str(stranger)]
+    assert cli.main(refused) == 2
+    arguments = ["models", "register", str(signed), "--name", "plant-policy", "--trusted-key",
+                 trusted, "--metric", "return=1.5", "--metric", "normalized_cost=0.5",
+                 "--promote"]  # fmt: skip
+    assert cli.main(arguments) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "models:/plant-policy/2" in printed and "promoted to @champion" in printed
+
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    first, second = (client.get_model_version("plant-policy", v) for v in ("1", "2"))
+    assert first.tags["signature"] == "unsigned"
+    assert second.tags["signature"].startswith("sha256:")
+    assert str(client.get_model_version_by_alias("plant-policy", "champion").version) == "2"
+
+    before = sorted(scratch.iterdir())
+    artifact = load_policy("models:/plant-policy@champion", uri)
+    assert artifact.signature["key_fingerprint"] == second.tags["signature"]
+    trust = PolicyTrust.from_files([trusted])
+    loaded = load_policy_source("models:/plant-policy@champion", uri, [1], trust=trust)
+    assert loaded.registry["version"] == "2"
+    assert loaded.artifact.predict([50.0] * 6).action.shape == (3,)
+    assert sorted(scratch.iterdir()) == before  # every download removed

@@ -319,3 +319,22 @@ def test_bad_observations_are_named(artifact):
         artifact.predict(observations)
     with pytest.raises(ValueError, match="prev_action: expected the shape"):
         artifact.predict(np.ones((3, 6)), np.zeros((2, 3)))
+
+
+def test_the_manifest_records_the_task_a_server_pins(policy, tmp_path):
+    low = np.full(6, -np.inf)
+    high = np.asarray([100.0, 100.0, 100.0, 100.0, np.inf, 1000.0])
+    path = policy.export(
+        tmp_path / "policy",
+        observation_bounds=(low, high),
+        observation_units=["%", "-", "-", "-", None, "kW"],
+        action_units=["-", "-", "-"],
+    )
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["observation_names"] == list(policy.env.observation_names)
+    assert manifest["observation_low"] == [None] * 6
+    assert manifest["observation_high"] == [100.0, 100.0, 100.0, 100.0, None, 1000.0]
+    assert manifest["observation_units"] == ["%", "-", "-", "-", None, "kW"]
+    assert manifest["action_units"] == ["-", "-", "-"]
+    with pytest.raises(PolicyArtifactError, match=r"action_units: expected 3"):
+        policy.export(tmp_path / "bad", action_units=["-"])

@@ -168,3 +168,66 @@ def test_the_export_command_takes_a_signing_key():
     args = build_parser().parse_args(["export", "agent", "--out", "policy", "--sign-key", "k.pem"])
     assert args.sign_key == "k.pem"
     assert build_parser().parse_args(["export", "agent", "--out", "policy"]).sign_key is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink-out", "symlink-in", "directory"])
+def test_anything_but_regular_files_is_refused_before_reading(signed, tmp_path, kind):
+    """A FIFO would block the reader forever (a reload hung); a symlink could point out
+    of the directory. Refused at once, naming the entry, with nothing read."""
+    import os
+    import threading
+
+    artifact = tmp_path / "policy"
+    shutil.copytree(signed, artifact)
+    target = artifact / "params.msgpack"
+    if kind == "fifo":
+        target.unlink()
+        os.mkfifo(target)
+        expected = "a FIFO, not a regular file"
+    elif kind == "symlink-out":
+        outside = tmp_path / "elsewhere.msgpack"
+        shutil.move(target, outside)
+        target.symlink_to(outside)
+        expected = "a symbolic link, not a regular file"
+    elif kind == "symlink-in":
+        target.unlink()
+        target.symlink_to(artifact / "constraints.yaml")
+        expected = "a symbolic link, not a regular file"
+    else:
+        (artifact / "extra").mkdir()
+        target = artifact / "extra"
+        expected = "a directory, not a regular file"
+    outcome: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            PolicyArtifact.load(artifact)
+        except BaseException as error:  # handed to the test thread
+            outcome.append(error)
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    loader.join(60)
+    assert not loader.is_alive(), "loading the artifact blocked"
+    (error,) = outcome
+    assert isinstance(error, PolicyArtifactError)
+    assert str(target) in str(error) and expected in str(error)
+
+
+def test_two_runs_making_the_key_pair_at_once_get_one_whole_pair(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def make(_: int) -> str:
+        try:
+            generate_key_pair(tmp_path)
+            return "made"
+        except FileExistsError:
+            return "exists"
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(make, range(8)))
+    assert outcomes.count("made") == 1
+    private = load_private_key(tmp_path / PRIVATE_KEY)
+    (fingerprint,) = load_public_keys([tmp_path / PUBLIC_KEY])
+    assert load_public_keys([private.public_key()]).keys() == {fingerprint}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PRIVATE_KEY, PUBLIC_KEY]
