@@ -155,7 +155,8 @@ def test_a_deleted_anchor_or_an_anchor_of_another_file_is_detected(rotated):
     anchor.unlink()
     assert "anchor: missing" in _failure(rotated)
     anchor.write_bytes(saved.replace(b'"file":7', b'"file":9'))
-    assert "names file 9 as the newest" in _failure(rotated)
+    assert "anchor: names file 9 and sequence" in _failure(rotated)
+    assert "the anchor was edited, or files were removed or renamed" in _failure(rotated)
 
 
 def test_a_rewritten_log_passes_alone_but_not_against_a_kept_anchor(rotated, tmp_path):
@@ -188,6 +189,22 @@ def test_records_after_the_anchor_are_a_note_not_a_failure(tmp_path):
     with AuditLog(path, policy_version="v") as log:  # reopening brings the anchor up
         assert log.stats()["gaps"] == 0
     assert check_chain(path).notes == ()
+
+
+def test_a_stop_between_a_rotation_and_the_anchor_is_a_note(tmp_path):
+    path = tmp_path / "audit.jsonl"
+    anchor = tmp_path / "audit.jsonl.anchor"
+    with AuditLog(path, policy_version="v", max_bytes=3000, backups=5) as log:
+        _write(log)
+        before = anchor.read_bytes()
+        _write(log)  # rotates: a new file with its header and two records
+        assert log.file_number == 1
+    anchor.write_bytes(before)  # the anchor still names file 0
+    result = check_chain(path)
+    assert result.ok, result.message
+    assert result.notes == (
+        "3 records after the anchor (written when the process stopped before updating it)",
+    )
 
 
 def test_a_log_cut_while_stopped_gets_a_gap_record_on_reopening(tmp_path, caplog):

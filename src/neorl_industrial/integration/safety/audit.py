@@ -958,7 +958,8 @@ class _ChainState:
     file_records: int = 0
     previous_file_records: int | None = None  # None: the first file checked
     seen_anchor: bool = False
-    seen_head_at: int | None = None  # the index in the last file where the anchor's head is
+    # Where the beside-the-log anchor's head was found: (file, records up to it, sequence).
+    seen_head_at: tuple[int | None, int, int] | None = None
 
 
 def _chain_files(path: Path) -> list[Path]:
@@ -1053,7 +1054,7 @@ def _verify_file(
         if anchor is not None and record["hash"] == anchor:
             state.seen_anchor = True
         if head is not None and record["hash"] == head:
-            state.seen_head_at = state.file_records
+            state.seen_head_at = (expect_header, state.records, sequence)
     if first and expect_header is not None:
         return "empty: no file header"
     return None
@@ -1096,9 +1097,8 @@ def check_chain(
         if since_file and _is_header(header) and header["file"] < since_file:
             continue  # shipped off on purpose: only files from since_file on are checked
         kept.append(file)
+    head = beside.get("head") if beside else None
     for index, file in enumerate(kept):
-        last = index == len(kept) - 1
-        head = beside.get("head") if (last and beside) else None
         state.previous_file_records = state.file_records if index else None
         message = _verify_file(file, state, expect_header=expected, anchor=anchor, head=head)
         if message is not None:
@@ -1111,21 +1111,24 @@ def check_chain(
             f"{path.name}.anchor: missing or unreadable; without it records cut from the end "
             "cannot be detected"
         )
-    if beside.get("file") != state.file:
-        return failed(
-            f"{path.name}.anchor: names file {beside.get('file')} as the newest, the newest "
-            f"on disk is file {state.file}: files were removed or renamed"
-        )
     if state.seen_head_at is None:
         return failed(
             f"{path.name}: ends at sequence {state.sequence} (head {(state.previous or '')[:16]}), "
             f"its anchor at sequence {beside.get('sequence')} (head "
             f"{str(beside.get('head'))[:16]}): records were cut from the end or rewritten"
         )
-    if state.seen_head_at < state.file_records:
+    head_file, head_records, head_sequence = state.seen_head_at
+    if beside.get("file") != head_file or beside.get("sequence") != head_sequence + 1:
+        return failed(
+            f"{path.name}.anchor: names file {beside.get('file')} and sequence "
+            f"{beside.get('sequence')}, its head is record {head_sequence} of file "
+            f"{head_file}: the anchor was edited, or files were removed or renamed"
+        )
+    if head_records < state.records:
+        # A process stopped between a write and the anchor's update (a rotation included).
         notes.append(
-            f"{state.file_records - state.seen_head_at} records after the anchor (written when "
-            "the process stopped before updating it)"
+            f"{state.records - head_records} records after the anchor (written when the "
+            "process stopped before updating it)"
         )
     if anchor is not None and not state.seen_anchor:
         return failed(
