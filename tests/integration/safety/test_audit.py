@@ -387,3 +387,20 @@ def test_restart_right_after_rotation_chains_on_from_the_rotated_file(tmp_path):
 def test_a_rate_limit_without_a_window_is_refused(tmp_path):
     with pytest.raises(ValueError, match="needs an aggregation window"):
         AuditLog(tmp_path / "log.jsonl", policy_version="v", key_rate=5.0)
+
+
+def test_archiving_never_replaces_a_file_the_archive_holds(tmp_path, caplog):
+    path = tmp_path / "audit.jsonl"
+    archive = tmp_path / "audit.jsonl.archive"
+    archive.mkdir()
+    (archive / "audit.jsonl.000000").write_text("kept\n")
+    with (
+        caplog.at_level(logging.ERROR, "neorl_industrial.audit"),
+        AuditLog(path, policy_version="v", max_bytes=3000, backups=1) as log,
+    ):
+        for _ in range(3):
+            _write(log)  # file 0 goes to the archive at the second rotation
+    assert (archive / "audit.jsonl.000000").read_text() == "kept\n"
+    (moved,) = archive.glob("audit.jsonl.000000.duplicate-*")
+    assert AuditLog.read(moved)[0]["file"] == 0
+    assert "already holds file 0" in caplog.records[0].getMessage()

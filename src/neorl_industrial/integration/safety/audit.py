@@ -805,6 +805,9 @@ class AuditLog:
         archive = self._beside("archive")
         archive.mkdir(mode=0o700, exist_ok=True)
         target = archive / f"{self.path.name}.{number:06d}"
+        if target.exists():  # never replace what the archive holds (it would delete it)
+            target = archive / f"{target.name}.duplicate-{time.time_ns()}"
+            log.error("audit log %s: the archive already holds file %d", self.path, number)
         os.replace(file, target)
         self._stats["archived_files"] += 1
         self._stats["archived_records"] += records or 0
