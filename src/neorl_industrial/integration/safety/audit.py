@@ -4,9 +4,10 @@ Every override record holds the time (UTC), a sequence number, the request id, t
 version that decided, the API key's fingerprint, the observation, the proposed and the
 applied action, the constraints the proposal broke (``violated``) and those the applied
 action still breaks (``violated_after``, where the report says), and how the shield
-repaired it. Each
-record carries the SHA-256 of its canonical JSON (``hash``) and the previous record's hash
-(``prev_hash``), so an edited, deleted, inserted or reordered record breaks the chain.
+repaired it. Each record carries the SHA-256 of its canonical JSON (``hash``) and the
+previous record's hash (``prev_hash``), so an edited, deleted, inserted or reordered record
+breaks the chain. A log found on opening to end before its anchor (or without one) gets a
+``gap`` record saying so, which verification reports.
 
 **Files.** ``audit.jsonl`` is the file being written. With ``max_bytes`` and ``backups`` it
 rotates by size as :class:`logging.handlers.RotatingFileHandler` does (``audit.jsonl`` →
@@ -33,10 +34,10 @@ fresh hashes and a fresh anchor is only caught against a head hash kept elsewher
 **Volume.** With ``window_s``, overrides of one key with the same violated constraints,
 shield flags and policy version within a window are written as one full record (the first)
 and one ``aggregate`` record when the window closes: the count, the first and last time and
-request id, and a SHA-256 of the rows. With ``key_rate``, each key gets that many full
-records per second (burst: ten seconds' worth); past it, rows are folded into aggregates
-too. Nothing is dropped: every overridden row is in a full record or counted in an
-aggregate.
+request id, and a SHA-256 of the rows (:func:`rows_digest_update`). With ``key_rate``,
+each key gets that many full records per second (burst: ten seconds' worth); past it, rows
+are folded into aggregates too. Nothing is dropped: every overridden row is in a full
+record or counted in an aggregate.
 
 Writes are one ``write`` per record followed by a flush (and, with ``fsync=True``, an
 ``os.fsync`` of the log and the anchor). One process owns a log; its threads may share it.
