@@ -140,14 +140,27 @@ def test_a_client_trickling_its_headers_gets_a_408_and_is_counted(server):
     assert _metric(server, "neorl_connections_cut", "header_timeout") == before + 1
 
 
+def _requests(port: int, status: int) -> float:
+    text = _get(port, "/metrics")[1].decode()
+    pattern = rf'^neorl_requests_total{{route="/v1/act",status="{status}"}} (\S+)$'
+    match = re.search(pattern, text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
 def test_a_client_trickling_its_body_gets_a_408_and_is_counted(server):
     before = _metric(server, "neorl_connections_cut", "body_timeout")
+    gone = _requests(server, 499)
     with socket.create_connection(("127.0.0.1", server)) as sock:
         sock.sendall(_slow_body_head(1000))
         seconds, answer = _trickle(sock, b" ", 0.1, 5.0)
     assert seconds < 4 * DEADLINE_S
     assert answer.startswith(b"HTTP/1.1 408")
     assert _metric(server, "neorl_connections_cut", "body_timeout") == before + 1
+    # The cut request is recorded as the client's going away, not as the app's answer.
+    deadline = time.monotonic() + 5
+    while _requests(server, 499) == gone and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _requests(server, 499) == gone + 1
 
 
 def test_a_body_keeping_up_the_minimum_rate_is_not_cut(server):

@@ -105,14 +105,22 @@ class LimitsAndMetrics:
             receive = replay
 
         status = 500
+        gone = False  # the client went away (or was cut) before its body was in
         acting = path in _ACT_ROUTES
-        if acting:
+        if acting or scope["method"] in ("POST", "PUT", "PATCH"):
             inner_receive = receive
 
+            body_in = False
+
             async def receive() -> dict:
+                nonlocal gone, body_in
                 message = await inner_receive()
-                if message["type"] == "http.request" and not message.get("more_body", False):
-                    metrics.arrived(scope)
+                if message["type"] != "http.request":
+                    gone = gone or not body_in
+                elif not message.get("more_body", False):
+                    body_in = True
+                    if acting:
+                        metrics.arrived(scope)
                 return message
 
         async def tracking_send(message: dict) -> None:
@@ -126,7 +134,9 @@ class LimitsAndMetrics:
         finally:
             if acting:
                 metrics.submitted(scope)  # no-op when the handler submitted
-            if status == 503:
+            if gone:
+                status = CLIENT_CLOSED  # whatever the app answered, nobody read it
+            elif status == 503:
                 ready = self.ready()
                 metrics.unavailable(UNAVAILABLE_SHUTTING_DOWN if ready else UNAVAILABLE_LOADING)
             metrics.request(path, status, time.perf_counter() - started)
@@ -282,7 +292,9 @@ def guarded_protocol(
                 if self._body_since is None:
                     self._disarm()
                     self._body_since = self.loop.time()
-                    self._body_offset = self._received - len(data)
+                    # Everything so far counts as headers: the body's first bytes in
+                    # this chunk buy no time (stricter, never looser, than exact).
+                    self._body_offset = self._received
                     self._deadline = self.loop.call_later(self.body_timeout, self._body_check)
             else:  # the request is in: the app answers it, no client deadline applies
                 self._disarm()
