@@ -134,11 +134,15 @@ def test_the_image_entrypoint_and_healthcheck_run_the_server_here(tmp_path):
         *[str(port) if arg == "8000" else arg for arg in entrypoint[1:]],
     ]
     command[command.index("0.0.0.0")] = "127.0.0.1"
-    policy = Policy().export(tmp_path / "policy")
+    from neorl_industrial.wrappers.agents.signing import PUBLIC_KEY, generate_key_pair
+
+    signing_key = generate_key_pair(tmp_path / "release")
+    policy = Policy().export(tmp_path / "policy", signing_key=signing_key)
     (tmp_path / "keys.yaml").write_text(f"act: [{ENTRYPOINT_KEY}]\n")
     environment = {
         **os.environ,
         "NEORL_SERVE_MODEL": str(policy),
+        "NEORL_SERVE_TRUSTED_KEYS": json.dumps([str(signing_key.parent / PUBLIC_KEY)]),
         "NEORL_SERVE_API_KEYS_FILE": str(tmp_path / "keys.yaml"),
         "NEORL_SERVE_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
     }
@@ -202,6 +206,9 @@ def test_compose_and_kubernetes_read_secrets_from_files():
     assert (
         json.loads(policy["NEORL_SERVE_TRUSTED_KEYS"]) and policy["NEORL_SERVE_PINNED_CONSTRAINTS"]
     )
+    assert policy["NEORL_SERVE_PINNED_TASK"] in {
+        entry["target"] for entry in services["policy"]["secrets"] if isinstance(entry, dict)
+    }
     for secret in compose["secrets"].values():
         assert set(secret) == {"file"}  # never an inline value or an environment variable
 
