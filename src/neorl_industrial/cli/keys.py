@@ -19,7 +19,10 @@ def command_keys_generate(args: argparse.Namespace) -> int:
     (fingerprint,) = load_public_keys([public])
     console = make_console()
     console.print(f"Private key (keep it secret, mode 0600): {private}")
-    console.print(f"Public key (give it to servers, NEORL_SERVE_TRUSTED_KEYS): {public}")
+    console.print(
+        f"Public key (give it to servers: serve --trusted-key, NEORL_SERVE_TRUSTED_KEYS; a "
+        f"server started beside keys/ trusts keys/policy-signing.pub): {public}"
+    )
     console.print(f"Fingerprint: {fingerprint}", soft_wrap=True)
     return 0
 

@@ -231,3 +231,27 @@ def test_two_runs_making_the_key_pair_at_once_get_one_whole_pair(tmp_path):
     (fingerprint,) = load_public_keys([tmp_path / PUBLIC_KEY])
     assert load_public_keys([private.public_key()]).keys() == {fingerprint}
     assert sorted(p.name for p in tmp_path.iterdir()) == [PRIVATE_KEY, PUBLIC_KEY]
+
+
+def test_runs_sign_by_default_with_keys_made_on_first_use(tmp_path, monkeypatch):
+    """Every run signs its policy: with keys/ in the working directory (made on first
+    use, where a server started there looks), or the configured directory; unsigned only
+    when asked, and said."""
+    import io
+
+    from rich.console import Console
+
+    from neorl_industrial.pipeline import _signing_key, main_job_config
+    from neorl_industrial.wrappers.training import RunConfig
+
+    monkeypatch.chdir(tmp_path)
+    config = RunConfig.from_dict({"env": {"id": "IB-v0"}}, source="test")
+    assert config.export.signing_keys == "keys" and config.export.create_keys
+    key = _signing_key(config, None)
+    assert key == Path("keys") / PRIVATE_KEY and (tmp_path / "keys" / PUBLIC_KEY).is_file()
+    assert _signing_key(config, None) == key  # the same pair next time
+    assert main_job_config().export.signing_keys == "keys"
+    unsigned = config.with_overrides(["export.signing_keys=null"])
+    output = io.StringIO()
+    assert _signing_key(unsigned, Console(file=output, width=200)) is None
+    assert "exported unsigned" in output.getvalue()
