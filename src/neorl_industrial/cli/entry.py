@@ -61,5 +61,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileExistsError, FileNotFoundError) as error:
         # Every error of ours is one of these (pydantic's, the registry's and the spool's
         # are ValueErrors); its message names what is wrong.
-        make_console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}")
+        # One line, unwrapped: what is wrong and what to do, greppable in a service's log.
+        make_console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
         return 2

@@ -38,7 +38,7 @@ def command_serve(args: argparse.Namespace) -> int:
         overrides["auth"] = False
     if args.allow_unsigned:
         overrides["allow_unsigned"] = True
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    _log_to_stderr(args.log_level)
     settings = ServerSettings(tune_gc=True, **overrides)
     settings.keys()  # API keys first: the cheapest refusal
     if not settings.model:
@@ -64,6 +64,17 @@ def command_serve(args: argparse.Namespace) -> int:
     uvicorn.run(app, **uvicorn_options(settings), host=args.host, port=args.port,
                 log_level=args.log_level, access_log=False)  # fmt: skip
     return 0
+
+
+def _log_to_stderr(level: str) -> None:
+    """The server's own log (trust warnings, incidents, reloads) on stderr at ``level``."""
+    log = logging.getLogger("neorl_industrial.serve")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(level.upper())
 
 
 def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
