@@ -95,11 +95,11 @@ OUT_OF_DISTRIBUTION = 64
 class SafetyReport:
     """What the shield saw and did for one action (leading axes for a batch).
 
-    Three arrays travel: ``status``, the decision's flags as bits; ``margin``, the
-    proposed action's slack per hard constraint (in ``constraints.names`` order; negative
-    or NaN: violated); ``applied_margin``, the same for the applied action (NaN for a
-    constraint that reads an invalid sensor and cannot be checked). The flags,
-    ``violated`` and ``violated_after`` are read from them:
+    Two arrays travel: ``status``, the decision's flags as bits, and ``margins``, read as
+    ``margin``, the proposed action's slack per hard constraint (in ``constraints.names``
+    order; negative or NaN: violated), and ``applied_margin``, the same for the applied
+    action (NaN for a constraint that reads an invalid sensor and cannot be checked). The
+    flags, ``violated`` and ``violated_after`` are read from them:
 
     * ``overridden``: the applied action differs from the proposed one;
     * ``projected``: the override is the projection of the proposed action;
@@ -117,8 +117,19 @@ class SafetyReport:
     """
 
     status: jax.Array  # [...] int32 bit flags (OVERRIDDEN, PROJECTED, ...)
-    margin: jax.Array  # [..., n_hard] slack of the proposed action
-    applied_margin: jax.Array  # [..., n_hard] slack of the applied action
+    # [..., 2, n_hard]: the slack of the proposed action, then of the applied one. One
+    # array, not two: every output of a jitted call costs its caller a buffer.
+    margins: jax.Array
+
+    @property
+    def margin(self) -> jax.Array:
+        """``[..., n_hard]`` slack of the proposed action."""
+        return self.margins[..., 0, :]
+
+    @property
+    def applied_margin(self) -> jax.Array:
+        """``[..., n_hard]`` slack of the applied action (NaN: cannot be checked)."""
+        return self.margins[..., 1, :]
 
     def _flag(self, bit: int) -> jax.Array:
         return (self.status & bit) != 0
@@ -492,6 +503,9 @@ def _decide(
     large = math.prod(shape) >= BRANCH_MIN_BATCH
     branches = not shape or large
 
+    def broadcast(parts: Components) -> Components:
+        return [jnp.broadcast_to(x, shape) for x in parts]
+
     def override(_):
         low, high = box(constraints, observation, previous)
         fallback = split(fallback_action(constraints, observation, prev_action))
@@ -509,35 +523,40 @@ def _decide(
         usable = [ok & jnp.isfinite(r) for ok, r in zip(readable, rhs, strict=True)]
 
         def with_fallback(_):
-            chosen = _prioritized(constraints, observation, fallback, previous, usable)
-            return [jnp.broadcast_to(x, shape) for x in chosen]
+            return broadcast(_prioritized(constraints, observation, fallback, previous, usable))
 
         def without_fallback(_):
-            return [jnp.broadcast_to(x, shape) for x in projected]
+            return broadcast(projected)
 
-        if branches:
-            chosen = jax.lax.cond(jnp.any(needs_fallback), with_fallback, without_fallback, None)
-        else:
-            chosen = with_fallback(None)
-        safe = [
-            jnp.broadcast_to(
-                jnp.where(keep, proposed[j], jnp.where(projected_ok, projected[j], chosen[j])),
-                shape,
-            )
-            for j in range(constraints.action_size)
-        ]
-        # The applied action's margins; a constraint that reads an invalid sensor cannot
-        # be checked (NaN: reported as broken, but not as infeasible).
+        # The prioritized fallback only when some row needs it, whatever the batch: it is
+        # rarely needed and costs a projection per priority level.
+        chosen = jax.lax.cond(jnp.any(needs_fallback), with_fallback, without_fallback, None)
+        safe = broadcast(
+            [
+                jnp.where(keep, p, jnp.where(projected_ok, r, c))
+                for p, r, c in zip(proposed, projected, chosen, strict=True)
+            ]
+        )
+        # The applied action's margins (elementwise, fused with the choice above; margins
+        # carried out of the branches would be copied); a constraint that reads an invalid
+        # sensor cannot be checked (NaN: reported as broken, but not as infeasible).
         applied = margin_list(constraints, observation, safe, previous)
         offset = constraints.n_hard - constraints.n_linear
         for row, ok in enumerate(readable):
             applied[offset + row] = jnp.where(ok, applied[offset + row], jnp.nan)
-        applied_ = join([jnp.broadcast_to(m, shape) for m in applied], shape)
         checkable = [jnp.ones((), bool)] * offset + readable
         broken = _any([~(m >= -TOLERANCE) & ok for m, ok in zip(applied, checkable, strict=True)])
         flags = (~keep & finite & projected_ok, ~keep & ~(finite & projected_ok))
         flags += (needs_fallback & broken,)
-        return join(safe), tuple(jnp.broadcast_to(flag, shape) for flag in flags), applied_
+        return (
+            join(safe),
+            tuple(jnp.broadcast_to(flag, shape) for flag in flags),
+            both_margins(join(broadcast(applied), shape)),
+        )
+
+    def both_margins(applied: jax.Array) -> jax.Array:
+        """``[..., 2, n_hard]``: the proposal's margins, then ``applied``, in one array."""
+        return jnp.stack([margins_, applied], axis=-2)
 
     def exact_projection(fallback: Components, low: Components, high: Components):
         # With at most one linear constraint the projection is exact: it fails only when
@@ -568,7 +587,7 @@ def _decide(
 
     def untouched(_):
         false = jnp.zeros(shape, bool)
-        return action, (false, false, false), margins_
+        return action, (false, false, false), both_margins(margins_)
 
     if branches:
         safe, (projected, used_fallback, infeasible), applied = jax.lax.cond(
@@ -581,7 +600,6 @@ def _decide(
             _status(~keep, projected, used_fallback, ~finite, infeasible, ~sensible, ~familiar),
             shape,
         ),
-        margin=margins_,
-        applied_margin=applied,
+        margins=applied,
     )
     return safe, report
