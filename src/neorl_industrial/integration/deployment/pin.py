@@ -333,6 +333,16 @@ class ServerCheck:
             compiled, observations
         )
 
+    def broken(self, row: dict[str, Any]) -> list[str]:
+        """The constraints a recorded incident's action breaks (``not finite`` too)."""
+        mask = np.asarray(
+            violations(self.compiled, row["observation"], row["action"], row["prev_action"])
+        )
+        names = [n for n, b in zip(self.compiled.names, mask.tolist(), strict=True) if b]
+        if not np.isfinite(row["action"]).all():
+            names.append("not finite")
+        return names or ["what the shield keeps"]
+
     def repair(
         self, observations: np.ndarray, prev_actions: np.ndarray, action: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -349,19 +359,12 @@ class ServerCheck:
         close = np.abs(safe - action) <= _ATOL + _RTOL * np.abs(safe)
         incident = ~np.all(close, axis=-1)
         if incident.any():
+            # Kept as it is; named (eagerly, slowly) only when a probe refusal says it.
             row = int(np.argmax(incident))
-            broken = np.asarray(
-                violations(self.compiled, observations[row], action[row], prev_actions[row])
-            )
-            names = [n for n, b in zip(self.compiled.names, broken.tolist(), strict=True) if b]
-            if not np.isfinite(action[row]).all():
-                names.append("not finite")
             self.last_incident = {
                 "observation": observations[row],
                 "prev_action": prev_actions[row],
                 "action": action[row],
-                "served": safe[row],
-                "broken": names or ["what the shield keeps"],
             }
         return safe, incident
 
@@ -445,12 +448,13 @@ def probe_refusals(
             incidents += int(decision.incident.sum())
         if incidents:
             last = check.last_incident or {}
+            broken = check.broken(last) if last else []
             found.append(
                 f"in batches of {size}, {incidents} of {len(observations)} probe actions "
                 f"break the enforced constraints (e.g. observation "
                 f"{_short(last.get('observation'))} with prev_action "
                 f"{_short(last.get('prev_action'))} served {_short(last.get('action'))}, "
-                f"breaking {last.get('broken')})"
+                f"breaking {broken})"
             )
     return found
 
