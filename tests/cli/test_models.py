@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from neorl_industrial import cli
 
@@ -89,3 +90,35 @@ def test_register_refuses_unsigned_and_registers_a_signed_export_that_can_be_pro
     assert loaded.registry["version"] == "2"
     assert loaded.artifact.predict([50.0] * 6).action.shape == (3,)
     assert sorted(scratch.iterdir()) == before  # every download removed
+
+
+def test_a_resolved_download_is_removed_when_the_process_ends(tmp_path):
+    """``resolve_policy_dir`` (the CLI's agents, the benchmarks) hands its caller a
+    download to read: it is gone once the process has ended."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import tempfile, sys\n"
+        "from pathlib import Path\n"
+        "from unittest import mock\n"
+        "import neorl_industrial.integration.mlflow.registry as r\n"
+        "def fake(uri, store, target):\n"
+        "    (target / 'artifacts' / 'policy').mkdir(parents=True)\n"
+        "    return target\n"
+        "with mock.patch.object(r, '_download', fake):\n"
+        "    path = r.resolve_policy_dir('models:/m/1', 'sqlite:///x.db')\n"
+        "print(path)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr
+    path = Path(done.stdout.strip())
+    assert str(path).startswith(str(tmp_path)) and path.name == "policy"
+    assert list(tmp_path.iterdir()) == []

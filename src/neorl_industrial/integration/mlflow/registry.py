@@ -26,6 +26,7 @@ Everywhere a policy or agent path is accepted, ``models:/<name>@<alias>``,
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -544,8 +545,10 @@ def _resolved(value: str | Path, part: str, tracking_uri: str | None) -> Iterato
 def _resolve(value: str | Path, part: str, tracking_uri: str | None) -> Path:
     if not is_model_uri(value):
         return Path(value)
-    # The caller keeps the files: they stay until it removes them (see _resolved).
+    # The caller reads the files after this returns: they are removed when the process
+    # ends (a long-lived caller uses downloaded_policy_dir, which removes them at once).
     target = Path(tempfile.mkdtemp(prefix="neorl-model-"))
+    atexit.register(shutil.rmtree, target, ignore_errors=True)
     try:
         return _located(value, part, _download(str(value), tracking_uri, target))
     except BaseException:
@@ -596,7 +599,9 @@ def describe_model_uri(uri: str, tracking_uri: str | None = None) -> dict[str, A
 
 def resolve_policy_dir(value: str | Path, tracking_uri: str | None = None) -> Path:
     """A local directory of the exported policy: ``value`` itself when it is a path, or
-    the policy inside the model at a ``models:/`` or ``runs:/`` URI (downloaded)."""
+    the policy inside the model at a ``models:/`` or ``runs:/`` URI (downloaded into a
+    temporary directory removed when the process ends; see :func:`downloaded_policy_dir`
+    to remove it sooner)."""
     return _resolve(value, "policy", tracking_uri)
 
 
