@@ -338,3 +338,16 @@ def test_the_manifest_records_the_task_a_server_pins(policy, tmp_path):
     assert manifest["action_units"] == ["-", "-", "-"]
     with pytest.raises(PolicyArtifactError, match=r"action_units: expected 3"):
         policy.export(tmp_path / "bad", action_units=["-"])
+
+
+def test_an_export_removes_the_staging_left_by_a_killed_export(policy, tmp_path):
+    """A process killed mid-export leaves its hidden staging directory; the next export
+    beside it removes it once it is an hour old (a younger one may still be written)."""
+    stale, fresh = tmp_path / ".policy.killed.tmp", tmp_path / ".other.running.tmp"
+    for staging in (stale, fresh):
+        staging.mkdir()
+        (staging / "serve.jaxexport").write_bytes(b"half")
+    os.utime(stale, (0, 0))
+    policy.export(tmp_path / "policy")
+    assert not stale.exists() and fresh.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.running.tmp", "policy"]

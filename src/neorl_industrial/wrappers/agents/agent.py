@@ -63,7 +63,11 @@ from neorl_industrial.wrappers.constraint_files import (
     constraint_spec_yaml,
     load_constraint_spec,
 )
-from neorl_industrial.wrappers.hostio import to_json_data, write_directory_atomic
+from neorl_industrial.wrappers.hostio import (
+    remove_stale_staging,
+    to_json_data,
+    write_directory_atomic,
+)
 from neorl_industrial.wrappers.training import (
     Callback,
     Evaluator,
@@ -979,6 +983,8 @@ class Agent:
         self._require_fitted("save")
         manifest = json.dumps(self.manifest(), indent=2, allow_nan=False)
         policies = serialization.to_bytes(jax.device_get(self.policies))
+        # Staging directories of saves killed mid-write (an hour old or more) go first.
+        remove_stale_staging(Path(path).absolute().parent)
         try:
             return write_directory_atomic(
                 path,

@@ -62,7 +62,11 @@ from neorl_industrial.wrappers.agents.signing import (
     sign_manifest,
 )
 from neorl_industrial.wrappers.constraint_files import constraint_spec_yaml
-from neorl_industrial.wrappers.hostio import to_json_data, write_directory_atomic
+from neorl_industrial.wrappers.hostio import (
+    remove_stale_staging,
+    to_json_data,
+    write_directory_atomic,
+)
 
 __all__ = [
     "FORMAT",
@@ -239,6 +243,8 @@ def export_policy(
     if signing_key is not None:
         signature = sign_manifest(manifest, signing_key)
         files[SIGNATURE] = json.dumps(signature, indent=2).encode()
+    # Staging directories of exports killed mid-write (an hour old or more) go first.
+    remove_stale_staging(target.absolute().parent)
     write_directory_atomic(
         target, files, marker=MANIFEST, what="a policy artifact", overwrite=overwrite
     )
