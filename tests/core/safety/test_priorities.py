@@ -384,3 +384,14 @@ def test_no_higher_priority_rule_is_broken_when_an_action_keeps_it(situation):
         assert bool(report.infeasible)
     if not bool(report.overridden):
         assert np.asarray(safe, np.float32).tobytes() == action.tobytes()
+
+
+def test_describe_lists_each_constraint_s_priority():
+    from neorl_industrial.core.safety import describe
+
+    summary = describe(_steam(rate_priority=400).compile(1, 1, ("temperature",), ("steam",)))
+    assert summary["priorities"] == {
+        "bounds/steam": None,  # always holds
+        "rate/steam": 400,
+        "steam-interlock": 300,
+    }
