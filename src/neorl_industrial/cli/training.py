@@ -381,10 +381,21 @@ def command_evaluate(args: argparse.Namespace) -> int:
 
 def command_export(args: argparse.Namespace) -> int:
     from neorl_industrial.wrappers.agents import Agent
+    from neorl_industrial.wrappers.agents.signing import PRIVATE_KEY
 
     agent = Agent.load(agent_dir(args.agent))
-    path = agent.export(args.out, overwrite=args.overwrite, signing_key=args.sign_key)
-    make_console().print(f"Exported the policy of {args.agent} ({agent.name}) to {path}")
+    console = make_console()
+    key = args.sign_key
+    if key is None and (Path("keys") / PRIVATE_KEY).is_file():
+        key = Path("keys") / PRIVATE_KEY  # the pair runs make here, which servers here trust
+    path = agent.export(args.out, overwrite=args.overwrite, signing_key=key)
+    signed = f"signed with {key}" if key is not None else "unsigned"
+    console.print(f"Exported the policy of {args.agent} ({agent.name}) to {path}, {signed}")
+    if key is None:
+        console.print(
+            "[yellow]warning:[/yellow] no --sign-key and no keys/policy-signing.key here: "
+            "servers that require signatures refuse it and the registry never promotes it"
+        )
     return 0
 
 
@@ -503,6 +514,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--out", required=True, help="the artifact's directory")
     export.add_argument("--overwrite", action="store_true")
     export.add_argument(
-        "--sign-key", metavar="PATH", help="an Ed25519 private key (keys generate) to sign it with"
-    )
+        "--sign-key", metavar="PATH",
+        help="an Ed25519 private key (keys generate) to sign it with (default: "
+        "keys/policy-signing.key if present)",
+    )  # fmt: skip
     export.set_defaults(handler=command_export)

@@ -255,3 +255,30 @@ def test_runs_sign_by_default_with_keys_made_on_first_use(tmp_path, monkeypatch)
     output = io.StringIO()
     assert _signing_key(unsigned, Console(file=output, width=200)) is None
     assert "exported unsigned" in output.getvalue()
+
+
+def test_the_export_command_signs_with_the_keys_here_by_default(tmp_path, monkeypatch, capsys):
+    from unittest import mock
+
+    from neorl_industrial import cli
+
+    exported = []
+
+    class Saved:
+        name = "td3bc"
+
+        def export(self, out, *, overwrite, signing_key):
+            exported.append(signing_key)
+            return Path(out)
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--no-cache", "export", "agent", "--out", "policy"]
+    with mock.patch("neorl_industrial.wrappers.agents.Agent.load", return_value=Saved()):
+        assert cli.main(argv) == 0
+        printed = " ".join(capsys.readouterr().out.split())
+        assert ", unsigned" in printed and "no --sign-key and no keys/policy-signing.key" in printed
+        generate_key_pair(tmp_path / "keys")
+        assert cli.main(argv) == 0
+        assert "signed with keys/policy-signing.key" in " ".join(capsys.readouterr().out.split())
+        assert cli.main([*argv, "--sign-key", "mine.pem"]) == 0
+    assert exported == [None, Path("keys") / PRIVATE_KEY, "mine.pem"]
