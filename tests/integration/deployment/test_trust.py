@@ -350,3 +350,13 @@ def test_random_keys_pass_the_entropy_estimate():
     for _ in range(300):
         for key in (secrets.token_urlsafe(32), secrets.token_hex(24), secrets.token_hex(16)):
             check_api_key(key, "act")
+
+
+def test_no_request_compiles_the_servers_repair(setup):
+    """The repair's shield is compiled at load: a rejected row (a lie) costs no compile."""
+    with TestClient(create_app(_settings(setup, "sometimes"))) as client:
+        check = client.app.state.serving.policy.artifact._guard
+        compiled_before = check._shield._cache_size()
+        lie = {"observation": [TRIGGER, 50.0, 50.0, 50.0, 50.0, 50.0]}
+        assert client.post("/v1/act", json=lie, headers=AS_ACT).json()["report"]["overridden"]
+        assert compiled_before == 1 and check._shield._cache_size() == 1

@@ -333,6 +333,12 @@ class ServerCheck:
             compiled, observations
         )
 
+    def warmup(self) -> None:
+        """Compiles the repair's shield, so the first rejected row does not wait for it."""
+        n_obs, n_act = int(self.compiled.observation_low.shape[-1]), self.compiled.action_size
+        actions = np.zeros((self.CHUNK, n_act), np.float32)
+        self._shield(np.zeros((self.CHUNK, n_obs), np.float32), actions, actions)
+
     def broken(self, row: dict[str, Any]) -> list[str]:
         """The constraints a recorded incident's action breaks (``not finite`` too)."""
         mask = np.asarray(

@@ -327,6 +327,7 @@ def load_policy_source(
         )
     enforced, task = trust.check(artifact)
     check = ServerCheck(enforced)
+    check.warmup()
     artifact = artifact.with_guard(check)
     # What the function does, not what it says: probe inputs through the server's check,
     # which must not have to replace a single action.
