@@ -7,6 +7,9 @@ server cuts one:
 * ``slow_header``: a request line, then one byte of a header every ``BYTE_EVERY_S`` (5 s);
 * ``slow_body``: complete headers announcing a 100 kB body, then one byte of it every 5 s.
 
+Each attack runs against the default limits, then against a server whose connection cap
+is the attackers' number (``*_at_cap``), where every fresh client must shed an attacker.
+
 Beside the attackers, fresh clients (a new connection each, with a key) ask for an action
 at a fixed rate and ``/readyz`` is polled. Reported per attack: the share of fresh
 requests answered 200 (target >= 99 %), the ``/readyz`` polls not answered 200 (target
@@ -51,6 +54,8 @@ FRESH_RATE = 20.0  # fresh requests per second, each on a new connection
 READYZ_EVERY_S = 0.5
 IDLE_CONNECTIONS = 1024
 ATTACKS = ("slow_header", "slow_body")
+#: Each attack against the default cap, then against a cap of ``ATTACKERS``.
+PHASES = (*ATTACKS, *(f"{kind}_at_cap" for kind in ATTACKS))
 KEY = secrets.token_urlsafe(32)
 
 
@@ -244,7 +249,8 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         "seconds_per_attack": seconds,
         "readyz_every_s": READYZ_EVERY_S,
         "server": "neorl-industrial serve, default limits (header and body timeouts 10 s, "
-        "body_min_rate 1024 B/s, max_connections 256), API key required",
+        "body_min_rate 1024 B/s, max_connections 1024), API key required; then the same "
+        f"with max_connections {ATTACKERS} (the *_at_cap phases)",
         "idle_connections": IDLE_CONNECTIONS,
     }
     scratch = Path(tempfile.mkdtemp(prefix="neorl-slow-clients-"))
@@ -260,6 +266,18 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     finally:
         server.terminate()
         server.wait(30)
+    # The same attacks with the cap at the attackers' number: every fresh client has to
+    # make room by shedding one of them.
+    port = free_port()
+    server = _serve(model, port, scratch, max_connections=str(ATTACKERS))
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/readyz", server)
+        for kind in ATTACKS:
+            progress(f"{kind} at the cap ({ATTACKERS} connections)")
+            results[f"{kind}_at_cap"] = asyncio.run(_attack(port, kind, seconds, server.pid))
+    finally:
+        server.terminate()
+        server.wait(30)
     progress(f"cost of {IDLE_CONNECTIONS} open connections")
     port = free_port()
     server = _serve(model, port, scratch, max_connections=str(2 * IDLE_CONNECTIONS))
@@ -271,7 +289,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         server.wait(30)
     values: dict[str, float | None] = {}
     targets: dict[str, tuple[str, float, str]] = {}
-    for kind in ATTACKS:
+    for kind in PHASES:
         attack = results[kind]
         values[f"{kind}_fresh_ok_share"] = attack["fresh_ok_share"]
         values[f"{kind}_readyz_failed"] = attack["readyz_failed"]
@@ -285,7 +303,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
     rows = []
-    for kind in ATTACKS:
+    for kind in PHASES:
         a = results[kind]
         rows.append(
             [kind, a["fresh_requests"], f"{100 * a['fresh_ok_share']:.1f} %",

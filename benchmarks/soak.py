@@ -96,6 +96,7 @@ async def _soak(
     stats = {"good": 0, "good_failed": 0, "poisoned": 0, "poisoned_not_4xx": 0, "reloads": 0}
     rss: list[int] = []
     failures: list[str] = []
+    failed_by: dict[str, int] = {}  # status or error of the failed good requests
     body = json.dumps({"observation": [50.0] * 6}).encode()
     poison = json.dumps({"observation": [50.0, 50.0, 1e39, 50.0, 50.0, 50.0]}).encode()
     headers = {"Content-Type": "application/json"}
@@ -106,10 +107,12 @@ async def _soak(
             stats["good"] += 1
             try:
                 response = await client.post("/v1/act", content=body, headers=headers)
-                ok = response.status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            stats["good_failed"] += not ok
+                outcome = str(response.status_code)
+            except httpx.HTTPError as error:
+                outcome = type(error).__name__
+            if outcome != "200":
+                stats["good_failed"] += 1
+                failed_by[outcome] = failed_by.get(outcome, 0) + 1
             good_ms.append(1e3 * (time.perf_counter() - started))
 
         async def poisoned() -> None:
@@ -180,6 +183,7 @@ async def _soak(
         **stats,
         "attackers": attack_stats,
         "reload_failures": failures,
+        "good_failed_by": failed_by,
         "seconds": time.perf_counter() - start,
         "p99_ms": float(np.percentile(good_ms, 99)),
         "rss_kib": rss,

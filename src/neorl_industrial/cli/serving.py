@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,9 @@ def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
     """uvicorn's limits for slow and many clients, from the server's settings: the
     deadlines and the shedding connection cap live in the protocol class, which replaces
     uvicorn's ``limit_concurrency`` (that one refuses everyone, probes included, once slow
-    clients hold the connections)."""
+    clients hold the connections). The process's open-file limit is raised to hold the
+    cap where the hard limit allows; where it does not, the cap is lowered to fit, with a
+    warning (past the limit, accepting fails and every new client waits)."""
     from neorl_industrial.integration.deployment.middleware import guarded_protocol
 
     return {
@@ -89,11 +92,40 @@ def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
             header_timeout_s=settings.header_timeout_s,
             body_timeout_s=settings.body_timeout_s,
             body_min_rate=settings.body_min_rate,
-            max_connections=settings.max_connections,
+            max_connections=_fit_open_files(settings.max_connections),
         ),
         "timeout_keep_alive": settings.keep_alive_s,
         "h11_max_incomplete_event_size": settings.max_header_bytes,
     }
+
+
+#: Descriptors kept for what is not a client connection (the listening socket, the audit
+#: log, the policy's files, JAX's and MLflow's own).
+_RESERVED_FILES = 128
+
+
+def _fit_open_files(connections: int) -> int:
+    """The connection cap the open-file limit allows, raising the soft limit first."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: nothing to read or raise
+        return connections
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + _RESERVED_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return connections
+    fitted = max(1, soft - _RESERVED_FILES)
+    logging.getLogger("neorl_industrial.serve").warning(
+        "max_connections %d does not fit the open-file limit %d (ulimit -n, hard limit %s); "
+        "serving at most %d connections: raise the limit to serve more",
+        connections, soft, hard, fitted,
+    )  # fmt: skip
+    return fitted
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

@@ -291,3 +291,21 @@ def test_bad_limits_are_refused_naming_the_setting(field, value):
               "max_connections": 1, field: value}  # fmt: skip
     with pytest.raises(ValueError, match=field):
         guarded_protocol(**limits)
+
+
+def test_the_open_file_limit_is_raised_for_the_cap_or_the_cap_lowered(monkeypatch, caplog):
+    import resource
+
+    from neorl_industrial.cli import serving
+
+    limits = {"soft": 1024, "hard": 4096}
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (limits["soft"], limits["hard"]))
+    monkeypatch.setattr(
+        resource, "setrlimit", lambda _, pair: limits.update(soft=pair[0], hard=pair[1])
+    )
+    assert serving._fit_open_files(2048) == 2048  # raised to fit: 2048 + the reserve
+    assert limits["soft"] == 2048 + serving._RESERVED_FILES
+    limits.update(soft=512, hard=512)
+    with caplog.at_level("WARNING", logger="neorl_industrial.serve"):
+        assert serving._fit_open_files(1024) == 512 - serving._RESERVED_FILES
+    assert "does not fit the open-file limit 512" in caplog.text

@@ -134,8 +134,9 @@ class ServerSettings(BaseSettings):
     #: Seconds an idle keep-alive connection stays open (``serve``).
     keep_alive_s: float = Field(default=5.0, gt=0.0)
     #: Most open connections (``serve``): past it, the slowest reader is shed; a 503 only
-    #: when every connection is answering a request (``/healthz``, ``/readyz`` never).
-    max_connections: int = Field(default=256, ge=1)
+    #: when every connection is answering a request (``/healthz``, ``/readyz`` never). An
+    #: open connection costs ~4 KiB, so the cap is set well above what slow clients open.
+    max_connections: int = Field(default=1024, ge=1)
     #: Largest request line plus headers in bytes (``serve``).
     max_header_bytes: int = Field(default=16 * 1024, ge=1024)
     #: Once the policy is compiled, move everything alive to the garbage collector's
