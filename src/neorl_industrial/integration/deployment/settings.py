@@ -273,10 +273,11 @@ def _estimated_bits(key: str) -> float:
     * Compression: a random key does not compress, while zlib finds every repeated
       substring (``"password" * 4``, ``"ab" * 20``); its compressed length, less zlib's
       fixed overhead, bounds what the key holds.
-    * Composition: runs of neighbouring keys or letters (``qwerty``, ``12345``, both
-      directions) count a few bits in all; runs of five or more letters with the vowels of
-      words (``thisismysecret``) count 2 bits a letter, as English does; every other
-      character counts by the alphabet it draws from (lower, upper, digits, symbols).
+    * Composition: runs of four or more neighbouring keys or letters (``qwer``, ``1234``,
+      either direction) count a few bits in all; runs of four or more lower-case letters
+      (a capital first allowed) with the vowels of words (``thisismysecret``) count 2 bits
+      a letter, as English does; every other character counts by the alphabet it draws
+      from (lower, upper, digits, symbols).
     """
     lowered = key.lower()
     walked = [False] * len(key)
