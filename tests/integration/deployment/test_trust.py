@@ -360,3 +360,46 @@ def test_no_request_compiles_the_servers_repair(setup):
         lie = {"observation": [TRIGGER, 50.0, 50.0, 50.0, 50.0, 50.0]}
         assert client.post("/v1/act", json=lie, headers=AS_ACT).json()["report"]["overridden"]
         assert compiled_before == 1 and check._shield._cache_size() == 1
+
+
+def test_the_task_pin_covers_names_order_units_and_bounds():
+    from neorl_industrial.integration.deployment.pin import ServedTask, task_differences
+
+    def task(**changes):
+        values = {
+            "observation_names": ["level_m", "temperature_c", "inflow_m3h"],
+            "action_names": ["valve_pct", "pump_pct"],
+            "action_low": [0.0, 0.0],
+            "action_high": [100.0, 100.0],
+            "observation_low": [0.0, None, 0.0],
+            "observation_high": [3.0, None, 50.0],
+            "observation_units": ["m", "degC", "m3/h"],
+            "action_units": ["%", "%"],
+            **changes,
+        }
+        return ServedTask(**values)
+
+    pinned = task()
+    assert task_differences(task(), pinned) == []
+    # Units the artifact does not state pass only where the pin does not state them either.
+    assert task_differences(task(), task(observation_units=None)) == []
+    cases = {
+        "observation_names: the same names in another order (position 0: 'inflow_m3h'": task(
+            observation_names=["inflow_m3h", "temperature_c", "level_m"]
+        ),
+        "action_names: 2 names in the artifact, 2 pinned; pinned but missing: ['pump_pct']": task(
+            action_names=["valve_pct", "pump"]
+        ),
+        "observation_units: 'temperature_c' is in 'K' in the artifact, 'degC' pinned": task(
+            observation_units=["m", "K", "m3/h"]
+        ),
+        "action_high: 'pump_pct' is 80.0 in the artifact, 100.0 pinned": task(
+            action_high=[100.0, 80.0]
+        ),
+        "observation_high: 'level_m' is inf in the artifact, 3.0 pinned": task(
+            observation_high=[None, None, 50.0]
+        ),
+    }
+    for expected, artifact in cases.items():
+        (found,) = task_differences(artifact, pinned)
+        assert found.startswith(expected), found
