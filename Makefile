@@ -6,8 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 # The suite runs on two worker processes, one test file each at a time (module fixtures,
-# and the compilations they share, stay within one process).
-PYTEST_WORKERS ?= -n 2 --dist loadfile
+# and the compilations they share, stay within one process), the heaviest files first
+# (tests/conftest.py; xdist's own reorder, by number of tests, is off).
+PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 BENCH ?= env_throughput
 DESCRIPTION ?= local run
 TAG ?= dev

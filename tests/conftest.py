@@ -1,7 +1,9 @@
 """Shared test configuration."""
 
+import json
 import os
 import shutil
+import statistics
 from pathlib import Path
 
 # Tests run on the CPU with a fixed thread count so timings and memory stay predictable.
@@ -52,3 +54,43 @@ if "MLFLOW_TRACKING_URI" not in os.environ:
 
     _mlflow_dir = tempfile.mkdtemp(prefix="neorl-tests-mlflow-")
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_mlflow_dir}/mlflow.db"
+
+
+# The workers take whole files (`--dist loadfile`), and a file that starts last decides
+# when the run ends: the heaviest files go first (the longest-first rule), by the seconds
+# each file took in a recorded run (tests/file_seconds.json; a file not in it counts as
+# the median). `make test` passes --no-loadscope-reorder, or xdist would order the files
+# by their number of tests instead (the README and plant-journey files, few tests and the
+# longest, ran last). `pytest --record-file-seconds` rewrites the file from a full run.
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-file-seconds",
+        action="store_true",
+        help=f"write each test file's seconds (setup, call, teardown) to {FILE_SECONDS.name}",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
+    if not seconds:
+        return
+    typical = statistics.median(seconds.values())
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], typical))
+
+
+_recorded: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        path = report.nodeid.split("::")[0]
+        _recorded[path] = _recorded.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if session.config.getoption("--record-file-seconds") and _recorded:
+        ordered = dict(sorted(((k, round(v, 1)) for k, v in _recorded.items())))
+        FILE_SECONDS.write_text(json.dumps(ordered, indent=1) + "\n")
