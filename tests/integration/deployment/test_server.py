@@ -434,3 +434,20 @@ def test_a_dependency_can_be_overridden(client):
         overrides.clear()
     assert client.get("/v1/policy").status_code == 401
     assert client.get("/v1/policy", headers=AS_ACT).json()["version"] != "stub-1"
+
+
+def test_without_keys_the_server_acts_for_anyone_and_reloads_for_no_one(policies, tmp_path, caplog):
+    settings = _settings(tmp_path, policies["a"], api_keys={}, auth=False)
+    with caplog.at_level("WARNING", logger="neorl_industrial.serve"):
+        app = create_app(settings)
+    assert any("auth is off" in record.getMessage() for record in caplog.records)
+    with TestClient(app) as client:
+        acted = client.post("/v1/act", json={"observation": [0.0] * 6})
+        assert acted.status_code == 200
+        version = client.get("/v1/policy").json()["version"]
+        for headers in ({}, AS_ADMIN):
+            refused = client.post(
+                "/v1/admin/reload", json={"model": str(policies["b"])}, headers=headers
+            )
+            assert refused.status_code == 403 and "runs without keys" in refused.text
+        assert client.get("/v1/policy").json()["version"] == version

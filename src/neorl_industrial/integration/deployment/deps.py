@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -31,6 +32,8 @@ from neorl_industrial.integration.deployment.metrics import ServerMetrics
 from neorl_industrial.integration.deployment.policy import LoadedPolicy, padded_sizes
 from neorl_industrial.integration.deployment.settings import ServerSettings, SettingsError
 from neorl_industrial.integration.safety import AuditLog, SafetyMonitor
+
+log = logging.getLogger("neorl_industrial.serve")
 
 __all__ = [
     "ActKeyDep",
@@ -71,6 +74,11 @@ class ServingState:
         self.batcher: MicroBatcher | None = None
         self.reload_lock = asyncio.Lock()
         self._keys = [(key.encode(), role, key_fingerprint(key)) for key, role in keys.items()]
+        if not settings.auth:
+            log.warning(
+                "auth is off (--no-auth / NEORL_SERVE_AUTH=false): anyone who reaches this "
+                "server gets shielded actions without a key; reload is refused"
+            )
         if settings.audit_key_rate > 0 and settings.audit_window_s <= 0:
             raise SettingsError(
                 f"audit_key_rate: {settings.audit_key_rate:g} full records per key per second "
@@ -149,7 +157,7 @@ class ServingState:
             )
 
     def role_of(self, headers: Mapping[str, str]) -> str:
-        """The role of the request's API key (``admin`` when auth is off).
+        """The role of the request's API key (``act`` when auth is off).
 
         Raises:
             HTTPException: 401 for a missing or unknown key.
@@ -157,8 +165,8 @@ class ServingState:
         return self.identify(headers)[0]
 
     def identify(self, headers: Mapping[str, str]) -> tuple[str, str | None]:
-        """The role and fingerprint of the request's API key (``("admin", None)`` when
-        auth is off).
+        """The role and fingerprint of the request's API key (``("act", None)`` when
+        auth is off: without keys the server acts for anyone and administers for no one).
 
         Raises:
             HTTPException: 401 for a missing or unknown key.
@@ -167,7 +175,7 @@ class ServingState:
         given = header[7:].strip() if header.lower().startswith("bearer ") else ""
         given = given or headers.get("x-api-key", "")
         if not self.settings.auth:
-            return "admin", None
+            return "act", None
         if not given:
             raise HTTPException(
                 401, "missing API key (Authorization: Bearer <key> or X-API-Key)",
@@ -234,8 +242,15 @@ def key_fingerprint(key: str) -> str:
 ActKeyDep = Annotated[str, Depends(require_act_key)]
 
 
-async def require_admin_key(role: ActKeyDep) -> str:
-    """An admin key's role; 403 for a key that may only act."""
+async def require_admin_key(role: ActKeyDep, serving: ServingDep) -> str:
+    """An admin key's role; 403 for a key that may only act, and for everyone on a
+    server without keys (anyone who reaches it could otherwise swap its policy)."""
+    if not serving.settings.auth:
+        raise HTTPException(
+            403,
+            "administration needs an admin API key and this server runs without keys "
+            "(auth off); restart it with keys to reload, or to serve another policy",
+        )
     if role != "admin":
         raise HTTPException(403, "this key may act but not administer; use an admin key")
     return role
