@@ -119,6 +119,11 @@ class Report(BaseModel):
         description="a reading outside the task's physical bounds (or not a number): the "
         "fallback was sent"
     )
+    out_of_distribution: bool = Field(
+        default=False,
+        description="a reading outside the range of the data the policy learnt from (a "
+        "flag only: the decision is the same; never set without the data's range)",
+    )
     status: int
     violated: list[str]
     violated_after: list[str] | None = Field(

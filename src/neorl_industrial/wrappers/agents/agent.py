@@ -1077,6 +1077,8 @@ class Agent:
             observation_bounds=(task.observation_low, task.observation_high),
             observation_units=task.observation_units,
             action_units=task.action_units,
+            # The data's range (a plant log's observed columns): flagged, not enforced.
+            data_bounds=None if task.data_low is None else (task.data_low, task.data_high),
             metadata={
                 "algorithm": self.entry.name,
                 "env": task.env_id,

@@ -22,13 +22,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from neorl_industrial.core.safety import TOLERANCE, ConstraintSpec, ConstraintSpecError
+from neorl_industrial.core.safety import (
+    TOLERANCE,
+    CompiledConstraints,
+    ConstraintSpec,
+    ConstraintSpecError,
+)
+from neorl_industrial.core.safety import margins as constraint_margins
 from neorl_industrial.core.safety.shield import (
     BRANCH_MIN_BATCH,
     FALLBACK,
     INFEASIBLE,
     INVALID,
     INVALID_OBSERVATION,
+    OUT_OF_DISTRIBUTION,
     OVERRIDDEN,
     PROJECTED,
 )
@@ -49,11 +56,15 @@ __all__ = [
 ]
 
 FORMAT = "neorl_industrial.policy"
-FORMAT_VERSION = 1
+# 2: the functions return the proposed and applied margins as one ``[batch, 2, n_hard]``
+# output ("margins"); 1: the proposed margins alone ("margin"), still read (what the
+# applied action breaks is then unknown).
+FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 CONSTRAINTS = "constraints.yaml"
 PARAMETERS = "params.msgpack"
-OUTPUTS = ("action", "proposed", "status", "margin")
+OUTPUTS = ("action", "proposed", "status", "margins")
 STATUS_BITS = {
     "overridden": OVERRIDDEN,
     "projected": PROJECTED,
@@ -61,6 +72,7 @@ STATUS_BITS = {
     "invalid": INVALID,
     "infeasible": INFEASIBLE,
     "invalid_observation": INVALID_OBSERVATION,
+    "out_of_distribution": OUT_OF_DISTRIBUTION,
 }
 # Serialized functions by the smallest batch each serves: below BRANCH_MIN_BATCH rows
 # the shield repairs every row in one select, from there on it branches once per batch
@@ -117,10 +129,18 @@ class PolicyDecision:
     invalid: np.ndarray  # [...] bool: the proposal was NaN or infinite
     infeasible: np.ndarray  # [...] bool: no action kept every constraint
     invalid_observation: np.ndarray  # [...] bool: the observation left its physical bounds
+    #: ``[...]`` bool: the observation left the range of the data the policy learnt from
+    #: (a flag only: the decision is the same). Never set by an artifact exported without
+    #: the data's range.
+    out_of_distribution: np.ndarray
     constraint_names: tuple[str, ...]
     #: ``[...]`` bool: the loader's own check replaced the artifact's action (it broke the
     #: loader's constraints); such rows are also ``overridden``. All false without a guard.
     incident: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((), bool))
+    #: ``[..., n_constraints]`` slack of the applied action per constraint (NaN: it reads
+    #: an invalid sensor and cannot be checked); ``None`` from an artifact of format 1,
+    #: which does not say.
+    applied_margin: np.ndarray | None = None
 
     @functools.cached_property
     def violated_mask(self) -> np.ndarray:
@@ -131,7 +151,24 @@ class PolicyDecision:
     def violated(self) -> tuple[str, ...] | tuple[tuple[str, ...], ...]:
         """Names of the constraints the proposal broke: a tuple for one observation, a
         tuple per row for a batch."""
-        mask = self.violated_mask
+        return self._named(self.violated_mask)
+
+    @functools.cached_property
+    def violated_after_mask(self) -> np.ndarray | None:
+        """``[..., n_constraints]`` the constraints the applied action breaks or cannot be
+        shown to keep; ``None`` when the artifact does not say."""
+        if self.applied_margin is None:
+            return None
+        return ~(self.applied_margin >= -TOLERANCE)
+
+    @functools.cached_property
+    def violated_after(self) -> tuple[str, ...] | tuple[tuple[str, ...], ...] | None:
+        """Names of the constraints the applied action breaks or cannot be shown to keep
+        (shaped like :attr:`violated`); ``None`` when the artifact does not say."""
+        mask = self.violated_after_mask
+        return None if mask is None else self._named(mask)
+
+    def _named(self, mask: np.ndarray) -> tuple[str, ...] | tuple[tuple[str, ...], ...]:
         names = np.asarray(self.constraint_names, dtype=object)
         if mask.ndim == 1:
             return tuple(names[mask].tolist())
@@ -179,6 +216,9 @@ class PolicyArtifact:
         self._action_size = int(manifest["action_size"])
         self._names = tuple(manifest["constraints"]["names"])
         self._bits = {name: int(bit) for name, bit in manifest["status_bits"].items()}
+        # Format 1 returns the proposal's margins alone; format 2 the applied ones too.
+        self._applied_margins = int(manifest["format_version"]) >= 2
+        self._incident_margins: Callable | None = None
 
     @classmethod
     def load(
@@ -328,7 +368,11 @@ class PolicyArtifact:
             prev_actions = np.pad(prev_actions, pad, mode="edge")
         serve = next(function for min_batch, function in self._functions if padded >= min_batch)
         outputs = [output[:rows] for output in jax.device_get(serve(observations, prev_actions))]
-        action, proposed, status, margin, accepted = outputs
+        action, proposed, status, margins, accepted = outputs
+        if self._applied_margins:  # [rows, 2, n]: views, no copy
+            margin, applied_margin = margins[:, 0], margins[:, 1]
+        else:
+            margin, applied_margin = margins, None
         incident = np.zeros(rows, bool)
         if not accepted.all():
             # Rows the guard does not accept as they are (a fallback for a bad reading, an
@@ -342,10 +386,18 @@ class PolicyArtifact:
             action[rejected] = fixed
             incident[rejected] = replaced
             status = np.where(incident, status | OVERRIDDEN, status)
+            if applied_margin is not None and incident.any():
+                # The artifact's margins are of the action the guard replaced: the served
+                # one's are computed anew (rarely: only for incidents).
+                applied_margin = applied_margin.copy()
+                applied_margin[incident] = self._margins_of(
+                    observations[:rows][incident], prev_actions[:rows][incident], action[incident]
+                )
         if single:
             action, proposed, status, margin, incident = (
                 value[0] for value in (action, proposed, status, margin, incident)
             )
+            applied_margin = None if applied_margin is None else applied_margin[0]
         flags = {name: (status & bit) != 0 for name, bit in self._bits.items()}
         decision = PolicyDecision(
             action=action,
@@ -354,12 +406,22 @@ class PolicyArtifact:
             margin=margin,
             constraint_names=self._names,
             incident=incident,
+            applied_margin=applied_margin,
             # An artifact whose manifest lacks a bit was exported by a shield without it.
             **{name: flags.get(name, np.zeros_like(status, bool)) for name in STATUS_BITS},
         )
         if self._on_incident is not None and incident.any():
             self._on_incident(decision)
         return decision
+
+    def _margins_of(
+        self, observations: np.ndarray, prev_actions: np.ndarray, actions: np.ndarray
+    ) -> np.ndarray:
+        """``[rows, n_constraints]`` slack of ``actions`` under the artifact's constraints."""
+        if self._incident_margins is None:
+            compiled = self.compiled_constraints
+            self._incident_margins = jax.jit(functools.partial(constraint_margins, compiled))
+        return np.asarray(self._incident_margins(observations, actions, prev_actions))
 
     def warmup(self, batch_sizes: Sequence[int] = (1,)) -> None:
         """Compiles the shapes that ``batch_sizes`` use, so no request pays for it."""
@@ -432,6 +494,40 @@ class PolicyArtifact:
         except ConstraintSpecError as error:
             raise PolicyArtifactError(str(error)) from None
 
+    @functools.cached_property
+    def compiled_constraints(self) -> CompiledConstraints:
+        """The artifact's constraints compiled with the task's physical bounds and the
+        data's range recorded in the manifest (what its shield enforces and flags)."""
+        manifest = self._manifest
+        data_low, data_high = manifest.get("data_low"), manifest.get("data_high")
+        return self.constraint_spec.compile(
+            self._observation_size,
+            self._action_size,
+            self.observation_names,
+            self.action_names,
+            observation_bounds=(
+                _bounds(manifest.get("observation_low"), -np.inf, self._observation_size),
+                _bounds(manifest.get("observation_high"), np.inf, self._observation_size),
+            ),
+            data_bounds=None
+            if data_low is None
+            else (
+                _bounds(data_low, -np.inf, self._observation_size),
+                _bounds(data_high, np.inf, self._observation_size),
+            ),
+        )
+
+    @property
+    def data_range(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(low, high)`` per feature, the range of the data the policy learnt from that
+        the artifact flags observations outside of (``±inf``: not checked); ``None``:
+        exported without one."""
+        low, high = self._manifest.get("data_low"), self._manifest.get("data_high")
+        if low is None:
+            return None
+        size = self._observation_size
+        return _bounds(low, -np.inf, size), _bounds(high, np.inf, size)
+
     @property
     def signature(self) -> dict[str, Any] | None:
         """``{"key_fingerprint": ..., "verified": bool}`` of a signed artifact (verified
@@ -464,6 +560,13 @@ class PolicyArtifact:
             f"PolicyArtifact({str(algorithm)!r}, observations={self._observation_size}, "
             f"actions={self._action_size}, constraints={len(self._names)}, path={self._path})"
         )
+
+
+def _bounds(values: Sequence[float | None] | None, missing: float, size: int) -> np.ndarray:
+    """Manifest bounds (null: none known) as floats, ``missing`` for none."""
+    if values is None:
+        return np.full(size, missing)
+    return np.asarray([missing if v is None else float(v) for v in values], np.float64)
 
 
 def _check_entries(path: Path) -> None:
@@ -542,10 +645,12 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise PolicyArtifactError(f"{file}: cannot be read as JSON: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise PolicyArtifactError(f"{file}: not a {FORMAT} manifest (no 'format': {FORMAT!r})")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    version = manifest.get("format_version")
+    if isinstance(version, bool) or version not in READABLE_FORMAT_VERSIONS:
+        readable = " and ".join(map(str, READABLE_FORMAT_VERSIONS))
         raise PolicyArtifactError(
-            f"{file}: format_version {manifest.get('format_version')!r} is unknown; this "
-            f"neorl_industrial reads format_version {FORMAT_VERSION}"
+            f"{file}: format_version {version!r} is unknown; this neorl_industrial reads "
+            f"format_version {readable}"
         )
     if manifest.get("manifest_sha256") != _digest(manifest):
         raise PolicyArtifactError(f"{file}: corrupt (its content does not match its sha256)")

@@ -6,7 +6,8 @@ result with :mod:`jax.export`, batch size symbolic, so one artifact serves one
 observation or thousands on the platforms it was lowered for. The layout::
 
     manifest.json           format version, versions, sizes, names, action bounds,
-                            constraint names, status bits, metadata, sha256 of every file
+                            observation bounds, the data's range, constraint names,
+                            status bits, outputs, metadata, sha256 of every file
     serve.jaxexport         any batch size (used below 64 rows, the shield's BRANCH_MIN_BATCH)
     serve_large.jaxexport   batches of 64 rows or more (the shield branches once per batch)
     constraints.yaml        the constraint spec the shield enforces
@@ -98,6 +99,7 @@ def export_policy(
     observation_bounds: tuple[Sequence[float], Sequence[float]] | None = None,
     observation_units: Sequence[str | None] | None = None,
     action_units: Sequence[str | None] | None = None,
+    data_bounds: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> Path:
     """Writes a self-contained policy artifact directory (see the module docstring).
 
@@ -123,6 +125,15 @@ def export_policy(
             unknown): the shield sends the fallback for an observation outside them.
         observation_units: the unit of each feature (``None``: not stated).
         action_units: the unit of each action (``None``: not stated).
+        data_bounds: ``(low, high)`` per feature, the range of the data the policy learnt
+            from (``±inf`` where not checked; a task's ``data_low``/``data_high``): an
+            observation outside it is flagged ``out_of_distribution`` and decided as any
+            other. ``None``: nothing is flagged.
+
+    Every call returns the action, the proposal, the shield's status bits and its
+    ``[batch, 2, n_constraints]`` margins (of the proposed action, then of the applied
+    one), read by :class:`~.artifact.PolicyArtifact` as ``PolicyDecision.margin`` and
+    ``applied_margin``.
 
     The manifest records the task the function was built for (names in order, units,
     action and observation bounds), which a server compares with the task it pins.
@@ -164,6 +175,7 @@ def export_policy(
         observation_names,
         action_names,
         observation_bounds=observation_bounds,
+        data_bounds=data_bounds,
     )
     try:
         metadata = to_json_data(dict(metadata or {}), where="metadata", strict=True)
@@ -182,7 +194,8 @@ def export_policy(
             proposed = jax.vmap(lambda observation: act(policy_params, observation))(observations)
             proposed = jnp.asarray(proposed, jnp.float32)
             safe, report = guard(observations, proposed, prev_actions)
-            return safe, proposed, report.status.astype(jnp.int32), report.margin
+            # The report's one margins array (proposed and applied): one output buffer.
+            return safe, proposed, report.status.astype(jnp.int32), report.margins
 
         return serve
 
@@ -223,6 +236,9 @@ def export_policy(
         "action_high": high.tolist(),
         "observation_low": _finite_or_none(compiled.observation_low),
         "observation_high": _finite_or_none(compiled.observation_high),
+        # The range the shield flags observations outside of (null: no range given).
+        "data_low": _finite_or_none(compiled.data_low) if compiled.checks_data_range else None,
+        "data_high": _finite_or_none(compiled.data_high) if compiled.checks_data_range else None,
         "observation_units": observation_units,
         "action_units": action_units,
         "constraints": {
