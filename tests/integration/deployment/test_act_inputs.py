@@ -153,6 +153,7 @@ def test_reports_name_what_the_applied_action_still_breaks():
                 "invalid",
                 "infeasible",
                 "invalid_observation",
+                "out_of_distribution",
             )
         },
     )
