@@ -250,3 +250,10 @@ def test_the_serving_cost_of_the_applied_margins(plant, tmp_path):
         print(f"batch {rows}: " + ", ".join(f"{k} {v:.0f} us" for k, v in timings[rows].items()))
     for rows, pair in timings.items():
         assert pair["format 2"] < 2 * pair["format 1"], (rows, pair)
+
+
+def test_the_mlflow_model_returns_every_flag_of_the_artifact():
+    from neorl_industrial.integration.mlflow.pyfunc import FLAGS
+    from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
+
+    assert tuple(STATUS_BITS) == FLAGS

@@ -44,7 +44,15 @@ __all__ = [
 MODEL_NAME = "policy"
 # The decision's flags (the artifact's STATUS_BITS; named here so that importing this
 # module does not import JAX).
-FLAGS = ("overridden", "projected", "fallback", "invalid", "infeasible", "invalid_observation")
+FLAGS = (
+    "overridden",
+    "projected",
+    "fallback",
+    "invalid",
+    "infeasible",
+    "invalid_observation",
+    "out_of_distribution",
+)
 
 
 def prev_action_columns(action_names: tuple[str, ...] | list[str]) -> list[str]:
