@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
-from neorl_industrial.core.safety import ConstraintSpec, shield
+from neorl_industrial.core.safety import ConstraintSpec, margins, shield
 from neorl_industrial.integration.datasets import load_plant_log
 from neorl_industrial.wrappers.agents import Agent, PolicyArtifact, export_policy
 from neorl_industrial.wrappers.agents.artifact import _digest
@@ -257,3 +257,31 @@ def test_the_mlflow_model_returns_every_flag_of_the_artifact():
     from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
 
     assert tuple(STATUS_BITS) == FLAGS
+
+
+class _ReplacingGuard:
+    """A loader's check that accepts no row and serves the valve shut, the pump at 10 %."""
+
+    def accepts(self, observations, prev_actions, action):
+        return jnp.zeros(observations.shape[0], bool)
+
+    def repair(self, observations, prev_actions, action):
+        safe = np.broadcast_to(np.asarray([0.0, 10.0], np.float32), action.shape).copy()
+        return safe, np.ones(len(action), bool)
+
+
+def test_an_action_the_loader_replaced_reports_its_own_margins(plant):
+    task, spec, artifact = plant
+    guarded = artifact.with_guard(_ReplacingGuard())
+    observations = np.asarray([HIGH, INSIDE, HOTTER], np.float32)
+    prev = np.full((3, 2), 5.0, np.float32)
+    decision = guarded.predict(observations, prev)
+    assert decision.incident.all()
+    np.testing.assert_array_equal(decision.action, np.tile([0.0, 10.0], (3, 1)))
+    compiled = task.compile_constraints(spec)
+    expected = np.asarray(margins(compiled, observations, decision.action, prev))
+    np.testing.assert_allclose(decision.applied_margin, expected, rtol=1e-6, atol=1e-5)
+    # At 2.7 m the pump at 10 % breaks the high-level rule and 10 % in all is over the
+    # budget (-75 %); below 1.6 m nothing breaks. The artifact's own action kept the rule.
+    assert decision.violated_after == (("pump-hard-when-level-high", "outflow-budget"), (), ())
+    assert artifact.predict(observations, prev).violated_after[0] == ("outflow-budget",)

@@ -421,7 +421,11 @@ class PolicyArtifact:
         if self._incident_margins is None:
             compiled = self.compiled_constraints
             self._incident_margins = jax.jit(functools.partial(constraint_margins, compiled))
-        return np.asarray(self._incident_margins(observations, actions, prev_actions))
+        rows = len(observations)
+        # Padded to a power of two, as served batches are, to bound the compiled shapes.
+        pad = ((0, (1 << (rows - 1).bit_length()) - rows), (0, 0))
+        padded = (np.pad(x, pad, mode="edge") for x in (observations, actions, prev_actions))
+        return np.asarray(self._incident_margins(*padded))[:rows]
 
     def warmup(self, batch_sizes: Sequence[int] = (1,)) -> None:
         """Compiles the shapes that ``batch_sizes`` use, so no request pays for it."""
