@@ -104,8 +104,10 @@ def _wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, 
     ).stdout
     result = {
         "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-        "p50_ms": _milliseconds(re.search(r"50%\s+(\S+)", out).group(1)),
-        "p99_ms": _milliseconds(re.search(r"99%\s+(\S+)", out).group(1)),
+        # The latency distribution's own lines: a thread statistic's "+/- Stdev" column
+        # can end in "50%" too.
+        "p50_ms": _milliseconds(re.search(r"^\s+50%\s+(\S+)\s*$", out, re.M).group(1)),
+        "p99_ms": _milliseconds(re.search(r"^\s+99%\s+(\S+)\s*$", out, re.M).group(1)),
         "requests": int(re.search(r"(\d+) requests in", out).group(1)),
     }
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
