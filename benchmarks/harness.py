@@ -590,6 +590,20 @@ def evaluate_targets(
     return evaluated
 
 
+def targets_table(targets: Mapping[str, Mapping[str, Any]], title: str = "Targets") -> Table:
+    """The table of :func:`evaluate_targets`' result: each goal, its value, and whether
+    it was met (``-`` when it was not measured)."""
+    verdicts = {True: "yes", False: "no", None: "-"}
+    return Table(
+        title,
+        ["target", "value", "goal", "met"],
+        [
+            [name, t["value"], f"{t['comparison']} {t['threshold']}", verdicts[t["passed"]]]
+            for name, t in targets.items()
+        ],
+    )
+
+
 # ----- servers on loopback (benchmarks, tests, doc scripts) -------------------------------
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""

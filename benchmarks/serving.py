@@ -51,6 +51,7 @@ from benchmarks.harness import (
     free_port,
     interpreter_environment,
     progress,
+    targets_table,
     wait_for_http,
 )
 
@@ -455,17 +456,5 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
                 ["schemathesis", json.dumps(fuzz)[:200]],
             ],
         ),
-        Table(
-            "Targets",
-            ["target", "value", "goal", "met"],
-            [
-                [
-                    name,
-                    t["value"],
-                    f"{t['comparison']} {t['threshold']}",
-                    "yes" if t["passed"] else "no",
-                ]
-                for name, t in targets.items()
-            ],
-        ),
+        targets_table(targets),
     ]

@@ -80,7 +80,7 @@ def test_every_rotated_file_deleted_exits_1_unless_shipped_on_purpose(tmp_path, 
     ("args", "message"),
     [
         (["--anchor", "abc"], "expected a head hash"),
-        (["--since-file", "-1"], "expected a file number >= 0"),
+        (["--since-file", "-1"], "expected an integer >= 0"),
     ],
 )
 def test_bad_usage_exits_2(tmp_path, capsys, args, message):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from neorl_industrial.cli.common import make_console
+from neorl_industrial.cli.common import make_console, non_negative_int
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -26,17 +26,6 @@ def _sha256(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"expected a head hash as printed by 'audit verify' (64 hex digits), got {text!r}"
         )
-    return value
-
-
-def _file_number(text: str) -> int:
-    """An argparse type: a file number of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a file number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a file number >= 0, got {value}")
     return value
 
 
@@ -77,7 +66,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     verify.add_argument(
         "--since-file",
-        type=_file_number,
+        type=non_negative_int,
         default=0,
         help="the oldest file that must be present (older ones were shipped elsewhere)",
     )

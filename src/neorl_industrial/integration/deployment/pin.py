@@ -194,23 +194,16 @@ def task_differences(artifact: ServedTask, pinned: ServedTask) -> list[str]:
                     f"{unit_theirs!r} pinned"
                 )
                 break
-    if artifact.action_names == pinned.action_names:
+    for what in ("action", "observation"):
+        names = getattr(artifact, f"{what}_names")
+        if names != getattr(pinned, f"{what}_names"):
+            continue  # the names' difference is reported; bounds of other names mean nothing
         for side in ("low", "high"):
             difference = _bound_difference(
-                f"action_{side}",
-                artifact.action_names,
-                getattr(artifact, f"action_{side}"),
-                getattr(pinned, f"action_{side}"),
-            )
-            if difference:
-                found.append(difference)
-    if artifact.observation_names == pinned.observation_names:
-        for side in ("low", "high"):
-            difference = _bound_difference(
-                f"observation_{side}",
-                artifact.observation_names,
-                getattr(artifact, f"observation_{side}"),
-                getattr(pinned, f"observation_{side}"),
+                f"{what}_{side}",
+                names,
+                getattr(artifact, f"{what}_{side}"),
+                getattr(pinned, f"{what}_{side}"),
             )
             if difference:
                 found.append(difference)
