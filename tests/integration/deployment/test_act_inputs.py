@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from neorl_industrial.integration.deployment import create_app
 from neorl_industrial.integration.deployment.routes import _reports
+from neorl_industrial.integration.mlflow.pyfunc import FLAGS
 from neorl_industrial.wrappers.agents import PolicyArtifact
 from neorl_industrial.wrappers.agents.signing import generate_key_pair
 from tests.integration.deployment.test_server import AS_ACT, _settings
@@ -144,18 +145,7 @@ def test_reports_name_what_the_applied_action_still_breaks():
         applied_margin=np.array([[0.0, -0.2, np.nan], [0.0, 0.0, 0.0]]),
         violated=(("a",), ()),
         status=np.array([1, 0]),
-        **{
-            flag: np.array([flag == "overridden", False])
-            for flag in (
-                "overridden",
-                "projected",
-                "fallback",
-                "invalid",
-                "infeasible",
-                "invalid_observation",
-                "out_of_distribution",
-            )
-        },
+        **{flag: np.array([flag == "overridden", False]) for flag in FLAGS},
     )
     first, second = _reports(decision)
     # NaN: a constraint that could not be checked counts as broken.
