@@ -23,7 +23,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -571,11 +571,14 @@ def _log_outputs(
     if "return" in best and card.random_return is not None and card.expert_return:
         span = card.expert_return - card.random_return
         best.setdefault("normalized_return", (best["return"] - card.random_return) / span)
-    runs = {
-        "seed_run_ids": {
-            str(seed): tracker.sender.run_ids.get(tracker.seed_key(seed)) for seed in agent.seeds
+
+    def runs() -> dict[str, Any]:
+        # Read after the sender is idle: the seeds' runs are created by its thread.
+        ids = tracker.sender.run_ids
+        return {
+            "seed_run_ids": {str(seed): ids.get(tracker.seed_key(seed)) for seed in agent.seeds}
         }
-    }
+
     tags = {"evaluation": agent.training.get("evaluation") or "none"}
     return _register_and_close(tracker, plan, agent, policy_dir, report, best, tags, runs)
 
@@ -588,7 +591,7 @@ def _register_and_close(
     report: dict[str, Any],
     best: dict[str, Any],
     version_tags: dict[str, Any],
-    runs: Any,
+    runs: Callable[[], dict[str, Any]],
 ) -> dict[str, Any]:
     """Logs the exported policy as a model and registers it (with ``best``'s metrics and
     ``version_tags`` beside the run's), waits for the calls, writes the report with its
@@ -634,7 +637,7 @@ def _register_and_close(
         "uri": tracker.tracking_uri,
         "experiment": tracking.experiment,
         "run_id": tracker.parent_run_id,
-        **(runs() if callable(runs) else runs),
+        **runs(),
         "ui": ui_command(tracker.tracking_uri),
     }
     registered = tracker.sender.results.get("register")
