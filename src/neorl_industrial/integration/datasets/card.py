@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-import neorl_industrial
 from neorl_industrial.core.environments import Task, TaskError, registered_envs
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
+from neorl_industrial.version import __version__
 
 CARD_FORMAT_VERSION = 1
 
@@ -116,7 +116,7 @@ class DatasetCard(BaseModel):
         default_factory=dict, description="episode-level limit per cost name"
     )
     seed: int | None = None
-    package_version: str = Field(default_factory=lambda: neorl_industrial.__version__)
+    package_version: str = Field(default_factory=lambda: __version__)
     created: datetime = Field(default_factory=lambda: datetime.now(UTC))
     sampling_period: float | None = Field(None, description="seconds between steps")
     observation_columns: list[ColumnInfo] | None = None

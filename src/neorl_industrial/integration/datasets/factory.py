@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-import neorl_industrial
 from neorl_industrial.core.agents.sac import PolicyParams, SACConfig, make_sac
 from neorl_industrial.core.environments import Environment, make, rollout, uniform_random_policy
 from neorl_industrial.functional.state_management import Dataset, with_action_scaling
@@ -47,6 +46,7 @@ from neorl_industrial.functional.transformations.online import (
 )
 from neorl_industrial.integration.datasets.card import BehaviourPolicy, DatasetCard
 from neorl_industrial.integration.datasets.native import clear_stale_staging
+from neorl_industrial.version import __version__
 from neorl_industrial.wrappers.hostio import atomic_directory, to_json_data
 
 QUALITIES = ("random", "low", "medium", "high", "expert")
@@ -145,7 +145,7 @@ class BehaviourPolicies:
             manifest = {
                 "env_id": self.env_id,
                 "version": self.version,
-                "package_version": neorl_industrial.__version__,
+                "package_version": __version__,
                 "sac_config": dataclasses.asdict(self.sac_config),
                 "returns_per_step": self.returns_per_step,
                 "qualities": sorted(self.policies),

@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-import neorl_industrial
 from neorl_industrial.core.agents.registry import (
     HyperparameterError,
     algorithm_entry,
@@ -58,6 +57,7 @@ from neorl_industrial.functional.state_management import (
     split_episodes,
     with_action_scaling,
 )
+from neorl_industrial.version import __version__
 from neorl_industrial.wrappers.constraint_files import (
     constraint_spec_from_text,
     constraint_spec_yaml,
@@ -953,7 +953,7 @@ class Agent:
         """What :meth:`save` writes next to the parameters."""
         return {
             "format": FORMAT,
-            "neorl_industrial": neorl_industrial.__version__,
+            "neorl_industrial": __version__,
             "jax": jax.__version__,
             "algorithm": self.entry.name,
             "hyperparameters": to_json_data(self.hyperparameters),

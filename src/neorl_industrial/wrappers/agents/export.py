@@ -37,11 +37,11 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flax import serialization
 
-from neorl_industrial import __version__
 from neorl_industrial.core.safety import ConstraintSpec, shield
 from neorl_industrial.core.safety.shield import (
     BRANCH_MIN_BATCH,
 )
+from neorl_industrial.version import __version__
 from neorl_industrial.wrappers.agents.artifact import (
     _FUNCTIONS,
     CONSTRAINTS,
