@@ -411,7 +411,7 @@ def measure_gymnasium(env_id: str, n_steps: int, repeats: int) -> dict[str, Any]
     """Steps/s of the single-environment Gymnasium wrapper in a Python loop."""
     import gymnasium
 
-    import neorl_industrial  # noqa: F401  (registers the Gymnasium ids)
+    import neorl_industrial.wrappers.environments  # noqa: F401  (registers the Gymnasium ids)
 
     env = gymnasium.make(f"neorl_industrial/{env_id}")
     env.reset(seed=0)
@@ -442,7 +442,7 @@ def measure_vector_env(env_id: str, num_envs: int, n_steps: int, repeats: int) -
     """Steps/s (all environments counted) of the Gymnasium ``VectorEnv`` in a Python loop."""
     import gymnasium
 
-    import neorl_industrial  # noqa: F401  (registers the Gymnasium ids)
+    import neorl_industrial.wrappers.environments  # noqa: F401  (registers the Gymnasium ids)
 
     env = gymnasium.make_vec(
         f"neorl_industrial/{env_id}", num_envs=num_envs, vectorization_mode="vector_entry_point"

@@ -16,7 +16,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from scipy.integrate import solve_ivp
 
-import neorl_industrial  # noqa: F401  (registers the environments with Gymnasium)
+import neorl_industrial.wrappers.environments  # noqa: F401  (registers the Gymnasium ids)
 from neorl_industrial.core.environments import Task, make, rollout
 from neorl_industrial.core.environments.cstr import COST_NAMES, CSTR
 from neorl_industrial.core.environments.process import check_observation_bounds

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import neorl_industrial  # noqa: F401  (registers the environments with Gymnasium)
+import neorl_industrial.wrappers.environments  # noqa: F401  (registers the Gymnasium ids)
 from neorl_industrial.core.environments import Task, make, rollout
 from neorl_industrial.core.environments.four_tank import COST_NAMES, FourTank
 from neorl_industrial.core.environments.process import check_observation_bounds

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import neorl_industrial  # noqa: F401  (registers the Gymnasium ids)
+import neorl_industrial.wrappers.environments  # noqa: F401  (registers the Gymnasium ids)
 from neorl_industrial.core.environments import Task, make, rollout, uniform_random_policy
 from neorl_industrial.core.environments.pipeline import (
     DEFAULT_EPISODE_COST_LIMIT,

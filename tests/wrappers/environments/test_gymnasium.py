@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import neorl_industrial  # noqa: F401  (registers the environments)
+import neorl_industrial.wrappers.environments  # noqa: F401  (registers the Gymnasium ids)
 from neorl_industrial.wrappers.environments import GymnasiumEnv, VectorEnv
 
 
