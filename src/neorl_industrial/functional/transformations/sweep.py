@@ -23,7 +23,6 @@ import dataclasses
 import itertools
 import json
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -61,7 +60,6 @@ __all__ = [
     "estimate_sweep_bytes",
     "expand_grid",
     "init_sweep",
-    "initialize_distributed",
     "make_sweep_chunk",
     "plan_sweep",
     "runs_mesh",
@@ -582,72 +580,3 @@ def to_host(tree: Any) -> Any:
 
         return jax.tree.map(gather, tree)
     return jax.device_get(tree)
-
-
-#: Environment variables of a distributed sweep (one process per host or device group).
-COORDINATOR_ENV = "NEORL_INDUSTRIAL_COORDINATOR"
-NUM_PROCESSES_ENV = "NEORL_INDUSTRIAL_NUM_PROCESSES"
-PROCESS_ID_ENV = "NEORL_INDUSTRIAL_PROCESS_ID"
-
-
-def initialize_distributed(
-    environ: Mapping[str, str] | None = None, timeout_s: int = 120
-) -> tuple[int, int]:
-    """Starts JAX's distributed runtime from the environment: the coordinator's
-    ``host:port`` (``NEORL_INDUSTRIAL_COORDINATOR``), the number of processes
-    (``NEORL_INDUSTRIAL_NUM_PROCESSES``) and this process's id
-    (``NEORL_INDUSTRIAL_PROCESS_ID``, else a Kubernetes Indexed Job's
-    ``JOB_COMPLETION_INDEX``). On CPUs the collectives go through gloo. Returns
-    ``(process id, process count)``.
-
-    Raises:
-        SweepError: for a missing or malformed variable, or a coordinator not reached
-            within ``timeout_s`` (naming the address).
-    """
-    environ = os.environ if environ is None else environ
-    address = environ.get(COORDINATOR_ENV, "").strip()
-    if not address or ":" not in address:
-        raise SweepError(
-            f"{COORDINATOR_ENV}: expected the coordinator's host:port, got {address!r}"
-        )
-    try:
-        count = int(environ.get(NUM_PROCESSES_ENV, ""))
-        index = int(environ.get(PROCESS_ID_ENV, environ.get("JOB_COMPLETION_INDEX", "")))
-    except ValueError:
-        raise SweepError(
-            f"{NUM_PROCESSES_ENV} and {PROCESS_ID_ENV} (or JOB_COMPLETION_INDEX): expected integers"
-        ) from None
-    if count < 1 or not 0 <= index < count:
-        raise SweepError(f"process id {index} of {count} processes: expected 0 <= id < count")
-    unreachable = SweepError(
-        f"process {index} of {count}: could not join the coordinator at {address} within "
-        f"{timeout_s} s; is process 0 running and the port reachable?"
-    )
-    # The runtime aborts the whole process when the coordinator never answers, so the
-    # other processes first wait for its port here, where a clear error can be raised.
-    if index > 0 and not _reachable(address, timeout_s):
-        raise unreachable
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    try:
-        jax.distributed.initialize(
-            address, num_processes=count, process_id=index, initialization_timeout=timeout_s
-        )
-    except Exception as error:  # the runtime's own errors do not name the address
-        raise unreachable from error
-    return jax.process_index(), jax.process_count()
-
-
-def _reachable(address: str, timeout_s: float) -> bool:
-    """Whether a TCP connection to ``host:port`` opens within ``timeout_s`` (retried)."""
-    import socket
-
-    host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-                return True
-        except (OSError, ValueError):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.5)
