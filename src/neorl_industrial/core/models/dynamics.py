@@ -1,0 +1,446 @@
+"""An ensemble of probabilistic dynamics models of a plant: networks, loss and a pure step.
+
+Each member is a Gaussian MLP (PETS, MBPO, MOPO) on the normalized observation and the
+action in the policy's [-1, 1]. It predicts, as a mean and a log standard deviation in
+normalized units, the change of the newest observation frame (the whole observation
+without stacking), the reward and every cost channel that is not known, and, where the
+data ends episodes in terminal states, a termination logit. Stacked observations are
+rolled forward by predicting the newest frame and shifting the history: the next
+observation is ``[new frame, the current frames but the oldest]`` (newest first, as the
+dataset stores them).
+
+Channels the plant's schema defines as expressions (``signals.KnownSignals``) are computed
+from the transition, not learned: the reward ``-abs(level - 2)`` of a predicted level is
+exact.
+
+:func:`make_dynamics` returns :class:`Dynamics`, pure functions over
+:class:`DynamicsParams` (the chosen members' networks and every statistic the step needs,
+a PyTree). ``Dynamics.step(params, observation, action, key)`` is one model step for one
+observation: jit it, vmap it over starts, members and policies, scan it over a horizon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from neorl_industrial.core.agents.networks import dense
+from neorl_industrial.core.models.signals import KnownSignals
+
+__all__ = [
+    "ACTIVATIONS",
+    "Dynamics",
+    "DynamicsConfig",
+    "DynamicsLayout",
+    "DynamicsParams",
+    "GaussianDynamicsNetwork",
+    "MemberPrediction",
+    "ModelBatch",
+    "StepOutput",
+    "gaussian_nll",
+    "make_dynamics",
+    "out_of_distribution",
+]
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "swish": nn.swish,
+    "relu": nn.relu,
+    "tanh": jnp.tanh,
+    "elu": nn.elu,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicsConfig:
+    """Hyperparameters of the ensemble. Static: changing one builds a new model.
+
+    Defaults follow MBPO / MOPO in shape (7 members, the 5 best on held-out data kept,
+    swish, Adam with a small weight decay), with narrower layers that fit a 2-core CPU.
+    """
+
+    hidden: tuple[int, ...] = (200, 200, 200)
+    n_members: int = 7
+    n_elites: int = 5
+    learning_rate: float = 1e-3
+    weight_decay: float = 2.5e-5
+    activation: str = "swish"
+    weight_init: str = "lecun"
+    #: Soft bounds of the predicted log standard deviation (normalized units).
+    min_log_std: float = -10.0
+    max_log_std: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        if not self.hidden or any(width < 1 for width in self.hidden):
+            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
+        if self.n_members < 1:
+            raise ValueError(f"n_members: expected a positive integer, got {self.n_members}")
+        if not 1 <= self.n_elites <= self.n_members:
+            raise ValueError(
+                f"n_elites: expected 1..n_members ({self.n_members}), got {self.n_elites}"
+            )
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation: expected one of {sorted(ACTIVATIONS)}, got {self.activation!r}"
+            )
+        if not self.min_log_std < self.max_log_std:
+            raise ValueError(
+                f"min_log_std {self.min_log_std} must lie below max_log_std {self.max_log_std}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"hidden": list(self.hidden)}
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicsLayout:
+    """What the networks predict, from the data's shapes and the known channels.
+
+    Targets, in order: the change of the newest frame (``frame_size``), the reward unless
+    known, the learned cost channels (``learned_costs``, by column); then a termination
+    logit when ``terminals``.
+    """
+
+    observation_size: int
+    frame_size: int
+    action_size: int
+    n_costs: int
+    known: KnownSignals = dataclasses.field(default_factory=KnownSignals)
+    terminals: bool = False
+
+    def __post_init__(self) -> None:
+        if self.frame_size < 1 or self.observation_size % self.frame_size:
+            raise ValueError(
+                f"frame_size {self.frame_size} does not divide observation_size "
+                f"{self.observation_size}"
+            )
+        bad = [i for i in self.known.cost_indices if not 0 <= i < self.n_costs]
+        if bad:
+            raise ValueError(f"known cost columns {bad} outside the {self.n_costs} costs")
+
+    @property
+    def frame_stack(self) -> int:
+        return self.observation_size // self.frame_size
+
+    @property
+    def learned_reward(self) -> bool:
+        return self.known.reward is None
+
+    @property
+    def learned_costs(self) -> tuple[int, ...]:
+        known = set(self.known.cost_indices)
+        return tuple(i for i in range(self.n_costs) if i not in known)
+
+    @property
+    def target_size(self) -> int:
+        return self.frame_size + int(self.learned_reward) + len(self.learned_costs)
+
+    @property
+    def input_size(self) -> int:
+        return self.observation_size + self.action_size
+
+
+class GaussianDynamicsNetwork(nn.Module):
+    """One member: ``(mean, log_std, termination logit)`` of the normalized targets."""
+
+    target_size: int
+    hidden: tuple[int, ...]
+    activation: str = "swish"
+    weight_init: str = "lecun"
+    min_log_std: float = -10.0
+    max_log_std: float = 0.5
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        activation = ACTIVATIONS[self.activation]
+        x = inputs
+        for width in self.hidden:
+            x = activation(dense(width, x.shape[-1], self.weight_init)(x))
+        out = dense(2 * self.target_size + 1, x.shape[-1], self.weight_init, name="head")(x)
+        mean = out[..., : self.target_size]
+        raw = out[..., self.target_size : 2 * self.target_size]
+        # Soft bounds keep a gradient at the limits (PETS, MBPO).
+        log_std = self.max_log_std - jax.nn.softplus(self.max_log_std - raw)
+        log_std = self.min_log_std + jax.nn.softplus(log_std - self.min_log_std)
+        return mean, log_std, out[..., -1]
+
+
+@struct.dataclass
+class DynamicsParams:
+    """Everything a model step needs, as arrays (a PyTree): the members' networks
+    (leading member axis), the statistics of the data it was fitted on, and the action
+    scaler's bounds (known channels take actions in plant units)."""
+
+    networks: Any  # [members, ...] parameter leaves
+    obs_mean: jax.Array  # [obs_size]
+    obs_std: jax.Array  # [obs_size]
+    target_mean: jax.Array  # [target_size]
+    target_std: jax.Array  # [target_size]
+    obs_low: jax.Array  # [obs_size]: the data's range of each feature
+    obs_high: jax.Array  # [obs_size]
+    policy_action_low: jax.Array  # [action_size]: the data's range in the policy's [-1, 1]
+    policy_action_high: jax.Array  # [action_size]
+    action_low: jax.Array  # [action_size]: the scaler's plant-unit bounds
+    action_high: jax.Array  # [action_size]
+
+    @property
+    def n_members(self) -> int:
+        return int(jax.tree.leaves(self.networks)[0].shape[0])
+
+    def members(self, indices: Any) -> DynamicsParams:
+        """These parameters with only the members ``indices`` (e.g. the elites)."""
+        indices = jnp.asarray(indices)
+        return self.replace(networks=jax.tree.map(lambda leaf: leaf[indices], self.networks))
+
+
+class MemberPrediction(NamedTuple):
+    """One member's Gaussian over the targets, in normalized units."""
+
+    mean: jax.Array  # [..., target_size]
+    log_std: jax.Array  # [..., target_size]
+    logit: jax.Array  # [...]: termination logit (0 when the layout has no terminals)
+
+
+class StepOutput(NamedTuple):
+    """One model step of one observation.
+
+    Attributes:
+        next_observation: ``[obs_size]`` in plant units (the new frame, then the shifted
+            history).
+        reward: scalar: computed from its expression when known, else predicted.
+        costs: ``[n_costs]``, known ones computed, the others predicted.
+        done: whether the model predicts a terminal state (False when the data has none).
+        member_std: ``[frame_size]`` disagreement: the standard deviation over members
+            of their mean predictions of the new frame, in plant units.
+        out_of_distribution: how far observation and action lie outside the data's
+            range, in units of each feature's spread (0 inside; see
+            :func:`out_of_distribution`).
+    """
+
+    next_observation: jax.Array
+    reward: jax.Array
+    costs: jax.Array
+    done: jax.Array
+    member_std: jax.Array
+    out_of_distribution: jax.Array
+
+
+class Dynamics(NamedTuple):
+    """The model as pure functions (closing over config and layout).
+
+    Attributes:
+        init: ``init(key) -> networks`` of one member (vmap over keys for an ensemble).
+        predict: ``predict(networks, params, observations, actions) -> MemberPrediction``
+            of one member (``networks`` without member axis) on raw observations and
+            actions in [-1, 1], with any leading axes.
+        loss: ``loss(networks, params, batch) -> (loss, metrics)`` of one member on a batch.
+        step: ``step(params, observation, action, key, member=None, deterministic=False)
+            -> StepOutput`` for one observation; ``member`` picks the member whose
+            prediction is followed (an int, traced or not), None draws one per step;
+            ``deterministic`` follows its mean instead of a sample.
+        transition: ``transition(params, observation, action, key, member,
+            deterministic=False) -> (next_observation, reward, costs, done)``: the step of
+            one member alone (no disagreement; one network evaluated, not all).
+        targets: ``targets(observations, actions_plant, next_observations, rewards, costs)
+            -> [..., target_size]`` raw targets of transitions (host or device arrays).
+    """
+
+    config: DynamicsConfig
+    layout: DynamicsLayout
+    init: Callable[[jax.Array], Any]
+    predict: Callable[..., MemberPrediction]
+    loss: Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+    step: Callable[..., StepOutput]
+    transition: Callable[..., tuple[jax.Array, jax.Array, jax.Array, jax.Array]]
+    targets: Callable[..., jax.Array]
+
+
+class ModelBatch(NamedTuple):
+    """Transitions a model learns from: raw observations, actions in [-1, 1], raw
+    targets (:attr:`Dynamics.targets`) and terminal flags."""
+
+    observations: jax.Array  # [B, obs_size]
+    actions: jax.Array  # [B, action_size]
+    targets: jax.Array  # [B, target_size]
+    terminals: jax.Array  # [B] bool
+
+
+def gaussian_nll(mean: jax.Array, log_std: jax.Array, target: jax.Array) -> jax.Array:
+    """Negative log-likelihood of ``target`` under ``N(mean, exp(log_std)^2)``, per
+    element (the constant included)."""
+    z = (target - mean) * jnp.exp(-log_std)
+    return 0.5 * jnp.square(z) + log_std + 0.5 * math.log(2.0 * math.pi)
+
+
+def out_of_distribution(
+    params: DynamicsParams, observation: jax.Array, action: jax.Array
+) -> jax.Array:
+    """How far ``observation`` (raw) and ``action`` (in [-1, 1]) lie outside the range
+    of the data the model was fitted on: the largest excess over any feature or action,
+    in units of that feature's spread (the observation's standard deviation; for actions
+    half the width of [-1, 1]). 0 inside the data's box; leading axes are kept."""
+    below = (params.obs_low - observation) / params.obs_std
+    above = (observation - params.obs_high) / params.obs_std
+    obs_excess = jnp.max(jnp.maximum(jnp.maximum(below, above), 0.0), axis=-1)
+    action_below = params.policy_action_low - action
+    action_above = action - params.policy_action_high
+    action_excess = jnp.max(jnp.maximum(jnp.maximum(action_below, action_above), 0.0), axis=-1)
+    return jnp.maximum(obs_excess, action_excess)
+
+
+def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
+    """The ensemble's pure functions for ``config`` and ``layout``."""
+    network = GaussianDynamicsNetwork(
+        target_size=layout.target_size,
+        hidden=config.hidden,
+        activation=config.activation,
+        weight_init=config.weight_init,
+        min_log_std=config.min_log_std,
+        max_log_std=config.max_log_std,
+    )
+    frame = layout.frame_size
+    reward_slot = frame if layout.learned_reward else None
+    cost_start = frame + int(layout.learned_reward)
+    learned_costs = layout.learned_costs
+
+    def init(key: jax.Array) -> Any:
+        return network.init(key, jnp.zeros((layout.input_size,), jnp.float32))
+
+    def predict(
+        networks: Any, params: DynamicsParams, observations: jax.Array, actions: jax.Array
+    ) -> MemberPrediction:
+        normalized = (observations - params.obs_mean) / params.obs_std
+        inputs = jnp.concatenate([normalized, actions], axis=-1)
+        mean, log_std, logit = network.apply(networks, inputs)
+        if not layout.terminals:
+            logit = jnp.zeros_like(logit)
+        return MemberPrediction(mean=mean, log_std=log_std, logit=logit)
+
+    def targets(
+        observations: Any, actions: Any, next_observations: Any, rewards: Any, costs: Any
+    ) -> Any:
+        del actions  # the targets are changes and signals; actions are inputs only
+        xp = jnp if isinstance(observations, jax.Array) else np
+        parts = [next_observations[..., :frame] - observations[..., :frame]]
+        if layout.learned_reward:
+            parts.append(rewards[..., None])
+        if learned_costs:
+            parts.append(costs[..., list(learned_costs)])
+        return xp.concatenate([xp.asarray(part, xp.float32) for part in parts], axis=-1)
+
+    def loss(
+        networks: Any, params: DynamicsParams, batch: ModelBatch
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        prediction = predict(networks, params, batch.observations, batch.actions)
+        normalized = (batch.targets - params.target_mean) / params.target_std
+        nll = jnp.mean(gaussian_nll(prediction.mean, prediction.log_std, normalized))
+        mse = jnp.mean(jnp.square(prediction.mean - normalized))
+        total = nll
+        metrics = {"nll": nll, "mse": mse}
+        if layout.terminals:
+            bce = jnp.mean(
+                optax.sigmoid_binary_cross_entropy(
+                    prediction.logit, batch.terminals.astype(jnp.float32)
+                )
+            )
+            total = total + bce
+            metrics["termination_bce"] = bce
+        return total, metrics
+
+    def assemble(
+        params: DynamicsParams,
+        observation: jax.Array,
+        action: jax.Array,
+        target: jax.Array,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Next observation, reward and costs of one transition from raw targets."""
+        new_frame = observation[:frame] + target[:frame]
+        next_observation = jnp.concatenate(
+            [new_frame, observation[: layout.observation_size - frame]]
+        )
+        plant_action = params.action_low + (action + 1.0) * 0.5 * (
+            params.action_high - params.action_low
+        )
+        known = layout.known.evaluate(observation, plant_action, next_observation)
+        reward = target[reward_slot] if reward_slot is not None else known["reward"]
+        costs = jnp.zeros((layout.n_costs,), observation.dtype)
+        for slot, column in enumerate(learned_costs):
+            costs = costs.at[column].set(target[cost_start + slot])
+        for signal in layout.known.signals:
+            if signal.index is not None:
+                costs = costs.at[signal.index].set(known[signal.channel])
+        return next_observation, jnp.asarray(reward, observation.dtype), costs
+
+    def transition(
+        params: DynamicsParams,
+        observation: jax.Array,
+        action: jax.Array,
+        key: jax.Array,
+        member: Any,
+        deterministic: bool = False,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        networks = jax.tree.map(lambda leaf: leaf[member], params.networks)
+        prediction = predict(networks, params, observation, action)
+        mean = prediction.mean
+        if not deterministic:
+            mean = mean + jnp.exp(prediction.log_std) * jax.random.normal(
+                key, mean.shape, mean.dtype
+            )
+        target = mean * params.target_std + params.target_mean
+        next_observation, reward, costs = assemble(params, observation, action, target)
+        return next_observation, reward, costs, (prediction.logit > 0.0) & layout.terminals
+
+    def step(
+        params: DynamicsParams,
+        observation: jax.Array,
+        action: jax.Array,
+        key: jax.Array,
+        member: Any = None,
+        deterministic: bool = False,
+    ) -> StepOutput:
+        predictions = jax.vmap(predict, in_axes=(0, None, None, None))(
+            params.networks, params, observation, action
+        )  # [members, target_size]
+        member_key, noise_key = jax.random.split(key)
+        if member is None:
+            member = jax.random.randint(member_key, (), 0, params.n_members)
+        mean = predictions.mean[member]
+        if not deterministic:
+            std = jnp.exp(predictions.log_std[member])
+            mean = mean + std * jax.random.normal(noise_key, mean.shape, mean.dtype)
+        target = mean * params.target_std + params.target_mean
+        next_observation, reward, costs = assemble(params, observation, action, target)
+        member_means = predictions.mean[:, :frame] * params.target_std[:frame]
+        done = (predictions.logit[member] > 0.0) & layout.terminals
+        return StepOutput(
+            next_observation=next_observation,
+            reward=reward,
+            costs=costs,
+            done=done,
+            member_std=jnp.std(member_means, axis=0),
+            out_of_distribution=out_of_distribution(params, observation, action),
+        )
+
+    return Dynamics(
+        config=config,
+        layout=layout,
+        init=init,
+        predict=predict,
+        loss=loss,
+        step=step,
+        transition=transition,
+        targets=targets,
+    )

@@ -1,0 +1,504 @@
+"""Fitting a dynamics ensemble as one compiled program, and measuring its fidelity.
+
+Every member of every seed trains at once: the update is ``vmap`` over members and seeds
+of one member's Adam step on its own batch, and ``lax.scan`` fuses a chunk of updates.
+Each member draws its batches from its own bootstrap of the training transitions
+(indices precomputed on the host, as the dataset's own), so members differ by data as well
+as by initialization. After every chunk the members are scored on held-out episodes
+(mean squared error of the normalized prediction) and each member keeps its best
+parameters; training stops when no member improved by more than 1 % for ``patience``
+chunks (MBPO's rule), and each seed keeps its ``n_elites`` best members.
+
+Fidelity is measured open loop on held-out episodes: from a window's first observation
+the model is driven by the logged actions, and its predictions at step 1, 10 and ``H``
+are compared with the log, per feature in the plant's units (and relative to the
+feature's spread), with the share of logged values inside the ensemble's 90 % interval.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from neorl_industrial.core.models.dynamics import (
+    Dynamics,
+    DynamicsParams,
+    ModelBatch,
+)
+from neorl_industrial.functional.state_management.dataset import Dataset
+from neorl_industrial.functional.state_management.sampling import gather_windows, window_starts
+
+__all__ = [
+    "EnsembleTrainState",
+    "FitResult",
+    "OpenLoop",
+    "coverage",
+    "data_statistics",
+    "fidelity_table",
+    "fit_ensemble",
+    "init_ensemble",
+    "make_fit_chunk",
+    "model_batch",
+    "open_loop",
+    "open_loop_windows",
+    "select_elites",
+]
+
+#: Spreads below this count as constant (a fixed setpoint): such targets are not scaled.
+MIN_STD = 1e-6
+#: Relative improvement of a member's held-out error that counts as progress (MBPO's).
+IMPROVEMENT = 0.01
+#: Held-out transitions scored after every chunk, at most (a fixed, evenly spaced subset).
+HOLDOUT_ROWS = 8192
+
+
+@struct.dataclass
+class EnsembleTrainState:
+    """Training state of ``S`` seeds × ``M`` members (leading axes ``[S, M]``)."""
+
+    networks: Any
+    opt_state: Any
+    best_networks: Any
+    best_score: jax.Array  # [S, M]: held-out error of best_networks
+    key: jax.Array  # [S, M, 2]
+    updates: jax.Array  # [] updates done per member
+
+
+class FitResult(NamedTuple):
+    """What :func:`fit_ensemble` returns."""
+
+    state: EnsembleTrainState
+    history: list[dict[str, Any]]
+    stopped_early: bool
+    seconds: float
+
+
+def _optimizer(dynamics: Dynamics) -> optax.GradientTransformation:
+    config = dynamics.config
+    return optax.adamw(config.learning_rate, weight_decay=config.weight_decay)
+
+
+def data_statistics(
+    dataset: Dataset,
+    dynamics: Dynamics,
+    action_low: Sequence[float],
+    action_high: Sequence[float],
+) -> DynamicsParams:
+    """The statistics of ``dataset`` (actions in [-1, 1]) a model is fitted with and
+    steps by, computed once on the host: observation and target mean and spread, the
+    data's range of every feature and action, and the plant-unit action bounds. The
+    ``networks`` field is None."""
+    layout = dynamics.layout
+    host = jax.device_get(dataset)
+    frames = np.asarray(host.observations, np.float64)
+    rows = np.asarray(host.observation_index)
+    obs_mean, obs_std = dataset.observation_moments()
+    stored = dataset.observation_rows()
+    low = np.tile(frames[stored].min(axis=0), layout.frame_stack)
+    high = np.tile(frames[stored].max(axis=0), layout.frame_stack)
+    targets = dynamics.targets(
+        frames[rows],
+        None,
+        frames[rows + 1],
+        np.asarray(host.rewards, np.float64),
+        np.asarray(host.costs, np.float64),
+    )
+    targets = np.asarray(targets, np.float64)
+    actions = np.asarray(host.actions, np.float64).reshape(dataset.n_transitions, -1)
+
+    def spread(std: np.ndarray) -> jax.Array:
+        return jnp.asarray(np.where(std > MIN_STD, std, 1.0), jnp.float32)
+
+    return DynamicsParams(
+        networks=None,
+        obs_mean=jnp.asarray(obs_mean, jnp.float32),
+        obs_std=spread(obs_std),
+        target_mean=jnp.asarray(targets.mean(axis=0), jnp.float32),
+        target_std=spread(targets.std(axis=0)),
+        obs_low=jnp.asarray(low, jnp.float32),
+        obs_high=jnp.asarray(high, jnp.float32),
+        policy_action_low=jnp.asarray(actions.min(axis=0), jnp.float32),
+        policy_action_high=jnp.asarray(actions.max(axis=0), jnp.float32),
+        action_low=jnp.asarray(np.asarray(action_low, np.float64), jnp.float32),
+        action_high=jnp.asarray(np.asarray(action_high, np.float64), jnp.float32),
+    )
+
+
+def model_batch(dataset: Dataset, dynamics: Dynamics, indices: jax.Array) -> ModelBatch:
+    """The transitions ``indices`` of ``dataset`` as a model learns them: raw
+    observations, actions (already in [-1, 1]), raw targets and terminal flags. Gathers
+    only the newest frame of the next observation."""
+    rows = dataset.observation_index[indices]
+    observations = dataset.observations_at(rows)
+    targets = dynamics.targets(
+        observations,
+        None,
+        dataset.observations[rows + 1],
+        dataset.rewards[indices],
+        dataset.costs[indices],
+    )
+    actions = dataset.actions[indices].reshape(indices.shape[0], -1)
+    return ModelBatch(
+        observations=observations,
+        actions=actions,
+        targets=targets,
+        terminals=dataset.terminals[indices],
+    )
+
+
+def init_ensemble(dynamics: Dynamics, seeds: Sequence[int]) -> EnsembleTrainState:
+    """Fresh networks of every seed's members (``[S, M]``), their optimizer states and
+    keys; best scores start at infinity."""
+    members = dynamics.config.n_members
+    keys = jnp.stack(
+        [jax.random.split(jax.random.PRNGKey(int(seed)), members * 2) for seed in seeds]
+    ).reshape(len(seeds), members, 2, -1)
+    init_keys, run_keys = keys[:, :, 0], keys[:, :, 1]
+    networks = jax.vmap(jax.vmap(dynamics.init))(init_keys)
+    optimizer = _optimizer(dynamics)
+    return EnsembleTrainState(
+        networks=networks,
+        opt_state=jax.vmap(jax.vmap(optimizer.init))(networks),
+        best_networks=networks,
+        best_score=jnp.full((len(seeds), members), jnp.inf, jnp.float32),
+        key=run_keys,
+        updates=jnp.zeros((), jnp.int32),
+    )
+
+
+def bootstrap_indices(n_transitions: int, n_seeds: int, n_members: int, seed: int) -> jax.Array:
+    """``[S, M, N]`` transitions each member trains on: a bootstrap (drawn with
+    replacement) of the ``N`` training transitions per member and seed, on the host."""
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(
+        rng.integers(0, n_transitions, (n_seeds, n_members, n_transitions)), jnp.int32
+    )
+
+
+def make_fit_chunk(
+    dynamics: Dynamics, batch_size: int, n_updates: int
+) -> Callable[..., tuple[EnsembleTrainState, dict[str, jax.Array]]]:
+    """``chunk(state, stats, train, bootstrap, holdout) -> (state, metrics)``: ``n_updates``
+    Adam steps of every member of every seed (one ``vmap`` over members and seeds inside
+    one ``lax.scan``), then every member scored on the ``holdout`` batch; a member that
+    scores better than before keeps these parameters as its best. Metrics are ``[S, M]``:
+    the chunk's mean training loss and the held-out MSE and NLL. Pure; jit it."""
+    optimizer = _optimizer(dynamics)
+
+    def member_update(networks, opt_state, key, indices, stats, train):
+        position = jax.random.randint(key, (batch_size,), 0, indices.shape[0])
+        batch = model_batch(train, dynamics, indices[position])
+        (loss, _), grads = jax.value_and_grad(dynamics.loss, has_aux=True)(networks, stats, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, networks)
+        return optax.apply_updates(networks, updates), opt_state, loss
+
+    update = jax.vmap(
+        jax.vmap(member_update, in_axes=(0, 0, 0, 0, None, None)),
+        in_axes=(0, 0, 0, 0, None, None),
+    )
+
+    def member_score(networks, stats, holdout):
+        _, metrics = dynamics.loss(networks, stats, holdout)
+        return metrics["mse"], metrics["nll"]
+
+    score = jax.vmap(jax.vmap(member_score, in_axes=(0, None, None)), in_axes=(0, None, None))
+
+    def chunk(
+        state: EnsembleTrainState,
+        stats: DynamicsParams,
+        train: Dataset,
+        bootstrap: jax.Array,
+        holdout: ModelBatch,
+    ):
+        def body(carry, _):
+            networks, opt_state, key = carry
+            pairs = jax.vmap(jax.vmap(jax.random.split))(key)
+            networks, opt_state, loss = update(
+                networks, opt_state, pairs[:, :, 1], bootstrap, stats, train
+            )
+            return (networks, opt_state, pairs[:, :, 0]), loss
+
+        (networks, opt_state, key), losses = jax.lax.scan(
+            body, (state.networks, state.opt_state, state.key), None, length=n_updates
+        )
+        mse, nll = score(networks, stats, holdout)
+        better = mse < state.best_score
+
+        def keep(new, old):
+            mask = better.reshape(better.shape + (1,) * (new.ndim - 2))
+            return jnp.where(mask, new, old)
+
+        state = EnsembleTrainState(
+            networks=networks,
+            opt_state=opt_state,
+            best_networks=jax.tree.map(keep, networks, state.best_networks),
+            best_score=jnp.where(better, mse, state.best_score),
+            key=key,
+            updates=state.updates + n_updates,
+        )
+        return state, {"loss": jnp.mean(losses, axis=0), "holdout_mse": mse, "holdout_nll": nll}
+
+    return chunk
+
+
+def holdout_batch(dataset: Dataset, dynamics: Dynamics, rows: int = HOLDOUT_ROWS) -> ModelBatch:
+    """Every held-out transition, or ``rows`` of them evenly spaced, as one batch."""
+    n = dataset.n_transitions
+    indices = np.linspace(0, n - 1, min(n, rows)).round().astype(np.int32)
+    return jax.jit(lambda d, i: model_batch(d, dynamics, i))(dataset, jnp.asarray(indices))
+
+
+def fit_ensemble(
+    dynamics: Dynamics,
+    stats: DynamicsParams,
+    train: Dataset,
+    holdout: Dataset,
+    *,
+    seeds: Sequence[int] = (0,),
+    max_updates: int = 20_000,
+    chunk_updates: int = 500,
+    batch_size: int = 256,
+    patience: int = 5,
+    callback: Callable[[int, dict[str, Any]], None] | None = None,
+) -> FitResult:
+    """Trains every member of every seed on ``train`` (actions in [-1, 1]) until no
+    member's held-out error on ``holdout`` improved by more than 1 % for ``patience``
+    chunks, or ``max_updates`` per member.
+
+    Returns:
+        The final state (each member's best parameters in ``best_networks``), one history
+        entry per chunk (updates, seconds, metrics per seed and member), whether it
+        stopped early and the seconds it took.
+    """
+    for name, value in (
+        ("max_updates", max_updates),
+        ("chunk_updates", chunk_updates),
+        ("batch_size", batch_size),
+        ("patience", patience),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    if not seeds:
+        raise ValueError("seeds: expected at least one seed")
+    started = time.perf_counter()
+    state = init_ensemble(dynamics, seeds)
+    bootstrap = bootstrap_indices(
+        train.n_transitions, len(seeds), dynamics.config.n_members, int(seeds[0])
+    )
+    held = holdout_batch(holdout, dynamics)
+    chunk = jax.jit(make_fit_chunk(dynamics, batch_size, chunk_updates), donate_argnums=0)
+    state = jax.tree.map(jnp.copy, state)
+    history: list[dict[str, Any]] = []
+    best = np.full((len(seeds), dynamics.config.n_members), np.inf)
+    stale = 0
+    stopped_early = False
+    done = 0
+    while done < max_updates:
+        chunk_started = time.perf_counter()
+        state, metrics = chunk(state, stats, train, bootstrap, held)
+        metrics = jax.device_get(metrics)
+        done += chunk_updates
+        score = np.asarray(metrics["holdout_mse"], np.float64)
+        improved = score < best * (1.0 - IMPROVEMENT)
+        best = np.minimum(best, score)
+        stale = 0 if improved.any() else stale + 1
+        history.append(
+            {
+                "updates": done,
+                "seconds": time.perf_counter() - chunk_started,
+                "metrics": {key: np.asarray(value).tolist() for key, value in metrics.items()},
+            }
+        )
+        if callback is not None:
+            callback(done, metrics)
+        if stale >= patience:
+            stopped_early = True
+            break
+    return FitResult(
+        state=state,
+        history=history,
+        stopped_early=stopped_early,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def select_elites(
+    state: EnsembleTrainState, stats: DynamicsParams, n_elites: int
+) -> tuple[DynamicsParams, np.ndarray]:
+    """Each seed's ``n_elites`` members of lowest held-out error: parameters with leading
+    ``[S, n_elites]`` member axes on the networks (statistics shared), and the chosen
+    member indices ``[S, n_elites]``."""
+    scores = np.asarray(jax.device_get(state.best_score))
+    elites = np.argsort(scores, axis=1, kind="stable")[:, :n_elites]
+    networks = jax.tree.map(
+        lambda leaf: jax.vmap(lambda per_seed, index: per_seed[index])(leaf, jnp.asarray(elites)),
+        state.best_networks,
+    )
+    return stats.replace(networks=networks), elites
+
+
+# ----- fidelity ------------------------------------------------------------------------
+class OpenLoop(NamedTuple):
+    """Logged windows and the model's open-loop predictions of them (host arrays).
+
+    Shapes: ``W`` windows, ``H`` steps, ``P`` particles (members × samples), ``F``
+    features of the newest frame, ``C`` channels (reward, then costs).
+    """
+
+    truth: np.ndarray  # [W, H, F]: the logged newest frame after each step
+    point: np.ndarray  # [W, H, F]: mean over members of their mean trajectories
+    particles: np.ndarray  # [W, P, H, F]: sampled trajectories of every member
+    signal_truth: np.ndarray  # [W, H, C]
+    signal_point: np.ndarray  # [W, H, C]
+    signal_particles: np.ndarray  # [W, P, H, C]
+    starts: np.ndarray  # [W]: transition index of each window's first step
+
+
+def open_loop_windows(dataset: Dataset, horizon: int, n_windows: int) -> np.ndarray:
+    """Up to ``n_windows`` transition indices, evenly spread over ``dataset``, where a
+    window of ``horizon`` steps fits inside one episode.
+
+    Raises:
+        ValueError: when no episode has ``horizon`` steps (naming the longest).
+    """
+    starts = np.asarray(jax.device_get(window_starts(dataset, horizon)))
+    if len(starts) > n_windows:
+        starts = starts[np.linspace(0, len(starts) - 1, n_windows).round().astype(np.int64)]
+    return starts
+
+
+def open_loop(
+    dynamics: Dynamics,
+    params: DynamicsParams,
+    dataset: Dataset,
+    starts: np.ndarray,
+    horizon: int,
+    key: jax.Array,
+    n_samples: int = 8,
+) -> OpenLoop:
+    """The model driven by the logged actions of the windows at ``starts`` (``dataset``'s
+    actions in [-1, 1]; ``params`` with one member axis): every member's mean trajectory
+    (their average is the point prediction) and ``n_samples`` sampled trajectories per
+    member, as one compiled program."""
+    windows = jax.jit(gather_windows, static_argnums=2)(
+        dataset, jnp.asarray(starts, jnp.int32), horizon
+    )
+    members = params.n_members
+    frame = dynamics.layout.frame_size
+
+    def trajectory(observation, actions, key, member, deterministic):
+        def body(observation, inputs):
+            action, key = inputs
+            next_observation, reward, costs, _ = dynamics.transition(
+                params, observation, action, key, member, deterministic
+            )
+            signals = jnp.concatenate([reward[None], costs])
+            return next_observation, (next_observation[:frame], signals)
+
+        keys = jax.random.split(key, actions.shape[0])
+        _, (frames, signals) = jax.lax.scan(body, observation, (actions, keys))
+        return frames, signals
+
+    @jax.jit
+    def run(windows, key):
+        first = windows.observations[:, 0]
+        actions = windows.actions.reshape(*windows.actions.shape[:2], -1)
+        member_ids = jnp.arange(members)
+        mean_run = jax.vmap(  # windows × members, deterministic
+            jax.vmap(lambda o, a, m: trajectory(o, a, key, m, True), in_axes=(None, None, 0)),
+            in_axes=(0, 0, None),
+        )(first, actions, member_ids)
+        particle_members = jnp.repeat(member_ids, n_samples)
+        particle_keys = jax.random.split(key, first.shape[0] * particle_members.shape[0])
+        particle_keys = particle_keys.reshape(first.shape[0], particle_members.shape[0], -1)
+        sampled = jax.vmap(
+            jax.vmap(lambda o, a, k, m: trajectory(o, a, k, m, False), in_axes=(None, None, 0, 0)),
+            in_axes=(0, 0, 0, None),
+        )(first, actions, particle_keys, particle_members)
+        return mean_run, sampled
+
+    (mean_frames, mean_signals), (frames, signals) = run(windows, key)
+    truth_frames = windows.observations[:, 1:, :frame]
+    truth_signals = jnp.concatenate([windows.rewards[..., None], windows.costs], axis=-1)
+    host = jax.device_get((truth_frames, mean_frames, frames, truth_signals, mean_signals, signals))
+    truth_frames, mean_frames, frames, truth_signals, mean_signals, signals = (
+        np.asarray(x, np.float64) for x in host
+    )
+    return OpenLoop(
+        truth=truth_frames,
+        point=mean_frames.mean(axis=1),
+        particles=frames,
+        signal_truth=truth_signals,
+        signal_point=mean_signals.mean(axis=1),
+        signal_particles=signals,
+        starts=np.asarray(starts),
+    )
+
+
+def coverage(samples: Any, truth: Any, level: float = 0.9, axis: int = 0) -> Any:
+    """Whether each ``truth`` value lies inside the central ``level`` interval of
+    ``samples`` along ``axis`` (its empirical quantiles ``(1 - level) / 2`` and
+    ``(1 + level) / 2``), as booleans of ``truth``'s shape; the mean is the share
+    inside. numpy or jax arrays alike.
+
+    Raises:
+        ValueError: for a level outside (0, 1).
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level: expected a share in (0, 1), got {level}")
+    xp = jnp if isinstance(samples, jax.Array) else np
+    lower = xp.quantile(samples, (1.0 - level) / 2.0, axis=axis)
+    upper = xp.quantile(samples, (1.0 + level) / 2.0, axis=axis)
+    return (truth >= lower) & (truth <= upper)
+
+
+def fidelity_table(
+    run: OpenLoop,
+    feature_names: Sequence[str],
+    feature_spread: Sequence[float],
+    signal_names: Sequence[str],
+    signal_spread: Sequence[float],
+    steps: Sequence[int],
+    level: float = 0.9,
+) -> list[dict[str, Any]]:
+    """One row per feature (then per reward and cost channel) and step of ``steps``:
+    RMSE and MAE of the point prediction in the plant's units, RMSE relative to the
+    feature's spread over the data (``None`` for a constant feature), and the share of
+    logged values inside the ensemble's ``level`` interval."""
+    rows = []
+    for kind, names, spreads, truth, point, particles in (
+        ("observation", feature_names, feature_spread, run.truth, run.point, run.particles),
+        (
+            "signal",
+            signal_names,
+            signal_spread,
+            run.signal_truth,
+            run.signal_point,
+            run.signal_particles,
+        ),
+    ):
+        inside = coverage(particles, truth, level, axis=1)  # [W, H, F]
+        for i, name in enumerate(names):
+            spread = float(spreads[i])
+            for step in steps:
+                error = point[:, step - 1, i] - truth[:, step - 1, i]
+                rmse = float(np.sqrt(np.mean(np.square(error))))
+                rows.append(
+                    {
+                        "kind": kind,
+                        "name": str(name),
+                        "step": int(step),
+                        "rmse": rmse,
+                        "mae": float(np.mean(np.abs(error))),
+                        "relative_rmse": rmse / spread if spread > MIN_STD else None,
+                        "coverage": float(np.mean(inside[:, step - 1, i])),
+                    }
+                )
+    return rows
