@@ -1,0 +1,207 @@
+"""``neorl-industrial model fit|inspect``: a learned model of the plant from its logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from neorl_industrial.cli.common import make_console, positive_int
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    """An argparse type: layer widths such as ``200,200,200``."""
+    try:
+        widths = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated layer widths such as 200,200, got {text!r}"
+        ) from None
+    if not widths or any(width < 1 for width in widths):
+        raise argparse.ArgumentTypeError(f"expected positive layer widths, got {text!r}")
+    return widths
+
+
+def _share(text: str) -> float:
+    """An argparse type: a share strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {value}")
+    return value
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    """An argparse type: seeds such as ``0,1,2``."""
+    try:
+        seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds such as 0,1,2, got {text!r}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("expected at least one seed")
+    return seeds
+
+
+def _load_data(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
+    """The dataset, its card and the schema's ``reward_row`` (a plant log's)."""
+    from neorl_industrial.integration.datasets import load_any, load_plant_schema
+
+    dataset, card = load_any(args.data, schema=args.schema, missing=args.missing)
+    reward_row = None
+    if args.schema is not None and card.source == "plant-log":
+        reward_row = load_plant_schema(args.schema).reward_row
+    return dataset, card, reward_row
+
+
+def command_fit(args: argparse.Namespace) -> int:
+    from neorl_industrial.core.models import DynamicsConfig
+    from neorl_industrial.wrappers.models import FitSettings, PlantModel
+
+    console = make_console()
+    dataset, card, reward_row = _load_data(args)
+    task = card.task(dataset)
+    definitions = {
+        channel: source
+        for channel, source in card.definitions.items()
+        if channel == "reward" or channel in task.cost_names
+    }
+    config = DynamicsConfig(
+        hidden=args.hidden,
+        n_members=args.members,
+        n_elites=min(args.elites, args.members),
+    )
+    settings = FitSettings(
+        seeds=args.seeds,
+        max_updates=args.updates,
+        chunk_updates=args.chunk,
+        batch_size=args.batch_size,
+        patience=args.patience,
+        holdout=args.holdout,
+        split_seed=args.split_seed,
+        horizon=args.horizon,
+        windows=args.windows,
+    )
+    model = PlantModel(task, config, definitions=definitions, reward_row=reward_row)
+    console.print(
+        f"Fitting {config.n_members} members × {len(settings.seeds)} seed(s) on {args.data}: "
+        f"{dataset.n_transitions:,} transitions in {dataset.n_episodes} episodes, "
+        f"{settings.holdout:.0%} of the episodes held out."
+    )
+    model_card = model.fit(dataset, settings, dataset_name=card.name)
+    path = model.save(args.out, overwrite=args.overwrite, plots=not args.no_plots)
+    _report(console, model_card, str(path))
+    if args.json:
+        Path(args.json).write_text(json.dumps(model_card, indent=2, default=str))
+        console.print(f"Wrote {args.json}")
+    return 0
+
+
+def command_inspect(args: argparse.Namespace) -> int:
+    from neorl_industrial.wrappers.models import PlantModel
+
+    console = make_console()
+    if args.data is None:
+        model = PlantModel.load(args.model)
+        _report(console, model.card, args.model)
+        return 0
+    dataset, card, _ = _load_data(args)
+    model = PlantModel.load(
+        args.model, dataset=dataset, task=card.task(dataset), dataset_name=args.data
+    )
+    fidelity = model.fidelity(dataset)
+    _report(console, model.card | {"fidelity": fidelity}, args.model, measured_now=True)
+    return 0
+
+
+def _report(console: Console, card: dict[str, Any], where: str, measured_now: bool = False) -> None:
+    data, fit, config = card["dataset"], card["fit"], card["config"]
+    stop = "stopped early" if fit["stopped_early"] else "ran to the last update"
+    console.print(
+        f"Plant model of {card['task']['name']!r} at {where}: {config['n_members']} members "
+        f"(the {config['n_elites']} best kept) fitted on {data['name']!r} "
+        f"({data['n_transitions']:,} transitions, {data['n_episodes']} episodes, "
+        f"fingerprint {data['fingerprint'][:19]}...) in {fit['seconds']:.1f} s, "
+        f"{fit['updates']:,} updates per member ({stop})."
+    )
+    for channel, how in card["signals"].items():
+        console.print(f"  {channel}: {how}")
+    fidelity = card["fidelity"]
+    when = "measured now" if measured_now else "as fitted"
+    table = Table(
+        title=(
+            f"Open-loop fidelity on {len(fidelity['episodes'])} held-out episodes, "
+            f"{fidelity['windows']} windows ({when}): error in the plant's units, "
+            f"share inside the ensemble's {fidelity['level']:.0%} interval"
+        )
+    )
+    for column in ("feature", "unit", "steps ahead", "RMSE", "MAE", "RMSE / spread", "inside"):
+        table.add_column(column, justify="left" if column in ("feature", "unit") else "right")
+    for row in fidelity["rows"]:
+        relative = row["relative_rmse"]
+        table.add_row(
+            row["name"] if row["kind"] == "observation" else f"{row['name']} (per step)",
+            row.get("unit") or "",
+            str(row["step"]),
+            f"{row['rmse']:.4g}",
+            f"{row['mae']:.4g}",
+            "-" if relative is None else f"{relative:.3f}",
+            f"{100 * row['coverage']:.0f} %",
+        )
+    console.print(table)
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    """The ``model`` command group."""
+    model = commands.add_parser(
+        "model", help="a learned model of the plant from its logs: fit, inspect"
+    )
+    actions = model.add_subparsers(dest="model_command", required=True)
+
+    fit = actions.add_parser(
+        "fit",
+        help="fit an ensemble dynamics model on a dataset and measure its fidelity on "
+        "held-out episodes",
+    )
+    fit.add_argument("--data", required=True, help="the dataset (any format, or a plant log)")
+    fit.add_argument("--schema", help="the YAML schema of a plant log given to --data")
+    fit.add_argument(
+        "--missing", choices=("error", "drop", "split"), help="a plant log's missing values"
+    )
+    fit.add_argument("--out", required=True, help="the saved model's directory")
+    fit.add_argument("--overwrite", action="store_true")
+    fit.add_argument("--members", type=positive_int, default=7, help="ensemble members")
+    fit.add_argument("--elites", type=positive_int, default=5, help="best members kept")
+    fit.add_argument("--hidden", type=_widths, default=(200, 200, 200), help="e.g. 200,200,200")
+    fit.add_argument("--updates", type=positive_int, default=10_000, help="at most, per member")
+    fit.add_argument("--chunk", type=positive_int, default=500, help="updates per compiled call")
+    fit.add_argument("--batch-size", type=positive_int, default=256)
+    fit.add_argument(
+        "--patience", type=positive_int, default=4, help="chunks without progress before stopping"
+    )
+    fit.add_argument("--holdout", type=_share, default=0.2, help="share of episodes held out")
+    fit.add_argument("--split-seed", type=int, default=0)
+    fit.add_argument("--seeds", type=_seeds, default=(0,), help="e.g. 0,1,2 (one ensemble each)")
+    fit.add_argument("--horizon", type=positive_int, default=100, help="open-loop steps")
+    fit.add_argument("--windows", type=positive_int, default=128, help="held-out windows")
+    fit.add_argument("--no-plots", action="store_true", help="do not draw trajectories.png")
+    fit.add_argument("--json", help="also write the model's card to this JSON file")
+    fit.set_defaults(handler=command_fit)
+
+    inspect = actions.add_parser(
+        "inspect",
+        help="show a saved model's card and fidelity; with --data, check it was fitted on "
+        "that dataset and measure its fidelity again",
+    )
+    inspect.add_argument("model", help="a saved plant model's directory")
+    inspect.add_argument("--data", help="the dataset it was fitted on")
+    inspect.add_argument("--schema", help="the YAML schema of a plant log given to --data")
+    inspect.add_argument(
+        "--missing", choices=("error", "drop", "split"), help="a plant log's missing values"
+    )
+    inspect.set_defaults(handler=command_inspect)
