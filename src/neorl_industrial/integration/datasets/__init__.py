@@ -6,77 +6,48 @@ Every reader returns the on-device :class:`~neorl_industrial.functional.state_ma
 and raises :class:`DatasetFormatError` (a ``ValueError``) naming the file, column and row
 of bad input. Every writer is atomic. The factory makes NeoRL-style datasets of graded
 quality from versioned behaviour policies.
+
+Names are imported on first use: reading native or NeoRL data needs only the core install;
+plant logs and Minari datasets need the ``plant`` extra (:mod:`neorl_industrial.extras`).
 """
 
-from neorl_industrial.integration.datasets.card import (
-    ArraySpec,
-    BehaviourPolicy,
-    ColumnInfo,
-    DatasetCard,
-    DatasetSizes,
-    normalized_score,
-)
-from neorl_industrial.integration.datasets.errors import DatasetFormatError
-from neorl_industrial.integration.datasets.expressions import Expression
-from neorl_industrial.integration.datasets.factory import (
-    QUALITIES,
-    SIZES,
-    BehaviourPolicies,
-    generate_dataset,
-    train_behaviour_policies,
-)
-from neorl_industrial.integration.datasets.inspection import (
-    DatasetFormat,
-    detect_format,
-    inspect_dataset,
-    load_any,
-)
-from neorl_industrial.integration.datasets.memmap import MemmapSampler
-from neorl_industrial.integration.datasets.minari import load_minari
-from neorl_industrial.integration.datasets.native import (
-    load_native,
-    load_native_shards,
-    save_native,
-)
-from neorl_industrial.integration.datasets.neorl import load_neorl_npz, save_neorl_npz
-from neorl_industrial.integration.datasets.plant_log import load_plant_log
-from neorl_industrial.integration.datasets.plant_schema import (
-    ActionColumnSpec,
-    ColumnSpec,
-    CostSpec,
-    PlantLogSchema,
-    load_plant_schema,
-)
+from __future__ import annotations
 
-__all__ = [
-    "QUALITIES",
-    "SIZES",
-    "ActionColumnSpec",
-    "ArraySpec",
-    "BehaviourPolicies",
-    "BehaviourPolicy",
-    "ColumnInfo",
-    "ColumnSpec",
-    "CostSpec",
-    "DatasetCard",
-    "DatasetFormat",
-    "DatasetFormatError",
-    "DatasetSizes",
-    "Expression",
-    "MemmapSampler",
-    "PlantLogSchema",
-    "detect_format",
-    "generate_dataset",
-    "inspect_dataset",
-    "load_any",
-    "load_minari",
-    "load_native",
-    "load_native_shards",
-    "load_neorl_npz",
-    "load_plant_log",
-    "load_plant_schema",
-    "normalized_score",
-    "save_native",
-    "save_neorl_npz",
-    "train_behaviour_policies",
-]
+from neorl_industrial.core.utils.lazy import lazy_exports
+
+_EXPORTS = {
+    "ArraySpec": ".card",
+    "BehaviourPolicy": ".card",
+    "ColumnInfo": ".card",
+    "DatasetCard": ".card",
+    "DatasetSizes": ".card",
+    "normalized_score": ".card",
+    "DatasetFormatError": ".errors",
+    "Expression": ".expressions",
+    "QUALITIES": ".factory",
+    "SIZES": ".factory",
+    "BehaviourPolicies": ".factory",
+    "generate_dataset": ".factory",
+    "train_behaviour_policies": ".factory",
+    "DatasetFormat": ".inspection",
+    "detect_format": ".inspection",
+    "inspect_dataset": ".inspection",
+    "load_any": ".inspection",
+    "MemmapSampler": ".memmap",
+    "load_minari": ".minari",
+    "load_native": ".native",
+    "load_native_shards": ".native",
+    "save_native": ".native",
+    "load_neorl_npz": ".neorl",
+    "save_neorl_npz": ".neorl",
+    "load_plant_log": ".plant_log",
+    "ActionColumnSpec": ".plant_schema",
+    "ColumnSpec": ".plant_schema",
+    "CostSpec": ".plant_schema",
+    "PlantLogSchema": ".plant_schema",
+    "load_plant_schema": ".plant_schema",
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -18,10 +18,8 @@ from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.integration.datasets.arrays import episode_bounds
 from neorl_industrial.integration.datasets.card import DatasetCard
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
-from neorl_industrial.integration.datasets.minari import is_minari, load_minari
 from neorl_industrial.integration.datasets.native import is_native, load_native, read_native_arrays
 from neorl_industrial.integration.datasets.neorl import load_neorl_npz
-from neorl_industrial.integration.datasets.plant_log import is_table, load_plant_log
 
 DatasetFormat = Literal["native", "neorl", "minari", "plant-log"]
 
@@ -36,6 +34,9 @@ def detect_format(path: str | os.PathLike[str]) -> DatasetFormat:
     if path.is_dir():
         if is_native(path):
             return "native"
+        # Minari and plant logs need the 'plant' extra: imported only for their formats.
+        from neorl_industrial.integration.datasets.minari import is_minari
+
         if is_minari(path):
             return "minari"
         raise DatasetFormatError(
@@ -46,6 +47,8 @@ def detect_format(path: str | os.PathLike[str]) -> DatasetFormat:
         raise DatasetFormatError("no such file or directory", path=path)
     if path.suffix.lower() == ".npz":
         return "neorl"
+    from neorl_industrial.integration.datasets.plant_log import is_table
+
     if is_table(path):
         return "plant-log"
     raise DatasetFormatError(
@@ -79,6 +82,8 @@ def load_any(
     if kind == "native":
         return load_native(path)
     if kind == "minari":
+        from neorl_industrial.integration.datasets.minari import load_minari
+
         return load_minari(path)
     if kind == "neorl":
         dataset = load_neorl_npz(path)
@@ -89,6 +94,8 @@ def load_any(
             "observations, actions, reward and costs",
             path=path,
         )
+    from neorl_industrial.integration.datasets.plant_log import load_plant_log
+
     return load_plant_log(path, schema, missing=missing)
 
 

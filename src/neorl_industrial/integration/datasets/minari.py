@@ -21,8 +21,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
+
+from neorl_industrial.extras import optional_imports
+
+with optional_imports():  # the 'plant' extra
+    import h5py
 
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.integration.datasets.card import BehaviourPolicy, DatasetCard

@@ -27,10 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pcsv
-import pyarrow.parquet as pq
+
+from neorl_industrial.extras import optional_imports
+
+with optional_imports():  # the 'plant' extra
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
 
 from neorl_industrial.core.utils.messages import quote, shorten
 from neorl_industrial.functional.state_management import Dataset
