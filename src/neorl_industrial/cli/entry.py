@@ -14,6 +14,7 @@ from neorl_industrial.cli import (
     environments,
     keys,
     models,
+    plant_model,
     serving,
     training,
 )
@@ -25,6 +26,7 @@ _COMMAND_GROUPS = (
     training.add_parsers,
     bench.add_parsers,
     models.add_model_parsers,
+    plant_model.add_parsers,
     serving.add_parsers,
     models.add_mlflow_parsers,
     environments.add_parsers,
