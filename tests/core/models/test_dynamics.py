@@ -1,0 +1,181 @@
+"""The dynamics ensemble's pure parts: known channels as JAX expressions, the step's
+stacked-frame shift, its known and learned channels, the out-of-distribution measure."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from neorl_industrial.core.models import (
+    DynamicsConfig,
+    DynamicsLayout,
+    DynamicsParams,
+    KnownSignal,
+    KnownSignals,
+    compile_expression,
+    gaussian_nll,
+    make_dynamics,
+    match_row,
+    out_of_distribution,
+)
+from neorl_industrial.integration.datasets import Expression
+
+SOURCES = [
+    "-abs(temperature - 350) - 0.01 * valve",
+    "max(temperature - 420, 0, pressure * 2)",
+    "min(pressure, 1.5) ** 2 / (1 + exp(-valve / 50))",
+    "sqrt(abs(pressure)) + log(1 + temperature) - +valve",
+    "3",
+]
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_jax_expression_matches_the_logs_numpy_evaluation(source):
+    rng = np.random.default_rng(0)
+    columns = {
+        "temperature": rng.uniform(300, 450, 64),
+        "pressure": rng.uniform(0.5, 2.5, 64),
+        "valve": rng.uniform(0, 100, 64),
+    }
+    expected = Expression(source).evaluate(columns, 64)
+    function, names = compile_expression(source)
+    traced = jax.jit(lambda c: jnp.broadcast_to(function(c), (64,)))(
+        {k: jnp.asarray(v, jnp.float32) for k, v in columns.items()}
+    )
+    np.testing.assert_allclose(traced, expected, rtol=2e-5, atol=1e-4)
+    assert names == Expression(source).names
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("temperature.real", "not allowed"),
+        ("temperature > 3", "not allowed"),
+        ("__import__('os')", "not allowed"),
+        ("abs(1, 2)", "takes one argument"),
+        ("max(temperature)", "two or more"),
+        ("1 +", "not a valid expression"),
+        ("1e400", "larger than a float64"),
+        ("x" * 1001, "longer than"),
+        ("-" * 150 + "x", "nested"),
+    ],
+)
+def test_expression_outside_the_grammar_is_refused_by_name(source, message):
+    with pytest.raises(ValueError, match=message):
+        compile_expression(source)
+
+
+def test_match_row_finds_the_row_the_data_agrees_with():
+    rng = np.random.default_rng(1)
+    obs = rng.normal(size=(50, 2))
+    nxt = rng.normal(size=(50, 2))
+    act = rng.uniform(0, 100, size=(50, 1))
+    names, actions = ("t", "p"), ("valve",)
+    current = -np.abs(obs[:, 0]) - 0.01 * act[:, 0]
+    assert match_row("-abs(t) - 0.01 * valve", current, obs, act, nxt, names, actions) == "current"
+    following = np.maximum(nxt[:, 1], 0.0)
+    assert match_row("max(p, 0)", following, obs, act, nxt, names, actions) == "next"
+    # Another column of the log (an alarm flag), or a definition the data does not follow.
+    assert match_row("alarm", following, obs, act, nxt, names, actions) is None
+    assert match_row("max(p, 1)", following, obs, act, nxt, names, actions) is None
+    # A definition reading an action cannot be evaluated on the next row.
+    assert match_row("valve", act[:, 0], obs, act, nxt, names, actions, rows=("next",)) is None
+
+
+def _params(dynamics, obs_size, action_size, key=0, members=3):
+    layout = dynamics.layout
+    keys = jax.random.split(jax.random.PRNGKey(key), members)
+    return DynamicsParams(
+        networks=jax.vmap(dynamics.init)(keys),
+        obs_mean=jnp.zeros(obs_size),
+        obs_std=jnp.ones(obs_size),
+        target_mean=jnp.zeros(layout.target_size),
+        target_std=jnp.full(layout.target_size, 0.1),
+        obs_low=jnp.full(obs_size, -1.0),
+        obs_high=jnp.full(obs_size, 1.0),
+        policy_action_low=jnp.full(action_size, -0.5),
+        policy_action_high=jnp.full(action_size, 0.5),
+        action_low=jnp.zeros(action_size),
+        action_high=jnp.full(action_size, 100.0),
+    )
+
+
+def test_step_shifts_stacked_frames_and_computes_known_channels():
+    # Observations of 3 frames of 2 features (newest first); reward known on the next row,
+    # cost 0 known on the current row (in plant units of the valve), cost 1 learned.
+    names = ("t_0", "p_0", "t_1", "p_1", "t_2", "p_2")
+    known = KnownSignals(
+        signals=(
+            KnownSignal("reward", None, "-abs(t_0 - 0.5)", "next"),
+            KnownSignal("heat", 0, "max(t_0 - 0.2, 0) + 0.01 * valve", "current"),
+        ),
+        observation_names=names,
+        action_names=("valve",),
+    )
+    layout = DynamicsLayout(observation_size=6, frame_size=2, action_size=1, n_costs=2, known=known)
+    assert layout.target_size == 2 + 0 + 1  # frame change and the learned cost
+    dynamics = make_dynamics(DynamicsConfig(hidden=(16,), n_members=3, n_elites=3), layout)
+    params = _params(dynamics, 6, 1)
+    observation = jnp.asarray([0.3, -0.2, 0.1, 0.0, -0.1, 0.4])
+    action = jnp.asarray([0.5])  # 75 % in plant units
+    out = jax.jit(dynamics.step)(params, observation, action, jax.random.PRNGKey(3))
+    np.testing.assert_allclose(out.next_observation[2:], observation[:4])  # history shifted
+    np.testing.assert_allclose(out.reward, -abs(float(out.next_observation[0]) - 0.5), rtol=1e-6)
+    np.testing.assert_allclose(out.costs[0], max(0.3 - 0.2, 0) + 0.75, rtol=1e-6)
+    assert out.member_std.shape == (2,) and float(jnp.max(out.member_std)) > 0.0
+    assert not bool(out.done)
+    assert float(out.out_of_distribution) == 0.0
+    # A chosen member, deterministic: its mean; the same call twice gives the same step.
+    first = dynamics.step(params, observation, action, jax.random.PRNGKey(4), 1, True)
+    again = dynamics.step(params, observation, action, jax.random.PRNGKey(5), 1, True)
+    np.testing.assert_allclose(first.next_observation, again.next_observation)
+    single = dynamics.transition(params, observation, action, jax.random.PRNGKey(9), 1, True)
+    np.testing.assert_allclose(single[0], first.next_observation, rtol=1e-6)
+    other = dynamics.step(params, observation, action, jax.random.PRNGKey(4), 2, True)
+    assert not np.allclose(other.next_observation[:2], first.next_observation[:2])
+
+
+def test_step_vmaps_over_members_and_starts():
+    layout = DynamicsLayout(observation_size=2, frame_size=2, action_size=1, n_costs=0)
+    dynamics = make_dynamics(DynamicsConfig(hidden=(8,), n_members=3, n_elites=2), layout)
+    params = _params(dynamics, 2, 1)
+    starts = jnp.zeros((5, 2))
+    actions = jnp.zeros((5, 1))
+    program = jax.vmap(  # members × starts
+        jax.vmap(dynamics.step, in_axes=(None, 0, 0, None, None)),
+        in_axes=(None, None, None, None, 0),
+    )
+    out = program(params, starts, actions, jax.random.PRNGKey(0), jnp.arange(3))
+    assert out.next_observation.shape == (3, 5, 2)
+    assert out.costs.shape == (3, 5, 0) and out.reward.shape == (3, 5)
+
+
+def test_out_of_distribution_measures_the_excess_in_spreads():
+    layout = DynamicsLayout(observation_size=2, frame_size=2, action_size=1, n_costs=0)
+    dynamics = make_dynamics(DynamicsConfig(hidden=(8,), n_members=2, n_elites=2), layout)
+    params = _params(dynamics, 2, 1)
+    inside = out_of_distribution(params, jnp.asarray([0.5, -1.0]), jnp.asarray([0.5]))
+    assert float(inside) == 0.0
+    far = out_of_distribution(params, jnp.asarray([3.0, 0.0]), jnp.asarray([0.0]))
+    assert float(far) == pytest.approx(2.0)
+    action = out_of_distribution(params, jnp.asarray([0.0, 0.0]), jnp.asarray([0.9]))
+    assert float(action) == pytest.approx(0.4)
+
+
+def test_gaussian_nll_is_the_normal_log_density():
+    mean, log_std, target = jnp.asarray(0.3), jnp.asarray(math.log(2.0)), jnp.asarray(1.5)
+    expected = 0.5 * ((1.5 - 0.3) / 2.0) ** 2 + math.log(2.0) + 0.5 * math.log(2 * math.pi)
+    assert float(gaussian_nll(mean, log_std, target)) == pytest.approx(expected, rel=1e-6)
+
+
+def test_config_refuses_bad_values_by_name():
+    with pytest.raises(ValueError, match="n_elites"):
+        DynamicsConfig(n_members=3, n_elites=4)
+    with pytest.raises(ValueError, match="activation"):
+        DynamicsConfig(activation="sigmoid")
+    with pytest.raises(ValueError, match="frame_size"):
+        DynamicsLayout(observation_size=5, frame_size=2, action_size=1, n_costs=0)

@@ -1,0 +1,163 @@
+"""Fitting a dynamics ensemble over members and seeds: it learns a known linear system,
+its members differ, elites are the best held-out members, calibration is counted right."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from neorl_industrial.core.models import DynamicsConfig, DynamicsLayout, make_dynamics
+from neorl_industrial.functional.state_management import Dataset
+from neorl_industrial.functional.transformations.dynamics import (
+    coverage,
+    data_statistics,
+    fidelity_table,
+    fit_ensemble,
+    open_loop,
+    open_loop_windows,
+    select_elites,
+)
+
+A = np.asarray([[0.9, 0.1], [0.0, 0.8]])
+B = np.asarray([[0.0], [0.5]])
+NOISE = 0.01
+
+
+def linear_dataset(episodes: int, steps: int, seed: int) -> Dataset:
+    """``x' = A x + B u + noise`` under uniform random actions; reward ``-|x_0|`` and one
+    cost ``max(x_1 - 1, 0)`` of the next state."""
+    rng = np.random.default_rng(seed)
+    data = []
+    for _ in range(episodes):
+        x = rng.normal(size=2)
+        xs, us = [x], []
+        for _ in range(steps):
+            u = rng.uniform(-1, 1, size=1)
+            x = A @ x + B @ u + NOISE * rng.normal(size=2)
+            xs.append(x)
+            us.append(u)
+        xs = np.asarray(xs, np.float32)
+        data.append(
+            {
+                "observations": xs,
+                "actions": np.asarray(us, np.float32),
+                "rewards": -np.abs(xs[:-1, 0]),
+                "costs": np.maximum(xs[1:, 1:2] - 1.0, 0.0),
+            }
+        )
+    return Dataset.from_episodes(data)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    train, holdout = linear_dataset(24, 40, 0), linear_dataset(6, 40, 1)
+    layout = DynamicsLayout(observation_size=2, frame_size=2, action_size=1, n_costs=1)
+    config = DynamicsConfig(hidden=(32, 32), n_members=3, n_elites=2, learning_rate=3e-3)
+    dynamics = make_dynamics(config, layout)
+    stats = data_statistics(train, dynamics, [-1.0], [1.0])
+    result = fit_ensemble(
+        dynamics,
+        stats,
+        train,
+        holdout,
+        seeds=(0, 1),
+        max_updates=1200,
+        chunk_updates=400,
+        batch_size=128,
+    )
+    return dynamics, stats, result, holdout
+
+
+def test_the_ensemble_learns_a_linear_system(fitted):
+    dynamics, stats, result, holdout = fitted
+    params, _ = select_elites(result.state, stats, 2)
+    one_seed = params.replace(networks=jax.tree.map(lambda leaf: leaf[0], params.networks))
+    starts = open_loop_windows(holdout, 10, 40)
+    run = open_loop(dynamics, one_seed, holdout, starts, 10, jax.random.PRNGKey(0), n_samples=4)
+    rows = fidelity_table(run, ["x0", "x1"], [1.0, 1.0], ["reward", "cost"], [1.0, 1.0], (1, 10))
+    one_step = {row["name"]: row["rmse"] for row in rows if row["step"] == 1}
+    # The noise is 0.01; the states spread over about 1: the model is within a few noises.
+    assert one_step["x0"] < 0.05 and one_step["x1"] < 0.05
+    assert one_step["reward"] < 0.06
+    ten = {row["name"]: row["rmse"] for row in rows if row["step"] == 10}
+    assert ten["x0"] < 0.15
+    # The truth the model is held to is the logged next state, also in the windows.
+    np.testing.assert_allclose(run.truth[:, 0], np.asarray(holdout.next_observations())[starts])
+    # Members and seeds differ (initialization and bootstrap), all of them learned.
+    mse = np.asarray(result.state.best_score)
+    assert mse.shape == (2, 3) and np.all(mse < 0.1)
+    first = jax.tree.leaves(result.state.best_networks)[0]
+    assert not np.allclose(first[0, 0], first[0, 1]) and not np.allclose(first[0, 0], first[1, 0])
+    observation, action = jnp.asarray([0.5, -0.3]), jnp.asarray([0.2])
+    out = dynamics.step(one_seed, observation, action, jax.random.PRNGKey(0), None, True)
+    assert 0.0 < float(jnp.max(out.member_std)) < 0.05
+    np.testing.assert_allclose(
+        out.next_observation, A @ np.asarray([0.5, -0.3]) + B @ [0.2], atol=0.05
+    )
+
+
+def test_elites_are_the_best_held_out_members(fitted):
+    _, stats, result, _ = fitted
+    params, elites = select_elites(result.state, stats, 2)
+    scores = np.asarray(result.state.best_score)
+    for seed in range(2):
+        assert set(elites[seed]) == set(np.argsort(scores[seed])[:2])
+        chosen = jax.tree.leaves(params.networks)[0][seed, 0]
+        best = jax.tree.leaves(result.state.best_networks)[0][seed, elites[seed][0]]
+        np.testing.assert_array_equal(chosen, best)
+    assert result.history[-1]["updates"] == 1200 and len(result.history) == 3
+
+
+def test_coverage_counts_values_inside_the_central_interval():
+    # Samples 0..100: the 90 % interval is [5, 95]; 4 of these 6 values lie inside it.
+    samples = np.arange(101, dtype=np.float64)[:, None].repeat(6, axis=1)
+    truth = np.asarray([4.0, 5.0, 50.0, 95.0, 96.0, 70.0])
+    inside = coverage(samples, truth, 0.9)
+    assert inside.tolist() == [False, True, True, True, False, True]
+    # Calibrated Gaussian samples hold about 90 % of draws of the same law, far fewer of a
+    # law three times wider; numpy and jax agree.
+    rng = np.random.default_rng(0)
+    samples = rng.normal(size=(400, 3000))
+    calibrated = coverage(samples, rng.normal(size=3000), 0.9).mean()
+    assert calibrated == pytest.approx(0.9, abs=0.02)
+    assert coverage(samples, 3.0 * rng.normal(size=3000), 0.9).mean() < 0.5
+    truth = rng.normal(size=3000)
+    np.testing.assert_array_equal(
+        np.asarray(coverage(jnp.asarray(samples), jnp.asarray(truth), 0.9)),
+        coverage(samples.astype(np.float32), truth.astype(np.float32), 0.9),
+    )
+    with pytest.raises(ValueError, match="level"):
+        coverage(samples, truth, 1.5)
+
+
+def test_fidelity_table_errors_and_coverage_per_feature_and_step():
+    from neorl_industrial.functional.transformations.dynamics import OpenLoop
+
+    truth = np.zeros((4, 3, 1))
+    point = np.full((4, 3, 1), 2.0)  # off by 2 everywhere
+    particles = np.linspace(-1, 1, 21)[None, :, None, None].repeat(4, 0).repeat(3, 2)
+    run = OpenLoop(
+        truth=truth,
+        point=point,
+        particles=particles,
+        signal_truth=np.zeros((4, 3, 0)),
+        signal_point=np.zeros((4, 3, 0)),
+        signal_particles=np.zeros((4, 21, 3, 0)),
+        starts=np.arange(4),
+    )
+    rows = fidelity_table(run, ["level"], [4.0], [], [], (1, 3))
+    assert [row["step"] for row in rows] == [1, 3]
+    assert rows[0]["rmse"] == pytest.approx(2.0) and rows[0]["relative_rmse"] == pytest.approx(0.5)
+    assert rows[0]["coverage"] == 1.0
+    constant = fidelity_table(run, ["level"], [0.0], [], [], (1,))
+    assert constant[0]["relative_rmse"] is None
+
+
+def test_fit_refuses_bad_settings_by_name(fitted):
+    dynamics, stats, _, holdout = fitted
+    with pytest.raises(ValueError, match="chunk_updates"):
+        fit_ensemble(dynamics, stats, holdout, holdout, chunk_updates=0)
+    with pytest.raises(ValueError, match="seeds"):
+        fit_ensemble(dynamics, stats, holdout, holdout, seeds=())
