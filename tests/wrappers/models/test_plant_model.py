@@ -1,0 +1,179 @@
+"""A plant model from a plant log with no simulator: fitted and inspected through the
+command line, known channels computed, saved and loaded, and bad input refused."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pytest
+
+from neorl_industrial import cli
+from neorl_industrial.core.environments import Task
+from neorl_industrial.integration.datasets import load_any
+from neorl_industrial.wrappers.models import FitSettings, PlantModel, PlantModelError
+
+SCHEMA = """\
+name: heater-2
+timestamp: time
+sampling_period: 60
+observations:
+  - {column: temperature, unit: degC, bounds: [0, 500]}
+  - {column: pressure, unit: bar}
+actions:
+  - {column: valve, unit: "%", bounds: [0, 100]}
+reward: -abs(temperature - 350) - 0.01 * valve
+costs:
+  - {name: overheating, expression: "max(temperature - 365, 0)", limit: 5.0}
+  - {name: alarm}
+"""
+
+
+def write_log(path, episodes: int, steps: int, seed: int = 0):
+    """A heater under a noisy operator: ``T' = 0.8 T + 0.2 (300 + valve) + noise``,
+    pressure following the temperature; an alarm column the schema does not define.
+    Episodes are separated by an hour's gap."""
+    rng = np.random.default_rng(seed)
+    seconds, temperature, pressure, valve, alarm = [], [], [], [], []
+    stamp = 0
+    for _ in range(episodes):
+        t = rng.uniform(330, 370)
+        for _ in range(steps + 1):
+            v = float(np.clip(50 + 0.8 * (350 - t) + rng.normal(0, 8), 0, 100))
+            seconds.append(stamp)
+            temperature.append(t)
+            pressure.append(1.0 + 0.01 * t + rng.normal(0, 0.01))
+            valve.append(v)
+            alarm.append(float(t > 362 and rng.random() < 0.5))
+            t = 0.8 * t + 0.2 * (300 + v) + rng.normal(0, 0.5)
+            stamp += 60
+        stamp += 3600
+    table = pa.table(
+        {
+            "time": pa.array(np.datetime64("2024-03-01T00:00:00", "s") + np.asarray(seconds)),
+            "temperature": temperature,
+            "pressure": pressure,
+            "valve": valve,
+            "alarm": alarm,
+        }
+    )
+    pcsv.write_csv(table, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def plant(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plant")
+    log = write_log(root / "heater.csv", episodes=12, steps=30)
+    schema = root / "schema.yaml"
+    schema.write_text(textwrap.dedent(SCHEMA))
+    out = root / "model"
+    argv = ["model", "fit", "--data", str(log), "--schema", str(schema), "--out", str(out)]
+    argv += ["--hidden", "32,32", "--members", "3", "--elites", "2", "--updates", "600"]
+    argv += ["--chunk", "300", "--batch-size", "64", "--horizon", "12", "--windows", "16"]
+    assert cli.main(argv) == 0
+    return root, log, schema, out
+
+
+def test_fit_through_the_cli_saves_card_fidelity_and_plot(plant, capsys):
+    _, log, schema, out = plant
+    card = json.loads((out / "model.json").read_text())
+    assert (out / "trajectories.png").read_bytes()[:4] == b"\x89PNG"
+    assert card["task"]["name"] == "heater-2" and card["task"]["env_id"] is None
+    # Known channels are computed from the predicted observations, the alarm is learned.
+    assert card["signals"]["reward"].startswith("computed")
+    assert card["signals"]["overheating"].startswith("computed")
+    assert card["signals"]["alarm"].startswith("learned")
+    known = {s["channel"]: s["row"] for s in card["layout"]["known"]["signals"]}
+    assert known == {"reward": "current", "overheating": "current"}
+    dataset, _ = load_any(log, schema=schema)
+    from neorl_industrial.wrappers.models import dataset_fingerprint
+
+    assert card["dataset"]["fingerprint"] == dataset_fingerprint(dataset)
+    assert card["dataset"]["n_transitions"] == 12 * 30
+    assert len(card["dataset"]["holdout_episodes"]) == 2  # 20 % of 12 episodes
+    rows = card["fidelity"]["rows"]
+    assert {(r["name"], r["step"]) for r in rows} >= {("temperature", 1), ("temperature", 12)}
+    temperature = next(r for r in rows if r["name"] == "temperature" and r["step"] == 1)
+    assert temperature["unit"] == "degC" and 0.0 <= temperature["coverage"] <= 1.0
+    assert temperature["rmse"] < 10.0  # degC: a spread of ~10, a model of 600 updates
+
+    capsys.readouterr()
+    assert (
+        cli.main(["model", "inspect", str(out), "--data", str(log), "--schema", str(schema)]) == 0
+    )
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "heater-2" in printed and "measured now" in printed and "temperature" in printed
+    assert "computed: -abs(temperature - 350) - 0.01 * valve" in printed
+
+
+def test_saved_model_predicts_as_fitted_and_flags_inputs_outside_its_data(plant):
+    _, log, schema, out = plant
+    dataset, card = load_any(log, schema=schema)
+    model = PlantModel.load(out, dataset=dataset, task=card.task(dataset))
+    observations = np.asarray([[350.0, 4.5], [352.0, 4.52]], np.float32)
+    actions = np.asarray([[40.0], [45.0]], np.float32)
+    prediction = model.predict(observations, actions)
+    assert prediction["next_observation"].shape == (2, 2)
+    # The known reward is exact on the current row: -|T - 350| - 0.01 valve.
+    np.testing.assert_allclose(prediction["reward"], [-0.4, -2.45], rtol=1e-5)
+    assert not prediction["outside_data"].any()
+    # 40 degC above anything logged, and a valve beyond its plant bounds: flagged.
+    far = model.predict(np.asarray([[450.0, 4.5]]), np.asarray([[40.0]]))
+    assert far["outside_data"].all() and far["out_of_distribution"][0] > 1.0
+    beyond = model.predict(observations[:1], np.asarray([[130.0]]))
+    assert beyond["outside_data"].all()
+    rollout = model.rollout(observations, np.repeat(actions[:, None], 5, axis=1), key=1)
+    assert rollout["observations"].shape == (2, 6, 2) and rollout["costs"].shape == (2, 5, 2)
+    np.testing.assert_allclose(
+        rollout["rewards"][:, 0], -np.abs(observations[:, 0] - 350) - 0.01 * actions[:, 0]
+    )
+    with pytest.raises(PlantModelError, match="observations: expected 2 values"):
+        model.predict(np.zeros((1, 3)), actions[:1])
+    with pytest.raises(PlantModelError, match="NaN"):
+        model.predict(np.full((1, 2), np.nan), actions[:1])
+
+
+def test_a_model_is_refused_against_another_dataset_or_task(plant, tmp_path, capsys):
+    _, _, schema, out = plant
+    other_log = write_log(tmp_path / "other.csv", episodes=12, steps=30, seed=5)
+    other, card = load_any(other_log, schema=schema)
+    with pytest.raises(PlantModelError, match=r"fingerprint .* is not that of 'heater-2'"):
+        PlantModel.load(out, dataset=other, task=card.task(other))
+    renamed = Task.from_dict(card.task(other).to_dict() | {"name": "boiler-7"})
+    with pytest.raises(PlantModelError, match=r"task 'boiler-7' .* is not the model's task"):
+        PlantModel.load(out, task=renamed)
+    capsys.readouterr()
+    argv = ["model", "inspect", str(out), "--data", str(other_log), "--schema", str(schema)]
+    assert cli.main(argv) == 2
+    assert "fitted on" in capsys.readouterr().err
+
+
+def test_a_dataset_too_small_for_a_held_out_split_is_refused_with_its_numbers(
+    plant, tmp_path, capsys
+):
+    _, _, schema, _ = plant
+    small = write_log(tmp_path / "small.csv", episodes=1, steps=30)
+    argv = ["model", "fit", "--data", str(small), "--schema", str(schema)]
+    argv += ["--out", str(tmp_path / "m")]
+    assert cli.main(argv) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "30 transitions in 1 episode(s)" in error and "held out" in error
+    few = write_log(tmp_path / "few.csv", episodes=5, steps=3)
+    dataset, card = load_any(few, schema=schema)
+    with pytest.raises(PlantModelError, match=r"holds out 3 transitions .* at least 20"):
+        PlantModel(card.task(dataset)).fit(dataset, FitSettings(max_updates=1))
+    assert not (tmp_path / "m").exists()
+
+
+def test_definitions_outside_the_grammar_or_the_task_are_refused(plant):
+    _, log, schema, _ = plant
+    dataset, card = load_any(log, schema=schema)
+    task = card.task(dataset)
+    with pytest.raises(PlantModelError, match=r"definitions.reward: .*not allowed"):
+        PlantModel(task, definitions={"reward": "temperature.real"})
+    with pytest.raises(PlantModelError, match=r"\['leak'\] are neither"):
+        PlantModel(task, definitions={"leak": "pressure"})
