@@ -478,7 +478,107 @@ def _write_report(run_dir: Path, report: dict[str, Any]) -> None:
     write_text_atomic(run_dir / "report.json", json.dumps(report, indent=2, default=json_default))
 
 
-def _tracker(plan: RunPlan, agent: Agent, console: Any) -> Any:
+def _plan_params(plan: RunPlan, agent: Agent, grid: dict[str, list[Any]] | None) -> dict[str, Any]:
+    """The settings the run uses, as MLflow params (before flattening): the data it
+    generated or read, the simulator and its evaluation only when there is one, the
+    off-policy evaluation only when it runs, the registered model's name as resolved;
+    not the defaults of what the run does not do (a plant run has no ``data.quality``,
+    ``env.*`` or ``evaluation.episodes``), nor where its files and store are. A sweep's
+    swept fields are its ``sweep.*`` params (each configuration's run has its values)."""
+    from neorl_industrial.integration.mlflow import registered_model_name
+
+    config, task, facts = plan.config, agent.task, plan.facts
+    values = config.to_dict()
+    data = values["data"]
+    if config.data.path is None:
+        used = {key: data[key] for key in ("quality", "trajectories", "seed")}
+    else:
+        used = {key: data[key] for key in ("path", "schema", "allow_mismatch")}
+    params: dict[str, Any] = {
+        "data": {**used, "transitions": facts["transitions"], "episodes": facts["episodes"]},
+        "algorithm": values["algorithm"],
+        "training": values["training"],
+    }
+    if task.has_simulator:
+        params["env"] = {"id": task.env_id, "params": dict(task.env_params)}
+    evaluation = dict(values["evaluation"])
+    ope = evaluation.pop("ope")
+    if task.has_simulator:
+        evaluation["horizon"] = config.evaluation.horizon or task.episode_length
+    else:
+        for key in ("episodes", "horizon", "shield", "seed"):
+            evaluation.pop(key)
+    if not task.has_simulator or config.evaluation.ope.always:
+        evaluation["ope"] = ope
+    params["evaluation"] = evaluation
+    params["safety"] = {
+        **values["safety"],
+        "cost_limits.resolved": agent.cost_limits,
+        "constraints.names": list(agent.constraints.names),
+    }
+    checkpoints = config.checkpoints
+    params["checkpoints"] = (
+        {"every": checkpoints.every, "keep": checkpoints.keep}
+        if checkpoints.every
+        else {"every": 0}
+    )
+    params["export"] = {"signing_keys": config.export.signing_keys}
+    tracking = config.tracking
+    params["tracking"] = {"log_model": tracking.log_model, "promote": tracking.promote}
+    if tracking.log_model:
+        name = registered_model_name(plan.label, tracking.registered_model)
+        params["tracking"]["registered_model"] = name
+    if grid is not None:
+        hyperparameters = dict(params["algorithm"]["hyperparameters"])
+        for key in grid:
+            hyperparameters.pop(key, None)  # each configuration's run has its value
+        params["algorithm"] = {**params["algorithm"], "hyperparameters": hyperparameters}
+    return _without_none(params)
+
+
+def _without_none(values: Any) -> Any:
+    """``values`` without the entries that are None (settings left to a default that
+    the params show resolved elsewhere, or not used)."""
+    if isinstance(values, dict):
+        return {key: _without_none(value) for key, value in values.items() if value is not None}
+    return values
+
+
+def _dataset_input(plan: RunPlan, agent: Agent, fingerprint: str) -> dict[str, Any]:
+    """The training data as the arguments of the ``log_dataset`` operation: named after
+    its card, the data's fingerprint as digest, its directory (or how it was generated) as
+    source, the task's columns as schema, its sizes as profile."""
+    config, task, facts = plan.config, agent.task, plan.facts
+    if config.data.path is not None:
+        source, source_type = str(Path(config.data.path).absolute()), "local"
+    else:
+        data = config.data
+        source_type = "code"
+        source = (
+            f"neorl_industrial generate_dataset({task.env_id!r}, {data.quality!r}, "
+            f"{data.trajectories}, seed={data.seed}, env_params={dict(task.env_params)!r})"
+        )
+    action = "long" if task.discrete else "float"
+    columns = [
+        *([f"observation.{name}", "float"] for name in task.observation_names),
+        *([f"action.{name}", action] for name in task.action_names),
+        ["reward", "float"],
+        *([f"cost.{name}", "float"] for name in agent.cost_names),
+    ]
+    return {
+        "name": plan.card.name,
+        "digest": fingerprint,
+        "source": source,
+        "source_type": source_type,
+        "columns": columns,
+        "profile": {"transitions": facts["transitions"], "episodes": facts["episodes"]},
+        "context": "training",
+    }
+
+
+def _tracker(
+    plan: RunPlan, agent: Agent, console: Any, grid: dict[str, list[Any]] | None = None
+) -> Any:
     from neorl_industrial.integration.mlflow import (
         MlflowTracker,
         flatten,
@@ -489,15 +589,8 @@ def _tracker(plan: RunPlan, agent: Agent, console: Any) -> Any:
 
     config, dataset, card, facts = plan.config, plan.dataset, plan.card, plan.facts
     tracking = config.tracking
-    params = flatten(config.to_dict())
-    params.update(
-        {
-            "data.transitions": str(facts["transitions"]),
-            "data.episodes": str(facts["episodes"]),
-            "safety.cost_limits.resolved": json.dumps(agent.cost_limits),
-            "safety.constraints.names": json.dumps(list(agent.constraints.names)),
-        }
-    )
+    params = flatten(_plan_params(plan, agent, grid))
+    fingerprint = dataset_fingerprint(dataset)
     tags = {
         **system_tags(),
         "env": plan.label,
@@ -505,7 +598,7 @@ def _tracker(plan: RunPlan, agent: Agent, console: Any) -> Any:
         "evaluation": "simulator" if agent.task.has_simulator else "fqe",
         "algorithm": agent.name,
         "dataset": card.name,
-        "dataset.fingerprint": dataset_fingerprint(dataset),
+        "dataset.fingerprint": fingerprint,
         "dataset.source": facts["source"],
         "run_dir": str(config.run_dir),
     }
@@ -524,6 +617,7 @@ def _tracker(plan: RunPlan, agent: Agent, console: Any) -> Any:
         references=(card.random_return, card.expert_return)
         if card.random_return is not None and card.expert_return is not None
         else None,
+        dataset=_dataset_input(plan, agent, fingerprint),
     )
 
 
@@ -636,9 +730,13 @@ def _register_and_close(
     section: dict[str, Any] = {
         "uri": tracker.tracking_uri,
         "experiment": tracking.experiment,
+        "experiment_id": tracker.experiment_id,
         "run_id": tracker.parent_run_id,
         **runs(),
         "ui": ui_command(tracker.tracking_uri),
+        # The UI's training-runs table and the run's page (MLflow 3 opens an
+        # experiment on its GenAI pages otherwise).
+        "links": tracker.links(),
     }
     registered = tracker.sender.results.get("register")
     if registered:
@@ -747,7 +845,7 @@ def run_sweep(
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(config.to_yaml())
         (run_dir / "dataset.json").write_text(plan.card.to_json())
-    tracker = _tracker(plan, agent, console) if config.tracking.enabled and leader else None
+    tracker = _tracker(plan, agent, console, grid) if config.tracking.enabled and leader else None
     if tracker is not None:
         _open_sweep_runs(tracker, config, grid, seeds)
     training = config.training
@@ -819,7 +917,8 @@ def _configuration_key(index: int) -> str:
 def _open_sweep_runs(
     tracker: Any, config: RunConfig, grid: dict[str, list[Any]], seeds: list[int]
 ) -> None:
-    """The sweep's parent run, made before anything trains (so a failure marks it)."""
+    """The sweep's parent run, made before anything trains (so a failure marks it): the
+    plan's params without the swept values (the grid instead) and the dataset input."""
     from neorl_industrial.integration.mlflow import flatten
 
     now = int(time.time() * 1000)
@@ -831,11 +930,13 @@ def _open_sweep_runs(
         experiment=tracker.experiment,
         time=now,
     )
+    params = {key: value for key, value in tracker.params.items() if key != "training.seeds"}
     tracker.sender.submit(
         "log_batch",
         "parent",
-        params={**tracker.params, **flatten({"sweep": {"grid": grid, "seeds": seeds}})},
+        params={**params, **flatten({"sweep": {"grid": grid, "seeds": seeds}})},
     )
+    tracker.log_dataset("parent")
 
 
 def _log_sweep(
@@ -846,13 +947,17 @@ def _log_sweep(
     report: dict[str, Any],
     policy_dir: Path | None,
 ) -> dict[str, Any]:
-    """A nested run per configuration, the table, the chosen policy registered with the
-    reason; then the flush. Returns the report's ``tracking`` section."""
+    """A nested run per configuration (the plan's params with its values, the
+    evaluation's settings as params and its results as metrics, the dataset input), the
+    table, the chosen policy registered with the reason; then the flush. Returns the
+    report's ``tracking`` section."""
+    from neorl_industrial.integration.mlflow.tracking import summary_entries
 
     config = plan.config
     now = int(time.time() * 1000)
     step = int(config.training.updates)
-    prefix = "ope/" if table["estimate"] == "fqe" else "eval/"
+    estimated = table["estimate"] == "fqe"
+    prefix = "ope/" if estimated else "eval/"
     for index, configuration in enumerate(table["configurations"]):
         key = _configuration_key(index)
         values = configuration["values"]
@@ -870,21 +975,19 @@ def _log_sweep(
             experiment=tracker.experiment,
             time=now,
         )
-        metrics = []
-        for name, stats in configuration["summary"].items():
-            for suffix, field in (("mean", "mean"), ("ci95", "ci")):
-                value = stats.get(field)
-                if value is not None and np.isfinite(value):
-                    metrics.append((f"{prefix}{name}_{suffix}", float(value), step, now))
+        results, settings = summary_entries(configuration["summary"], prefix, estimated=estimated)
         tracker.sender.submit(
             "log_batch",
             key,
             params={
+                **tracker.params,
                 **{f"algorithm.hyperparameters.{k}": str(v) for k, v in values.items()},
-                "seeds": json.dumps(table["seeds"]),
+                "training.seeds": json.dumps(table["seeds"]),
+                **settings,
             },
-            metrics=metrics,
+            metrics=[(name, value, step, now) for name, value in results.items()],
         )
+        tracker.log_dataset(key)
         tracker.sender.submit("end_run", key, status="FINISHED", time=now)
     chosen = table["configurations"][table["selected"]]
     tracker.sender.submit(

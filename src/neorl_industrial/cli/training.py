@@ -208,6 +208,11 @@ def _print_tracking(console: Console, tracking: dict) -> None:
             f"{tracking['spool']}`[/yellow]"
         )
     console.print(f"Open the MLflow UI: {tracking['ui']}")
+    links = tracking.get("links") or {}
+    if links.get("runs"):
+        console.print(f"  training runs: {links['runs']}", soft_wrap=True)
+    if links.get("run"):
+        console.print(f"  this run:      {links['run']}", soft_wrap=True)
 
 
 def _summary_table(report: dict) -> Table:

@@ -1,12 +1,14 @@
 """Every training run tracked in MLflow: a Trainer callback.
 
 A run of several seeds is a *parent* MLflow run with a nested run per seed. The parent
-holds the flattened configuration (params), the tags (environment, dataset and its
-checksum, algorithm, versions, git commit), the metrics averaged over seeds and, at the
-end, the mean and 95 % confidence interval over seeds of the best evaluations
-(``best/return_mean``, ``best/return_ci95``, ...); each seed's run holds its own metrics.
-Artifacts (configuration, dataset card, learning-curve and safety plots, the report, the
-final checkpoint, the saved agent) and the shielded policy model go to the parent.
+holds the run's settings as it used them (params; the caller decides which), the tags
+(environment, dataset and its checksum, algorithm, versions, git commit), the metrics
+averaged over seeds and, at the end, the mean and 95 % confidence interval over seeds of
+the best evaluations (``best/return_mean``, ``best/return_ci95``, ...); each seed's run
+holds its own metrics. Every run has the training data as its MLflow dataset input (the
+UI's *Datasets*). Artifacts (configuration, dataset card, learning-curve and safety
+plots, the report, the final checkpoint, the saved agent) and the shielded policy model
+go to the parent.
 
 Nothing here blocks training: the tracker hands every call to a :class:`BufferedSender`
 (see :mod:`.sender`) as an operation by name: the run operations of :mod:`.runs`
@@ -16,6 +18,7 @@ warning and a spool file to replay, never the run.
 
 The store is ``tracking.uri`` of the run's configuration, else ``$MLFLOW_TRACKING_URI``,
 else MLflow's embedded store ``sqlite:///mlflow.db`` in the working directory.
+:func:`ui_links` gives the addresses of a run's pages in the MLflow UI.
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ __all__ = [
     "MlflowTracker",
     "flatten",
     "resolve_tracking_uri",
+    "summary_entries",
     "system_tags",
     "ui_command",
+    "ui_links",
 ]
 
 PARENT = "parent"
@@ -71,13 +76,40 @@ EVAL_METRICS = (
     "normalized_return_cvar",
     "normalized_cost_cvar",
 )
+#: Entries of an evaluation summary that are settings of the evaluation, not results:
+#: logged as params (``eval.episodes``, ``ope.fqe_updates``, ...), never as metrics.
+SETTINGS = ("episodes", "heldout_episodes", "fqe_updates", "fqe_seeds", "discount")
+#: The port :func:`ui_command` opens the UI on.
+UI_PORT = 5000
+#: MLflow 3's UI opens an experiment on its GenAI pages (traces, token usage); this query
+#: opens its machine-learning pages instead (the training runs, models, the registry).
+UI_WORKFLOW = "workflowType=machine_learning"
 
 
 def ui_command(tracking_uri: str) -> str:
     """The command that opens the MLflow UI on ``tracking_uri``."""
     if tracking_uri.startswith(("http://", "https://")):
-        return f"open {tracking_uri} in a browser"
-    return f"{_mlflow_command()} ui --backend-store-uri {tracking_uri} --port 5000"
+        return f"open {tracking_uri.rstrip('/')} in a browser"
+    return f"{_mlflow_command()} ui --backend-store-uri {tracking_uri} --port {UI_PORT}"
+
+
+def ui_links(
+    tracking_uri: str, experiment_id: str | None, run_id: str | None = None
+) -> dict[str, str]:
+    """The MLflow UI's pages of an experiment's training runs (``runs``) and of one run
+    (``run``), on the server at ``tracking_uri`` or, for a local store, on the UI that
+    :func:`ui_command` starts. Empty without an experiment id (nothing reached the store)."""
+    if experiment_id is None:
+        return {}
+    if tracking_uri.startswith(("http://", "https://")):
+        base = tracking_uri.rstrip("/")
+    else:
+        base = f"http://127.0.0.1:{UI_PORT}"
+    experiment = f"{base}/#/experiments/{experiment_id}/runs"
+    links = {"runs": f"{experiment}?{UI_WORKFLOW}"}
+    if run_id is not None:
+        links["run"] = f"{experiment}/{run_id}?{UI_WORKFLOW}"
+    return links
 
 
 def _mlflow_command() -> str:
@@ -143,6 +175,30 @@ def _number(value: Any) -> float | None:
     return None
 
 
+def summary_entries(
+    summary: Mapping[str, Mapping[str, Any]], prefix: str, *, estimated: bool
+) -> tuple[dict[str, float], dict[str, str]]:
+    """An evaluation summary (mean and 95 % interval over runs, per entry) as MLflow
+    metrics and params: every result as ``<prefix><name>_mean`` and ``_ci95`` metrics, and
+    the evaluation's settings (:data:`SETTINGS`) as params, ``ope.<name>`` for an
+    off-policy estimate and ``eval.<name>`` otherwise (``ope.fqe_updates: 2000``)."""
+    metrics: dict[str, float] = {}
+    params: dict[str, str] = {}
+    for name, stats in summary.items():
+        mean = _number(stats.get("mean"))
+        if name in SETTINGS:
+            if mean is not None:
+                text = str(int(mean)) if mean.is_integer() else repr(mean)
+                params[f"{'ope' if estimated else 'eval'}.{name}"] = text
+            continue
+        if mean is not None:
+            metrics[f"{prefix}{name}_mean"] = mean
+        ci = _number(stats.get("ci"))
+        if ci is not None:
+            metrics[f"{prefix}{name}_ci95"] = ci
+    return metrics, params
+
+
 class MlflowTracker(Callback):
     """Logs a Trainer's runs to MLflow (see the module).
 
@@ -152,8 +208,12 @@ class MlflowTracker(Callback):
         run_name: the parent run's name (the seeds' runs are ``<run_name>/seed-<s>``).
         run_dir: the run's local directory: the spool file and the MLflow run ids
             (``mlflow.json``, so a resumed run continues its MLflow runs) go there.
-        params: the parent's params (flattened configuration).
+        params: the parent's params (the settings the run used, flattened); every seed
+            run gets them too, with its ``seed``.
         tags: the parent's tags; every seed run gets them too, with its ``seed``.
+        dataset: the training data, logged as every run's dataset input: the arguments
+            of the ``log_dataset`` operation (``name``, ``digest``, ``source``,
+            ``source_type``, ``columns``, ``profile``; see :mod:`.registry`). None: none.
         flush_timeout: seconds :meth:`close` waits for unsent calls before spooling them.
         retry_interval: seconds between retries while the server is unreachable.
         console: a rich console for the warning (default: a Python warning).
@@ -172,6 +232,7 @@ class MlflowTracker(Callback):
         retry_interval: float = 5.0,
         console: Any = None,
         references: tuple[float, float] | None = None,
+        dataset: Mapping[str, Any] | None = None,
     ) -> None:
         quiet_http_retries()
         self.tracking_uri = tracking_uri
@@ -183,6 +244,7 @@ class MlflowTracker(Callback):
         self.flush_timeout = flush_timeout
         self.console = console
         self.references = references
+        self.dataset = None if dataset is None else dict(dataset)
         self.seeds: list[int] = []
         self.chunk_log: list[dict[str, Any]] = []
         self.eval_log: list[dict[str, Any]] = []
@@ -232,6 +294,7 @@ class MlflowTracker(Callback):
                 PARENT,
                 params={**self.params, "n_updates": n_updates},
             )
+        self.log_dataset(PARENT)
         for seed in self.seeds:
             key = self.seed_key(seed)
             args = {
@@ -245,6 +308,7 @@ class MlflowTracker(Callback):
             else:
                 self.sender.submit("create_run", key, **args)
                 self.sender.submit("log_batch", key, params={**self.params, "seed": seed})
+            self.log_dataset(key)
         if updates > 0:
             self.sender.submit("log_batch", PARENT, tags={"resumed_from": str(updates)})
 
@@ -307,21 +371,13 @@ class MlflowTracker(Callback):
     def on_train_end(self, trainer: Trainer, result: TrainResult) -> None:
         now = int(time.time() * 1000)
         step = int(np.asarray(result.state.updates)[0])
-        parent = []
         estimated = any(b and b["metrics"].get("estimate") for b in result.best)
         prefix = "best/ope_" if estimated else "best/"
-        for name, stats in result.summary.items():
-            if name in ("episodes", "heldout_episodes", "fqe_updates", "fqe_seeds", "discount"):
-                continue
-            mean = _number(stats.get("mean"))
-            if mean is not None:
-                parent.append((f"{prefix}{name}_mean", mean, step, now))
-            ci = _number(stats.get("ci"))
-            if ci is not None:
-                parent.append((f"{prefix}{name}_ci95", ci, step, now))
+        values, settings = summary_entries(result.summary, prefix, estimated=estimated)
+        parent = [(name, value, step, now) for name, value in values.items()]
         tags = {"best_run_seed": str(self.seeds[result.best_run])} if self.seeds else {}
         tags["stopped_early"] = str(result.stopped_early).lower()
-        self.sender.submit("log_batch", PARENT, metrics=parent, tags=tags)
+        self.sender.submit("log_batch", PARENT, metrics=parent, params=settings, tags=tags)
         for seed, best in zip(self.seeds, result.best, strict=True):
             if best is None:
                 continue
@@ -335,6 +391,21 @@ class MlflowTracker(Callback):
         self._write_known_runs()
 
     # ----- after training --------------------------------------------------------------
+    def log_dataset(self, key: str) -> None:
+        """Logs the training data as the dataset input of the run ``key`` (if given)."""
+        if self.dataset is not None:
+            self.sender.submit("log_dataset", key, **self.dataset)
+
+    @property
+    def experiment_id(self) -> str | None:
+        """The experiment's id in the store, once a dataset input reached it."""
+        return (self.sender.results.get("log_dataset") or {}).get("experiment_id")
+
+    def links(self) -> dict[str, str]:
+        """The UI's pages of the experiment's training runs and of the parent run
+        (:func:`ui_links`); empty while nothing reached the store."""
+        return ui_links(self.tracking_uri, self.experiment_id, self.parent_run_id)
+
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.sender.submit("log_artifact", PARENT, path=str(path), artifact_path=artifact_path)
 
