@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from neorl_industrial.core.safety import ConstraintSpec
 from neorl_industrial.core.utils import tree_where
 
 StateT = TypeVar("StateT")
@@ -146,8 +147,6 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
         """The plant's hard constraints and costs as a ``ConstraintSpec`` (for ``params``
         where they depend on them): here only the bounds of continuous actions;
         environments with a safety story declare more."""
-        from neorl_industrial.core.safety import ConstraintSpec
-
         if self.discrete:
             return ConstraintSpec(name=f"{type(self).__name__}-default")
         bounds = {

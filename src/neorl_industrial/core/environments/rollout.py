@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from neorl_industrial.core.environments.base import Environment
+from neorl_industrial.core.safety import shield, violations
 from neorl_industrial.core.utils import random as fast_random
 
 #: ``policy(policy_params, observation, key) -> action`` for one environment.
@@ -241,8 +242,6 @@ def _make_guard(constraints: Any, shield_actions: bool) -> Callable:
     with its counts accumulated into ``safety``."""
     if constraints is None:
         return lambda observation, proposed, prev_action, safety: (proposed, safety)
-
-    from neorl_industrial.core.safety import shield, violations
 
     # Both take the whole batch: the shield repairs only when some action needs it.
     check = violations

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from neorl_industrial.core.environments.registry import make
 from neorl_industrial.core.safety.spec import ConstraintSpec, ConstraintSpecError
 
 __all__ = ["Task", "TaskError"]
@@ -250,8 +251,6 @@ class Task:
         Raises:
             TaskError: when the task has no simulator, or its parameters are invalid.
         """
-        from neorl_industrial.core.environments.registry import make
-
         if self.env_id is None:
             raise TaskError(
                 f"env_id: task {self.name!r} has no simulator; evaluate it off policy (FQE)"
@@ -268,8 +267,6 @@ class Task:
         Raises:
             TaskError: for an unknown id or an invalid parameter, naming it.
         """
-        from neorl_industrial.core.environments.registry import make
-
         params_overrides = dict(env_params or {})
         try:
             env, params = make(env_id, **params_overrides)
@@ -423,15 +420,8 @@ class Task:
             raise TaskError(f"{source}: {error}") from None
 
 
-def cost_definition(cost: Any) -> str:
-    """A spec cost's per-step definition as text (``fatigue > 60.0``)."""
-    if cost.above is not None:
-        return f"{cost.feature} > {float(cost.above)}"
-    return f"{cost.feature} < {float(cost.below)}"
-
-
 def _definitions(spec: ConstraintSpec) -> dict[str, str]:
-    return {cost.name: cost_definition(cost) for cost in spec.costs}
+    return {cost.name: cost.definition for cost in spec.costs}
 
 
 def _preview(names: Sequence[str], limit: int = 6) -> str:

@@ -118,8 +118,6 @@ def resolve_safety(
             not have (``ConstraintSpecError``), limits of the wrong number or value, a
             channel without a limit where one is required.
     """
-    from neorl_industrial.core.environments.task import cost_definition
-
     given = spec is not None
     spec = task.default_constraints() if spec is None else spec
     compiled = task.compile_constraints(spec)
@@ -129,7 +127,7 @@ def resolve_safety(
         # Another channel, or the same channel defined otherwise (another threshold):
         # the data's costs are recomputed from the spec's definitions.
         redefined = given and any(
-            task.cost_definitions.get(cost.name, cost_definition(cost)) != cost_definition(cost)
+            task.cost_definitions.get(cost.name, cost.definition) != cost.definition
             for cost in spec.costs
         )
         relabel = names != tuple(task.cost_names) or redefined

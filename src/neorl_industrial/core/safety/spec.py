@@ -35,7 +35,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from neorl_industrial.core.safety.constraints import DEFAULT_PRIORITY
+from neorl_industrial.core.safety.constraints import DEFAULT_PRIORITY, CompiledConstraints
+from neorl_industrial.core.safety.controllers import get_safe_controller
 from neorl_industrial.core.utils.messages import quote, validation_lines
 
 __all__ = [
@@ -217,6 +218,13 @@ class CostSpec(_Model):
     def threshold(self) -> float:
         return self.above if self.above is not None else self.below  # type: ignore[return-value]
 
+    @property
+    def definition(self) -> str:
+        """The per-step definition as text (``fatigue > 60.0``)."""
+        if self.above is not None:
+            return f"{self.feature} > {float(self.above)}"
+        return f"{self.feature} < {float(self.below)}"  # type: ignore[arg-type]
+
 
 class ConstraintSpec(_Model):
     """A plant's constraints, as written by a safety engineer (see the module docstring)."""
@@ -323,9 +331,6 @@ class ConstraintSpec(_Model):
         learnt from: an observation outside it is flagged ``out_of_distribution``, and the
         decision is the same.
         """
-        from neorl_industrial.core.safety.constraints import CompiledConstraints
-        from neorl_industrial.core.safety.controllers import get_safe_controller
-
         observation_names = tuple(
             observation_names or (f"observation_{i}" for i in range(obs_size))
         )

@@ -36,7 +36,7 @@ from neorl_industrial.core.agents.registry import (
     algorithm_entry,
     validate_hyperparameters,
 )
-from neorl_industrial.core.agents.types import Algorithm
+from neorl_industrial.core.agents.types import Algorithm, Batch
 from neorl_industrial.functional.state_management import Dataset, sample
 from neorl_industrial.functional.state_management.train_state import (
     TrainState,
@@ -351,8 +351,6 @@ def _check_traceable(plan: SweepPlan, field: str) -> None:
 
 
 def _abstract_batch(obs_size: int, action_size: int, discrete: bool, n_costs: int) -> Any:
-    from neorl_industrial.core.agents.types import Batch
-
     size = 2
     observations = jnp.zeros((size, obs_size), jnp.float32)
     return Batch(

@@ -53,6 +53,7 @@ from neorl_industrial.core.environments.cstr.params import (
     cstr_params,
 )
 from neorl_industrial.core.environments.process import ProcessEnv, schedule_value
+from neorl_industrial.core.safety import ConstraintSpec
 
 STATE_NAMES = ("Ca", "T")
 CONTROL_NAMES = ("Tc",)
@@ -162,8 +163,6 @@ class CSTR(ProcessEnv[CSTRParams]):
         in [295, 302] K, a constant 300 K fallback, and the ``T_high`` and ``T_low`` costs
         with an episode cost limit of 6 each, at the thresholds of ``params`` (the
         defaults without)."""
-        from neorl_industrial.core.safety import ConstraintSpec
-
         params = self.default_params() if params is None else params
         # The float32 leaves as the shortest decimals that round-trip.
         high, low = (

@@ -39,6 +39,7 @@ from neorl_industrial.core.environments.validation import (
     positive_int,
     with_overrides,
 )
+from neorl_industrial.core.safety import ConstraintSpec
 
 STATE_NAMES = ("position_1", "position_2", "velocity_1", "velocity_2")
 FORCE_NAMES = ("force_1", "force_2")
@@ -155,8 +156,6 @@ class DMSD(ProcessEnv[DMSDParams]):
         """The force limits, a zero-force fallback, and a cost per mass and direction while
         its position is beyond the servo's travel, with an episode limit of 5 of 100 steps
         (identical to ``configs/constraints/dmsd.yaml`` at the defaults)."""
-        from neorl_industrial.core.safety import ConstraintSpec
-
         travel = DEFAULT_TRAVEL if params is None else float(params.travel)
         costs = []
         for mass in ("1", "2"):

@@ -17,6 +17,7 @@ from neorl_industrial.core.environments.validation import (
     positive_int,
     with_overrides,
 )
+from neorl_industrial.core.safety import ConstraintSpec
 from neorl_industrial.core.utils import random as fast_random
 
 OBSERVATION_MODES = ("classic", "include_past")
@@ -203,8 +204,6 @@ class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
         velocity and gain (``0.005 (velocity + gain) + Δv + Δg <= 1.5``), a no-change
         fallback, and the fatigue and consumption costs with an episode cost limit of 100
         each, at the thresholds of ``params`` (the defaults without)."""
-        from neorl_industrial.core.safety import ConstraintSpec
-
         fatigue, consumption = DEFAULT_FATIGUE_LIMIT, DEFAULT_CONSUMPTION_LIMIT
         if params is not None:
             fatigue = float(params.fatigue_limit)

@@ -44,6 +44,7 @@ from neorl_industrial.core.environments.pipeline.params import (
     PipelineParams,
     pipeline_params,
 )
+from neorl_industrial.core.safety import ConstraintSpec
 
 COST_NAMES = ("flow_off_target",)
 ACTION_NAMES = ("gate_change",)
@@ -174,8 +175,6 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
         the environment's cost vector, with the episode limit
         ``DEFAULT_EPISODE_COST_LIMIT`` (200 of 1000 steps) to pass as ``cost_limits``.
         """
-        from neorl_industrial.core.safety import ConstraintSpec
-
         del params
         return ConstraintSpec.from_dict(
             {
