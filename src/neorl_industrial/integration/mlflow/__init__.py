@@ -13,11 +13,17 @@
   promotion rule, and ``models:/`` URIs wherever a path is accepted.
 
 MLflow itself is imported lazily: ``import neorl_industrial.integration.mlflow`` is cheap.
+The names that track, plot or read the registry need the ``track`` extra: without it, using
+one raises :class:`~neorl_industrial.extras.MissingExtraError` naming the extra, before any
+run starts.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from neorl_industrial.core.utils.lazy import lazy_exports
+from neorl_industrial.extras import require
 from neorl_industrial.integration.mlflow import registry as _registry
 from neorl_industrial.integration.mlflow import runs as _runs
 from neorl_industrial.integration.mlflow.sender import register_operations as _register
@@ -65,4 +71,29 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+#: The names that need the 'track' extra (MLflow, matplotlib) to be of any use.
+_TRACK = frozenset(
+    {
+        "BufferedSender",
+        "replay",
+        "MlflowTracker",
+        "learning_curves",
+        "safety_plot",
+        "sweep_plot",
+        "ShieldedPolicyModel",
+        "log_policy_model",
+        "policy_signature",
+        "list_versions",
+        "load_agent",
+        "load_policy",
+        "promote",
+    }
+)
+
+_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRACK:
+        require("track")
+    return _getattr(name)

@@ -26,8 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import mlflow
 import numpy as np
+
+from neorl_industrial.extras import optional_imports
+
+with optional_imports():  # the 'track' extra
+    import mlflow
 
 from neorl_industrial.wrappers.constraint_files import constraint_spec_yaml
 from neorl_industrial.wrappers.hostio import write_json_atomic
