@@ -68,8 +68,8 @@ class PolicyTrust:
                 while signatures are required; a pinned spec without a pinned task.
         """
         from neorl_industrial.core.safety import ConstraintSpecError
+        from neorl_industrial.integration.deployment.errors import SettingsError
         from neorl_industrial.integration.deployment.pin import load_pinned_task
-        from neorl_industrial.integration.deployment.settings import SettingsError
         from neorl_industrial.wrappers.agents.signing import SigningError, load_public_keys
         from neorl_industrial.wrappers.constraint_files import constraint_spec_from_text
 

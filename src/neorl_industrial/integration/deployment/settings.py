@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from neorl_industrial.integration.deployment.errors import SettingsError
 from neorl_industrial.wrappers.hostio import YamlError, read_yaml
 
 __all__ = [
@@ -75,10 +76,6 @@ _WALKS = (
 #: The trusted key the server reads when none is named: where ``make run`` puts it.
 DEFAULT_TRUSTED_KEY = Path("keys") / "policy-signing.pub"
 _GENERATE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
-
-
-class SettingsError(ValueError):
-    """Settings the server cannot start with; the message names the setting."""
 
 
 class ServerSettings(BaseSettings):
