@@ -157,6 +157,8 @@ class PlantServer:
         #: Every client write: (node name, value, wall-clock time).
         self.writes: list[tuple[str, float, float]] = []
         self.source = "operators"
+        #: Steps run on the remote controller's setpoints.
+        self.remote_steps = 0
         self.server: Server | None = None
         self.nodes: dict[str, object] = {}
         self._task: asyncio.Task | None = None
@@ -207,7 +209,7 @@ class PlantServer:
         server.subscribe_server_callback(CallbackType.PostWrite, self._written)
         await server.start()
         self.server = server
-        await self._publish()
+        await self.publish()
 
     def _written(self, event, _dispatcher) -> None:
         now = asyncio.get_running_loop().time()
@@ -230,7 +232,7 @@ class PlantServer:
                     attribute, ua.DataValue(ua.Variant(level, ua.VariantType.Byte))
                 )
 
-    async def _publish(self) -> None:
+    async def publish(self) -> None:
         now = dt.datetime.now(dt.UTC)
         for name, value in self.tank.readings().items():
             fault = self.faults.get(name)
@@ -260,6 +262,7 @@ class PlantServer:
             valve = float(await self.nodes["ValveSetpoint"].read_value())
             pump = float(await self.nodes["PumpSetpoint"].read_value())
             self.source = "remote"
+            self.remote_steps += 1
         else:
             if self.source == "remote":
                 log.warning("the remote controller stopped writing: the operators take over")
@@ -267,7 +270,7 @@ class PlantServer:
             valve, pump = self.tank.operators()
             self.source = "operators"
         self.tank.step(valve, pump)
-        await self._publish()
+        await self.publish()
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()

@@ -10,6 +10,7 @@ from rich.markup import escape
 from neorl_industrial.cli import (
     audit,
     bench,
+    bridge,
     datasets,
     environments,
     keys,
@@ -28,6 +29,7 @@ _COMMAND_GROUPS = (
     models.add_model_parsers,
     plant_model.add_parsers,
     serving.add_parsers,
+    bridge.add_parsers,
     models.add_mlflow_parsers,
     environments.add_parsers,
     datasets.add_parsers,

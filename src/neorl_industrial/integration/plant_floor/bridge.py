@@ -151,12 +151,10 @@ class PlantBridge:
             f"actions.{n}.applied" for n in names_act
         ]
         self._write_ids = [bindings.actions[n].write for n in names_act]
-        self._units = {
-            bindings.observations[n].node: bindings.observations[n].unit for n in names_obs
-        }
-        for n in names_act:
-            self._units[bindings.actions[n].applied] = bindings.actions[n].unit
-            self._units[bindings.actions[n].write] = bindings.actions[n].unit
+        # The unit each binding states, in the order of the nodes read, then written.
+        self._units = [bindings.observations[n].unit for n in names_obs] + [
+            bindings.actions[n].unit for n in names_act
+        ] * 2
         self._read_nodes: list[Any] = []
         self._write_nodes: list[Any] = []
 

@@ -208,7 +208,7 @@ class PlantConnection:
         self,
         read: Sequence[tuple[str, str]],
         written: Sequence[tuple[str, str]],
-        units: dict[str, str | None],
+        units: Sequence[str | None],
     ) -> None:
         """Checks that every bound node exists and is a variable, that the written ones
         hold a Float or Double, and that a node's EngineeringUnits (where it has them)
@@ -217,7 +217,8 @@ class PlantConnection:
         Args:
             read: ``(binding, node id)`` of the nodes read.
             written: ``(binding, node id)`` of the nodes written.
-            units: the map's unit per node id (``None``: not stated).
+            units: the map's unit of each binding, ``read`` then ``written`` (``None``:
+                not stated).
 
         Raises:
             NodeIdError: naming the binding and the node the server does not have, or
@@ -255,8 +256,8 @@ class PlantConnection:
                     "writes Float or Double"
                 )
             self._variant_types.append(variant)
-        for binding, node in bindings:
-            await self._check_unit(binding, node, units.get(node))
+        for (binding, node), unit in zip(bindings, units, strict=True):
+            await self._check_unit(binding, node, unit)
 
     async def _check_unit(self, binding: str, node: str, unit: str | None) -> None:
         from asyncua import ua

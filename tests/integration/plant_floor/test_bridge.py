@@ -1,0 +1,399 @@
+"""The OPC UA bridge against the demo plant's real asyncua server, in-process: shadow mode
+reads, decides and logs without writing; closed loop writes shielded values and audits
+them; bad readings, stale timestamps, a refused write and a server killed mid-run give
+the fallback or a hand-back, never a bad write; the shadow report and the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import urllib.request
+
+import numpy as np
+import pytest
+
+from benchmarks.harness import free_port
+from neorl_industrial.core.environments import Task
+from neorl_industrial.integration.plant_floor import (
+    BridgeMetrics,
+    ClosedLoopRefused,
+    NodeIdError,
+    PlantBridge,
+    PolicyTaskError,
+    UnitMismatchError,
+    prepare,
+    read_tick_log,
+)
+from neorl_industrial.integration.plant_floor.bridge import Backoff
+from neorl_industrial.integration.plant_floor.mapping import load_map
+from neorl_industrial.integration.plant_floor.report import NO_PLANT_MODEL, shadow_report
+from neorl_industrial.integration.safety.audit import AuditLog, check_chain
+from neorl_industrial.wrappers.agents import PolicyArtifactError
+from neorl_industrial.wrappers.constraint_files import load_constraint_spec
+from tests.integration.plant_floor.plant_fixtures import (
+    TASK,
+    PlantThread,
+    make_policies,
+    map_data,
+    write_map,
+)
+from tests.wrappers.agents.test_export_report import EXAMPLE
+
+PERIOD = 0.1
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("plant-floor")
+
+
+@pytest.fixture(scope="module")
+def policies(root):
+    return make_policies(root)
+
+
+@pytest.fixture(scope="module")
+def plant():
+    thread = PlantThread(period=PERIOD)
+    yield thread
+    thread.close()
+
+
+@pytest.fixture(scope="module")
+def plans(root, policies):
+    """The signed policy checked for shadow mode, closed loop with the fallback and closed
+    loop handing back (each compiled once)."""
+    keys = [policies["key"]]
+    fallback = write_map(root, "map.yaml", map_data(PERIOD))
+    hand_back = write_map(root, "map-hand-back.yaml", map_data(PERIOD, on_fault="hand_back"))
+    closed = prepare(str(policies["signed"]), fallback, mode="closed-loop", trusted_keys=keys)
+    return {
+        # One checked and compiled policy, in the modes and maps the tests need.
+        "shadow": dataclasses.replace(closed, mode="shadow"),
+        "closed": closed,
+        # The same checked policy under another map (prepare's checks are tested elsewhere).
+        "hand_back": with_map(closed, hand_back),
+    }
+
+
+def with_map(plan, path):
+    return dataclasses.replace(plan, plant_map=load_map(path), map_path=path)
+
+
+def run(plan, plant, root, name, ticks, **options):
+    bridge = PlantBridge(
+        plan,
+        plant.endpoint,
+        root / f"{name}.jsonl",
+        audit_path=root / f"{name}-audit.jsonl" if plan.closed_loop else None,
+        backoff=Backoff(initial=0.1, maximum=0.4),
+        **options,
+    )
+    summary = asyncio.run(bridge.run(ticks=ticks))
+    _headers, records = read_tick_log(root / f"{name}.jsonl")
+    ticks_ = [r for r in records if r["kind"] == "tick"]
+    events = [r["event"] for r in records if r["kind"] == "event"]
+    return bridge, summary, ticks_, events
+
+
+def writes_during(plant, action):
+    """The plant's record of client writes made while ``action()`` runs."""
+    before = len(plant.plant.writes)
+    result = action()
+    return result, plant.plant.writes[before:]
+
+
+def shield_keeps(rows) -> bool:
+    """Every written action keeps the mixing tank's constraints (the server's own check)."""
+    from neorl_industrial.core.safety import satisfies
+
+    task = Task.from_dict(TASK)
+    compiled = task.compile_constraints(load_constraint_spec(EXAMPLE / "constraints.yaml"))
+    observations = np.asarray([r["observation"] for r in rows], np.float32)
+    actions = np.asarray([r["action"] for r in rows], np.float32)
+    prev = np.asarray([r["applied"] for r in rows], np.float32)
+    return bool(np.all(satisfies(compiled, observations, actions, prev)))
+
+
+def test_shadow_mode_logs_what_it_would_do_and_writes_nothing(plans, plant, root):
+    (bridge, summary, ticks, events), written = writes_during(
+        plant, lambda: run(plans["shadow"], plant, root, "shadow", 12)
+    )
+    assert written == []  # not one write reached the server
+    assert summary.decided == len(ticks) - summary.faulty > 0
+    assert (
+        summary.writes == 0 and bridge.metrics.value("neorl_bridge_writes_total", result="ok") == 0
+    )
+    assert events[0] == "connected" and events[-1] == "stopped"
+    for record in ticks:
+        assert record["written"] is False
+        assert all(math.isfinite(v) for v in record["observation"] + record["applied"])
+        assert all(0.0 <= v <= 100.0 for v in record["action"])
+    assert shield_keeps([r for r in ticks if not r["faults"]])
+    header = read_tick_log(root / "shadow.jsonl")[0][0]
+    assert header["mode"] == "shadow" and header["policy"]["signature"]["verified"]
+    assert header["task"]["action_units"] == ["%", "%"]
+
+
+def test_closed_loop_writes_shielded_values_and_audits_each(plans, plant, root):
+    remote_steps = plant.plant.remote_steps
+    (_bridge, summary, ticks, _), written = writes_during(
+        plant, lambda: run(plans["closed"], plant, root, "closed", 12)
+    )
+    done = [r for r in ticks if r["written"]]
+    assert len(done) == summary.writes >= 10
+    # What the server received is what the log says was written, action by action.
+    valve = [value for name, value, _ in written if name == "ValveSetpoint"]
+    pump = [value for name, value, _ in written if name == "PumpSetpoint"]
+    np.testing.assert_allclose(valve, [r["action"][0] for r in done])
+    np.testing.assert_allclose(pump, [r["action"][1] for r in done])
+    assert shield_keeps(done)
+    # The plant ran on the bridge's setpoints (its watchdog hands back once they stop).
+    assert plant.plant.remote_steps - remote_steps >= 5
+    records = AuditLog.read(root / "closed-audit.jsonl")
+    writes = [r for r in records if r["kind"] == "write"]
+    assert len(writes) == len(done)
+    assert {r["policy_version"] for r in writes} == {plans["closed"].loaded.version}
+    assert [r["written"] for r in writes] == [r["action"] for r in done]
+    assert check_chain(root / "closed-audit.jsonl").ok
+
+
+def test_a_bad_quality_reading_gives_the_fallback_never_a_bad_write(plans, plant, root):
+    plant.fault("Level", status="BadSensorFailure")
+    try:
+        (bridge, summary, ticks, _), written = writes_during(
+            plant, lambda: run(plans["closed"], plant, root, "bad-quality", 6)
+        )
+    finally:
+        plant.clear()
+    faulty = [r for r in ticks if r["faults"]]
+    assert faulty and summary.faulty == len(faulty)
+    for record in faulty:
+        assert record["faults"]["observations.level_m"].startswith("status BadSensorFailure")
+        assert record["fallback"] and record["observation"][0] is None
+        valve, pump = record["action"]
+        # The level cannot be read: the high-level interlock counts as on (pump >= 60 %),
+        # and the valve moves at most its rate limit from where it is.
+        assert pump >= 60.0 - 1e-4
+        assert abs(valve - record["applied"][0]) <= 15.0 + 1e-4
+    assert all(math.isfinite(value) and 0.0 <= value <= 100.0 for _, value, _ in written)
+    assert bridge.metrics.value("neorl_bridge_faults_total", kind="bad_quality") == len(faulty)
+    assert bridge.metrics.value("neorl_bridge_fallbacks_total") >= len(faulty)
+
+
+def test_stale_timestamps_hand_back_to_the_operators(plans, plant, root):
+    plant.fault("Temperature", age=60.0)  # a historian replay, a frozen gateway
+    try:
+        (bridge, summary, ticks, events), written = writes_during(
+            plant, lambda: run(plans["hand_back"], plant, root, "stale", 6)
+        )
+    finally:
+        plant.clear()
+    assert summary.handed_back and "handed_back" in events
+    assert written == []  # the first tick is stale: the bridge never wrote
+    assert all(not r["written"] and r["handed_back"] for r in ticks)
+    assert "stale" in ticks[0]["faults"]["observations.temperature_c"]
+    assert bridge.metrics.value("neorl_bridge_faults_total", kind="stale") == len(ticks)
+    assert bridge.metrics.value("neorl_bridge_handed_back") == 1
+    assert bridge.metrics.value("neorl_bridge_closed_loop") == 0
+
+
+def test_killing_the_server_mid_run_reconnects_and_writes_nothing_meanwhile(plans, plant, root):
+    outage = plant.outage(0.6, after=0.5)
+    (bridge, summary, ticks, events), written = writes_during(
+        plant, lambda: run(plans["closed"], plant, root, "outage", 25)
+    )
+    outage.result(10)
+    assert "disconnected" in events and "reconnected" in events
+    assert summary.reconnects >= 1 and summary.missed >= 1
+    assert bridge.metrics.value("neorl_bridge_faults_total", kind="disconnected") >= 1
+    assert bridge.metrics.value("neorl_bridge_reconnects_total") == summary.reconnects
+    # Every write the server took is a logged, shielded, finite write; writing resumed.
+    done = [r for r in ticks if r["written"]]
+    assert len(written) == 2 * len(done)
+    assert all(math.isfinite(value) for _, value, _ in written)
+    last_loss = max(i for i, r in enumerate(ticks) if r["tick"] < ticks[-1]["tick"])
+    assert done and done[-1]["tick"] > ticks[last_loss // 2]["tick"]
+    assert shield_keeps(done)
+
+
+def test_a_refused_write_is_counted_audited_and_never_retried_as_is(plans, plant, root):
+    plant.call(plant.plant.refuse_writes(True))
+    try:
+        bridge, summary, ticks, _events = run(plans["hand_back"], plant, root, "refused", 4)
+    finally:
+        plant.call(plant.plant.refuse_writes(False))
+    assert summary.refused_writes == 1 and summary.handed_back  # then hands back
+    first = ticks[0]
+    assert not first["written"] and set(first["write_status"]) == {"BadUserAccessDenied"}
+    assert all(not r.get("write_status") for r in ticks[1:])  # no write after the hand-back
+    (refused,) = [r for r in AuditLog.read(root / "refused-audit.jsonl") if r["kind"] == "write"]
+    assert refused["refused"] == {
+        "actions.valve_pct.write": "BadUserAccessDenied",
+        "actions.pump_pct.write": "BadUserAccessDenied",
+    }
+    assert bridge.metrics.value("neorl_bridge_writes_total", result="refused") == 1
+
+
+def test_a_node_the_server_lacks_is_named_before_the_first_tick(plans, plant, root):
+    data = map_data(PERIOD)
+    data["observations"]["inflow_m3h"]["node"] = "ns=2;s=Tank.Outflow"
+    plan = with_map(plans["shadow"], write_map(root, "map-missing-node.yaml", data))
+    with pytest.raises(NodeIdError, match=r"observations.inflow_m3h: node 'ns=2;s=Tank.Outflow'"):
+        run(plan, plant, root, "missing-node", 3)
+    _, records = read_tick_log(root / "missing-node.jsonl")
+    assert not [r for r in records if r["kind"] == "tick"]
+
+
+def test_a_node_whose_engineering_units_disagree_is_named(plans, plant, root):
+    data = map_data(PERIOD)
+    data["observations"]["level_m"]["node"] = "ns=2;s=Tank.Inflow"  # states m3/h
+    plan = with_map(plans["shadow"], write_map(root, "map-wrong-node.yaml", data))
+    with pytest.raises(UnitMismatchError, match="EngineeringUnits 'm3/h'"):
+        run(plan, plant, root, "wrong-node", 3)
+
+
+def test_metrics_are_served_over_http(plans):
+    metrics = BridgeMetrics(plans["shadow"].loaded.names)
+    port = free_port()
+    metrics.serve(port)
+    try:
+        metrics.faults.labels("stale").inc(2)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    finally:
+        metrics.close()
+    assert b'neorl_bridge_faults_total{kind="stale"} 2.0' in text
+    assert b'neorl_bridge_overrides_total{constraint="pump-hard-when-level-high"}' in text
+
+
+def test_the_shadow_report_tables_agreement_and_overrides(plans, plant, root, tmp_path):
+    report = shadow_report(root / "shadow.jsonl", tmp_path / "report")
+    _, records = read_tick_log(root / "shadow.jsonl")
+    ticks = [r for r in records if r["kind"] == "tick"]
+    assert report.ticks == len(ticks) and report.decided == len(ticks) - report.faulty
+    valve = report.actions[0]
+    assert valve.name == "valve_pct" and valve.unit == "%" and valve.tolerance == 5.0
+    # Pairs: each decided tick's action with the operators' applied value one tick later.
+    by_tick = {r["tick"]: r for r in ticks}
+    expected = [
+        by_tick[t]["action"][0] - by_tick[t + 1]["applied"][0]
+        for t in sorted(by_tick)
+        if t + 1 in by_tick and not by_tick[t]["faults"]
+    ]
+    assert valve.pairs == len(expected) > 0
+    assert valve.mean == pytest.approx(np.mean(expected))
+    assert valve.within_tolerance == pytest.approx(np.mean(np.abs(expected) <= 5.0))
+    assert report.plant_effect == NO_PLANT_MODEL
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| valve_pct | % |" in text and NO_PLANT_MODEL in text
+    for name in ("report.json", "pairs.csv", "differences.png", "actions.png", "overrides.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+    saved = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert saved["actions"][1]["name"] == "pump_pct"
+
+
+def test_the_report_counts_which_constraints_the_shield_would_override(tmp_path):
+    from neorl_industrial.integration.plant_floor.report import build_report
+    from neorl_industrial.integration.plant_floor.ticklog import TickLog
+
+    header = {
+        "mode": "shadow",
+        "policy": {"version": "v1", "source": "p"},
+        "task": {k: TASK[k] for k in ("action_names", "action_low", "action_high")}
+        | {"action_units": ["%", "%"]},
+        "constraints": ["valve-not-far-above-pump", "pump-hard-when-level-high"],
+    }
+    with TickLog(tmp_path / "log.jsonl", header) as log:
+        for tick, violated in enumerate([[], ["pump-hard-when-level-high"], [], ["a", "b"]], 1):
+            log.write(
+                {"kind": "tick", "tick": tick, "faults": {}, "overridden": bool(violated),
+                 "violated": violated, "action": [10.0, 20.0], "applied": [12.0, 20.0]}
+            )  # fmt: skip
+        log.write({"kind": "tick", "tick": 5, "faults": {"x": "stale"}, "action": [0, 0],
+                   "applied": [None, 20.0]})  # fmt: skip
+    report = build_report(tmp_path / "log.jsonl")
+    assert (report.decided, report.faulty, report.overridden) == (4, 1, 2)
+    assert report.override_rate == 0.5
+    assert report.by_constraint == {"pump-hard-when-level-high": 1, "a": 1, "b": 1}
+    # Tick 4 pairs with the faulty tick 5: its valve reading is unknown, its pump is not.
+    assert [a.pairs for a in report.actions] == [3, 4]
+    assert report.actions[0].mean == pytest.approx(-2.0)
+
+
+def test_the_report_is_logged_on_the_registered_version(plans, root, tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    from neorl_industrial.integration.plant_floor.report import log_to_mlflow
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    experiment = client.create_experiment("plant", artifact_location=str(tmp_path / "artifacts"))
+    run_id = client.create_run(experiment).info.run_id
+    client.create_registered_model("mixing-tank-policy")
+    version = client.create_model_version("mixing-tank-policy", str(root / "policy"), run_id)
+    report = shadow_report(root / "shadow.jsonl", tmp_path / "report")
+    uri = f"models:/mixing-tank-policy/{version.version}"
+    logged = log_to_mlflow(report, tmp_path / "report", uri, store)
+    assert logged["run_id"] == run_id
+    tags = client.get_model_version("mixing-tank-policy", version.version).tags
+    assert tags["shadow_report.plant_effect"] == NO_PLANT_MODEL
+    assert tags["shadow_report.ticks"] == str(report.ticks)
+    assert "shadow_report.within_tolerance.valve_pct" in tags
+    files = {f.path for f in client.list_artifacts(run_id, "shadow_report/shadow")}
+    assert "shadow_report/shadow/report.md" in files
+    del mlflow
+
+
+def test_the_command_line_runs_the_bridge_and_the_report(plans, plant, root, capsys, monkeypatch):
+    from neorl_industrial.cli.entry import main
+    from neorl_industrial.integration.plant_floor import plan as plan_module
+
+    # The checks and compilation are prepare's (tested above): the command hands it its
+    # options and runs what it returns.
+    given = {}
+
+    def prepared(model, map_path, **options):
+        given.update(options, model=model, map_path=map_path)
+        return plans["shadow"]
+
+    monkeypatch.setattr(plan_module, "prepare", prepared)
+    key, log = str(root / "keys" / "policy-signing.pub"), root / "cli.jsonl"
+    port = free_port()
+    code = main(
+        ["--no-cache", "bridge", "--model", str(root / "policy"), "--endpoint", plant.endpoint,
+         "--map", str(root / "map.yaml"), "--trusted-key", key, "--log", str(log),
+         "--ticks", "4", "--metrics-port", str(port)]
+    )  # fmt: skip
+    assert code == 0
+    assert given["mode"] == "shadow" and [str(k) for k in given["trusted_keys"]] == [key]
+    assert not given["allow_unsigned"]
+    assert "stopped after 4 ticks" in capsys.readouterr().err
+    _, records = read_tick_log(log)
+    assert len([r for r in records if r["kind"] == "tick"]) == 4
+    assert main(["--no-cache", "shadow-report", str(log), "--out", str(root / "cli-report")]) == 0
+    out = capsys.readouterr().out
+    assert "agreement with the operators" in out and NO_PLANT_MODEL in out
+    assert (root / "cli-report" / "report.md").is_file()
+
+
+def test_a_policy_for_another_task_is_named_before_anything_connects(policies, root):
+    with pytest.raises(PolicyTaskError, match=r"another task.*observation_names"):
+        prepare(str(policies["other"]), root / "map.yaml", mode="shadow", allow_unsigned=True)
+
+
+def test_an_unsigned_policy_is_refused_closed_loop_whatever_the_flags(policies, root):
+    keys = [policies["key"]]
+    with pytest.raises(ClosedLoopRefused, match="unsigned"):
+        prepare(
+            str(policies["unsigned"]), root / "map.yaml", mode="closed-loop",
+            trusted_keys=keys, allow_unsigned=True,
+        )  # fmt: skip
+    # Shadow mode refuses it too, unless told (as serve does).
+    with pytest.raises(PolicyArtifactError, match="unsigned"):
+        prepare(str(policies["unsigned"]), root / "map.yaml", mode="shadow", trusted_keys=keys)
+    # Closed loop without any trusted key: refused before the policy is read.
+    with pytest.raises(ClosedLoopRefused, match="no trusted key"):
+        prepare(str(policies["signed"]), root / "map.yaml", mode="closed-loop")
