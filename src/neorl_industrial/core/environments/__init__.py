@@ -7,7 +7,13 @@ from neorl_industrial.core.environments.industrial_benchmark import (
     IBParams,
     IndustrialBenchmark,
 )
-from neorl_industrial.core.environments.registry import EnvSpec, make, register, registered_envs
+from neorl_industrial.core.environments.registry import (
+    EnvSpec,
+    make,
+    register,
+    registered_envs,
+    registered_id,
+)
 from neorl_industrial.core.environments.rollout import (
     Policy,
     RolloutResult,
@@ -36,6 +42,7 @@ __all__ = [
     "make",
     "register",
     "registered_envs",
+    "registered_id",
     "rollout",
     "scan_single",
     "uniform_random_policy",

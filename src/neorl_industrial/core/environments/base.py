@@ -76,7 +76,8 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
     one call.
     """
 
-    #: The name the environment is registered under.
+    #: The id of the environment's family (the registry's id of its default
+    #: configuration); a class attribute: an instance is never renamed after it is built.
     name: str = "Environment"
     auto_reset: bool = True
 

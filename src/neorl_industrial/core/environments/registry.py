@@ -52,6 +52,19 @@ def registered_envs() -> dict[str, EnvSpec]:
     return dict(_REGISTRY)
 
 
+def registered_id(env: Environment) -> str:
+    """The id registered for ``env``'s configuration: the first id whose factory builds an
+    equal environment (same class and static configuration), else the class's ``name``.
+
+    An environment is not renamed by :func:`make`; this is how its id is told back (for
+    messages), without a lookup table kept on the instance.
+    """
+    for env_id, spec in _REGISTRY.items():
+        if spec.factory(**spec.static_defaults) == env:
+            return env_id
+    return env.name
+
+
 def make(env_id: str, **overrides: Any) -> tuple[Environment, Any]:
     """Builds a registered environment and its default parameters.
 
@@ -71,7 +84,6 @@ def make(env_id: str, **overrides: Any) -> tuple[Environment, Any]:
     for name, value in overrides.items():
         (static if name in static_fields else params)[name] = value
     env = spec.factory(**static)
-    env.name = env_id
     return env, env.default_params(**params)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from neorl_industrial.core.environments import Environment, TimeStep
+from neorl_industrial.core.environments import Environment, TimeStep, registered_id
 from neorl_industrial.functional.state_management import ActionScaler
 
 
@@ -28,7 +28,7 @@ def action_scaler_for(env: Environment) -> ActionScaler | None:
     """
     if env.discrete:
         raise ValueError(
-            f"env: {env.name} has discrete actions; only continuous actions are scaled"
+            f"env: {registered_id(env)} has discrete actions; only continuous actions are scaled"
         )
     if ActionScaler.is_identity(env.action_low, env.action_high):
         return None
@@ -66,7 +66,7 @@ class ActionScaledEnv(Environment):
         scaler = action_scaler_for(inner)
         if scaler is None:
             raise ValueError(
-                f"env: {inner.name} already acts in [-1, 1]; use normalized_actions(env)"
+                f"env: {registered_id(inner)} already acts in [-1, 1]; use normalized_actions(env)"
             )
         self.inner = inner
         self.scaler = scaler

@@ -23,7 +23,12 @@ import numpy as np
 from flax import struct
 
 from neorl_industrial.core.agents.sac import Algorithm, Batch, PolicyParams
-from neorl_industrial.core.environments import Environment, rollout, uniform_random_policy
+from neorl_industrial.core.environments import (
+    Environment,
+    registered_id,
+    rollout,
+    uniform_random_policy,
+)
 from neorl_industrial.functional.transformations.action_scaling import normalized_actions
 
 ProgressFn = Callable[[int, dict[str, float]], None]
@@ -485,7 +490,9 @@ def _to_host(metrics: dict[str, jax.Array]) -> dict[str, float]:
 
 def _agent_action_space(env: Environment) -> Environment:
     if env.discrete:
-        raise ValueError(f"env: {env.name} has discrete actions; online SAC needs continuous ones")
+        raise ValueError(
+            f"env: {registered_id(env)} has discrete actions; online SAC needs continuous ones"
+        )
     return normalized_actions(env)
 
 
