@@ -23,7 +23,7 @@ from neorl_industrial.core.agents import (
     pid_init,
     pid_update,
 )
-from neorl_industrial.functional.optimizers import gradient_ascent_multiplier
+from neorl_industrial.core.agents.multipliers import gradient_ascent_multiplier
 from neorl_industrial.functional.state_management import (
     Dataset,
     sample,
