@@ -21,8 +21,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# Every extra (pyproject.toml): the main job tracks in MLflow, and the README's commands
+# import plant logs and serve. `pip install -e .` alone is the core (train and evaluate
+# from Python); see the README's installation section for the extras by use.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e ".[all]"
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python

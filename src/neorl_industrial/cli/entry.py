@@ -20,6 +20,7 @@ from neorl_industrial.cli import (
     training,
 )
 from neorl_industrial.cli.common import make_console
+from neorl_industrial.extras import MissingExtraError
 from neorl_industrial.runtime import enable_compilation_cache
 
 # In the order the help lists the commands.
@@ -67,4 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # are ValueErrors); its message names what is wrong.
         # One line, unwrapped: what is wrong and what to do, greppable in a service's log.
         make_console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
+        return 2
+    except ModuleNotFoundError as error:
+        # A package of an extra the install lacks: one line naming the extra to install.
+        missing = MissingExtraError.from_error(error)
+        if missing is None:
+            raise
+        make_console(stderr=True).print(f"[red]error:[/red] {escape(str(missing))}", soft_wrap=True)
         return 2
