@@ -140,18 +140,29 @@ def _report(console: Console, card: dict[str, Any], where: str, measured_now: bo
             f"share inside the ensemble's {fidelity['level']:.0%} interval"
         )
     )
-    for column in ("feature", "unit", "steps ahead", "RMSE", "MAE", "RMSE / spread", "inside"):
+    columns = (
+        "feature",
+        "unit",
+        "steps ahead",
+        "windows",
+        "RMSE",
+        "MAE",
+        "RMSE / spread",
+        "inside",
+    )
+    for column in columns:
         table.add_column(column, justify="left" if column in ("feature", "unit") else "right")
     for row in fidelity["rows"]:
-        relative = row["relative_rmse"]
+        relative, coverage = row["relative_rmse"], row["coverage"]
         table.add_row(
             row["name"] if row["kind"] == "observation" else f"{row['name']} (per step)",
             row.get("unit") or "",
             str(row["step"]),
-            f"{row['rmse']:.4g}",
-            f"{row['mae']:.4g}",
+            str(row["windows"]),
+            "-" if row["rmse"] is None else f"{row['rmse']:.4g}",
+            "-" if row["mae"] is None else f"{row['mae']:.4g}",
             "-" if relative is None else f"{relative:.3f}",
-            f"{100 * row['coverage']:.0f} %",
+            "-" if coverage is None else f"{100 * coverage:.0f} %",
         )
     console.print(table)
 
@@ -177,7 +188,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     fit.add_argument("--overwrite", action="store_true")
     fit.add_argument("--members", type=positive_int, default=7, help="ensemble members")
     fit.add_argument("--elites", type=positive_int, default=5, help="best members kept")
-    fit.add_argument("--hidden", type=_widths, default=(200, 200, 200), help="e.g. 200,200,200")
+    fit.add_argument("--hidden", type=_widths, default=(128, 128), help="e.g. 200,200,200")
     fit.add_argument("--updates", type=positive_int, default=10_000, help="at most, per member")
     fit.add_argument("--chunk", type=positive_int, default=500, help="updates per compiled call")
     fit.add_argument("--batch-size", type=positive_int, default=256)

@@ -145,12 +145,18 @@ def test_fidelity_table_errors_and_coverage_per_feature_and_step():
         signal_truth=np.zeros((4, 3, 0)),
         signal_point=np.zeros((4, 3, 0)),
         signal_particles=np.zeros((4, 21, 3, 0)),
+        valid=np.asarray([[True] * 3] * 3 + [[True, False, False]]),
         starts=np.arange(4),
     )
+    run.point[3, 1:] = 100.0  # past the end of its episode: not counted
+    run.truth[0, 0] = 3.0  # outside [-0.9, 0.9]
     rows = fidelity_table(run, ["level"], [4.0], [], [], (1, 3))
-    assert [row["step"] for row in rows] == [1, 3]
-    assert rows[0]["rmse"] == pytest.approx(2.0) and rows[0]["relative_rmse"] == pytest.approx(0.5)
-    assert rows[0]["coverage"] == 1.0
+    assert [(row["step"], row["windows"]) for row in rows] == [(1, 4), (3, 3)]
+    assert rows[0]["rmse"] == pytest.approx(np.sqrt((1.0 + 3 * 4.0) / 4))
+    assert rows[1]["rmse"] == pytest.approx(2.0) and rows[1]["relative_rmse"] == pytest.approx(0.5)
+    assert rows[0]["coverage"] == 0.75 and rows[1]["coverage"] == 1.0
+    run.valid[:, 2] = False
+    assert fidelity_table(run, ["level"], [4.0], [], [], (3,))[0]["rmse"] is None
     constant = fidelity_table(run, ["level"], [0.0], [], [], (1,))
     assert constant[0]["relative_rmse"] is None
 

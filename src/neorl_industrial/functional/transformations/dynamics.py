@@ -33,7 +33,6 @@ from neorl_industrial.core.models.dynamics import (
     ModelBatch,
 )
 from neorl_industrial.functional.state_management.dataset import Dataset
-from neorl_industrial.functional.state_management.sampling import gather_windows, window_starts
 
 __all__ = [
     "EnsembleTrainState",
@@ -349,7 +348,8 @@ class OpenLoop(NamedTuple):
     """Logged windows and the model's open-loop predictions of them (host arrays).
 
     Shapes: ``W`` windows, ``H`` steps, ``P`` particles (members × samples), ``F``
-    features of the newest frame, ``C`` channels (reward, then costs).
+    features of the newest frame, ``C`` channels (reward, then costs). A window that
+    reaches its episode's end before ``H`` steps is ``valid`` only up to that end.
     """
 
     truth: np.ndarray  # [W, H, F]: the logged newest frame after each step
@@ -358,20 +358,50 @@ class OpenLoop(NamedTuple):
     signal_truth: np.ndarray  # [W, H, C]
     signal_point: np.ndarray  # [W, H, C]
     signal_particles: np.ndarray  # [W, P, H, C]
+    valid: np.ndarray  # [W, H] bool: the step lies inside the window's episode
     starts: np.ndarray  # [W]: transition index of each window's first step
 
 
 def open_loop_windows(dataset: Dataset, horizon: int, n_windows: int) -> np.ndarray:
-    """Up to ``n_windows`` transition indices, evenly spread over ``dataset``, where a
-    window of ``horizon`` steps fits inside one episode.
+    """Up to ``n_windows`` transition indices where open-loop windows start: half of them
+    evenly spread over the transitions where ``horizon`` steps fit inside the episode,
+    the others evenly spread over all transitions (their windows end with the episode),
+    so short and long horizons are both measured from states all over the data."""
+    steps_to_end = np.asarray(jax.device_get(dataset.steps_to_end))
+    full = np.flatnonzero(steps_to_end >= horizon)
 
-    Raises:
-        ValueError: when no episode has ``horizon`` steps (naming the longest).
-    """
-    starts = np.asarray(jax.device_get(window_starts(dataset, horizon)))
-    if len(starts) > n_windows:
-        starts = starts[np.linspace(0, len(starts) - 1, n_windows).round().astype(np.int64)]
-    return starts
+    def spread(candidates: np.ndarray, count: int) -> np.ndarray:
+        if len(candidates) <= count:
+            return candidates
+        return candidates[np.linspace(0, len(candidates) - 1, count).round().astype(np.int64)]
+
+    half = n_windows // 2 if len(full) else 0
+    anywhere = spread(np.arange(dataset.n_transitions), n_windows - half)
+    return np.unique(np.concatenate([spread(full, half), anywhere]))
+
+
+class _Windows(NamedTuple):
+    first: jax.Array  # [W, obs_size]
+    actions: jax.Array  # [W, H, action_size]
+    frames: jax.Array  # [W, H, F]: the newest frame after each step
+    signals: jax.Array  # [W, H, 1 + n_costs]
+    valid: jax.Array  # [W, H]
+
+
+def _gather_windows(dataset: Dataset, starts: jax.Array, horizon: int) -> _Windows:
+    """Windows of ``horizon`` steps from ``starts``, steps past the episode's end held at
+    its last transition (and marked invalid)."""
+    last = starts + dataset.steps_to_end[starts] - 1
+    wanted = starts[:, None] + jnp.arange(horizon)
+    steps = jnp.minimum(wanted, last[:, None])
+    actions = dataset.actions[steps]
+    return _Windows(
+        first=dataset.observations_at(dataset.observation_index[starts]),
+        actions=actions.reshape(*steps.shape, -1),
+        frames=dataset.observations[dataset.observation_index[steps] + 1],
+        signals=jnp.concatenate([dataset.rewards[steps][..., None], dataset.costs[steps]], -1),
+        valid=wanted <= last[:, None],
+    )
 
 
 def open_loop(
@@ -387,9 +417,6 @@ def open_loop(
     actions in [-1, 1]; ``params`` with one member axis): every member's mean trajectory
     (their average is the point prediction) and ``n_samples`` sampled trajectories per
     member, as one compiled program."""
-    windows = jax.jit(gather_windows, static_argnums=2)(
-        dataset, jnp.asarray(starts, jnp.int32), horizon
-    )
     members = params.n_members
     frame = dynamics.layout.frame_size
 
@@ -407,37 +434,38 @@ def open_loop(
         return frames, signals
 
     @jax.jit
-    def run(windows, key):
-        first = windows.observations[:, 0]
-        actions = windows.actions.reshape(*windows.actions.shape[:2], -1)
+    def run(dataset, starts, key):
+        windows = _gather_windows(dataset, starts, horizon)
         member_ids = jnp.arange(members)
         mean_run = jax.vmap(  # windows × members, deterministic
             jax.vmap(lambda o, a, m: trajectory(o, a, key, m, True), in_axes=(None, None, 0)),
             in_axes=(0, 0, None),
-        )(first, actions, member_ids)
+        )(windows.first, windows.actions, member_ids)
         particle_members = jnp.repeat(member_ids, n_samples)
-        particle_keys = jax.random.split(key, first.shape[0] * particle_members.shape[0])
-        particle_keys = particle_keys.reshape(first.shape[0], particle_members.shape[0], -1)
+        n_windows, n_particles = starts.shape[0], particle_members.shape[0]
+        particle_keys = jax.random.split(key, n_windows * n_particles)
+        particle_keys = particle_keys.reshape(n_windows, n_particles, -1)
         sampled = jax.vmap(
             jax.vmap(lambda o, a, k, m: trajectory(o, a, k, m, False), in_axes=(None, None, 0, 0)),
             in_axes=(0, 0, 0, None),
-        )(first, actions, particle_keys, particle_members)
-        return mean_run, sampled
+        )(windows.first, windows.actions, particle_keys, particle_members)
+        return windows, mean_run, sampled
 
-    (mean_frames, mean_signals), (frames, signals) = run(windows, key)
-    truth_frames = windows.observations[:, 1:, :frame]
-    truth_signals = jnp.concatenate([windows.rewards[..., None], windows.costs], axis=-1)
-    host = jax.device_get((truth_frames, mean_frames, frames, truth_signals, mean_signals, signals))
-    truth_frames, mean_frames, frames, truth_signals, mean_signals, signals = (
-        np.asarray(x, np.float64) for x in host
+    windows, (mean_frames, mean_signals), (frames, signals) = jax.device_get(
+        run(dataset, jnp.asarray(starts, jnp.int32), key)
     )
+
+    def host(x: Any) -> np.ndarray:
+        return np.asarray(x, np.float64)
+
     return OpenLoop(
-        truth=truth_frames,
-        point=mean_frames.mean(axis=1),
-        particles=frames,
-        signal_truth=truth_signals,
-        signal_point=mean_signals.mean(axis=1),
-        signal_particles=signals,
+        truth=host(windows.frames),
+        point=host(mean_frames).mean(axis=1),
+        particles=host(frames),
+        signal_truth=host(windows.signals),
+        signal_point=host(mean_signals).mean(axis=1),
+        signal_particles=host(signals),
+        valid=np.asarray(windows.valid, bool),
         starts=np.asarray(starts),
     )
 
@@ -468,10 +496,12 @@ def fidelity_table(
     steps: Sequence[int],
     level: float = 0.9,
 ) -> list[dict[str, Any]]:
-    """One row per feature (then per reward and cost channel) and step of ``steps``:
-    RMSE and MAE of the point prediction in the plant's units, RMSE relative to the
-    feature's spread over the data (``None`` for a constant feature), and the share of
-    logged values inside the ensemble's ``level`` interval."""
+    """One row per feature (then per reward and cost channel) and step of ``steps``,
+    over the windows that reach that step inside their episode (``windows``): RMSE and
+    MAE of the point prediction in the plant's units, RMSE relative to the feature's
+    spread over the data (``None`` for a constant feature), and the share of logged
+    values inside the ensemble's ``level`` interval (errors are ``None`` where no
+    window reaches the step)."""
     rows = []
     for kind, names, spreads, truth, point, particles in (
         ("observation", feature_names, feature_spread, run.truth, run.point, run.particles),
@@ -488,17 +518,23 @@ def fidelity_table(
         for i, name in enumerate(names):
             spread = float(spreads[i])
             for step in steps:
-                error = point[:, step - 1, i] - truth[:, step - 1, i]
-                rmse = float(np.sqrt(np.mean(np.square(error))))
+                valid = run.valid[:, step - 1]
+                error = point[valid, step - 1, i] - truth[valid, step - 1, i]
+                rmse = float(np.sqrt(np.mean(np.square(error)))) if valid.any() else None
                 rows.append(
                     {
                         "kind": kind,
                         "name": str(name),
                         "step": int(step),
+                        "windows": int(valid.sum()),
                         "rmse": rmse,
-                        "mae": float(np.mean(np.abs(error))),
-                        "relative_rmse": rmse / spread if spread > MIN_STD else None,
-                        "coverage": float(np.mean(inside[:, step - 1, i])),
+                        "mae": float(np.mean(np.abs(error))) if valid.any() else None,
+                        "relative_rmse": (
+                            rmse / spread if rmse is not None and spread > MIN_STD else None
+                        ),
+                        "coverage": (
+                            float(np.mean(inside[valid, step - 1, i])) if valid.any() else None
+                        ),
                     }
                 )
     return rows

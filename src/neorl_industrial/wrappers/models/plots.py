@@ -55,23 +55,29 @@ def trajectory_plot(
     flat = list(axes.ravel())
     for axis in flat[len(panels) :]:
         axis.set_visible(False)
-    chosen = np.unique(np.linspace(0, len(run.starts) - 1, windows).round().astype(int))
+    # Windows that run the whole horizon inside their episode, evenly spread (any if none).
+    whole = np.flatnonzero(run.valid[:, -1])
+    candidates = whole if len(whole) else np.arange(len(run.starts))
+    chosen = candidates[np.unique(np.linspace(0, len(candidates) - 1, windows).round().astype(int))]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     low_q, high_q = (1.0 - level) / 2.0, (1.0 + level) / 2.0
     for axis, (label, truth, point, particles) in zip(flat, panels, strict=False):
         for n, window in enumerate(chosen):
-            steps = np.arange(1, truth.shape[1] + 1)
+            length = int(run.valid[window].sum())
+            steps = np.arange(1, length + 1)
             colour = colours[n % len(colours)]
             axis.fill_between(
                 steps,
-                np.quantile(particles[window], low_q, axis=0),
-                np.quantile(particles[window], high_q, axis=0),
+                np.quantile(particles[window, :, :length], low_q, axis=0),
+                np.quantile(particles[window, :, :length], high_q, axis=0),
                 color=colour,
                 alpha=0.2,
                 lw=0,
             )
-            axis.plot(steps, point[window], color=colour, lw=1.4, label=f"model, window {n}")
-            axis.plot(steps, truth[window], color="black", lw=1, ls="--", label="logged")
+            axis.plot(
+                steps, point[window, :length], color=colour, lw=1.4, label=f"model, window {n}"
+            )
+            axis.plot(steps, truth[window, :length], color="black", lw=1, ls="--", label="logged")
         axis.set_title(label, fontsize=9)
         axis.set_xlabel("steps ahead")
         axis.grid(alpha=0.3)
