@@ -3,22 +3,26 @@
     python docs/mlflow_screenshot.py                      # trains a demo run first
     python docs/mlflow_screenshot.py --store sqlite:///mlflow.db   # the newest run there
 
-It starts ``mlflow ui`` on the store, opens the metric page of the newest parent run and
-its seed runs (evaluation return over training, one line per run) and the registered
-model's page, and writes PNGs to ``docs/images/``. Needs Debian's ``chromium``
-(``apt-get install chromium``); no browser is downloaded.
+It starts ``mlflow ui`` on the store and opens the pages docs/tracking.md names, as a run
+prints their links: the experiment's training runs (``#/experiments/<id>/runs``), the
+newest parent run's page, the metric page of that run and its seed runs (evaluation score
+over training, one line per run) and the registered model's page. It writes PNGs to
+``docs/images/`` and checks that none is blank and that each page names the run and its
+dataset. Needs Debian's ``chromium`` (``apt-get install chromium``); no browser is
+downloaded. ``tests/integration/mlflow/test_tracking.py`` opens the same pages.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import urllib.parse
-import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,14 +39,104 @@ DEMO = [
     "checkpoints.every=0",
     "tracking.promote=true",
 ]
+#: The query that opens MLflow 3's machine-learning pages (its GenAI pages otherwise).
+WORKFLOW = "workflowType=machine_learning"
 
 
-def _chromium() -> str:
+def find_chromium() -> str | None:
+    """The path of a Chromium (or Chrome) binary, or None."""
     for name in ("chromium", "chromium-browser", "google-chrome"):
         found = shutil.which(name)
         if found:
             return found
-    raise SystemExit("chromium not found: install Debian's package (apt-get install chromium)")
+    return None
+
+
+@contextlib.contextmanager
+def mlflow_ui(store: str, log: Path | None = None, timeout: float = 300.0) -> Iterator[str]:
+    """``mlflow ui`` on ``store`` (one worker, a free port) while the block runs; yields
+    its address (``http://127.0.0.1:<port>``).
+
+    Raises:
+        RuntimeError: when it does not answer within ``timeout`` seconds.
+    """
+    port = free_port()
+    output = subprocess.DEVNULL if log is None else log.open("w")
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store,
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        env=interpreter_environment(), stdout=output, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/health", ui, timeout=timeout, log=log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        ui.terminate()
+        try:
+            ui.wait(30)
+        except subprocess.TimeoutExpired:
+            ui.kill()
+            ui.wait(30)
+        if log is not None:
+            output.close()
+
+
+def browse(chromium: str, url: str, out: Path, size: str = "1400,900") -> str:
+    """Opens ``url`` in headless Chromium, writes a screenshot of it to ``out`` and returns
+    the page's text as rendered (its DOM).
+
+    Raises:
+        RuntimeError: for a screenshot that is missing or blank (one colour, or nearly).
+    """
+    done = subprocess.run(
+        [
+            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--window-size={size}", "--virtual-time-budget=15000", f"--screenshot={out}",
+            "--dump-dom", url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )  # fmt: skip
+    share = _main_colour_share(out) if out.exists() else 1.0
+    if share > 0.98:
+        raise RuntimeError(
+            f"{out}: the screenshot of {url} is missing or blank ({share:.1%} one colour); "
+            f"chromium said: {done.stderr.strip()[-500:]}"
+        )
+    return done.stdout
+
+
+def _main_colour_share(png: Path) -> float:
+    """The share of the picture's pixels that have its most common colour."""
+    from PIL import Image
+
+    with Image.open(png) as image:
+        pixels = image.convert("RGB")
+        colours = pixels.getcolors(maxcolors=pixels.width * pixels.height)
+    return max(count for count, _ in colours) / (pixels.width * pixels.height)
+
+
+def pages(
+    base: str, experiment_id: str, run_id: str, run_ids: list[str], metric: str, model: str
+) -> dict[str, str]:
+    """The UI's pages the docs show, by picture name."""
+    query = "&".join(
+        f"{key}={urllib.parse.quote(json.dumps(value))}"
+        for key, value in (
+            ("runs", run_ids),
+            ("metric", metric),
+            ("experiments", [experiment_id]),
+            ("plot_metric_keys", [metric]),
+        )
+    )
+    runs = f"{base}/#/experiments/{experiment_id}/runs"
+    return {
+        "mlflow-ui-runs.png": f"{runs}?{WORKFLOW}",
+        "mlflow-ui-run.png": f"{runs}/{run_id}?{WORKFLOW}",
+        "mlflow-ui-metric.png": f"{base}/#/metric?{query}&x_axis=step&show_point=true&{WORKFLOW}",
+        "mlflow-ui-model.png": f"{base}/#/models/{model}?{WORKFLOW}",
+    }
 
 
 def _train_demo(store: str, workdir: Path) -> None:
@@ -53,21 +147,6 @@ def _train_demo(store: str, workdir: Path) -> None:
     subprocess.run(command, check=True, cwd=workdir)
 
 
-def _shoot(chromium: str, url: str, out: Path, size: str) -> None:
-    subprocess.run(
-        [
-            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            f"--window-size={size}", "--virtual-time-budget=25000", f"--screenshot={out}", url,
-        ],
-        check=True,
-        capture_output=True,
-        timeout=180,
-    )  # fmt: skip
-    if not out.exists() or out.stat().st_size < 20_000:
-        raise SystemExit(f"{out}: the screenshot is missing or blank")
-    print(f"wrote {out}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", help="an MLflow store with a tracked run (default: train one)")
@@ -75,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric", default="eval/normalized_score")
     parser.add_argument("--model", default="ib-policy")
     args = parser.parse_args(argv)
-    chromium = _chromium()
+    chromium = find_chromium()
+    if chromium is None:
+        raise SystemExit("chromium not found: install Debian's package (apt-get install chromium)")
     scratch = Path(tempfile.mkdtemp(prefix="neorl-screenshot-"))
     store = args.store or f"sqlite:///{scratch}/mlflow.db"
     if args.store is None:
@@ -91,39 +172,29 @@ def main(argv: list[str] | None = None) -> int:
     parent = next(run for run in runs if "mlflow.parentRunId" not in run.data.tags)
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     run_ids = [parent.info.run_id, *(r.info.run_id for r in children)]
+    dataset = parent.inputs.dataset_inputs[0].dataset.name if parent.inputs.dataset_inputs else ""
 
-    port = free_port()
-    env = interpreter_environment()
-    ui = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store,
-         "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        try:
-            wait_for_http(f"http://127.0.0.1:{port}/health", ui)
-        except RuntimeError as error:
-            raise SystemExit(f"mlflow ui did not start: {error}") from None
-        query = "&".join(
-            f"{key}={urllib.parse.quote(json.dumps(value))}"
-            for key, value in (
-                ("runs", run_ids),
-                ("metric", args.metric),
-                ("experiments", [experiment.experiment_id]),
-                ("plot_metric_keys", [args.metric]),
+        with mlflow_ui(store) as base:
+            shown = pages(
+                base,
+                experiment.experiment_id,
+                parent.info.run_id,
+                run_ids,
+                args.metric,
+                args.model,
             )
-        )
-        query += "&x_axis=step&show_point=true"
-        base = f"http://127.0.0.1:{port}/#"
-        _shoot(chromium, f"{base}/metric?{query}", out / "mlflow-ui-metric.png", "1800,900")
-        run_page = f"{base}/experiments/{experiment.experiment_id}/runs/{parent.info.run_id}"
-        _shoot(chromium, run_page, out / "mlflow-ui-run.png", "1800,1100")
-        _shoot(chromium, f"{base}/models/{args.model}", out / "mlflow-ui-model.png", "1800,900")
-    finally:
-        ui.terminate()
-        ui.wait(30)
+            for name, url in shown.items():
+                text = browse(chromium, url, out / name)
+                if name in ("mlflow-ui-runs.png", "mlflow-ui-run.png"):
+                    missing = [s for s in (parent.info.run_name, dataset) if s not in text]
+                    if missing:
+                        raise SystemExit(f"{url}: the page does not show {missing}")
+                print(f"wrote {out / name}  ({url})")
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
     return 0
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,6 +29,7 @@ SMALL_RUN = {
     "checkpoints": {"every": 50},
 }
 MODEL = "test-policy"
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _config(tmp: Path, uri: str, name: str, **tracking) -> RunConfig:
@@ -78,10 +80,34 @@ def test_params_tags_and_nested_runs(tracked):
     assert tags["dataset"] == outcome.report["data"]["name"]
     assert len(tags["dataset.fingerprint"]) == 16
     assert tags["version.jax"] and tags["version.neorl-industrial"]
+    # The settings the run used: the generated data and the simulator's evaluation, the
+    # horizon as evaluated; not where its files and store are.
+    assert (params["data.quality"], params["data.trajectories"]) == ("medium", "2")
+    assert params["env.id"] == "IB-v0" and params["evaluation.horizon"] == "50"
+    assert params["eval.episodes"] == "2"  # the evaluation's, logged at the end
+    assert not {"tracking.uri", "output", "name", "data.path"} & set(params)
+    assert not [key for key in params if key.startswith("evaluation.ope.")]
+    assert params["tracking.registered_model"] == MODEL
     assert sorted(children) == ["0", "1"]
     for seed, child in children.items():
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert child.data.tags["seed"] == seed and child.info.status == "FINISHED"
+        assert child.data.params["data.quality"] == "medium" and child.data.params["seed"] == seed
+    # Every run's dataset input is the training data, its fingerprint the digest.
+    for run in (parent, *children.values()):
+        (logged,) = run.inputs.dataset_inputs
+        assert logged.dataset.name == outcome.report["data"]["name"]
+        assert logged.dataset.digest == tags["dataset.fingerprint"]
+        assert logged.dataset.source_type == "code"
+        assert "generate_dataset('IB-v0', 'medium', 2, seed=0" in logged.dataset.source
+    # The report links the UI's training runs and the run's page.
+    experiment = parent.info.experiment_id
+    tracking = outcome.report["tracking"]
+    assert tracking["experiment_id"] == experiment
+    assert tracking["links"]["runs"].endswith(
+        f"/#/experiments/{experiment}/runs?workflowType=machine_learning"
+    )
+    assert f"/#/experiments/{experiment}/runs/{parent.info.run_id}?" in tracking["links"]["run"]
 
 
 def test_metric_history_per_chunk_and_evaluation(tracked):
@@ -317,6 +343,46 @@ def test_a_resumed_run_continues_its_mlflow_runs(tracked):
     assert [m.step for m in history] == [50, 100, 150]
     run = client.get_run(tracking["run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["resumed_from"] == "100"
+    # The same dataset input, not a second one; the same pages.
+    assert [i.dataset.name for i in run.inputs.dataset_inputs] == [resumed.report["data"]["name"]]
+    assert tracking["links"] == outcome.report["tracking"]["links"]
+
+
+def _screenshots():
+    """docs/mlflow_screenshot.py, which makes the docs' pictures of the UI."""
+    spec = importlib.util.spec_from_file_location(
+        "mlflow_screenshot", ROOT / "docs" / "mlflow_screenshot.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_ui_shows_the_training_runs_and_the_run_with_its_dataset(tracked):
+    """What a person sees on the pages a run prints: headless Chromium on `mlflow ui`."""
+    screenshots = _screenshots()
+    chromium = screenshots.find_chromium()
+    if chromium is None:
+        pytest.skip("needs Chromium (apt-get install chromium)")
+    outcome, client, uri, tmp = tracked
+    tracking = outcome.report["tracking"]
+    parent = client.get_run(tracking["run_id"])
+    dataset = parent.inputs.dataset_inputs[0].dataset
+    with screenshots.mlflow_ui(uri, log=tmp / "ui.log") as base:
+        pages = {
+            name: screenshots.browse(
+                chromium,
+                link.replace("http://127.0.0.1:5000", base),
+                tmp / f"mlflow-ui-{name}.png",
+            )
+            for name, link in tracking["links"].items()
+        }
+    assert sorted(pages) == ["run", "runs"]
+    for name, text in pages.items():
+        # The run by its name, and its dataset as the Datasets column and section show it.
+        assert f">{parent.info.run_name}<" in text, name
+        assert f"{dataset.name} ({dataset.digest})" in text, name
+    assert ">Runs<" in pages["runs"] and ">Datasets<" in pages["run"]
 
 
 def test_the_policy_server_loads_a_registry_uri(tracked):
