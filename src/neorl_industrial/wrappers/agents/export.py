@@ -71,12 +71,18 @@ from neorl_industrial.wrappers.hostio import (
 
 __all__ = [
     "FORMAT",
+    "FORMATS",
     "FORMAT_VERSION",
     "PolicyArtifact",
     "PolicyArtifactError",
     "PolicyDecision",
     "export_policy",
 ]
+
+
+#: What ``export_policy(format=...)`` writes: the serialized JAX functions, or those and
+#: the same function as one ONNX graph.
+FORMATS = ("jax", "onnx")
 
 
 # ----- export ------------------------------------------------------------------------
@@ -96,6 +102,7 @@ def export_policy(
     overwrite: bool = False,
     platforms: Sequence[str] = ("cpu", "cuda"),
     signing_key: str | os.PathLike[str] | Ed25519PrivateKey | None = None,
+    format: str = "jax",
     observation_bounds: tuple[Sequence[float], Sequence[float]] | None = None,
     observation_units: Sequence[str | None] | None = None,
     action_units: Sequence[str | None] | None = None,
@@ -121,6 +128,11 @@ def export_policy(
         platforms: the platforms the function is lowered for.
         signing_key: an Ed25519 private key (object or PEM file) that signs the
             manifest into ``signature.json``; ``None``: unsigned.
+        format: ``"jax"``, the serialized JAX functions; ``"onnx"``, those and
+            ``policy.onnx``, the same function as one ONNX graph (opset 18, any batch
+            size), checked against the JAX function on the shield's edge cases before it
+            is written (:mod:`.onnx_export`). The manifest lists it and its sha256 like
+            every other file, so a signature covers it.
         observation_bounds: ``(low, high)`` physical bounds per feature (``±inf`` where
             unknown): the shield sends the fallback for an observation outside them.
         observation_units: the unit of each feature (``None``: not stated).
@@ -143,10 +155,15 @@ def export_policy(
 
     Raises:
         PolicyArtifactError: for arguments that cannot be exported, naming them.
+        OnnxExportError: (a ``PolicyArtifactError``) for ``format="onnx"`` and a policy
+            whose function has no ONNX form, naming the JAX primitive, or an ONNX graph
+            whose actions differ from the JAX function's.
         ConstraintSpecError: for a spec that does not fit these names and sizes.
         FileExistsError: if ``path`` exists and ``overwrite`` is false.
     """
     target = Path(path)
+    if format not in FORMATS:
+        raise PolicyArtifactError(f"format: expected one of {list(FORMATS)}, got {format!r}")
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target}: already exists; pass overwrite=True to replace it")
     if signing_key is not None:
@@ -219,6 +236,11 @@ def export_policy(
                 f"{name}: cannot export the policy for platforms {list(platforms)}: {error}"
             ) from error
         functions.append({"file": name, "min_batch": min_batch})
+    onnx_entry = None
+    if format == "onnx":
+        onnx_entry = _onnx_graph(
+            files, serving(rowwise=False), compiled, observation_size, action_size, data_bounds
+        )
     files[CONSTRAINTS] = constraint_spec_yaml(spec).encode()
     files[PARAMETERS] = serialization.msgpack_serialize(_parameters_by_path(policy_params))
 
@@ -226,7 +248,7 @@ def export_policy(
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "versions": _versions(exported.calling_convention_version),
+        "versions": _versions(exported.calling_convention_version, onnx=format == "onnx"),
         "platforms": list(platforms),
         "observation_size": observation_size,
         "action_size": action_size,
@@ -252,6 +274,7 @@ def export_policy(
         "inputs": ["observations [batch, observation_size]", "prev_actions [batch, action_size]"],
         "outputs": list(OUTPUTS),
         "metadata": metadata,
+        **({"onnx": onnx_entry} if onnx_entry is not None else {}),
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
     }
     manifest["manifest_sha256"] = _digest(manifest)
@@ -361,15 +384,66 @@ def _parameters_by_path(policy_params: Any) -> dict[str, np.ndarray]:
     }
 
 
-def _versions(calling_convention: int) -> dict[str, Any]:
+def _onnx_graph(
+    files: dict[str, bytes],
+    function: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]],
+    compiled: Any,
+    observation_size: int,
+    action_size: int,
+    data_bounds: tuple[Sequence[float], Sequence[float]] | None,
+) -> dict[str, Any]:
+    """Adds ``policy.onnx`` (``function`` as one ONNX graph, checked against the
+    serialized JAX function on the shield's edge cases) to ``files``; its manifest entry."""
+    from neorl_industrial.wrappers.agents.onnx_export import (
+        _PROBE_ROWS_PER_CLASS,
+        EDGE_CLASSES,
+        ONNX_FILE,
+        edge_case_inputs,
+        onnx_policy_graph,
+    )
+
+    # The function the JAX artifact serves batches of BRANCH_MIN_BATCH rows or more with
+    # (it branches once per batch, which ONNX's If keeps): compared on more rows than that.
+    large = jax.export.deserialize(bytearray(files[_FUNCTIONS[-1][0]]))
+    reference = jax.jit(large.call)
+    probes = edge_case_inputs(
+        compiled,
+        max(_PROBE_ROWS_PER_CLASS * len(EDGE_CLASSES), BRANCH_MIN_BATCH),
+        typical=None if data_bounds is None else _finite_range(data_bounds),
+    )
+    data, entry = onnx_policy_graph(
+        function,
+        observation_size,
+        action_size,
+        compiled.n_hard,
+        trace_min_batch=BRANCH_MIN_BATCH,
+        reference=lambda obs, prev: jax.device_get(reference(obs, prev)),
+        probes=probes,
+        metadata={"producer": "neorl_industrial", "neorl_industrial": __version__},
+    )
+    files[ONNX_FILE] = data
+    return entry
+
+
+def _finite_range(bounds: tuple[Sequence[float], Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(low, high)`` with ``[-1, 1]`` where a side is not finite."""
+    low, high = (np.asarray(bound, np.float64) for bound in bounds)
+    known = np.isfinite(low) & np.isfinite(high)
+    return np.where(known, low, -1.0), np.where(known, high, 1.0)
+
+
+def _versions(calling_convention: int, onnx: bool = False) -> dict[str, Any]:
     try:
         jaxlib_version = version("jaxlib")
     except PackageNotFoundError:
         jaxlib_version = "unknown"
-    return {
+    versions = {
         "python": ".".join(map(str, sys.version_info[:3])),
         "jax": jax.__version__,
         "jaxlib": jaxlib_version,
         "neorl_industrial": __version__,
         "jax_export_calling_convention": calling_convention,
     }
+    if onnx:
+        versions.update({name: version(name) for name in ("onnx", "onnxruntime")})
+    return versions
