@@ -101,15 +101,51 @@ def _type_checking_only(node: ast.AST) -> bool:
     )
 
 
+def _assigned(tree: ast.Module) -> dict[str, ast.AST]:
+    """The values of the names a module assigns at its top."""
+    values: dict[str, ast.AST] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            values.update((t.id, node.value) for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
+            values[node.target.id] = node.value
+    return values
+
+
+def _dynamic(module: str, call: ast.Call, tree: ast.Module) -> list[str]:
+    """The modules a call imports by name: ``import_module("...")``, and the modules of a
+    ``lazy_exports(__name__, {name: module})`` table (imported on first use)."""
+    function = call.func
+    called = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
+    strings: list[ast.AST] = []
+    if called == "import_module" and call.args:
+        strings = [call.args[0]]
+    elif called == "lazy_exports" and len(call.args) > 1:
+        table = call.args[1]
+        if isinstance(table, ast.Name):  # a table assigned at the top of the module
+            table = _assigned(tree).get(table.id, table)
+        strings = list(table.values) if isinstance(table, ast.Dict) else []
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    names = []
+    for node in strings:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value
+            names.append(package + name if name.startswith(".") else name)
+    return names
+
+
 @cache
 def _imports(module: str) -> frozenset[tuple[str, int, bool]]:
     """``(imported name, line, runs)`` of every import in the module, wherever it stands:
     at the top, inside a function, or under ``if TYPE_CHECKING:`` (``runs`` false: it
-    never runs). ``from a import b`` names ``a.b`` when that is a module of the package,
-    else ``a``."""
+    never runs), and of the modules it imports by name (:func:`_dynamic`). ``from a
+    import b`` names ``a.b`` when that is a module of the package, else ``a``."""
     found = set()
+    tree = ast.parse(MODULES[module].read_text())
 
     def visit(node: ast.AST, runs: bool) -> None:
+        if isinstance(node, ast.Call):
+            found.update((name, node.lineno, runs) for name in _dynamic(module, node, tree))
         if isinstance(node, ast.Import):
             found.update((alias.name, node.lineno, runs) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -126,7 +162,7 @@ def _imports(module: str) -> frozenset[tuple[str, int, bool]]:
         for child in ast.iter_child_nodes(node):
             visit(child, runs)
 
-    visit(ast.parse(MODULES[module].read_text()), True)
+    visit(tree, True)
     return frozenset(found)
 
 
