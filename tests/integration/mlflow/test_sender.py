@@ -7,6 +7,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import mlflow.entities  # noqa: F401  (the handlers import it on first use; see below)
 import pytest
 
 from neorl_industrial.integration.mlflow.sender import (
@@ -61,6 +62,8 @@ def _ops(sender):
 
 
 def test_operations_arrive_in_order_with_nested_runs(tmp_path):
+    # MLflow is imported above, not by the first log_batch inside close's 10 s: a first
+    # import takes longer than that on a loaded machine, and the rest would be spooled.
     client = FakeClient()
     sender = BufferedSender(lambda: client, spool_path=tmp_path / "spool.jsonl")
     _ops(sender)
