@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from neorl_industrial.core.safety import CompiledConstraints
+from neorl_industrial.extras import optional_imports
 from neorl_industrial.wrappers.agents.artifact import OUTPUTS
 from neorl_industrial.wrappers.agents.onnx_graph import (
     BATCH,
@@ -356,7 +357,8 @@ def onnx_policy_graph(
 
 def runtime_session(data: bytes, threads: int = 1) -> Any:
     """An ONNX Runtime CPU session of the graph ``data`` (``threads`` intra-op threads)."""
-    import onnxruntime
+    with optional_imports():
+        import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
