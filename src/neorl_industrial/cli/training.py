@@ -391,9 +391,12 @@ def command_export(args: argparse.Namespace) -> int:
     key = args.sign_key
     if key is None and (Path("keys") / PRIVATE_KEY).is_file():
         key = Path("keys") / PRIVATE_KEY  # the pair runs make here, which servers here trust
-    path = agent.export(args.out, overwrite=args.overwrite, signing_key=key)
+    # The ONNX graph only when asked for (the default export needs no onnx install).
+    options = {"format": args.format} if args.format != "jax" else {}
+    path = agent.export(args.out, overwrite=args.overwrite, signing_key=key, **options)
     signed = f"signed with {key}" if key is not None else "unsigned"
-    console.print(f"Exported the policy of {args.agent} ({agent.name}) to {path}, {signed}")
+    graph = " with its ONNX graph (policy.onnx)" if args.format == "onnx" else ""
+    console.print(f"Exported the policy of {args.agent} ({agent.name}) to {path}{graph}, {signed}")
     if key is None:
         console.print(
             "[yellow]warning:[/yellow] no --sign-key and no keys/policy-signing.key here: "
@@ -516,6 +519,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     export.add_argument("--out", required=True, help="the artifact's directory")
     export.add_argument("--overwrite", action="store_true")
+    export.add_argument(
+        "--format", choices=("jax", "onnx"), default="jax",
+        help="jax: the serialized JAX functions; onnx: those and policy.onnx, the same policy, "
+        "normalizer, action scaling and shield as one ONNX graph (opset 18, any batch size) "
+        "for ONNX Runtime and edge runtimes (needs the onnx extra)",
+    )  # fmt: skip
     export.add_argument(
         "--sign-key", metavar="PATH",
         help="an Ed25519 private key (keys generate) to sign it with (default: "

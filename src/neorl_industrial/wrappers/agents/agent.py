@@ -1047,12 +1047,21 @@ class Agent:
         agent.training = manifest.get("training", {})
         return agent
 
-    def export(self, path: str | Path, *, overwrite: bool = False, signing_key: Any = None) -> Path:
+    def export(
+        self,
+        path: str | Path,
+        *,
+        overwrite: bool = False,
+        signing_key: Any = None,
+        format: str = "jax",
+    ) -> Path:
         """Writes a self-contained policy artifact (the selected run's policy, its
         observation normalizer, its action scaling to plant units and the shield,
         compiled and serialized) that the policy server loads without any training code;
         see :mod:`neorl_industrial.wrappers.agents.export`. ``signing_key`` (an Ed25519
-        private key or its PEM file) signs it; see :mod:`.signing`."""
+        private key or its PEM file) signs it; see :mod:`.signing`. ``format="onnx"``
+        adds ``policy.onnx``, the same function as one ONNX graph for edge runtimes (the
+        ``onnx`` extra; see :mod:`.onnx_export`)."""
         self._require_fitted("export")
         if self.entry.discrete:
             raise AgentError(
@@ -1090,6 +1099,7 @@ class Agent:
             },
             overwrite=overwrite,
             signing_key=signing_key,
+            format=format,
         )
 
 
