@@ -201,13 +201,6 @@ def _all(parts: Components) -> jax.Array:
     return result
 
 
-def _any(parts: Components) -> jax.Array:
-    result = jnp.zeros((), bool)
-    for part in parts:
-        result = result | part
-    return result
-
-
 def _feature_valid(
     constraints: CompiledConstraints, observation: jax.Array, feature: int
 ) -> jax.Array:

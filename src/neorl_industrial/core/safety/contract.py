@@ -94,9 +94,6 @@ class SafetyContract:
         """The episode cost limits on the host."""
         return np.asarray(self.cost_limits, np.float64).reshape(-1).tolist()
 
-    def limits_by_name(self) -> dict[str, float]:
-        return dict(zip(self.cost_names, self.limits(), strict=True))
-
 
 def resolve_safety(
     task: Any,

@@ -48,7 +48,6 @@ from neorl_industrial.core.safety.constraints import (
     CompiledConstraints,
     Components,
     _all,
-    _any,
     _rhs,
     _state_active,
     bounds_box,
@@ -545,7 +544,7 @@ def _decide(
         for row, ok in enumerate(readable):
             applied[offset + row] = jnp.where(ok, applied[offset + row], jnp.nan)
         checkable = [jnp.ones((), bool)] * offset + readable
-        broken = _any([~(m >= -TOLERANCE) & ok for m, ok in zip(applied, checkable, strict=True)])
+        broken = ~_all([(m >= -TOLERANCE) | ~ok for m, ok in zip(applied, checkable, strict=True)])
         flags = (~keep & finite & projected_ok, ~keep & ~(finite & projected_ok))
         flags += (needs_fallback & broken,)
         return (
