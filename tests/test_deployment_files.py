@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from benchmarks.harness import free_port
+from tests.test_extras import FINDER, NAME, OPTIONAL, PROJECT, closure, modules_outside
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -90,12 +93,13 @@ def test_the_deployment_probes_limits_and_secret_wiring():
 def test_compose_runs_postgres_mlflow_and_the_policy_server():
     compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"postgres", "mlflow", "policy"}
+    assert set(services) >= {"postgres", "mlflow", "policy"}
     assert services["mlflow"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["policy"]["environment"]["NEORL_SERVE_MODEL"].startswith("models:/")
-    for name in ("mlflow", "policy"):
-        dockerfile = ROOT / services[name]["build"]["dockerfile"]
-        assert dockerfile.is_file(), dockerfile
+    for service in services.values():
+        if "build" in service:
+            dockerfile = ROOT / service["build"]["dockerfile"]
+            assert dockerfile.is_file(), dockerfile
 
 
 def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
@@ -108,7 +112,10 @@ def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.parametrize("name", ["Dockerfile", "mlflow.Dockerfile"])
+DOCKERFILES = sorted(path.name for path in (ROOT / "docker").glob("*Dockerfile"))
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
 def test_dockerfiles_are_multi_stage_non_root_with_healthchecks(name):
     instructions = _instructions(ROOT / "docker" / name)
     stages = [args for op, args in instructions if op == "FROM"]
@@ -118,8 +125,110 @@ def test_dockerfiles_are_multi_stage_non_root_with_healthchecks(name):
     )
     users = [args for op, args in instructions if op == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
-    assert any(op == "HEALTHCHECK" for op, _ in instructions)
+    healthchecks = [args for op, args in instructions if op == "HEALTHCHECK"]
+    assert healthchecks  # a service checks its health; a batch job says it has none
+    if any(op == "EXPOSE" for op, _ in instructions):
+        assert "CMD" in healthchecks[-1]
+    else:
+        assert healthchecks[-1] == "NONE"
     assert any("constraints.txt" in args for op, args in instructions if op in ("COPY", "RUN"))
+
+
+def _installs(dockerfile: Path, args: dict[str, str] | None = None) -> list[str]:
+    """The requirements the image's ``pip install`` names (``.`` is this project), its
+    build arguments (``ARG``) given their defaults or ``args``."""
+    instructions = _instructions(dockerfile)
+    values = dict(arg.split("=", 1) for op, arg in instructions if op == "ARG" and "=" in arg)
+    values.update(args or {})
+    (command,) = [args for op, args in instructions if op == "RUN" and "pip install" in args]
+    command = re.sub(r"\$\{(\w+)\}", lambda match: values[match[1]], command)
+    words = command.split("pip install", 1)[1].split()
+    specs = [w.strip("\"'") for w in words if not w.startswith("-") and "constraints" not in w]
+    return [PROJECT["name"] + spec[1:] if spec.startswith(".") else spec for spec in specs]
+
+
+def _image_extras(dockerfile: Path, args: dict[str, str] | None = None) -> set[str] | None:
+    """The extras of this project the image installs; None when it installs not this
+    project."""
+    for spec in _installs(dockerfile, args):
+        requirement = Requirement(spec)
+        if canonicalize_name(requirement.name) == NAME:
+            return set(requirement.extras)
+    return None
+
+
+def _built_images() -> dict[str, Path]:
+    """Image name (without tag) -> the Dockerfile that builds it, from the ``docker build``
+    line each Dockerfile gives."""
+    images = {}
+    for name in DOCKERFILES:
+        (match,) = re.findall(
+            r"docker build -f (\S+) -t ([^:\s]+)", (ROOT / "docker" / name).read_text()
+        )
+        assert (ROOT / match[0]).resolve() == ROOT / "docker" / name
+        images[match[1]] = ROOT / "docker" / name
+    return images
+
+
+def test_each_image_installs_the_extras_of_what_it_runs_and_no_more():
+    images = _built_images()
+    # The policy server: the core and the 'serve' extra only.
+    assert _image_extras(images["neorl-industrial-serve"]) == {"serve"}
+    # The trainer: tracking (and plant logs), no server.
+    trainer = _image_extras(images["neorl-industrial-train"])
+    assert "track" in trainer and not trainer & {"serve", "team", "all", "dev"}
+    # The team's MLflow server: exactly the 'team' extra's packages, without this project.
+    assert _image_extras(images["neorl-mlflow"]) is None
+    team = {spec for spec in OPTIONAL["team"] if canonicalize_name(Requirement(spec).name) != NAME}
+    installed = {
+        (r.name, frozenset(r.extras)) for r in map(Requirement, _installs(images["neorl-mlflow"]))
+    }
+    assert installed == {(r.name, frozenset(r.extras)) for r in map(Requirement, team)}
+
+
+def test_the_constraints_pin_every_package_each_image_installs():
+    pinned = {}
+    for line in (ROOT / "docker" / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pinned[canonicalize_name(name)] = version
+    for name in DOCKERFILES:
+        for distribution in closure(_installs(ROOT / "docker" / name)):
+            assert distribution in pinned, f"{name}: {distribution} is not in constraints.txt"
+
+
+def test_each_image_the_deployments_run_has_the_extras_of_its_command():
+    """The manifests and the compose file run each image of this project with a command
+    its extras serve: the server image serves, the bridge's bridges, tracking runs
+    (train, sweep) need 'track'."""
+    images = _built_images()
+    needs = {"serve": "serve", "bridge": "bridge", "train": "track", "sweep": "track"}
+    runs = []  # (what, Dockerfile, build args, command)
+    for document in _all_manifests():
+        pod = document.get("spec", {}).get("template", {}).get("spec", {})
+        for container in pod.get("containers", []):
+            image = container["image"].split(":")[0]
+            if image in images:
+                runs.append((image, images[image], None, container.get("command")))
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())["services"]
+    for name, service in compose.items():
+        if "build" in service:
+            build = service["build"]
+            runs.append((name, ROOT / build["dockerfile"], build.get("args"), None))
+            if service.get("entrypoint"):
+                runs[-1] = (*runs[-1][:3], service["entrypoint"])
+    assert len(runs) >= 4
+    checked = set()
+    for what, dockerfile, args, command in runs:
+        extras = _image_extras(dockerfile, args)
+        if extras is None:
+            continue  # not this project (MLflow's server, the demo plant)
+        command = command or json.loads(dict(_instructions(dockerfile))["ENTRYPOINT"])
+        assert command[0] == "neorl-industrial", what
+        subcommand = next(word for word in command[1:] if not word.startswith("-"))
+        assert needs.get(subcommand, "core") in extras | {"core"}, (what, subcommand, extras)
+        checked.add(subcommand)
+    assert {"serve", "sweep"} <= checked
 
 
 def test_the_image_entrypoint_and_healthcheck_run_the_server_here(tmp_path):
@@ -139,13 +248,25 @@ def test_the_image_entrypoint_and_healthcheck_run_the_server_here(tmp_path):
     signing_key = generate_key_pair(tmp_path / "release")
     policy = Policy().export(tmp_path / "policy", signing_key=signing_key)
     (tmp_path / "keys.yaml").write_text(f"act: [{ENTRYPOINT_KEY}]\n")
+    # The server runs as in the image: what its install lacks cannot be imported.
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FINDER)
+    dockerfile = _built_images()["neorl-industrial-serve"]
+    lacks = modules_outside(_installs(dockerfile))
+    assert {"pyarrow", "h5py", "matplotlib", "sqlalchemy", "psycopg"} <= set(lacks)
     environment = {
         **os.environ,
+        "PYTHONPATH": str(tmp_path / "site"),
+        "BLOCKED": json.dumps(lacks),
         "NEORL_SERVE_MODEL": str(policy),
         "NEORL_SERVE_TRUSTED_KEYS": json.dumps([str(signing_key.parent / PUBLIC_KEY)]),
         "NEORL_SERVE_API_KEYS_FILE": str(tmp_path / "keys.yaml"),
         "NEORL_SERVE_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
     }
+    refused = subprocess.run(
+        [sys.executable, "-c", "import pyarrow"], env=environment, capture_output=True
+    )
+    assert b"No module named 'pyarrow'" in refused.stderr  # the image's install, simulated
     server = subprocess.Popen(command, env=environment, cwd=tmp_path)
     healthcheck = json.loads(instructions["HEALTHCHECK"].split("CMD", 1)[1])
     probe = [sys.executable, *healthcheck[1:]]

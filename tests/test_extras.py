@@ -41,9 +41,9 @@ NAME = canonicalize_name(PROJECT["name"])
 BLOCKED = sorted({module for extra in EXTRAS.values() for module in extra.modules})
 
 
-def _closure(requirements: list[str]) -> set[str]:
+def closure(requirements: list[str]) -> set[str]:
     """The distributions ``requirements`` install, dependencies included (as installed
-    here), this project's own extras expanded from pyproject.toml."""
+    here); this project's own requirements (core and extras) read from pyproject.toml."""
     seen: set[str] = set()
     pending = [(Requirement(text), ()) for text in requirements]
     while pending:
@@ -54,6 +54,7 @@ def _closure(requirements: list[str]) -> set[str]:
         ):
             continue
         if name == NAME:
+            pending += [(Requirement(text), ()) for text in PROJECT["dependencies"]]
             for extra in requirement.extras:
                 pending += [(Requirement(text), ()) for text in OPTIONAL[extra]]
             continue
@@ -71,6 +72,7 @@ def _closure(requirements: list[str]) -> set[str]:
 
 def test_the_table_names_every_extra_of_pyproject_and_only_those():
     assert set(EXTRAS) == set(OPTIONAL) - {"all", "dev", "bench"}
+    assert modules_outside([PROJECT["name"]]) == BLOCKED  # the core has none of them
     assert {Requirement(text).name for text in OPTIONAL["all"]} == {PROJECT["name"]}
     assert set(Requirement(OPTIONAL["all"][0]).extras) == set(EXTRAS)
     # The test suite's install has every extra.
@@ -80,9 +82,9 @@ def test_the_table_names_every_extra_of_pyproject_and_only_those():
 
 def test_each_module_of_the_table_comes_with_its_extra_and_none_with_the_core():
     providers = packages_distributions()
-    core = _closure(PROJECT["dependencies"])
+    core = closure(PROJECT["dependencies"])
     for name, extra in EXTRAS.items():
-        installed = _closure([f"{PROJECT['name']}[{name}]"])
+        installed = closure([f"{PROJECT['name']}[{name}]"])
         for module in extra.modules:
             distributions = {canonicalize_name(d) for d in providers.get(module, [])}
             assert distributions, f"{module} ({name}) is not installed here"
@@ -121,7 +123,7 @@ def test_the_core_layers_import_only_the_core_install_outside_functions():
     ``optional_imports()`` (that module needs the extra, and only its own use imports it:
     the child below checks that the core's work loads none)."""
     providers = packages_distributions()
-    core = _closure(PROJECT["dependencies"])
+    core = closure(PROJECT["dependencies"])
     package = ROOT / "src" / "neorl_industrial"
     for layer in ("core", "functional", "wrappers"):
         for path in sorted((package / layer).rglob("*.py")):
@@ -169,22 +171,42 @@ def test_optional_imports_name_the_extra_and_let_other_errors_through():
     require("plant")  # installed here: nothing raised
 
 
-#: The child: the core install, simulated.
-CHILD = textwrap.dedent(
-    """
-    import contextlib, importlib.abc, io, json, os, sys, tempfile
+def modules_outside(requirements: list[str]) -> list[str]:
+    """The modules of the extras' table that an install of ``requirements`` lacks."""
+    installed = closure(requirements)
+    providers = packages_distributions()
+    return sorted(
+        module
+        for module in BLOCKED
+        if not {canonicalize_name(d) for d in providers.get(module, [])} & installed
+    )
 
-    BLOCKED = set(json.loads(os.environ["BLOCKED"]))
+
+#: A finder that refuses the modules ``$BLOCKED`` (a JSON list) names, as if they were not
+#: installed; the names it refused are in ``refused``. Also a ``sitecustomize`` module.
+FINDER = textwrap.dedent(
+    """
+    import importlib.abc, json, os, sys
+
     refused = set()
 
-    class CoreInstall(importlib.abc.MetaPathFinder):
+    class NotInstalled(importlib.abc.MetaPathFinder):
+        blocked = frozenset(json.loads(os.environ["BLOCKED"]))
+
         def find_spec(self, name, path=None, target=None):
-            if name.partition(".")[0] in BLOCKED:
+            if name.partition(".")[0] in self.blocked:
                 refused.add(name.partition(".")[0])
                 raise ModuleNotFoundError(f"No module named {name!r}", name=name)
             return None
 
-    sys.meta_path.insert(0, CoreInstall())
+    sys.meta_path.insert(0, NotInstalled())
+    """
+)
+
+#: The child: the core install, simulated.
+CHILD = FINDER + textwrap.dedent(
+    """
+    import contextlib, io, tempfile
 
     from neorl_industrial.runtime import enable_compilation_cache
     if os.environ["CACHE"]:
@@ -211,7 +233,7 @@ CHILD = textwrap.dedent(
     observation = dataset.observations[0]
     out["same_action"] = bool((again.predict(observation) == agent.predict(observation)).all())
     out["exported"] = os.path.isfile(agent.export(f"{work}/policy") / "manifest.json")
-    out["loaded"] = sorted({m.partition(".")[0] for m in sys.modules} & BLOCKED)
+    out["loaded"] = sorted({m.partition(".")[0] for m in sys.modules} & NotInstalled.blocked)
 
     # From Python, the packages and names that need an extra say which.
     errors = {}
@@ -260,7 +282,7 @@ def core_install():
     example = ROOT / "examples" / "mixing-tank"
     environment = {
         **os.environ,
-        "BLOCKED": json.dumps(BLOCKED),
+        "BLOCKED": json.dumps(modules_outside([PROJECT["name"]])),
         "CACHE": cache,
         "CSV": str(example / "mixing_tank.csv"),
         "SCHEMA": str(example / "schema.yaml"),
