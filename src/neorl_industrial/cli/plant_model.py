@@ -94,6 +94,14 @@ def command_fit(args: argparse.Namespace) -> int:
         f"{settings.holdout:.0%} of the episodes held out."
     )
     model_card = model.fit(dataset, settings, dataset_name=card.name)
+    if args.simulator is not None:
+        if not task.has_simulator:
+            console.print(
+                f"[yellow]warning:[/yellow] --simulator: task {task.name!r} has no simulator; "
+                "the fidelity is that of the held-out episodes only"
+            )
+        else:
+            model.simulator_fidelity(episodes=args.simulator)
     path = model.save(args.out, overwrite=args.overwrite, plots=not args.no_plots)
     _report(console, model_card, str(path))
     if args.json:
@@ -165,6 +173,29 @@ def _report(console: Console, card: dict[str, Any], where: str, measured_now: bo
             "-" if coverage is None else f"{100 * coverage:.0f} %",
         )
     console.print(table)
+    simulator = card.get("simulator_fidelity")
+    if simulator is not None:
+        rows = [row for row in simulator["rows"] if row["kind"] == "observation"]
+        table = Table(
+            title=(
+                f"Against the {simulator['source']} ({simulator['windows']} windows, "
+                f"{100 * simulator['outside_data_share']:.0f} % of their states outside the "
+                "data's range)"
+            )
+        )
+        for column in ("feature", "unit", "steps", "RMSE", "RMSE / spread", "inside"):
+            table.add_column(column, justify="left" if column in ("feature", "unit") else "right")
+        for row in rows:
+            relative, coverage = row["relative_rmse"], row["coverage"]
+            table.add_row(
+                row["name"],
+                row.get("unit") or "",
+                str(row["step"]),
+                "-" if row["rmse"] is None else f"{row['rmse']:.4g}",
+                "-" if relative is None else f"{relative:.3f}",
+                "-" if coverage is None else f"{100 * coverage:.0f} %",
+            )
+        console.print(table)
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -200,6 +231,13 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     fit.add_argument("--seeds", type=_seeds, default=(0,), help="e.g. 0,1,2 (one ensemble each)")
     fit.add_argument("--horizon", type=positive_int, default=100, help="open-loop steps")
     fit.add_argument("--windows", type=positive_int, default=128, help="held-out windows")
+    fit.add_argument(
+        "--simulator",
+        type=positive_int,
+        metavar="EPISODES",
+        help="where the task has a simulator, also measure the fidelity against it on this "
+        "many episodes of random actions (states the data rarely visited)",
+    )
     fit.add_argument("--no-plots", action="store_true", help="do not draw trajectories.png")
     fit.add_argument("--json", help="also write the model's card to this JSON file")
     fit.set_defaults(handler=command_fit)

@@ -95,6 +95,7 @@ def _params(dynamics, obs_size, action_size, key=0, members=3):
         obs_std=jnp.ones(obs_size),
         target_mean=jnp.zeros(layout.target_size),
         target_std=jnp.full(layout.target_size, 0.1),
+        target_fixed=jnp.zeros(layout.target_size, bool),
         obs_low=jnp.full(obs_size, -1.0),
         obs_high=jnp.full(obs_size, 1.0),
         policy_action_low=jnp.full(action_size, -0.5),
@@ -179,3 +180,34 @@ def test_config_refuses_bad_values_by_name():
         DynamicsConfig(activation="sigmoid")
     with pytest.raises(ValueError, match="frame_size"):
         DynamicsLayout(observation_size=5, frame_size=2, action_size=1, n_costs=0)
+
+
+def test_targets_constant_in_the_data_are_held_not_learned():
+    # A fixed setpoint (feature 1) never changes in the data: its change is held at the
+    # data's mean (0), sampled or not, and the loss ignores it.
+    layout = DynamicsLayout(observation_size=2, frame_size=2, action_size=1, n_costs=0)
+    dynamics = make_dynamics(DynamicsConfig(hidden=(8,), n_members=2, n_elites=2), layout)
+    params = _params(dynamics, 2, 1).replace(target_fixed=jnp.asarray([False, True, False]))
+    observation = jnp.asarray([0.2, 7.5])
+    for key in range(3):
+        out = dynamics.step(params, observation, jnp.asarray([0.1]), jax.random.PRNGKey(key))
+        assert float(out.next_observation[1]) == 7.5 and float(out.member_std[1]) == 0.0
+        assert float(out.next_observation[0]) != 0.2
+    from neorl_industrial.core.models import ModelBatch
+
+    networks = jax.tree.map(lambda leaf: leaf[0], params.networks)
+    batch = ModelBatch(
+        observations=jnp.zeros((4, 2)),
+        actions=jnp.zeros((4, 1)),
+        targets=jnp.zeros((4, 3)).at[:, 1].set(1e6),  # wild, but not learned
+        terminals=jnp.zeros(4, bool),
+    )
+    loss, metrics = dynamics.loss(
+        networks, params.replace(target_fixed=jnp.asarray([0, 1, 1], bool)), batch
+    )
+    held, _ = dynamics.loss(
+        networks,
+        params.replace(target_fixed=jnp.asarray([0, 1, 1], bool)),
+        batch._replace(targets=jnp.zeros((4, 3))),
+    )
+    assert float(loss) == pytest.approx(float(held)) and float(metrics["mse"]) < 1e3

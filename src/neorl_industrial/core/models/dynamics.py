@@ -191,6 +191,10 @@ class DynamicsParams:
     obs_std: jax.Array  # [obs_size]
     target_mean: jax.Array  # [target_size]
     target_std: jax.Array  # [target_size]
+    #: Targets constant over the data (a fixed setpoint's change, a reward that is always
+    #: 0): predicted as their mean, not learned (a spread floor would turn rounding noise
+    #: into drift of the plant's units).
+    target_fixed: jax.Array  # [target_size] bool
     obs_low: jax.Array  # [obs_size]: the data's range of each feature
     obs_high: jax.Array  # [obs_size]
     policy_action_low: jax.Array  # [action_size]: the data's range in the policy's [-1, 1]
@@ -348,8 +352,11 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         prediction = predict(networks, params, batch.observations, batch.actions)
         normalized = (batch.targets - params.target_mean) / params.target_std
-        nll = jnp.mean(gaussian_nll(prediction.mean, prediction.log_std, normalized))
-        mse = jnp.mean(jnp.square(prediction.mean - normalized))
+        weight = 1.0 - params.target_fixed.astype(normalized.dtype)
+        count = jnp.maximum(jnp.sum(weight), 1.0) * normalized.shape[0]
+        nll = jnp.sum(gaussian_nll(prediction.mean, prediction.log_std, normalized) * weight)
+        nll = nll / count
+        mse = jnp.sum(jnp.square(prediction.mean - normalized) * weight) / count
         total = nll
         metrics = {"nll": nll, "mse": mse}
         if layout.terminals:
@@ -361,6 +368,11 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
             total = total + bce
             metrics["termination_bce"] = bce
         return total, metrics
+
+    def to_target(params: DynamicsParams, normalized: jax.Array) -> jax.Array:
+        """Raw targets of normalized predictions; constant targets at their mean."""
+        raw = normalized * params.target_std + params.target_mean
+        return jnp.where(params.target_fixed, params.target_mean, raw)
 
     def assemble(
         params: DynamicsParams,
@@ -401,7 +413,7 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
             mean = mean + jnp.exp(prediction.log_std) * jax.random.normal(
                 key, mean.shape, mean.dtype
             )
-        target = mean * params.target_std + params.target_mean
+        target = to_target(params, mean)
         next_observation, reward, costs = assemble(params, observation, action, target)
         return next_observation, reward, costs, (prediction.logit > 0.0) & layout.terminals
 
@@ -423,9 +435,13 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
         if not deterministic:
             std = jnp.exp(predictions.log_std[member])
             mean = mean + std * jax.random.normal(noise_key, mean.shape, mean.dtype)
-        target = mean * params.target_std + params.target_mean
+        target = to_target(params, mean)
         next_observation, reward, costs = assemble(params, observation, action, target)
-        member_means = predictions.mean[:, :frame] * params.target_std[:frame]
+        member_means = jnp.where(
+            params.target_fixed[:frame],
+            0.0,
+            predictions.mean[:, :frame] * params.target_std[:frame],
+        )
         done = (predictions.logit[member] > 0.0) & layout.terminals
         return StepOutput(
             next_observation=next_observation,

@@ -508,8 +508,7 @@ class PlantModel:
         steps = sorted({step for step in (1, 10, horizon) if step <= horizon})
         frame = self.dynamics.layout.frame_size
         names = list(self.task.observation_names[:frame])
-        stats = self.params(seed)
-        spread = np.asarray(jax.device_get(stats.obs_std))[:frame]
+        spread = dataset.observation_moments()[1][:frame]  # 0 for a constant feature
         signal_names = ["reward", *self.task.cost_names]
         flat_signals = np.concatenate(
             [
@@ -538,6 +537,43 @@ class PlantModel:
             "level": LEVEL,
             "rows": rows,
         }
+
+    def simulator_fidelity(
+        self, *, episodes: int = 16, seed: int = 0, horizon: int | None = None
+    ) -> dict[str, Any]:
+        """Where the task has a simulator: the same open-loop fidelity against it, on
+        episodes of uniformly random actions (states the behaviour data rarely or never
+        visited), with the share of their observations outside the data's range.
+
+        Raises:
+            PlantModelError: when the task has no simulator.
+        """
+        from neorl_industrial.core.environments.rollout import rollout, uniform_random_policy
+
+        self._require_fitted("simulator_fidelity")
+        try:
+            env, params = self.task.make_simulator()
+        except TaskError as error:
+            raise PlantModelError(str(error)) from None
+        steps = int(horizon or self.card["settings"]["horizon"])
+        result = jax.jit(
+            lambda key: rollout(
+                key, env, params, uniform_random_policy(env), episodes, steps, record=True
+            )
+        )(jax.random.PRNGKey(seed))
+        data = Dataset.from_rollout(result.transitions, name=f"{self.task.name} simulator")
+        held_out_run = self._open_loop  # the plot stays that of the held-out episodes
+        fidelity = self.fidelity(data, episodes=np.arange(data.n_episodes), seed=0)
+        self._open_loop = held_out_run
+        observations = np.asarray(jax.device_get(data.transition_observations()))
+        actions = np.asarray(jax.device_get(data.actions)).reshape(data.n_transitions, -1)
+        outside = self.predict(observations, actions)["outside_data"]
+        measured = fidelity | {
+            "source": f"simulator {self.task.env_id}, uniformly random actions",
+            "outside_data_share": float(np.mean(outside)),
+        }
+        self.card["simulator_fidelity"] = measured
+        return measured
 
     def trajectory_plot(self, *, title: str | None = None) -> bytes:
         """A PNG of the last fidelity run's predicted against logged trajectories."""
@@ -741,6 +777,7 @@ def _template(dynamics: Dynamics, n_seeds: int, n_elites: int) -> DynamicsParams
         obs_std=zeros(obs, np.float32),
         target_mean=zeros(target, np.float32),
         target_std=zeros(target, np.float32),
+        target_fixed=zeros(target, bool),
         obs_low=zeros(obs, np.float32),
         obs_high=zeros(obs, np.float32),
         policy_action_low=zeros(act, np.float32),
@@ -766,6 +803,7 @@ def _predict_program(dynamics: Dynamics) -> Callable[..., dict[str, jax.Array]]:
             params.networks, params, flat_obs, flat_act
         )  # [E, B, T] normalized
         variance = jnp.mean(jnp.exp(2.0 * members.log_std), axis=0) + jnp.var(members.mean, axis=0)
+        variance = jnp.where(params.target_fixed, 0.0, variance)
 
         def member_mean(member: jax.Array) -> tuple[jax.Array, ...]:
             return jax.vmap(
