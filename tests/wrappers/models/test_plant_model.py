@@ -177,3 +177,21 @@ def test_definitions_outside_the_grammar_or_the_task_are_refused(plant):
         PlantModel(task, definitions={"reward": "temperature.real"})
     with pytest.raises(PlantModelError, match=r"\['leak'\] are neither"):
         PlantModel(task, definitions={"leak": "pressure"})
+
+
+def test_unfitted_missing_and_simulator_less_models_say_so(plant, tmp_path):
+    _, log, schema, out = plant
+    dataset, card = load_any(log, schema=schema)
+    task = card.task(dataset)
+    with pytest.raises(PlantModelError, match="not fitted"):
+        PlantModel(task).save(tmp_path / "m")
+    with pytest.raises(PlantModelError, match="is not a saved plant model"):
+        PlantModel.load(tmp_path)
+    (tmp_path / "model.json").write_text('{"format": "something-else"}')
+    with pytest.raises(PlantModelError, match="format 'something-else'"):
+        PlantModel.load(tmp_path)
+    model = PlantModel.load(out)
+    with pytest.raises(PlantModelError, match="'heater-2' has no simulator"):
+        model.simulator_fidelity(episodes=2)
+    with pytest.raises(PlantModelError, match="exists"):
+        model.save(out.parent / "heater.csv")
