@@ -38,6 +38,8 @@ from asyncua import Server, ua
 from asyncua.common.callback import CallbackType
 
 NAMESPACE = "urn:neorl-industrial:mixing-tank"
+#: The server's application URI (its certificate's subject alternative name).
+APPLICATION_URI = "urn:neorl-industrial:demo-plant"
 SAMPLING_PERIOD = 10.0  # simulated seconds per step
 AREA = 4.0  # m²
 SUPPLY_MAX = 40.0  # m³/h through a fully open valve at nominal header pressure
@@ -134,7 +136,8 @@ class PlantServer:
         period: wall-clock seconds per simulated sampling period (10 s simulated).
         remote: the operators' remote switch at start.
         certificate, private_key: serve with Basic256Sha256 Sign and SignAndEncrypt only
-            (no unsecured endpoint); ``None``: no security.
+            (no unsecured endpoint), the certificate naming :data:`APPLICATION_URI`;
+            ``None``: no security.
         seed: of the process noise.
     """
 
@@ -169,6 +172,7 @@ class PlantServer:
         await server.init()
         server.set_endpoint(self.endpoint)
         server.set_server_name("neorl-industrial demo plant: mixing tank")
+        await server.set_application_uri(APPLICATION_URI)
         if self.certificate is not None:
             server.set_security_policy(
                 [

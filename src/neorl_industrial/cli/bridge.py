@@ -96,7 +96,8 @@ def command_bridge(args: argparse.Namespace) -> int:
         console.print(
             f"stopped after {summary.ticks} ticks: {summary.decided} decided, "
             f"{summary.faulty} faulty, {summary.missed} missed, {summary.writes} written, "
-            f"{summary.refused_writes} refused, {summary.reconnects} reconnection(s)"
+            f"{summary.refused_writes} refused, {summary.disconnections} lost connection(s), "
+            f"{summary.reconnects} reconnection(s)"
             + (", handed back to the operators" if summary.handed_back else "")
         )
 

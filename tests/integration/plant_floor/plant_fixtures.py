@@ -57,6 +57,8 @@ def map_data(period: float = 0.1, **changes) -> dict:
     data = {
         "task": "task.json",
         "sampling_period": period,
+        # Generous: a busy test machine may publish late (the stale test ages by 60 s).
+        "stale_after": 2.0,
         "observations": {
             "level_m": {"node": "ns=2;s=Tank.Level", "unit": "m"},
             "temperature_c": {"node": "ns=2;s=Tank.Temperature", "unit": "degC"},
@@ -118,18 +120,45 @@ def make_policies(root: Path) -> dict[str, Path]:
     }
 
 
+def make_certificates(root: Path) -> dict[str, Path]:
+    """Self-signed certificates and keys of the demo plant's server and of the bridge."""
+    from asyncua.crypto.cert_gen import setup_self_signed_certificate
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    paths = {}
+    for who, uri, use in (
+        ("server", plant_module().APPLICATION_URI, ExtendedKeyUsageOID.SERVER_AUTH),
+        ("bridge", "urn:neorl-industrial:bridge", ExtendedKeyUsageOID.CLIENT_AUTH),
+    ):
+        key, certificate = root / f"{who}-key.pem", root / f"{who}-certificate.der"
+        asyncio.run(
+            setup_self_signed_certificate(
+                key, certificate, uri, "localhost", [use], {"commonName": f"neorl {who}"}
+            )
+        )
+        paths[f"{who}_key"], paths[f"{who}_certificate"] = key, certificate
+    return paths
+
+
 class PlantThread:
     """The demo plant's server on an event loop in a thread of its own, so that each test
     runs its bridge with ``asyncio.run`` against a server that outlives it."""
 
-    def __init__(self, period: float = 0.1) -> None:
+    def __init__(self, period: float = 0.1, certificates: dict[str, Path] | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.endpoint = f"opc.tcp://127.0.0.1:{free_port()}/plant"
         module = plant_module()
         self.module = module
-        self.plant = module.PlantServer(self.endpoint, period=period, remote=True)
+        certificates = certificates or {}
+        self.plant = module.PlantServer(
+            self.endpoint,
+            period=period,
+            remote=True,
+            certificate=certificates.get("server_certificate"),
+            private_key=certificates.get("server_key"),
+        )
         self.call(self.plant.start())
         self._run = self.call(self._start_running())
 

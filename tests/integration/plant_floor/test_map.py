@@ -98,7 +98,7 @@ def test_unknown_keys_and_bad_values_are_named(tmp_path):
 
 
 def test_a_period_comes_from_the_map_or_the_task(tmp_path):
-    plant_map = load_map(write_map(tmp_path, "map.yaml", map_data(period=None)))
+    plant_map = load_map(write_map(tmp_path, "map.yaml", map_data(None, stale_after=None)))
     assert plant_map.period(10.0, "map") == 10.0
     with pytest.raises(MapError, match="sampling_period: the map states none"):
         plant_map.period(None, "map")

@@ -81,6 +81,7 @@ class BridgeSummary:
     decided: int = 0
     faulty: int = 0
     missed: int = 0
+    disconnections: int = 0
     writes: int = 0
     refused_writes: int = 0
     blocked_writes: int = 0
@@ -276,8 +277,7 @@ class PlantBridge:
         )
         self.metrics.connected.set(0)
         self.metrics.faults.labels("disconnected").inc()
-        self.metrics.ticks.labels("fault").inc()
-        self.summary.faulty += 1
+        self.summary.disconnections += 1
         self._log.event(
             "disconnected", tick=self.summary.ticks, error=f"{type(error).__name__}: {error}"
         )

@@ -83,6 +83,54 @@ class Security:
         ):
             if path is not None and not Path(path).is_file():
                 raise SecurityError(f"{path}: no such file")
+        for path in (self.username_file, self.password_file, self.private_key_password_file):
+            self._secret(path)
+        for path in (self.certificate, self.server_certificate):
+            if path is not None:
+                self._application_uri(path)
+        if self.private_key is not None:
+            from cryptography.hazmat.primitives import serialization
+
+            data = self._bytes(self.private_key)
+            secret = self._secret(self.private_key_password_file)
+            password = None if secret is None else secret.encode()
+            try:
+                if data.lstrip().startswith(b"-----"):
+                    serialization.load_pem_private_key(data, password)
+                else:
+                    serialization.load_der_private_key(data, password)
+            except (ValueError, TypeError) as error:
+                raise SecurityError(
+                    f"{self.private_key}: not a private key the bridge can use (PEM or DER, "
+                    f"its password in --private-key-password-file): {error}"
+                ) from None
+
+    @staticmethod
+    def _bytes(path: Path) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError as error:
+            raise SecurityError(f"{path}: cannot be read: {error}") from None
+
+    @classmethod
+    def _application_uri(cls, path: Path) -> str | None:
+        """The certificate's application URI (its first URI subject alternative name)."""
+        from cryptography import x509
+
+        data = cls._bytes(path)
+        try:
+            if data.lstrip().startswith(b"-----"):
+                certificate = x509.load_pem_x509_certificate(data)
+            else:
+                certificate = x509.load_der_x509_certificate(data)
+        except ValueError as error:
+            raise SecurityError(f"{path}: not an X.509 certificate (PEM or DER): {error}") from None
+        try:
+            names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        except x509.ExtensionNotFound:
+            return None
+        uris = names.value.get_values_for_type(x509.UniformResourceIdentifier)
+        return uris[0] if uris else None
 
     @staticmethod
     def _secret(path: Path | None) -> str | None:
@@ -96,8 +144,10 @@ class Security:
             raise SecurityError(f"{path}: empty")
         return text
 
-    async def apply(self, client: Any) -> None:
-        """Sets the security policy and the user on ``client`` (before connecting)."""
+    async def apply(self, client: Any, server_certificate: bytes | None = None) -> None:
+        """Sets the security policy and the user on ``client`` (before connecting);
+        ``server_certificate`` (DER), read from the server's endpoint, unless the bridge
+        was given the server's certificate."""
         from asyncua.crypto import security_policies
         from asyncua.ua import MessageSecurityMode
 
@@ -107,20 +157,20 @@ class Security:
             client.set_password(self._secret(self.password_file))
         if self.policy is None:
             return
-        try:
-            await client.set_security(
-                getattr(security_policies, f"SecurityPolicy{self.policy}"),
-                str(self.certificate),
-                str(self.private_key),
-                self._secret(self.private_key_password_file),
-                None if self.server_certificate is None else str(self.server_certificate),
-                getattr(MessageSecurityMode, self.mode),
-            )
-        except (OSError, ValueError, TypeError) as error:
-            raise SecurityError(
-                f"security policy {self.policy} ({self.mode}) with certificate "
-                f"{self.certificate}: {type(error).__name__}: {error}"
-            ) from None
+        # The client's application URI must be its certificate's (servers reject a
+        # certificate that names another application).
+        uri = self._application_uri(self.certificate)
+        if uri:
+            client.application_uri = uri
+        given = None if self.server_certificate is None else str(self.server_certificate)
+        await client.set_security(
+            getattr(security_policies, f"SecurityPolicy{self.policy}"),
+            str(self.certificate),
+            str(self.private_key),
+            self._secret(self.private_key_password_file),
+            given or server_certificate,
+            getattr(MessageSecurityMode, self.mode),
+        )
 
 
 def judge(value: Any, now: dt.datetime, stale_after: float, clock_skew: float) -> str | None:
@@ -174,25 +224,50 @@ class PlantConnection:
                 reached or refused the session.
         """
         from asyncua import Client
+        from asyncua.crypto import security_policies, uacrypto
+        from asyncua.ua import MessageSecurityMode
+        from cryptography.hazmat.primitives.serialization import Encoding
 
         client = Client(self.endpoint, timeout=self.timeout)
-        if self.security.policy is None:
-            # A server that offers no unsecured endpoint would refuse the session with a
-            # bare status code: say what it wants instead.
-            endpoints = await client.connect_and_get_server_endpoints()
-            offered = sorted(
-                {
-                    e.SecurityPolicyUri.rsplit("#", 1)[-1] + "/" + e.SecurityMode.name
-                    for e in endpoints
-                }
+        # What the server offers decides: a server without an endpoint for the bridge's
+        # security would refuse the session with a bare status code; say what it wants.
+        endpoints = await client.connect_and_get_server_endpoints()
+        offered = ", ".join(
+            sorted(
+                {e.SecurityPolicyUri.rsplit("#", 1)[-1] + "/" + e.SecurityMode.name
+                 for e in endpoints}
             )
+        )  # fmt: skip
+        policy = self.security.policy
+        if policy is None:
             if not any(e.SecurityPolicyUri.endswith("#None") for e in endpoints):
                 raise SecurityError(
-                    f"{self.endpoint} requires a security policy ({', '.join(offered)}); give "
+                    f"{self.endpoint} requires a security policy (it offers {offered}); give "
                     "--security-policy, --certificate and --private-key"
                 )
-        await self.security.apply(client)
-        await client.connect()
+            server_certificate = None
+        else:
+            uri = getattr(security_policies, f"SecurityPolicy{policy}").URI
+            mode = getattr(MessageSecurityMode, self.security.mode)
+            matching = [
+                e for e in endpoints if e.SecurityPolicyUri == uri and e.SecurityMode == mode
+            ]
+            if not matching:
+                raise SecurityError(
+                    f"{self.endpoint} offers no endpoint with security policy {policy} in "
+                    f"mode {self.security.mode} (it offers {offered})"
+                )
+            certificate = uacrypto.x509_from_der(matching[0].ServerCertificate)
+            server_certificate = (
+                None if certificate is None else certificate.public_bytes(Encoding.DER)
+            )
+        await self.security.apply(client, server_certificate)
+        try:
+            await client.connect()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                client.disconnect_socket()
+            raise
         self.client = client
 
     async def close(self) -> None:
