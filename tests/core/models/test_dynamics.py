@@ -96,6 +96,7 @@ def _params(dynamics, obs_size, action_size, key=0, members=3):
         target_mean=jnp.zeros(layout.target_size),
         target_std=jnp.full(layout.target_size, 0.1),
         target_fixed=jnp.zeros(layout.target_size, bool),
+        cost_low=jnp.zeros(layout.n_costs),
         obs_low=jnp.full(obs_size, -1.0),
         obs_high=jnp.full(obs_size, 1.0),
         policy_action_low=jnp.full(action_size, -0.5),
@@ -130,6 +131,11 @@ def test_step_shifts_stacked_frames_and_computes_known_channels():
     assert out.member_std.shape == (2,) and float(jnp.max(out.member_std)) > 0.0
     assert not bool(out.done)
     assert float(out.out_of_distribution) == 0.0
+    # A learned cost is never predicted below the data's smallest value of it.
+    floored = dynamics.step(
+        params.replace(cost_low=jnp.asarray([0.0, 5.0])), observation, action, jax.random.PRNGKey(3)
+    )
+    assert float(floored.costs[1]) == 5.0 and float(out.costs[1]) < 5.0
     # A chosen member, deterministic: its mean; the same call twice gives the same step.
     first = dynamics.step(params, observation, action, jax.random.PRNGKey(4), 1, True)
     again = dynamics.step(params, observation, action, jax.random.PRNGKey(5), 1, True)

@@ -195,6 +195,9 @@ class DynamicsParams:
     #: 0): predicted as their mean, not learned (a spread floor would turn rounding noise
     #: into drift of the plant's units).
     target_fixed: jax.Array  # [target_size] bool
+    #: The smallest value of each cost channel in the data (0 for costs that are 0 when
+    #: safe): a learned cost is never predicted below it.
+    cost_low: jax.Array  # [n_costs]
     obs_low: jax.Array  # [obs_size]: the data's range of each feature
     obs_high: jax.Array  # [obs_size]
     policy_action_low: jax.Array  # [action_size]: the data's range in the policy's [-1, 1]
@@ -392,7 +395,8 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
         reward = target[reward_slot] if reward_slot is not None else known["reward"]
         costs = jnp.zeros((layout.n_costs,), observation.dtype)
         for slot, column in enumerate(learned_costs):
-            costs = costs.at[column].set(target[cost_start + slot])
+            value = jnp.maximum(target[cost_start + slot], params.cost_low[column])
+            costs = costs.at[column].set(value)
         for signal in layout.known.signals:
             if signal.index is not None:
                 costs = costs.at[signal.index].set(known[signal.channel])

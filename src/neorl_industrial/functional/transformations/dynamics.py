@@ -122,6 +122,7 @@ def data_statistics(
         target_mean=jnp.asarray(targets.mean(axis=0), jnp.float32),
         target_std=spread(targets.std(axis=0)),
         target_fixed=jnp.asarray(targets.std(axis=0) <= MIN_STD),
+        cost_low=jnp.asarray(np.asarray(host.costs).min(axis=0, initial=np.inf), jnp.float32),
         obs_low=jnp.asarray(low, jnp.float32),
         obs_high=jnp.asarray(high, jnp.float32),
         policy_action_low=jnp.asarray(actions.min(axis=0), jnp.float32),

@@ -778,6 +778,7 @@ def _template(dynamics: Dynamics, n_seeds: int, n_elites: int) -> DynamicsParams
         target_mean=zeros(target, np.float32),
         target_std=zeros(target, np.float32),
         target_fixed=zeros(target, bool),
+        cost_low=zeros(layout.n_costs, np.float32),
         obs_low=zeros(obs, np.float32),
         obs_high=zeros(obs, np.float32),
         policy_action_low=zeros(act, np.float32),
