@@ -36,6 +36,7 @@ from neorl_industrial.wrappers.agents.onnx_export import (  # noqa: E402
     compare_decisions,
     edge_case_inputs,
     runtime_session,
+    subnormal_rows,
 )
 from neorl_industrial.wrappers.agents.onnx_graph import OPSET, OnnxExportError  # noqa: E402
 from neorl_industrial.wrappers.agents.signing import generate_key_pair  # noqa: E402
@@ -102,11 +103,6 @@ def expected(jax_artifact, probes):
     return jax_artifact.decide_rows(probes.observations, probes.prev_actions)
 
 
-def subnormal_rows(observations: np.ndarray) -> np.ndarray:
-    tiny = np.finfo(np.float32).tiny
-    return np.any((np.abs(observations) < tiny) & (observations != 0), axis=1)
-
-
 def run_onnx(session, observations, prev_actions):
     feeds = {"observations": observations, "prev_actions": prev_actions}
     return session.run(["action", "proposed", "status", "margins"], feeds)
@@ -116,9 +112,13 @@ def test_onnx_actions_equal_the_jax_artifacts_on_every_edge_class(session, probe
     decision = expected
     reference = (decision.action, decision.proposed, decision.status)
     onnx_outputs = run_onnx(session, probes.observations, probes.prev_actions)
-    parity = compare_decisions(reference, onnx_outputs, probes.classes)
+    parity = compare_decisions(reference, onnx_outputs, probes.classes, probes.observations)
 
-    assert parity.rows == ROWS and set(parity.by_class) == set(EDGE_CLASSES)
+    assert (
+        parity.rows == ROWS
+        and parity.status_mismatches == 0
+        and set(parity.by_class) == set(EDGE_CLASSES)
+    )
     for name, result in parity.by_class.items():
         assert result["max_action_difference"] <= 1e-5, (name, result)
     assert np.all(np.isfinite(onnx_outputs[0]))  # the shield never serves a NaN
@@ -208,7 +208,7 @@ def test_the_graph_states_its_opset_and_serves_any_batch(onnx_path, session, jax
     for value in [*model.graph.input, *model.graph.output]:
         assert value.type.tensor_type.shape.dim[0].dim_param == "batch"
     assert entry["inputs"] == {"observations": ["batch", 6], "prev_actions": ["batch", 3]}
-    assert entry["parity"]["max_action_difference"] <= entry["parity"]["tolerance"]
+    assert entry["parity"]["max_action_difference"] <= entry["parity"]["target"]
     assert set(manifest["versions"]) >= {"onnx", "onnxruntime"}
     for rows in (1, 3, 1024):
         observations, prev_actions = plant_inputs(rows, seed=2)
@@ -328,4 +328,83 @@ def test_edge_cases_cover_every_class_and_refuse_too_few_rows(jax_artifact):
     )
     assert parity.max_action_difference == np.inf and parity.worst_class == "b"
     assert parity.status_mismatches == 1 and not parity.within()
+    # A row with a subnormal reading is counted apart.
+    observations = np.asarray([[0.0], [-1e-45]], np.float32)
+    apart = compare_decisions(
+        (action, action, np.zeros(2, np.int32)),
+        (changed, action, np.asarray([0, 1], np.int32)),
+        np.asarray(["a", "b"], dtype=object),
+        observations,
+    )
+    assert apart.within() and apart.status_mismatches == 0
+    assert apart.subnormal_rows == 1 and apart.subnormal_action_mismatches == 1
     assert jax.numpy.isfinite(parity.by_class["a"]["max_action_difference"])
+
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "onnx_edge" / "run_policy.py"
+
+
+def test_the_edge_example_runs_the_graph_with_onnxruntime_and_numpy_alone(
+    onnx_path, keys, session, tmp_path
+):
+    import subprocess
+    import sys
+
+    # Whatever the script imports, neither JAX nor this project are loaded.
+    probe = (
+        "import runpy, sys; sys.argv = sys.argv[1:]; "
+        "code = 0\n"
+        "try: runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "except SystemExit as exit: code = exit.code\n"
+        "ours = ('jax', 'neorl_industrial')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ours)\n"
+        "print('LOADED', loaded, file=sys.stderr); sys.exit(code)"
+    )
+    observations, prev_actions = plant_inputs(5, seed=4)
+    csv = tmp_path / "observations.csv"
+    names = json.loads((onnx_path / "manifest.json").read_text())["observation_names"]
+    csv.write_text(
+        ",".join(names)
+        + "\n"
+        + "\n".join(",".join(map(repr, row.tolist())) for row in observations)
+    )
+    prev_csv = tmp_path / "prev.csv"
+    prev_csv.write_text(
+        "velocity,gain,shift\n"
+        + "\n".join(",".join(map(repr, row.tolist())) for row in prev_actions)
+    )
+    public = str(keys.with_suffix(".pub"))
+
+    def example(*arguments):
+        command = [sys.executable, "-c", probe, str(EXAMPLE), *map(str, arguments)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    done = example(
+        onnx_path,
+        "--trusted-key",
+        public,
+        "--require-signature",
+        "--observations",
+        csv,
+        "--prev-actions",
+        prev_csv,
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "LOADED []" in done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["signature"].endswith("(verified)")
+    expected = run_onnx(session, observations.astype(np.float32), prev_actions)
+    np.testing.assert_array_equal(np.asarray(printed["action"], np.float32), expected[0])
+    assert printed["status"] == expected[2].tolist()
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(onnx_path, tampered)
+    data = bytearray((tampered / ONNX_FILE).read_bytes())
+    data[-1] ^= 1
+    (tampered / ONNX_FILE).write_bytes(bytes(data))
+    refused = example(tampered, "--trusted-key", public)
+    assert refused.returncode == 2 and "policy.onnx: corrupt" in refused.stderr
+    (tampered / "signature.json").unlink()
+    unsigned = example(tampered, "--require-signature")
+    assert unsigned.returncode == 2 and "unsigned" in unsigned.stderr

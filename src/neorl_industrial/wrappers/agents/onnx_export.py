@@ -40,18 +40,27 @@ __all__ = [
     "INPUTS",
     "ONNX_FILE",
     "PARITY_TOLERANCE",
+    "REFUSAL_TOLERANCE",
     "EdgeCases",
     "OnnxExportError",
     "Parity",
     "compare_decisions",
     "edge_case_inputs",
     "onnx_policy_graph",
+    "runtime_session",
+    "subnormal_rows",
 ]
 
 ONNX_FILE = "policy.onnx"
 INPUTS = ("observations", "prev_actions")
-#: The largest difference between ONNX Runtime's and JAX's actions an export accepts.
+#: The parity target: ONNX Runtime's actions within this of JAX's (both float32; the
+#: network's sums are rounded in another order, which at plant scales moves an action by
+#: a few 1e-7 and with readings far outside the data's range up to about 1e-5).
 PARITY_TOLERANCE = 1e-5
+#: An export refuses a graph whose actions differ by more than this on its probes: ten
+#: times the target, far below what a wrong lowering gives (a repair or a fallback taken
+#: on one side only moves an action by a sizeable part of its range).
+REFUSAL_TOLERANCE = 1e-4
 #: Rows of each edge class in the export's own parity check.
 _PROBE_ROWS_PER_CLASS = 48
 
@@ -211,15 +220,25 @@ def _edit(
 
 @dataclasses.dataclass(frozen=True)
 class Parity:
-    """How ONNX Runtime's decisions compare with JAX's, per edge class."""
+    """How ONNX Runtime's decisions compare with JAX's, per edge class.
+
+    Rows whose observation holds a subnormal float32 reading are counted apart
+    (``subnormal_*``): XLA:CPU flushes subnormals to zero in some of its fused comparisons
+    and not in others, ONNX Runtime compares them as the IEEE numbers they are, so a
+    reading a subnormal away from a physical bound or data bound of 0 can be valid on one
+    side and invalid (the fallback) on the other. Every other figure is of the other rows.
+    """
 
     rows: int
     max_action_difference: float
     worst_class: str | None
-    #: Per class: rows, the largest action difference, rows whose status differs.
+    #: Per class: rows, the largest action difference, rows whose status differs, and
+    #: the rows with a subnormal reading and how many of them decide differently.
     by_class: dict[str, dict[str, float | int]]
     status_mismatches: int
     proposed_mismatches: int  # rows whose proposal differs by more than the tolerance
+    subnormal_rows: int
+    subnormal_action_mismatches: int  # of those, rows whose action differs (tolerance)
 
     def within(self, tolerance: float = PARITY_TOLERANCE) -> bool:
         return self.max_action_difference <= tolerance
@@ -228,38 +247,56 @@ class Parity:
         return dataclasses.asdict(self)
 
 
+def subnormal_rows(observations: np.ndarray) -> np.ndarray:
+    """``[rows]`` bool: the row holds a subnormal float32 reading."""
+    tiny = np.finfo(np.float32).tiny
+    values = np.abs(np.asarray(observations, np.float32))
+    return np.any((values < tiny) & (values != 0), axis=-1)
+
+
 def compare_decisions(
     reference: Sequence[np.ndarray],
     candidate: Sequence[np.ndarray],
     classes: np.ndarray,
+    observations: np.ndarray | None = None,
     tolerance: float = PARITY_TOLERANCE,
 ) -> Parity:
-    """Compares two ``(action, proposed, status, margins)`` tuples row by row.
+    """Compares two ``(action, proposed, status, ...)`` tuples row by row.
 
     Actions are compared as numbers (a NaN on one side only counts as an infinite
-    difference); statuses bit for bit; proposals with NaN equal to NaN.
+    difference); statuses bit for bit; proposals with NaN equal to NaN. With
+    ``observations``, rows holding a subnormal reading are counted apart (see
+    :class:`Parity`).
     """
     action_ref, proposed_ref, status_ref = (np.asarray(x) for x in reference[:3])
     action, proposed, status = (np.asarray(x) for x in candidate[:3])
     difference = _difference(action_ref, action).max(axis=-1)
     proposal = _difference(proposed_ref, proposed).max(axis=-1)
     status_differs = status_ref != status
+    apart = (
+        np.zeros(len(difference), bool) if observations is None else subnormal_rows(observations)
+    )
+    counted = np.where(apart, 0.0, difference)
     by_class: dict[str, dict[str, float | int]] = {}
     for name in dict.fromkeys(classes.tolist()):
         rows = classes == name
         by_class[name] = {
             "rows": int(rows.sum()),
-            "max_action_difference": float(difference[rows].max()),
-            "status_mismatches": int(status_differs[rows].sum()),
+            "max_action_difference": float(counted[rows].max()),
+            "status_mismatches": int((status_differs & rows & ~apart).sum()),
+            "subnormal_rows": int((rows & apart).sum()),
+            "subnormal_action_mismatches": int((rows & apart & (difference > tolerance)).sum()),
         }
-    worst = int(np.argmax(difference)) if len(difference) else None
+    worst = int(np.argmax(counted)) if len(counted) else None
     return Parity(
         rows=len(difference),
-        max_action_difference=float(difference.max()) if len(difference) else 0.0,
+        max_action_difference=float(counted.max()) if len(counted) else 0.0,
         worst_class=None if worst is None else str(classes[worst]),
         by_class=by_class,
-        status_mismatches=int(status_differs.sum()),
-        proposed_mismatches=int((proposal > tolerance).sum()),
+        status_mismatches=int((status_differs & ~apart).sum()),
+        proposed_mismatches=int(((proposal > tolerance) & ~apart).sum()),
+        subnormal_rows=int(apart.sum()),
+        subnormal_action_mismatches=int((apart & (difference > tolerance)).sum()),
     )
 
 
@@ -347,9 +384,12 @@ def onnx_policy_graph(
         "nodes": len(model.graph.node),
         "parity": {
             "rows": parity.rows,
-            "tolerance": PARITY_TOLERANCE,
+            "target": PARITY_TOLERANCE,
+            "refused_above": REFUSAL_TOLERANCE,
             "max_action_difference": parity.max_action_difference,
             "status_mismatches": parity.status_mismatches,
+            "subnormal_rows": parity.subnormal_rows,
+            "subnormal_action_mismatches": parity.subnormal_action_mismatches,
         },
     }
     return data, entry
