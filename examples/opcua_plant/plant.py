@@ -17,8 +17,8 @@ actuator with its EngineeringUnits:
 
 The operators' PI controller runs the actuators unless the remote switch is on *and* a
 setpoint was written within the watchdog (two sampling periods): a remote controller
-that stops writing hands the plant back to the PI controller by itself (bumpless: the PI
-starts from where the actuators are). The actuators keep their own travel limits.
+that stops writing hands the plant back to the PI controller by itself (its integral
+restarts; the actuators' own travel rates keep the change smooth).
 
 Only asyncua and numpy are needed (no neorl_industrial): the plant is not ours.
 """
@@ -270,7 +270,8 @@ class PlantServer:
         else:
             if self.source == "remote":
                 log.warning("the remote controller stopped writing: the operators take over")
-                self.tank.integral = 0.0  # bumpless: the PI starts from where it is
+                self.tank.integral = 0.0  # the PI starts afresh; the actuators' travel
+                # rates keep the change smooth
             valve, pump = self.tank.operators()
             self.source = "operators"
         self.tank.step(valve, pump)

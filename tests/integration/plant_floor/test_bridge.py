@@ -189,6 +189,7 @@ def test_closed_loop_writes_shielded_values_and_audits_each(plans, plant, root):
     assert len(writes) == len(done)
     assert {r["policy_version"] for r in writes} == {plans["closed"].loaded.version}
     assert [r["written"] for r in writes] == [r["action"] for r in done]
+    assert {r["outcome"] for r in writes} == {"written"}
     assert check_chain(root / "closed-audit.jsonl").ok
 
 
@@ -272,6 +273,7 @@ def test_a_refused_write_is_counted_audited_and_never_retried_as_is(plans, plant
     assert not first["written"] and set(first["write_status"]) == {"BadUserAccessDenied"}
     assert all(not r.get("write_status") for r in ticks[1:])  # no write after the hand-back
     (refused,) = [r for r in AuditLog.read(root / "refused-audit.jsonl") if r["kind"] == "write"]
+    assert refused["outcome"] == "refused"
     assert refused["refused"] == {
         "actions.valve_pct.write": "BadUserAccessDenied",
         "actions.pump_pct.write": "BadUserAccessDenied",

@@ -394,11 +394,13 @@ class PlantBridge:
                 flags=flags,
             )
         record["written"] = False
-        # A faulty tick with hand_back has handed back above: nothing is written.
-        if plan.closed_loop and not self._handed_back:
-            await self._write(tick, action, observation, decision, record)
-        record["handed_back"] = self._handed_back
-        self._log.write(record)
+        try:
+            # A faulty tick with hand_back has handed back above: nothing is written.
+            if plan.closed_loop and not self._handed_back:
+                await self._write(tick, action, observation, decision, record)
+        finally:  # a write cut by a lost connection is logged too
+            record["handed_back"] = self._handed_back
+            self._log.write(record)
         self.metrics.latency.observe(time.perf_counter() - started)
         self.metrics.last_tick.set(time.time())
 
@@ -432,9 +434,16 @@ class PlantBridge:
                 [f"tick-{tick}"],
                 policy_version=plan.loaded.version,
             )
-        statuses = await asyncio.wait_for(
-            self.connection.write(self._write_nodes, action.tolist()), self.request_timeout
-        )
+        try:
+            statuses = await asyncio.wait_for(
+                self.connection.write(self._write_nodes, action.tolist()), self.request_timeout
+            )
+        except BaseException as error:
+            # Sent or not: the server did not answer. Audited as unknown, then handled as
+            # a lost connection.
+            record["write_status"] = [f"unknown: {type(error).__name__}"] * len(plan.action_names)
+            self._audit_write(tick, observation, action, record, {}, outcome="unknown")
+            raise
         refused = {
             f"actions.{name}.write": status.name
             for name, status in zip(plan.action_names, statuses, strict=True)
@@ -442,7 +451,9 @@ class PlantBridge:
         }
         record["written"] = not refused
         record["write_status"] = [status.name for status in statuses]
-        self._audit_write(tick, observation, action, record, refused)
+        self._audit_write(
+            tick, observation, action, record, refused, outcome="refused" if refused else "written"
+        )
         if refused:
             self.summary.refused_writes += 1
             self.metrics.writes.labels("refused").inc()
@@ -461,9 +472,12 @@ class PlantBridge:
         action: np.ndarray,
         record: dict[str, Any],
         refused: dict[str, str],
+        *,
+        outcome: str,
     ) -> None:
         """One ``write`` record in the audit log: what was written where, from what, with
-        the server's answer, under the policy version that decided."""
+        the server's answer (``outcome``: written, refused, or unknown when the connection
+        was lost during the write), under the policy version that decided."""
         audit = self._audit
         entry = {
             "kind": "write",
@@ -473,6 +487,7 @@ class PlantBridge:
             "observation": numbers(observation),
             "proposed": record["proposed"],
             "written": numbers(action),
+            "outcome": outcome,
             "status": record["write_status"],
             "refused": refused,
             "overridden": bool(record["overridden"]),
