@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+from functools import cache
 from importlib.metadata import PackageNotFoundError, distribution, packages_distributions
 from pathlib import Path
 
@@ -41,9 +42,20 @@ NAME = canonicalize_name(PROJECT["name"])
 BLOCKED = sorted({module for extra in EXTRAS.values() for module in extra.modules})
 
 
+@cache
+def _providers() -> dict[str, list[str]]:
+    """Top-level module -> the installed distributions that provide it."""
+    return packages_distributions()
+
+
 def closure(requirements: list[str]) -> set[str]:
     """The distributions ``requirements`` install, dependencies included (as installed
     here); this project's own requirements (core and extras) read from pyproject.toml."""
+    return set(_closure(tuple(requirements)))
+
+
+@cache
+def _closure(requirements: tuple[str, ...]) -> frozenset[str]:
     seen: set[str] = set()
     pending = [(Requirement(text), ()) for text in requirements]
     while pending:
@@ -67,7 +79,7 @@ def closure(requirements: list[str]) -> set[str]:
         except PackageNotFoundError:
             continue
         pending += [(Requirement(text), tuple(requirement.extras)) for text in requires]
-    return {key.split("[")[0] for key in seen}
+    return frozenset(key.split("[")[0] for key in seen)
 
 
 def test_the_table_names_every_extra_of_pyproject_and_only_those():
@@ -81,7 +93,7 @@ def test_the_table_names_every_extra_of_pyproject_and_only_those():
 
 
 def test_each_module_of_the_table_comes_with_its_extra_and_none_with_the_core():
-    providers = packages_distributions()
+    providers = _providers()
     core = closure(PROJECT["dependencies"])
     for name, extra in EXTRAS.items():
         installed = closure([f"{PROJECT['name']}[{name}]"])
@@ -92,7 +104,8 @@ def test_each_module_of_the_table_comes_with_its_extra_and_none_with_the_core():
             assert not distributions & core, f"{module}: the core install has it already"
 
 
-def _module_level_imports(path: Path) -> set[tuple[str, bool]]:
+@cache
+def _module_level_imports(path: Path) -> frozenset[tuple[str, bool]]:
     """``(top-level name, guarded)`` of the modules ``path`` imports outside its functions;
     guarded: inside ``with optional_imports():`` (the module needs that extra as a whole)."""
     found: set[tuple[str, bool]] = set()
@@ -110,11 +123,11 @@ def _module_level_imports(path: Path) -> set[tuple[str, bool]]:
                 for item in node.items
             )
             pending += [(child, guarded or guards) for child in ast.iter_child_nodes(node)]
-    return {
+    return frozenset(
         (name, guarded)
         for name, guarded in found
         if name not in sys.stdlib_module_names and name not in ("neorl_industrial", "__future__")
-    }
+    )
 
 
 def test_the_core_layers_import_only_the_core_install_outside_functions():
@@ -122,7 +135,7 @@ def test_the_core_layers_import_only_the_core_install_outside_functions():
     what the core's dependencies install, or an extra's package under
     ``optional_imports()`` (that module needs the extra, and only its own use imports it:
     the child below checks that the core's work loads none)."""
-    providers = packages_distributions()
+    providers = _providers()
     core = closure(PROJECT["dependencies"])
     package = ROOT / "src" / "neorl_industrial"
     for layer in ("core", "functional", "wrappers"):
@@ -174,7 +187,7 @@ def test_optional_imports_name_the_extra_and_let_other_errors_through():
 def modules_outside(requirements: list[str]) -> list[str]:
     """The modules of the extras' table that an install of ``requirements`` lacks."""
     installed = closure(requirements)
-    providers = packages_distributions()
+    providers = _providers()
     return sorted(
         module
         for module in BLOCKED
@@ -215,19 +228,21 @@ CHILD = FINDER + textwrap.dedent(
     import neorl_industrial
     from neorl_industrial.cli import main
     from neorl_industrial.extras import MissingExtraError
-    from neorl_industrial.integration.datasets import generate_dataset, load_any, save_native
+    from neorl_industrial.integration.datasets import DatasetCard, load_any, save_native
     from neorl_industrial.wrappers.agents import Agent
+    from tests.wrappers.conftest import ib_shaped_dataset
 
     out = {}
     work = tempfile.mkdtemp()
-    # Train, evaluate, save, load and export from Python.
-    dataset, card = generate_dataset("IB-classic-v0", "random", 2)
-    save_native(dataset, f"{work}/data", card)
+    # Save and read a dataset, train, evaluate, save, load and export from Python (the
+    # programs of tests/wrappers/agents/test_agent.py's td3bc, shared through the cache).
+    card = DatasetCard(name="ib", env_id="IB-v0", cost_names=["fatigue", "consumption"])
+    save_native(ib_shaped_dataset(), f"{work}/data", card)
     dataset, card = load_any(f"{work}/data")
-    agent = Agent("td3bc", task=card.task(), hidden=(8, 8))
-    result = agent.fit(dataset, updates=4, chunk=2, batch_size=16, seeds=[0])
+    agent = Agent("td3bc", hidden=(8,))
+    result = agent.fit(dataset, updates=10, chunk=10, evaluate=False)
     out["history"] = len(result.history)
-    out["return"] = agent.evaluate(episodes=1)["summary"]["return"]["mean"]
+    out["return"] = agent.evaluate(1, horizon=20)["summary"]["return"]["mean"]
     agent.save(f"{work}/agent")
     again = Agent.load(f"{work}/agent")
     observation = dataset.observations[0]
