@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -104,10 +105,75 @@ def command_fit(args: argparse.Namespace) -> int:
             model.simulator_fidelity(episodes=args.simulator)
     path = model.save(args.out, overwrite=args.overwrite, plots=not args.no_plots)
     _report(console, model_card, str(path))
+    if args.track:
+        _track(args, model_card, path, console)
     if args.json:
         Path(args.json).write_text(json.dumps(model_card, indent=2, default=str))
         console.print(f"Wrote {args.json}")
     return 0
+
+
+def _track(args: argparse.Namespace, card: dict[str, Any], path: Path, console: Console) -> None:
+    """The fit as an MLflow run: settings as params, the fidelity table as metrics
+    (``fidelity/<feature>/rmse_<steps>``, ``.../relative_rmse_<steps>``,
+    ``.../coverage_<steps>``), the model's directory as artifacts. Delivered by the
+    project's sender: a store that is down costs a warning and a spool file to replay
+    (``neorl-industrial mlflow replay``), never the saved model."""
+    import time
+
+    from neorl_industrial.integration.mlflow.sender import (
+        BufferedSender,
+        quiet_http_retries,
+        resolve_tracking_uri,
+    )
+    from neorl_industrial.integration.mlflow.tracking import flatten, system_tags
+
+    quiet_http_retries()
+    uri = resolve_tracking_uri(args.tracking_uri)
+
+    def client() -> Any:
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+    experiment = args.experiment or f"plant-model/{card['task']['name']}"
+    sender = BufferedSender(
+        client,
+        spool_path=path / "mlflow-spool.jsonl",
+        header={"tracking_uri": uri, "experiment": experiment, "run": path.name},
+        warn=lambda message: console.print(f"[yellow]warning:[/yellow] {message}"),
+    )
+    now = int(time.time() * 1000)
+    data = card["dataset"]
+    tags = {
+        **system_tags(),
+        "kind": "plant-model",
+        "task": card["task"]["name"],
+        "dataset": data["name"],
+        "dataset_fingerprint": data["fingerprint"],
+    }
+    sender.submit("create_run", "model", experiment=experiment, name=path.name, tags=tags, time=now)
+    params = flatten({"config": card["config"], "settings": card["settings"]})
+    metrics = [["fit/seconds", card["fit"]["seconds"], 0, now]]
+    metrics.append(["fit/updates", card["fit"]["updates"], 0, now])
+    for row in card["fidelity"]["rows"]:
+        for key in ("rmse", "relative_rmse", "coverage"):
+            if row[key] is not None:
+                feature = re.sub(r"[^\w\-. ]", "_", row["name"])  # what MLflow accepts
+                name = f"fidelity/{feature}/{key}_{row['step']}"
+                metrics.append([name, row[key], row["step"], now])
+    sender.submit("log_batch", "model", params=params, metrics=metrics)
+    sender.submit("log_artifact", "model", path=str(path), artifact_path="plant_model")
+    sender.submit("end_run", "model", status="FINISHED", time=int(time.time() * 1000))
+    summary = sender.close(60.0)
+    run_id = sender.run_ids.get("model")
+    if run_id is not None and summary.complete:
+        console.print(f"Tracked in MLflow ({uri}): experiment {experiment!r}, run {run_id}")
+    else:
+        console.print(
+            f"[yellow]warning:[/yellow] MLflow ({uri}) did not take the run; it waits in "
+            f"{summary.spool_path} (neorl-industrial mlflow replay {summary.spool_path})"
+        )
 
 
 def command_inspect(args: argparse.Namespace) -> int:
@@ -240,6 +306,11 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     fit.add_argument("--no-plots", action="store_true", help="do not draw trajectories.png")
     fit.add_argument("--json", help="also write the model's card to this JSON file")
+    fit.add_argument("--track", action="store_true", help="also log the fit as an MLflow run")
+    fit.add_argument(
+        "--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI or sqlite)"
+    )
+    fit.add_argument("--experiment", help="the MLflow experiment (default: plant-model/<task>)")
     fit.set_defaults(handler=command_fit)
 
     inspect = actions.add_parser(

@@ -74,6 +74,7 @@ def plant(tmp_path_factory):
     argv = ["model", "fit", "--data", str(log), "--schema", str(schema), "--out", str(out)]
     argv += ["--hidden", "32,32", "--members", "3", "--elites", "2", "--updates", "600"]
     argv += ["--chunk", "300", "--batch-size", "64", "--horizon", "12", "--windows", "16"]
+    argv += ["--track", "--tracking-uri", f"sqlite:///{root}/mlflow.db"]
     assert cli.main(argv) == 0
     return root, log, schema, out
 
@@ -108,6 +109,23 @@ def test_fit_through_the_cli_saves_card_fidelity_and_plot(plant, capsys):
     printed = " ".join(capsys.readouterr().out.split())
     assert "heater-2" in printed and "measured now" in printed and "temperature" in printed
     assert "computed: -abs(temperature - 350) - 0.01 * valve" in printed
+
+
+def test_the_fit_is_tracked_in_mlflow(plant):
+    from mlflow import MlflowClient
+
+    root, _, _, out = plant
+    client = MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
+    experiment = client.get_experiment_by_name("plant-model/heater-2")
+    (run,) = client.search_runs([experiment.experiment_id])
+    card = json.loads((out / "model.json").read_text())
+    assert run.data.tags["dataset_fingerprint"] == card["dataset"]["fingerprint"]
+    assert run.data.params["config.n_members"] == "3"
+    row = next(r for r in card["fidelity"]["rows"] if r["name"] == "temperature")
+    logged = run.data.metrics[f"fidelity/temperature/rmse_{row['step']}"]
+    assert logged == pytest.approx(row["rmse"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plant_model")}
+    assert "plant_model/model.json" in artifacts and "plant_model/params.msgpack" in artifacts
 
 
 def test_saved_model_predicts_as_fitted_and_flags_inputs_outside_its_data(plant):
