@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from asyncua import Server, ua
 from asyncua.common.callback import CallbackType
+from asyncua.crypto.permission_rules import User, UserRole
 
 NAMESPACE = "urn:neorl-industrial:mixing-tank"
 #: The server's application URI (its certificate's subject alternative name).
@@ -119,6 +120,18 @@ class MixingTank:
         }
 
 
+class PasswordUsers:
+    """Clients that sign in with a user name and password (no anonymous client)."""
+
+    def __init__(self, users: dict[str, str]) -> None:
+        self.users = dict(users)
+
+    def get_user(self, iserver, username=None, password=None, certificate=None):
+        if username is not None and self.users.get(username) == password:
+            return User(role=UserRole.User, name=username)
+        return None
+
+
 @dataclasses.dataclass
 class Fault:
     """A fault the plant's server shows on a sensor until cleared: a status code (e.g.
@@ -138,6 +151,8 @@ class PlantServer:
         certificate, private_key: serve with Basic256Sha256 Sign and SignAndEncrypt only
             (no unsecured endpoint), the certificate naming :data:`APPLICATION_URI`;
             ``None``: no security.
+        users: user names and their passwords; only they may sign in (``None``: anyone,
+            anonymously).
         seed: of the process noise.
     """
 
@@ -149,6 +164,7 @@ class PlantServer:
         remote: bool = False,
         certificate: Path | None = None,
         private_key: Path | None = None,
+        users: dict[str, str] | None = None,
         seed: int = 7,
     ) -> None:
         self.endpoint = endpoint
@@ -156,6 +172,7 @@ class PlantServer:
         self.tank = MixingTank(rng=np.random.default_rng(seed))
         self.remote_at_start = remote
         self.certificate, self.private_key = certificate, private_key
+        self.users = users
         self.faults: dict[str, Fault] = {}
         #: Every client write: (node name, value, wall-clock time).
         self.writes: list[tuple[str, float, float]] = []
@@ -168,8 +185,10 @@ class PlantServer:
         self._last_remote = -float("inf")
 
     async def start(self) -> None:
-        server = Server()
+        server = Server(user_manager=None if self.users is None else PasswordUsers(self.users))
         await server.init()
+        if self.users is not None:
+            server.set_identity_tokens([ua.UserNameIdentityToken])
         server.set_endpoint(self.endpoint)
         server.set_server_name("neorl-industrial demo plant: mixing tank")
         await server.set_application_uri(APPLICATION_URI)
@@ -322,15 +341,25 @@ def main() -> None:
     )
     parser.add_argument("--certificate", type=Path, help="serve with Basic256Sha256 only")
     parser.add_argument("--private-key", type=Path)
+    parser.add_argument(
+        "--users-file",
+        type=Path,
+        help="lines of user:password; only they may sign in (default: anyone, anonymously)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
     logging.getLogger("asyncua").setLevel(logging.WARNING)
+    users = None
+    if args.users_file is not None:
+        lines = args.users_file.read_text().splitlines()
+        users = dict(line.split(":", 1) for line in lines if line.strip())
     plant = PlantServer(
         args.endpoint,
         period=SAMPLING_PERIOD / args.speed,
         remote=args.remote,
         certificate=args.certificate,
         private_key=args.private_key,
+        users=users,
     )
 
     async def serve() -> None:

@@ -144,7 +144,12 @@ class PlantThread:
     """The demo plant's server on an event loop in a thread of its own, so that each test
     runs its bridge with ``asyncio.run`` against a server that outlives it."""
 
-    def __init__(self, period: float = 0.1, certificates: dict[str, Path] | None = None) -> None:
+    def __init__(
+        self,
+        period: float = 0.1,
+        certificates: dict[str, Path] | None = None,
+        users: dict[str, str] | None = None,
+    ) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -158,6 +163,7 @@ class PlantThread:
             remote=True,
             certificate=certificates.get("server_certificate"),
             private_key=certificates.get("server_key"),
+            users=users,
         )
         self.call(self.plant.start())
         self._run = self.call(self._start_running())

@@ -45,6 +45,7 @@ from tests.integration.plant_floor.plant_fixtures import (
 from tests.wrappers.agents.test_export_report import EXAMPLE
 
 PERIOD = 0.1
+PASSWORD = "mixing-tank-operator-7c2e"
 #: The module's security (set by the plant fixture's first user).
 SECURITY: list[Security] = []
 
@@ -65,19 +66,24 @@ def certificates(root):
 
 
 @pytest.fixture(scope="module")
-def security(certificates):
-    """The bridge's security: the plant's server offers Basic256Sha256 only."""
+def security(certificates, root):
+    """The bridge's security: the plant's server offers Basic256Sha256 only, and signs in
+    its one user (credentials from files)."""
+    (root / "username").write_text("operator\n")
+    (root / "password").write_text(f"{PASSWORD}\n")
     return Security(
         policy="Basic256Sha256",
         mode="SignAndEncrypt",
         certificate=certificates["bridge_certificate"],
         private_key=certificates["bridge_key"],
+        username_file=root / "username",
+        password_file=root / "password",
     )
 
 
 @pytest.fixture(scope="module")
 def plant(certificates, security):
-    thread = PlantThread(period=PERIOD, certificates=certificates)
+    thread = PlantThread(period=PERIOD, certificates=certificates, users={"operator": PASSWORD})
     SECURITY[:] = [security]
     yield thread
     thread.close()
@@ -412,7 +418,8 @@ def test_the_command_line_runs_the_bridge_and_the_report(plans, plant, root, cap
          "--ticks", "4", "--metrics-port", str(port),
          "--security-policy", "Basic256Sha256",
          "--certificate", str(root / "bridge-certificate.der"),
-         "--private-key", str(root / "bridge-key.pem")]
+         "--private-key", str(root / "bridge-key.pem"),
+         "--username-file", str(root / "username"), "--password-file", str(root / "password")]
     )  # fmt: skip
     assert code == 0
     assert given["mode"] == "shadow" and [str(k) for k in given["trusted_keys"]] == [key]
@@ -452,11 +459,17 @@ def test_an_unsigned_policy_is_refused_closed_loop_whatever_the_flags(
         prepare(str(policies["signed"]), root / "map.yaml", mode="closed-loop")
 
 
-def test_a_server_that_requires_security_names_what_it_offers(plans, plant, root, security):
+def test_a_server_that_requires_security_or_other_credentials_is_named(
+    plans, plant, root, security
+):
     with pytest.raises(
         SecurityError, match=r"requires a security policy \(it offers Basic256Sha256/Sign"
     ):
         run(plans["shadow"], plant, root, "no-security", 2, security=Security())
+    (root / "wrong-password").write_text("not-the-password\n")
+    wrong = dataclasses.replace(security, password_file=root / "wrong-password")
+    with pytest.raises(SecurityError, match="refused the bridge's session: BadUserAccessDenied"):
+        run(plans["shadow"], plant, root, "wrong-password", 2, security=wrong)
     wrong = dataclasses.replace(security, policy="Aes256Sha256RsaPss")
     with pytest.raises(SecurityError, match="no endpoint with security policy Aes256Sha256RsaPss"):
         run(plans["shadow"], plant, root, "wrong-policy", 2, security=wrong)

@@ -28,6 +28,23 @@ from neorl_industrial.integration.plant_floor.errors import (
 
 __all__ = ["PlantConnection", "Security", "judge"]
 
+#: Status codes of a server that refuses the bridge's identity or certificate.
+REFUSALS = frozenset(
+    {
+        "BadUserAccessDenied",
+        "BadIdentityTokenInvalid",
+        "BadIdentityTokenRejected",
+        "BadUserSignatureInvalid",
+        "BadSecurityChecksFailed",
+        "BadSecurityPolicyRejected",
+        "BadCertificateInvalid",
+        "BadCertificateUntrusted",
+        "BadCertificateUriInvalid",
+        "BadCertificateRevoked",
+        "BadCertificateTimeInvalid",
+        "BadCertificateUseNotAllowed",
+    }
+)
 #: The security policies a server may require (asyncua's names).
 POLICIES = ("Basic256Sha256", "Aes128Sha256RsaOaep", "Aes256Sha256RsaPss")
 MODES = ("Sign", "SignAndEncrypt")
@@ -173,6 +190,16 @@ class Security:
         )
 
 
+def _status_name(error: BaseException) -> str | None:
+    """The status code's name of an asyncua status error (None for any other error)."""
+    from asyncua import ua
+
+    code = getattr(error, "code", None)
+    if not isinstance(error, ua.UaError) or code is None:
+        return None
+    return ua.StatusCode(code).name
+
+
 def judge(value: Any, now: dt.datetime, stale_after: float, clock_skew: float) -> str | None:
     """Why the ``DataValue`` ``value`` is not usable (``None``: it is)."""
     status = value.StatusCode
@@ -264,9 +291,17 @@ class PlantConnection:
         await self.security.apply(client, server_certificate)
         try:
             await client.connect()
-        except BaseException:
+        except BaseException as error:
             with contextlib.suppress(Exception):
                 client.disconnect_socket()
+            name = _status_name(error)
+            if name in REFUSALS:
+                # Not a lost connection: retrying would be refused the same way.
+                raise SecurityError(
+                    f"{self.endpoint} refused the bridge's session: {name} (check the user "
+                    "name and password files, and that the server trusts the bridge's "
+                    "certificate)"
+                ) from None
             raise
         self.client = client
 
