@@ -18,6 +18,38 @@ from gymnasium import spaces
 from jax.flatten_util import ravel_pytree
 
 from neorl_industrial.core.environments import Environment, make
+from neorl_industrial.core.environments.industrial_benchmark import IndustrialBenchmark
+from neorl_industrial.core.environments.industrial_benchmark.env import NEUTRAL_DISCRETE_ACTION
+from neorl_industrial.core.environments.pipeline import Pipeline
+from neorl_industrial.core.environments.process import ProcessEnv
+
+
+def applied_action(env: Environment, state: Any, action: jax.Array) -> jax.Array:
+    """The action the plant applies when ``action`` is taken in ``state``: the
+    environment's own decoding, for the report of what was done (``info["control"]``).
+
+    * process tasks (:class:`ProcessEnv`): saturated at the actuator's bounds; a NaN or
+      infinite element holds the previous interval's control;
+    * the Industrial Benchmark: its increments saturated at [-1, 1], NaN/inf the neutral
+      "no change"; for discrete actions the index applied (an unknown one is the neutral
+      index);
+    * the pipeline: the gate change saturated at [-1, 1], NaN/inf no change;
+    * any other continuous task: saturated at its action bounds (NaN stays NaN, which its
+      ``action_invalid`` flags).
+    """
+    if isinstance(env, ProcessEnv):
+        control, _ = env.decode_control(action, state.last_control)
+        return control
+    if env.discrete:
+        index = jnp.reshape(action, ()).astype(jnp.int32)
+        if isinstance(env, IndustrialBenchmark):
+            unknown = (index < 0) | (index >= env.num_actions)
+            index = jnp.where(unknown, NEUTRAL_DISCRETE_ACTION, index)
+        return index
+    if isinstance(env, (IndustrialBenchmark, Pipeline)):
+        action, _ = env.decode_action(action)
+    action = jnp.reshape(action, (env.action_size,)).astype(jnp.float32)
+    return jnp.clip(action, env.action_low, env.action_high)
 
 
 class _FlatStepper:
@@ -37,27 +69,39 @@ class _FlatStepper:
         )
         n_obs, n_costs = env.observation_size, env.n_costs
 
-        def pack(state, timestep):
+        n_controls = 1 if env.discrete else env.action_size
+
+        def pack(state, timestep, control):
             flat_state, _ = ravel_pytree(state)
             flags = jnp.stack(
                 [timestep.terminated, timestep.truncated, timestep.info.action_invalid]
             ).astype(jnp.float32)
             outputs = jnp.concatenate(
-                [timestep.observation, timestep.reward[None], timestep.cost, flags]
+                [
+                    timestep.observation,
+                    timestep.reward[None],
+                    timestep.cost,
+                    # a discrete index is exact in float32
+                    jnp.reshape(control, (n_controls,)).astype(jnp.float32),
+                    flags,
+                ]
             )
             return flat_state, outputs
 
         def reset(key, params):
             key, reset_key = jax.random.split(key)
-            return key, *pack(*env.reset_env(reset_key, params))
+            state, timestep = env.reset_env(reset_key, params)
+            return key, *pack(state, timestep, jnp.zeros((n_controls,), jnp.float32))
 
         def step(key, flat_state, action, params):
             key, step_key = jax.random.split(key)
-            return key, *pack(*env.step_env(step_key, self.unravel(flat_state), action, params))
+            state = self.unravel(flat_state)
+            control = applied_action(env, state, action)
+            return key, *pack(*env.step_env(step_key, state, action, params), control)
 
         self.reset = jax.jit(reset)
         self.step = jax.jit(step)
-        self.slices = (n_obs, n_obs + 1, n_obs + 1 + n_costs)
+        self.slices = (n_obs, n_obs + 1, n_obs + 1 + n_costs, n_obs + 1 + n_costs + n_controls)
 
 
 @functools.lru_cache(maxsize=32)
@@ -162,7 +206,9 @@ class GymnasiumEnv(gymnasium.Env):
         render_mode: only ``None`` is supported.
         normalize_actions: act in [-1, 1] (mapped linearly to the task's bounds) instead of
             the plant's units; ``None``: only for tasks whose bounds are not [-1, 1]
-            already. ``info["control"]`` is the action in plant units either way.
+            already. ``info["control"]`` is the action the plant applied, in plant units
+            either way: saturated at the bounds, a NaN/inf replaced as the task replaces it
+            (see :func:`applied_action`).
         **overrides: static configuration and parameters, as for ``make``.
     """
 
@@ -191,7 +237,7 @@ class GymnasiumEnv(gymnasium.Env):
         if seed is not None or self._key is None:
             self._key = jax.random.PRNGKey(int(self.np_random.integers(0, 2**31 - 1)))
         self._key, self._flat_state, outputs = self._stepper.reset(self._key, self.params)
-        observation, _, cost, _, _, _ = self._unpack(outputs)
+        observation, _, cost, _, _, _, _ = self._unpack(outputs)
         return observation, {"cost": cost, "action_invalid": False}
 
     def step(self, action: Any):
@@ -203,18 +249,20 @@ class GymnasiumEnv(gymnasium.Env):
         self._key, self._flat_state, outputs = self._stepper.step(
             self._key, self._flat_state, action, self.params
         )
-        observation, reward, cost, terminated, truncated, invalid = self._unpack(outputs)
-        info = {"cost": cost, "action_invalid": invalid, "control": action}
+        observation, reward, cost, control, terminated, truncated, invalid = self._unpack(outputs)
+        info = {"cost": cost, "action_invalid": invalid, "control": control}
         return observation, reward, terminated, truncated, info
 
     def _unpack(self, outputs: jax.Array):
         outputs = np.asarray(outputs)
-        obs_end, reward_end, cost_end = self._stepper.slices
-        terminated, truncated, invalid = (bool(flag) for flag in outputs[cost_end:])
+        obs_end, reward_end, cost_end, control_end = self._stepper.slices
+        terminated, truncated, invalid = (bool(flag) for flag in outputs[control_end:])
+        control = outputs[cost_end:control_end]
         return (
             outputs[:obs_end].astype(np.float32),
             float(outputs[obs_end]),
             outputs[reward_end:cost_end].astype(np.float32),
+            np.int64(control[0]) if self.env.discrete else control.astype(np.float32),
             terminated,
             truncated,
             invalid,
