@@ -319,6 +319,15 @@ class PlantModel:
     def _known_signals(self, dataset: Dataset) -> tuple[KnownSignals, dict[str, str]]:
         """The channels computed from their definitions, and for every channel how the
         model obtains it (the card's ``signals``)."""
+        names = KnownSignals(
+            observation_names=tuple(self.task.observation_names),
+            action_names=tuple(self.task.action_names),
+        )
+        if not self.definitions:  # nothing to check against the data (no copy of it made)
+            how = {
+                channel: "learned (no definition)" for channel in ("reward", *self.task.cost_names)
+            }
+            return names, how
         flat = dataset.to_flat()
         actions = np.asarray(flat["actions"], np.float64).reshape(dataset.n_transitions, -1)
         columns = {"reward": (None, flat["rewards"])}
@@ -352,12 +361,7 @@ class PlantModel:
                 continue
             known.append(KnownSignal(channel=channel, index=index, source=source, row=row))
             how[channel] = f"computed: {source} (on the {row} row)"
-        signals = KnownSignals(
-            signals=tuple(known),
-            observation_names=tuple(self.task.observation_names),
-            action_names=tuple(self.task.action_names),
-        )
-        return signals, how
+        return dataclasses.replace(names, signals=tuple(known)), how
 
     def _unit_actions(self, dataset: Dataset) -> Dataset:
         if self.scaler is None:
