@@ -9,6 +9,7 @@ import contextlib
 import importlib.util
 import json
 import shutil
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -133,7 +134,7 @@ def make_certificates(root: Path) -> dict[str, Path]:
         key, certificate = root / f"{who}-key.pem", root / f"{who}-certificate.der"
         asyncio.run(
             setup_self_signed_certificate(
-                key, certificate, uri, "localhost", [use], {"commonName": f"neorl {who}"}
+                key, certificate, uri, socket.gethostname(), [use], {"commonName": f"neorl {who}"}
             )
         )
         paths[f"{who}_key"], paths[f"{who}_certificate"] = key, certificate
