@@ -473,3 +473,25 @@ def test_a_server_that_requires_security_or_other_credentials_is_named(
     wrong = dataclasses.replace(security, policy="Aes256Sha256RsaPss")
     with pytest.raises(SecurityError, match="no endpoint with security policy Aes256Sha256RsaPss"):
         run(plans["shadow"], plant, root, "wrong-policy", 2, security=wrong)
+
+
+def test_a_value_that_is_not_finite_or_out_of_bounds_is_never_written(
+    plans, plant, root, monkeypatch
+):
+    from neorl_industrial.integration.plant_floor.plan import BridgePlan
+
+    # A fallback gone wrong (it cannot, from the shield: this checks the last guard).
+    broken = iter([[np.nan, 50.0], [50.0, 101.0], [-0.5, 50.0]] * 3)
+    monkeypatch.setattr(BridgePlan, "fallback", lambda self, o, p: np.asarray(next(broken)))
+    plant.fault("Level", status="BadSensorFailure")
+    try:
+        (bridge, summary, ticks, _), written = writes_during(
+            plant, lambda: run(plans["closed"], plant, root, "unsafe", 3)
+        )
+    finally:
+        plant.clear()
+    assert written == [] and summary.writes == 0
+    assert summary.blocked_writes == len(ticks) > 0
+    expected = [["valve_pct"], ["pump_pct"], ["valve_pct"]]  # NaN, above, below its bounds
+    assert [r["blocked"] for r in ticks] == expected[: len(ticks)]
+    assert bridge.metrics.value("neorl_bridge_faults_total", kind="unsafe_value") == len(ticks)
