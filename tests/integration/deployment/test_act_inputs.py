@@ -3,6 +3,7 @@ outside the action's bounds, and what the report says the applied action still b
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from neorl_industrial.integration.deployment import create_app
-from neorl_industrial.integration.deployment.routes import _reports
+from neorl_industrial.integration.deployment.routes import _reports, orjson_response
 from neorl_industrial.integration.mlflow.pyfunc import FLAGS
 from neorl_industrial.wrappers.agents import PolicyArtifact
 from neorl_industrial.wrappers.agents.signing import generate_key_pair
@@ -150,4 +151,66 @@ def test_reports_name_what_the_applied_action_still_breaks():
     first, second = _reports(decision)
     # NaN: a constraint that could not be checked counts as broken.
     assert first["violated_after"] == ["b", "c"] and second["violated_after"] == []
-    assert first["violated"] == ["a"] and np.isnan(first["margin"]["c"])  # null in JSON
+    assert first["violated"] == ["a"]
+    # The inactive constraint's infinite margin is null in the answer's JSON.
+    assert json.loads(orjson_response(first).body)["margin"] == {"a": -1.0, "b": 0.5, "c": None}
+
+
+def _without_id(response):
+    data = response.json()
+    if isinstance(data, dict):
+        data.pop("request_id", None)
+    return response.status_code, data
+
+
+def test_the_fast_path_answers_as_the_route_and_hands_it_everything_else(served):
+    """``/v1/act``'s common form is answered without the framework's routing; the answer
+    is the route's, byte for byte but the generated id, and every request it does not
+    take (bad values, named values, a wrong key, another content type) gets the route's
+    own answer."""
+    client, artifact = served
+    fast = client.app.front.app
+    observations, previous = plant_inputs(4, seed=11)
+    row, prev = observations[0].tolist(), previous[0].tolist()
+    taken = [
+        {"observation": row},
+        {"observation": row, "prev_action": prev, "request_id": "plant-7/step:12"},
+        {"observation": [round(v) for v in row]},  # JSON integers are numbers
+        {"observation": observations[1].tolist(), "prev_action": None},
+    ]
+    handed = [
+        {"observation": [True, *row[1:]]},  # a boolean is not a number
+        {"observation": ["1.0", *row[1:]]},
+        {"observation": row[:-1]},
+        {"observation": [1e39, *row[1:]]},  # outside float32
+        {"observation": row, "extra": 1},
+        {"observation": row, "prev_action": [5.0] * len(prev)},  # outside the bounds
+        {"observation": row, "request_id": "a b"},
+        {"observation": dict(zip(artifact.observation_names, row, strict=True))},
+        {"prev_action": prev},
+        [row],
+    ]
+    for body in taken + handed:
+        answered = fast.answered
+        first = _without_id(_act(client, body))
+        took = fast.answered == answered + 1
+        assert took == (body in taken), body
+        fast.enabled = False
+        try:
+            assert _without_id(_act(client, body)) == first, body
+        finally:
+            fast.enabled = True
+        named = isinstance(body, dict) and isinstance(body.get("observation"), dict)
+        assert (first[0] == 200) == (body in taken or named), body
+    raw = json.dumps(taken[0]).encode()
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {**AS_ACT, "Content-Type": "text/plain"},
+    ):
+        answered = fast.answered
+        response = client.post("/v1/act", content=raw, headers=headers)
+        assert fast.answered == answered and response.status_code in (401, 422), headers
+    # A header's request id is kept where it keeps the rule, as the route keeps it.
+    response = client.post("/v1/act", json=taken[0], headers={**AS_ACT, "X-Request-ID": "r-1"})
+    assert response.json()["request_id"] == "r-1"

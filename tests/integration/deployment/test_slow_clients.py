@@ -284,7 +284,7 @@ def test_serve_takes_its_limits_from_the_settings():
 @pytest.mark.parametrize(
     ("field", "value"),
     [("header_timeout_s", 0.0), ("body_timeout_s", -1.0), ("body_min_rate", -1.0),
-     ("max_connections", 0)],
+     ("max_connections", 0), ("parser", "picohttp")],
 )  # fmt: skip
 def test_bad_limits_are_refused_naming_the_setting(field, value):
     limits = {"header_timeout_s": 1.0, "body_timeout_s": 1.0, "body_min_rate": 0.0,
@@ -309,3 +309,44 @@ def test_the_open_file_limit_is_raised_for_the_cap_or_the_cap_lowered(monkeypatc
     with caplog.at_level("WARNING", logger="neorl_industrial.serve"):
         assert serving._fit_open_files(1024) == 512 - serving._RESERVED_FILES
     assert "does not fit the open-file limit 512" in caplog.text
+
+
+def test_idle_connections_outlive_the_clients_keep_alive():
+    """A server that closes an idle kept-alive connection before the client stops reusing
+    it races the client's next request on it (a read error on a good request): the
+    default outlives the common clients' pools (httpx keeps its idle ones 5 s)."""
+    import httpx
+
+    settings = ServerSettings()
+    assert settings.keep_alive_s > 2 * httpx.Limits().keepalive_expiry
+    assert uvicorn_options(settings)["timeout_keep_alive"] == settings.keep_alive_s
+
+
+def test_headers_past_the_limit_get_a_431_and_the_connection_closed(server):
+    with socket.create_connection(("127.0.0.1", server)) as sock:
+        sock.settimeout(10)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Big: a\r\n" * 3000)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431")
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_either_parser_cuts_a_slow_body_and_answers_a_fresh_client(parser):
+    """The deadlines and counters are the same on httptools (``serve``'s) and h11."""
+    metrics = ServerMetrics()
+    app, _ = _busy_app(metrics)
+    protocol = guarded_protocol(
+        header_timeout_s=DEADLINE_S, body_timeout_s=DEADLINE_S, body_min_rate=1024.0,
+        max_connections=CAP, parser=parser,
+    )  # fmt: skip
+    with _Served(app, http=protocol) as served:
+        with socket.create_connection(("127.0.0.1", served.port)) as sock:
+            sock.sendall(_slow_body_head(1000))
+            seconds, answer = _trickle(sock, b" ", 0.1, 5.0)
+        # (This app answers before it reads the body; the trickling body is cut still.)
+        assert seconds < 4 * DEADLINE_S and b"HTTP/1.1 408" in answer
+        assert _get(served.port, "/other")[0] == 200
+    text = metrics.exposition()[0].decode()
+    assert 'neorl_connections_cut_total{reason="body_timeout"} 1.0' in text

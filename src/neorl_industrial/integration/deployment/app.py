@@ -10,7 +10,9 @@ The app is assembled from parts in the shape of the FastAPI full-stack template:
 * :mod:`.settings` — pydantic-settings from ``NEORL_SERVE_*`` and a secrets file;
 * :mod:`.deps` — the serving state on ``app.state.serving`` and the ``Annotated``
   dependencies the routes declare (``PolicyDep``, ``ActKeyDep``, ``AdminKeyDep``, ...);
-* :mod:`.schemas` — request and response bodies; :mod:`.routes` — the endpoints;
+* :mod:`.schemas` — request and response bodies; :mod:`.routes` — the endpoints, and
+  ``/v1/act``'s fast path for its common form (every check of the route, without the
+  framework's routing; anything else goes to the route);
 * :mod:`.middleware` — the body size limit and per-request metrics, and the uvicorn
   protocol that cuts slow clients and sheds them at the connection cap;
 * :mod:`.batcher` — concurrent requests micro-batched into one compiled call.
@@ -30,6 +32,7 @@ import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,7 +46,7 @@ from neorl_industrial.integration.deployment.middleware import (
     LimitsAndMetrics,
 )
 from neorl_industrial.integration.deployment.policy import LoadedPolicy, load_policy_source
-from neorl_industrial.integration.deployment.routes import router
+from neorl_industrial.integration.deployment.routes import ActFastPath, router
 from neorl_industrial.integration.deployment.settings import ServerSettings, SettingsError
 
 __all__ = ["LoadedPolicy", "create_app", "load_policy_source"]
@@ -66,7 +69,7 @@ def create_app(
         raise SettingsError("model: no policy to serve; set NEORL_SERVE_MODEL or --model")
     serving = ServingState(settings, keys, policy)
 
-    app = FastAPI(
+    app = _PolicyServer(
         title="neorl_industrial policy server",
         version="1",
         description="Shielded actions of a safe offline-RL policy.",
@@ -80,16 +83,40 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type", "X-Request-ID"],
         )
-    app.add_middleware(
-        LimitsAndMetrics,
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(Exception, _unexpected)
+    app.include_router(router)
+    # Outermost: the body limit and every request's metrics, then /v1/act's fast path, then
+    # the framework (its middleware and routes).
+    app.front = LimitsAndMetrics(
+        ActFastPath(
+            app.framework,
+            serving,
+            app.dependency_overrides,
+            enabled=not settings.cors_origins,
+        ),
         metrics=serving.metrics,
         max_body=settings.max_body_bytes,
         ready=lambda: serving.ready,
     )
-    app.add_exception_handler(RequestValidationError, _invalid)
-    app.add_exception_handler(Exception, _unexpected)
-    app.include_router(router)
     return app
+
+
+class _PolicyServer(FastAPI):
+    """The FastAPI app whose HTTP requests enter through ``front`` (set by
+    :func:`create_app`); the lifespan goes to the framework directly."""
+
+    front: Any = None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.front is not None:
+            await self.front(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def framework(self, scope: dict, receive: Any, send: Any) -> None:
+        """The framework's own handling: its middleware, routing and routes."""
+        await super().__call__(scope, receive, send)
 
 
 @contextlib.asynccontextmanager

@@ -6,10 +6,11 @@ The middleware is plain ASGI rather than Starlette's ``BaseHTTPMiddleware``: no 
 no stream per request, and a chunked body is counted as it arrives, so an oversized one is
 refused before it is all read.
 
-The protocol (:func:`guarded_protocol`) exists because uvicorn alone can be starved: it
-has no deadline for a request's headers or body (its keep-alive timeout is cancelled by
-the first byte of the next request), and its ``limit_concurrency`` answers 503 to every
-new request, health probes included, once slow clients hold the connections.
+The protocol (:func:`guarded_protocol`, on uvicorn's httptools parser by default) exists
+because uvicorn alone can be starved: it has no deadline for a request's headers or body
+(its keep-alive timeout is cancelled by the first byte of the next request), and its
+``limit_concurrency`` answers 503 to every new request, health probes included, once slow
+clients hold the connections.
 """
 
 from __future__ import annotations
@@ -199,13 +200,16 @@ def guarded_protocol(
     body_timeout_s: float,
     body_min_rate: float,
     max_connections: int,
+    parser: str = "httptools",
 ) -> type:
-    """uvicorn's h11 protocol with deadlines for slow clients and a connection cap that
+    """uvicorn's HTTP protocol with deadlines for slow clients and a connection cap that
     sheds slow clients rather than refusing fresh ones. Pass the class as
     ``uvicorn.run(..., http=guarded_protocol(...))``, without ``limit_concurrency``.
 
     * Headers: the request line and headers must be complete ``header_timeout_s`` after
-      the request's first byte (or after the connection opened).
+      the request's first byte (or after the connection opened), and at most uvicorn's
+      ``h11_max_incomplete_event_size`` bytes long (past it: a 431 on httptools, h11's
+      own 400 on h11, and the connection closed).
     * Body: it must be complete ``body_timeout_s`` after the headers, plus one second per
       ``body_min_rate`` bytes received (mod_reqtimeout's ``body=...,MinRate=...``): a body
       arriving at ``body_min_rate`` bytes per second or faster is never cut, a slower one
@@ -221,12 +225,14 @@ def guarded_protocol(
     Each connection cut and each 503 is counted in the app's :class:`ServerMetrics`
     (found in the lifespan state under :data:`METRICS_STATE_KEY`).
 
-    Raises:
-        ValueError: for a non-positive timeout or cap, or a negative rate.
-    """
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    Args:
+        parser: ``"httptools"`` (uvicorn's C parser, the default: about 75 us less per
+            request than h11) or ``"h11"`` (pure Python).
 
+    Raises:
+        ValueError: for a non-positive timeout or cap, a negative rate, or an unknown
+            parser.
+    """
     if header_timeout_s <= 0 or body_timeout_s <= 0:
         raise ValueError(
             f"header_timeout_s and body_timeout_s must be > 0, got {header_timeout_s} and "
@@ -236,177 +242,313 @@ def guarded_protocol(
         raise ValueError(f"body_min_rate must be >= 0 bytes/s, got {body_min_rate}")
     if max_connections < 1:
         raise ValueError(f"max_connections must be >= 1, got {max_connections}")
-    idle, send_body = h11.IDLE, h11.SEND_BODY
+    if parser not in ("httptools", "h11"):
+        raise ValueError(f"parser must be 'httptools' or 'h11', got {parser!r}")
+    limits = {
+        "header_timeout": header_timeout_s,
+        "body_timeout": body_timeout_s,
+        "min_rate": body_min_rate,
+        "connection_cap": max_connections,
+    }
+    if parser == "h11":
+        return type("GuardedH11Protocol", (_GuardedH11,), limits)
+    return type("GuardedHttpToolsProtocol", (_GuardedHttpTools,), limits)
 
-    class GuardedH11Protocol(H11Protocol):
-        header_timeout = header_timeout_s
-        body_timeout = body_timeout_s
-        min_rate = body_min_rate
-        connection_cap = max_connections
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.limit_concurrency = None  # replaced by the shedding cap below
-            self._app = self.app
-            self._deadline: asyncio.TimerHandle | None = None
-            # The current request's first byte (or the connection's opening); None while
-            # no request is being read (answering one, or idle between requests).
-            self._reading_since: float | None = None
-            self._idle_since: float | None = None
-            self._received = 0  # bytes of the current request
-            self._body_since: float | None = None
-            self._body_offset = 0  # bytes of the request before its body
-            self._metrics: ServerMetrics | None = None
-            self._counted = False  # in the metrics' requests_in
+#: h11's default bound on a request's line and headers, which uvicorn applies by default.
+_DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+#: What a connection is reading: a request's line and headers, or its body.
+_HEADERS, _BODY = "headers", "body"
 
-        # -- uvicorn's protocol interface
 
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._metrics = metrics = self.app_state.get(METRICS_STATE_KEY)
-            if metrics is not None and metrics.requests_in is None:
-                metrics.requests_in = 0
-            self._reading_since = self.loop.time()
+class _Guard:
+    """The deadlines, the connection cap and their counters, shared by both parsers'
+    protocols; each subclass tells it where a request's phases begin and end
+    (:meth:`_reading`, :meth:`_headers_in`, :meth:`_request_in`, :meth:`_idle`)."""
+
+    header_timeout: float
+    body_timeout: float
+    min_rate: float
+    connection_cap: int
+    # uvicorn's protocol attributes this class uses
+    app: Any
+    app_state: dict
+    connections: set
+    cycle: Any
+    loop: asyncio.AbstractEventLoop
+    transport: Any
+    config: Any
+
+    def _guard_init(self) -> None:
+        self.limit_concurrency = None  # replaced by the shedding cap below
+        self._app = self.app
+        self._deadline: asyncio.TimerHandle | None = None
+        self._phase: str | None = None  # _HEADERS, _BODY or None (answering, or idle)
+        # The current request's first byte (or the connection's opening); None while no
+        # request is being read (answering one, or idle between requests).
+        self._reading_since: float | None = None
+        self._idle_since: float | None = None
+        self._received = 0  # bytes of the current request
+        self._body_since: float | None = None
+        self._body_offset = 0  # bytes of the request before its body
+        self._metrics: ServerMetrics | None = None
+        self._counted = False  # in the metrics' requests_in
+        # uvicorn's bound on a request's headers (None: h11's default, 16 KiB).
+        limit = getattr(self.config, "h11_max_incomplete_event_size", None)
+        self._max_header_bytes = _DEFAULT_MAX_HEADER_BYTES if limit is None else int(limit)
+
+    def _opened(self) -> None:
+        self._metrics = metrics = self.app_state.get(METRICS_STATE_KEY)
+        if metrics is not None and metrics.requests_in is None:
+            metrics.requests_in = 0
+        self._reading()
+        over = len(self.connections) > self.connection_cap
+        if over and self._open() > self.connection_cap and not self._make_room():
+            self.app = self._admit  # its request decides: room then, or a 503
+
+    # -- a request's phases
+
+    def _reading(self) -> None:
+        """A request's first byte (or a new connection): its headers' deadline starts."""
+        self._phase = _HEADERS
+        self._reading_since = self.loop.time()
+        self._idle_since = None
+        self._received = 0
+        if self._deadline is None:
             self._deadline = self.loop.call_later(self.header_timeout, self._header_timed_out)
-            over = len(self.connections) > self.connection_cap
-            if over and self._open() > self.connection_cap and not self._make_room():
-                self.app = self._admit  # its request decides: room then, or a 503
 
-        def data_received(self, data: bytes) -> None:
-            if self._reading_since is None:
-                if self.conn.their_state is not idle or self.conn.our_state is not idle:
-                    super().data_received(data)  # pipelined behind a request being answered
-                    return
-                self._reading_since = self.loop.time()  # a kept-alive connection's next request
-                self._idle_since = None
-                self._received = 0
-            self._received += len(data)
-            super().data_received(data)
-            state = self.conn.their_state
-            if state is idle:
-                if self._deadline is None:
-                    self._deadline = self.loop.call_later(
-                        self.header_timeout, self._header_timed_out
-                    )
-            elif state is send_body:
-                if self._body_since is None:
-                    self._disarm()
-                    self._body_since = self.loop.time()
-                    # Everything so far counts as headers: the body's first bytes in
-                    # this chunk buy no time (stricter, never looser, than exact).
-                    self._body_offset = self._received
-                    self._deadline = self.loop.call_later(self.body_timeout, self._body_check)
-            else:  # the request is in: the app answers it, no client deadline applies
-                self._disarm()
-                self._reading_since = self._body_since = None
-                if not self._counted and self._metrics is not None:
-                    # Counted before any request's task runs: the micro-batcher sees the
-                    # requests that arrived together, and decides a lone one at once.
-                    self._counted = True
-                    self._metrics.requests_in += 1
+    def _headers_in(self) -> None:
+        """The headers are in; the body's deadline starts."""
+        self._disarm()
+        self._phase = _BODY
+        self._body_since = self.loop.time()
+        # Everything so far counts as headers: the body's first bytes in this chunk buy
+        # no time (stricter, never looser, than exact).
+        self._body_offset = self._received
+        self._deadline = self.loop.call_later(self.body_timeout, self._body_check)
 
-        def on_response_complete(self) -> None:
-            self._uncount()
-            super().on_response_complete()
-            if self.conn.their_state is idle:  # kept alive: uvicorn's keep-alive timeout
-                self._reading_since = self._body_since = None
-                self._idle_since = self.loop.time()
+    def _request_in(self) -> None:
+        """The request is in: the app answers it, no client deadline applies."""
+        self._disarm()
+        self._phase = None
+        self._reading_since = self._body_since = None
+        if not self._counted and self._metrics is not None:
+            # Counted before any request's task runs: the micro-batcher sees the requests
+            # that arrived together, and decides a lone one at once.
+            self._counted = True
+            self._metrics.requests_in += 1
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            self._uncount()
-            self._reading_since = self._idle_since = None
-            super().connection_lost(exc)
+    def _idle(self) -> None:
+        """The answer is sent and the connection kept alive (uvicorn's keep-alive
+        timeout governs it now)."""
+        self._phase = None
+        self._reading_since = self._body_since = None
+        self._idle_since = self.loop.time()
 
-        def _uncount(self) -> None:
-            if self._counted:
-                self._counted = False
-                self._metrics.requests_in -= 1
+    def _closed(self) -> None:
+        self._disarm()
+        self._uncount()
+        self._phase = None
+        self._reading_since = self._idle_since = None
 
-        # -- deadlines
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._metrics.requests_in -= 1
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+    # -- deadlines
 
-        def _header_timed_out(self) -> None:
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
             self._deadline = None
-            if self.conn.their_state is idle and self._reading_since is not None:
-                self._cut(CUT_HEADER_TIMEOUT, answer=self._received > 0)
 
-        def _body_check(self) -> None:
-            self._deadline = None
-            if self.conn.their_state is not send_body or self._body_since is None:
-                return
-            due = self._body_since + self.body_timeout
-            if self.min_rate > 0:
-                due += (self._received - self._body_offset) / self.min_rate
-            if self.loop.time() >= due:
-                self._cut(CUT_BODY_TIMEOUT, answer=True)
-            else:
-                self._deadline = self.loop.call_at(due, self._body_check)
+    def _header_timed_out(self) -> None:
+        self._deadline = None
+        if self._phase == _HEADERS:
+            self._cut(CUT_HEADER_TIMEOUT, answer=self._received > 0)
 
-        def _cut(self, reason: str, answer: bool) -> None:
-            """Closes the connection (a 408 first when a request was under way)."""
-            transport = self.transport
-            if transport.is_closing():
-                return
-            cycle = self.cycle
-            started = cycle is not None and not cycle.response_complete
-            if answer and not (started and cycle.response_started):
+    def _body_check(self) -> None:
+        self._deadline = None
+        if self._phase != _BODY or self._body_since is None:
+            return
+        due = self._body_since + self.body_timeout
+        if self.min_rate > 0:
+            due += (self._received - self._body_offset) / self.min_rate
+        if self.loop.time() >= due:
+            self._cut(CUT_BODY_TIMEOUT, answer=True)
+        else:
+            self._deadline = self.loop.call_at(due, self._body_check)
+
+    def _cut(self, reason: str, answer: bool, response: bytes | None = None) -> None:
+        """Closes the connection (a 408, or ``response``, first when a request was under
+        way)."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        cycle = self.cycle
+        started = cycle is not None and not cycle.response_complete
+        if answer and not (started and cycle.response_started):
+            if response is None:
                 body = b'{"detail":"request not received in time"}'
-                transport.write(_TIMED_OUT % (len(body), body))
-            if started:
-                cycle.disconnected = True  # the app's own answer, if any, goes nowhere
-                cycle.message_event.set()
-            self._disarm()
-            self._reading_since = self._idle_since = None
-            transport.close()
-            if self._metrics is not None:
-                self._metrics.connection_cut(reason)
+                response = _TIMED_OUT % (len(body), body)
+            transport.write(response)
+        if started:
+            cycle.disconnected = True  # the app's own answer, if any, goes nowhere
+            cycle.message_event.set()
+        self._closed()
+        transport.close()
+        if self._metrics is not None and reason is not None:
+            self._metrics.connection_cut(reason)
 
-        # -- the connection cap
+    # -- the connection cap
 
-        def _open(self) -> int:
-            return sum(not other.transport.is_closing() for other in self.connections)
+    def _open(self) -> int:
+        return sum(not other.transport.is_closing() for other in self.connections)
 
-        def _make_room(self) -> bool:
-            """Closes the connection reading a request the longest, else the longest-idle
-            one; False when every other connection has a request being answered."""
-            victim, oldest = None, None
-            for other in self.connections:
-                if other is self or other.transport.is_closing():
-                    continue
-                since = getattr(other, "_reading_since", None)
-                key = (0, since)
-                if since is None:
-                    idle_since = getattr(other, "_idle_since", None)
-                    if idle_since is None:
-                        continue  # answering a request: never shed
-                    key = (1, idle_since)
-                if oldest is None or key < oldest:
-                    victim, oldest = other, key
-            if victim is None:
-                return False
-            victim._cut(CUT_SHED, answer=False)
-            return True
+    def _make_room(self) -> bool:
+        """Closes the connection reading a request the longest, else the longest-idle
+        one; False when every other connection has a request being answered."""
+        victim, oldest = None, None
+        for other in self.connections:
+            if other is self or other.transport.is_closing():
+                continue
+            since = getattr(other, "_reading_since", None)
+            key = (0, since)
+            if since is None:
+                idle_since = getattr(other, "_idle_since", None)
+                if idle_since is None:
+                    continue  # answering a request: never shed
+                key = (1, idle_since)
+            if oldest is None or key < oldest:
+                victim, oldest = other, key
+        if victim is None:
+            return False
+        victim._cut(CUT_SHED, answer=False)
+        return True
 
-        async def _admit(self, scope: dict, receive: Any, send: Any) -> None:
-            """The app of a connection past the cap: room is made, or the request gets a
-            503 (the probes are answered regardless)."""
-            if self._open() <= self.connection_cap or self._make_room():
-                self.app = self._app
-            elif scope["path"] not in _PROBES:
-                metrics = self._metrics
-                if metrics is not None:
-                    metrics.unavailable(UNAVAILABLE_CONNECTION_LIMIT)
-                    metrics.request(scope["path"], 503, 0.0)
-                await _unavailable(send)
+    async def _admit(self, scope: dict, receive: Any, send: Any) -> None:
+        """The app of a connection past the cap: room is made, or the request gets a
+        503 (the probes are answered regardless)."""
+        if self._open() <= self.connection_cap or self._make_room():
+            self.app = self._app
+        elif scope["path"] not in _PROBES:
+            metrics = self._metrics
+            if metrics is not None:
+                metrics.unavailable(UNAVAILABLE_CONNECTION_LIMIT)
+                metrics.request(scope["path"], 503, 0.0)
+            await _unavailable(send)
+            return
+        await self._app(scope, receive, send)
+
+
+def _h11_base() -> type:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    return H11Protocol
+
+
+def _httptools_base() -> type:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    return HttpToolsProtocol
+
+
+class _GuardedHttpTools(_httptools_base(), _Guard):  # type: ignore[misc]
+    """The guard on uvicorn's httptools protocol: the parser's callbacks mark a request's
+    phases (they run inside :meth:`data_received`, pipelined requests included)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._guard_init()
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._opened()
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase is None and (self.cycle is None or self.cycle.response_complete):
+            self._reading()  # a kept-alive connection's next request
+        self._received += len(data)
+        super().data_received(data)
+        limit = self._max_header_bytes
+        if limit and self._phase == _HEADERS and self._received > limit:
+            self._cut(None, answer=True, response=_HEADERS_TOO_LARGE)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._phase is None:  # pipelined behind a request being answered
+            self._reading()
+
+    def on_headers_complete(self) -> None:
+        self._headers_in()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._request_in()
+
+    def on_response_complete(self) -> None:
+        self._uncount()
+        pipelined = bool(self.pipeline)  # the next request, already read, is answered now
+        super().on_response_complete()
+        if self._phase is None and not pipelined and not self.transport.is_closing():
+            self._idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed()
+        super().connection_lost(exc)
+
+
+class _GuardedH11(_h11_base(), _Guard):  # type: ignore[misc]
+    """The guard on uvicorn's h11 protocol: h11's states mark a request's phases."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._guard_init()
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._opened()
+
+    def data_received(self, data: bytes) -> None:
+        import h11
+
+        if self._phase is None:
+            if self.conn.their_state is not h11.IDLE or self.conn.our_state is not h11.IDLE:
+                super().data_received(data)  # pipelined behind a request being answered
                 return
-            await self._app(scope, receive, send)
+            self._reading()  # a kept-alive connection's next request
+        self._received += len(data)
+        super().data_received(data)
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            if self._deadline is None and self._phase == _HEADERS:
+                self._deadline = self.loop.call_later(self.header_timeout, self._header_timed_out)
+        elif state is h11.SEND_BODY:
+            if self._phase == _HEADERS:
+                self._headers_in()
+        elif self._phase is not None:
+            self._request_in()
 
-    return GuardedH11Protocol
+    def on_response_complete(self) -> None:
+        import h11
+
+        self._uncount()
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE:  # kept alive: uvicorn's keep-alive timeout
+            self._idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed()
+        super().connection_lost(exc)
+
+
+_HEADERS_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+    b"connection: close\r\ncontent-length: 47\r\n\r\n"
+    b'{"detail":"request line and headers too large"}'
+)
 
 
 async def _unavailable(send: Any) -> None:

@@ -24,7 +24,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Incidents", "LoadedPolicy", "PolicyTrust", "load_policy_source", "padded_sizes"]
+__all__ = [
+    "Incidents",
+    "LoadedPolicy",
+    "PolicyTrust",
+    "load_policy_source",
+    "padded_sizes",
+    "synchronous_cpu_dispatch",
+]
 
 log = logging.getLogger("neorl_industrial.serve")
 
@@ -305,6 +312,7 @@ def load_policy_source(
             actions the enforced constraints do not allow, naming why.
     """
     trust = trust or PolicyTrust()
+    synchronous_cpu_dispatch()
     from neorl_industrial.integration.deployment.pin import ServerCheck, probe_refusals
     from neorl_industrial.wrappers.agents.artifact import PolicyArtifact, PolicyArtifactError
 
@@ -343,6 +351,25 @@ def load_policy_source(
     artifact.set_incident_handler(incidents)
     artifact.warmup(batch_sizes)
     return LoadedPolicy(artifact, source, registry, trust, incidents)
+
+
+def synchronous_cpu_dispatch() -> bool:
+    """Asks JAX to run CPU programs on the calling thread (``jax_cpu_enable_async_dispatch``
+    off), where the backend is not created yet: a served call is a few microseconds of
+    work, and handing it to a worker thread and waiting for the result costs about as
+    much again in CPU time (more on a busy machine). Results are the same either way.
+
+    Returns:
+        Whether the setting applies (False: the CPU backend was created before, and keeps
+        its dispatch; a server in a process that already ran JAX code).
+    """
+    import jax
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        return False
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    return True
 
 
 @contextlib.contextmanager

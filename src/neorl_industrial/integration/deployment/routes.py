@@ -25,6 +25,7 @@ import ctypes
 import dataclasses
 import difflib
 import gc
+import logging
 import re
 import time
 import uuid
@@ -58,7 +59,9 @@ from neorl_industrial.integration.deployment.schemas import (
 from neorl_industrial.integration.safety import AuditLogError
 from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
 
-__all__ = ["orjson_response", "router"]
+__all__ = ["ActFastPath", "orjson_response", "router"]
+
+log = logging.getLogger("neorl_industrial.serve")
 
 router = APIRouter(route_class=OrjsonRoute)  # bodies parsed by orjson
 
@@ -88,18 +91,29 @@ async def act(
             given = _by_name(given, spec.action_index, "prev_action")
         prev = _check_rows([given], policy.action_size, "prev_action", "one per action", True)
         _check_bounds(prev, spec, "prev_action", single=True, named=named)
-    rid = _request_id(request, body.request_id)
-    decision = await _decide(serving, request, observations, prev, "observation")
-    serving.record(policy, observations, decision, [rid], _key(request))
-    return orjson_response(
-        {
-            "action": decision.action[0].tolist(),
-            "proposed": decision.proposed[0].tolist(),
-            "report": _reports(decision)[0],
-            "request_id": rid,
-            "policy_version": policy.version,
-        }
-    )
+    rid = _request_id(request.headers.get("x-request-id"), body.request_id)
+    decision = await _decide(serving, request.scope, observations, prev, "observation")
+    return orjson_response(_answer_one(serving, policy, observations, decision, rid, _key(request)))
+
+
+def _answer_one(
+    serving: Any,
+    policy: Any,
+    observations: np.ndarray,
+    decision: Any,
+    rid: str,
+    key: str | None,
+) -> dict[str, Any]:
+    """``/v1/act``'s answer, once the decision is recorded in the monitor, metrics and
+    audit (the route's and :class:`ActFastPath`'s)."""
+    serving.record(policy, observations, decision, [rid], key)
+    return {
+        "action": decision.action[0].tolist(),
+        "proposed": decision.proposed[0].tolist(),
+        "report": _reports(decision)[0],
+        "request_id": rid,
+        "policy_version": policy.version,
+    }
 
 
 @router.post("/v1/act/batch", response_model=BatchResponse, tags=["policy"])
@@ -128,8 +142,8 @@ async def act_batch(
             )
         prev = _check_rows(body.prev_actions, policy.action_size, "prev_actions", "one per action")
         _check_bounds(prev, _spec(policy), "prev_actions")
-    rid = _request_id(request, body.request_id)
-    decision = await _decide(serving, request, observations, prev, "observations")
+    rid = _request_id(request.headers.get("x-request-id"), body.request_id)
+    decision = await _decide(serving, request.scope, observations, prev, "observations")
     ids = [f"{rid}/{row}" for row in range(len(observations))]
     serving.record(policy, observations, decision, ids, _key(request))
     return orjson_response(
@@ -373,12 +387,12 @@ def _check_rows(
 
 
 async def _decide(
-    serving: Any, request: Request, observations: np.ndarray, prev: np.ndarray | None, field: str
+    serving: Any, scope: dict, observations: np.ndarray, prev: np.ndarray | None, field: str
 ) -> Any:
     # The batcher isolates a request whose rows break the policy call; that request (and
     # only it) gets a 422 naming its field rather than a 500.
     try:
-        return await serving.decide(request.scope, observations, prev)
+        return await serving.decide(scope, observations, prev)
     except RuntimeError as error:
         if "shutting down" in str(error):
             raise HTTPException(503, str(error)) from None
@@ -392,19 +406,21 @@ async def _decide(
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/\-]{1,128}")
 
 
-def _request_id(request: Request, given: str | None) -> str:
+def _request_id(header: str | None, given: str | None) -> str:
+    """The body's id, else the ``X-Request-ID`` header's where it keeps the rule, else a
+    new one."""
     if given:
         return given
-    header = request.headers.get("x-request-id")
     if header and _REQUEST_ID.fullmatch(header):
         return header
     return uuid.uuid4().hex
 
 
 def _reports(decision: Any) -> list[dict[str, Any]]:
+    """Each row's report, for :func:`orjson_response` (which writes the infinite margin of
+    an inactive state-conditional constraint, and NaN, as null)."""
     names = decision.constraint_names
-    # Inactive state-conditional constraints have an infinite margin: null in JSON.
-    margins = np.where(np.isfinite(decision.margin), decision.margin, np.nan).tolist()
+    margins = decision.margin.tolist()
     violated = decision.violated
     flags = [(name, getattr(decision, name).tolist()) for name in _FLAGS]
     statuses = decision.status.tolist()
@@ -421,7 +437,180 @@ def _reports(decision: Any) -> list[dict[str, Any]]:
     applied_margin = getattr(decision, "applied_margin", None)
     if applied_margin is not None:
         broken = ~(np.asarray(applied_margin) >= -TOLERANCE)
+        if not broken.any():  # the common case
+            for report in reports:
+                report["violated_after"] = []
+            return reports
         labels = np.asarray(names, dtype=object)
         for report, row in zip(reports, broken.reshape(len(reports), -1), strict=True):
             report["violated_after"] = labels[row].tolist()
     return reports
+
+
+# ----- /v1/act's common form, answered without the framework's routing -------------------
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_NUMBERS = frozenset({float, int})  # strict, as the schema: no bool, no str
+_ACT_FIELDS = frozenset({"observation", "prev_action", "request_id"})
+
+
+class ActFastPath:
+    """``POST /v1/act`` with its observation (and previous action) as lists, answered
+    without the framework's routing, dependency solving and pydantic validation, which
+    cost more than the shielded decision itself.
+
+    The same checks as the route, in the same order: the caller's key
+    (:meth:`ServingState.identify`), the body's fields, the values' JSON types (numbers,
+    not booleans or strings), lengths, finiteness, float32's range and the previous
+    action's bounds; then the same decision, monitor, metrics, audit record and answer.
+    A request that does not pass every check as it is (a missing or wrong key, named
+    values, a malformed body, any wrong value) is handed to the framework's route with
+    its body untouched, which answers it, errors included, as it answers any request:
+    the fast path never writes an error of its own for bad input.
+
+    Off (everything through the route) while a test overrides dependencies, and when CORS
+    is configured (its middleware sits between the client and the route).
+
+    Args:
+        app: the framework (the routes and their middleware).
+        serving: the serving state.
+        overrides: the app's ``dependency_overrides``.
+        enabled: False: every request goes to ``app``.
+    """
+
+    def __init__(
+        self, app: Any, serving: Any, overrides: Mapping[Any, Any], enabled: bool = True
+    ) -> None:
+        self.app = app
+        self.serving = serving
+        self.overrides = overrides
+        self.enabled = enabled
+        self.answered = 0  # requests answered here (the tests' and the profile's count)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        serving = self.serving
+        if (
+            scope["path"] != "/v1/act"
+            or scope["method"] != "POST"
+            or not self.enabled
+            or self.overrides
+            or not serving.ready
+        ):
+            await self.app(scope, receive, send)
+            return
+        content_type = authorization = api_key = request_id = None
+        for name, value in scope["headers"]:  # the first of each, as Starlette reads them
+            if name == b"content-type" and content_type is None:
+                content_type = value
+            elif name == b"authorization" and authorization is None:
+                authorization = value.decode("latin-1")
+            elif name == b"x-api-key" and api_key is None:
+                api_key = value.decode("latin-1")
+            elif name == b"x-request-id" and request_id is None:
+                request_id = value.decode("latin-1")
+        messages = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        if message["type"] == "http.request":
+            body = b"".join(m.get("body", b"") for m in messages)
+            try:
+                request = self._checked(body, content_type, authorization, api_key)
+            except Exception:  # anything unexpected: the route decides (and logs)
+                request = None
+            if request is not None:
+                await self._answer(scope, send, request, request_id)
+                return
+
+        async def replay() -> dict:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    def _checked(
+        self,
+        body: bytes,
+        content_type: bytes | None,
+        authorization: str | None,
+        api_key: str | None,
+    ) -> tuple[Any, str | None, np.ndarray, np.ndarray | None, str | None] | None:
+        """``(policy, key, observations, prev, request_id)`` for a request that passes
+        every check; None for one the route must answer."""
+        if content_type is not None and (
+            content_type.split(b";", 1)[0].strip().lower() != b"application/json"
+        ):
+            return None
+        serving = self.serving
+        headers = {}
+        if authorization is not None:
+            headers["authorization"] = authorization
+        if api_key is not None:
+            headers["x-api-key"] = api_key
+        try:
+            _, key = serving.identify(headers)
+        except HTTPException:
+            return None
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if type(data) is not dict or "observation" not in data or not data.keys() <= _ACT_FIELDS:
+            return None
+        policy = serving.policy
+        observations = _plain_row(data["observation"], policy.observation_size)
+        if observations is None:
+            return None
+        prev = data.get("prev_action")
+        if prev is not None:
+            prev = _plain_row(prev, policy.action_size)
+            if prev is None:
+                return None
+            spec = _spec(policy)
+            if ((prev < spec.low_tolerated) | (prev > spec.high_tolerated)).any():
+                return None
+        rid = data.get("request_id")
+        if rid is not None and (type(rid) is not str or not _REQUEST_ID.fullmatch(rid)):
+            return None
+        return policy, key, observations, prev, rid
+
+    async def _answer(
+        self, scope: dict, send: Any, request: tuple[Any, ...], header_id: str | None
+    ) -> None:
+        policy, key, observations, prev, given = request
+        serving = self.serving
+        rid = _request_id(header_id, given)
+        try:
+            decision = await _decide(serving, scope, observations, prev, "observation")
+            status = 200
+            content = _answer_one(serving, policy, observations, decision, rid, key)
+        except HTTPException as error:  # as the framework's handler writes it
+            status, content = error.status_code, {"detail": error.detail}
+        except Exception:  # as the app's handler of unexpected errors answers
+            log.exception("unexpected error on /v1/act")
+            status, content = 500, {"detail": "internal error; see the server log"}
+        self.answered += 1
+        body = orjson.dumps(content)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-length", str(len(body)).encode()),
+                    (b"content-type", b"application/json"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _plain_row(values: Any, width: int) -> np.ndarray | None:
+    """``[1, width]`` float32 of a JSON list of ``width`` finite numbers within float32;
+    None for anything else (the schema then says what is wrong)."""
+    if type(values) is not list or len(values) != width or not set(map(type, values)) <= _NUMBERS:
+        return None
+    row = np.asarray(values, np.float64)
+    # NaN fails both comparisons; a JSON integer too large for float64 is inf.
+    if not (np.abs(row) <= _FLOAT32_MAX).all():
+        return None
+    return row.astype(np.float32).reshape(1, width)

@@ -128,8 +128,11 @@ class ServerSettings(BaseSettings):
     #: Bytes per second a body must keep up, on average, past ``body_timeout_s`` (0: the
     #: body deadline is fixed) (``serve``).
     body_min_rate: float = Field(default=1024.0, ge=0.0)
-    #: Seconds an idle keep-alive connection stays open (``serve``).
-    keep_alive_s: float = Field(default=5.0, gt=0.0)
+    #: Seconds an idle keep-alive connection stays open (``serve``). Longer than clients
+    #: keep theirs (httpx 5 s, aiohttp 15 s, proxies and load balancers 60 s): a server
+    #: that closes an idle connection first races the client's next request on it, which
+    #: then fails with a read error (idle connections are shed first at the cap anyway).
+    keep_alive_s: float = Field(default=75.0, gt=0.0)
     #: Most open connections (``serve``): past it, the slowest reader is shed; a 503 only
     #: when every connection is answering a request (``/healthz``, ``/readyz`` never). An
     #: open connection costs ~4 KiB, so the cap is set well above what slow clients open.

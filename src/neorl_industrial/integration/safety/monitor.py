@@ -145,6 +145,45 @@ def host_report(
     )
 
 
+def _status_counts(
+    report: Any, n_constraints: int
+) -> tuple[int, dict[str, int], np.ndarray, np.ndarray, np.ndarray | None]:
+    """What :meth:`SafetyMonitor.observe` counts of a report with ``status`` bits, in a few
+    NumPy operations whatever its size: ``(rows, flag counts, margins [rows, n], violated
+    [rows, n], violated after [rows, n] or None)``. The flags are counted only when some
+    bit is set (rarely, on a server). Checks the shapes as :func:`host_report` does."""
+    margin = np.asarray(report.margin, np.float64)
+    status = np.asarray(report.status)
+    width = margin.shape[-1] if margin.ndim else 0
+    if margin.ndim == 0 or width != n_constraints:
+        raise ValueError(
+            f"report: {width} constraint columns, the monitor knows {n_constraints} constraints"
+        )
+    if status.shape != margin.shape[:-1]:
+        raise ValueError(
+            f"report: flags of shape {status.shape} and margins of shape {margin.shape} do "
+            "not line up"
+        )
+    margin = margin.reshape(-1, n_constraints)
+    status = status.reshape(-1)
+    rows = len(status)
+    flags = dict.fromkeys(_BITS, 0)
+    if rows and status.any():
+        for name, bit in _BITS.items():
+            flags[name] = int(np.count_nonzero(status & bit))
+    applied = getattr(report, "applied_margin", None)
+    after = None
+    if applied is not None:
+        applied = np.asarray(applied)
+        if applied.shape[-1:] != (n_constraints,) or applied.size != margin.size:
+            raise ValueError(
+                f"report: applied margins of shape {applied.shape}, proposed margins of "
+                f"shape {margin.shape}"
+            )
+        after = ~(applied.reshape(-1, n_constraints) >= -TOLERANCE)
+    return rows, flags, margin, ~(margin >= -TOLERANCE), after
+
+
 def _json_number(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
@@ -188,16 +227,22 @@ class SafetyMonitor:
         Raises:
             ValueError: when the report's constraint columns do not match the names.
         """
-        host = host_report(report, len(self.constraint_names), against="the monitor knows")
-        finite = np.isfinite(host.margin)
+        n = len(self.constraint_names)
+        if getattr(report, "status", None) is not None:
+            rows, flags, margin, violated, after = _status_counts(report, n)
+        else:
+            host = host_report(report, n, against="the monitor knows")
+            rows, margin, violated = host.rows, host.margin, host.violated
+            flags = {name: int(getattr(host, name).sum()) for name in _BITS}
+            after = host.violated_after
+        finite = np.isfinite(margin)
         count = finite.sum(axis=0)
-        total = np.where(finite, host.margin, 0.0).sum(axis=0)
-        lowest = np.where(finite, host.margin, np.inf).min(axis=0, initial=np.inf)
-        violations = host.violated.sum(axis=0)
-        after = 0 if host.violated_after is None else host.violated_after.sum(axis=0)
-        flags = {name: int(getattr(host, name).sum()) for name in _BITS}
+        total = np.where(finite, margin, 0.0).sum(axis=0)
+        lowest = np.where(finite, margin, np.inf).min(axis=0, initial=np.inf)
+        violations = violated.sum(axis=0)
+        after = 0 if after is None else after.sum(axis=0)
         with self._lock:
-            self._decisions += host.rows
+            self._decisions += rows
             for name, value in flags.items():
                 self._flags[name] += value
             self._violations += violations

@@ -169,6 +169,8 @@ class PolicyDecision:
         return None if mask is None else self._named(mask)
 
     def _named(self, mask: np.ndarray) -> tuple[str, ...] | tuple[tuple[str, ...], ...]:
+        if not mask.any():  # the common case: nothing broken, no names to look up
+            return () if mask.ndim == 1 else ((),) * len(mask)
         names = np.asarray(self.constraint_names, dtype=object)
         if mask.ndim == 1:
             return tuple(names[mask].tolist())
@@ -215,7 +217,10 @@ class PolicyArtifact:
         self._observation_size = int(manifest["observation_size"])
         self._action_size = int(manifest["action_size"])
         self._names = tuple(manifest["constraints"]["names"])
-        self._bits = {name: int(bit) for name, bit in manifest["status_bits"].items()}
+        bits = {name: int(bit) for name, bit in manifest["status_bits"].items()}
+        # The bit of each flag in STATUS_BITS' order; an artifact whose manifest lacks a bit
+        # was exported by a shield without it (0: never set).
+        self._flag_bits = np.asarray([bits.get(name, 0) for name in STATUS_BITS], np.int32)
         # Format 1 returns the proposal's margins alone; format 2 the applied ones too.
         self._applied_margins = int(manifest["format_version"]) >= 2
         self._incident_margins: Callable | None = None
@@ -307,13 +312,27 @@ class PolicyArtifact:
     def _compiled(self, exported: jax.export.Exported) -> Callable:
         guard = self._guard
 
-        def call(observations: jax.Array, prev_actions: jax.Array) -> tuple[jax.Array, ...]:
+        def call(observations: jax.Array, prev_actions: jax.Array) -> jax.Array:
             self._traced.append(int(observations.shape[0]))  # runs once per traced shape
-            outputs = exported.call(observations, prev_actions)
+            action, proposed, status, margins = exported.call(observations, prev_actions)
             if guard is None:
-                return (*outputs, jnp.ones(outputs[2].shape, bool))
-            # The guard's check in the same program: one call per batch, fused by XLA.
-            return (*outputs, guard.accepts(observations, prev_actions, outputs[0]))
+                accepted = jnp.ones(status.shape, bool)
+            else:
+                # The guard's check in the same program: one call per batch, fused by XLA.
+                accepted = guard.accepts(observations, prev_actions, action)
+            # Every output in one float32 array, so a call makes one host transfer (each
+            # array copied out separately cost more than the program ran). The status bits
+            # and the guard's verdict are small integers, exact in float32.
+            return jnp.concatenate(
+                [
+                    action.astype(jnp.float32),
+                    proposed.astype(jnp.float32),
+                    status.astype(jnp.float32)[:, None],
+                    accepted.astype(jnp.float32)[:, None],
+                    margins.astype(jnp.float32).reshape(status.shape[0], -1),
+                ],
+                axis=1,
+            )
 
         return jax.jit(call)
 
@@ -367,9 +386,15 @@ class PolicyArtifact:
             observations = np.pad(observations, pad, mode="edge")
             prev_actions = np.pad(prev_actions, pad, mode="edge")
         serve = next(function for min_batch, function in self._functions if padded >= min_batch)
-        outputs = [output[:rows] for output in jax.device_get(serve(observations, prev_actions))]
-        action, proposed, status, margins, accepted = outputs
-        if self._applied_margins:  # [rows, 2, n]: views, no copy
+        packed = np.asarray(serve(observations, prev_actions))[:rows]  # views from here on
+        n_act = self._action_size
+        action = packed[:, :n_act]
+        proposed = packed[:, n_act : 2 * n_act]
+        status = packed[:, 2 * n_act].astype(np.int32)
+        accepted = packed[:, 2 * n_act + 1] != 0
+        margins = packed[:, 2 * n_act + 2 :]
+        if self._applied_margins:  # [rows, 2, n]: the proposal's, then the applied action's
+            margins = margins.reshape(rows, 2, -1)
             margin, applied_margin = margins[:, 0], margins[:, 1]
         else:
             margin, applied_margin = margins, None
@@ -398,17 +423,17 @@ class PolicyArtifact:
                 value[0] for value in (action, proposed, status, margin, incident)
             )
             applied_margin = None if applied_margin is None else applied_margin[0]
-        flags = {name: (status & bit) != 0 for name, bit in self._bits.items()}
+        # Every flag from the status in one operation; each flag a view of its column.
+        flags = (status[..., None] & self._flag_bits) != 0
         decision = PolicyDecision(
             action=action,
             proposed=proposed,
             status=status,
             margin=margin,
+            **{name: flags[..., column] for column, name in enumerate(STATUS_BITS)},
             constraint_names=self._names,
             incident=incident,
             applied_margin=applied_margin,
-            # An artifact whose manifest lacks a bit was exported by a shield without it.
-            **{name: flags.get(name, np.zeros_like(status, bool)) for name in STATUS_BITS},
         )
         if self._on_incident is not None and incident.any():
             self._on_incident(decision)
