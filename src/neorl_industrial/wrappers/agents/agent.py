@@ -220,13 +220,6 @@ class Agent:
         self._simulator: tuple[Any, Any] | None = None
 
     # ----- construction -----------------------------------------------------------------
-    @classmethod
-    def from_config(cls, config: Any, overrides: Sequence[str] = ()) -> Agent:
-        """The agent a ``RunConfig`` (or its YAML file) describes."""
-        from neorl_industrial.wrappers.training.plan import resolve_plan
-
-        return resolve_plan(config, overrides).agent()
-
     @property
     def name(self) -> str:
         return self.entry.name
