@@ -359,12 +359,15 @@ def onnx_policy_graph(
         None, {"observations": probes.observations, "prev_actions": probes.prev_actions}
     )
     parity = compare_decisions(
-        reference(probes.observations, probes.prev_actions), candidate, probes.classes
+        reference(probes.observations, probes.prev_actions),
+        candidate,
+        probes.classes,
+        probes.observations,
     )
-    if not parity.within(PARITY_TOLERANCE):
+    if not parity.within(REFUSAL_TOLERANCE):
         raise OnnxExportError(
             f"the ONNX graph's actions differ from the JAX function's by up to "
-            f"{parity.max_action_difference:.3g} (above {PARITY_TOLERANCE:g}) on probe rows "
+            f"{parity.max_action_difference:.3g} (above {REFUSAL_TOLERANCE:g}) on probe rows "
             f"of the class {parity.worst_class!r}; per class: {parity.by_class}"
         )
     entry = {
