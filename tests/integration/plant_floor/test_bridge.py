@@ -90,11 +90,17 @@ def plant(certificates, security):
 
 
 @pytest.fixture(scope="module")
-def plans(root, policies):
+def map_file(root, policies):
+    """The mixing tank's map at 0.1 s, beside its task file."""
+    return write_map(root, "map.yaml", map_data(PERIOD))
+
+
+@pytest.fixture(scope="module")
+def plans(root, policies, map_file):
     """The signed policy checked for shadow mode, closed loop with the fallback and closed
     loop handing back (each compiled once)."""
     keys = [policies["key"]]
-    fallback = write_map(root, "map.yaml", map_data(PERIOD))
+    fallback = map_file
     hand_back = write_map(root, "map-hand-back.yaml", map_data(PERIOD, on_fault="hand_back"))
     closed = prepare(str(policies["signed"]), fallback, mode="closed-loop", trusted_keys=keys)
     return {
@@ -155,10 +161,14 @@ def shield_keeps(rows) -> bool:
     return bool(np.all(satisfies(compiled, observations, actions, prev)))
 
 
-def test_shadow_mode_logs_what_it_would_do_and_writes_nothing(plans, plant, root):
-    (bridge, summary, ticks, events), written = writes_during(
-        plant, lambda: run(plans["shadow"], plant, root, "shadow", 12)
-    )
+@pytest.fixture(scope="module")
+def shadow_run(plans, plant, root):
+    """A 12-tick shadow run (its log, root/shadow.jsonl, feeds the report's tests)."""
+    return writes_during(plant, lambda: run(plans["shadow"], plant, root, "shadow", 12))
+
+
+def test_shadow_mode_logs_what_it_would_do_and_writes_nothing(shadow_run, root):
+    (bridge, summary, ticks, events), written = shadow_run
     assert written == []  # not one write reached the server
     assert summary.decided == len(ticks) - summary.faulty > 0
     assert (
@@ -318,7 +328,7 @@ def test_metrics_are_served_over_http(plans):
     assert b'neorl_bridge_overrides_total{constraint="pump-hard-when-level-high"}' in text
 
 
-def test_the_shadow_report_tables_agreement_and_overrides(plans, plant, root, tmp_path):
+def test_the_shadow_report_tables_agreement_and_overrides(shadow_run, root, tmp_path):
     report = shadow_report(root / "shadow.jsonl", tmp_path / "report")
     _, records = read_tick_log(root / "shadow.jsonl")
     ticks = [r for r in records if r["kind"] == "tick"]
@@ -372,29 +382,36 @@ def test_the_report_counts_which_constraints_the_shield_would_override(tmp_path)
     assert report.actions[0].mean == pytest.approx(-2.0)
 
 
-def test_the_report_is_logged_on_the_registered_version(plans, root, tmp_path):
-    import mlflow
+def test_the_report_is_logged_on_the_registered_version(shadow_run, root, tmp_path):
+    import os
+    import uuid
+
     from mlflow import MlflowClient
 
     from neorl_industrial.integration.plant_floor.report import log_to_mlflow
 
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+    # The suite's own store (tests/conftest.py), names of this test's own.
+    store, name = os.environ["MLFLOW_TRACKING_URI"], f"mixing-tank-{uuid.uuid4().hex[:8]}"
     client = MlflowClient(tracking_uri=store, registry_uri=store)
-    experiment = client.create_experiment("plant", artifact_location=str(tmp_path / "artifacts"))
+    experiment = client.create_experiment(name, artifact_location=str(tmp_path / "artifacts"))
     run_id = client.create_run(experiment).info.run_id
-    client.create_registered_model("mixing-tank-policy")
-    version = client.create_model_version("mixing-tank-policy", str(root / "policy"), run_id)
+    client.create_registered_model(name)
+    version = client.create_model_version(name, str(root / "policy"), run_id)
     report = shadow_report(root / "shadow.jsonl", tmp_path / "report")
-    uri = f"models:/mixing-tank-policy/{version.version}"
-    logged = log_to_mlflow(report, tmp_path / "report", uri, store)
-    assert logged["run_id"] == run_id
-    tags = client.get_model_version("mixing-tank-policy", version.version).tags
+    logged = log_to_mlflow(report, tmp_path / "report", f"models:/{name}/{version.version}", store)
+    assert (logged["name"], logged["run_id"]) == (name, run_id)
+    tags = client.get_model_version(name, version.version).tags
     assert tags["shadow_report.plant_effect"] == NO_PLANT_MODEL
     assert tags["shadow_report.ticks"] == str(report.ticks)
-    assert "shadow_report.within_tolerance.valve_pct" in tags
+    assert tags["shadow_report.artifacts"] == f"runs:/{run_id}/shadow_report/shadow"
+    assert float(tags["shadow_report.within_tolerance.valve_pct"]) == pytest.approx(
+        report.actions[0].within_tolerance, abs=1e-3
+    )
     files = {f.path for f in client.list_artifacts(run_id, "shadow_report/shadow")}
-    assert "shadow_report/shadow/report.md" in files
-    del mlflow
+    assert {"shadow_report/shadow/report.md", "shadow_report/shadow/actions.png"} <= files
+    # A log of an unregistered policy, and no version named: said, not guessed.
+    with pytest.raises(ValueError, match="not a registered version"):
+        log_to_mlflow(report, tmp_path / "report", None, store)
 
 
 def test_the_command_line_runs_the_bridge_and_the_report(plans, plant, root, capsys, monkeypatch):
@@ -435,28 +452,28 @@ def test_the_command_line_runs_the_bridge_and_the_report(plans, plant, root, cap
     assert (root / "cli-report" / "report.md").is_file()
 
 
-def test_a_policy_for_another_task_is_named_before_anything_connects(policies, root):
+def test_a_policy_for_another_task_is_named_before_anything_connects(policies, map_file):
     with pytest.raises(PolicyTaskError, match=r"another task.*observation_names"):
-        prepare(str(policies["other"]), root / "map.yaml", mode="shadow", allow_unsigned=True)
+        prepare(str(policies["other"]), map_file, mode="shadow", allow_unsigned=True)
 
 
 def test_an_unsigned_policy_is_refused_closed_loop_whatever_the_flags(
-    policies, root, tmp_path, monkeypatch
+    policies, map_file, tmp_path, monkeypatch
 ):
     keys = [policies["key"]]
     with pytest.raises(ClosedLoopRefused, match="unsigned"):
         prepare(
-            str(policies["unsigned"]), root / "map.yaml", mode="closed-loop",
+            str(policies["unsigned"]), map_file, mode="closed-loop",
             trusted_keys=keys, allow_unsigned=True,
         )  # fmt: skip
     # Shadow mode refuses it too, unless told (as serve does).
     with pytest.raises(PolicyArtifactError, match="unsigned"):
-        prepare(str(policies["unsigned"]), root / "map.yaml", mode="shadow", trusted_keys=keys)
+        prepare(str(policies["unsigned"]), map_file, mode="shadow", trusted_keys=keys)
     # Closed loop without any trusted key (none named, no keys/policy-signing.pub where it
     # runs): refused before the policy is read.
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ClosedLoopRefused, match="no trusted key"):
-        prepare(str(policies["signed"]), root / "map.yaml", mode="closed-loop")
+        prepare(str(policies["signed"]), map_file, mode="closed-loop")
 
 
 def test_a_server_that_requires_security_or_other_credentials_is_named(
