@@ -41,6 +41,14 @@ DEMO = [
 ]
 #: The query that opens MLflow 3's machine-learning pages (its GenAI pages otherwise).
 WORKFLOW = "workflowType=machine_learning"
+#: Window sizes of the pictures (wide enough for the run page's two columns beside the
+#: UI's assistant panel).
+SIZES = {
+    "mlflow-ui-runs.png": "1800,700",
+    "mlflow-ui-run.png": "1800,1100",
+    "mlflow-ui-metric.png": "1800,900",
+    "mlflow-ui-model.png": "1800,900",
+}
 
 
 def find_chromium() -> str | None:
@@ -81,30 +89,35 @@ def mlflow_ui(store: str, log: Path | None = None, timeout: float = 300.0) -> It
             output.close()
 
 
-def browse(chromium: str, url: str, out: Path, size: str = "1400,900") -> str:
+def browse(chromium: str, url: str, out: Path, size: str = "1400,900", attempts: int = 2) -> str:
     """Opens ``url`` in headless Chromium, writes a screenshot of it to ``out`` and returns
-    the page's text as rendered (its DOM).
+    the page's text as rendered (its DOM). A browser that has not finished after two
+    minutes is stopped and started again (``attempts`` in all): on a loaded machine the
+    first page a fresh ``mlflow ui`` serves can leave headless Chromium waiting for good.
 
     Raises:
-        RuntimeError: for a screenshot that is missing or blank (one colour, or nearly).
+        RuntimeError: for a screenshot that is missing or blank (one colour, or nearly),
+            or a browser that never finished.
     """
-    done = subprocess.run(
-        [
-            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            f"--window-size={size}", "--virtual-time-budget=15000", f"--screenshot={out}",
-            "--dump-dom", url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )  # fmt: skip
-    share = _main_colour_share(out) if out.exists() else 1.0
-    if share > 0.98:
-        raise RuntimeError(
-            f"{out}: the screenshot of {url} is missing or blank ({share:.1%} one colour); "
-            f"chromium said: {done.stderr.strip()[-500:]}"
-        )
-    return done.stdout
+    command = [
+        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+        f"--window-size={size}", "--virtual-time-budget=15000", f"--screenshot={out}",
+        "--dump-dom", url,
+    ]  # fmt: skip
+    for _ in range(attempts):
+        out.unlink(missing_ok=True)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            continue
+        share = _main_colour_share(out) if out.exists() else 1.0
+        if share > 0.98:
+            raise RuntimeError(
+                f"{out}: the screenshot of {url} is missing or blank ({share:.1%} one "
+                f"colour); chromium said: {done.stderr.strip()[-500:]}"
+            )
+        return done.stdout
+    raise RuntimeError(f"{url}: headless Chromium did not finish in {attempts} tries of 120 s")
 
 
 def _main_colour_share(png: Path) -> float:
@@ -187,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.model,
             )
             for name, url in shown.items():
-                text = browse(chromium, url, out / name)
+                text = browse(chromium, url, out / name, SIZES[name])
                 if name in ("mlflow-ui-runs.png", "mlflow-ui-run.png"):
                     missing = [s for s in (parent.info.run_name, dataset) if s not in text]
                     if missing:

@@ -152,8 +152,9 @@ def test_an_evaluations_settings_are_params_and_its_results_metrics():
                        "ope/normalized_cost_mean": 0.5}  # fmt: skip
     assert params == {"ope.fqe_updates": "2000", "ope.discount": "0.99",
                       "ope.heldout_episodes": "3"}  # fmt: skip
-    _, simulated = summary_entries({"episodes": {"mean": 10.0}}, "eval/", estimated=False)
-    assert simulated == {"eval.episodes": "10"}
+    # A simulator's episodes are the run's evaluation.episodes: neither metric nor param.
+    simulated = summary_entries({"episodes": {"mean": 10.0, "ci": 0.0}}, "eval/", estimated=False)
+    assert simulated == ({}, {})
 
 
 def test_links_to_the_ui_of_a_server_and_of_a_local_store():

@@ -84,7 +84,7 @@ def test_params_tags_and_nested_runs(tracked):
     # horizon as evaluated; not where its files and store are.
     assert (params["data.quality"], params["data.trajectories"]) == ("medium", "2")
     assert params["env.id"] == "IB-v0" and params["evaluation.horizon"] == "50"
-    assert params["eval.episodes"] == "2"  # the evaluation's, logged at the end
+    assert params["evaluation.episodes"] == "2" and "best/episodes_mean" not in parent.data.metrics
     assert not {"tracking.uri", "output", "name", "data.path"} & set(params)
     assert not [key for key in params if key.startswith("evaluation.ope.")]
     assert params["tracking.registered_model"] == MODEL

@@ -77,7 +77,7 @@ EVAL_METRICS = (
     "normalized_cost_cvar",
 )
 #: Entries of an evaluation summary that are settings of the evaluation, not results:
-#: logged as params (``eval.episodes``, ``ope.fqe_updates``, ...), never as metrics.
+#: never metrics; an off-policy estimate's are params (``ope.heldout_episodes``, ...).
 SETTINGS = ("episodes", "heldout_episodes", "fqe_updates", "fqe_seeds", "discount")
 #: The port :func:`ui_command` opens the UI on.
 UI_PORT = 5000
@@ -179,17 +179,17 @@ def summary_entries(
     summary: Mapping[str, Mapping[str, Any]], prefix: str, *, estimated: bool
 ) -> tuple[dict[str, float], dict[str, str]]:
     """An evaluation summary (mean and 95 % interval over runs, per entry) as MLflow
-    metrics and params: every result as ``<prefix><name>_mean`` and ``_ci95`` metrics, and
-    the evaluation's settings (:data:`SETTINGS`) as params, ``ope.<name>`` for an
-    off-policy estimate and ``eval.<name>`` otherwise (``ope.fqe_updates: 2000``)."""
+    metrics and params: every result as ``<prefix><name>_mean`` and ``_ci95`` metrics; the
+    evaluation's settings (:data:`SETTINGS`) never as metrics: an off-policy estimate's as
+    ``ope.<name>`` params (``ope.heldout_episodes: 3``, ``ope.fqe_updates: 2000``), a
+    simulator's not at all (its episodes are the run's ``evaluation.episodes``)."""
     metrics: dict[str, float] = {}
     params: dict[str, str] = {}
     for name, stats in summary.items():
         mean = _number(stats.get("mean"))
         if name in SETTINGS:
-            if mean is not None:
-                text = str(int(mean)) if mean.is_integer() else repr(mean)
-                params[f"{'ope' if estimated else 'eval'}.{name}"] = text
+            if estimated and mean is not None:
+                params[f"ope.{name}"] = str(int(mean)) if mean.is_integer() else repr(mean)
             continue
         if mean is not None:
             metrics[f"{prefix}{name}_mean"] = mean
