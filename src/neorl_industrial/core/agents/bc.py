@@ -63,6 +63,7 @@ def bc_loss(predicted_t: jax.Array, action_t: jax.Array) -> jax.Array:
     transition (over action dimensions, as CORL and d3rlpy)."""
     chex.assert_equal_shape([predicted_t, action_t])
     chex.assert_rank(predicted_t, 1)
+    chex.assert_type([predicted_t, action_t], float)
     return jnp.mean(jnp.square(predicted_t - action_t))
 
 

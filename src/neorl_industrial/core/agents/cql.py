@@ -113,6 +113,7 @@ def cql_gap(q_data_t: jax.Array, q_sampled_t: jax.Array, temperature: float) -> 
         temperature: of the soft maximum.
     """
     chex.assert_rank([q_data_t, q_sampled_t], [1, 2])
+    chex.assert_type([q_data_t, q_sampled_t], float)
     soft_max = temperature * jax.scipy.special.logsumexp(q_sampled_t / temperature, axis=1)
     return soft_max - q_data_t
 

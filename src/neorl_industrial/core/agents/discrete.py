@@ -85,6 +85,7 @@ class DiscreteBCState:
 def cross_entropy_loss(logits_t: jax.Array, action_t: jax.Array) -> jax.Array:
     """Negative log-likelihood of the dataset's action index under the logits."""
     chex.assert_rank([logits_t, action_t], [1, 0])
+    chex.assert_type([logits_t, action_t], [float, int])
     return -jax.nn.log_softmax(logits_t)[action_t]
 
 
@@ -215,6 +216,7 @@ def discrete_cql_loss(
         ``(loss, gap)`` with ``gap = logsumexp(q_tm1) - q_tm1[a_tm1]``.
     """
     chex.assert_rank([q_tm1, a_tm1, target_t], [1, 0, 0])
+    chex.assert_type([q_tm1, a_tm1, target_t], [float, int, float])
     q_data = q_tm1[a_tm1]
     gap = jax.scipy.special.logsumexp(q_tm1) - q_data
     if td_loss == "huber":

@@ -152,6 +152,7 @@ def quantile_huber_loss(
     """
     chex.assert_rank([quantiles_t, fractions_t, targets_t], 1)
     chex.assert_equal_shape([quantiles_t, fractions_t])
+    chex.assert_type([quantiles_t, fractions_t, targets_t], float)
     errors = targets_t[None, :] - quantiles_t[:, None]
     magnitude = jnp.abs(errors)
     huber = jnp.where(magnitude <= kappa, 0.5 * errors**2, kappa * (magnitude - 0.5 * kappa))

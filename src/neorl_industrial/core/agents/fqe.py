@@ -180,6 +180,7 @@ def fqe_target(
     """
     chex.assert_rank([reward_t, cost_t, discount_t, q_t], [0, 1, 0, 2])
     chex.assert_axis_dimension(q_t, 1, cost_t.shape[0] + 1)
+    chex.assert_type([reward_t, cost_t, discount_t, q_t], float)
     signals = jnp.concatenate([reward_t[None], cost_t])
     return signals + discount_t * jnp.mean(q_t, axis=0)
 
@@ -189,6 +190,7 @@ def fqe_loss(q_tm1: jax.Array, target_tm1: jax.Array) -> jax.Array:
     ``q_tm1`` is ``[n_critics, n_heads]``, ``target_tm1`` ``[n_heads]``."""
     chex.assert_rank([q_tm1, target_tm1], [2, 1])
     chex.assert_axis_dimension(q_tm1, 1, target_tm1.shape[0])
+    chex.assert_type([q_tm1, target_tm1], float)
     return 0.5 * jnp.sum(jnp.square(q_tm1 - target_tm1))
 
 

@@ -140,6 +140,7 @@ class ValueStep(NamedTuple):
 def awr_loss(log_prob_t: jax.Array, advantage_t: jax.Array, beta: float, clip: float):
     """Advantage-weighted regression: ``-min(exp(beta * A), clip) * log pi(a|s)``."""
     chex.assert_rank([log_prob_t, advantage_t], [0, 0])
+    chex.assert_type([log_prob_t, advantage_t], float)
     weight = jnp.minimum(jnp.exp(beta * advantage_t), clip)
     return -jax.lax.stop_gradient(weight) * log_prob_t
 

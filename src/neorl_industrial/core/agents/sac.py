@@ -173,6 +173,7 @@ def soft_td_loss(
     chex.assert_rank(q_tm1, 1)
     chex.assert_shape(q_t, q_tm1.shape)
     chex.assert_rank([r_t, discount_t, log_prob_t, alpha], 0)
+    chex.assert_type([q_tm1, q_t, r_t, discount_t, log_prob_t, alpha], float)
     soft_value_t = jnp.min(q_t) - alpha * log_prob_t
     target = jax.lax.stop_gradient(r_t + discount_t * soft_value_t)
     return 0.5 * jnp.sum(jnp.square(q_tm1 - target))
