@@ -167,3 +167,23 @@ def test_links_to_the_ui_of_a_server_and_of_a_local_store():
         "runs": "http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning"
     }
     assert ui_links("sqlite:///mlflow.db", None, "abc") == {}
+
+
+def test_a_run_prints_the_links_whole_on_a_narrow_terminal():
+    from rich.console import Console
+
+    from neorl_industrial.cli.training import _print_tracking
+
+    links = ui_links("sqlite:///mlflow.db", "3", "0123456789abcdef0123456789abcdef")
+    console = Console(record=True, width=60)
+    _print_tracking(
+        console,
+        {"run_id": "r", "experiment": "neorl-industrial", "uri": "sqlite:///mlflow.db",
+         "ui": "mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000", "links": links},
+    )  # fmt: skip
+    lines = console.export_text().splitlines()
+    assert f"  training runs: {links['runs']}" in lines  # one line: copied whole
+    assert f"  this run:      {links['run']}" in lines
+    quiet = Console(record=True, width=60)
+    _print_tracking(quiet, {"run_id": None, "experiment": "e", "uri": "u", "ui": "x", "links": {}})
+    assert "training runs" not in quiet.export_text()  # nothing reached the store
