@@ -274,6 +274,7 @@ CHILD = FINDER + textwrap.dedent(
         "import": ["datasets", "import", os.environ["CSV"], "--schema", os.environ["SCHEMA"],
                    "--out", f"{work}/plant"],
         "train": ["train", "-c", f"{work}/run.yaml"],
+        "onnx": ["export", f"{work}/agent", "--out", f"{work}/onnx", "--format", "onnx"],
     }
     out["cli"] = {}
     for label, argv in commands.items():
@@ -343,6 +344,7 @@ def test_importing_what_needs_an_extra_names_it(core_install):
         ("replay", "track"),
         ("import", "plant"),
         ("train", "track"),  # tracking is on unless the run turns it off
+        ("onnx", "onnx"),
     ],
 )
 def test_each_command_that_needs_an_extra_exits_2_with_one_line(core_install, command, extra):

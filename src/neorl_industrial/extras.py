@@ -60,7 +60,7 @@ EXTRAS: dict[str, Extra] = {
     "team": Extra("a team's MLflow server (PostgreSQL, authentication)", ("psycopg", "flask_wtf")),
     "plant": Extra("reading plant logs (CSV, Parquet) and Minari datasets", ("pyarrow", "h5py")),
     "bridge": Extra("the OPC UA bridge to the plant floor", ("asyncua",)),
-    "onnx": Extra("ONNX policies", ("onnx", "onnxruntime")),
+    "onnx": Extra("exporting or running ONNX policies", ("onnx", "onnxruntime")),
 }
 
 _EXTRA_OF_MODULE = {module: name for name, extra in EXTRAS.items() for module in extra.modules}
