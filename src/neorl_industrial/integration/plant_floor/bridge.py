@@ -173,13 +173,13 @@ class PlantBridge:
         stop = stop or asyncio.Event()
         plan = self.plan
         self._log = TickLog(self.log_path, plan.header(), fsync=self.fsync)
-        if plan.closed_loop:
-            from neorl_industrial.integration.safety.audit import AuditLog
-
-            self._audit = AuditLog(self.audit_path, policy_version=plan.loaded.version)
-        self.metrics.closed_loop.set(1 if plan.closed_loop else 0)
         loop = asyncio.get_running_loop()
         try:
+            if plan.closed_loop:
+                from neorl_industrial.integration.safety.audit import AuditLog
+
+                self._audit = AuditLog(self.audit_path, policy_version=plan.loaded.version)
+            self.metrics.closed_loop.set(1 if plan.closed_loop else 0)
             await self._connect(stop, first=True)
             next_time = loop.time()
             while not stop.is_set() and (ticks is None or self.summary.ticks < ticks):
