@@ -282,7 +282,7 @@ class Agent:
     def check_dataset(self, dataset: Dataset, card: Any = None) -> None:
         """Raises :class:`AgentError` when ``dataset`` (and its card's names) does not fit
         the agent's task."""
-        name = getattr(dataset, "name", None) or "dataset"
+        name = "dataset" if card is None else f"dataset {card.name!r}"
         names: dict[str, Any] = {}
         if card is not None:
             columns = getattr(card, "observation_columns", None)
@@ -509,7 +509,7 @@ class Agent:
             if evaluator is None
             else ("fqe" if evaluator is ope_evaluator else "simulator"),
             "dataset": {
-                "name": getattr(dataset, "name", None),
+                "name": None if card is None else card.name,
                 "transitions": dataset.n_transitions,
                 "episodes": dataset.n_episodes,
                 "used_episodes": data.n_episodes,
@@ -724,7 +724,7 @@ class Agent:
             "reward_scale": prepared.reward_scale.to_dict(),
             "evaluation": estimate,
             "dataset": {
-                "name": getattr(dataset, "name", None),
+                "name": None if card is None else card.name,
                 "transitions": dataset.n_transitions,
                 "episodes": dataset.n_episodes,
                 "used_episodes": data.n_episodes,
