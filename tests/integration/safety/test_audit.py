@@ -107,6 +107,21 @@ def test_the_deciding_version_and_the_key_are_written(tmp_path):
     assert {(r["policy_version"], r["key"]) for r in records} == {("v2", "k1")}
 
 
+def test_another_writer_s_record_is_chained_and_may_not_set_the_chain_s_fields(tmp_path):
+    path = tmp_path / "log.jsonl"
+    with AuditLog(path, policy_version="at-open") as log:
+        written = log.append({"kind": "write", "nodes": ["ns=2;s=valve"]}, "v3")
+        with pytest.raises(AuditLogError, match=r"chain's fields \['hash', 'sequence'\]"):
+            log.append({"kind": "write", "sequence": 0, "hash": "x"})
+        with pytest.raises(AuditLogError, match="needs a 'kind'"):
+            log.append({"nodes": []})
+        assert log.last_hash == written["hash"]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["kind"] for r in records][-1] == "write"
+    assert records[-1]["policy_version"] == "v3" and records[-1]["nodes"] == ["ns=2;s=valve"]
+    assert check_chain(path).ok
+
+
 def test_non_finite_numbers_are_strings(tmp_path):
     path = tmp_path / "log.jsonl"
     with AuditLog(path, policy_version="v") as log:

@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["learning_curves", "safety_plot", "sweep_plot"]
+__all__ = ["figure_panels", "learning_curves", "safety_plot", "save_figure", "sweep_plot"]
 
 
-def _figure(n_panels: int) -> tuple[Any, list[Any]]:
+def figure_panels(n_panels: int) -> tuple[Any, list[Any]]:
+    """A figure of ``n_panels`` panels (up to three a row) in the project's plot style,
+    drawn off-screen; returns it and its panels' axes."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -44,7 +46,8 @@ def _runs_lines(axis: Any, steps: np.ndarray, values: np.ndarray, seeds: Sequenc
     axis.set_xlabel("updates")
 
 
-def _save(figure: Any, path: str | Path) -> Path:
+def save_figure(figure: Any, path: str | Path) -> Path:
+    """Writes ``figure`` to ``path`` (folders made), closes it and returns the path."""
     from matplotlib import pyplot as plt
 
     path = Path(path)
@@ -66,7 +69,7 @@ def learning_curves(
     """Every training metric per chunk, and the evaluation return, per seed."""
     names = sorted(history[0]["metrics"]) if history else []
     panels = len(names) + (1 if evaluations else 0)
-    figure, axes = _figure(max(panels, 1))
+    figure, axes = figure_panels(max(panels, 1))
     steps = np.asarray([entry["updates"] for entry in history])
     for axis, name in zip(axes, names, strict=False):
         values = np.asarray(
@@ -97,7 +100,7 @@ def learning_curves(
         axis.legend(fontsize=7)
     if title:
         figure.suptitle(title)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def safety_plot(
@@ -116,7 +119,7 @@ def safety_plot(
     if _estimates(evaluations):
         return _estimated_safety_plot(evaluations, seeds, channels, path, title)
     panels = len(channels) + 2
-    figure, axes = _figure(panels)
+    figure, axes = figure_panels(panels)
     steps = np.asarray([e["updates"] for e in evaluations])
     for axis, channel in zip(axes, channels, strict=False):
         values = np.asarray(
@@ -139,7 +142,7 @@ def safety_plot(
     axes[0].legend(fontsize=7)
     if title:
         figure.suptitle(title)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def _estimates(evaluations: Sequence[dict[str, Any]]) -> bool:
@@ -169,7 +172,7 @@ def _estimated_safety_plot(
     path: str | Path,
     title: str,
 ) -> Path:
-    figure, axes = _figure(len(channels) + 1)
+    figure, axes = figure_panels(len(channels) + 1)
     runs = evaluations[-1]["runs"]
     positions = np.arange(len(seeds))
     labels = [f"seed {seed}" for seed in seeds]
@@ -190,7 +193,7 @@ def _estimated_safety_plot(
     axes[0].legend(fontsize=7)
     if title:
         figure.suptitle(title)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def sweep_plot(table: dict[str, Any], path: str | Path, *, title: str = "") -> Path:
@@ -199,7 +202,7 @@ def sweep_plot(table: dict[str, Any], path: str | Path, *, title: str = "") -> P
     limit at 1; the chosen configuration is marked, those over the limits are hollow."""
     configurations = table["configurations"]
     has_cost = any("normalized_cost" in c["summary"] for c in configurations)
-    figure, axes = _figure(2 if has_cost else 1)
+    figure, axes = figure_panels(2 if has_cost else 1)
     labels = [
         "\n".join(
             f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in c["values"].items()
@@ -241,4 +244,4 @@ def sweep_plot(table: dict[str, Any], path: str | Path, *, title: str = "") -> P
     axes[0].set_xlabel(f"configuration (red: chosen; grey: seeds {table.get('seeds')})")
     if title:
         figure.suptitle(title)
-    return _save(figure, path)
+    return save_figure(figure, path)

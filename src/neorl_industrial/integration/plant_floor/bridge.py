@@ -495,10 +495,7 @@ class PlantBridge:
             "violated": list(record["violated"]),
             "faults": dict(record["faults"]),
         }
-        # The audit log's chained append (the override writers' own path).
-        with audit._lock:
-            audit._append(entry, self.plan.loaded.version)
-            audit._write_anchor()
+        audit.append(entry, self.plan.loaded.version)
 
 
 def _is_ua_error(error: BaseException) -> bool:

@@ -219,11 +219,11 @@ def build_report(path: str | Path, tolerances: dict[str, float] | None = None) -
 
 
 def _plots(report: ShadowReport, out: Path) -> list[Path]:
-    from neorl_industrial.integration.mlflow.plots import _figure, _save
+    from neorl_industrial.integration.mlflow.plots import figure_panels, save_figure
 
     written = []
     names = [a.name for a in report.actions]
-    figure, axes = _figure(len(names))
+    figure, axes = figure_panels(len(names))
     for axis, agreement in zip(axes, report.actions, strict=True):
         pairs = report.series[agreement.name]
         if len(pairs):
@@ -232,8 +232,8 @@ def _plots(report: ShadowReport, out: Path) -> list[Path]:
         axis.set_title(f"{agreement.name}: policy - operators")
         axis.set_xlabel(agreement.unit or "")
         axis.set_ylabel("ticks")
-    written.append(_save(figure, out / "differences.png"))
-    figure, axes = _figure(len(names))
+    written.append(save_figure(figure, out / "differences.png"))
+    figure, axes = figure_panels(len(names))
     for axis, agreement in zip(axes, report.actions, strict=True):
         pairs = report.series[agreement.name]
         axis.plot(pairs[:, 0], pairs[:, 2], lw=1, label="operators")
@@ -243,13 +243,13 @@ def _plots(report: ShadowReport, out: Path) -> list[Path]:
         axis.set_ylabel(agreement.unit or "")
         axis.legend(fontsize=7)
         axis.grid(alpha=0.3)
-    written.append(_save(figure, out / "actions.png"))
-    figure, (axis,) = _figure(1)
+    written.append(save_figure(figure, out / "actions.png"))
+    figure, (axis,) = figure_panels(1)
     labels = list(report.by_constraint) or ["(none)"]
     axis.barh(labels, [report.by_constraint.get(name, 0) for name in labels])
     axis.set_xlabel(f"decided ticks whose proposal broke it (of {report.decided})")
     axis.set_title("what the shield would have overridden")
-    written.append(_save(figure, out / "overrides.png"))
+    written.append(save_figure(figure, out / "overrides.png"))
     return written
 
 

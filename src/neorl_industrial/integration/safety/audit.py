@@ -59,7 +59,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,8 @@ GENESIS = "0" * 64
 _TAIL_CHUNK = 1 << 16
 #: The anchor is rewritten in place at a fixed length, so one ``pwrite`` replaces it.
 _ANCHOR_BYTES = 256
+#: The fields the chain sets on every record; an appended entry may not set them.
+_CHAIN_FIELDS = frozenset({"sequence", "timestamp", "policy_version", "prev_hash", "hash"})
 #: Open aggregation groups kept at most; past it the oldest is written out early.
 _MAX_GROUPS = 4096
 _FLAGS = (
@@ -716,8 +718,26 @@ class AuditLog:
             "invalid_observation": bool(invalid_observation),
             "out_of_distribution": bool(out_of_distribution),
         }
+        return self.append(entry, policy_version)
+
+    def append(self, entry: Mapping[str, Any], policy_version: str | None = None) -> dict[str, Any]:
+        """Appends one record of any ``kind`` in full to the chain (sequence, time, policy
+        version and hashes added) and moves the anchor; what other writers (the OPC UA
+        bridge's writes) record beside the server's overrides.
+
+        Raises:
+            AuditLogError: an entry without a ``kind`` or one that sets the chain's own
+                fields, or a log that can no longer be written.
+        """
+        if not isinstance(entry.get("kind"), str) or not entry["kind"]:
+            raise AuditLogError(f"audit log {self.path}: a record needs a 'kind'")
+        reserved = sorted(set(entry) & _CHAIN_FIELDS)
+        if reserved:
+            raise AuditLogError(
+                f"audit log {self.path}: a record may not set the chain's fields {reserved}"
+            )
         with self._lock:
-            record = self._append(entry, policy_version or self.policy_version)
+            record = self._append(dict(entry), policy_version or self.policy_version)
             self._write_anchor()
             return record
 
