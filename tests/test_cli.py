@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 from pathlib import Path
 
@@ -202,29 +203,63 @@ def test_train_errors_are_named_without_a_traceback(tmp_path, capsys):
     assert code == 2 and "no such config file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        [],
-        ["run"],
-        ["train"],
-        ["sweep"],
-        ["evaluate"],
-        ["export"],
-        ["bench"],
-        ["envs"],
-        ["rollout"],
-        ["datasets"],
-        ["datasets", "generate"],
-        ["datasets", "inspect"],
-        ["datasets", "import"],
-    ],
-)
+#: Every command and sub-command (test_the_help_test_lists_every_command checks).
+HELP_COMMANDS = [
+    [],
+    ["run"],
+    ["train"],
+    ["sweep"],
+    ["evaluate"],
+    ["export"],
+    ["bench"],
+    ["envs"],
+    ["rollout"],
+    ["datasets"],
+    ["datasets", "generate"],
+    ["datasets", "inspect"],
+    ["datasets", "import"],
+    ["datasets", "train-policies"],
+    ["model"],
+    ["model", "fit"],
+    ["model", "inspect"],
+    ["models"],
+    ["models", "list"],
+    ["models", "promote"],
+    ["models", "export"],
+    ["models", "register"],
+    ["mlflow"],
+    ["mlflow", "replay"],
+    ["serve"],
+    ["audit"],
+    ["audit", "verify"],
+    ["keys"],
+    ["keys", "generate"],
+    ["bridge"],
+    ["shadow-report"],
+]
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS)
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main([*command, "--help"])
     assert exit_info.value.code == 0
-    assert "usage: neorl-industrial" in capsys.readouterr().out
+    assert f"usage: neorl-industrial {' '.join(command)}".strip() in capsys.readouterr().out
+
+
+def _command_paths(parser, prefix=()):
+    """Every command and sub-command of ``parser``, as argument lists."""
+    paths = [list(prefix)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                paths += _command_paths(sub, (*prefix, name))
+    return paths
+
+
+def test_the_help_test_lists_every_command():
+    missing = [path for path in _command_paths(cli.build_parser()) if path not in HELP_COMMANDS]
+    assert not missing, f"add these commands to test_every_command_has_help: {missing}"
 
 
 def test_the_command_line_does_not_import_the_benchmarks():
