@@ -95,7 +95,7 @@ def check_against_reference(case: dict, reference, level_rtol: float = 0.0) -> n
     # pc-gym shows the setpoint of the interval just ended, we show the next one's.
     np.testing.assert_allclose(observations[:-1, 4:], expected[1:, 4:], rtol=0, atol=1e-7)
     # The rewards are -sum_k (h_k - SP_k)^2 over the tracked h3, h4: a level within tol_k of
-    # pc-gym's moves it by at most sum_k 2 |h_k - SP_k| tol_k + tol_k^2 (3e-5 at most here).
+    # pc-gym's moves it by at most sum_k 2 |h_k - SP_k| tol_k + tol_k^2 (1.9e-5 at most here).
     setpoint = np.asarray(params.setpoint, np.float64)[: len(actions)]
     tracked = expected[1:, 2:4]
     tol = LEVEL_ATOL + level_rtol * np.abs(tracked)
