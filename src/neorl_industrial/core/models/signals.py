@@ -1,14 +1,23 @@
-"""The known parts of a plant: reward and cost channels that its schema defines as
-expressions of observations and actions, computed in JAX from a predicted observation.
+"""The plant schema's expression language, and the known parts of a plant: reward and cost
+channels that its schema defines as expressions of observations and actions, computed in
+JAX from a predicted observation.
 
-A plant-log schema writes its reward and costs in a small arithmetic language (numbers,
-column names, ``+ - * / **``, unary signs, parentheses, ``abs``, ``min``, ``max``, ``exp``,
-``log``, ``sqrt``; see ``integration.datasets.expressions``, which evaluates it in numpy on
-the log). A plant model does not learn what is known: :func:`compile_expression` turns the
-same text, parsed by :mod:`ast` and checked against the same grammar, into a function of
-columns that is traceable (``jnp``) or numpy (``xp=np``), so a channel is computed from the
-model's predicted observation inside a compiled rollout. Nothing is ever passed to
-``eval``; text beyond the grammar is refused by name.
+The language (numbers, column names, ``+ - * / **``, unary minus and plus, parentheses, and
+the functions ``abs``, ``min``, ``max`` (element-wise, two or more arguments), ``exp``,
+``log`` and ``sqrt``) is defined here once. :func:`compile_expression` parses the text with
+:mod:`ast` and turns it into a function of columns in the array module ``xp``: traceable
+with ``jax.numpy`` (a plant model computes a channel from its predicted observation inside a
+compiled rollout), or ``numpy`` (``integration.datasets.expressions`` evaluates reward and
+cost definitions on a plant log with it). Anything else (attributes, subscripts,
+comparisons, keywords, other calls) is refused by name before any evaluation, and nothing
+is ever passed to ``eval``.
+
+The text comes from a schema file, so it is untrusted: it is limited in length, in nesting
+depth (checked on the text before :mod:`ast` parses it, and on the tree before it is
+compiled, so neither recursion can run out of stack) and in the size of its number literals
+(a literal must fit a float64; a computed overflow such as ``10 ** 10 ** 10`` is infinity,
+which the caller reports). A literal is a float64 in numpy and a weakly typed scalar in JAX,
+so there it takes the precision of the columns.
 
 A channel is *known* when every name in its expression is an observation (or, evaluated on
 the transition's own row, an action) and, on the data, the expression reproduces the logged
@@ -30,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "MAX_DEPTH",
+    "MAX_LENGTH",
     "ROWS",
     "KnownSignal",
     "KnownSignals",
@@ -37,9 +48,10 @@ __all__ = [
     "match_row",
 ]
 
-#: The longest expression text accepted (as the schema's expression language).
+#: The longest expression text accepted, in characters.
 MAX_LENGTH = 1000
-#: The deepest expression tree accepted (as the schema's expression language).
+#: The deepest nesting accepted: parentheses, function calls, unary signs and operators
+#: (``a + b + c`` is two levels). Compiling and evaluating recurse once per level.
 MAX_DEPTH = 100
 #: Rows a channel of transition ``t`` can be evaluated on: the transition's own (its
 #: observation and action) or the next one (the observation the action led to).
@@ -58,6 +70,7 @@ _ALLOWED = (
     "numbers, column names, + - * / **, unary minus, parentheses and the functions "
     "abs, min, max, exp, log, sqrt"
 )
+_TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep; write it with fewer levels"
 
 Columns = Mapping[str, Any]
 
@@ -65,35 +78,102 @@ Columns = Mapping[str, Any]
 def compile_expression(source: str, xp: Any = jnp) -> tuple[Callable[[Columns], Any], frozenset]:
     """``(function, names)``: ``function(columns)`` evaluates ``source`` with the array
     module ``xp`` (``jax.numpy``: traceable; ``numpy``) on a mapping of column name to
-    array, and ``names`` are the columns it reads.
+    array, and ``names`` are the columns it reads (not the functions it calls).
+
+    The value is an array (or a scalar, for an expression of constants only) that
+    broadcasts with the columns. Non-finite values (``log`` of a negative, division by
+    zero, an overflowing power) are returned as they are; numpy's warnings about them are
+    the caller's to silence.
 
     Raises:
-        ValueError: naming the construct outside the grammar, a syntax error, or text too
-            long or too deeply nested.
+        ValueError: naming the construct outside the grammar, a syntax error, a literal
+            larger than a float64, or text too long or too deeply nested.
     """
     if len(source) > MAX_LENGTH:
         raise ValueError(f"expression longer than {MAX_LENGTH} characters")
+    _check_depth(_text_depth(source))
     try:
         tree = ast.parse(source.strip(), mode="eval")
     except SyntaxError as error:
-        raise ValueError(f"{source!r} is not a valid expression: {error.msg}") from None
+        raise ValueError(f"not a valid expression: {error.msg}") from None
     except (RecursionError, MemoryError):
-        raise ValueError(f"{source[:40]!r}...: nested too deeply") from None
-    depth = _tree_depth(tree.body)
-    if depth > MAX_DEPTH:
-        raise ValueError(f"expression nested {depth} levels deep, more than {MAX_DEPTH}")
+        raise ValueError(_TOO_DEEP) from None
+    _check_depth(_tree_depth(tree.body))
     names: set[str] = set()
-    function = _compile(tree.body, names, xp)
+    try:
+        function = _compile(tree.body, names, xp)
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
     return function, frozenset(names)
 
 
+def _check_depth(depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested {depth} levels deep, more than {MAX_DEPTH}; simplify it")
+
+
+def _text_depth(source: str) -> int:
+    """The nesting of ``source`` as the parser meets it, read off the text without
+    parsing: brackets, plus the unary signs in front of an operand (``-(-(-x))`` is 5)."""
+    bases: list[int] = []  # the level at each open bracket
+    level = deepest = 0
+    expects_operand = True
+    for char in source:
+        if char.isspace():
+            continue
+        if char in "([{":
+            bases.append(level)
+            level += 1
+            expects_operand = True
+        elif char in ")]}":
+            level = bases.pop() if bases else 0
+            expects_operand = False
+        elif char in "+-~" and expects_operand:
+            level += 1  # a unary sign nests its operand
+        elif char in "+-*/%@<>=!&|^,:":
+            # A binary operator: the unary signs before its left operand are closed.
+            level = bases[-1] + 1 if bases else 0
+            expects_operand = True
+        else:
+            expects_operand = False
+        deepest = max(deepest, level)
+    return deepest
+
+
+# Nodes that only mark what their parent is (``+``, a load); they add no level.
+_MARKERS = (ast.expr_context, ast.operator, ast.unaryop, ast.boolop, ast.cmpop)
+
+
 def _tree_depth(root: ast.AST) -> int:
-    deepest, pending = 0, [(root, 0)]
+    """The depth of the expression tree (every part of it, also those the language
+    refuses: an error message unparses them), counted without recursion."""
+    deepest = 0
+    pending = [(root, 0)]
     while pending:
         node, depth = pending.pop()
         deepest = max(deepest, depth)
-        pending.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+        pending.extend(
+            (child, depth + 1)
+            for child in ast.iter_child_nodes(node)
+            if not isinstance(child, _MARKERS)
+        )
     return deepest
+
+
+def _constant(value: int | float) -> float:
+    """A number literal as a float; one beyond float64's range is refused."""
+    try:
+        constant = float(value)
+    except OverflowError:  # an int too large for a float
+        constant = np.inf
+    if not np.isfinite(constant):
+        digits = len(str(abs(int(value)))) if isinstance(value, int) else None
+        size = f"a {digits}-digit number" if digits else "a number"
+        raise ValueError(
+            f"{size} literal is larger than a float64 holds "
+            f"(at most {np.finfo(np.float64).max:.3g}); write a smaller number"
+        )
+    return constant
 
 
 def _compile(node: ast.expr, names: set[str], xp: Any) -> Callable[[Columns], Any]:
@@ -101,10 +181,11 @@ def _compile(node: ast.expr, names: set[str], xp: Any) -> Callable[[Columns], An
         case ast.Constant(value=value) if isinstance(value, int | float) and not isinstance(
             value, bool
         ):
-            constant = float(value)
-            if not np.isfinite(constant):
-                raise ValueError(f"the literal {value!r} is larger than a float64 holds")
-            return lambda columns: constant
+            # An array of xp, not a Python number: Python ints would compute 10 ** 10 ** 10
+            # exactly (endlessly) and Python floats would raise on 1 / 0, where arrays
+            # overflow to inf. numpy makes it float64; JAX a weakly typed scalar.
+            constant = _constant(value)
+            return lambda columns: xp.asarray(constant)
         case ast.Name(id=name):
             names.add(name)
             return lambda columns: columns[name]
@@ -120,22 +201,25 @@ def _compile(node: ast.expr, names: set[str], xp: Any) -> Callable[[Columns], An
         case ast.Call(func=ast.Name(id=function), args=args, keywords=[]) if all(
             not isinstance(arg, ast.Starred) for arg in args
         ):
-            arguments = [_compile(arg, names, xp) for arg in args]
-            if function in _UNARY:
-                if len(arguments) != 1:
-                    raise ValueError(f"'{ast.unparse(node)}': {function} takes one argument")
-                apply_one = getattr(xp, function)
-                (argument,) = arguments
-                return lambda columns: apply_one(argument(columns))
-            if function in _VARIADIC:
-                if len(arguments) < 2:
-                    raise ValueError(
-                        f"'{ast.unparse(node)}': {function} takes two or more arguments"
-                    )
-                combine = getattr(xp, _VARIADIC[function])
-                return lambda columns: functools.reduce(
-                    combine, (argument(columns) for argument in arguments)
-                )
+            return _compile_call(node, function, args, names, xp)
+    raise ValueError(f"'{ast.unparse(node)}' is not allowed; expressions may use {_ALLOWED}")
+
+
+def _compile_call(
+    node: ast.Call, function: str, args: list[ast.expr], names: set[str], xp: Any
+) -> Callable[[Columns], Any]:
+    arguments = [_compile(arg, names, xp) for arg in args]
+    if function in _UNARY:
+        if len(arguments) != 1:
+            raise ValueError(f"'{ast.unparse(node)}': {function} takes one argument")
+        apply = getattr(xp, function)
+        (argument,) = arguments
+        return lambda columns: apply(argument(columns))
+    if function in _VARIADIC:
+        if len(arguments) < 2:
+            raise ValueError(f"'{ast.unparse(node)}': {function} takes two or more arguments")
+        combine = getattr(xp, _VARIADIC[function])
+        return lambda columns: functools.reduce(combine, (arg(columns) for arg in arguments))
     raise ValueError(f"'{ast.unparse(node)}' is not allowed; expressions may use {_ALLOWED}")
 
 
