@@ -64,3 +64,16 @@ def test_read_names_the_file_and_field(tmp_path):
     with pytest.raises(DatasetFormatError, match=r"card\.json: invalid dataset card") as caught:
         DatasetCard.read(path)
     assert "behaviour_policy.mean_return" in str(caught.value)
+
+
+def test_reward_row_is_optional_and_checked(tmp_path):
+    # A card written before the field existed (or of data that is not a plant log) loads.
+    path = tmp_path / "card.json"
+    path.write_text('{"name": "old", "definitions": {"reward": "-abs(t)"}}')
+    assert DatasetCard.read(path).reward_row is None
+    path.write_text(DatasetCard(name="new", reward_row="next").to_json())
+    assert DatasetCard.read(path).reward_row == "next"
+    path.write_text('{"name": "bad", "reward_row": "previous"}')
+    with pytest.raises(DatasetFormatError, match=r"invalid dataset card") as caught:
+        DatasetCard.read(path)
+    assert "reward_row" in str(caught.value) and "'current' or 'next'" in str(caught.value)

@@ -10,7 +10,13 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from neorl_industrial.integration.datasets import DatasetFormatError, load_any, load_plant_log
+from neorl_industrial.integration.datasets import (
+    DatasetFormatError,
+    load_any,
+    load_native,
+    load_plant_log,
+    save_native,
+)
 
 SCHEMA = """\
 name: boiler-3
@@ -516,3 +522,14 @@ def test_a_huge_cell_is_quoted_short(tmp_path):
     assert len(message) < 1_000
     assert (caught.value.column, caught.value.row) == ("pressure", 3)
     assert "(20000000 characters)" in message
+
+
+@pytest.mark.parametrize("stated", [None, "current", "next"])
+def test_the_card_records_the_row_reward_and_costs_were_evaluated_on(tmp_path, stated):
+    schema = SCHEMA if stated is None else SCHEMA + f"reward_row: {stated}\n"
+    dataset, card = load_plant_log(*_write(tmp_path, _table(), schema=schema))
+    assert card.reward_row == (stated or "current")  # the schema's default is row t
+    # The native copy keeps it, so a plant model needs no schema to know the row.
+    save_native(dataset, tmp_path / "native", card)
+    _, loaded = load_native(tmp_path / "native")
+    assert loaded.reward_row == card.reward_row

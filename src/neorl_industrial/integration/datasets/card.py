@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -123,6 +123,11 @@ class DatasetCard(BaseModel):
     action_columns: list[ColumnInfo] | None = None
     definitions: dict[str, str] = Field(
         default_factory=dict, description="how reward and costs were computed (expressions)"
+    )
+    reward_row: Literal["current", "next"] | None = Field(
+        None,
+        description="the row reward and costs of transition t were computed on (a plant "
+        "log's schema): 'current' (row t, with the action taken there) or 'next' (row t + 1)",
     )
     sizes: DatasetSizes | None = None
     # "schema" would shadow a (deprecated) BaseModel attribute, hence the alias.
@@ -250,7 +255,7 @@ class DatasetCard(BaseModel):
                 if dataset is None:
                     raise ValueError("a discrete dataset's task needs the data (action count)")
                 num_actions = int(np.asarray(dataset.actions).max()) + 1
-            return Task(
+            return Task.create(
                 name=name or self.name,
                 observation_names=tuple(observation_names),
                 action_names=tuple(action_names),

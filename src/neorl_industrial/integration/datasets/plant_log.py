@@ -79,7 +79,8 @@ def load_plant_log(
 
     Returns:
         ``(dataset, card)``; the card carries units and bounds of every column, the
-        reward and cost definitions, cost limits and the sampling period.
+        reward and cost definitions and the row they were evaluated on (``reward_row``),
+        cost limits and the sampling period.
 
     Raises:
         DatasetFormatError: naming the file, column and row of a missing column, a null,
@@ -644,5 +645,6 @@ def _card(
         action_columns=actuators,
         definitions={"reward": schema.reward}
         | {cost.name: cost.definition for cost in schema.costs},
+        reward_row=schema.reward_row,
     )
     return card.with_sizes(dataset)
