@@ -14,8 +14,10 @@ What is measured:
   ``rounds`` times; the medians are reported with their ratios.
 * The ceiling: a bare FastAPI app (:mod:`benchmarks.serving_ceiling`) that parses the same
   body through a pydantic model and answers a constant, on uvicorn's default HTTP parser
-  (``bare``: httptools when installed) and on h11 (``bare_h11``: the parser ours runs on,
-  for its slow-client deadlines); measured in the same rounds. Ours as a share of each.
+  (``bare``: httptools when installed, the parser ours runs on under its slow-client
+  guard) and on h11 (``bare_h11``); measured in the same rounds. Ours as a share of each,
+  by requests per second and by each server's CPU time per request (``/proc/<pid>/stat``;
+  steadier than the rates on a shared machine).
 * Soak: our server at a fixed rate for ``soak_seconds`` (a paced asyncio client):
   errors, and resident memory (``/proc/<pid>/status`` VmRSS) after warm-up against the end.
 * Hot reload under load: ``wrk`` at 16 connections while the admin endpoint swaps the
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import secrets
 import shutil
@@ -117,6 +120,12 @@ def _wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, 
         sum(int(x) for x in errors.groups()) if errors else 0
     )
     return result
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_kib(pid: int) -> int:
@@ -236,8 +245,8 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     scripts["bare"] = scripts["bare_h11"] = scripts["ours"]  # the same request, key and all
     results: dict[str, Any] = {}
     try:
-        wait_for_http(f"http://127.0.0.1:{ports['ours']}/readyz", servers["ours"], 180)
-        wait_for_http(f"http://127.0.0.1:{ports['mlflow']}/ping", servers["mlflow"], 180)
+        wait_for_http(f"http://127.0.0.1:{ports['ours']}/readyz", servers["ours"], 600)
+        wait_for_http(f"http://127.0.0.1:{ports['mlflow']}/ping", servers["mlflow"], 600)
         for name in ("bare", "bare_h11"):
             wait_for_http(f"http://127.0.0.1:{ports[name]}/docs", servers[name], 60)
         for name in urls:  # warm every server (first requests compile / load lazily)
@@ -249,15 +258,21 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
             for connections in config["connections"]:
                 for name in ("mlflow", "bare", "ours", "bare_h11"):
                     progress(f"round {round_ + 1}: {name}, {connections} connection(s)")
-                    runs[name][connections].append(
-                        _wrk(urls[name], scripts[name], connections, config["seconds"])
+                    pid = servers[name].pid
+                    cpu = _cpu_seconds(pid)
+                    sample = _wrk(urls[name], scripts[name], connections, config["seconds"])
+                    # The server's own CPU time per answered request: on a shared machine
+                    # the rates swing with the neighbours' load, the CPU per request less.
+                    sample["cpu_us_per_request"] = (
+                        1e6 * (_cpu_seconds(pid) - cpu) / max(sample["requests"], 1)
                     )
+                    runs[name][connections].append(sample)
         table: dict[str, Any] = {}
         for name, by_connections in runs.items():
             for connections, samples in by_connections.items():
                 table[f"{name}_c{connections}"] = {
                     key: statistics.median(sample[key] for sample in samples)
-                    for key in ("requests_per_s", "p50_ms", "p99_ms")
+                    for key in ("requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_request")
                 } | {"failed": sum(sample["failed"] for sample in samples), "runs": samples}
         results["load"] = table
         for c in config["connections"]:
@@ -271,6 +286,10 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
                 shares = [o["requests_per_s"] / b["requests_per_s"] for o, b in pairs]
                 results[f"ceiling_share_c{c}" + bare[4:]] = statistics.median(shares)
                 results[f"ceiling_shares_c{c}" + bare[4:]] = shares
+                # The same share by CPU time per request (the bare app's over ours).
+                pairs = zip(runs["ours"][c], runs[bare][c], strict=True)
+                cpu = [b["cpu_us_per_request"] / o["cpu_us_per_request"] for o, b in pairs]
+                results[f"ceiling_cpu_share_c{c}" + bare[4:]] = statistics.median(cpu)
         for name in ("mlflow", "bare", "bare_h11"):
             servers[name].terminate()
 
@@ -403,7 +422,8 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
         ceiling.append(
             [c, ours["requests_per_s"], bare["requests_per_s"], results[f"ceiling_share_c{c}"],
              bare_h11["requests_per_s"], results[f"ceiling_share_c{c}_h11"],
-             ours["p50_ms"], bare["p50_ms"]]
+             ours["p50_ms"], bare["p50_ms"], ours["cpu_us_per_request"],
+             bare["cpu_us_per_request"], results[f"ceiling_cpu_share_c{c}"]]
         )  # fmt: skip
     soak, reload, fuzz = results["soak"], results["reload"], results["schemathesis"]
     targets = results["targets"]
@@ -420,6 +440,9 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
                 "share (h11)",
                 "ours p50 ms",
                 "bare p50 ms",
+                "ours CPU us/req",
+                "bare CPU us/req",
+                "share by CPU",
             ],
             ceiling,
         ),

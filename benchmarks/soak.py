@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,9 @@ RELOAD_EVERY_S = 30.0
 BASELINE_S = 30.0
 RSS_SAMPLE_S = 5.0
 ATTACKERS = 256  # with --attack: half slow-header, half slow-body
+# Fresh strong keys per run (a server without keys refuses reloads; the attackers have none).
+ACT_KEY = secrets.token_urlsafe(32)
+ADMIN_KEY = secrets.token_urlsafe(32)
 
 
 def _policies(scratch: Path) -> dict[str, Path]:
@@ -99,7 +103,8 @@ async def _soak(
     failed_by: dict[str, int] = {}  # status or error of the failed good requests
     body = json.dumps({"observation": [50.0] * 6}).encode()
     poison = json.dumps({"observation": [50.0, 50.0, 1e39, 50.0, 50.0, 50.0]}).encode()
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {ACT_KEY}"}
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
 
         async def good() -> None:
@@ -130,7 +135,9 @@ async def _soak(
                 while reloads_wanted is None or stats["reloads"] < reloads_wanted:
                     await asyncio.sleep(reload_every)
                     model = models[stats["reloads"] % 2]
-                    response = await client.post("/v1/admin/reload", json={"model": model})
+                    response = await client.post(
+                        "/v1/admin/reload", json={"model": model}, headers=admin
+                    )
                     response.raise_for_status()
                     stats["reloads"] += 1
                     rss.append(_rss_kib(pid))
@@ -213,16 +220,19 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     scratch = Path(tempfile.mkdtemp(prefix="neorl-soak-"))
     paths = _policies(scratch)
+    keys = scratch / "keys.yaml"
+    keys.write_text(f"act: [{ACT_KEY}]\nadmin: [{ADMIN_KEY}]\n")
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "neorl_industrial.cli", "serve", "--model", str(paths["a"]),
-         "--port", str(port), "--no-auth", "--log-level", "warning"],
+         "--port", str(port), "--api-keys-file", str(keys), "--log-level", "warning"],
         env=interpreter_environment(NEORL_SERVE_ALLOW_UNSIGNED="true"), cwd=scratch,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=(scratch / "server.log").open("w"),
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for_http(f"{base}/readyz", server)
+        # A busy machine compiles slowly.
+        wait_for_http(f"{base}/readyz", server, timeout=600, log=scratch / "server.log")
         progress(f"undisturbed baseline: {BASELINE_S:.0f} s at {RATE:.0f} req/s")
         baseline = asyncio.run(_soak(base, server.pid, [], BASELINE_S, disturb=False))
         length = f"{reloads_wanted} reloads" if reloads_wanted else f"{minutes:g} min"

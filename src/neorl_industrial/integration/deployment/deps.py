@@ -123,8 +123,16 @@ class ServingState:
         self.metrics.policy_loaded(loaded.version, loaded.source)
 
     def predict(self, observations: np.ndarray, prev: np.ndarray | None) -> Any:
-        """The batcher's call (on its worker thread): the policy installed when it runs."""
-        return self.policy.artifact.predict(observations, prev)
+        """The batcher's call (on its worker thread): the policy installed when it runs.
+
+        ``[rows, obs]`` and ``[rows, act]`` float32 rows the routes have checked (lengths,
+        finite, within float32, previous actions within their bounds), so the artifact's
+        own checks of :meth:`~PolicyArtifact.predict` are not run again; ``prev`` None:
+        unknown (NaN, the shield leaves the rate limits out)."""
+        artifact = self.policy.artifact
+        if prev is None:
+            prev = np.full((len(observations), self.policy.action_size), np.nan, np.float32)
+        return artifact.decide_rows(observations, prev)
 
     async def decide(self, scope: dict, observations: np.ndarray, prev: np.ndarray | None) -> Any:
         """The decision for these rows, micro-batched with concurrent requests."""

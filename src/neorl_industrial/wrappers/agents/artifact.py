@@ -369,7 +369,8 @@ class PolicyArtifact:
 
     def decide_rows(self, observations: np.ndarray, prev_actions: np.ndarray) -> PolicyDecision:
         """:meth:`predict` for ``[b, obs]`` float32 rows, unvalidated: a ``NaN`` previous
-        action is unknown (no rate limit) row by row. For checking the artifact (probes)."""
+        action is unknown (no rate limit) row by row. For callers that have checked the
+        rows themselves (a server's routes) or that probe the artifact."""
         return self._decide(
             np.asarray(observations, np.float32), np.asarray(prev_actions, np.float32), False
         )
