@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, str] = {
     "serving": "benchmarks.serving",
     "soak": "benchmarks.soak",
     "slow_clients": "benchmarks.slow_clients",
+    "onnx_export": "benchmarks.onnx_export",
 }
 
 
