@@ -62,8 +62,8 @@ def find_chromium() -> str | None:
 
 @contextlib.contextmanager
 def mlflow_ui(store: str, log: Path | None = None, timeout: float = 300.0) -> Iterator[str]:
-    """``mlflow ui`` on ``store`` (one worker, a free port) while the block runs; yields
-    its address (``http://127.0.0.1:<port>``).
+    """``mlflow ui`` on ``store`` (one worker, no job runner, a free port) while the block
+    runs; yields its address (``http://127.0.0.1:<port>``).
 
     Raises:
         RuntimeError: when it does not answer within ``timeout`` seconds.
@@ -73,11 +73,19 @@ def mlflow_ui(store: str, log: Path | None = None, timeout: float = 300.0) -> It
     ui = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store,
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        env=interpreter_environment(), stdout=output, stderr=subprocess.STDOUT,
+        # Without the job runner (the GenAI pages' judges and schedules): it sets up the
+        # store's tables beside the first requests, which then fail now and then.
+        env=interpreter_environment(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
+        stdout=output, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/health", ui, timeout=timeout, log=log)
-        yield f"http://127.0.0.1:{port}"
+        base = f"http://127.0.0.1:{port}"
+        wait_for_http(f"{base}/health", ui, timeout=timeout, log=log)
+        # The first request of each kind loads its handler: served once here, the
+        # browser's first page does not wait for them one after the other.
+        for path in ("/", "/ajax-api/3.0/mlflow/server-info"):
+            wait_for_http(f"{base}{path}", ui, timeout=timeout, log=log)
+        yield base
     finally:
         ui.terminate()
         try:
@@ -89,11 +97,11 @@ def mlflow_ui(store: str, log: Path | None = None, timeout: float = 300.0) -> It
             output.close()
 
 
-def browse(chromium: str, url: str, out: Path, size: str = "1400,900", attempts: int = 2) -> str:
+def browse(chromium: str, url: str, out: Path, size: str = "1400,900", attempts: int = 3) -> str:
     """Opens ``url`` in headless Chromium, writes a screenshot of it to ``out`` and returns
-    the page's text as rendered (its DOM). A browser that has not finished after two
-    minutes is stopped and started again (``attempts`` in all): on a loaded machine the
-    first page a fresh ``mlflow ui`` serves can leave headless Chromium waiting for good.
+    the page's text as rendered (its DOM). A browser that has not finished after 75 s is
+    stopped and started again (``attempts`` in all): now and then, on a loaded machine,
+    headless Chromium waits for good on the first page a fresh ``mlflow ui`` serves.
 
     Raises:
         RuntimeError: for a screenshot that is missing or blank (one colour, or nearly),
@@ -107,7 +115,7 @@ def browse(chromium: str, url: str, out: Path, size: str = "1400,900", attempts:
     for _ in range(attempts):
         out.unlink(missing_ok=True)
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=75)
         except subprocess.TimeoutExpired:
             continue
         share = _main_colour_share(out) if out.exists() else 1.0
@@ -117,7 +125,7 @@ def browse(chromium: str, url: str, out: Path, size: str = "1400,900", attempts:
                 f"colour); chromium said: {done.stderr.strip()[-500:]}"
             )
         return done.stdout
-    raise RuntimeError(f"{url}: headless Chromium did not finish in {attempts} tries of 120 s")
+    raise RuntimeError(f"{url}: headless Chromium did not finish in {attempts} tries of 75 s")
 
 
 def _main_colour_share(png: Path) -> float:
