@@ -106,14 +106,14 @@ def make_agent(
     if name == "td3bc":
         return make_td3bc(TD3BCConfig(hidden=hidden), obs_size, action_size)
     if name == "td3bc_lag":
-        return make_td3bc_lag(TD3BCLagConfig(hidden=hidden, **safety), obs_size, action_size)
+        return make_td3bc_lag(TD3BCLagConfig.create(hidden=hidden, **safety), obs_size, action_size)
     if name == "td3bc_lag_plain":
         # The ablation: no cost floor and OSRL's PID gains.
         pid = PIDConfig(kp=0.1, ki=0.003, kd=0.001)
-        config = TD3BCLagConfig(hidden=hidden, cost_floor=0.0, pid=pid, **safety)
+        config = TD3BCLagConfig.create(hidden=hidden, cost_floor=0.0, pid=pid, **safety)
         return make_td3bc_lag(config, obs_size, action_size)
     if name == "iql_lag":
-        return make_iql_lag(IQLLagConfig(hidden=hidden, **safety), obs_size, action_size)
+        return make_iql_lag(IQLLagConfig.create(hidden=hidden, **safety), obs_size, action_size)
     if name in ("bc", "bc_safe"):
         return make_bc(BCConfig(hidden=hidden), obs_size, action_size)
     raise ValueError(f"algorithm: unknown {name!r}; expected one of {ALGORITHMS}")

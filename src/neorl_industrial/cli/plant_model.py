@@ -72,7 +72,7 @@ def command_fit(args: argparse.Namespace) -> int:
         for channel, source in card.definitions.items()
         if channel == "reward" or channel in task.cost_names
     }
-    config = DynamicsConfig(
+    config = DynamicsConfig.create(
         hidden=args.hidden,
         n_members=args.members,
         n_elites=min(args.elites, args.members),

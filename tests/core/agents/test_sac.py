@@ -184,7 +184,9 @@ def test_actor_log_std_is_bounded_and_mean_action_is_squashed():
 
 def test_act_normalizes_observations_and_is_deterministic_on_request():
     mean, std = np.arange(OBS_SIZE, dtype=np.float32), np.full(OBS_SIZE, 10.0, np.float32)
-    sac = make_sac(SACConfig(hidden=(16,), obs_mean=mean, obs_std=std), OBS_SIZE, ACTION_SIZE)
+    sac = make_sac(
+        SACConfig.create(hidden=(16,), obs_mean=mean, obs_std=std), OBS_SIZE, ACTION_SIZE
+    )
     policy = jax.jit(sac.init)(jax.random.key(0)).policy
     observation = jnp.linspace(-5.0, 5.0, OBS_SIZE)
     expected = TanhGaussianActor(ACTION_SIZE, (16,)).mean_action(
@@ -202,11 +204,11 @@ def test_config_rejects_bad_values_by_name():
     with pytest.raises(ValueError, match="gamma"):
         SACConfig(gamma=1.5)
     with pytest.raises(ValueError, match="obs_std"):
-        SACConfig(obs_mean=np.zeros(3), obs_std=np.ones(4))
+        SACConfig.create(obs_mean=np.zeros(3), obs_std=np.ones(4))
     with pytest.raises(ValueError, match="obs_mean"):
-        make_sac(SACConfig(obs_mean=np.zeros(3), obs_std=np.ones(3)), OBS_SIZE, ACTION_SIZE)
+        make_sac(SACConfig.create(obs_mean=np.zeros(3), obs_std=np.ones(3)), OBS_SIZE, ACTION_SIZE)
     # Statistics given as arrays are stored as tuples, so the config stays hashable.
-    config = SACConfig(obs_mean=np.zeros(3), obs_std=np.ones(3))
+    config = SACConfig.create(obs_mean=np.zeros(3), obs_std=np.ones(3))
     assert hash(config) == hash(SACConfig(obs_mean=(0.0, 0.0, 0.0), obs_std=(1.0, 1.0, 1.0)))
     normalizer = ObservationNormalizer.create([1.0, 5.0], [0.0, 2.0])
     np.testing.assert_allclose(normalizer(jnp.array([3.0, 9.0])), [2.0, 2.0])

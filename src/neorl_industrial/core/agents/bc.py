@@ -17,15 +17,17 @@ from flax import struct
 
 from neorl_industrial.core.agents.networks import (
     MLP,
+    FrozenConfig,
     ObservationNormalizer,
     PolicyParams,
+    check_layer_widths,
     check_observation_stats,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
 
 
 @dataclasses.dataclass(frozen=True)
-class BCConfig:
+class BCConfig(FrozenConfig):
     """Hyperparameters of behaviour cloning. Static: changing one builds a new algorithm.
 
     Attributes:
@@ -41,11 +43,9 @@ class BCConfig:
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        check_layer_widths(self.hidden)
         if self.learning_rate <= 0.0:
             raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
-        if not self.hidden or min(self.hidden) < 1:
-            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
         check_observation_stats(self)
 
 

@@ -32,6 +32,7 @@ from neorl_industrial.core.agents.multipliers import (
     gradient_ascent_multiplier,
     pid_multiplier,
 )
+from neorl_industrial.core.agents.networks import FrozenConfig, check_tuple
 from neorl_industrial.core.safety.contract import check_cost_limits
 
 __all__ = [
@@ -88,7 +89,7 @@ def per_step_cost_threshold(
 
 
 @dataclasses.dataclass(frozen=True)
-class SafetyConfig:
+class SafetyConfig(FrozenConfig):
     """The safety fields every Lagrangian agent's config shares (a mixin of
     ``TD3BCLagConfig`` and ``IQLLagConfig``).
 
@@ -116,7 +117,7 @@ class SafetyConfig:
 
     def __post_init__(self) -> None:
         check_cost_limits(self.cost_limits)
-        object.__setattr__(self, "cost_limits", tuple(float(x) for x in self.cost_limits))
+        check_tuple("cost_limits", self.cost_limits, float)
         _spread_factor(self.discount, self.episode_length)
         if self.multiplier not in MULTIPLIERS:
             raise ValueError(f"multiplier: expected one of {MULTIPLIERS}, got {self.multiplier!r}")

@@ -27,9 +27,11 @@ from flax import struct
 
 from neorl_industrial.core.agents.distributional import CriticConfig, make_critics, pessimistic
 from neorl_industrial.core.agents.networks import (
+    FrozenConfig,
     ObservationNormalizer,
     PolicyParams,
     TanhGaussianActor,
+    check_layer_widths,
     check_observation_stats,
     check_weight_init,
     polyak_average,
@@ -38,7 +40,7 @@ from neorl_industrial.core.agents.types import Algorithm, Metrics
 
 
 @dataclasses.dataclass(frozen=True)
-class CQLConfig:
+class CQLConfig(FrozenConfig):
     """Hyperparameters of CQL. Static: changing one builds a new algorithm.
 
     Attributes:
@@ -72,7 +74,7 @@ class CQLConfig:
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        check_layer_widths(self.hidden)
         for name in ("actor_lr", "critic_lr", "alpha_lr", "alpha_prime_lr", "temperature"):
             if getattr(self, name) <= 0.0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")

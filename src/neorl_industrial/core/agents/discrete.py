@@ -21,8 +21,10 @@ from flax import struct
 
 from neorl_industrial.core.agents.networks import (
     MLP,
+    FrozenConfig,
     ObservationNormalizer,
     PolicyParams,
+    check_layer_widths,
     check_observation_stats,
     check_weight_init,
     polyak_average,
@@ -40,7 +42,7 @@ def _check_num_actions(num_actions: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class DiscreteBCConfig:
+class DiscreteBCConfig(FrozenConfig):
     """Hyperparameters of discrete behaviour cloning (a softmax classifier).
 
     Attributes:
@@ -56,11 +58,9 @@ class DiscreteBCConfig:
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        check_layer_widths(self.hidden)
         if self.learning_rate <= 0.0:
             raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
-        if not self.hidden or min(self.hidden) < 1:
-            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
         check_weight_init(self.weight_init)
         check_observation_stats(self)
 
@@ -147,7 +147,7 @@ def make_discrete_bc(config: DiscreteBCConfig, obs_size: int, num_actions: int) 
 
 
 @dataclasses.dataclass(frozen=True)
-class DiscreteCQLConfig:
+class DiscreteCQLConfig(FrozenConfig):
     """Hyperparameters of discrete CQL (Kumar et al., 2020, the QR-free DQN variant).
 
     Attributes:
@@ -171,15 +171,13 @@ class DiscreteCQLConfig:
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        check_layer_widths(self.hidden)
         if self.learning_rate <= 0.0:
             raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
         if self.cql_alpha < 0.0:
             raise ValueError(f"cql_alpha: must not be negative, got {self.cql_alpha}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
-        if not self.hidden or min(self.hidden) < 1:
-            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
         check_weight_init(self.weight_init)
         if self.td_loss not in TD_LOSSES:
             raise ValueError(f"td_loss: expected one of {list(TD_LOSSES)}, got {self.td_loss!r}")

@@ -46,7 +46,9 @@ from flax import struct
 
 from neorl_industrial.core.agents.networks import (
     MLP,
+    FrozenConfig,
     ObservationNormalizer,
+    check_layer_widths,
     check_observation_stats,
 )
 from neorl_industrial.core.agents.types import Metrics
@@ -56,7 +58,7 @@ DeterministicPolicy = Callable[[jax.Array], jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
-class FQEConfig:
+class FQEConfig(FrozenConfig):
     """Hyperparameters of FQE. Static: changing one builds a new evaluator.
 
     Attributes:
@@ -82,9 +84,7 @@ class FQEConfig:
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
-        if not self.hidden or min(self.hidden) < 1:
-            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
+        check_layer_widths(self.hidden)
         if not self.learning_rate > 0.0:
             raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
         if not 0.0 < self.discount < 1.0:

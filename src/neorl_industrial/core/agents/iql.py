@@ -31,8 +31,10 @@ from neorl_industrial.core.agents.distributional import CriticConfig, Critics, m
 from neorl_industrial.core.agents.losses import critic_loss, expectile_loss
 from neorl_industrial.core.agents.networks import (
     MLP,
+    FrozenConfig,
     ObservationNormalizer,
     PolicyParams,
+    check_layer_widths,
     check_observation_stats,
     polyak_average,
     stochastic_key,
@@ -60,7 +62,7 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
 @dataclasses.dataclass(frozen=True)
-class IQLConfig:
+class IQLConfig(FrozenConfig):
     """Hyperparameters of IQL. Static: changing one builds a new algorithm."""
 
     actor_lr: float = 3e-4
@@ -76,7 +78,7 @@ class IQLConfig:
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        check_layer_widths(self.hidden)
         for name in ("actor_lr", "critic_lr", "value_lr", "beta", "max_exp_advantage"):
             if getattr(self, name) <= 0.0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")

@@ -7,15 +7,17 @@ policy carries everything it needs to act on raw plant observations.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pydantic
 from flax import struct
 
 Params = Any
@@ -403,15 +405,83 @@ class ObservationNormalizer:
         return (observation - self.mean) / self.std
 
 
+class FrozenConfig:
+    """Base of the frozen config dataclasses: their fields hold values in their final form
+    (tuples of ``int`` and ``float``, never lists or arrays), so equal configs hash equal
+    and a config can be a static argument of ``jax.jit`` without recompiling.
+    ``__post_init__`` only validates; :meth:`create` converts.
+    """
+
+    @classmethod
+    def create(cls: type[_Config], **values: Any) -> _Config:
+        """The config with ``values`` converted to the fields' annotated types (lists and
+        arrays to tuples, numpy numbers to ``int``/``float``) by pydantic, then validated.
+
+        Raises:
+            ValueError: naming each field whose value does not fit.
+        """
+        try:
+            return _config_adapter(cls).validate_python(values, strict=False)
+        except pydantic.ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in problem['loc']) or cls.__name__}: "
+                f"{problem['msg'].removeprefix('Value error, ')}"
+                for problem in error.errors()
+            )
+            raise ValueError(problems) from None
+
+    def replace(self: _Config, **changes: Any) -> _Config:
+        """A copy with the fields in ``changes`` set, converted as :meth:`create` converts
+        its values."""
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return type(self).create(**{**fields, **changes})
+
+
+_Config = TypeVar("_Config", bound=FrozenConfig)
+
+
+@functools.cache
+def _config_adapter(config_type: type) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(config_type)
+
+
+def check_tuple(name: str, value: Any, element: type) -> None:
+    """Raises ``TypeError`` unless ``value`` is a tuple of ``element`` values (``bool`` is
+    not an ``int`` here): the stored form of a config's sequence field."""
+    if isinstance(value, tuple) and all(
+        isinstance(item, element) and not isinstance(item, bool) for item in value
+    ):
+        return
+    raise TypeError(
+        f"{name}: expected a tuple of {element.__name__} values, got {value!r}; "
+        "build the config with its create(...) to convert lists and arrays"
+    )
+
+
+def check_layer_widths(hidden: Any, name: str = "hidden") -> None:
+    """Validates hidden layer widths: a non-empty tuple of positive ints."""
+    check_tuple(name, hidden, int)
+    if not hidden or min(hidden) < 1:
+        raise ValueError(f"{name}: expected positive layer widths, got {hidden}")
+
+
 def check_observation_stats(config: Any) -> None:
-    """Validates a frozen config's ``obs_mean`` / ``obs_std`` and stores them as tuples of
-    floats, so the config stays hashable and loggable."""
+    """Validates a frozen config's ``obs_mean`` / ``obs_std``: both None, or two tuples of
+    finite floats of one length."""
     if (config.obs_mean is None) != (config.obs_std is None):
         raise ValueError("obs_mean and obs_std: give both or neither")
+    if config.obs_mean is None:
+        return
     for name in ("obs_mean", "obs_std"):
         value = getattr(config, name)
-        if value is not None:
-            object.__setattr__(config, name, tuple(float(x) for x in value))
+        check_tuple(name, value, float)
+        if not all(math.isfinite(x) for x in value):
+            raise ValueError(f"{name}: expected finite numbers")
+    if len(config.obs_mean) != len(config.obs_std):
+        raise ValueError(
+            f"obs_std: expected {len(config.obs_mean)} values like obs_mean, "
+            f"got {len(config.obs_std)}"
+        )
 
 
 @struct.dataclass

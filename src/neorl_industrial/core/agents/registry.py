@@ -27,9 +27,11 @@ from neorl_industrial.core.agents.discrete import (
 )
 from neorl_industrial.core.agents.iql import IQLConfig, make_iql
 from neorl_industrial.core.agents.iql_lag import IQLLagConfig, make_iql_lag
+from neorl_industrial.core.agents.networks import check_tuple
 from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
 from neorl_industrial.core.agents.td3bc_lag import TD3BCLagConfig, make_td3bc_lag
 from neorl_industrial.core.agents.types import Algorithm
+from neorl_industrial.core.safety.contract import check_cost_limits
 
 __all__ = [
     "ALGORITHMS",
@@ -60,7 +62,8 @@ class BCSafeConfig(BCConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "cost_limits", tuple(float(x) for x in self.cost_limits))
+        check_cost_limits(self.cost_limits)
+        check_tuple("cost_limits", self.cost_limits, float)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,6 @@ Actions lie in (-1, 1), the range of the Industrial Benchmark's actions.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import chex
 import jax
@@ -23,10 +22,13 @@ from flax import struct
 
 from neorl_industrial.core.agents.networks import (
     CriticEnsemble,
+    FrozenConfig,
     ObservationNormalizer,
     Params,
     PolicyParams,
     TanhGaussianActor,
+    check_layer_widths,
+    check_observation_stats,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
@@ -80,7 +82,7 @@ class SACState:
 
 
 @dataclasses.dataclass(frozen=True)
-class SACConfig:
+class SACConfig(FrozenConfig):
     """Hyperparameters of SAC. Static: changing one builds a new algorithm.
 
     Attributes:
@@ -100,8 +102,8 @@ class SACConfig:
             ``-action_size``.
         max_grad_norm: clip every gradient to this global norm; ``None`` disables it.
         obs_mean: per-feature observation mean (e.g. of a random-policy rollout); ``None``
-            leaves observations unnormalized. Stored as a tuple so the config stays
-            hashable and loggable.
+            leaves observations unnormalized. A tuple, so the config stays hashable and
+            loggable (``create`` converts an array).
         obs_std: per-feature observation standard deviation, with ``obs_mean``.
     """
 
@@ -121,26 +123,14 @@ class SACConfig:
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("obs_mean", "obs_std"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, _float_tuple(name, value))
-        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
-        if (self.obs_mean is None) != (self.obs_std is None):
-            raise ValueError("obs_mean and obs_std: give both or neither")
-        if self.obs_mean is not None and len(self.obs_mean) != len(self.obs_std):
-            raise ValueError(
-                f"obs_std: expected {len(self.obs_mean)} values like obs_mean, "
-                f"got {len(self.obs_std)}"
-            )
+        check_observation_stats(self)
+        check_layer_widths(self.hidden)
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma: must lie in [0, 1], got {self.gamma}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
         if self.n_critics < 1:
             raise ValueError(f"n_critics: expected a positive integer, got {self.n_critics}")
-        if not self.hidden or min(self.hidden) < 1:
-            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
         if self.initial_alpha <= 0.0:
             raise ValueError(f"initial_alpha: must be positive, got {self.initial_alpha}")
         for name in ("actor_lr", "critic_lr", "alpha_lr"):
@@ -345,12 +335,3 @@ def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
         return actor.act(policy_params, observation, key, deterministic)
 
     return Algorithm(init=init, update=update, act=act)
-
-
-def _float_tuple(name: str, value: Any) -> tuple[float, ...]:
-    array = np.asarray(value, dtype=np.float64)
-    if array.ndim != 1:
-        raise ValueError(f"{name}: expected a vector, got shape {array.shape}")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name}: expected finite numbers")
-    return tuple(float(x) for x in array)

@@ -34,8 +34,10 @@ from neorl_industrial.core.agents.distributional import (
 )
 from neorl_industrial.core.agents.networks import (
     MLP,
+    FrozenConfig,
     ObservationNormalizer,
     PolicyParams,
+    check_layer_widths,
     check_observation_stats,
     polyak_average,
 )
@@ -66,7 +68,7 @@ Penalty = Callable[[jax.Array], tuple[jax.Array, jax.Array, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
-class TD3BCConfig:
+class TD3BCConfig(FrozenConfig):
     """Hyperparameters of TD3+BC. Static: changing one builds a new algorithm."""
 
     actor_lr: float = 3e-4
@@ -82,7 +84,7 @@ class TD3BCConfig:
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
+        check_layer_widths(self.hidden)
         for name in ("actor_lr", "critic_lr", "alpha"):
             if getattr(self, name) <= 0.0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")

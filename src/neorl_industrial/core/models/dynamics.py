@@ -33,7 +33,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from neorl_industrial.core.agents.networks import dense
+from neorl_industrial.core.agents.networks import FrozenConfig, check_layer_widths, dense
 from neorl_industrial.core.models.signals import KnownSignals
 
 __all__ = [
@@ -60,7 +60,7 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class DynamicsConfig:
+class DynamicsConfig(FrozenConfig):
     """Hyperparameters of the ensemble. Static: changing one builds a new model.
 
     Defaults follow MBPO / MOPO in shape (7 members, the 5 best on held-out data kept,
@@ -81,9 +81,7 @@ class DynamicsConfig:
     max_log_std: float = 0.5
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden", tuple(int(width) for width in self.hidden))
-        if not self.hidden or any(width < 1 for width in self.hidden):
-            raise ValueError(f"hidden: expected positive layer widths, got {self.hidden}")
+        check_layer_widths(self.hidden)
         if self.n_members < 1:
             raise ValueError(f"n_members: expected a positive integer, got {self.n_members}")
         if not 1 <= self.n_elites <= self.n_members:

@@ -170,7 +170,7 @@ def _prepare(
     config = FQEConfig() if config is None else config
     if config.obs_mean is None:
         obs_mean, obs_std = dataset.observation_moments()
-        config = dataclasses.replace(config, obs_mean=obs_mean, obs_std=obs_std)
+        config = config.replace(obs_mean=obs_mean, obs_std=obs_std)
     if initial_observations is None:
         initial_observations = dataset.initial_observations()
     initial_observations = jnp.asarray(initial_observations, jnp.float32)

@@ -176,9 +176,7 @@ class BehaviourPolicies:
             raise ValueError(f"version: {version!r} not found for {env_id}; have {versions}")
         path = base / version
         manifest = json.loads((path / MANIFEST).read_text())
-        config = SACConfig(
-            **{**manifest["sac_config"], "hidden": tuple(manifest["sac_config"]["hidden"])}
-        )
+        config = SACConfig.create(**manifest["sac_config"])
         env, _ = make(env_id)
         # Shapes only: the parameters are read from the files.
         template = jax.eval_shape(

@@ -729,7 +729,7 @@ class PlantModel:
             raise PlantModelError(f"{card_path}: format {found!r}; this version reads {FORMAT!r}")
         try:
             saved_task = Task.from_dict(card["task"], f"{card_path}: task")
-            config = DynamicsConfig(**{**card["config"], "hidden": tuple(card["config"]["hidden"])})
+            config = DynamicsConfig.create(**card["config"])
             saved = card["layout"]
             layout = DynamicsLayout(
                 observation_size=int(saved["observation_size"]),
