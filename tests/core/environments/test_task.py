@@ -24,7 +24,7 @@ def plant_task(**changes) -> Task:
         cost_limits={"high_level": 30.0},
     )
     values.update(changes)
-    return Task(**values)
+    return Task.create(**values)
 
 
 def test_a_simulator_task_carries_its_names_bounds_costs_and_parameters():

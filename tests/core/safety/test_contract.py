@@ -21,7 +21,7 @@ def plant(**changes) -> Task:
         cost_names=("alarm",),
         cost_limits={"alarm": 12.0},
     )
-    return Task(**{**values, **changes})
+    return Task.create(**{**values, **changes})
 
 
 def test_the_tasks_channels_and_limits_without_a_spec_of_costs():

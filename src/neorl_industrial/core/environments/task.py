@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,9 @@ from neorl_industrial.core.environments.registry import make
 from neorl_industrial.core.safety.spec import ConstraintSpec, ConstraintSpecError
 
 __all__ = ["Task", "TaskError"]
+
+#: Fields that :meth:`Task.create` fills when they are unset.
+_FILLED = ("observation_low", "observation_high", "observation_units", "action_units")
 
 
 class TaskError(ValueError):
@@ -59,7 +63,8 @@ def _floats(values: Sequence[float] | None, size: int, fill: float, what: str) -
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One process, described once (see the module docstring).
+    """One process, described once (see the module docstring). :meth:`create` builds one
+    from lists, arrays and unset bounds; the fields hold tuples and plain dicts.
 
     Attributes:
         name: what the process is called (``boiler-3``, ``IB-v0``).
@@ -67,8 +72,9 @@ class Task:
         action_names: one name per action (one ``action`` for a discrete index).
         action_low, action_high: bounds of each continuous action, in plant units.
         observation_low, observation_high: physical bounds of each feature (``±inf``
-            where unknown).
-        observation_units, action_units: unit of each feature and action (None: none).
+            where unknown; :meth:`create` fills unset ones).
+        observation_units, action_units: unit of each feature and action (None: none;
+            :meth:`create` fills unset ones).
         cost_names: the cost channels of the data, in column order.
         cost_definitions: how each channel is computed per step (an expression, or a
             sentence), for people.
@@ -94,10 +100,10 @@ class Task:
     action_names: tuple[str, ...]
     action_low: tuple[float, ...]
     action_high: tuple[float, ...]
-    observation_low: tuple[float, ...] | None = None
-    observation_high: tuple[float, ...] | None = None
-    observation_units: tuple[str | None, ...] | None = None
-    action_units: tuple[str | None, ...] | None = None
+    observation_low: tuple[float, ...]
+    observation_high: tuple[float, ...]
+    observation_units: tuple[str | None, ...]
+    action_units: tuple[str | None, ...]
     cost_names: tuple[str, ...] = ()
     cost_definitions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     cost_limits: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -112,80 +118,36 @@ class Task:
     data_high: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not str(self.name):
-            raise TaskError("name: a task needs a name")
-        observation_names = _names(self.observation_names, "observation_names")
-        action_names = _names(self.action_names, "action_names")
-        if not observation_names:
-            raise TaskError("observation_names: a task observes at least one feature")
-        if not action_names:
-            raise TaskError("action_names: a task has at least one action")
-        n_obs, n_act = len(observation_names), len(action_names)
-        set_ = object.__setattr__
-        set_(self, "observation_names", observation_names)
-        set_(self, "action_names", action_names)
-        set_(self, "action_low", _floats(self.action_low, n_act, -1.0, "action_low"))
-        set_(self, "action_high", _floats(self.action_high, n_act, 1.0, "action_high"))
-        set_(
-            self,
-            "observation_low",
-            _floats(self.observation_low, n_obs, -math.inf, "observation_low"),
-        )
-        set_(
-            self,
-            "observation_high",
-            _floats(self.observation_high, n_obs, math.inf, "observation_high"),
-        )
-        if self.data_low is not None or self.data_high is not None:
-            set_(self, "data_low", _floats(self.data_low, n_obs, -math.inf, "data_low"))
-            set_(self, "data_high", _floats(self.data_high, n_obs, math.inf, "data_high"))
-        for what, units, size in (
-            ("observation_units", self.observation_units, n_obs),
-            ("action_units", self.action_units, n_act),
-        ):
-            units = (None,) * size if units is None else tuple(units)
-            if len(units) != size:
-                raise TaskError(f"{what}: expected {size} units, got {len(units)}")
-            set_(self, what, units)
-        if self.discrete:
-            if self.num_actions is None or int(self.num_actions) < 2:
-                raise TaskError(f"num_actions: a discrete task needs >= 2, got {self.num_actions}")
-        else:
-            for name, low, high in zip(
-                action_names, self.action_low, self.action_high, strict=True
-            ):
-                if not (math.isfinite(low) and math.isfinite(high)):
-                    raise TaskError(
-                        f"action_low/action_high: action {name!r} needs finite bounds in plant "
-                        f"units, got [{low}, {high}]"
-                    )
-                if not high > low:
-                    raise TaskError(
-                        f"action_low/action_high: action {name!r} has a zero-width or "
-                        f"inverted range [{low}, {high}]; the policy cannot be scaled to it"
-                    )
-        for name, low, high in zip(
-            observation_names, self.observation_low, self.observation_high, strict=True
-        ):
-            if low > high:
-                raise TaskError(f"observation bounds: {name!r} has low {low} above high {high}")
-        set_(self, "cost_names", _names(self.cost_names, "cost_names"))
-        limits = {str(k): float(v) for k, v in dict(self.cost_limits).items()}
-        unknown = sorted(set(limits) - set(self.cost_names))
-        if unknown:
-            raise TaskError(f"cost_limits: {unknown} are not cost channels {list(self.cost_names)}")
-        for key, value in limits.items():
-            if not (math.isfinite(value) and value >= 0):
-                raise TaskError(f"cost_limits.{key}: expected a finite number >= 0, got {value}")
-        set_(self, "cost_limits", limits)
-        set_(self, "cost_definitions", {str(k): str(v) for k, v in self.cost_definitions.items()})
-        set_(self, "env_params", dict(self.env_params))
-        if self.episode_length is not None and int(self.episode_length) < 1:
-            raise TaskError(
-                f"episode_length: expected a positive integer, got {self.episode_length}"
-            )
-        if self.sampling_period is not None and not float(self.sampling_period) > 0:
-            raise TaskError(f"sampling_period: expected seconds > 0, got {self.sampling_period}")
+        """Validates; the fields must already hold their stored form (what
+        :meth:`create` makes of its values)."""
+        given = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        for name, value in _stored_fields(given).items():
+            if type(given[name]) is not type(value) or given[name] != value:
+                raise TaskError(
+                    f"{name}: expected {reprlib.repr(value)}, got {reprlib.repr(given[name])}; "
+                    "Task.create converts sequences and fills unset bounds and units"
+                )
+
+    @classmethod
+    def create(cls, **values: Any) -> Task:
+        """The task of ``values``: sequences become tuples of ``str``/``float``, unset
+        observation bounds ``±inf`` and unset units None, mappings plain dicts.
+
+        Raises:
+            TaskError: naming the field that is missing or wrong.
+        """
+        for field in dataclasses.fields(cls):
+            if field.name in values:
+                continue
+            if field.default is not dataclasses.MISSING:
+                values[field.name] = field.default
+            elif field.default_factory is not dataclasses.MISSING:
+                values[field.name] = field.default_factory()
+            elif field.name in _FILLED:
+                values[field.name] = None
+            else:
+                raise TaskError(f"{field.name}: required")
+        return cls(**{**values, **_stored_fields(values)})
 
     # ----- sizes ------------------------------------------------------------------------
     @property
@@ -273,7 +235,7 @@ class Task:
         except ValueError as error:
             raise TaskError(f"env: {error}") from None
         horizon = getattr(params, "horizon", None)
-        return cls(
+        return cls.create(
             name=env_id,
             observation_names=env.observation_names,
             action_names=env.action_names,
@@ -413,11 +375,91 @@ class Task:
             except ConstraintSpecError as error:
                 raise TaskError(str(error)) from None
         try:
-            return cls(**values)
+            return cls.create(**values)
         except TaskError as error:
             raise TaskError(f"{source}: {error}") from None
         except (TypeError, ValueError) as error:
             raise TaskError(f"{source}: {error}") from None
+
+
+def _stored_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored form of a task's sequence and mapping fields, validated.
+
+    Raises:
+        TaskError: naming the field that is wrong.
+    """
+    if not str(values["name"]):
+        raise TaskError("name: a task needs a name")
+    observation_names = _names(values["observation_names"], "observation_names")
+    action_names = _names(values["action_names"], "action_names")
+    if not observation_names:
+        raise TaskError("observation_names: a task observes at least one feature")
+    if not action_names:
+        raise TaskError("action_names: a task has at least one action")
+    n_obs, n_act = len(observation_names), len(action_names)
+    stored: dict[str, Any] = {
+        "observation_names": observation_names,
+        "action_names": action_names,
+        "action_low": _floats(values["action_low"], n_act, -1.0, "action_low"),
+        "action_high": _floats(values["action_high"], n_act, 1.0, "action_high"),
+        "observation_low": _floats(values["observation_low"], n_obs, -math.inf, "observation_low"),
+        "observation_high": _floats(
+            values["observation_high"], n_obs, math.inf, "observation_high"
+        ),
+        "data_low": values["data_low"],
+        "data_high": values["data_high"],
+    }
+    if values["data_low"] is not None or values["data_high"] is not None:
+        stored["data_low"] = _floats(values["data_low"], n_obs, -math.inf, "data_low")
+        stored["data_high"] = _floats(values["data_high"], n_obs, math.inf, "data_high")
+    for what, size in (("observation_units", n_obs), ("action_units", n_act)):
+        units = values[what]
+        units = (None,) * size if units is None else tuple(units)
+        if len(units) != size:
+            raise TaskError(f"{what}: expected {size} units, got {len(units)}")
+        stored[what] = units
+    if values["discrete"]:
+        num_actions = values["num_actions"]
+        if num_actions is None or int(num_actions) < 2:
+            raise TaskError(f"num_actions: a discrete task needs >= 2, got {num_actions}")
+    else:
+        for name, low, high in zip(
+            action_names, stored["action_low"], stored["action_high"], strict=True
+        ):
+            if not (math.isfinite(low) and math.isfinite(high)):
+                raise TaskError(
+                    f"action_low/action_high: action {name!r} needs finite bounds in plant "
+                    f"units, got [{low}, {high}]"
+                )
+            if not high > low:
+                raise TaskError(
+                    f"action_low/action_high: action {name!r} has a zero-width or "
+                    f"inverted range [{low}, {high}]; the policy cannot be scaled to it"
+                )
+    for name, low, high in zip(
+        observation_names, stored["observation_low"], stored["observation_high"], strict=True
+    ):
+        if low > high:
+            raise TaskError(f"observation bounds: {name!r} has low {low} above high {high}")
+    cost_names = _names(values["cost_names"], "cost_names")
+    limits = {str(k): float(v) for k, v in dict(values["cost_limits"]).items()}
+    unknown = sorted(set(limits) - set(cost_names))
+    if unknown:
+        raise TaskError(f"cost_limits: {unknown} are not cost channels {list(cost_names)}")
+    for key, value in limits.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise TaskError(f"cost_limits.{key}: expected a finite number >= 0, got {value}")
+    stored["cost_names"] = cost_names
+    stored["cost_limits"] = limits
+    stored["cost_definitions"] = {str(k): str(v) for k, v in values["cost_definitions"].items()}
+    stored["env_params"] = dict(values["env_params"])
+    episode_length = values["episode_length"]
+    if episode_length is not None and int(episode_length) < 1:
+        raise TaskError(f"episode_length: expected a positive integer, got {episode_length}")
+    sampling_period = values["sampling_period"]
+    if sampling_period is not None and not float(sampling_period) > 0:
+        raise TaskError(f"sampling_period: expected seconds > 0, got {sampling_period}")
+    return stored
 
 
 def _definitions(spec: ConstraintSpec) -> dict[str, str]:
