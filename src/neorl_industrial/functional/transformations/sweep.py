@@ -122,7 +122,11 @@ def _get(config: Any, path: str) -> Any:
 def traced_config(config: Any, values: Mapping[str, Any]) -> Any:
     """A copy of the frozen config dataclass with the fields at the dotted ``values``
     paths replaced, *without* its validation (the values may be tracers; their concrete
-    counterparts were validated by :func:`plan_sweep`)."""
+    counterparts were validated by :func:`plan_sweep`).
+
+    The fields of a fresh copy are set directly: ``dataclasses.replace`` would run the
+    config's ``__post_init__``, whose checks (``alpha > 0``) cannot branch on a tracer.
+    """
     grouped: dict[str, dict[str, Any]] = {}
     for path, value in values.items():
         head, _, rest = path.partition(".")
