@@ -329,6 +329,11 @@ def test_training_goes_on_when_the_server_is_down_and_the_spool_replays(tracked,
         100,
     ]
     assert len(runs) == 3 and parent.info.status == "FINISHED"
+    # The dataset inputs were spooled and replayed with the rest.
+    for run in runs:
+        assert [i.dataset.name for i in run.inputs.dataset_inputs] == [
+            outcome.report["data"]["name"]
+        ]
     assert str(client.get_model_version_by_alias(MODEL, "champion").version) == "1"
 
 
