@@ -493,7 +493,9 @@ def _plan_params(plan: RunPlan, agent: Agent, grid: dict[str, list[Any]] | None)
     if config.data.path is None:
         used = {key: data[key] for key in ("quality", "trajectories", "seed")}
     else:
-        used = {key: data[key] for key in ("path", "schema", "allow_mismatch")}
+        used = {key: data[key] for key in ("path", "schema")}
+        if config.data.allow_mismatch:
+            used["allow_mismatch"] = True
     params: dict[str, Any] = {
         "data": {**used, "transitions": facts["transitions"], "episodes": facts["episodes"]},
         "algorithm": values["algorithm"],

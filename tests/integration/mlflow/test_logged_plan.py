@@ -73,7 +73,7 @@ def test_a_plant_run_logs_what_it_uses_and_no_simulator_fields(tmp_path, plant_d
     assert not [key for key in params if key.startswith("env.")]
     # Where files and the store are is no setting of the run.
     assert not {"output", "name", "tracking.uri", "tracking.enabled"} & set(params)
-    assert params["data.path"] == str(plant_data)
+    assert params["data.path"] == str(plant_data) and "data.allow_mismatch" not in params
     assert params["data.transitions"] == str(plan.facts["transitions"])
     assert params["evaluation.ope.updates"] == "2000"  # FQE is how a plant run is evaluated
     assert params["training.updates"] == "20" and params["training.seeds"] == "[0, 1]"
