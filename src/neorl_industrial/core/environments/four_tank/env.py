@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,7 +51,9 @@ from neorl_industrial.core.environments.four_tank.params import (
     FourTankParams,
     four_tank_params,
 )
+from neorl_industrial.core.environments.ode import integrate_adaptive
 from neorl_industrial.core.environments.process import ProcessEnv, schedule_value
+from neorl_industrial.core.safety import ConstraintSpec
 
 LEVEL_NAMES = ("h1", "h2", "h3", "h4")
 PUMP_NAMES = ("v1", "v2")
@@ -144,25 +145,17 @@ class FourTank(ProcessEnv[FourTankParams]):
         derivative, constants far outside the model's range) returns NaN, which
         :meth:`step_env` reports as diverged.
         """
-        term = diffrax.ODETerm(
-            lambda _t, levels, args: self.vector_field(levels, *args).astype(levels.dtype)
-        )
-        solution = diffrax.diffeqsolve(
-            term,
-            diffrax.Tsit5(),
-            t0=jnp.zeros((), plant.dtype),
-            t1=jnp.asarray(params.dt, plant.dtype),
-            dt0=None,  # the solver's own initial step from the derivative's scale
-            y0=plant,
-            args=(control, disturbance, params),
-            saveat=diffrax.SaveAt(t1=True),
-            stepsize_controller=diffrax.PIDController(rtol=self.rtol, atol=self.atol),
+        return integrate_adaptive(
+            self.vector_field,
+            plant,
+            control,
+            disturbance,
+            params,
+            params.dt,
+            rtol=self.rtol,
+            atol=self.atol,
             max_steps=self.max_steps,
-            # A solve that stops early keeps an intermediate state: it becomes NaN below.
-            throw=False,
         )
-        solved = solution.result == diffrax.RESULTS.successful
-        return jnp.where(solved, solution.ys[-1], jnp.nan)
 
     def after_interval(self, plant: jax.Array, params: FourTankParams) -> jax.Array:
         """An emptied tank holds level 0 (a solver step may undershoot below it)."""
@@ -200,8 +193,6 @@ class FourTank(ProcessEnv[FourTankParams]):
         pumps in [0.1, 10] V, a constant mid-range fallback, and the overflow and empty
         cost of each tank with an episode cost limit of 6 each, at the thresholds of
         ``params`` (the defaults without)."""
-        from neorl_industrial.core.safety import ConstraintSpec
-
         params = self.default_params() if params is None else params
         # The float32 leaves as the shortest decimals that round-trip (0.6, not 0.6000000238).
         height, low = (
