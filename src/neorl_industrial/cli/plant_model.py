@@ -50,14 +50,12 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
-    """The dataset, its card and the schema's ``reward_row`` (a plant log's)."""
-    from neorl_industrial.integration.datasets import load_any, load_plant_schema
+    """The dataset, its card and the row its reward is read on (a plant log's card records
+    its schema's ``reward_row``; None for other data)."""
+    from neorl_industrial.integration.datasets import load_any
 
     dataset, card = load_any(args.data, schema=args.schema, missing=args.missing)
-    reward_row = None
-    if args.schema is not None and card.source == "plant-log":
-        reward_row = load_plant_schema(args.schema).reward_row
-    return dataset, card, reward_row
+    return dataset, card, card.reward_row
 
 
 def command_fit(args: argparse.Namespace) -> int:
