@@ -16,10 +16,8 @@ The decision and its reason are recorded on the versions' tags (``promotion.*``)
 the registered model, so the registry shows why a champion is the champion.
 
 A training run hands the registry's work to the sender as operations
-(:data:`OPERATIONS`): ``log_dataset`` records the data a run trained on as the run's
-MLflow dataset input (the lineage a version's run points back to: the UI's *Datasets*),
-``log_model`` logs the policy model and registers it as a version, ``register`` puts the
-evaluation on it, gives it ``challenger`` and applies the rule.
+(:data:`OPERATIONS`): ``log_model`` logs the policy model and registers it as a version,
+``register`` puts the evaluation on it, gives it ``challenger`` and applies the rule.
 
 Everywhere a policy or agent path is accepted, ``models:/<name>@<alias>``,
 ``models:/<name>/<version>`` and ``runs:/<run_id>/policy`` are accepted too
@@ -502,60 +500,8 @@ def register(delivery: Delivery, key: str | None, args: dict[str, Any]) -> dict[
     return finish_registration(delivery.client, **args)
 
 
-def log_dataset(delivery: Delivery, key: str | None, args: dict[str, Any]) -> dict[str, Any]:
-    """Logs the dataset described by ``args`` as an input of the run ``key``, built with
-    :mod:`mlflow.data` (a :class:`~mlflow.data.meta_dataset.MetaDataset`: metadata, not
-    the arrays): ``name``; ``digest`` (the data's fingerprint); ``source`` and
-    ``source_type`` (``local``: the stored dataset's directory; ``code``: a description of
-    how it was generated); ``columns`` (``[[name, type], ...]``, the schema); ``profile``
-    (sizes) and ``context`` (``training``). Logging the same dataset again (a resumed run)
-    adds nothing. Returns the run's and its experiment's ids, the name and the digest."""
-    from mlflow.data.dataset_source_registry import get_dataset_source_from_json
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-    from mlflow.types import ColSpec, Schema
-
-    client = delivery.client
-    if key not in delivery.ids:
-        raise KeyError(f"log_dataset: the run {key!r} was never created")
-    run_id = delivery.ids[key]
-    source_type = args["source_type"]
-    if source_type == "local":
-        source_json = json.dumps({"uri": args["source"]})
-    elif source_type == "code":
-        source_json = json.dumps({"tags": {"mlflow.source.name": args["source"]}})
-    else:
-        raise KeyError(f"log_dataset: unknown source type {source_type!r} (local or code)")
-    columns = [ColSpec(kind, name) for name, kind in args.get("columns") or []]
-    described = MetaDataset(
-        get_dataset_source_from_json(source_json, source_type),
-        name=args["name"],
-        digest=args["digest"],
-        schema=Schema(columns) if columns else None,
-    ).to_dict()
-    profile = args.get("profile")
-    dataset = Dataset(
-        name=described["name"],
-        digest=described["digest"],
-        source_type=described["source_type"],
-        source=described["source"],
-        schema=described.get("schema"),
-        profile=None if profile is None else json.dumps(profile, sort_keys=True),
-    )
-    context = InputTag("mlflow.data.context", args.get("context", "training"))
-    client.log_inputs(run_id, datasets=[DatasetInput(dataset, tags=[context])])
-    experiment_id = client.get_run(run_id).info.experiment_id
-    return {
-        "run_id": run_id,
-        "experiment_id": experiment_id,
-        "name": dataset.name,
-        "digest": dataset.digest,
-    }
-
-
 #: The registry's operations by name, registered with the sender by the package.
 OPERATIONS: dict[str, Handler] = {
-    "log_dataset": log_dataset,
     "log_model": log_model,
     "register": register,
 }

@@ -1,5 +1,6 @@
 """MLflow runs as operations for the sender: create or bind a run, log a batch of
-params, metrics and tags, log an artifact, end the run.
+params, metrics and tags, log an artifact, log the run's dataset input (the data it trained
+on, the UI's *Datasets*), end the run.
 
 A run is named by a key of the caller's (``parent``, ``seed-0``); creating or binding it
 binds the key to the store's run id, so later operations, and a replay of the spool into
@@ -8,6 +9,7 @@ this store or another, find it. A run created with a ``parent`` key is nested un
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,55 @@ def end_run(delivery: Delivery, key: str | None, args: dict[str, Any]) -> None:
     )
 
 
+def log_dataset(delivery: Delivery, key: str | None, args: dict[str, Any]) -> dict[str, Any]:
+    """Logs the dataset described by ``args`` as an input of the run ``key``, built with
+    :mod:`mlflow.data` (a :class:`~mlflow.data.meta_dataset.MetaDataset`: metadata, not
+    the arrays): ``name``; ``digest`` (the data's fingerprint); ``source`` and
+    ``source_type`` (``local``: the stored dataset's directory; ``code``: a description of
+    how it was generated); ``columns`` (``[[name, type], ...]``, the schema); ``profile``
+    (sizes) and ``context`` (``training``). Logging the same dataset again (a resumed run)
+    adds nothing. Returns the run's and its experiment's ids, the name and the digest."""
+    from mlflow.data.dataset_source_registry import get_dataset_source_from_json
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.types import ColSpec, Schema
+
+    client = delivery.client
+    run_id = _run_id(delivery, "log_dataset", key)
+    source_type = args["source_type"]
+    if source_type == "local":
+        source_json = json.dumps({"uri": args["source"]})
+    elif source_type == "code":
+        source_json = json.dumps({"tags": {"mlflow.source.name": args["source"]}})
+    else:
+        raise KeyError(f"log_dataset: unknown source type {source_type!r} (local or code)")
+    columns = [ColSpec(kind, name) for name, kind in args.get("columns") or []]
+    described = MetaDataset(
+        get_dataset_source_from_json(source_json, source_type),
+        name=args["name"],
+        digest=args["digest"],
+        schema=Schema(columns) if columns else None,
+    ).to_dict()
+    profile = args.get("profile")
+    dataset = Dataset(
+        name=described["name"],
+        digest=described["digest"],
+        source_type=described["source_type"],
+        source=described["source"],
+        schema=described.get("schema"),
+        profile=None if profile is None else json.dumps(profile, sort_keys=True),
+    )
+    context = InputTag("mlflow.data.context", args.get("context", "training"))
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset, tags=[context])])
+    experiment_id = client.get_run(run_id).info.experiment_id
+    return {
+        "run_id": run_id,
+        "experiment_id": experiment_id,
+        "name": dataset.name,
+        "digest": dataset.digest,
+    }
+
+
 #: The run operations by name, registered with the sender by the package.
 OPERATIONS: dict[str, Handler] = {
     "create_run": create_run,
@@ -139,4 +190,5 @@ OPERATIONS: dict[str, Handler] = {
     "log_batch": log_batch,
     "log_artifact": log_artifact,
     "end_run": end_run,
+    "log_dataset": log_dataset,
 }
