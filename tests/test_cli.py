@@ -146,6 +146,7 @@ def test_main_job_trains_evaluates_saves_exports_and_reports(tmp_path, capsys):
     for part in ("agent/agent.json", "policy/manifest.json", "report.json", "config.yaml"):
         assert (run / part).is_file(), part
     assert "best evaluation of each run" in out and str(run / "agent") in out
+    assert "training runs: http://127.0.0.1:5000/#/experiments/" in out
     report = json.loads((run / "report.json").read_text())
     assert report["training"]["updates"] == 100 and len(report["best"]) == 2
     assert all(b["metrics"]["hard_violation_steps"] == 0 for b in report["best"])
@@ -363,6 +364,13 @@ def test_sweep_on_a_plant_log_is_one_program_tracked_as_parent_and_configuration
             table["configurations"][index]["values"]["alpha"]
         )
         assert "ope/return_mean" in child.data.metrics
+        # the estimator's settings are params; only its results are metrics
+        assert child.data.params["ope.fqe_updates"] == "20"
+        assert "ope/fqe_updates_mean" not in child.data.metrics
+        assert [d.dataset.digest for d in child.inputs.dataset_inputs] == [
+            d.dataset.digest for d in parent.inputs.dataset_inputs
+        ]
+        assert len(child.inputs.dataset_inputs) == 1
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"sweep.json", "sweep.md", "plots"} <= artifacts
     assert (run / "plots" / "sweep.png").stat().st_size > 0

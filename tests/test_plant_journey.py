@@ -122,6 +122,10 @@ def test_the_plant_run_lands_in_mlflow_with_its_registered_model(journey):
     run = parents[0]
     assert {"ope/return", "best/ope_return_mean"} <= set(run.data.metrics)
     assert run.data.tags["evaluation"] == "fqe"
+    # the plan a plant run uses: no simulator's fields; its log as the dataset input
+    assert not {"data.quality", "data.trajectories"} & set(run.data.params)
+    assert not any(name.startswith("env.") for name in run.data.params)
+    assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["mixing-tank"]
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
     assert {"plots", "agent", "config.yaml", "dataset.json"} <= artifacts
     versions = client.search_model_versions("name = 'mixing-tank-policy'")
