@@ -32,6 +32,7 @@ import numpy as np
 
 from neorl_industrial.core.environments import Task, TaskError
 from neorl_industrial.core.safety import ConstraintSpec, ConstraintSpecError
+from neorl_industrial.extras import MissingExtraError, require
 from neorl_industrial.wrappers.agents.agent import DEFAULT_ENV, Agent, AgentError, OPESettings
 from neorl_industrial.wrappers.constraint_files import load_constraint_spec
 from neorl_industrial.wrappers.hostio import json_default, write_text_atomic
@@ -870,9 +871,15 @@ def run_sweep(
     title = f"Sweep of {agent.name} on {plan.label} ({config.name})"
     write_text_atomic(run_dir / "sweep.json", json.dumps(table, indent=2, default=json_default))
     write_text_atomic(run_dir / "sweep.md", sweep_markdown(table, title))
-    from neorl_industrial.integration.mlflow.plots import sweep_plot
+    try:
+        require("track")  # matplotlib, which draws the plot, comes with tracking
+    except MissingExtraError as missing:
+        if console is not None:
+            console.print(f"[yellow]warning:[/yellow] plots/sweep.png not drawn: {missing}")
+    else:
+        from neorl_industrial.integration.mlflow.plots import sweep_plot
 
-    sweep_plot(table, run_dir / "plots" / "sweep.png", title=title)
+        sweep_plot(table, run_dir / "plots" / "sweep.png", title=title)
     agent.save(agent_dir)
     exported = None
     if export and not agent.entry.discrete:
