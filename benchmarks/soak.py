@@ -45,6 +45,7 @@ RELOAD_EVERY_S = 30.0
 BASELINE_S = 30.0
 RSS_SAMPLE_S = 5.0
 ATTACKERS = 256  # with --attack: half slow-header, half slow-body
+IN_FLIGHT = 64  # the good client's connections and requests in flight
 # Fresh strong keys per run (a server without keys refuses reloads; the attackers have none).
 ACT_KEY = secrets.token_urlsafe(32)
 ADMIN_KEY = secrets.token_urlsafe(32)
@@ -105,13 +106,19 @@ async def _soak(
     poison = json.dumps({"observation": [50.0, 50.0, 1e39, 50.0, 50.0, 50.0]}).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {ACT_KEY}"}
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
+    # At most IN_FLIGHT requests at once (the pool's connections): past its connections,
+    # httpcore's queue costs quadratic time, and a client that once falls behind (a slow
+    # start on a busy machine) spends all its CPU there and never catches up.
+    limits = httpx.Limits(max_connections=IN_FLIGHT)
+    in_flight = asyncio.Semaphore(IN_FLIGHT)
+    async with httpx.AsyncClient(base_url=base, timeout=30.0, limits=limits) as client:
 
         async def good() -> None:
             started = time.perf_counter()
             stats["good"] += 1
             try:
-                response = await client.post("/v1/act", content=body, headers=headers)
+                async with in_flight:
+                    response = await client.post("/v1/act", content=body, headers=headers)
                 outcome = str(response.status_code)
             except httpx.HTTPError as error:
                 outcome = type(error).__name__
