@@ -125,7 +125,7 @@ def command_shadow_report(args: argparse.Namespace) -> int:
     from neorl_industrial.integration.plant_floor.report import log_to_mlflow, shadow_report
 
     out = args.out or args.log.with_name(f"{args.log.stem}-report")
-    report = shadow_report(args.log, out, dict(args.tolerance or []))
+    report = shadow_report(args.log, out, dict(args.tolerance or []), args.plant_model)
     console = make_console()
     table = Table(title=f"agreement with the operators ({report.decided} decided ticks)")
     for column in (
@@ -159,7 +159,36 @@ def command_shadow_report(args: argparse.Namespace) -> int:
         f"overridden: {report.overridden} of {report.decided} decided ticks ({rate}); "
         f"faulty ticks: {report.faulty}; missed: {report.missed}"
     )
-    console.print(f"estimated effect of following the policy: {report.plant_effect}")
+    effect = report.effect
+    if effect is None:
+        console.print(f"estimated effect of following the policy: {report.plant_effect}")
+    else:
+        level = f"{100 * effect.confidence:g} %"
+        estimate = Table(
+            title=f"estimated effect of following the policy ({effect.estimator}; "
+            f"{effect.model}, {effect.ticks} ticks, {effect.members} members)"
+        )
+        for column in ("channel", "operators", "policy", "policy - operators"):
+            estimate.add_column(column, justify="left" if column == "channel" else "right")
+        estimate.add_column(f"{level} interval (ticks)", justify="right")
+        estimate.add_column("member range", justify="right")
+        estimate.add_column("reading")
+        for c in effect.channels:
+            estimate.add_row(
+                c.name,
+                f"{c.operators:.4g}",
+                f"{c.policy:.4g}",
+                f"{c.difference:+.4g}",
+                "-" if c.interval is None else f"[{c.interval[0]:+.4g}, {c.interval[1]:+.4g}]",
+                f"[{c.member_range[0]:+.4g}, {c.member_range[1]:+.4g}]",
+                c.reading,
+            )
+        console.print(estimate)
+        share = f"{100 * effect.out_of_distribution:.1f} %"
+        console.print(
+            f"out of the model's data: {share} of the ticks"
+            + ("" if effect.reliable else "; the estimate is unreliable")
+        )
     console.print(f"wrote {out}/report.md, report.json, pairs.csv and plots")
     if args.model or (report.policy.get("registry") or {}).get("version"):
         logged = log_to_mlflow(report, out, args.model, args.tracking_uri)
@@ -278,6 +307,13 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "--model",
         help="models:/name/version to log the report on (default: "
         "the version the log names, if any)",
+    )
+    report.add_argument(
+        "--plant-model",
+        type=Path,
+        metavar="DIR",
+        help="a saved plant model of the same task (neorl-industrial model fit): estimate "
+        "the effect of following the policy, one step ahead",
     )
     report.add_argument("--tracking-uri", help="the MLflow store")
     report.set_defaults(handler=command_shadow_report)

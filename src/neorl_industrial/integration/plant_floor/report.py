@@ -11,8 +11,16 @@ did, and how often (and why) the shield would have overridden it.
 * **Overrides.** How often the shield changed the policy's proposal on decided ticks, and
   which constraints the proposals broke (a tick counts once per constraint); fallbacks
   and faulty ticks apart.
-* **Effect of following the policy.** Needs a validated plant model; without one the
-  report says so (``not available: no plant model``) rather than estimating it.
+* **Effect of following the policy.** An estimate from a plant model
+  (:class:`~neorl_industrial.wrappers.models.PlantModel`) of the same task, one step
+  ahead: for every paired tick (the logged observation, the operators' applied action and
+  the policy's shielded action), each elite member's deterministic mean prediction of the
+  reward and cost channels of the next step under both actions. Per channel: the mean
+  difference (policy minus operators, member mean), a 95 % bootstrap interval over ticks
+  of the member-mean difference, the range of the members' own mean differences, and the
+  share of ticks where the model flags an input outside its data (the estimate is called
+  unreliable above :data:`OOD_UNRELIABLE`). Without a plant model the report says so
+  (``not available: no plant model``) rather than estimating it.
 
 :func:`shadow_report` writes ``report.json``, ``report.md``, ``pairs.csv`` and the plots
 (``differences.png``, ``actions.png``, ``overrides.png``); :func:`log_to_mlflow` puts them
@@ -34,10 +42,26 @@ import numpy as np
 
 from neorl_industrial.integration.plant_floor.ticklog import TickLogError, read_tick_log
 
-__all__ = ["NO_PLANT_MODEL", "ShadowReport", "log_to_mlflow", "shadow_report"]
+__all__ = [
+    "ESTIMATOR",
+    "NO_PLANT_MODEL",
+    "ChannelEffect",
+    "PlantEffect",
+    "ShadowReport",
+    "build_report",
+    "log_to_mlflow",
+    "shadow_report",
+]
 
 #: What the report says about the policy's effect while no plant model is given.
-NO_PLANT_MODEL = "not available: no plant model"
+NO_PLANT_MODEL = "not available: no plant model (--plant-model DIR)"
+#: How the effect is estimated.
+ESTIMATOR = "plant model, one step ahead"
+#: Above this share of ticks outside the model's data, the estimate is called unreliable.
+OOD_UNRELIABLE = 0.2
+#: Bootstrap resamples of the ticks, and the interval's confidence level.
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
 #: The default agreement tolerance, as a share of an action's range.
 TOLERANCE_SHARE = 0.05
 
@@ -61,6 +85,99 @@ class ActionAgreement:
 
 
 @dataclasses.dataclass
+class ChannelEffect:
+    """The estimated effect on one channel (reward or a cost) of the next step."""
+
+    name: str
+    #: mean over ticks of the members' mean prediction, under each action.
+    policy: float
+    operators: float
+    #: policy minus operators: the mean over ticks of the member-mean difference.
+    difference: float
+    #: a bootstrap interval over ticks of that mean (None for fewer than two ticks).
+    interval: list[float] | None
+    #: the lowest and highest of the members' own mean differences.
+    member_range: list[float]
+    reading: str
+
+
+@dataclasses.dataclass
+class PlantEffect:
+    """What a plant model estimates following the policy would have changed."""
+
+    estimator: str
+    model: str
+    task: str
+    members: int
+    ticks: int
+    channels: list[ChannelEffect]
+    #: share of ticks whose observation or either action lies outside the model's data.
+    out_of_distribution: float
+    reliable: bool
+    confidence: float
+    #: the model card's held-out fidelity of the channels one step ahead.
+    fidelity: list[dict[str, Any]]
+
+    def headline(self) -> str:
+        """One line: the first channel's difference and interval, and the reliability."""
+        if not self.channels:
+            return f"{ESTIMATOR}: no tick with an observation and both actions"
+        first = self.channels[0]
+        text = (
+            f"{first.name} {first.difference:+.4g} (policy - operators; "
+            f"{_interval(first.interval)}, members {_interval(first.member_range)}) "
+            f"[{self.estimator}, {self.ticks} ticks]"
+        )
+        if not self.reliable:
+            text += f"; unreliable: {100 * self.out_of_distribution:.0f} % of ticks out of data"
+        return text
+
+    def markdown(self) -> list[str]:
+        level = f"{100 * self.confidence:g} %"
+        lines = [
+            f"An estimate, not a measurement. Estimator: {self.estimator}, with the plant model "
+            f"`{self.model}` (task {self.task}, {self.members} members) on {self.ticks} "
+            "paired ticks (the logged observation; the operators' applied action and the "
+            "policy's shielded action).",
+            "",
+            f"| channel | operators | policy | policy - operators | {level} interval (ticks) "
+            "| member range | reading |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
+        for c in self.channels:
+            lines.append(
+                f"| {c.name} | {c.operators:.4g} | {c.policy:.4g} | {c.difference:+.4g} | "
+                f"{_interval(c.interval)} | {_interval(c.member_range)} | {c.reading} |"
+            )
+        share = f"{100 * self.out_of_distribution:.1f} %"
+        lines += [
+            "",
+            f"Out of the model's data: {share} of the ticks"
+            + (
+                "."
+                if self.reliable
+                else f" (more than {100 * OOD_UNRELIABLE:g} %): the estimate is unreliable."
+            ),
+        ]
+        if self.fidelity:
+            lines += [
+                "",
+                "The model's held-out fidelity one step ahead (its card):",
+                "",
+                "| channel | RMSE | relative RMSE | 90 % interval coverage |",
+                "|---|---:|---:|---:|",
+            ]
+            for row in self.fidelity:
+                cells = [_cell(row.get(k)) for k in ("rmse", "relative_rmse", "coverage")]
+                lines.append(f"| {row['name']} | {' | '.join(cells)} |")
+        return lines
+
+
+def _interval(pair: list[float] | None) -> str:
+    return "-" if pair is None else f"[{pair[0]:+.4g}, {pair[1]:+.4g}]"
+
+
+@dataclasses.dataclass
 class ShadowReport:
     """The numbers of a shadow report (see the module docstring)."""
 
@@ -78,7 +195,9 @@ class ShadowReport:
     by_constraint: dict[str, int]
     fallbacks: int
     incidents: int
+    #: the effect's headline (or why there is none); the numbers in ``effect``.
     plant_effect: str = NO_PLANT_MODEL
+    effect: PlantEffect | None = None
     #: per action: ``[pairs, 3]`` of tick, policy, operators (for the plots and CSV).
     series: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)
 
@@ -124,7 +243,9 @@ class ShadowReport:
         for name, count in self.by_constraint.items():
             share = f"{100 * count / self.decided:.1f} %" if self.decided else "-"
             lines.append(f"| {name} | {count} | {share} |")
-        lines += ["", "## Estimated effect of following the policy", "", self.plant_effect, ""]
+        lines += ["", "## Estimated effect of following the policy", ""]
+        lines += self.effect.markdown() if self.effect is not None else [self.plant_effect]
+        lines.append("")
         return "\n".join(lines)
 
 
@@ -144,13 +265,178 @@ def _agreement(name: str, unit: str | None, tolerance: float, pairs: np.ndarray)
     return found
 
 
-def build_report(path: str | Path, tolerances: dict[str, float] | None = None) -> ShadowReport:
+def _fidelity(card: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = (card.get("fidelity") or {}).get("rows") or []
+    return [row for row in rows if row.get("kind") == "signal" and row.get("step") == 1]
+
+
+def load_plant_model(path: str | Path, task: dict[str, Any], log: str | Path) -> Any:
+    """The plant model saved at ``path``, refused unless it is of the log's task: the
+    same observation and action names (and units, where the log states them).
+
+    Raises:
+        PlantModelError: naming the model's and the log's task where they differ, or the
+            model's file that is missing or unreadable.
+    """
+    from neorl_industrial.wrappers.models import PlantModel, PlantModelError
+
+    missing = [key for key in ("observation_names", "action_names") if not task.get(key)]
+    if missing:
+        raise PlantModelError(
+            f"{log}: its header's task names no {' and no '.join(missing)}; the plant model "
+            f"{path} cannot be matched to it"
+        )
+    model = PlantModel.load(path)
+    mine = model.task
+    differences = []
+    for field in ("observation_names", "action_names", "observation_units", "action_units"):
+        theirs = task.get(field)
+        if theirs is not None and list(getattr(mine, field)) != list(theirs):
+            differences.append(f"{field} {list(getattr(mine, field))} vs {list(theirs)}")
+    if differences:
+        raise PlantModelError(
+            f"plant model {path}: task {mine.name!r} is not the task of the log {log} "
+            f"({'; '.join(differences)}); fit a plant model on this plant's data"
+        )
+    return model
+
+
+def _effect_program(dynamics: Any) -> Any:
+    """Compiled: the reward, costs and out-of-distribution measure of every member's
+    deterministic one-step prediction, ``[actions, members, ticks, ...]`` for
+    observations ``[ticks, obs]`` and actions ``[actions, ticks, act]`` in [-1, 1]."""
+    import jax
+    import jax.numpy as jnp
+
+    from neorl_industrial.core.models.dynamics import out_of_distribution
+
+    def one(params, member, observation, action):
+        _, reward, costs, _ = dynamics.transition(
+            params, observation, action, jax.random.PRNGKey(0), member, True
+        )
+        return reward, costs
+
+    @jax.jit
+    def program(params, observations, actions):
+        over_ticks = jax.vmap(one, in_axes=(None, None, 0, 0))
+        over_members = jax.vmap(over_ticks, in_axes=(None, 0, None, None))
+        over_actions = jax.vmap(over_members, in_axes=(None, None, None, 0))
+        rewards, costs = over_actions(params, jnp.arange(params.n_members), observations, actions)
+        ood = jax.vmap(
+            jax.vmap(out_of_distribution, in_axes=(None, 0, 0)), in_axes=(None, None, 0)
+        )(params, observations, actions)
+        return rewards, costs, ood
+
+    return program
+
+
+def _reading(interval: list[float] | None, member_range: list[float]) -> str:
+    low = min(member_range[0], interval[0] if interval else member_range[0])
+    high = max(member_range[1], interval[1] if interval else member_range[1])
+    if low <= 0.0 <= high:
+        return "the intervals contain 0: the model cannot tell them apart"
+    return (
+        f"higher under the policy (all of {_interval([low, high])})"
+        if low > 0
+        else (f"lower under the policy (all of {_interval([low, high])})")
+    )
+
+
+def estimate_effect(
+    model: Any,
+    model_dir: str | Path,
+    observations: np.ndarray,
+    operators: np.ndarray,
+    policy: np.ndarray,
+    *,
+    seed: int = 0,
+) -> PlantEffect:
+    """The plant model's one-step estimate of following ``policy`` instead of
+    ``operators`` (both ``[ticks, act]`` in plant units) from ``observations``
+    ``[ticks, obs]`` (see the module docstring)."""
+    from scipy.stats import bootstrap
+
+    task = model.task
+    low = np.asarray(task.action_low, np.float64)
+    high = np.asarray(task.action_high, np.float64)
+    actions = np.stack([operators, policy]).astype(np.float64)
+    if model.scaler is not None:
+        # As the model maps plant units: not clipped, so the out-of-distribution measure
+        # sees an action outside its bounds.
+        actions = 2.0 * (actions - low) / (high - low) - 1.0
+    params = model.params(seed)
+    members = params.n_members
+    ticks = len(observations)
+    channels: list[ChannelEffect] = []
+    share = 0.0
+    if ticks:
+        rewards, costs, ood = (
+            np.asarray(x, np.float64)
+            for x in _effect_program(model.dynamics)(
+                params, np.asarray(observations, np.float32), np.asarray(actions, np.float32)
+            )
+        )
+        share = float(np.mean(np.max(ood, axis=0) > 0.0))
+        values = {"reward": rewards} | {
+            name: costs[..., i] for i, name in enumerate(task.cost_names)
+        }
+        for name, value in values.items():  # [2 (operators, policy), members, ticks]
+            difference = value[1] - value[0]
+            per_tick = difference.mean(axis=0)
+            per_member = difference.mean(axis=1)
+            interval = None
+            if ticks > 1:
+                found = bootstrap(
+                    (per_tick,),
+                    np.mean,
+                    n_resamples=BOOTSTRAP_RESAMPLES,
+                    confidence_level=CONFIDENCE,
+                    method="percentile",
+                    rng=np.random.default_rng(seed),
+                ).confidence_interval
+                interval = [float(found.low), float(found.high)]
+            member_range = [float(per_member.min()), float(per_member.max())]
+            channels.append(
+                ChannelEffect(
+                    name=name,
+                    policy=float(value[1].mean()),
+                    operators=float(value[0].mean()),
+                    difference=float(per_tick.mean()),
+                    interval=interval,
+                    member_range=member_range,
+                    reading=_reading(interval, member_range),
+                )
+            )
+    return PlantEffect(
+        estimator=ESTIMATOR,
+        model=str(model_dir),
+        task=task.name,
+        members=members,
+        ticks=ticks,
+        channels=channels,
+        out_of_distribution=share,
+        reliable=share <= OOD_UNRELIABLE,
+        confidence=CONFIDENCE,
+        fidelity=_fidelity(model.card),
+    )
+
+
+def build_report(
+    path: str | Path,
+    tolerances: dict[str, float] | None = None,
+    plant_model: str | Path | None = None,
+) -> ShadowReport:
     """The report of the tick log at ``path`` (the last header's policy and task; records
     of earlier stretches with the same task count too).
+
+    With ``plant_model`` (a saved plant model's directory), the effect of following the
+    policy is estimated with it.
 
     Raises:
         TickLogError: for a log that cannot be read, or stretches for other tasks.
         ValueError: for a tolerance naming an action the task lacks.
+        PlantModelError: for a plant model of another task (named), or one that cannot be
+            read.
     """
     headers, records = read_tick_log(path)
     header = headers[-1]
@@ -166,6 +452,7 @@ def build_report(path: str | Path, tolerances: dict[str, float] | None = None) -
     unknown = sorted(set(tolerances) - set(names))
     if unknown:
         raise ValueError(f"tolerance: {unknown} not among the task's actions {names}")
+    model = None if plant_model is None else load_plant_model(plant_model, task, path)
     low = np.asarray(task["action_low"], np.float64)
     high = np.asarray(task["action_high"], np.float64)
     ticks = [r for r in records if r["kind"] == "tick"]
@@ -173,12 +460,18 @@ def build_report(path: str | Path, tolerances: dict[str, float] | None = None) -
     decided = [r for r in ticks if not r.get("faults")]
     pairs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
     by_tick = {(r["header"], r["tick"]): r for r in ticks}
+    states: list[tuple[list[float], list[float], list[float]]] = []
     for record in decided:
         if record.get("written"):
             continue
         following = by_tick.get((record["header"], record["tick"] + 1))
         if following is None:
             continue
+        state = [
+            [_float(v) for v in record.get(key) or []] for key in ("observation", "action")
+        ] + [[_float(v) for v in following.get("applied") or []]]
+        if all(len(part) and all(map(math.isfinite, part)) for part in state):
+            states.append((state[0], state[2], state[1]))
         for i, name in enumerate(names):
             policy, operators = _float(record["action"][i]), _float(following["applied"][i])
             if math.isfinite(policy) and math.isfinite(operators):
@@ -199,6 +492,14 @@ def build_report(path: str | Path, tolerances: dict[str, float] | None = None) -
     overridden = sum(bool(r.get("overridden")) for r in decided)
     order = [name for name in header.get("constraints", []) if counts[name]]
     order += sorted(name for name in counts if name not in order)
+    effect = None
+    if model is not None:
+        sizes = (len(task["observation_names"]), len(names), len(names))
+        observations, operators, policy = (
+            np.asarray([s[i] for s in states], np.float64).reshape(len(states), size)
+            for i, size in enumerate(sizes)
+        )
+        effect = estimate_effect(model, plant_model, observations, operators, policy)
     return ShadowReport(
         log=str(path),
         mode=str(header.get("mode")),
@@ -215,6 +516,8 @@ def build_report(path: str | Path, tolerances: dict[str, float] | None = None) -
         fallbacks=sum(bool((r.get("flags") or {}).get("fallback")) for r in decided),
         incidents=sum(bool((r.get("flags") or {}).get("incident")) for r in decided),
         series=series,
+        plant_effect=NO_PLANT_MODEL if effect is None else effect.headline(),
+        effect=effect,
     )
 
 
@@ -227,7 +530,15 @@ def _plots(report: ShadowReport, out: Path) -> list[Path]:
     for axis, agreement in zip(axes, report.actions, strict=True):
         pairs = report.series[agreement.name]
         if len(pairs):
-            axis.hist(pairs[:, 1] - pairs[:, 2], bins=min(40, max(5, len(pairs) // 5)))
+            difference = pairs[:, 1] - pairs[:, 2]
+            # Differences equal but for rounding (a constant offset) get one bin's width.
+            spread = np.ptp(difference) > 1e-9 * max(1.0, float(np.max(np.abs(difference))))
+            middle = float(np.median(difference))
+            axis.hist(
+                difference,
+                bins=min(40, max(5, len(pairs) // 5)),
+                range=None if spread else (middle - 0.5, middle + 0.5),
+            )
         axis.axvline(0.0, color="black", lw=1)
         axis.set_title(f"{agreement.name}: policy - operators")
         axis.set_xlabel(agreement.unit or "")
@@ -254,10 +565,14 @@ def _plots(report: ShadowReport, out: Path) -> list[Path]:
 
 
 def shadow_report(
-    path: str | Path, out: str | Path, tolerances: dict[str, float] | None = None
+    path: str | Path,
+    out: str | Path,
+    tolerances: dict[str, float] | None = None,
+    plant_model: str | Path | None = None,
 ) -> ShadowReport:
-    """Builds the report of the log at ``path`` and writes it to the directory ``out``."""
-    report = build_report(path, tolerances)
+    """Builds the report of the log at ``path`` (with the plant model saved at
+    ``plant_model``, when given) and writes it to the directory ``out``."""
+    report = build_report(path, tolerances, plant_model)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n")
@@ -322,6 +637,14 @@ def log_to_mlflow(
     }
     if uri:
         tags["shadow_report.artifacts"] = uri
+    if report.effect is not None:
+        effect = report.effect
+        tags["shadow_report.effect.estimator"] = effect.estimator
+        tags["shadow_report.effect.out_of_distribution"] = _cell(effect.out_of_distribution)
+        for channel in effect.channels:
+            tags[f"shadow_report.effect.{channel.name}"] = (
+                f"{channel.difference:+.4g} {_interval(channel.interval)}"
+            )
     for agreement in report.actions:
         tags[f"shadow_report.within_tolerance.{agreement.name}"] = _cell(agreement.within_tolerance)
         tags[f"shadow_report.mean_absolute.{agreement.name}"] = _cell(agreement.mean_absolute)
