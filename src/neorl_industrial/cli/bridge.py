@@ -120,6 +120,7 @@ def _tolerance(text: str) -> tuple[str, float]:
 
 
 def command_shadow_report(args: argparse.Namespace) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from neorl_industrial.integration.plant_floor.report import log_to_mlflow, shadow_report
@@ -161,12 +162,14 @@ def command_shadow_report(args: argparse.Namespace) -> int:
     )
     effect = report.effect
     if effect is None:
-        console.print(f"estimated effect of following the policy: {report.plant_effect}")
+        console.print(f"estimated effect of following the policy: {escape(report.plant_effect)}")
     else:
         level = f"{100 * effect.confidence:g} %"
         estimate = Table(
-            title=f"estimated effect of following the policy ({effect.estimator}; "
-            f"{effect.model}, {effect.ticks} ticks, {effect.members} members)"
+            title=escape(
+                f"estimated effect of following the policy ({effect.estimator}; "
+                f"{effect.model}, {effect.ticks} ticks, {effect.members} members)"
+            )
         )
         for column in ("channel", "operators", "policy", "policy - operators"):
             estimate.add_column(column, justify="left" if column == "channel" else "right")
@@ -174,7 +177,7 @@ def command_shadow_report(args: argparse.Namespace) -> int:
         estimate.add_column("member range", justify="right")
         estimate.add_column("reading")
         for c in effect.channels:
-            estimate.add_row(
+            cells = (
                 c.name,
                 f"{c.operators:.4g}",
                 f"{c.policy:.4g}",
@@ -183,6 +186,7 @@ def command_shadow_report(args: argparse.Namespace) -> int:
                 f"[{c.member_range[0]:+.4g}, {c.member_range[1]:+.4g}]",
                 c.reading,
             )
+            estimate.add_row(*map(escape, cells))
         console.print(estimate)
         share = f"{100 * effect.out_of_distribution:.1f} %"
         console.print(

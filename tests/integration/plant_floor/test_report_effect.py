@@ -16,6 +16,8 @@ import pytest
 from neorl_industrial.integration.plant_floor.report import (
     ESTIMATOR,
     NO_PLANT_MODEL,
+    estimate_effect,
+    log_to_mlflow,
     shadow_report,
 )
 from neorl_industrial.integration.plant_floor.ticklog import TickLog
@@ -146,6 +148,33 @@ def test_the_report_estimates_the_effect_with_the_plant_model(plant_model, shado
     saved = json.loads((tmp_path / "report" / "report.json").read_text())
     assert saved["effect"]["estimator"] == ESTIMATOR
     assert saved["effect"]["channels"][0]["interval"] == pytest.approx(reward.interval)
+    # Logged on the policy's registered version: the headline and each channel as tags.
+    tags = logged_tags(report, tmp_path)
+    assert tags["shadow_report.plant_effect"] == report.plant_effect
+    assert tags["shadow_report.effect.estimator"] == ESTIMATOR
+    assert tags["shadow_report.effect.reward"].startswith(f"{reward.difference:+.4g} [")
+    # A policy that does what the operators did: no difference the model could tell.
+    same = estimate_effect(model, plant_model, observations, operators, operators)
+    for channel in same.channels:
+        assert channel.difference == 0.0 and channel.interval == [0.0, 0.0]
+        assert "cannot tell them apart" in channel.reading
+
+
+def logged_tags(report, tmp_path):
+    """The tags ``log_to_mlflow`` sets on a version registered in the suite's store."""
+    import os
+    import uuid
+
+    from mlflow import MlflowClient
+
+    store, name = os.environ["MLFLOW_TRACKING_URI"], f"mixing-tank-{uuid.uuid4().hex[:8]}"
+    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    experiment = client.create_experiment(name, artifact_location=str(tmp_path / "artifacts"))
+    run_id = client.create_run(experiment).info.run_id
+    client.create_registered_model(name)
+    version = client.create_model_version(name, str(tmp_path), run_id)
+    log_to_mlflow(report, tmp_path / "report", f"models:/{name}/{version.version}", store)
+    return client.get_model_version(name, version.version).tags
 
 
 def test_a_plant_model_of_another_task_is_refused_by_name(plant_model, shadow_log, tmp_path):

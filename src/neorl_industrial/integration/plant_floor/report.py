@@ -331,15 +331,13 @@ def _effect_program(dynamics: Any) -> Any:
 
 
 def _reading(interval: list[float] | None, member_range: list[float]) -> str:
+    """One line: whether the intervals (over ticks and over members) contain 0."""
     low = min(member_range[0], interval[0] if interval else member_range[0])
     high = max(member_range[1], interval[1] if interval else member_range[1])
     if low <= 0.0 <= high:
-        return "the intervals contain 0: the model cannot tell them apart"
-    return (
-        f"higher under the policy (all of {_interval([low, high])})"
-        if low > 0
-        else (f"lower under the policy (all of {_interval([low, high])})")
-    )
+        return "an interval contains 0: the model cannot tell them apart"
+    side = "higher" if low > 0 else "lower"
+    return f"{side} under the policy (both intervals {'above' if low > 0 else 'below'} 0)"
 
 
 def estimate_effect(
