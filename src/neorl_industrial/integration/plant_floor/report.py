@@ -36,11 +36,15 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from neorl_industrial.integration.plant_floor.ticklog import TickLogError, read_tick_log
+
+if TYPE_CHECKING:
+    from neorl_industrial.core.models.dynamics import Dynamics
+    from neorl_industrial.wrappers.models import PlantModel
 
 __all__ = [
     "ESTIMATOR",
@@ -49,6 +53,8 @@ __all__ = [
     "PlantEffect",
     "ShadowReport",
     "build_report",
+    "estimate_effect",
+    "load_plant_model",
     "log_to_mlflow",
     "shadow_report",
 ]
@@ -270,7 +276,7 @@ def _fidelity(card: dict[str, Any]) -> list[dict[str, Any]]:
     return [row for row in rows if row.get("kind") == "signal" and row.get("step") == 1]
 
 
-def load_plant_model(path: str | Path, task: dict[str, Any], log: str | Path) -> Any:
+def load_plant_model(path: str | Path, task: dict[str, Any], log: str | Path) -> PlantModel:
     """The plant model saved at ``path``, refused unless it is of the log's task: the
     same observation and action names (and units, where the log states them).
 
@@ -301,10 +307,12 @@ def load_plant_model(path: str | Path, task: dict[str, Any], log: str | Path) ->
     return model
 
 
-def _effect_program(dynamics: Any) -> Any:
+def _effect_program(dynamics: Dynamics) -> Any:
     """Compiled: the reward, costs and out-of-distribution measure of every member's
-    deterministic one-step prediction, ``[actions, members, ticks, ...]`` for
-    observations ``[ticks, obs]`` and actions ``[actions, ticks, act]`` in [-1, 1]."""
+    deterministic one-step prediction, ``[actions, members, ticks, ...]`` for observations
+    ``[ticks, obs]`` and actions ``[actions, ticks, act]`` in [-1, 1]. Each member's is
+    ``transition`` of that member alone: the numbers of ``step`` with ``member`` and
+    ``deterministic``, one network evaluated instead of all."""
     import jax
     import jax.numpy as jnp
 
@@ -341,7 +349,7 @@ def _reading(interval: list[float] | None, member_range: list[float]) -> str:
 
 
 def estimate_effect(
-    model: Any,
+    model: PlantModel,
     model_dir: str | Path,
     observations: np.ndarray,
     operators: np.ndarray,
