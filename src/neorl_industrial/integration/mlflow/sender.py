@@ -273,6 +273,9 @@ class BufferedSender:
                     if self._abandoned:
                         return
                 op = item
+            # A try that started before close() was called is not the last one: the
+            # server may have come back while it failed.
+            last_try = self._closing.is_set()
             try:
                 if delivery.client is None:
                     delivery.client = self._client_factory()
@@ -280,7 +283,7 @@ class BufferedSender:
             except Exception as error:
                 delivery.client = None
                 self._failed(op, error)
-                if self._closing.is_set():
+                if last_try:
                     return  # the last try after close() failed: close() spools the rest
                 # Wait, but wake when close() is called so the last try is prompt.
                 self._closing.wait(self._retry_interval)
