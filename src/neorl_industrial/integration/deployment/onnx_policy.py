@@ -122,20 +122,9 @@ class OnnxPolicyArtifact(PolicyArtifact):
             session=session,
         )
 
-    def with_guard(
-        self, guard: Guard, on_incident: Callable[[PolicyDecision], None] | None = None
-    ) -> OnnxPolicyArtifact:
-        """The same artifact serving through ``guard``, on the same ONNX session."""
-        return type(self)(
-            self._path,
-            self._manifest,
-            self._exported,
-            self._spec_text,
-            self._signature,
-            guard,
-            on_incident,
-            session=self._session,
-        )
+    def _runtime_arguments(self) -> dict[str, Any]:
+        """A copy with another guard (:meth:`with_guard`) serves on the same session."""
+        return {"session": self._session}
 
     def _compiled(self, exported: Any) -> Callable:
         """The ONNX graph in place of the serialized JAX function (one graph serves every

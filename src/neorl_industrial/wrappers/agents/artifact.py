@@ -294,7 +294,8 @@ class PolicyArtifact:
     def with_guard(
         self, guard: Guard, on_incident: Callable[[PolicyDecision], None] | None = None
     ) -> PolicyArtifact:
-        """The same artifact serving through ``guard`` (see :class:`Guard`), compiled anew."""
+        """The same artifact serving through ``guard`` (see :class:`Guard`), compiled anew
+        (a runtime subclass keeps what :meth:`_runtime_arguments` hands on)."""
         return type(self)(
             self._path,
             self._manifest,
@@ -303,7 +304,12 @@ class PolicyArtifact:
             self._signature,
             guard,
             on_incident,
+            **self._runtime_arguments(),
         )
+
+    def _runtime_arguments(self) -> dict[str, Any]:
+        """What a runtime subclass's constructor takes beyond the artifact (none here)."""
+        return {}
 
     def set_incident_handler(self, on_incident: Callable[[PolicyDecision], None] | None) -> None:
         """Who hears of a decision in which the guard replaced an action."""
