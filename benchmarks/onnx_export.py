@@ -66,9 +66,7 @@ def _export(directory: Path, hidden: tuple[int, ...]) -> dict[str, Any]:
     sample = rng.uniform(low, high, size=(4096, low.size)).astype(np.float32)
     mean, std = sample.mean(0), sample.std(0) + 1.0
     algorithm = make_td3bc(
-        TD3BCConfig(
-            hidden=hidden, obs_mean=tuple(map(float, mean)), obs_std=tuple(map(float, std))
-        ),
+        TD3BCConfig.create(hidden=hidden, obs_mean=mean, obs_std=std),
         env.observation_size,
         env.action_size,
     )

@@ -61,9 +61,7 @@ def _programs(batch_size: int, hidden: tuple[int, ...]) -> dict[str, Any]:
     prev_actions = rng.uniform(-1.0, 1.0, size=(batch_size, env.action_size))
     mean, std = observations.mean(0), observations.std(0) + 1.0
     algorithm = make_td3bc(
-        TD3BCConfig(
-            hidden=hidden, obs_mean=tuple(map(float, mean)), obs_std=tuple(map(float, std))
-        ),
+        TD3BCConfig.create(hidden=hidden, obs_mean=mean, obs_std=std),
         env.observation_size,
         env.action_size,
     )
