@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -200,7 +200,7 @@ class PolicyFQEState:
     policy_params: Any
 
 
-def fitted_q_evaluation_batch(
+def fitted_q_evaluation_values(
     dataset: Dataset,
     act: Any,
     policy_params: Any,
@@ -209,26 +209,26 @@ def fitted_q_evaluation_batch(
     seeds: Sequence[int] = (0,),
     batch_size: int = 256,
     config: FQEConfig | None = None,
-    initial_observations: Any = None,
     chunk_updates: int = 1000,
-) -> tuple[np.ndarray, np.ndarray]:
-    """FQE of several policies of one kind at once: every policy x FQE seed is one run of
-    a single vmapped program (compiled once, whatever the number of policies).
+) -> Callable[[Any], np.ndarray]:
+    """Trains FQE of several policies of one kind at once (every policy x FQE seed is one
+    run of a single vmapped program) and returns their value function.
 
     Args:
         dataset: logged transitions of continuous actions.
         act: ``act(params, observations[B, obs_size]) -> actions[B, action_size]``,
             deterministic and jit-able.
-        policy_params: the policies' parameters, stacked on a leading policy axis.
-        n_updates, seeds, batch_size, config, initial_observations, chunk_updates: as
+        policy_params: the policies' parameters, stacked on a leading policy axis ``P``.
+        n_updates, seeds, batch_size, config, chunk_updates: as
             :func:`fitted_q_evaluation` (the scales are chosen from the data).
 
     Returns:
-        ``(returns [n_policies, n_seeds], costs [n_policies, n_seeds, n_costs])`` in the
-        dataset's units.
+        ``values(observations [P, ..., obs_size]) -> [P, n_seeds, ..., 1 + n_costs]``:
+        each policy's estimated ``Q(s, π(s))`` at its own observations, in the dataset's
+        units (discounted return, then each channel's discounted cost).
     """
-    config, initial_observations, (shift, scale, cost_scales), scaled = _prepare(
-        dataset, config, initial_observations, None, None, None
+    config, _, (shift, scale, cost_scales), scaled = _prepare(
+        dataset, config, None, None, None, None
     )
     n_policies = int(jax.tree.leaves(policy_params)[0].shape[0])
     seeds = tuple(int(seed) for seed in seeds)
@@ -258,13 +258,72 @@ def fitted_q_evaluation_batch(
         check_action_units=False,
         state=state,
     )
-    estimates = jax.vmap(
-        lambda run: fqe_of(run.policy_params).estimate(run.fqe, initial_observations)
-    )(state.agent)
-    values = _to_dataset_units(
-        np.asarray(estimates, np.float64).mean(axis=1), config.discount, shift, scale, cost_scales
-    ).reshape(n_policies, len(seeds), -1)
-    return values[..., 0], values[..., 1:]
+    runs = state.agent
+    estimate = jax.jit(
+        jax.vmap(
+            lambda run, observations: fqe_of(run.policy_params).estimate(run.fqe, observations)
+        )
+    )
+
+    def values(observations: Any) -> np.ndarray:
+        observations = jnp.asarray(observations, jnp.float32)
+        if observations.shape[0] != n_policies or observations.shape[-1] != sizes[0]:
+            raise ValueError(
+                f"observations: expected [{n_policies}, ..., {sizes[0]}] (one set per "
+                f"policy), got {tuple(observations.shape)}"
+            )
+        per_run = jnp.repeat(observations, len(seeds), axis=0)
+        estimates = np.asarray(jax.device_get(estimate(runs, per_run)), np.float64)
+        estimates = estimates.reshape(n_policies, len(seeds), *estimates.shape[1:])
+        return _to_dataset_units(estimates, config.discount, shift, scale, cost_scales)
+
+    return values
+
+
+def fitted_q_evaluation_batch(
+    dataset: Dataset,
+    act: Any,
+    policy_params: Any,
+    *,
+    n_updates: int,
+    seeds: Sequence[int] = (0,),
+    batch_size: int = 256,
+    config: FQEConfig | None = None,
+    initial_observations: Any = None,
+    chunk_updates: int = 1000,
+) -> tuple[np.ndarray, np.ndarray]:
+    """FQE of several policies of one kind at once: every policy x FQE seed is one run of
+    a single vmapped program (compiled once, whatever the number of policies).
+
+    Args:
+        dataset: logged transitions of continuous actions.
+        act: ``act(params, observations[B, obs_size]) -> actions[B, action_size]``,
+            deterministic and jit-able.
+        policy_params: the policies' parameters, stacked on a leading policy axis.
+        n_updates, seeds, batch_size, config, initial_observations, chunk_updates: as
+            :func:`fitted_q_evaluation` (the scales are chosen from the data).
+
+    Returns:
+        ``(returns [n_policies, n_seeds], costs [n_policies, n_seeds, n_costs])`` in the
+        dataset's units.
+    """
+    _, initial_observations, _, _ = _prepare(
+        dataset, config, initial_observations, None, None, None
+    )
+    values = fitted_q_evaluation_values(
+        dataset,
+        act,
+        policy_params,
+        n_updates=n_updates,
+        seeds=seeds,
+        batch_size=batch_size,
+        config=config,
+        chunk_updates=chunk_updates,
+    )
+    n_policies = int(jax.tree.leaves(policy_params)[0].shape[0])
+    starts = jnp.broadcast_to(initial_observations, (n_policies, *initial_observations.shape))
+    estimates = values(starts).mean(axis=2)  # over the initial observations
+    return estimates[..., 0], estimates[..., 1:]
 
 
 def fitted_q_evaluation(

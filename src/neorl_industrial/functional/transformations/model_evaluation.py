@@ -1,0 +1,332 @@
+"""Model-based off-policy evaluation: every candidate policy rolled out in every member of
+a plant model from every held-out starting state, as one compiled program.
+
+:func:`make_policy_rollouts` builds ``rollouts(policy_params, dynamics_params, starts,
+lengths, key) -> RolloutSums`` with leading axes ``[policies, members, starts]``: the
+policies' parameters are stacked on a leading axis and ``vmap``-ped, the members are the
+plant model's elites (each rollout follows one member throughout), the starts are the
+held-out episodes' first observations, and every rollout is a ``lax.scan`` over the
+horizon with the safety shield between the policy and the model (plant units, the real
+previous action carried, as the server applies it).
+
+:func:`make_logged_replay` evaluates the logged operation by the same estimator: the
+held-out episodes' own actions replayed open loop in every member from the same starts,
+with the same keys (common random numbers), so a candidate's improvement over the
+operators is a paired difference per member and start.
+
+Each rollout accumulates, for ``t`` below its start's length (the episode's, capped at
+the horizon) and until the model predicts a terminal state: the reward and every cost
+channel, discounted (``γ^t``) and not; and the step's *uncertainty* ``u_t``, the members'
+disagreement on the new frame in units of each feature's spread (mean over features)
+plus how far the observation and action lie outside the data's range
+(:func:`~neorl_industrial.core.models.dynamics.out_of_distribution`). The sums of ``u_t``
+are linear in the penalty, so the host chooses the pessimism after the program ran:
+a pessimistic return is ``return - λ σ_r Σ u_t`` and a pessimistic cost ``cost + λ σ_c
+Σ u_t`` (``σ`` the signal's per-step spread in the data), MOPO's penalty with the
+ensemble's disagreement as the uncertainty.
+
+With ``close_after = k`` the sums of the first ``k`` steps and the observation reached
+after them are kept too, for an estimate that closes the rollout with a learned value
+(``Σ_{t<k} γ^t r_t + γ^k V(s_k)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from neorl_industrial.core.models.dynamics import Dynamics, DynamicsParams, out_of_distribution
+from neorl_industrial.core.safety import shield
+
+__all__ = [
+    "RolloutSums",
+    "make_logged_replay",
+    "make_policy_rollouts",
+    "step_uncertainty",
+]
+
+
+class RolloutSums(NamedTuple):
+    """What one rollout accumulated (any leading axes; ``C`` cost channels).
+
+    Attributes:
+        discounted_return: ``Σ γ^t r_t``.
+        total_return: ``Σ r_t`` (undiscounted).
+        discounted_costs: ``[C]`` ``Σ γ^t c_t``.
+        total_costs: ``[C]`` ``Σ c_t``.
+        discounted_uncertainty: ``Σ γ^t u_t`` (see the module docstring).
+        total_uncertainty: ``Σ u_t``.
+        steps: steps counted (the start's length, or fewer after a predicted terminal).
+        outside_data_steps: steps whose observation or action lay outside the data's range.
+        overridden_steps: steps whose action the shield changed (0 for logged actions).
+        head_return: ``Σ_{t<k} γ^t r_t`` of the first ``close_after`` steps.
+        head_costs: ``[C]`` ``Σ_{t<k} γ^t c_t``.
+        head_uncertainty: ``Σ_{t<k} γ^t u_t``.
+        closing_observation: ``[obs_size]`` the observation after ``k`` steps (after the
+            last counted step when the rollout ended before).
+        closing_weight: ``γ^k`` when the rollout is still running after ``k`` steps, else 0.
+    """
+
+    discounted_return: jax.Array
+    total_return: jax.Array
+    discounted_costs: jax.Array
+    total_costs: jax.Array
+    discounted_uncertainty: jax.Array
+    total_uncertainty: jax.Array
+    steps: jax.Array
+    outside_data_steps: jax.Array
+    overridden_steps: jax.Array
+    head_return: jax.Array
+    head_costs: jax.Array
+    head_uncertainty: jax.Array
+    closing_observation: jax.Array
+    closing_weight: jax.Array
+
+
+def step_uncertainty(
+    params: DynamicsParams, member_std: jax.Array, ood: jax.Array, frame_size: int
+) -> jax.Array:
+    """``u_t``: the members' disagreement on the new frame in units of each feature's
+    spread in the data (mean over the frame's features), plus the out-of-distribution
+    excess (already in spread units)."""
+    return jnp.mean(member_std / params.obs_std[:frame_size]) + ood
+
+
+def _zeros(n_costs: int, obs_size: int) -> RolloutSums:
+    scalar = jnp.zeros((), jnp.float32)
+    costs = jnp.zeros((n_costs,), jnp.float32)
+    return RolloutSums(
+        discounted_return=scalar,
+        total_return=scalar,
+        discounted_costs=costs,
+        total_costs=costs,
+        discounted_uncertainty=scalar,
+        total_uncertainty=scalar,
+        steps=jnp.zeros((), jnp.int32),
+        outside_data_steps=jnp.zeros((), jnp.int32),
+        overridden_steps=jnp.zeros((), jnp.int32),
+        head_return=scalar,
+        head_costs=costs,
+        head_uncertainty=scalar,
+        closing_observation=jnp.zeros((obs_size,), jnp.float32),
+        closing_weight=scalar,
+    )
+
+
+def _accumulate(
+    sums: RolloutSums,
+    t: jax.Array,
+    counted: jax.Array,
+    discount: float,
+    close_after: int,
+    reward: jax.Array,
+    costs: jax.Array,
+    uncertainty: jax.Array,
+    outside: jax.Array,
+    overridden: jax.Array,
+    next_observation: jax.Array,
+    alive_after: jax.Array,
+) -> RolloutSums:
+    """``sums`` after step ``t`` (counted or not)."""
+    weight = jnp.where(counted, discount ** t.astype(jnp.float32), 0.0)
+    unit = counted.astype(jnp.float32)
+    head = weight * (t < close_after)
+    closing = counted & (t == close_after - 1)
+    return RolloutSums(
+        discounted_return=sums.discounted_return + weight * reward,
+        total_return=sums.total_return + unit * reward,
+        discounted_costs=sums.discounted_costs + weight * costs,
+        total_costs=sums.total_costs + unit * costs,
+        discounted_uncertainty=sums.discounted_uncertainty + weight * uncertainty,
+        total_uncertainty=sums.total_uncertainty + unit * uncertainty,
+        steps=sums.steps + counted.astype(jnp.int32),
+        outside_data_steps=sums.outside_data_steps + (counted & outside).astype(jnp.int32),
+        overridden_steps=sums.overridden_steps + (counted & overridden).astype(jnp.int32),
+        head_return=sums.head_return + head * reward,
+        head_costs=sums.head_costs + head * costs,
+        head_uncertainty=sums.head_uncertainty + head * uncertainty,
+        closing_observation=jnp.where(
+            counted & (t < close_after), next_observation, sums.closing_observation
+        ),
+        closing_weight=jnp.where(
+            closing,
+            jnp.where(alive_after, discount ** float(close_after), 0.0),
+            sums.closing_weight,
+        ),
+    )
+
+
+def _model_step(
+    dynamics: Dynamics,
+    params: DynamicsParams,
+    observation: jax.Array,
+    action: jax.Array,
+    key: jax.Array,
+    member: jax.Array,
+    deterministic: bool,
+    pessimism: bool,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(next_observation, reward, costs, done, uncertainty, outside)`` of one step in
+    ``member``. With ``pessimism`` every member predicts (their disagreement is the
+    uncertainty); without, only ``member`` does and the uncertainty is the
+    out-of-distribution excess alone."""
+    ood = out_of_distribution(params, observation, action)
+    if pessimism:
+        out = dynamics.step(params, observation, action, key, member, deterministic)
+        uncertainty = step_uncertainty(params, out.member_std, ood, dynamics.layout.frame_size)
+        return out.next_observation, out.reward, out.costs, out.done, uncertainty, ood > 0.0
+    next_observation, reward, costs, done = dynamics.transition(
+        params, observation, action, key, member, deterministic
+    )
+    return next_observation, reward, costs, done, ood, ood > 0.0
+
+
+def make_policy_rollouts(
+    dynamics: Dynamics,
+    act: Callable[..., jax.Array],
+    *,
+    horizon: int,
+    discount: float,
+    constraints: Any = None,
+    scaler: Any = None,
+    close_after: int = 0,
+    deterministic: bool = False,
+    pessimism: bool = True,
+) -> Callable[..., RolloutSums]:
+    """The compiled-ready program ``rollouts(policy_params, dynamics_params, starts,
+    lengths, key) -> RolloutSums`` with leading axes ``[P, M, N]``.
+
+    Args:
+        dynamics: the plant model's pure functions.
+        act: ``act(policy_params, observation, key, deterministic=True) -> action`` of one
+            raw observation, in the policy's [-1, 1] (an ``Algorithm.act``).
+        horizon: steps per rollout at most (static).
+        discount: γ of the discounted sums.
+        constraints: the shield's compiled constraints (plant units); None: no shield.
+        scaler: the task's ``ActionScaler`` (None: actions are in plant units already).
+        close_after: ``k`` of the head sums and closing observation (0: none kept).
+        deterministic: follow each member's mean instead of sampling its noise.
+        pessimism: measure the members' disagreement at every step (every member
+            predicts; ``M`` times the work of one member).
+
+    The program's inputs: ``policy_params`` stacked on a leading axis ``P``;
+    ``dynamics_params`` with ``M`` members; ``starts [N, obs_size]``; ``lengths [N]``
+    steps counted per start (at most ``horizon``); ``key``: the noise of member ``m``
+    and start ``n`` is the same for every policy (and for :func:`make_logged_replay`).
+    """
+    n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
+
+    def one(policy_params, params, member, start, length, key):
+        def body(carry, inputs):
+            observation, previous, alive, sums = carry
+            t, step_key = inputs
+            proposed = act(policy_params, observation, None, deterministic=True)
+            action, overridden = proposed, jnp.zeros((), bool)
+            if constraints is not None:
+                plant = proposed if scaler is None else scaler.unscale(proposed)
+                safe, report = shield(constraints, observation, plant, previous)
+                previous = safe
+                action = safe if scaler is None else scaler.scale(safe)
+                overridden = report.overridden
+            next_observation, reward, costs, done, uncertainty, outside = _model_step(
+                dynamics, params, observation, action, step_key, member, deterministic, pessimism
+            )
+            counted = alive & (t < length)
+            alive_after = alive & ~done
+            sums = _accumulate(
+                sums,
+                t,
+                counted,
+                discount,
+                close_after,
+                reward,
+                costs,
+                uncertainty,
+                outside,
+                overridden,
+                next_observation,
+                alive_after,
+            )
+            observation = jnp.where(counted, next_observation, observation)
+            return (observation, previous, alive_after, sums), None
+
+        previous = jnp.full((dynamics.layout.action_size,), jnp.nan, jnp.float32)
+        carry = (start, previous, jnp.ones((), bool), _zeros(n_costs, obs_size))
+        steps = (jnp.arange(horizon), jax.random.split(key, horizon))
+        (_, _, _, sums), _ = jax.lax.scan(body, carry, steps)
+        return sums
+
+    def rollouts(policy_params, params, starts, lengths, key):
+        members = jnp.arange(params.n_members)
+        keys = _member_start_keys(key, params.n_members, starts.shape[0])
+        per_start = jax.vmap(one, in_axes=(None, None, None, 0, 0, 0))
+        per_member = jax.vmap(per_start, in_axes=(None, None, 0, None, None, 0))
+        per_policy = jax.vmap(per_member, in_axes=(0, None, None, None, None, None))
+        return per_policy(policy_params, params, members, starts, lengths, keys)
+
+    return rollouts
+
+
+def make_logged_replay(
+    dynamics: Dynamics,
+    *,
+    horizon: int,
+    discount: float,
+    close_after: int = 0,
+    deterministic: bool = False,
+    pessimism: bool = True,
+) -> Callable[..., RolloutSums]:
+    """The logged operation by the same estimator: ``replay(dynamics_params, starts,
+    actions, lengths, key) -> RolloutSums`` with leading axes ``[M, N]``, the logged
+    actions ``[N, horizon, action_size]`` (in [-1, 1]) of each start's episode replayed
+    open loop in every member (no shield: they were applied). Same keys as
+    :func:`make_policy_rollouts` for the same ``key``."""
+    n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
+
+    def one(params, member, start, actions, length, key):
+        def body(carry, inputs):
+            observation, alive, sums = carry
+            t, action, step_key = inputs
+            next_observation, reward, costs, done, uncertainty, outside = _model_step(
+                dynamics, params, observation, action, step_key, member, deterministic, pessimism
+            )
+            counted = alive & (t < length)
+            alive_after = alive & ~done
+            sums = _accumulate(
+                sums,
+                t,
+                counted,
+                discount,
+                close_after,
+                reward,
+                costs,
+                uncertainty,
+                outside,
+                jnp.zeros((), bool),
+                next_observation,
+                alive_after,
+            )
+            observation = jnp.where(counted, next_observation, observation)
+            return (observation, alive_after, sums), None
+
+        carry = (start, jnp.ones((), bool), _zeros(n_costs, obs_size))
+        steps = (jnp.arange(horizon), actions, jax.random.split(key, horizon))
+        (_, _, sums), _ = jax.lax.scan(body, carry, steps)
+        return sums
+
+    def replay(params, starts, actions, lengths, key):
+        members = jnp.arange(params.n_members)
+        keys = _member_start_keys(key, params.n_members, starts.shape[0])
+        per_start = jax.vmap(one, in_axes=(None, None, 0, 0, 0, 0))
+        per_member = jax.vmap(per_start, in_axes=(None, 0, None, None, None, 0))
+        return per_member(params, members, starts, actions, lengths, keys)
+
+    return replay
+
+
+def _member_start_keys(key: jax.Array, n_members: int, n_starts: int) -> jax.Array:
+    """``[M, N, 2]`` one key per member and start."""
+    return jax.random.split(key, n_members * n_starts).reshape(n_members, n_starts, -1)

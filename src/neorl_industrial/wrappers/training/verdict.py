@@ -1,0 +1,812 @@
+"""The verdict before a policy touches the plant: is a candidate better than the logged
+operation, and within the cost limits? Estimators side by side, each with an interval,
+and a decision that says "keep the current operation" unless the evidence is there.
+
+``model_verdict(...)`` takes stacked candidate policies, the held-out episodes and a
+fitted :class:`~neorl_industrial.wrappers.models.PlantModel`, and returns one
+:class:`Verdict` (``to_dict()`` is its JSON form, the same in the report, MLflow and the
+command line). Estimators (every number an **estimate**, named by its estimator):
+
+* ``model``: every candidate rolled out in every elite member of the plant model from the
+  held-out starting states, the shield in the loop
+  (:mod:`~neorl_industrial.functional.transformations.model_evaluation`), one compiled
+  program over policies × members × starts; the logged operation replayed (its logged
+  actions, open loop) in the same members from the same states with the same noise.
+  Pessimistic: every step's reward is lowered, and every cost raised, by ``penalty`` ×
+  the signal's per-step spread in the data × the step's uncertainty (the members'
+  disagreement in units of each feature's spread, plus how far observation or action
+  lie outside the data's range). A policy that leaves the data is not valued by
+  extrapolation: it pays for it.
+* ``fqe``: Fitted Q Evaluation of every candidate on the held-out episodes, at the same
+  starts; the logged operation by the same estimator: FQE of a behaviour-cloned policy.
+  Shown, not decisive: ``docs/selection.md`` shows FQE alone choosing no better than
+  chance when candidates leave the data.
+* ``model+fqe``: the pessimistic model rollouts of the first ``close_after`` steps,
+  closed by FQE's value of the state reached (``Σ_{t<k} γ^t r̃_t + γ^k Q(s_k, π(s_k))``);
+  the logged operation's first ``k`` steps replay its actions, its tail is FQE's value
+  of the behaviour clone.
+
+Intervals are percentile bootstraps of the mean over starts (resampled by whole
+episode) and members (or FQE seeds), paired: a candidate's improvement is resampled
+together with the logged operation's value on the same episodes and members.
+
+The decision: a candidate is recommended only if, by every deciding estimator (``model``,
+and ``model+fqe`` when FQE runs), the lower bound of its improvement over the logged
+operation is above zero, and by ``model`` the upper bound of every limited cost channel
+is within its limit, with enough cost events in the held-out data to estimate a learned
+channel (``min_cost_events``; a channel computed from its expression needs none); among
+those, the one with the highest lower bound of its
+improvement by ``model``. Otherwise: keep the current operation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from neorl_industrial.core.agents.bc import BCConfig, make_bc
+from neorl_industrial.core.agents.cost import per_step_cost_threshold
+from neorl_industrial.core.agents.fqe import FQEConfig
+from neorl_industrial.functional.state_management import Dataset
+from neorl_industrial.functional.transformations.model_evaluation import (
+    RolloutSums,
+    make_logged_replay,
+    make_policy_rollouts,
+)
+from neorl_industrial.functional.transformations.offline import train_offline
+from neorl_industrial.functional.transformations.ope import fitted_q_evaluation_values
+
+__all__ = [
+    "KEEP",
+    "CostEstimate",
+    "EstimatorResult",
+    "Interval",
+    "Verdict",
+    "VerdictError",
+    "VerdictSettings",
+    "bootstrap_means",
+    "check_not_trained_on",
+    "episode_digests",
+    "evaluation_starts",
+    "model_verdict",
+]
+
+#: The answer when no candidate has the evidence.
+KEEP = "keep the current operation"
+#: The estimators whose agreement a recommendation needs.
+DECIDING = ("model", "model+fqe")
+#: The estimator whose cost estimates a recommendation needs within the limits: the whole
+#: rollout in the model (a channel computed from the predicted observations needs no cost
+#: events in the data; FQE's tail of ``model+fqe`` learns every channel from them).
+COST_DECIDING = "model"
+
+
+class VerdictError(ValueError):
+    """Evaluation that cannot be done as asked: names what and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VerdictSettings:
+    """How candidates are estimated and decided on.
+
+    Attributes:
+        horizon: model steps per rollout at most (each start's episode length caps it).
+        max_starts: starting states at most (every held-out episode's first state first).
+        close_after: ``k`` model steps before ``model+fqe`` closes with FQE's value.
+        penalty: ``λ`` of the pessimism (0: none; see the module docstring).
+        discount: γ of the discounted estimates.
+        level: of the intervals (the decision uses its lower and upper bounds).
+        bootstrap: resamples of the intervals.
+        min_cost_events: held-out steps with a cost above the channel's minimum below
+            which a learned channel's estimate is "insufficient evidence".
+        deterministic: follow each member's mean instead of sampling its noise.
+        seed: the model noise's and the bootstrap's seed.
+        model_seed: which of the plant model's ensembles (its fit's seeds) is used.
+        fqe: run the FQE estimators (FQE and the behaviour clone train; slower).
+        fqe_updates, fqe_seeds, fqe_hidden: FQE's updates per seed, seeds and widths.
+        bc_updates: updates of the behaviour clone.
+    """
+
+    horizon: int = 1000
+    max_starts: int = 100
+    close_after: int = 20
+    penalty: float = 1.0
+    discount: float = 0.99
+    level: float = 0.95
+    bootstrap: int = 2000
+    min_cost_events: int = 10
+    deterministic: bool = False
+    seed: int = 0
+    model_seed: int = 0
+    fqe: bool = True
+    fqe_updates: int = 2000
+    fqe_seeds: tuple[int, ...] = (0, 1)
+    fqe_hidden: tuple[int, ...] = (64, 64)
+    bc_updates: int = 2000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fqe_seeds", tuple(int(s) for s in self.fqe_seeds))
+        object.__setattr__(self, "fqe_hidden", tuple(int(s) for s in self.fqe_hidden))
+        for name in ("horizon", "max_starts", "close_after", "bootstrap", "fqe_updates"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise VerdictError(f"{name}: expected a positive integer, got {value!r}")
+        if not self.penalty >= 0:
+            raise VerdictError(f"penalty: expected a number >= 0, got {self.penalty}")
+        if not 0.0 < self.discount <= 1.0:
+            raise VerdictError(f"discount: expected a number in (0, 1], got {self.discount}")
+        if not 0.5 < self.level < 1.0:
+            raise VerdictError(f"level: expected a share in (0.5, 1), got {self.level}")
+        if self.fqe and not self.fqe_seeds:
+            raise VerdictError("fqe_seeds: expected at least one FQE seed")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {
+            "fqe_seeds": list(self.fqe_seeds),
+            "fqe_hidden": list(self.fqe_hidden),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """An estimate and its interval (``level``, percentile bootstrap)."""
+
+    value: float
+    lower: float
+    upper: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CostEstimate:
+    """One cost channel of one candidate by one estimator.
+
+    Attributes:
+        channel: the cost channel's name.
+        value: the estimate over an episode in units of its limit (``<= 1``: within);
+            None when the channel has no finite limit (then ``raw`` alone).
+        raw: the estimated discounted (``fqe``, ``model+fqe``) or per-episode (``model``)
+            cost in the channel's units.
+        evidence: ``"sufficient"``, ``"computed"`` (a known expression of the predicted
+            observations) or ``"insufficient evidence"`` (too few cost events held out).
+        events: held-out steps with a cost above the channel's minimum.
+        within_limit: the upper bound within the limit with sufficient evidence (None:
+            no finite limit).
+    """
+
+    channel: str
+    value: Interval | None
+    raw: Interval
+    evidence: str
+    events: int
+    within_limit: bool | None
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimatorResult:
+    """One candidate (or the logged operation) by one estimator.
+
+    Attributes:
+        estimator: ``model``, ``fqe`` or ``model+fqe``.
+        discounted_return: estimated discounted return from a start (γ of the settings).
+        episode_return: the undiscounted return over the rollout (``model`` only).
+        improvement: paired difference from the logged operation's discounted return by
+            the same estimator (None for the logged operation itself).
+        penalty: mean discounted return the pessimism subtracted (0 for ``fqe``).
+        costs: one entry per cost channel.
+        outside_data_share: share of model steps outside the data's range.
+        override_share: share of model steps whose action the shield changed.
+    """
+
+    estimator: str
+    discounted_return: Interval
+    episode_return: Interval | None
+    improvement: Interval | None
+    penalty: float
+    costs: tuple[CostEstimate, ...]
+    outside_data_share: float | None = None
+    override_share: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The answer, with its evidence (labelled as estimates, estimators named).
+
+    Attributes:
+        decision: ``"recommend"`` or :data:`KEEP`.
+        recommended: the recommended candidate's name, or None.
+        statement: the answer in one plain sentence.
+        candidates: per candidate: its name, whether it qualifies, why not, and its
+            estimates by every estimator.
+        behaviour: the logged operation's estimates by every estimator and its logged
+            discounted return from the same starts.
+        evidence: what the estimates rest on (held-out episodes, starts, members,
+            horizon, cost events per channel, the plant model's dataset).
+        estimators: the estimators reported; ``deciding``: those a recommendation needs.
+        settings: :class:`VerdictSettings` as a dict.
+    """
+
+    decision: str
+    recommended: str | None
+    statement: str
+    candidates: tuple[dict[str, Any], ...]
+    behaviour: dict[str, Any]
+    evidence: dict[str, Any]
+    estimators: tuple[str, ...]
+    deciding: tuple[str, ...]
+    settings: dict[str, Any]
+    kind: str = "estimate"
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numeric metrics for tracking: ``verdict/recommend`` (1 or 0) and, per
+        candidate and estimator, the improvement's value and bounds."""
+        out = {"verdict/recommend": float(self.decision == "recommend")}
+        for candidate in self.candidates:
+            for result in candidate["estimates"]:
+                improvement = result["improvement"]
+                if improvement is None:
+                    continue
+                base = f"verdict/{candidate['name']}/{result['estimator']}/improvement"
+                out[base] = improvement["value"]
+                out[f"{base}_lower"] = improvement["lower"]
+                out[f"{base}_upper"] = improvement["upper"]
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# ----- data -------------------------------------------------------------------------
+def episode_digests(dataset: Dataset) -> list[str]:
+    """A short digest (16 hex) of every episode's observations, actions and rewards:
+    equal for the same episode however its log was cut or loaded."""
+    digests = []
+    for episode in dataset.to_episodes():
+        digest = hashlib.sha256()
+        for name in ("observations", "actions", "rewards"):
+            array = np.ascontiguousarray(np.asarray(episode[name], np.float32))
+            digest.update(f"{name}:{array.shape};".encode())
+            digest.update(array.tobytes())
+        digests.append(digest.hexdigest()[:16])
+    return digests
+
+
+def check_not_trained_on(dataset: Dataset, trained: Sequence[str], *, name: str) -> None:
+    """Raises :class:`VerdictError` when episodes of ``dataset`` are among the
+    ``trained`` digests (the episodes a policy was trained on), with the count."""
+    trained_set = set(trained)
+    overlap = [i for i, d in enumerate(episode_digests(dataset)) if d in trained_set]
+    if overlap:
+        raise VerdictError(
+            f"{name}: {len(overlap)} of its {dataset.n_episodes} episodes (e.g. episode "
+            f"{overlap[0]}) are episodes the policy was trained on; estimates on them "
+            "measure memory, not the plant. Give episodes it was not trained on (the "
+            "run's held-out episodes, or a later log)"
+        )
+
+
+def evaluation_starts(dataset: Dataset, max_starts: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(transitions, episodes)`` where rollouts start: every episode's first
+    transition (evenly chosen when there are more than ``max_starts``), then, when there
+    are fewer episodes than ``max_starts``, transitions evenly spread over the others
+    (each followed for the rest of its episode)."""
+    starts = np.asarray(jax.device_get(dataset.episode_starts), np.int64)
+    episode_id = np.asarray(jax.device_get(dataset.episode_id), np.int64)
+    if len(starts) >= max_starts:
+        chosen = starts[np.linspace(0, len(starts) - 1, max_starts).round().astype(np.int64)]
+    else:
+        others = np.setdiff1d(np.arange(dataset.n_transitions), starts)
+        extra = min(max_starts - len(starts), len(others))
+        picked = others[np.linspace(0, len(others) - 1, extra).round().astype(np.int64)]
+        chosen = np.concatenate([starts, picked if extra else others[:0]])
+    chosen = np.unique(chosen)
+    return chosen, episode_id[chosen]
+
+
+def cost_events(dataset: Dataset) -> np.ndarray:
+    """``[n_costs]`` steps whose cost lies above the channel's minimum in ``dataset``."""
+    costs = np.asarray(jax.device_get(dataset.costs), np.float64).reshape(dataset.n_transitions, -1)
+    if costs.size == 0:
+        return np.zeros(costs.shape[1], np.int64)
+    return (costs > costs.min(axis=0) + 1e-9).sum(axis=0)
+
+
+# ----- intervals --------------------------------------------------------------------
+def bootstrap_means(values: np.ndarray, episodes: np.ndarray, draws: int, seed: int) -> np.ndarray:
+    """``[..., draws]`` bootstrap means of ``values [..., A, N]`` over a resample of the
+    ``A`` members (or seeds) and of the ``N`` starts by whole episode (``episodes [N]``:
+    each start's episode; a resampled episode brings all its starts)."""
+    rng = np.random.default_rng(seed)
+    n_groups = values.shape[-2]
+    labels, group_of_start = np.unique(episodes, return_inverse=True)
+    member_weights = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), draws)
+    episode_counts = rng.multinomial(len(labels), np.full(len(labels), 1.0 / len(labels)), draws)
+    start_weights = episode_counts[:, group_of_start].astype(np.float64)  # [draws, N]
+    total = member_weights.sum(axis=1) * start_weights.sum(axis=1)
+    sums = np.einsum("...an,ba,bn->...b", values, member_weights, start_weights)
+    return sums / np.maximum(total, 1e-12)
+
+
+def _interval(values: np.ndarray, boot: np.ndarray, level: float) -> Interval:
+    tail = (1.0 - level) / 2.0 * 100.0
+    low, high = np.percentile(boot, [tail, 100.0 - tail])
+    return Interval(float(np.mean(values)), float(low), float(high))
+
+
+# ----- the verdict ------------------------------------------------------------------
+def model_verdict(
+    *,
+    act: Callable[..., jax.Array],
+    policy_params: Any,
+    names: Sequence[str],
+    heldout: Dataset,
+    plant_model: Any,
+    scaler: Any = None,
+    constraints: Any = None,
+    cost_limits: Sequence[float] | None = None,
+    cost_names: Sequence[str] = (),
+    episode_length: int | None = None,
+    fqe_act: Callable[..., jax.Array] | None = None,
+    settings: VerdictSettings | None = None,
+) -> Verdict:
+    """Estimates every candidate against the logged operation and decides.
+
+    Args:
+        act: ``act(policy_params, observation, key, deterministic=True)`` of one raw
+            observation, actions in the policy's [-1, 1] (an ``Algorithm.act``).
+        policy_params: the candidates' parameters stacked on a leading axis.
+        names: one name per candidate.
+        heldout: the held-out episodes (actions in the policy's [-1, 1]), never trained on.
+        plant_model: a fitted ``PlantModel`` of the same task (its elites are the members).
+        scaler, constraints: the task's action scaler and the shield's constraints.
+        cost_limits: episode cost limit per channel (None or inf: not limited).
+        cost_names: the channels' names.
+        episode_length: steps of an episode the limits are for (default: the held-out
+            episodes' mean length).
+        fqe_act: ``fqe_act(params, observations [B, obs]) -> actions [B, act]`` shielded
+            as :class:`~.ope.OffPolicyEvaluator` scores them (default: ``act`` batched).
+        settings: see :class:`VerdictSettings`.
+
+    Raises:
+        VerdictError: naming what is wrong: a plant model not fitted or of other shapes,
+            names that do not match the candidates, no held-out episodes.
+    """
+    settings = settings or VerdictSettings()
+    n_policies = int(jax.tree.leaves(policy_params)[0].shape[0])
+    names = [str(name) for name in names]
+    if len(names) != n_policies:
+        raise VerdictError(f"names: {len(names)} names for {n_policies} candidates")
+    if not getattr(plant_model, "fitted", False):
+        raise VerdictError("plant_model: not fitted; fit one (neorl-industrial model fit)")
+    dynamics = plant_model.dynamics
+    layout = dynamics.layout
+    if (layout.observation_size, layout.action_size, layout.n_costs) != (
+        heldout.observation_size,
+        heldout.action_size,
+        heldout.n_costs,
+    ):
+        raise VerdictError(
+            f"plant_model: predicts {layout.observation_size} observations, "
+            f"{layout.action_size} actions and {layout.n_costs} cost channels; the held-out "
+            f"data has {heldout.observation_size}, {heldout.action_size} and {heldout.n_costs}"
+        )
+    if heldout.n_transitions == 0:
+        raise VerdictError("heldout: no held-out transitions to evaluate on")
+    params = plant_model.params(settings.model_seed)
+    n_costs = heldout.n_costs
+    cost_names = list(cost_names) or [f"cost_{i}" for i in range(n_costs)]
+    limits = np.full(n_costs, np.inf) if cost_limits is None else np.asarray(cost_limits, float)
+    lengths_all = np.asarray(jax.device_get(heldout.episode_lengths), np.int64)
+    episode_length = int(episode_length or max(1, round(float(lengths_all.mean()))))
+
+    # Starts, their lengths and their logged actions.
+    start_rows, start_episodes = evaluation_starts(heldout, settings.max_starts)
+    steps_to_end = np.asarray(jax.device_get(heldout.steps_to_end), np.int64)[start_rows]
+    horizon = int(min(settings.horizon, steps_to_end.max()))
+    lengths = np.minimum(steps_to_end, horizon)
+    first = heldout.observations_at(heldout.observation_index[jnp.asarray(start_rows)])
+    steps = np.minimum(
+        start_rows[:, None] + np.arange(horizon), (start_rows + lengths - 1)[:, None]
+    )
+    logged_actions = jnp.asarray(heldout.actions)[jnp.asarray(steps)]
+    logged_actions = logged_actions.reshape(len(start_rows), horizon, -1)
+    rewards = np.asarray(jax.device_get(heldout.rewards), np.float64)
+    logged_discounted = np.array(
+        [
+            np.sum(rewards[row : row + length] * settings.discount ** np.arange(length))
+            for row, length in zip(start_rows, lengths, strict=True)
+        ]
+    )
+
+    # One program over policies x members x starts, and the logged replay.
+    close = settings.close_after if settings.fqe else 0
+    options = dict(
+        horizon=horizon,
+        discount=settings.discount,
+        close_after=min(close, horizon) if close else 0,
+        deterministic=settings.deterministic,
+        pessimism=settings.penalty > 0,
+    )
+    rollouts = jax.jit(
+        make_policy_rollouts(dynamics, act, constraints=constraints, scaler=scaler, **options)
+    )
+    replay = jax.jit(make_logged_replay(dynamics, **options))
+    key = jax.random.PRNGKey(settings.seed)
+    lengths_j = jnp.asarray(lengths, jnp.int32)
+    candidates: RolloutSums = jax.device_get(rollouts(policy_params, params, first, lengths_j, key))
+    logged: RolloutSums = jax.device_get(replay(params, first, logged_actions, lengths_j, key))
+    candidates = jax.tree.map(lambda x: np.asarray(x, np.float64), candidates)
+    logged = jax.tree.map(lambda x: np.asarray(x, np.float64), logged)
+
+    reward_spread = _spread(rewards)
+    cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
+    cost_spread = np.array([_spread(cost_matrix[:, i]) for i in range(n_costs)])
+    events = cost_events(heldout)
+    known = set(layout.known.cost_indices)
+    per_step_limit = limits / episode_length  # spread evenly over an episode
+    threshold = np.array(
+        [
+            per_step_cost_threshold(float(limit), settings.discount, episode_length)
+            if np.isfinite(limit)
+            else np.inf
+            for limit in limits
+        ]
+    )
+    penalty = settings.penalty
+
+    def evidence(channel: int, computed: bool) -> str:
+        if computed and channel in known:
+            return "computed"
+        return (
+            "sufficient"
+            if events[channel] >= settings.min_cost_events
+            else ("insufficient evidence")
+        )
+
+    def costs_of(values: np.ndarray, scale: np.ndarray, boot_seed: int, computed: bool):
+        """``values [..., A, N, C]`` cost per start; ``scale [N, C]`` the limit's share."""
+        entries = []
+        for c in range(n_costs):
+            raw = values[..., c]
+            raw_boot = bootstrap_means(raw, start_episodes, settings.bootstrap, boot_seed)
+            how = evidence(c, computed)
+            value = within = None
+            if np.isfinite(limits[c]):
+                normalized = raw / scale[:, c]
+                boot = bootstrap_means(normalized, start_episodes, settings.bootstrap, boot_seed)
+                value = _interval(normalized, boot, settings.level)
+                within = bool(value.upper <= 1.0 and how != "insufficient evidence")
+            entries.append(
+                CostEstimate(
+                    channel=cost_names[c],
+                    value=value,
+                    raw=_interval(raw, raw_boot, settings.level),
+                    evidence=how,
+                    events=int(events[c]),
+                    within_limit=within,
+                )
+            )
+        return tuple(entries)
+
+    def model_result(sums, reference: np.ndarray | None, boot_seed: int) -> EstimatorResult:
+        pessimistic = sums.discounted_return - penalty * reward_spread * sums.discounted_uncertainty
+        episode = sums.total_return - penalty * reward_spread * sums.total_uncertainty
+        costs = sums.total_costs + penalty * cost_spread * sums.total_uncertainty[..., None]
+        scale = np.maximum(per_step_limit[None, :] * lengths[:, None], 1e-12)
+        boot = bootstrap_means(pessimistic, start_episodes, settings.bootstrap, boot_seed)
+        improvement = None
+        if reference is not None:
+            difference = pessimistic - reference
+            diff_boot = bootstrap_means(difference, start_episodes, settings.bootstrap, boot_seed)
+            improvement = _interval(difference, diff_boot, settings.level)
+        steps_total = np.maximum(sums.steps.sum(axis=(-2, -1)), 1.0)
+        return EstimatorResult(
+            estimator="model",
+            discounted_return=_interval(pessimistic, boot, settings.level),
+            episode_return=_interval(
+                episode,
+                bootstrap_means(episode, start_episodes, settings.bootstrap, boot_seed),
+                settings.level,
+            ),
+            improvement=improvement,
+            penalty=float(np.mean(sums.discounted_return - pessimistic)),
+            costs=costs_of(costs, scale, boot_seed, computed=True),
+            outside_data_share=float(np.mean(sums.outside_data_steps.sum((-2, -1)) / steps_total)),
+            override_share=float(np.mean(sums.overridden_steps.sum((-2, -1)) / steps_total)),
+        )
+
+    logged_pessimistic = (
+        logged.discounted_return - penalty * reward_spread * logged.discounted_uncertainty
+    )
+    results: list[list[EstimatorResult]] = [[] for _ in range(n_policies)]
+    for p in range(n_policies):
+        own = jax.tree.map(lambda x, p=p: x[p], candidates)
+        results[p].append(model_result(own, logged_pessimistic, settings.seed + p))
+    behaviour_results = [model_result(logged, None, settings.seed)]
+    discounted_threshold = threshold
+
+    if settings.fqe:
+        fqe_results, fqe_behaviour = _fqe_estimators(
+            act=act,
+            fqe_act=fqe_act,
+            policy_params=policy_params,
+            heldout=heldout,
+            settings=settings,
+            first=first,
+            candidates=candidates,
+            logged=logged,
+            start_episodes=start_episodes,
+            reward_spread=reward_spread,
+            cost_spread=cost_spread,
+            costs_of=lambda values, seed: costs_of(
+                values,
+                np.broadcast_to(discounted_threshold, (len(start_rows), n_costs)),
+                seed,
+                computed=False,
+            ),
+        )
+        for p in range(n_policies):
+            results[p].extend(fqe_results[p])
+        behaviour_results.extend(fqe_behaviour)
+
+    estimators = tuple(result.estimator for result in behaviour_results)
+    deciding = tuple(name for name in DECIDING if name in estimators)
+    table = []
+    for p, name in enumerate(names):
+        reasons = []
+        for result in results[p]:
+            if result.estimator not in deciding:
+                continue
+            if result.improvement.lower <= 0.0:
+                reasons.append(
+                    f"{result.estimator}: the lower {settings.level:.0%} bound of the "
+                    f"improvement over the logged operation is {result.improvement.lower:.4g}, "
+                    "not above 0"
+                )
+            if result.estimator != COST_DECIDING:
+                continue
+            for cost in result.costs:
+                if cost.within_limit is False and cost.evidence == "insufficient evidence":
+                    reasons.append(
+                        f"{result.estimator}: cost {cost.channel!r}: insufficient evidence "
+                        f"({cost.events} cost events held out, {settings.min_cost_events} "
+                        "needed)"
+                    )
+                elif cost.within_limit is False:
+                    reasons.append(
+                        f"{result.estimator}: cost {cost.channel!r} may exceed its limit (upper "
+                        f"bound {cost.value.upper:.3g} of the limit)"
+                    )
+        table.append(
+            {
+                "name": name,
+                "qualifies": not reasons,
+                "reasons": reasons,
+                "estimates": [dataclasses.asdict(r) for r in results[p]],
+            }
+        )
+    qualified = [p for p, row in enumerate(table) if row["qualifies"]]
+    if qualified:
+        best = max(qualified, key=lambda p: results[p][0].improvement.lower)
+        chosen = names[best]
+        model_gain = results[best][0].improvement
+        statement = (
+            f"Recommend {chosen}: estimated better than the logged operation by "
+            f"{model_gain.value:.4g} (discounted return, {settings.level:.0%} interval "
+            f"{model_gain.lower:.4g} to {model_gain.upper:.4g}) by every deciding estimator "
+            f"({', '.join(deciding)}), with every limited cost within its limit. These are "
+            "estimates from a model of the plant and the held-out episodes."
+        )
+        decision = "recommend"
+    else:
+        chosen, decision = None, KEEP
+        statement = (
+            "Keep the current operation: no candidate is estimated better than the logged "
+            f"operation with {settings.level:.0%} confidence and within the cost limits by "
+            f"every deciding estimator ({', '.join(deciding)})."
+        )
+    card = getattr(plant_model, "card", {}) or {}
+    return Verdict(
+        decision=decision,
+        recommended=chosen,
+        statement=statement,
+        candidates=tuple(table),
+        behaviour={
+            "how": "the logged actions replayed in the model (model); a behaviour-cloned "
+            "policy (fqe, and model+fqe's tail)",
+            "logged_discounted_return": float(np.mean(logged_discounted)),
+            "estimates": [dataclasses.asdict(r) for r in behaviour_results],
+        },
+        evidence={
+            "heldout_episodes": int(heldout.n_episodes),
+            "heldout_transitions": int(heldout.n_transitions),
+            "starts": len(start_rows),
+            "start_episodes": len(np.unique(start_episodes)),
+            "members": int(params.n_members),
+            "horizon": horizon,
+            "episode_length": episode_length,
+            "cost_events": {cost_names[i]: int(events[i]) for i in range(n_costs)},
+            "cost_limits": {
+                cost_names[i]: (float(limits[i]) if np.isfinite(limits[i]) else None)
+                for i in range(n_costs)
+            },
+            "plant_model": {
+                "dataset": (card.get("dataset") or {}).get("name"),
+                "fingerprint": (card.get("dataset") or {}).get("fingerprint"),
+            },
+        },
+        estimators=estimators,
+        deciding=deciding,
+        settings=settings.to_dict(),
+    )
+
+
+def _spread(values: np.ndarray) -> float:
+    spread = float(np.std(values)) if np.size(values) else 0.0
+    return spread if spread > 1e-9 else 0.0
+
+
+def _fqe_estimators(
+    *,
+    act,
+    fqe_act,
+    policy_params,
+    heldout: Dataset,
+    settings: VerdictSettings,
+    first: jax.Array,
+    candidates: RolloutSums,
+    logged: RolloutSums,
+    start_episodes: np.ndarray,
+    reward_spread: float,
+    cost_spread: np.ndarray,
+    costs_of: Callable[[np.ndarray, int], tuple[CostEstimate, ...]],
+) -> tuple[list[list[EstimatorResult]], list[EstimatorResult]]:
+    """``fqe`` and ``model+fqe`` of every candidate, and of the logged operation (a
+    behaviour clone's FQE)."""
+    if fqe_act is None:
+
+        def fqe_act(params: Any, observations: jax.Array) -> jax.Array:
+            return jax.vmap(lambda o: act(params, o, None, deterministic=True))(observations)
+
+    config = FQEConfig(hidden=settings.fqe_hidden, discount=settings.discount)
+    common = dict(
+        n_updates=settings.fqe_updates, seeds=settings.fqe_seeds, config=config, batch_size=256
+    )
+    values = fitted_q_evaluation_values(heldout, fqe_act, policy_params, **common)
+    clone = _behaviour_clone(heldout, settings)
+    clone_params = jax.tree.map(lambda leaf: leaf[None], clone.params)
+
+    def clone_act(params: Any, observations: jax.Array) -> jax.Array:
+        return jax.vmap(lambda o: clone.act(params, o, None, deterministic=True))(observations)
+
+    clone_values = fitted_q_evaluation_values(heldout, clone_act, clone_params, **common)
+    n_policies = candidates.discounted_return.shape[0]
+    starts = jnp.broadcast_to(first, (n_policies, *first.shape))
+    at_starts = values(starts)  # [P, S, N, 1 + C]
+    clone_at_starts = clone_values(first[None])[0]  # [S, N, 1 + C]
+    # Closing values at the states the model reached after k steps.
+    closing = values(jnp.asarray(candidates.closing_observation, jnp.float32))  # [P, S, M, N, H]
+    clone_closing = clone_values(jnp.asarray(logged.closing_observation, jnp.float32)[None])[0]
+    penalty = settings.penalty
+
+    def head(sums: RolloutSums, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``model+fqe`` return ``[..., M, N]`` and discounted costs ``[..., M, N, C]``."""
+        tail = tail.mean(axis=-4)  # over FQE seeds
+        weight = sums.closing_weight
+        value = sums.head_return - penalty * reward_spread * sums.head_uncertainty
+        value = value + weight * tail[..., 0]
+        costs = sums.head_costs + penalty * cost_spread * sums.head_uncertainty[..., None]
+        costs = costs + weight[..., None] * tail[..., 1:]
+        return value, costs
+
+    logged_combined, logged_combined_costs = head(logged, clone_closing[None])
+    logged_combined, logged_combined_costs = logged_combined[0], logged_combined_costs[0]
+    results: list[list[EstimatorResult]] = []
+    seed = settings.seed
+    for p in range(n_policies):
+        fqe_returns = at_starts[p, ..., 0]  # [S, N]
+        difference = fqe_returns - clone_at_starts[..., 0]
+        fqe = EstimatorResult(
+            estimator="fqe",
+            discounted_return=_interval(
+                fqe_returns,
+                bootstrap_means(fqe_returns, start_episodes, settings.bootstrap, seed + p),
+                settings.level,
+            ),
+            episode_return=None,
+            improvement=_interval(
+                difference,
+                bootstrap_means(difference, start_episodes, settings.bootstrap, seed + p),
+                settings.level,
+            ),
+            penalty=0.0,
+            costs=costs_of(at_starts[p, ..., 1:], seed + p),
+        )
+        own = jax.tree.map(lambda x, p=p: x[p], candidates)
+        combined, combined_costs = head(own, closing[p])
+        difference = combined - logged_combined
+        mixed = EstimatorResult(
+            estimator="model+fqe",
+            discounted_return=_interval(
+                combined,
+                bootstrap_means(combined, start_episodes, settings.bootstrap, seed + p),
+                settings.level,
+            ),
+            episode_return=None,
+            improvement=_interval(
+                difference,
+                bootstrap_means(difference, start_episodes, settings.bootstrap, seed + p),
+                settings.level,
+            ),
+            penalty=float(np.mean(penalty * reward_spread * own.head_uncertainty)),
+            costs=costs_of(combined_costs, seed + p),
+        )
+        results.append([fqe, mixed])
+    behaviour = [
+        EstimatorResult(
+            estimator="fqe",
+            discounted_return=_interval(
+                clone_at_starts[..., 0],
+                bootstrap_means(clone_at_starts[..., 0], start_episodes, settings.bootstrap, seed),
+                settings.level,
+            ),
+            episode_return=None,
+            improvement=None,
+            penalty=0.0,
+            costs=costs_of(clone_at_starts[..., 1:], seed),
+        ),
+        EstimatorResult(
+            estimator="model+fqe",
+            discounted_return=_interval(
+                logged_combined,
+                bootstrap_means(logged_combined, start_episodes, settings.bootstrap, seed),
+                settings.level,
+            ),
+            episode_return=None,
+            improvement=None,
+            penalty=float(np.mean(penalty * reward_spread * logged.head_uncertainty)),
+            costs=costs_of(logged_combined_costs, seed),
+        ),
+    ]
+    return results, behaviour
+
+
+@dataclasses.dataclass(frozen=True)
+class _Clone:
+    act: Callable[..., jax.Array]
+    params: Any
+
+
+def _behaviour_clone(heldout: Dataset, settings: VerdictSettings) -> _Clone:
+    """A behaviour-cloned policy of the held-out episodes (actions in [-1, 1])."""
+    obs_mean, obs_std = heldout.observation_moments()
+    config = BCConfig(
+        hidden=settings.fqe_hidden,
+        obs_mean=tuple(float(x) for x in obs_mean),
+        obs_std=tuple(float(x) for x in obs_std),
+    )
+    bc = make_bc(config, heldout.observation_size, heldout.action_size)
+    state, _ = train_offline(
+        bc,
+        heldout,
+        seeds=(settings.seed,),
+        n_updates=settings.bc_updates,
+        chunk_updates=min(1000, settings.bc_updates),
+        batch_size=256,
+    )
+    return _Clone(act=bc.act, params=jax.tree.map(lambda leaf: leaf[0], state.agent.policy))
