@@ -7,7 +7,7 @@ The safety study trains with these as well; peer parity normalizes observations 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,9 +22,11 @@ def make_algorithm(
     action_size: int,
     hidden: Sequence[int] = (256, 256),
     n_updates: int = 100_000,
+    overrides: Mapping[str, Any] | None = None,
 ) -> Any:
-    """Algorithm ``name`` with its defaults (but ``hidden`` layer widths) and no
-    observation statistics (the normalizer is set per dataset in the state).
+    """Algorithm ``name`` with its defaults (but ``hidden`` layer widths and the
+    hyperparameters in ``overrides``, e.g. ``weight_init``) and no observation statistics
+    (the normalizer is set per dataset in the state).
 
     ``cql_bc`` is CQL with CORL's behaviour-cloning warm start over the first tenth of
     ``n_updates`` (CORL: 100 k of 1 M)."""
@@ -64,7 +66,7 @@ def make_algorithm(
     if name not in factories:
         raise ValueError(f"algorithm: unknown {name!r}; expected one of {sorted(factories)}")
     factory, config = factories[name]
-    return factory(config(hidden=tuple(hidden)), obs_size, action_size)
+    return factory(config(hidden=tuple(hidden), **dict(overrides or {})), obs_size, action_size)
 
 
 def reward_scaling_kind(name: str, override: str | None = None) -> str:

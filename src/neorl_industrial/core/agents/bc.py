@@ -17,17 +17,18 @@ from flax import struct
 
 from neorl_industrial.core.agents.networks import (
     MLP,
-    FrozenConfig,
     ObservationNormalizer,
     PolicyParams,
+    WeightInitConfig,
     check_layer_widths,
     check_observation_stats,
+    check_weight_init,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
 
 
 @dataclasses.dataclass(frozen=True)
-class BCConfig(FrozenConfig):
+class BCConfig(WeightInitConfig):
     """Hyperparameters of behaviour cloning. Static: changing one builds a new algorithm.
 
     Attributes:
@@ -35,6 +36,7 @@ class BCConfig(FrozenConfig):
         hidden: hidden layer widths.
         obs_mean: per-feature observation mean (e.g. the dataset's), or ``None``.
         obs_std: per-feature observation standard deviation, with ``obs_mean``.
+        weight_init: the network's initialization (:class:`WeightInitConfig`).
     """
 
     learning_rate: float = 3e-4
@@ -46,6 +48,7 @@ class BCConfig(FrozenConfig):
         check_layer_widths(self.hidden)
         if self.learning_rate <= 0.0:
             raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
+        check_weight_init(self.weight_init)
         check_observation_stats(self)
 
 
@@ -69,7 +72,7 @@ def bc_loss(predicted_t: jax.Array, action_t: jax.Array) -> jax.Array:
 
 def make_bc(config: BCConfig, obs_size: int, action_size: int) -> Algorithm:
     """Behaviour cloning as ``Algorithm(init, update, act)``."""
-    network = MLP(hidden=config.hidden, output_size=action_size)
+    network = MLP(hidden=config.hidden, output_size=action_size, weight_init=config.weight_init)
     optimizer = optax.adam(config.learning_rate)
 
     def policy_action(actor: Any, normalized: jax.Array) -> jax.Array:

@@ -91,9 +91,10 @@ def make_cost_critics(
     n_costs: int,
     learning_rate: float,
     critic: CriticConfig = MEAN_CRITIC,
+    weight_init: str = "lecun",
 ) -> CostCritics:
     return CostCritics(
-        critics=make_critics(critic, hidden, 2 * n_costs),
+        critics=make_critics(critic, hidden, 2 * n_costs, weight_init=weight_init),
         optimizer=optax.adam(learning_rate),
         n_costs=n_costs,
     )
@@ -219,10 +220,11 @@ def make_in_sample_cost_critics(
     critic_lr: float,
     expectile: float,
     critic: CriticConfig = MEAN_CRITIC,
+    weight_init: str = "lecun",
 ) -> InSampleCostCritics:
     return InSampleCostCritics(
-        critics=make_cost_critics(hidden, n_costs, critic_lr, critic),
-        value_network=MLP(tuple(hidden), output_size=n_costs),
+        critics=make_cost_critics(hidden, n_costs, critic_lr, critic, weight_init),
+        value_network=MLP(tuple(hidden), output_size=n_costs, weight_init=weight_init),
         value_optimizer=optax.adam(value_lr),
         expectile=expectile,
     )

@@ -27,10 +27,10 @@ from flax import struct
 
 from neorl_industrial.core.agents.distributional import CriticConfig, make_critics, pessimistic
 from neorl_industrial.core.agents.networks import (
-    FrozenConfig,
     ObservationNormalizer,
     PolicyParams,
     TanhGaussianActor,
+    WeightInitConfig,
     check_layer_widths,
     check_observation_stats,
     check_weight_init,
@@ -40,7 +40,7 @@ from neorl_industrial.core.agents.types import Algorithm, Metrics
 
 
 @dataclasses.dataclass(frozen=True)
-class CQLConfig(FrozenConfig):
+class CQLConfig(WeightInitConfig):
     """Hyperparameters of CQL. Static: changing one builds a new algorithm.
 
     Attributes:

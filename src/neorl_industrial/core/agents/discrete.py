@@ -21,9 +21,9 @@ from flax import struct
 
 from neorl_industrial.core.agents.networks import (
     MLP,
-    FrozenConfig,
     ObservationNormalizer,
     PolicyParams,
+    WeightInitConfig,
     check_layer_widths,
     check_observation_stats,
     check_weight_init,
@@ -42,7 +42,7 @@ def _check_num_actions(num_actions: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class DiscreteBCConfig(FrozenConfig):
+class DiscreteBCConfig(WeightInitConfig):
     """Hyperparameters of discrete behaviour cloning (a softmax classifier).
 
     Attributes:
@@ -147,7 +147,7 @@ def make_discrete_bc(config: DiscreteBCConfig, obs_size: int, num_actions: int) 
 
 
 @dataclasses.dataclass(frozen=True)
-class DiscreteCQLConfig(FrozenConfig):
+class DiscreteCQLConfig(WeightInitConfig):
     """Hyperparameters of discrete CQL (Kumar et al., 2020, the QR-free DQN variant).
 
     Attributes:

@@ -31,11 +31,12 @@ from neorl_industrial.core.agents.distributional import CriticConfig, Critics, m
 from neorl_industrial.core.agents.losses import critic_loss, expectile_loss
 from neorl_industrial.core.agents.networks import (
     MLP,
-    FrozenConfig,
     ObservationNormalizer,
     PolicyParams,
+    WeightInitConfig,
     check_layer_widths,
     check_observation_stats,
+    check_weight_init,
     polyak_average,
     stochastic_key,
 )
@@ -62,8 +63,12 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
 @dataclasses.dataclass(frozen=True)
-class IQLConfig(FrozenConfig):
-    """Hyperparameters of IQL. Static: changing one builds a new algorithm."""
+class IQLConfig(WeightInitConfig):
+    """Hyperparameters of IQL. Static: changing one builds a new algorithm.
+
+    ``weight_init`` (:class:`WeightInitConfig`) initializes the actor, the value and the
+    critics (the actor's state-independent log-std starts at 0 either way).
+    """
 
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
@@ -86,6 +91,7 @@ class IQLConfig(FrozenConfig):
             raise ValueError(f"expectile: must lie in (0, 1), got {self.expectile}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
+        check_weight_init(self.weight_init)
         check_observation_stats(self)
 
 
@@ -94,10 +100,12 @@ class GaussianActor(nn.Module):
 
     action_size: int
     hidden: tuple[int, ...] = (256, 256)
+    weight_init: str = "lecun"
 
     @nn.compact
     def __call__(self, observation: jax.Array) -> tuple[jax.Array, jax.Array]:
-        mean = jnp.tanh(MLP(self.hidden, output_size=self.action_size)(observation))
+        network = MLP(self.hidden, output_size=self.action_size, weight_init=self.weight_init)
+        mean = jnp.tanh(network(observation))
         log_std = self.param("log_std", nn.initializers.zeros, (self.action_size,))
         return mean, jnp.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)
 
@@ -149,9 +157,9 @@ def awr_loss(log_prob_t: jax.Array, advantage_t: jax.Array, beta: float, clip: f
 
 def make_networks(config: IQLConfig, action_size: int) -> IQLNetworks:
     return IQLNetworks(
-        actor=GaussianActor(action_size, config.hidden),
-        value=MLP(config.hidden, output_size=1),
-        critic=make_critics(config.critic, config.hidden, 2),
+        actor=GaussianActor(action_size, config.hidden, config.weight_init),
+        value=MLP(config.hidden, output_size=1, weight_init=config.weight_init),
+        critic=make_critics(config.critic, config.hidden, 2, weight_init=config.weight_init),
         actor_optimizer=optax.adam(config.actor_lr),
         value_optimizer=optax.adam(config.value_lr),
         critic_optimizer=optax.adam(config.critic_lr),

@@ -63,6 +63,7 @@ def make_iql_lag(config: IQLLagConfig, obs_size: int, action_size: int) -> Algor
         config.critic_lr,
         config.cost_expectile,
         config.cost_critic,
+        config.weight_init,
     )
     lagrangian = make_lagrangian(config)
     base = iql.make_iql(config, obs_size, action_size)  # acting is IQL's

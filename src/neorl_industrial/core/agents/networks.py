@@ -440,6 +440,24 @@ class FrozenConfig:
 _Config = TypeVar("_Config", bound=FrozenConfig)
 
 
+@dataclasses.dataclass(frozen=True)
+class WeightInitConfig(FrozenConfig):
+    """The networks' weight initialization, the one field every agent's config shares
+    (a mixin of each agent's config; an agent whose evidence favours the other choice
+    redeclares the field with its own default and says why).
+
+    Attributes:
+        weight_init: ``"lecun"`` (flax's LeCun normal, zero biases) or ``"uniform"``
+            (PyTorch's ``nn.Linear`` default, weights and biases uniform in
+            ``±1 / sqrt(fan_in)``); see :data:`KERNEL_INITS`.
+    """
+
+    weight_init: str = "lecun"
+
+    def __post_init__(self) -> None:
+        check_weight_init(self.weight_init)
+
+
 @functools.cache
 def _config_adapter(config_type: type) -> pydantic.TypeAdapter:
     return pydantic.TypeAdapter(config_type)

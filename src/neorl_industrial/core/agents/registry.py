@@ -27,6 +27,7 @@ from neorl_industrial.core.agents.discrete import (
 )
 from neorl_industrial.core.agents.iql import IQLConfig, make_iql
 from neorl_industrial.core.agents.iql_lag import IQLLagConfig, make_iql_lag
+from neorl_industrial.core.agents.mopo import MOPOConfig, MOPOLagConfig, make_mopo, make_mopo_lag
 from neorl_industrial.core.agents.networks import check_tuple
 from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
 from neorl_industrial.core.agents.td3bc_lag import TD3BCLagConfig, make_td3bc_lag
@@ -87,6 +88,8 @@ class AlgorithmEntry:
             the others divide by the rewards' spread (``std``): TD3+BC's actor loss is
             invariant to the reward scale, and CQL's penalty weight was tuned on D4RL's
             rewards, whose per-step spread is about one.
+        model_based: it trains on rollouts of a fitted plant model, which its factory
+            takes as ``model=`` (a ``ModelHandle``; without one it can act, not train).
     """
 
     name: str
@@ -97,6 +100,7 @@ class AlgorithmEntry:
     summary: str
     select_safe_data: bool = False
     reward_scaling: str = "std"
+    model_based: bool = False
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -154,6 +158,24 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
             False,
             False,
             "conservative Q-learning (SAC actor; lagrange=true for CQL-α)",
+        ),
+        AlgorithmEntry(
+            "mopo",
+            make_mopo,
+            MOPOConfig,
+            False,
+            False,
+            "MOPO: SAC on real and uncertainty-penalized plant-model rollouts",
+            model_based=True,
+        ),
+        AlgorithmEntry(
+            "mopo-lag",
+            make_mopo_lag,
+            MOPOLagConfig,
+            True,
+            False,
+            "MOPO with TD3BC-Lag: shielded model rollouts, cost critics, PID multipliers",
+            model_based=True,
         ),
         AlgorithmEntry(
             "discrete-bc", make_discrete_bc, DiscreteBCConfig, False, True, "discrete BC"

@@ -22,13 +22,14 @@ from flax import struct
 
 from neorl_industrial.core.agents.networks import (
     CriticEnsemble,
-    FrozenConfig,
     ObservationNormalizer,
     Params,
     PolicyParams,
     TanhGaussianActor,
+    WeightInitConfig,
     check_layer_widths,
     check_observation_stats,
+    check_weight_init,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
@@ -82,7 +83,7 @@ class SACState:
 
 
 @dataclasses.dataclass(frozen=True)
-class SACConfig(FrozenConfig):
+class SACConfig(WeightInitConfig):
     """Hyperparameters of SAC. Static: changing one builds a new algorithm.
 
     Attributes:
@@ -105,6 +106,7 @@ class SACConfig(FrozenConfig):
             leaves observations unnormalized. A tuple, so the config stays hashable and
             loggable (``create`` converts an array).
         obs_std: per-feature observation standard deviation, with ``obs_mean``.
+        weight_init: the actor's and critics' initialization (:class:`WeightInitConfig`).
     """
 
     actor_lr: float = 3e-4
@@ -125,6 +127,7 @@ class SACConfig(FrozenConfig):
     def __post_init__(self) -> None:
         check_observation_stats(self)
         check_layer_widths(self.hidden)
+        check_weight_init(self.weight_init)
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma: must lie in [0, 1], got {self.gamma}")
         if not 0.0 < self.tau <= 1.0:
@@ -205,8 +208,8 @@ def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
         raise ValueError(
             f"obs_mean: has {len(config.obs_mean)} values but observations have {obs_size}"
         )
-    actor = TanhGaussianActor(action_size, config.hidden)
-    critic = CriticEnsemble(config.hidden, config.n_critics)
+    actor = TanhGaussianActor(action_size, config.hidden, weight_init=config.weight_init)
+    critic = CriticEnsemble(config.hidden, config.n_critics, weight_init=config.weight_init)
     target_entropy = (
         -float(action_size) if config.target_entropy is None else float(config.target_entropy)
     )

@@ -34,11 +34,12 @@ from neorl_industrial.core.agents.distributional import (
 )
 from neorl_industrial.core.agents.networks import (
     MLP,
-    FrozenConfig,
     ObservationNormalizer,
     PolicyParams,
+    WeightInitConfig,
     check_layer_widths,
     check_observation_stats,
+    check_weight_init,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics, gradient_step
@@ -68,8 +69,11 @@ Penalty = Callable[[jax.Array], tuple[jax.Array, jax.Array, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
-class TD3BCConfig(FrozenConfig):
-    """Hyperparameters of TD3+BC. Static: changing one builds a new algorithm."""
+class TD3BCConfig(WeightInitConfig):
+    """Hyperparameters of TD3+BC. Static: changing one builds a new algorithm.
+
+    ``weight_init`` (:class:`WeightInitConfig`) initializes the actor and the critics.
+    """
 
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
@@ -92,6 +96,7 @@ class TD3BCConfig(FrozenConfig):
             raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
         if self.policy_freq < 1:
             raise ValueError(f"policy_freq: expected a positive integer, got {self.policy_freq}")
+        check_weight_init(self.weight_init)
         check_observation_stats(self)
 
 
@@ -147,8 +152,8 @@ def actor_loss(
 
 def make_networks(config: TD3BCConfig, action_size: int) -> TD3BCNetworks:
     return TD3BCNetworks(
-        actor=MLP(hidden=config.hidden, output_size=action_size),
-        critic=make_critics(config.critic, config.hidden, 2),
+        actor=MLP(hidden=config.hidden, output_size=action_size, weight_init=config.weight_init),
+        critic=make_critics(config.critic, config.hidden, 2, weight_init=config.weight_init),
         actor_optimizer=optax.adam(config.actor_lr),
         critic_optimizer=optax.adam(config.critic_lr),
     )

@@ -96,7 +96,7 @@ def make_td3bc_lag(config: TD3BCLagConfig, obs_size: int, action_size: int) -> A
     n_costs = len(config.cost_limits)
     networks = td3bc.make_networks(config, action_size)
     costs = cost_critics.make_cost_critics(
-        config.hidden, n_costs, config.cost_critic_lr, config.cost_critic
+        config.hidden, n_costs, config.cost_critic_lr, config.cost_critic, config.weight_init
     )
     lagrangian = make_lagrangian(config)
     base = td3bc.make_td3bc(config, obs_size, action_size)  # acting is TD3+BC's

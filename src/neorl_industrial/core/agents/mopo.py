@@ -1,0 +1,488 @@
+"""MOPO (Yu et al., NeurIPS 2020): model-based offline policy optimization on the plant
+model's ensemble, and MOPO-Lag, its Lagrangian variant for cost limits.
+
+Every update:
+
+1. **Rollouts.** The first ``rollout_starts`` observations of the real batch (uniform
+   draws from the dataset) start rollouts of ``rollout_horizon`` steps under the current
+   policy (its stochastic action, as MOPO's), each step in an elite member drawn at random
+   (:func:`rollout`). With a shield (the plant's compiled constraints) every action is
+   repaired in plant units before the model sees it, as on the plant. A rollout that the
+   model ends in a terminal state, or whose prediction is not finite, starts again from its
+   dataset state.
+2. **Pessimism.** The model's reward is penalized by ``λ u(s, a)``, ``u`` the largest over
+   members of the norm of the predicted standard deviation (MOPO's ``max_i ||Σ_i||_F``,
+   its default "learned variance" penalty), in normalized units: each target divided by
+   its spread in the data, so ``u`` is scale-free like the ``std``-scaled rewards it is
+   subtracted from (MOPO's targets are raw). The model's rewards are first put in the
+   learner's units by the run's reward scaling (``ModelHandle.reward_shift``/``scale``).
+   Costs (known channels computed, the others predicted) are kept unpenalized: the
+   pessimism of MOPO-Lag's cost critics comes from their own maximum.
+3. **Buffer.** The transitions enter a circular buffer of ``buffer_size``.
+4. **Learner.** A batch of ``real_ratio`` real transitions and the rest from the buffer
+   trains the learner: SAC for MOPO (the paper's), TD3BC-Lag for MOPO-Lag (cost critics,
+   PID multipliers on the episode cost limits, ``td3bc_lag.py``).
+
+Defaults are MOPO's (its ``base_mopo`` configuration): ``h = 5``, ``λ = 1``, real ratio
+0.05, and its rate of model data, 50 000 rollouts per 1 000 updates, as 50 starts per
+update. Where MOPO keeps five epochs of rollouts (1.25 M transitions) the buffer holds
+``buffer_size`` (50 000 by default, the last 200 updates' rollouts): a state vmapped over
+seeds on a CPU cannot carry a million transitions per seed.
+
+The model is handed in (:class:`ModelHandle`: the ensemble's pure functions, its elites'
+parameters, the reward scaling and optionally the shield's constraints). Built without
+one (``model=None``) the algorithm initializes and acts (a saved policy needs no model)
+but refuses to update, naming what it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from neorl_industrial.core.agents import sac, td3bc_lag
+from neorl_industrial.core.agents.networks import FrozenConfig
+from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
+from neorl_industrial.core.safety.shield import shield
+
+if TYPE_CHECKING:  # core.models imports core.agents; no import cycle at run time
+    from neorl_industrial.core.models.dynamics import Dynamics, DynamicsParams
+
+__all__ = [
+    "MOPOConfig",
+    "MOPOLagConfig",
+    "MOPOState",
+    "ModelBuffer",
+    "ModelHandle",
+    "ModelTransitions",
+    "RolloutConfig",
+    "make_mopo",
+    "make_mopo_lag",
+    "mixed_batch",
+    "rollout",
+    "uncertainty_penalty",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig(FrozenConfig):
+    """The model-based fields MOPO and MOPO-Lag share (MOPO's defaults).
+
+    Attributes:
+        rollout_horizon: steps ``h`` of every model rollout.
+        penalty_coef: ``λ`` of the reward penalty ``λ u(s, a)``.
+        real_ratio: share of real transitions in the learner's batch.
+        rollout_starts: rollouts started per update (from the real batch's first rows).
+        buffer_size: transitions the model buffer keeps (the newest).
+    """
+
+    rollout_horizon: int = 5
+    penalty_coef: float = 1.0
+    real_ratio: float = 0.05
+    rollout_starts: int = 50
+    buffer_size: int = 50_000
+
+    def check_rollout(self) -> None:
+        """Raises ``ValueError`` naming a model-based field that does not fit."""
+        for name in ("rollout_horizon", "rollout_starts", "buffer_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+        if not self.penalty_coef >= 0.0:
+            raise ValueError(f"penalty_coef: must be >= 0, got {self.penalty_coef}")
+        if not 0.0 <= self.real_ratio <= 1.0:
+            raise ValueError(f"real_ratio: must lie in [0, 1], got {self.real_ratio}")
+        if self.buffer_size < self.rollout_starts * self.rollout_horizon:
+            raise ValueError(
+                f"buffer_size: {self.buffer_size} cannot hold one update's rollouts "
+                f"(rollout_starts x rollout_horizon = "
+                f"{self.rollout_starts * self.rollout_horizon})"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class MOPOConfig(sac.SACConfig, RolloutConfig):
+    """Hyperparameters of MOPO: SAC's (``gamma`` is the discount of the model's
+    transitions and must be the one the real batches are sampled with) and the
+    model-based ones (:class:`RolloutConfig`)."""
+
+    def __post_init__(self) -> None:
+        sac.SACConfig.__post_init__(self)
+        self.check_rollout()
+
+    def learner_config(self) -> sac.SACConfig:
+        """SAC's config of the learner: a batch's ``discounts`` carry γ already, so the
+        learner's own ``gamma`` is 1."""
+        values = {
+            field.name: getattr(self, field.name) for field in dataclasses.fields(sac.SACConfig)
+        }
+        return sac.SACConfig.create(**{**values, "gamma": 1.0})
+
+
+@dataclasses.dataclass(frozen=True)
+class MOPOLagConfig(td3bc_lag.TD3BCLagConfig, RolloutConfig):
+    """Hyperparameters of MOPO-Lag: TD3BC-Lag's (the learner; ``discount`` is that of the
+    model's transitions) and the model-based ones (:class:`RolloutConfig`)."""
+
+    def __post_init__(self) -> None:
+        td3bc_lag.TD3BCLagConfig.__post_init__(self)
+        self.check_rollout()
+
+    def learner_config(self) -> td3bc_lag.TD3BCLagConfig:
+        values = {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(td3bc_lag.TD3BCLagConfig)
+        }
+        return td3bc_lag.TD3BCLagConfig.create(**values)
+
+
+class ModelHandle(NamedTuple):
+    """What MOPO needs of a fitted plant model.
+
+    Attributes:
+        dynamics: the ensemble's pure functions (``PlantModel.dynamics``).
+        params: the elites' parameters, leading member axis (``PlantModel.params(seed)``).
+        reward_shift: the run's reward scaling ``r -> (r + shift) * scale``, which the
+            real batches have had, applied to the model's rewards.
+        reward_scale: see ``reward_shift``.
+        constraints: the shield's compiled constraints in plant units, or None (no
+            shield).
+    """
+
+    dynamics: Dynamics
+    params: DynamicsParams
+    reward_shift: float = 0.0
+    reward_scale: float = 1.0
+    constraints: Any = None
+
+
+class ModelTransitions(NamedTuple):
+    """Transitions of model rollouts, leading axes as produced."""
+
+    observations: jax.Array
+    actions: jax.Array  # in the policy's [-1, 1], after the shield
+    rewards: jax.Array  # penalized, in the learner's units
+    costs: jax.Array
+    next_observations: jax.Array
+    discounts: jax.Array  # γ, or 0 after a terminal state
+    penalties: jax.Array  # u(s, a), before λ
+    overridden: jax.Array  # the shield changed the policy's action
+
+
+@struct.dataclass
+class ModelBuffer:
+    """The newest model transitions (a circular buffer)."""
+
+    observations: jax.Array  # [N, obs]
+    actions: jax.Array  # [N, act]
+    rewards: jax.Array  # [N]
+    costs: jax.Array  # [N, n_costs]
+    next_observations: jax.Array  # [N, obs]
+    discounts: jax.Array  # [N]
+    position: jax.Array  # [] next row written
+    size: jax.Array  # [] rows filled
+
+    @classmethod
+    def empty(cls, capacity: int, obs_size: int, action_size: int, n_costs: int) -> ModelBuffer:
+        zeros = jnp.zeros
+        return cls(
+            observations=zeros((capacity, obs_size), jnp.float32),
+            actions=zeros((capacity, action_size), jnp.float32),
+            rewards=zeros((capacity,), jnp.float32),
+            costs=zeros((capacity, n_costs), jnp.float32),
+            next_observations=zeros((capacity, obs_size), jnp.float32),
+            discounts=zeros((capacity,), jnp.float32),
+            position=jnp.zeros((), jnp.int32),
+            size=jnp.zeros((), jnp.int32),
+        )
+
+    def add(self, transitions: ModelTransitions) -> ModelBuffer:
+        """The buffer with ``transitions`` (any leading axes, flattened) written over
+        its oldest rows."""
+        capacity = self.rewards.shape[0]
+        count = transitions.rewards.size
+        rows = (self.position + jnp.arange(count)) % capacity
+
+        def write(stored: jax.Array, new: jax.Array) -> jax.Array:
+            return stored.at[rows].set(new.reshape(count, *stored.shape[1:]).astype(stored.dtype))
+
+        return self.replace(
+            observations=write(self.observations, transitions.observations),
+            actions=write(self.actions, transitions.actions),
+            rewards=write(self.rewards, transitions.rewards),
+            costs=write(self.costs, transitions.costs),
+            next_observations=write(self.next_observations, transitions.next_observations),
+            discounts=write(self.discounts, transitions.discounts),
+            position=(self.position + count) % capacity,
+            size=jnp.minimum(self.size + count, capacity),
+        )
+
+    def sample(self, key: jax.Array, count: int) -> Batch:
+        """``count`` transitions drawn uniformly from the filled rows."""
+        rows = jax.random.randint(key, (count,), 0, jnp.maximum(self.size, 1))
+        return Batch(
+            observations=self.observations[rows],
+            actions=self.actions[rows],
+            rewards=self.rewards[rows],
+            costs=self.costs[rows],
+            next_observations=self.next_observations[rows],
+            terminals=self.discounts[rows] == 0.0,
+            discounts=self.discounts[rows],
+        )
+
+
+@struct.dataclass
+class MOPOState:
+    """The learner's state and the model buffer. ``policy`` is the learner's (what an
+    Agent saves and exports), and ``replace(policy=...)`` sets it there."""
+
+    learner: Any
+    buffer: ModelBuffer
+
+    @property
+    def policy(self) -> Any:
+        return self.learner.policy
+
+    @property
+    def step(self) -> jax.Array:
+        return self.learner.step
+
+
+def _replace_state(state: MOPOState, **changes: Any) -> MOPOState:
+    """``state`` with ``changes``; ``policy`` goes to the learner's state."""
+    if "policy" in changes:
+        learner = changes.get("learner", state.learner)
+        changes["learner"] = learner.replace(policy=changes.pop("policy"))
+    return dataclasses.replace(state, **changes)
+
+
+# flax's ``struct.dataclass`` sets its own ``replace``; MOPO's routes ``policy``.
+MOPOState.replace = _replace_state
+
+
+def uncertainty_penalty(dynamics: Dynamics, params: DynamicsParams, observation, action):
+    """MOPO's ``u(s, a) = max_i ||σ_i(s, a)||``: the largest over the members of the norm
+    of the predicted standard deviation of the learned targets, in normalized units
+    (targets constant in the data are left out). One observation (raw) and action (in
+    [-1, 1])."""
+    predictions = jax.vmap(dynamics.predict, in_axes=(0, None, None, None))(
+        params.networks, params, observation, action
+    )
+    learned = 1.0 - params.target_fixed.astype(jnp.float32)
+    norms = jnp.sqrt(jnp.sum(jnp.square(jnp.exp(predictions.log_std)) * learned, axis=-1))
+    return jnp.max(norms)
+
+
+def _plant_action(params: DynamicsParams, action: jax.Array) -> jax.Array:
+    return params.action_low + (action + 1.0) * 0.5 * (params.action_high - params.action_low)
+
+
+def _policy_action(params: DynamicsParams, plant: jax.Array) -> jax.Array:
+    span = jnp.where(
+        params.action_high > params.action_low, params.action_high - params.action_low, 1.0
+    )
+    return 2.0 * (plant - params.action_low) / span - 1.0
+
+
+def rollout(
+    model: ModelHandle,
+    act: Any,
+    policy_params: Any,
+    start: jax.Array,
+    key: jax.Array,
+    horizon: int,
+    penalty_coef: float | jax.Array,
+    discount: float,
+) -> ModelTransitions:
+    """One model rollout of ``horizon`` steps from the raw observation ``start`` (a
+    ``lax.scan``): the policy's stochastic action (``act(policy_params, observation, key,
+    deterministic=False)``), repaired by the shield in plant units when the model has
+    constraints (the previous action unknown at the start), one random elite's sampled
+    step, the reward scaled and penalized. After a terminal or non-finite prediction the
+    rollout starts again from ``start``.
+
+    Returns:
+        :class:`ModelTransitions` with a leading ``[horizon]`` axis.
+    """
+    dynamics, params = model.dynamics, model.params
+    n_members = params.n_members
+    action_size = dynamics.layout.action_size
+
+    def body(carry, step_key):
+        observation, previous = carry
+        act_key, member_key, model_key = jax.random.split(step_key, 3)
+        proposed = act(policy_params, observation, act_key, deterministic=False)
+        action, overridden = proposed, jnp.zeros((), bool)
+        if model.constraints is not None:
+            safe, report = shield(
+                model.constraints, observation, _plant_action(params, proposed), previous
+            )
+            action = jnp.clip(_policy_action(params, safe), -1.0, 1.0)
+            overridden = report.overridden
+            previous = safe
+        member = jax.random.randint(member_key, (), 0, n_members)
+        next_observation, reward, costs, done = dynamics.transition(
+            params, observation, action, model_key, member
+        )
+        penalty = uncertainty_penalty(dynamics, params, observation, action)
+        finite = jnp.all(jnp.isfinite(next_observation)) & jnp.isfinite(reward)
+        finite = finite & jnp.all(jnp.isfinite(costs)) & jnp.isfinite(penalty)
+        reward = (reward + model.reward_shift) * model.reward_scale - penalty_coef * penalty
+        ended = done | ~finite
+        transition = ModelTransitions(
+            observations=observation,
+            actions=action,
+            rewards=jnp.where(finite, reward, 0.0),
+            costs=jnp.where(finite, costs, 0.0),
+            next_observations=jnp.where(finite, next_observation, observation),
+            discounts=jnp.where(ended, 0.0, discount).astype(jnp.float32),
+            penalties=jnp.where(finite, penalty, 0.0),
+            overridden=overridden,
+        )
+        restart_previous = jnp.full((action_size,), jnp.nan, jnp.float32)
+        carry = (
+            jnp.where(ended, start, next_observation),
+            jnp.where(ended, restart_previous, previous),
+        )
+        return carry, transition
+
+    previous = jnp.full((action_size,), jnp.nan, jnp.float32)
+    _, transitions = jax.lax.scan(body, (start, previous), jax.random.split(key, horizon))
+    return transitions
+
+
+def mixed_batch(real: Batch, buffer: ModelBuffer, key: jax.Array, real_ratio: float) -> Batch:
+    """The learner's batch: ``round(real_ratio * B)`` rows of the real batch and the rest
+    drawn from the model buffer (``B`` the real batch's size)."""
+    size = real.rewards.shape[0]
+    n_real = round(real_ratio * size)
+    model = buffer.sample(key, size - n_real)
+    head = jax.tree.map(lambda leaf: leaf[:n_real], real)
+    return jax.tree.map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)], axis=0), head, model)
+
+
+def _require(model: ModelHandle | None, name: str) -> ModelHandle:
+    if model is None:
+        raise ValueError(
+            f"{name}: training needs a fitted plant model (a ModelHandle: the ensemble's "
+            "dynamics and elite parameters); build the algorithm with model=... (e.g. from "
+            "`neorl-industrial model fit`); acting needs none"
+        )
+    return model
+
+
+def _model_based(
+    name: str,
+    config: RolloutConfig,
+    learner: Algorithm,
+    learner_update: Any,
+    obs_size: int,
+    action_size: int,
+    discount: float,
+    model: ModelHandle | None,
+    default_costs: int,
+) -> Algorithm:
+    """``learner`` trained on MOPO's mix of real and penalized model transitions
+    (``default_costs``: the buffer's cost channels when there is no model)."""
+    if model is not None:
+        layout = model.dynamics.layout
+        if (layout.observation_size, layout.action_size) != (obs_size, action_size):
+            raise ValueError(
+                f"model: predicts observations of {layout.observation_size} and actions of "
+                f"{layout.action_size} features, the agent has {obs_size} and {action_size}"
+            )
+
+    # Without a model the state is a template (a saved policy's shapes) that cannot train.
+    n_costs = default_costs if model is None else model.dynamics.layout.n_costs
+
+    def init(key: jax.Array) -> MOPOState:
+        return MOPOState(
+            learner=learner.init(key),
+            buffer=ModelBuffer.empty(config.buffer_size, obs_size, action_size, n_costs),
+        )
+
+    def update(state: MOPOState, batch: Batch, key: jax.Array) -> tuple[MOPOState, Metrics]:
+        handle = _require(model, name)
+        if batch.observations.shape[0] < config.rollout_starts:
+            raise ValueError(
+                f"rollout_starts: {config.rollout_starts} starts need batches of at least as "
+                f"many rows, got {batch.observations.shape[0]}"
+            )
+        rollout_key, mix_key, learner_key = jax.random.split(key, 3)
+        starts = batch.observations[: config.rollout_starts]
+
+        def one(start: jax.Array, start_key: jax.Array) -> ModelTransitions:
+            return rollout(
+                handle,
+                learner.act,
+                state.learner.policy,
+                start,
+                start_key,
+                config.rollout_horizon,
+                config.penalty_coef,
+                discount,
+            )
+
+        transitions = jax.vmap(one)(starts, jax.random.split(rollout_key, config.rollout_starts))
+        buffer = state.buffer.add(transitions)
+        mixed = mixed_batch(batch, buffer, mix_key, config.real_ratio)
+        learner_state, metrics = learner_update(state.learner, mixed, learner_key)
+        metrics = {
+            **metrics,
+            "model_penalty": jnp.mean(transitions.penalties),
+            "model_reward": jnp.mean(transitions.rewards),
+            "model_cost": jnp.mean(jnp.sum(transitions.costs, axis=-1)),
+            "model_overridden": jnp.mean(transitions.overridden.astype(jnp.float32)),
+            "model_ended": jnp.mean((transitions.discounts == 0.0).astype(jnp.float32)),
+        }
+        return MOPOState(learner=learner_state, buffer=buffer), metrics
+
+    return Algorithm(init=init, update=update, act=learner.act)
+
+
+def make_mopo(
+    config: MOPOConfig, obs_size: int, action_size: int, model: ModelHandle | None = None
+) -> Algorithm:
+    """MOPO as ``Algorithm(init, update, act)``: SAC on real and penalized model data."""
+    learner = sac.make_sac(config.learner_config(), obs_size, action_size)
+
+    def learner_update(state: Any, batch: Batch, key: jax.Array):
+        sac_batch = sac.Batch(
+            observations=batch.observations,
+            actions=batch.actions,
+            rewards=batch.rewards,
+            next_observations=batch.next_observations,
+            discounts=batch.discounts,
+        )
+        return learner.update(state, sac_batch, key)
+
+    return _model_based(
+        "mopo", config, learner, learner_update, obs_size, action_size, config.gamma, model, 0
+    )
+
+
+def make_mopo_lag(
+    config: MOPOLagConfig, obs_size: int, action_size: int, model: ModelHandle | None = None
+) -> Algorithm:
+    """MOPO-Lag as ``Algorithm(init, update, act)``: TD3BC-Lag on real and penalized
+    model data, the model's costs included."""
+    learner = td3bc_lag.make_td3bc_lag(config.learner_config(), obs_size, action_size)
+    if model is not None and model.dynamics.layout.n_costs != len(config.cost_limits):
+        raise ValueError(
+            f"cost_limits: {len(config.cost_limits)} limits for a model of "
+            f"{model.dynamics.layout.n_costs} cost channels"
+        )
+    return _model_based(
+        "mopo-lag",
+        config,
+        learner,
+        learner.update,
+        obs_size,
+        action_size,
+        config.discount,
+        model,
+        len(config.cost_limits),
+    )
