@@ -159,3 +159,20 @@ def test_the_logged_replay_shares_the_noise_of_the_policies(model):
 def _constant_act(params, observation, key=None, deterministic=True):
     del observation, key, deterministic
     return params
+
+
+def test_disagreement_measured_every_few_steps_counts_the_same_steps(model, rolled):
+    dynamics, params, _, starts = model
+    _, lengths, every_step = rolled
+    program = jax.jit(
+        make_policy_rollouts(
+            dynamics, act, horizon=HORIZON, discount=0.9, close_after=4, disagreement_every=5
+        )
+    )
+    sums = jax.device_get(program(POLICIES, params, starts, lengths, jax.random.PRNGKey(1)))
+    # 12 steps in blocks of 5 (padded to 15): the same steps counted, the same closing
+    # weights, a held disagreement of the same size as one measured every step.
+    np.testing.assert_array_equal(sums.steps, every_step.steps)
+    np.testing.assert_allclose(sums.closing_weight, every_step.closing_weight)
+    ratio = sums.total_uncertainty.sum() / every_step.total_uncertainty.sum()
+    assert 0.5 < ratio < 2.0

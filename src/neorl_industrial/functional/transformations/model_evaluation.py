@@ -19,7 +19,10 @@ the horizon) and until the model predicts a terminal state: the reward and every
 channel, discounted (``γ^t``) and not; and the step's *uncertainty* ``u_t``, the members'
 disagreement on the new frame in units of each feature's spread (mean over features)
 plus how far the observation and action lie outside the data's range
-(:func:`~neorl_industrial.core.models.dynamics.out_of_distribution`). The sums of ``u_t``
+(:func:`~neorl_industrial.core.models.dynamics.out_of_distribution`). Measuring the
+disagreement makes every member predict (``M`` times a member's work), so it is measured
+every ``disagreement_every`` steps and held in between; the out-of-distribution excess
+is measured at every step. The sums of ``u_t``
 are linear in the penalty, so the host chooses the pessimism after the program ran:
 a pessimistic return is ``return - λ σ_r Σ u_t`` and a pessimistic cost ``cost + λ σ_c
 Σ u_t`` (``σ`` the signal's per-step spread in the data), MOPO's penalty with the
@@ -167,21 +170,46 @@ def _model_step(
     key: jax.Array,
     member: jax.Array,
     deterministic: bool,
-    pessimism: bool,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
-    """``(next_observation, reward, costs, done, uncertainty, outside)`` of one step in
-    ``member``. With ``pessimism`` every member predicts (their disagreement is the
-    uncertainty); without, only ``member`` does and the uncertainty is the
-    out-of-distribution excess alone."""
+    measure: bool,
+    held: jax.Array,
+) -> tuple[jax.Array, ...]:
+    """``(next_observation, reward, costs, done, disagreement, ood)`` of one step in
+    ``member``. With ``measure`` every member predicts and their disagreement is
+    measured; otherwise only ``member`` predicts and ``held`` (the last measured
+    disagreement) is passed on."""
     ood = out_of_distribution(params, observation, action)
-    if pessimism:
+    if measure:
         out = dynamics.step(params, observation, action, key, member, deterministic)
-        uncertainty = step_uncertainty(params, out.member_std, ood, dynamics.layout.frame_size)
-        return out.next_observation, out.reward, out.costs, out.done, uncertainty, ood > 0.0
+        disagreement = step_uncertainty(params, out.member_std, 0.0, dynamics.layout.frame_size)
+        return out.next_observation, out.reward, out.costs, out.done, disagreement, ood
     next_observation, reward, costs, done = dynamics.transition(
         params, observation, action, key, member, deterministic
     )
-    return next_observation, reward, costs, done, ood, ood > 0.0
+    return next_observation, reward, costs, done, held, ood
+
+
+def _padded(horizon: int, every: int) -> int:
+    """The horizon rounded up to whole blocks of ``every`` steps."""
+    return horizon if every <= 1 else -(-horizon // every) * every
+
+
+def _scan_blocks(advance: Callable[..., Any], carry: Any, xs: Any, every: int) -> Any:
+    """``carry`` after ``advance(carry, x, measure)`` over the leading axis of ``xs``:
+    ``measure`` on the first step of every block of ``every`` steps (every step for 1,
+    never for 0). Static structure: an outer scan over blocks, an inner one within."""
+    if every <= 1:
+        carry, _ = jax.lax.scan(lambda c, x: (advance(c, x, every == 1), None), carry, xs)
+        return carry
+    blocks = jax.tree.map(lambda a: a.reshape(a.shape[0] // every, every, *a.shape[1:]), xs)
+
+    def block(carry, xb):
+        carry = advance(carry, jax.tree.map(lambda a: a[0], xb), True)
+        rest = jax.tree.map(lambda a: a[1:], xb)
+        carry, _ = jax.lax.scan(lambda c, x: (advance(c, x, False), None), carry, rest)
+        return carry, None
+
+    carry, _ = jax.lax.scan(block, carry, blocks)
+    return carry
 
 
 def make_policy_rollouts(
@@ -194,7 +222,7 @@ def make_policy_rollouts(
     scaler: Any = None,
     close_after: int = 0,
     deterministic: bool = False,
-    pessimism: bool = True,
+    disagreement_every: int = 1,
 ) -> Callable[..., RolloutSums]:
     """The compiled-ready program ``rollouts(policy_params, dynamics_params, starts,
     lengths, key) -> RolloutSums`` with leading axes ``[P, M, N]``.
@@ -209,8 +237,11 @@ def make_policy_rollouts(
         scaler: the task's ``ActionScaler`` (None: actions are in plant units already).
         close_after: ``k`` of the head sums and closing observation (0: none kept).
         deterministic: follow each member's mean instead of sampling its noise.
-        pessimism: measure the members' disagreement at every step (every member
-            predicts; ``M`` times the work of one member).
+        disagreement_every: measure the members' disagreement every this many steps
+            (every member predicts on those steps, ``M`` times the work of one member;
+            the measure holds until the next); 0: never (the uncertainty is then the
+            out-of-distribution excess alone). The out-of-distribution excess is
+            measured at every step.
 
     The program's inputs: ``policy_params`` stacked on a leading axis ``P``;
     ``dynamics_params`` with ``M`` members; ``starts [N, obs_size]``; ``lengths [N]``
@@ -218,10 +249,11 @@ def make_policy_rollouts(
     and start ``n`` is the same for every policy (and for :func:`make_logged_replay`).
     """
     n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
+    padded = _padded(horizon, disagreement_every)
 
     def one(policy_params, params, member, start, length, key):
-        def body(carry, inputs):
-            observation, previous, alive, sums = carry
+        def advance(carry, inputs, measure):
+            observation, previous, alive, held, sums = carry
             t, step_key = inputs
             proposed = act(policy_params, observation, None, deterministic=True)
             action, overridden = proposed, jnp.zeros((), bool)
@@ -231,8 +263,16 @@ def make_policy_rollouts(
                 previous = safe
                 action = safe if scaler is None else scaler.scale(safe)
                 overridden = report.overridden
-            next_observation, reward, costs, done, uncertainty, outside = _model_step(
-                dynamics, params, observation, action, step_key, member, deterministic, pessimism
+            next_observation, reward, costs, done, held, ood = _model_step(
+                dynamics,
+                params,
+                observation,
+                action,
+                step_key,
+                member,
+                deterministic,
+                measure,
+                held,
             )
             counted = alive & (t < length)
             alive_after = alive & ~done
@@ -244,19 +284,20 @@ def make_policy_rollouts(
                 close_after,
                 reward,
                 costs,
-                uncertainty,
-                outside,
+                held + ood,
+                ood > 0.0,
                 overridden,
                 next_observation,
                 alive_after,
             )
             observation = jnp.where(counted, next_observation, observation)
-            return (observation, previous, alive_after, sums), None
+            return observation, previous, alive_after, held, sums
 
         previous = jnp.full((dynamics.layout.action_size,), jnp.nan, jnp.float32)
-        carry = (start, previous, jnp.ones((), bool), _zeros(n_costs, obs_size))
-        steps = (jnp.arange(horizon), jax.random.split(key, horizon))
-        (_, _, _, sums), _ = jax.lax.scan(body, carry, steps)
+        zero = jnp.zeros((), jnp.float32)
+        carry = (start, previous, jnp.ones((), bool), zero, _zeros(n_costs, obs_size))
+        steps = (jnp.arange(padded), jax.random.split(key, padded))
+        *_, sums = _scan_blocks(advance, carry, steps, disagreement_every)
         return sums
 
     def rollouts(policy_params, params, starts, lengths, key):
@@ -277,21 +318,30 @@ def make_logged_replay(
     discount: float,
     close_after: int = 0,
     deterministic: bool = False,
-    pessimism: bool = True,
+    disagreement_every: int = 1,
 ) -> Callable[..., RolloutSums]:
     """The logged operation by the same estimator: ``replay(dynamics_params, starts,
     actions, lengths, key) -> RolloutSums`` with leading axes ``[M, N]``, the logged
     actions ``[N, horizon, action_size]`` (in [-1, 1]) of each start's episode replayed
-    open loop in every member (no shield: they were applied). Same keys as
-    :func:`make_policy_rollouts` for the same ``key``."""
+    open loop in every member (no shield: they were applied). Same keys and options as
+    :func:`make_policy_rollouts`."""
     n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
+    padded = _padded(horizon, disagreement_every)
 
     def one(params, member, start, actions, length, key):
-        def body(carry, inputs):
-            observation, alive, sums = carry
+        def advance(carry, inputs, measure):
+            observation, alive, held, sums = carry
             t, action, step_key = inputs
-            next_observation, reward, costs, done, uncertainty, outside = _model_step(
-                dynamics, params, observation, action, step_key, member, deterministic, pessimism
+            next_observation, reward, costs, done, held, ood = _model_step(
+                dynamics,
+                params,
+                observation,
+                action,
+                step_key,
+                member,
+                deterministic,
+                measure,
+                held,
             )
             counted = alive & (t < length)
             alive_after = alive & ~done
@@ -303,18 +353,20 @@ def make_logged_replay(
                 close_after,
                 reward,
                 costs,
-                uncertainty,
-                outside,
+                held + ood,
+                ood > 0.0,
                 jnp.zeros((), bool),
                 next_observation,
                 alive_after,
             )
             observation = jnp.where(counted, next_observation, observation)
-            return (observation, alive_after, sums), None
+            return observation, alive_after, held, sums
 
-        carry = (start, jnp.ones((), bool), _zeros(n_costs, obs_size))
-        steps = (jnp.arange(horizon), actions, jax.random.split(key, horizon))
-        (_, _, sums), _ = jax.lax.scan(body, carry, steps)
+        zero = jnp.zeros((), jnp.float32)
+        carry = (start, jnp.ones((), bool), zero, _zeros(n_costs, obs_size))
+        actions = jnp.pad(actions, ((0, padded - actions.shape[0]), (0, 0)), mode="edge")
+        steps = (jnp.arange(padded), actions, jax.random.split(key, padded))
+        *_, sums = _scan_blocks(advance, carry, steps, disagreement_every)
         return sums
 
     def replay(params, starts, actions, lengths, key):

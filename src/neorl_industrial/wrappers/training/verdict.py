@@ -100,6 +100,8 @@ class VerdictSettings:
         max_starts: starting states at most (every held-out episode's first state first).
         close_after: ``k`` model steps before ``model+fqe`` closes with FQE's value.
         penalty: ``λ`` of the pessimism (0: none; see the module docstring).
+        disagreement_every: model steps between measurements of the members'
+            disagreement (each makes every member predict; 1: every step).
         discount: γ of the discounted estimates.
         level: of the intervals (the decision uses its lower and upper bounds).
         bootstrap: resamples of the intervals.
@@ -117,6 +119,7 @@ class VerdictSettings:
     max_starts: int = 100
     close_after: int = 20
     penalty: float = 1.0
+    disagreement_every: int = 10
     discount: float = 0.99
     level: float = 0.95
     bootstrap: int = 2000
@@ -133,7 +136,14 @@ class VerdictSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "fqe_seeds", tuple(int(s) for s in self.fqe_seeds))
         object.__setattr__(self, "fqe_hidden", tuple(int(s) for s in self.fqe_hidden))
-        for name in ("horizon", "max_starts", "close_after", "bootstrap", "fqe_updates"):
+        for name in (
+            "horizon",
+            "max_starts",
+            "close_after",
+            "disagreement_every",
+            "bootstrap",
+            "fqe_updates",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise VerdictError(f"{name}: expected a positive integer, got {value!r}")
@@ -440,7 +450,7 @@ def model_verdict(
         discount=settings.discount,
         close_after=min(close, horizon) if close else 0,
         deterministic=settings.deterministic,
-        pessimism=settings.penalty > 0,
+        disagreement_every=settings.disagreement_every if settings.penalty > 0 else 0,
     )
     rollouts = jax.jit(
         make_policy_rollouts(dynamics, act, constraints=constraints, scaler=scaler, **options)

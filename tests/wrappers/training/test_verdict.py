@@ -1,0 +1,244 @@
+"""The verdict on a plant log with no simulator, where the truth is known (the log's
+heater follows ``T' = 0.8 T + 0.2 (300 + valve) + noise``): a clearly better controller
+is recommended, a policy no better than the operators is not, pessimism lowers a policy
+that leaves the data, and a limited cost with too few events held out blocks any
+recommendation."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pytest
+
+from neorl_industrial.core.models import DynamicsConfig
+from neorl_industrial.functional.state_management import ActionScaler
+from neorl_industrial.integration.datasets import load_any
+from neorl_industrial.wrappers.models import FitSettings, PlantModel
+from neorl_industrial.wrappers.training.verdict import (
+    KEEP,
+    VerdictError,
+    VerdictSettings,
+    check_not_trained_on,
+    episode_digests,
+    model_verdict,
+)
+
+SCHEMA = """\
+name: heater-verdict
+timestamp: time
+sampling_period: 60
+observations:
+  - {column: temperature, unit: degC, bounds: [0, 500]}
+actions:
+  - {column: valve, unit: "%", bounds: [0, 100]}
+reward: -abs(temperature - 350) - 0.01 * valve
+costs:
+  - {name: overheating, expression: "max(temperature - 365, 0)", limit: 5.0}
+  - {name: alarm}
+"""
+OPERATOR_NOISE = 8.0
+
+
+def heater_step(t, v, rng):
+    return 0.8 * t + 0.2 * (300 + v) + rng.normal(0, 0.5)
+
+
+def write_log(path, episodes: int, steps: int, seed: int = 0):
+    """The operators: ``valve = 50 + 0.8 (350 - T) + N(0, 8)``; an alarm column (learned,
+    it never fires in this log's range)."""
+    rng = np.random.default_rng(seed)
+    seconds, temperature, valve = [], [], []
+    stamp = 0
+    for _ in range(episodes):
+        t = rng.uniform(335, 365)
+        for _ in range(steps + 1):
+            v = float(np.clip(50 + 0.8 * (350 - t) + rng.normal(0, OPERATOR_NOISE), 0, 100))
+            seconds.append(stamp)
+            temperature.append(t)
+            valve.append(v)
+            t = heater_step(t, v, rng)
+            stamp += 60
+        stamp += 3600
+    table = pa.table(
+        {
+            "time": pa.array(np.datetime64("2024-03-01T00:00:00", "s") + np.asarray(seconds)),
+            "temperature": temperature,
+            "valve": valve,
+            "alarm": np.zeros(len(seconds)),
+        }
+    )
+    pcsv.write_csv(table, path)
+
+
+def act(params, observation, key=None, deterministic=True):
+    """``valve = 50 + gain (350 - T) + bias``, in the policy's [-1, 1]."""
+    del key, deterministic
+    valve = 50.0 + params["gain"] * (350.0 - observation[0]) + params["bias"]
+    return jnp.clip(valve / 50.0 - 1.0, -1.0, 1.0)[None]
+
+
+NAMES = ["controller", "biased", "full-open"]
+CANDIDATES = {"gain": jnp.asarray([0.8, 0.8, 0.0]), "bias": jnp.asarray([0.0, 8.0, 50.0])}
+
+
+def true_discounted_return(gain, bias, starts, steps, noise, seed=0, discount=0.99):
+    """The heater's true discounted return under ``valve = 50 + gain (350 - T) + bias +
+    N(0, noise)`` from ``starts``, by simulation (the truth the log came from)."""
+    rng = np.random.default_rng(seed)
+    total = 0.0
+    for start in starts:
+        t, value = float(start), 0.0
+        for step in range(steps):
+            v = float(np.clip(50 + gain * (350 - t) + bias + rng.normal(0, noise), 0, 100))
+            value += discount**step * (-abs(t - 350) - 0.01 * v)
+            t = heater_step(t, v, rng)
+        total += value
+    return total / len(starts)
+
+
+@pytest.fixture(scope="module")
+def plant(tmp_path_factory):
+    root = tmp_path_factory.mktemp("heater")
+    write_log(root / "log.csv", episodes=30, steps=40)
+    (root / "schema.yaml").write_text(textwrap.dedent(SCHEMA))
+    dataset, card = load_any(root / "log.csv", schema=root / "schema.yaml")
+    task = card.task(dataset)
+    model = PlantModel(
+        task,
+        DynamicsConfig(hidden=(32, 32), n_members=3, n_elites=3),
+        definitions=card.definitions,
+    )
+    model.fit(
+        dataset,
+        FitSettings(max_updates=1000, chunk_updates=500, batch_size=64, horizon=10, windows=16),
+        dataset_name=card.name,
+    )
+    scaler = ActionScaler.create(task.action_low, task.action_high, task.action_names)
+    holdout = np.asarray(model.card["dataset"]["holdout_episodes"])
+    heldout = dataset.select_episodes(holdout)
+    heldout = heldout.replace(actions=scaler.scale(heldout.actions))
+    return {"task": task, "dataset": dataset, "model": model, "scaler": scaler, "heldout": heldout}
+
+
+def verdict_of(plant, params=CANDIDATES, names=NAMES, limits=(5.0, np.inf), **settings):
+    settings = {"fqe": False, "horizon": 40, "bootstrap": 500} | settings
+    return model_verdict(
+        act=act,
+        policy_params=params,
+        names=names,
+        heldout=plant["heldout"],
+        plant_model=plant["model"],
+        scaler=plant["scaler"],
+        cost_limits=limits,
+        cost_names=plant["task"].cost_names,
+        settings=VerdictSettings(**settings),
+    )
+
+
+@pytest.fixture(scope="module")
+def full(plant):
+    """All three estimators (FQE and the behaviour clone briefly trained)."""
+    return verdict_of(plant, fqe=True, fqe_updates=400, bc_updates=400)
+
+
+def estimate(verdict, name, estimator):
+    candidate = next(c for c in verdict.candidates if c["name"] == name)
+    return next(e for e in candidate["estimates"] if e["estimator"] == estimator)
+
+
+def test_the_truth_says_the_controller_beats_the_operators(plant):
+    starts = np.asarray(plant["heldout"].initial_observations())[:, 0]
+    operators = true_discounted_return(0.8, 0.0, starts, 40, OPERATOR_NOISE)
+    assert true_discounted_return(0.8, 0.0, starts, 40, 0.0) > operators + 5
+    assert true_discounted_return(0.8, 8.0, starts, 40, 0.0) < operators - 5
+    assert true_discounted_return(0.0, 50.0, starts, 40, 0.0) < operators - 100
+
+
+def test_a_clearly_better_controller_is_recommended_by_every_deciding_estimator(full):
+    assert full.decision == "recommend" and full.recommended == "controller"
+    assert full.estimators == ("model", "fqe", "model+fqe")
+    assert full.deciding == ("model", "model+fqe")
+    for estimator in full.deciding:
+        assert estimate(full, "controller", estimator)["improvement"]["lower"] > 0
+    assert full.statement.startswith("Recommend controller")
+    # One form everywhere: labelled estimates, estimators named, JSON as it is.
+    data = json.loads(json.dumps(full.to_dict()))
+    assert data["kind"] == "estimate" and data["recommended"] == "controller"
+    metrics = full.metrics()
+    assert metrics["verdict/recommend"] == 1.0
+    assert metrics["verdict/controller/model/improvement_lower"] > 0
+
+
+def test_policies_no_better_than_the_operators_are_not_recommended(full, plant):
+    for name in ("biased", "full-open"):
+        candidate = next(c for c in full.candidates if c["name"] == name)
+        assert not candidate["qualifies"] and candidate["reasons"]
+        assert estimate(full, name, "model")["improvement"]["upper"] < 0
+    full_open = next(c for c in full.candidates if c["name"] == "full-open")
+    assert any("overheating" in reason for reason in full_open["reasons"])
+    # Without the controller the answer is the current operation, said plainly.
+    worse = verdict_of(plant, {k: v[1:] for k, v in CANDIDATES.items()}, NAMES[1:])
+    assert worse.decision == KEEP and worse.recommended is None
+    assert worse.statement.startswith("Keep the current operation")
+
+
+def test_the_logged_operation_is_estimated_near_its_logged_return(full):
+    model = full.behaviour["estimates"][0]
+    assert model["estimator"] == "model"
+    logged = full.behaviour["logged_discounted_return"]
+    assert abs(model["discounted_return"]["value"] - logged) < 0.25 * abs(logged)
+
+
+def test_pessimism_lowers_a_policy_that_leaves_the_data(plant):
+    pessimistic = verdict_of(plant)
+    trusting = verdict_of(plant, penalty=0.0)
+    lowered = {
+        name: estimate(trusting, name, "model")["discounted_return"]["value"]
+        - estimate(pessimistic, name, "model")["discounted_return"]["value"]
+        for name in NAMES
+    }
+    assert estimate(pessimistic, "full-open", "model")["outside_data_share"] > 0.5
+    assert estimate(pessimistic, "controller", "model")["outside_data_share"] < 0.1
+    assert lowered["full-open"] > 10 * max(lowered["controller"], 1e-6)
+    assert lowered["controller"] >= 0
+
+
+def test_a_limited_cost_without_events_blocks_any_recommendation(plant):
+    verdict = verdict_of(plant, limits=(5.0, 1.0))  # alarm: learned, no event held out
+    assert verdict.decision == KEEP
+    controller = next(c for c in verdict.candidates if c["name"] == "controller")
+    assert any("'alarm': insufficient evidence" in reason for reason in controller["reasons"])
+    cost = next(
+        c for c in estimate(verdict, "controller", "model")["costs"] if c["channel"] == "alarm"
+    )
+    assert cost["evidence"] == "insufficient evidence" and cost["events"] == 0
+    # The computed channel needs no events: the model computes it from the temperature.
+    overheating = estimate(verdict, "controller", "model")["costs"][0]
+    assert overheating["evidence"] == "computed" and overheating["within_limit"] is True
+    assert verdict.evidence["cost_events"] == {"overheating": 0, "alarm": 0}
+
+
+def test_training_episodes_are_recognised(plant):
+    dataset = plant["dataset"]
+    trained = plant["model"].card["dataset"]["train_episodes"]
+    digests = episode_digests(dataset)
+    assert len(set(digests)) == dataset.n_episodes
+    heldout = dataset.select_episodes(
+        np.asarray(plant["model"].card["dataset"]["holdout_episodes"])
+    )
+    trained_digests = [digests[i] for i in trained]
+    check_not_trained_on(heldout, trained_digests, name="held out")  # no overlap: passes
+    with pytest.raises(VerdictError, match=r"24 of its 30 episodes .* trained on"):
+        check_not_trained_on(dataset, trained_digests, name="log.csv")
+
+
+def test_bad_settings_and_candidates_are_refused(plant):
+    with pytest.raises(VerdictError, match="names: 2 names for 3 candidates"):
+        verdict_of(plant, names=NAMES[:2])
+    with pytest.raises(VerdictError, match="horizon: expected a positive integer"):
+        VerdictSettings(horizon=0)
