@@ -49,6 +49,8 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     from scipy import stats
 
     from neorl_industrial.core.environments import make
+    from neorl_industrial.functional.state_management import with_action_scaling
+    from neorl_industrial.functional.transformations import action_scaler_for
 
     results: dict[str, Any] = {}
     for env_id in args.tasks:
@@ -68,12 +70,14 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 started = time.perf_counter()
                 chunk = compiled_chunk(algorithm, args.batch_size, args.chunk)
-                states = init_states(algorithm, task.normalizers, args.seeds)
-                for states, _ in train_chunks(chunk, states, datasets, args.updates):
-                    policies = states.agent.policy
+                fresh = init_states(algorithm, task.normalizers, args.seeds)
+                for trained, _ in train_chunks(chunk, fresh, datasets, args.updates):
+                    policies = trained.agent.policy
                 train_s = time.perf_counter() - started
+                # The policies act in [-1, 1]; the task takes plant units.
+                acting = with_action_scaling(algorithm, action_scaler_for(env))
                 returns = evaluate_all(
-                    algorithm, env, env_params, policies, args.episodes, args.eval_seed
+                    acting, env, env_params, policies, args.episodes, args.eval_seed
                 )  # [dataset, seed, episode]
                 for index, quality in enumerate(task.qualities):
                     card = task.cards[index]
