@@ -1,7 +1,8 @@
 """Peer parity: our offline agents side by side with d3rlpy 2.8's on the same data.
 
-For every algorithm d3rlpy also has - BC, TD3+BC, IQL, CQL (continuous, on ``IB-v0``) and
-discrete BC, discrete CQL (on ``IB-discrete-v0``) - both libraries train on the SAME
+For every algorithm d3rlpy also has - BC, TD3+BC, IQL, CQL (continuous, on ``--task``,
+``IB-v0`` by default, or any task of the suite) and discrete BC, discrete CQL (on
+``--discrete-task``, ``IB-discrete-v0``) - both libraries train on the SAME
 generated dataset (``--trajectories`` episodes of each quality, deterministic given
 ``--data-seed``) with matched hyperparameters, network widths, preprocessing, batch size
 and number of gradient updates, ``--seeds`` seeds each, and both are evaluated by the same
@@ -17,7 +18,10 @@ episodes of the same simulator.
   (:func:`d3rlpy_spec`), the same observation statistics and the same fitted reward scaling.
   Each seed is trained with ``fit`` for exactly the same number of updates.
 
-Preprocessing, identical for both: observations standardized with the dataset's
+Preprocessing, identical for both: a task whose actions are not in [-1, 1] (CSTR,
+FourTank, ...) has the data's actions scaled to [-1, 1] by its actuator bounds (the task's
+``ActionScaler``), and both libraries' policies are evaluated through the same bounds
+back in the plant's units; observations standardized with the dataset's
 per-feature mean and spread (our ``ObservationNormalizer``; d3rlpy's
 ``StandardObservationScaler`` given the same numbers); rewards scaled for training by the
 algorithm's own ``RewardScaling`` (the registry's ``reward_scaling``), fitted once per
@@ -34,6 +38,7 @@ Usage (from the repository root; ``make peer-env`` first)::
     python -m benchmarks.peer_parity                       # the study, writes docs/peer_parity.md
     python -m benchmarks.peer_parity --quick --no-save     # a smoke run of a few minutes
     python -m benchmarks.peer_parity --algorithms td3bc --qualities medium --seeds 2
+    python -m benchmarks.peer_parity --task CSTR-v0 --rows td3bc:medium iql:medium
     python -m benchmarks.peer_parity --rows cql:low --base RESULT.json  # one row again
     python -m benchmarks.peer_parity --page-from RESULT.json  # the page of a saved study
 
@@ -515,6 +520,7 @@ def evaluate_ours(
             evaluation["episodes"],
             evaluation["seed"],
             horizon=evaluation.get("horizon"),
+            action_bounds=evaluation.get("action_bounds"),
         )
         returns.append(episodes.returns)
         digest = episodes.digest
@@ -575,20 +581,32 @@ def study_dataset(
     from neorl_industrial.integration.datasets import generate_dataset, save_native
 
     env, _ = make(env_id)
-    if not env.discrete and action_scaler_for(env) is not None:
-        raise ValueError(f"{env_id}: acts outside [-1, 1]; the benchmark expects IB's units")
+    scaler = None if env.discrete else action_scaler_for(env)
     num_actions = env.num_actions if env.discrete else None
     progress(f"dataset {env_id}-{quality}: {args.trajectories} trajectories")
     dataset, card = generate_dataset(env_id, quality, args.trajectories, seed=args.data_seed)
+    evaluation: dict[str, Any] = {
+        "env_id": env_id,
+        "episodes": args.episodes,
+        "seed": args.eval_seed,
+    }
+    if scaler is not None:
+        # Both libraries learn in [-1, 1] (their tanh policies' range): the data's actions
+        # are scaled by the task's actuator bounds, and both are evaluated through them.
+        dataset = dataset.replace(actions=scaler.scale(dataset.actions))
+        evaluation["action_bounds"] = [
+            np.asarray(scaler.low, np.float64).tolist(),
+            np.asarray(scaler.high, np.float64).tolist(),
+        ]
     path = work_dir / f"{env_id}-{quality}"
     save_native(dataset, path, card)
     normalizer = observation_normalizer(dataset)
-    evaluation = {"env_id": env_id, "episodes": args.episodes, "seed": args.eval_seed}
     behaviour_return = float(card.behaviour_policy.mean_return)
     entry: dict[str, Any] = {
         "env_id": env_id,
         "quality": quality,
         "n_transitions": dataset.n_transitions,
+        "action_scaling": scaler is not None,
         "behaviour_return": behaviour_return,
         "behaviour_score": float(card.normalized_score(behaviour_return)),
         "random_return": card.random_return,
@@ -805,7 +823,7 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
 
     plan: dict[str, dict[str, list[str]]] = {}  # env -> quality -> algorithms
     for name, quality in study_rows(args):
-        env_id = DISCRETE_ENV if algorithm_entry(name).discrete else CONTINUOUS_ENV
+        env_id = args.discrete_task if algorithm_entry(name).discrete else args.task
         plan.setdefault(env_id, {}).setdefault(quality, []).append(name)
     config = {
         "algorithms": list(args.algorithms),
@@ -1104,6 +1122,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument(
+        "--task",
+        default=CONTINUOUS_ENV,
+        help=f"the continuous algorithms' task, any of the suite's (default {CONTINUOUS_ENV}); "
+        "actions outside [-1, 1] are scaled by the task's actuator bounds for both libraries",
+    )
+    parser.add_argument(
+        "--discrete-task",
+        default=DISCRETE_ENV,
+        help=f"the discrete algorithms' task (default {DISCRETE_ENV})",
+    )
+    parser.add_argument(
         "--qualities", nargs="+", choices=QUALITIES, help="default: low medium high"
     )
     parser.add_argument(
@@ -1202,6 +1231,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.qualities = [q for q in QUALITIES if any(q == row[1] for row in args.rows)]
     args.algorithms = list(dict.fromkeys(args.algorithms))
     args.qualities = list(dict.fromkeys(args.qualities))
+    problem = task_problem(args.task, discrete=False) or task_problem(
+        args.discrete_task, discrete=True
+    )
+    if problem:
+        parser.error(problem)
     python = args.peer_python if args.peer_python.is_absolute() else REPO_ROOT / args.peer_python
     try:
         args.peer_python = check_peer_python(python)
@@ -1226,6 +1260,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     elif args.rerun_peer:
         parser.error("--rerun-peer: only with --base")
     return args
+
+
+def task_problem(env_id: str, *, discrete: bool) -> str | None:
+    """What is wrong with ``env_id`` as the continuous (or discrete) algorithms' task, or
+    None: it must be a registered environment with actions of that kind."""
+    from neorl_industrial.core.environments import make, registered_envs
+
+    flag = "--discrete-task" if discrete else "--task"
+    if env_id not in registered_envs():
+        return f"{flag}: unknown environment {env_id!r}; registered: {sorted(registered_envs())}"
+    env, _ = make(env_id)
+    if bool(env.discrete) != discrete:
+        found, wanted = ("continuous", "discrete") if discrete else ("discrete", "continuous")
+        return f"{flag}: {env_id} has {found} actions; expected a task with {wanted} ones"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

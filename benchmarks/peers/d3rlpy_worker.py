@@ -176,6 +176,7 @@ def run(job: Mapping[str, Any]) -> dict[str, Any]:
             int(evaluation["episodes"]),
             int(evaluation["seed"]),
             horizon=evaluation.get("horizon"),
+            action_bounds=evaluation.get("action_bounds"),
         )
         eval_s = time.perf_counter() - started
         digest = episodes.digest

@@ -91,6 +91,7 @@ def evaluate_policy(
     seed: int,
     *,
     horizon: int | None = None,
+    action_bounds: tuple[Any, Any] | None = None,
 ) -> Episodes:
     """Runs ``n_episodes`` whole episodes of ``env_id`` at once under ``policy``.
 
@@ -101,6 +102,9 @@ def evaluate_policy(
         n_episodes: episodes, run side by side.
         seed: the evaluation seed: resets and noise of every step derive from it alone.
         horizon: episode length (default: the environment's own).
+        action_bounds: ``(low, high)`` in the plant's units when ``policy`` acts in
+            [-1, 1] (a task whose actions were scaled for training): its actions are mapped
+            to the bounds as ``ActionScaler.unscale`` does, ``low + (a + 1) (high - low) / 2``.
 
     Returns:
         The returns of the episodes and the digest of their initial observations.
@@ -123,6 +127,10 @@ def evaluate_policy(
     taken = 0
     for key in step_keys:
         actions = _env_actions(policy(observations), env, n_episodes)
+        if action_bounds is not None:
+            low = np.asarray(action_bounds[0], np.float32)
+            high = np.asarray(action_bounds[1], np.float32)
+            actions = low + (actions + np.float32(1.0)) * (np.float32(0.5) * (high - low))
         states, observations, rewards, finished = step(key, states, actions)
         returns += np.where(done, 0.0, np.asarray(rewards, np.float64))
         done |= np.asarray(finished)

@@ -411,6 +411,9 @@ def test_page_has_one_row_per_dataset_and_algorithm_and_flags_failures():
         (["--rows", "td3bc:expert"], "--rows 'td3bc:expert': expected ALGORITHM:QUALITY"),
         (["--rows", "sac:low"], "--rows 'sac:low': expected ALGORITHM:QUALITY"),
         (["--rows", "td3bc"], "--rows 'td3bc': expected ALGORITHM:QUALITY"),
+        (["--task", "Nope-v0"], "--task: unknown environment 'Nope-v0'"),
+        (["--task", "IB-discrete-v0"], "--task: IB-discrete-v0 has discrete actions"),
+        (["--discrete-task", "CSTR-v0"], "--discrete-task: CSTR-v0 has continuous actions"),
     ],
 )
 def test_command_line_refuses_bad_input_before_any_work(argv, message, tmp_path, capsys):
@@ -457,6 +460,71 @@ def test_a_failing_worker_names_its_job_and_shows_its_output(tmp_path):
     silent = _fake_python(tmp_path, "exit 0")
     with pytest.raises(peer_parity.PeerWorkerError, match="wrote no result on job x"):
         peer_parity.run_peer_job({"label": "x"}, tmp_path, silent)
+
+
+# --------------------------------------------------------------------------- any task
+
+
+def test_the_evaluator_maps_actions_in_unit_range_to_a_tasks_bounds():
+    from neorl_industrial.core.environments import make
+
+    env, _ = make("CSTR-v0")
+    low, high = np.asarray(env.action_low), np.asarray(env.action_high)
+
+    def constant(value):
+        return lambda obs: np.tile(np.asarray(value, np.float32), (obs.shape[0], 1))
+
+    # 0.5 in [-1, 1] is three quarters of the way from the lower bound to the upper one.
+    plant = evaluate_policy(constant(low + 0.75 * (high - low)), "CSTR-v0", 2, 0, horizon=5)
+    bounds = (low.tolist(), high.tolist())
+    scaled = evaluate_policy(constant([0.5]), "CSTR-v0", 2, 0, horizon=5, action_bounds=bounds)
+    np.testing.assert_allclose(scaled.returns, plant.returns, rtol=1e-6)
+    unscaled = evaluate_policy(constant([0.5]), "CSTR-v0", 2, 0, horizon=5)
+    assert not np.allclose(unscaled.returns, plant.returns)  # the bounds do matter
+
+
+def test_a_task_in_plant_units_trains_both_sides_in_unit_range_and_evaluates_in_its_units(
+    tmp_path, monkeypatch
+):
+    from neorl_industrial.integration.datasets import load_native
+
+    args = peer_parity.parse_args(
+        [
+            *("--peer-python", "/bin/sh", "--task", "CSTR-v0", "--rows", "td3bc:medium"),
+            *("--trajectories", "2", "--seeds", "2", "--updates", "20", "--chunk", "10"),
+            *("--episodes", "2", "--hidden", "8"),
+        ]
+    )
+    jobs = []
+
+    def fake_peer(job, work_dir, python):
+        # d3rlpy's side, without d3rlpy: the job's data and evaluation, a still policy.
+        jobs.append(job)
+        dataset, _ = load_native(job["dataset"])
+        assert np.abs(np.asarray(dataset.actions)).max() <= 1.0
+        episodes = evaluate_policy(
+            lambda obs: np.zeros((obs.shape[0], 1), np.float32),
+            job["evaluation"]["env_id"],
+            job["evaluation"]["episodes"],
+            job["evaluation"]["seed"],
+            action_bounds=job["evaluation"].get("action_bounds"),
+        )
+        seed = {"train_s": 1.0, "eval_s": 1.0, "returns": episodes.returns.tolist()}
+        return {
+            "seeds": [seed, seed],
+            "episodes_digest": episodes.digest,
+            "versions": {"d3rlpy": "none"},
+            "d3rlpy_config": {},
+        }
+
+    monkeypatch.setattr(peer_parity, "run_peer_job", fake_peer)
+    entry = peer_parity.study_dataset("CSTR-v0", "medium", ["td3bc"], args, tmp_path)
+    assert entry["env_id"] == "CSTR-v0" and entry["action_scaling"]
+    bounds = jobs[0]["evaluation"]["action_bounds"]
+    assert bounds[0] != [-1.0] or bounds[1] != [1.0]
+    row = entry["algorithms"]["td3bc"]
+    assert np.all(np.isfinite(row["ours"]["per_seed_scores"]))
+    assert len(row["d3rlpy"]["per_seed_scores"]) == 2
 
 
 # --------------------------------------------------------------------------- the real worker
