@@ -77,6 +77,14 @@ from neorl_industrial.wrappers.training import (
 )
 from neorl_industrial.wrappers.training.evaluation import selection_key
 from neorl_industrial.wrappers.training.ope import OffPolicyEvaluator
+from neorl_industrial.wrappers.training.verdict import (
+    Verdict,
+    VerdictError,
+    VerdictSettings,
+    episode_digests,
+    merge_verdicts,
+    model_verdict,
+)
 
 __all__ = ["Agent", "AgentError", "OPESettings", "load_constraint_spec"]
 
@@ -350,7 +358,14 @@ class Agent:
                     f"{getattr(dataset, 'name', 'dataset')}: off-policy evaluation holds out "
                     "whole episodes and needs at least two; give more data or evaluate=False"
                 )
-            data, heldout = split_episodes(data, ope.holdout, ope.split_seed)
+            try:
+                data, heldout = split_episodes(data, ope.holdout, ope.split_seed)
+            except ValueError as error:
+                raise AgentError(
+                    f"{getattr(card, 'name', None) or 'dataset'}: {dataset.n_transitions} "
+                    f"transitions in {dataset.n_episodes} episodes are too few for a held-out "
+                    f"split ({error})"
+                ) from None
         if self.entry.select_safe_data:
             try:
                 data = select_safe_episodes(data, self.cost_limits or [])
@@ -410,6 +425,8 @@ class Agent:
         progress: bool = False,
         card: Any = None,
         mesh: Any = None,
+        plant_model: Any = None,
+        verdict: VerdictSettings | None = None,
     ) -> TrainResult:
         """Trains one run per seed on ``dataset`` (all at once) and keeps each run's best
         policy.
@@ -429,9 +446,14 @@ class Agent:
         ``mesh``: train data-parallel over a ``"data"`` mesh (``data_mesh()``), one shard
         of whole episodes per device and gradients averaged across them (see
         :class:`~neorl_industrial.wrappers.training.Trainer`).
+        ``plant_model``: a fitted ``PlantModel`` of this dataset and task; with off-policy
+        evaluation, every run's policy is then judged against the logged operation on the
+        held-out episodes (``training["verdict"]``, see :meth:`judge`; ``verdict`` its
+        settings).
 
         Raises:
-            AgentError: for data that does not fit the agent, or bad settings.
+            AgentError: for data that does not fit the agent, or bad settings; a plant
+                model of another task or dataset, or fitted on held-out episodes.
             CheckpointMismatchError: when resuming from another run's checkpoint.
         """
         prepared = self._prepare(
@@ -445,6 +467,9 @@ class Agent:
         data, heldout, ope = prepared.data, prepared.heldout, prepared.ope
         hyperparameters, reward_scale = prepared.hyperparameters, prepared.reward_scale
         reward_scaling = prepared.reward_scaling
+        trained_episodes = self._trained_episodes(dataset, heldout)
+        if plant_model is not None:
+            self._check_plant_model(plant_model, dataset, heldout, card)
         self._build(hyperparameters)
         evaluator: Any = None
         ope_evaluator = None
@@ -514,6 +539,7 @@ class Agent:
                 "episodes": dataset.n_episodes,
                 "used_episodes": data.n_episodes,
                 "heldout_episodes": None if heldout is None else heldout.n_episodes,
+                "trained_episodes": trained_episodes,
             },
             "best": result.best,
             "summary": result.summary,
@@ -524,6 +550,10 @@ class Agent:
         if ope_evaluator is not None and evaluator is not ope_evaluator:
             # Beside the simulator: how far the estimates are from the truth.
             self.training["ope"] = self._side_by_side(ope_evaluator, eval_episodes, eval_seed)
+        if plant_model is not None and heldout is not None:
+            self.training["verdict"] = self.judge(
+                heldout, plant_model, ope=ope, settings=verdict, checked=True
+            ).to_dict()
         return result
 
     def sweep(
@@ -544,6 +574,8 @@ class Agent:
         ope: OPESettings | None = None,
         card: Any = None,
         mesh: Any = None,
+        plant_model: Any = None,
+        verdict: VerdictSettings | None = None,
     ) -> dict[str, Any]:
         """Trains every configuration of ``grid`` × ``seeds`` in one program
         (:func:`~neorl_industrial.functional.transformations.train_sweep`), evaluates every
@@ -560,7 +592,9 @@ class Agent:
         hyperparameters and its seeds' policies (its best seed selected), as after
         :meth:`fit`; ``training["sweep"]`` holds the table this returns:
         ``{"fields", "configurations": [{"values", "runs", "summary", "within_limits"}],
-        "selected", "reason"}``.
+        "selected", "reason"}``. With ``plant_model`` and off-policy evaluation, every
+        configuration's runs are judged against the logged operation on the held-out
+        episodes, and the table's ``verdict`` says which (if any) to recommend.
 
         Raises:
             AgentError: for data that does not fit the agent, a bad grid (unknown or
@@ -582,6 +616,10 @@ class Agent:
             ope=ope,
         )
         data, hyperparameters = prepared.data, prepared.hyperparameters
+        trained_episodes = self._trained_episodes(dataset, prepared.heldout)
+        if plant_model is not None:
+            self._check_plant_model(plant_model, dataset, prepared.heldout, card)
+        verdicts: list[Verdict] = []
         action_size = self.task.num_actions if self.entry.discrete else self.task.action_size
         try:
             groups = plan_sweep_groups(
@@ -639,6 +677,23 @@ class Agent:
                 )
                 own = evaluator(policies, updates)
                 simulated = None if simulator is None else simulator(policies, updates)
+                if plant_model is not None:
+                    names = [
+                        _configuration_name(index, seed)
+                        for index in group.indices
+                        for seed in group.plan.seeds
+                    ]
+                    verdicts.append(
+                        self._verdict(
+                            prepared.heldout,
+                            plant_model,
+                            policies,
+                            names,
+                            prepared.ope,
+                            verdict,
+                            group_hyperparameters,
+                        )
+                    )
             else:
                 own, simulated = simulator(policies, updates), None
             for position, index in enumerate(group.indices):
@@ -698,6 +753,7 @@ class Agent:
         if simulator_judges:
             hindsight = _offline_choice_quality(configurations, truth, n_seeds, chosen)
         table = {
+            "verdict": merge_verdicts(verdicts).to_dict() if verdicts else None,
             "hindsight": hindsight,
             "fields": list(grid),
             "seeds": seeds,
@@ -731,6 +787,7 @@ class Agent:
                 "heldout_episodes": None
                 if prepared.heldout is None
                 else prepared.heldout.n_episodes,
+                "trained_episodes": trained_episodes,
             },
             "selected_run": self.selected,
             "sweep": table,
@@ -919,27 +976,187 @@ class Agent:
         runs = evaluator(self.policies, 0)
         return {"runs": runs, "summary": summarize_runs(runs), "selected_run": self.selected}
 
-    def evaluate_offline(self, dataset: Dataset, ope: OPESettings | None = None) -> dict[str, Any]:
-        """FQE estimates of every run's return and costs from logged ``dataset`` (use
-        episodes the agent was not trained on): per run, and their mean and 95 %
-        interval over runs. The numbers are estimates (``estimate: "fqe"``).
+    def evaluate_offline(
+        self,
+        dataset: Dataset,
+        ope: OPESettings | None = None,
+        *,
+        plant_model: Any = None,
+        verdict: VerdictSettings | None = None,
+        dataset_name: str = "dataset",
+    ) -> dict[str, Any]:
+        """FQE estimates of every run's return and costs from logged ``dataset``: per
+        run, and their mean and 95 % interval over runs (``estimate: "fqe"``); with a
+        fitted ``plant_model`` of the same data, also the verdict (``"verdict"``, see
+        :meth:`judge`).
+
+        Episodes the agent was trained on (recognised by their content) are left out, and
+        the result says how many (``"left_out_training_episodes"``). A dataset that holds
+        nothing else is estimated on them with ``"on_training_episodes": True`` (the
+        estimates then measure memory, not the plant: the command line says so loudly),
+        and refused for a verdict.
 
         Raises:
-            AgentError: for data that does not fit, or discrete actions.
+            AgentError: for data that does not fit, discrete actions, a verdict asked on
+                training episodes only, or a plant model of another task or dataset.
         """
         self._require_fitted("evaluate_offline")
         if self.entry.discrete:
             raise AgentError("evaluate_offline: FQE evaluates continuous-action policies")
         self.check_dataset(dataset)
         ope = ope or OPESettings()
-        evaluator = self._ope_evaluator(self.training_data(dataset), ope, self.hyperparameters)
+        evaluation, left_out = self._unseen_episodes(dataset)
+        on_training = left_out == dataset.n_episodes
+        if on_training and plant_model is not None:
+            raise AgentError(
+                f"{dataset_name}: all {left_out} of its episodes trained this agent; a "
+                "verdict on them would measure memory, not the plant. Give episodes it was "
+                "not trained on (the run's held-out episodes are those of its training log "
+                "it did not train on, or log more)"
+            )
+        if plant_model is not None:
+            self._check_plant_model(plant_model, dataset, evaluation, None, name=dataset_name)
+        evaluator = self._ope_evaluator(self.training_data(evaluation), ope, self.hyperparameters)
         runs = evaluator(self.policies, 0)
-        return {
+        result = {
             "runs": runs,
             "summary": summarize_runs(runs),
             "selected_run": self.selected,
             "estimate": "fqe",
+            "evaluated_episodes": evaluation.n_episodes,
+            "left_out_training_episodes": 0 if on_training else left_out,
+            "on_training_episodes": on_training,
         }
+        if plant_model is not None:
+            result["verdict"] = self.judge(
+                evaluation, plant_model, ope=ope, settings=verdict, checked=True
+            ).to_dict()
+        return result
+
+    def judge(
+        self,
+        heldout: Dataset,
+        plant_model: Any,
+        *,
+        ope: OPESettings | None = None,
+        settings: VerdictSettings | None = None,
+        checked: bool = False,
+    ) -> Verdict:
+        """The verdict on every run's policy against the logged operation of ``heldout``
+        (episodes neither the agent nor ``plant_model`` was trained on; actions in plant
+        units): model-based, FQE and combined estimates with intervals, and
+        "recommend" only when the evidence is there, else "keep the current operation"
+        (:mod:`~neorl_industrial.wrappers.training.verdict`).
+
+        Raises:
+            AgentError: before fitting, for a plant model of another task, or bad input.
+        """
+        self._require_fitted("judge")
+        if not checked:
+            self._check_plant_model(plant_model, None, heldout, None)
+        names = [f"run {run} (seed {seed})" for run, seed in enumerate(self.seeds)]
+        return self._verdict(
+            heldout,
+            plant_model,
+            self.policies,
+            names,
+            ope or OPESettings(),
+            settings,
+            self.hyperparameters,
+        )
+
+    def _verdict(
+        self,
+        heldout: Dataset,
+        plant_model: Any,
+        policies: Any,
+        names: Sequence[str],
+        ope: OPESettings,
+        settings: VerdictSettings | None,
+        hyperparameters: dict[str, Any],
+    ) -> Verdict:
+        evaluator = self._ope_evaluator(self.training_data(heldout), ope, hyperparameters)
+        settings = settings or VerdictSettings(
+            discount=ope.discount,
+            fqe_updates=ope.updates,
+            fqe_seeds=tuple(ope.seeds),
+            fqe_hidden=tuple(ope.hidden),
+        )
+        try:
+            return model_verdict(
+                act=self.policy_algorithm.act,
+                policy_params=policies,
+                names=names,
+                heldout=evaluator.dataset,
+                plant_model=plant_model,
+                scaler=self.scaler,
+                constraints=self.constraints,
+                cost_limits=evaluator.cost_limits,
+                cost_names=self.cost_names,
+                episode_length=evaluator.episode_length,
+                fqe_act=evaluator.actions,
+                settings=settings,
+            )
+        except VerdictError as error:
+            raise AgentError(str(error)) from None
+
+    def _trained_episodes(self, dataset: Dataset, heldout: Dataset | None) -> list[str]:
+        """Digests of the episodes of ``dataset`` the runs train on (all but the held
+        out), so that evaluation can recognise them later."""
+        held = set() if heldout is None else set(episode_digests(heldout))
+        return [digest for digest in episode_digests(dataset) if digest not in held]
+
+    def _unseen_episodes(self, dataset: Dataset) -> tuple[Dataset, int]:
+        """``dataset`` without the episodes the agent was trained on (recognised by their
+        content), and how many those were; all of ``dataset`` when every episode trained
+        it (the count then equals its episodes)."""
+        trained = set((self.training.get("dataset") or {}).get("trained_episodes") or ())
+        if not trained:
+            return dataset, 0
+        digests = episode_digests(dataset)
+        unseen = np.asarray([i for i, d in enumerate(digests) if d not in trained], np.int64)
+        left_out = len(digests) - len(unseen)
+        if left_out == 0 or not len(unseen):
+            return dataset, left_out
+        return dataset.select_episodes(unseen), left_out
+
+    def _check_plant_model(
+        self,
+        plant_model: Any,
+        dataset: Dataset | None,
+        heldout: Dataset | None,
+        card: Any,
+        *,
+        name: str | None = None,
+    ) -> None:
+        """Refuses a plant model of another task or dataset (by name and fingerprint),
+        not fitted, or fitted on episodes the evaluation holds out."""
+        from neorl_industrial.wrappers.models import PlantModelError
+
+        name = name or ("dataset" if card is None else f"dataset {card.name!r}")
+        if self.entry.discrete:
+            raise AgentError(f"plant_model: {self.entry.name} acts on discrete actions")
+        if not getattr(plant_model, "fitted", False):
+            raise AgentError("plant_model: not fitted; fit one first (neorl-industrial model fit)")
+        try:
+            plant_model.check_task(self.task, name=name)
+            if dataset is not None:
+                plant_model.check_same_data(dataset, name=name, task=self.task)
+        except PlantModelError as error:
+            raise AgentError(f"plant_model: {error}") from None
+        if dataset is None or heldout is None:
+            return
+        fitted_on = plant_model.card["dataset"]["train_episodes"]
+        digests = episode_digests(dataset)
+        model_trained = {digests[i] for i in fitted_on}
+        overlap = sum(d in model_trained for d in episode_digests(heldout))
+        if overlap:
+            raise AgentError(
+                f"plant_model: fitted on {overlap} of the {heldout.n_episodes} episodes the "
+                "evaluation holds out, so it would judge policies on what it memorised; fit "
+                "it with the same held-out share and split seed as the evaluation (model fit "
+                "--holdout/--split-seed, ope.holdout/ope.split_seed)"
+            )
 
     # ----- files -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
@@ -1094,6 +1311,11 @@ class Agent:
             signing_key=signing_key,
             format=format,
         )
+
+
+def _configuration_name(index: int, seed: int) -> str:
+    """A sweep's run as the verdict names it."""
+    return f"configuration {index} (seed {seed})"
 
 
 def _with_values(hyperparameters: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:

@@ -71,9 +71,9 @@ __all__ = [
     "VerdictError",
     "VerdictSettings",
     "bootstrap_means",
-    "check_not_trained_on",
     "episode_digests",
     "evaluation_starts",
+    "merge_verdicts",
     "model_verdict",
 ]
 
@@ -231,8 +231,9 @@ class Verdict:
         decision: ``"recommend"`` or :data:`KEEP`.
         recommended: the recommended candidate's name, or None.
         statement: the answer in one plain sentence.
-        candidates: per candidate: its name, whether it qualifies, why not, and its
-            estimates by every estimator.
+        candidates: per candidate: its name, whether it qualifies, why not, warnings
+            (the model asked to predict outside its data's range), and its estimates by
+            every estimator.
         behaviour: the logged operation's estimates by every estimator and its logged
             discounted return from the same starts.
         evidence: what the estimates rest on (held-out episodes, starts, members,
@@ -294,20 +295,6 @@ def episode_digests(dataset: Dataset) -> list[str]:
             digest.update(array.tobytes())
         digests.append(digest.hexdigest()[:16])
     return digests
-
-
-def check_not_trained_on(dataset: Dataset, trained: Sequence[str], *, name: str) -> None:
-    """Raises :class:`VerdictError` when episodes of ``dataset`` are among the
-    ``trained`` digests (the episodes a policy was trained on), with the count."""
-    trained_set = set(trained)
-    overlap = [i for i, d in enumerate(episode_digests(dataset)) if d in trained_set]
-    if overlap:
-        raise VerdictError(
-            f"{name}: {len(overlap)} of its {dataset.n_episodes} episodes (e.g. episode "
-            f"{overlap[0]}) are episodes the policy was trained on; estimates on them "
-            "measure memory, not the plant. Give episodes it was not trained on (the "
-            "run's held-out episodes, or a later log)"
-        )
 
 
 def evaluation_starts(dataset: Dataset, max_starts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -602,34 +589,24 @@ def model_verdict(
                         f"{result.estimator}: cost {cost.channel!r} may exceed its limit (upper "
                         f"bound {cost.value.upper:.3g} of the limit)"
                     )
+        outside = results[p][0].outside_data_share or 0.0
+        warnings = []
+        if outside > 0:
+            warnings.append(
+                f"the plant model was asked to predict outside the range of its data on "
+                f"{outside:.1%} of this candidate's steps: those steps are penalised "
+                "(pessimism), not trusted"
+            )
         table.append(
             {
                 "name": name,
                 "qualifies": not reasons,
                 "reasons": reasons,
+                "warnings": warnings,
                 "estimates": [dataclasses.asdict(r) for r in results[p]],
             }
         )
-    qualified = [p for p, row in enumerate(table) if row["qualifies"]]
-    if qualified:
-        best = max(qualified, key=lambda p: results[p][0].improvement.lower)
-        chosen = names[best]
-        model_gain = results[best][0].improvement
-        statement = (
-            f"Recommend {chosen}: estimated better than the logged operation by "
-            f"{model_gain.value:.4g} (discounted return, {settings.level:.0%} interval "
-            f"{model_gain.lower:.4g} to {model_gain.upper:.4g}) by every deciding estimator "
-            f"({', '.join(deciding)}), with every limited cost within its limit. These are "
-            "estimates from a model of the plant and the held-out episodes."
-        )
-        decision = "recommend"
-    else:
-        chosen, decision = None, KEEP
-        statement = (
-            "Keep the current operation: no candidate is estimated better than the logged "
-            f"operation with {settings.level:.0%} confidence and within the cost limits by "
-            f"every deciding estimator ({', '.join(deciding)})."
-        )
+    decision, chosen, statement = _decide(table, deciding, settings.level)
     card = getattr(plant_model, "card", {}) or {}
     return Verdict(
         decision=decision,
@@ -663,6 +640,61 @@ def model_verdict(
         estimators=estimators,
         deciding=deciding,
         settings=settings.to_dict(),
+    )
+
+
+def _decide(
+    table: Sequence[dict[str, Any]], deciding: Sequence[str], level: float
+) -> tuple[str, str | None, str]:
+    """``(decision, recommended, statement)`` from the candidates' table: the qualifying
+    candidate with the highest lower bound of its improvement by ``model``, or
+    :data:`KEEP`."""
+
+    def model_gain(row: dict[str, Any]) -> dict[str, float]:
+        return next(e for e in row["estimates"] if e["estimator"] == "model")["improvement"]
+
+    qualified = [row for row in table if row["qualifies"]]
+    if not qualified:
+        return (
+            KEEP,
+            None,
+            "Keep the current operation: no candidate is estimated better than the logged "
+            f"operation with {level:.0%} confidence and within the cost limits by every "
+            f"deciding estimator ({', '.join(deciding)}).",
+        )
+    best = max(qualified, key=lambda row: model_gain(row)["lower"])
+    gain = model_gain(best)
+    return (
+        "recommend",
+        best["name"],
+        f"Recommend {best['name']}: estimated better than the logged operation by "
+        f"{gain['value']:.4g} (discounted return, {level:.0%} interval {gain['lower']:.4g} "
+        f"to {gain['upper']:.4g}) by every deciding estimator ({', '.join(deciding)}), with "
+        "every limited cost within its limit. These are estimates from a model of the plant "
+        "and the held-out episodes.",
+    )
+
+
+def merge_verdicts(verdicts: Sequence[Verdict]) -> Verdict:
+    """One verdict over the candidates of several (the programs of a sweep, judged on the
+    same held-out episodes with the same settings): their candidates together, decided
+    again.
+
+    Raises:
+        VerdictError: for none, or verdicts of different evidence or settings.
+    """
+    if not verdicts:
+        raise VerdictError("merge_verdicts: no verdict to merge")
+    first = verdicts[0]
+    for other in verdicts[1:]:
+        if other.settings != first.settings or other.estimators != first.estimators:
+            raise VerdictError("merge_verdicts: verdicts of different settings or estimators")
+        if other.evidence["starts"] != first.evidence["starts"]:
+            raise VerdictError("merge_verdicts: verdicts on different held-out starts")
+    table = [row for verdict in verdicts for row in verdict.candidates]
+    decision, chosen, statement = _decide(table, first.deciding, first.settings["level"])
+    return dataclasses.replace(
+        first, candidates=tuple(table), decision=decision, recommended=chosen, statement=statement
     )
 
 
