@@ -30,9 +30,13 @@ update. Where MOPO keeps five epochs of rollouts (1.25 M transitions) the buffer
 seeds on a CPU cannot carry a million transitions per seed.
 
 The model is handed in (:class:`ModelHandle`: the ensemble's pure functions, its elites'
-parameters, the reward scaling and optionally the shield's constraints). Built without
-one (``model=None``) the algorithm initializes and acts (a saved policy needs no model)
-but refuses to update, naming what it needs.
+parameters, the reward scaling and optionally the shield's constraints). The pure
+functions and the constraints are closed over; the elites' parameters and the reward
+scaling are traced leaves of the state (:class:`ModelState`), so one compiled program
+trains agents of several datasets, each with its own model, in one ``vmap``
+(:func:`with_model` puts another model in a state). Built without a model
+(``model=None``) the algorithm initializes and acts (a saved policy needs no model) but
+refuses to update, naming what it needs.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ __all__ = [
     "MOPOState",
     "ModelBuffer",
     "ModelHandle",
+    "ModelState",
     "ModelTransitions",
     "RolloutConfig",
     "make_mopo",
@@ -65,6 +70,7 @@ __all__ = [
     "mixed_batch",
     "rollout",
     "uncertainty_penalty",
+    "with_model",
 ]
 
 
@@ -154,8 +160,8 @@ class ModelHandle(NamedTuple):
 
     dynamics: Dynamics
     params: DynamicsParams
-    reward_shift: float = 0.0
-    reward_scale: float = 1.0
+    reward_shift: float | jax.Array = 0.0
+    reward_scale: float | jax.Array = 1.0
     constraints: Any = None
 
 
@@ -235,12 +241,31 @@ class ModelBuffer:
 
 
 @struct.dataclass
+class ModelState:
+    """The traced part of a model: the elites' parameters and the reward scaling."""
+
+    params: Any  # DynamicsParams, leading member axis
+    reward_shift: jax.Array  # []
+    reward_scale: jax.Array  # []
+
+    @classmethod
+    def of(cls, model: ModelHandle) -> ModelState:
+        return cls(
+            params=model.params,
+            reward_shift=jnp.asarray(model.reward_shift, jnp.float32),
+            reward_scale=jnp.asarray(model.reward_scale, jnp.float32),
+        )
+
+
+@struct.dataclass
 class MOPOState:
-    """The learner's state and the model buffer. ``policy`` is the learner's (what an
-    Agent saves and exports), and ``replace(policy=...)`` sets it there."""
+    """The learner's state, the model buffer and the model (None in a template built
+    without one). ``policy`` is the learner's (what an Agent saves and exports), and
+    ``replace(policy=...)`` sets it there."""
 
     learner: Any
     buffer: ModelBuffer
+    model: ModelState | None = None
 
     @property
     def policy(self) -> Any:
@@ -261,6 +286,12 @@ def _replace_state(state: MOPOState, **changes: Any) -> MOPOState:
 
 # flax's ``struct.dataclass`` sets its own ``replace``; MOPO's routes ``policy``.
 MOPOState.replace = _replace_state
+
+
+def with_model(state: MOPOState, model: ModelHandle) -> MOPOState:
+    """``state`` stepping ``model``'s elites with its reward scaling (a model of the same
+    shapes as the algorithm's: the compiled program is reused)."""
+    return state.replace(model=ModelState.of(model))
 
 
 def uncertainty_penalty(dynamics: Dynamics, params: DynamicsParams, observation, action):
@@ -402,10 +433,18 @@ def _model_based(
         return MOPOState(
             learner=learner.init(key),
             buffer=ModelBuffer.empty(config.buffer_size, obs_size, action_size, n_costs),
+            model=None if model is None else ModelState.of(model),
         )
 
     def update(state: MOPOState, batch: Batch, key: jax.Array) -> tuple[MOPOState, Metrics]:
         handle = _require(model, name)
+        if state.model is None:
+            raise ValueError(f"{name}: the state has no model; put one in with with_model")
+        handle = handle._replace(
+            params=state.model.params,
+            reward_shift=state.model.reward_shift,
+            reward_scale=state.model.reward_scale,
+        )
         if batch.observations.shape[0] < config.rollout_starts:
             raise ValueError(
                 f"rollout_starts: {config.rollout_starts} starts need batches of at least as "
@@ -438,7 +477,7 @@ def _model_based(
             "model_overridden": jnp.mean(transitions.overridden.astype(jnp.float32)),
             "model_ended": jnp.mean((transitions.discounts == 0.0).astype(jnp.float32)),
         }
-        return MOPOState(learner=learner_state, buffer=buffer), metrics
+        return state.replace(learner=learner_state, buffer=buffer), metrics
 
     return Algorithm(init=init, update=update, act=learner.act)
 
