@@ -118,6 +118,11 @@ def add_run(task: dict[str, Any], data: TaskData, name: str, record: dict[str, A
         "sessions": record["sessions"],
     }
     task["history"][name] = record["history"]
+    if "models" in record:  # a model-based run: its plant models' fits
+        task["timing"][name]["model_fit_s"] = record["model_fit_s"]
+        task.setdefault("models", {})[name] = dict(
+            zip(data.qualities, record["models"], strict=True)
+        )
     task["curves"][name] = {
         "updates": [point["updates"] for point in record["curve"]],
         "episodes": [point["episodes"] for point in record["curve"]],
@@ -504,6 +509,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument(
+        "--model-updates",
+        type=int,
+        default=10_000,
+        help="a model-based algorithm's plant-model fit per dataset: at most this many "
+        "updates (default 10,000, the model's own; it stops earlier when held-out error "
+        "stalls)",
+    )
+    parser.add_argument(
         "--hidden", type=int, nargs="+", default=[256, 256], help="hidden layer widths"
     )
     parser.add_argument(
@@ -575,6 +588,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.quick:
         args.trajectories, args.seeds, args.updates, args.chunk = 10, 2, 200, 100
         args.episodes = args.curve_episodes = 4
+        args.model_updates = min(args.model_updates, 200)
         args.eval_every = 100
     if min(args.hidden) < 1:
         parser.error("--hidden: expected positive layer widths")
@@ -586,6 +600,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "batch_size",
         "episodes",
         "curve_episodes",
+        "model_updates",
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: expected a positive integer")

@@ -4,7 +4,7 @@ dataset qualities, and how a study's configuration names per-algorithm reward sc
 
 from __future__ import annotations
 
-ALGORITHMS = ("bc", "td3bc", "iql", "cql", "cql_alpha", "cql_bc", "cql_d3rlpy")
+ALGORITHMS = ("bc", "td3bc", "iql", "cql", "cql_alpha", "cql_bc", "cql_d3rlpy", "mopo")
 LABELS = {
     "bc": "BC",
     "td3bc": "TD3+BC",
@@ -13,7 +13,10 @@ LABELS = {
     "cql_alpha": "CQL-α",
     "cql_bc": "CQL (BC warm start)",
     "cql_d3rlpy": "CQL (d3rlpy defaults)",
+    "mopo": "MOPO",
 }
+#: The study's algorithms that train on a plant model fitted to each dataset.
+MODEL_BASED = ("mopo",)
 #: The registered algorithm whose defaults (reward scaling) a variant of the study shares.
 REGISTRY_NAMES = {"cql_alpha": "cql", "cql_bc": "cql", "cql_d3rlpy": "cql"}
 QUALITIES = ("low", "medium", "high")

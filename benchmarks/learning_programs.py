@@ -23,13 +23,15 @@ def make_algorithm(
     hidden: Sequence[int] = (256, 256),
     n_updates: int = 100_000,
     overrides: Mapping[str, Any] | None = None,
+    model: Any = None,
 ) -> Any:
     """Algorithm ``name`` with its defaults (but ``hidden`` layer widths and the
     hyperparameters in ``overrides``, e.g. ``weight_init``) and no observation statistics
     (the normalizer is set per dataset in the state).
 
     ``cql_bc`` is CQL with CORL's behaviour-cloning warm start over the first tenth of
-    ``n_updates`` (CORL: 100 k of 1 M)."""
+    ``n_updates`` (CORL: 100 k of 1 M). ``mopo`` trains on the plant model ``model`` (a
+    ``ModelHandle``; without one it can act, not train)."""
     from neorl_industrial.core.agents import (
         BCConfig,
         CQLConfig,
@@ -63,6 +65,11 @@ def make_algorithm(
             ),
         ),
     }
+    if name == "mopo":
+        from neorl_industrial.core.agents.mopo import MOPOConfig, make_mopo
+
+        config = MOPOConfig.create(hidden=tuple(hidden), **dict(overrides or {}))
+        return make_mopo(config, obs_size, action_size, model)
     if name not in factories:
         raise ValueError(f"algorithm: unknown {name!r}; expected one of {sorted(factories)}")
     factory, config = factories[name]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import progress, safe_filename_part
-from benchmarks.learning_common import LABELS
+from benchmarks.learning_common import LABELS, MODEL_BASED
 from benchmarks.learning_programs import (
     compiled_chunk,
     evaluation_program,
@@ -74,6 +74,16 @@ def _study_evaluation(
 
     env, env_params = make(env_id)
     algorithm = _study_algorithm(name, obs_size, action_size, hidden, n_updates)
+    acting = with_action_scaling(algorithm, action_scaler_for(env))
+    return evaluation_program(acting, env, env_params, n_episodes)
+
+
+def _model_based_evaluation(algorithm: Any, env_id: str, n_episodes: int) -> Callable:
+    from neorl_industrial.core.environments import make
+    from neorl_industrial.functional.state_management import with_action_scaling
+    from neorl_industrial.functional.transformations import action_scaler_for
+
+    env, env_params = make(env_id)
     acting = with_action_scaling(algorithm, action_scaler_for(env))
     return evaluation_program(acting, env, env_params, n_episodes)
 
@@ -213,6 +223,8 @@ class RunSettings:
         curve_episodes: evaluation episodes per agent of a curve point.
         episodes: evaluation episodes per agent of the final evaluation.
         reward_scaling: the reward scaling kind it trains with.
+        model_updates: a model-based algorithm's plant-model fit, at most this many
+            updates per dataset (0 for the others).
     """
 
     task: str
@@ -229,6 +241,7 @@ class RunSettings:
     curve_episodes: int
     episodes: int
     reward_scaling: str
+    model_updates: int = 0
 
     @classmethod
     def of(cls, args: argparse.Namespace, env_id: str, name: str) -> RunSettings:
@@ -248,13 +261,16 @@ class RunSettings:
             curve_episodes=args.curve_episodes,
             episodes=args.episodes,
             reward_scaling=reward_scaling_kind(name, args.reward_scaling),
+            model_updates=args.model_updates if name in MODEL_BASED else 0,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings as JSON data (tuples as lists), as stored in a checkpoint."""
+        """The settings as JSON data (tuples as lists), as stored in a checkpoint (a
+        model-free run's without ``model_updates``, as its checkpoints always were)."""
         return {
             key: list(value) if isinstance(value, tuple) else value
             for key, value in dataclasses.asdict(self).items()
+            if key != "model_updates" or self.algorithm in MODEL_BASED
         }
 
 
@@ -425,9 +441,33 @@ def run_algorithm(
         return RunOutcome(record=record, states=None)
 
     key = (task.obs_size, task.action_size, settings.hidden, settings.updates)
-    chunk = _study_chunk(settings.algorithm, *key, settings.batch_size, settings.chunk)
-    algorithm = _study_algorithm(settings.algorithm, *key)
-    states = init_states(algorithm, task.normalizers, settings.seeds)
+    if settings.algorithm in MODEL_BASED:
+        from benchmarks.learning_models import fit_models, model_based_run, model_summary
+
+        models, fit_s = fit_models(task, settings.model_updates, reporter.note)
+        record["models"] = model_summary(models)
+        record["model_fit_s"] = record.get("model_fit_s", 0.0) + fit_s
+        algorithm, states = model_based_run(
+            settings.algorithm,
+            task,
+            settings.hidden,
+            settings.updates,
+            settings.seeds,
+            scalings,
+            models,
+        )
+        chunk = compiled_chunk(algorithm, settings.batch_size, settings.chunk)
+
+        def evaluation(episodes: int) -> Callable:
+            return _model_based_evaluation(algorithm, settings.task, episodes)
+    else:
+        chunk = _study_chunk(settings.algorithm, *key, settings.batch_size, settings.chunk)
+        algorithm = _study_algorithm(settings.algorithm, *key)
+        states = init_states(algorithm, task.normalizers, settings.seeds)
+
+        def evaluation(episodes: int) -> Callable:
+            return _study_evaluation(settings.algorithm, settings.task, *key, episodes)
+
     if checkpoints is not None and latest is not None:
         states = checkpoints.restore(states)
     record["sessions"] += 1
@@ -441,7 +481,7 @@ def run_algorithm(
         final = done >= settings.updates
         if final or (settings.eval_every and done % settings.eval_every == 0):
             episodes = settings.episodes if final else settings.curve_episodes
-            evaluate = _study_evaluation(settings.algorithm, settings.task, *key, episodes)
+            evaluate = evaluation(episodes)
             eval_key = jax.random.PRNGKey(EVAL_SEED)
             if not final:
                 eval_key = jax.random.fold_in(eval_key, done)
