@@ -560,3 +560,18 @@ def test_merge_joins_tasks_and_refuses_an_algorithm_twice_on_one_task(tmp_path):
 def test_unknown_tasks_are_named():
     with pytest.raises(SystemExit):
         learning.parse_args(["--tasks", "Reactor-v9"])
+
+
+def test_mopo_runs_on_every_dataset_each_with_its_own_plant_model(tiny_task):
+    settings = _settings("mopo", batch_size=64, model_updates=100)
+    outcome = learning_runs.run_algorithm(tiny_task, settings)
+    record = outcome.record
+    assert np.all(np.isfinite(np.asarray(record["final_returns"])))
+    assert len(record["models"]) == 2 and record["model_fit_s"] > 0.0
+    assert record["settings"]["model_updates"] == 100
+    assert "model_updates" not in _settings("td3bc").to_dict()  # model-free runs as before
+    models = outcome.states.agent.model.params.obs_mean  # [dataset, seed, obs]
+    np.testing.assert_array_equal(models[0, 0], models[0, 1])  # one model per dataset ...
+    assert not np.allclose(models[0, 0], models[1, 0])  # ... each its own
+    penalties = [entry["metrics"]["model_penalty"] for entry in record["history"]]
+    assert np.all(np.asarray(penalties) > 0.0)
