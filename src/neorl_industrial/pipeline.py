@@ -271,8 +271,15 @@ def run_training(
     export: bool = True,
     console: Any = None,
     mesh: Any = None,
+    plant_model: str | Path | None = None,
 ) -> RunOutcome:
     """Runs ``config`` end to end and writes its outputs under ``config.run_dir``.
+
+    ``plant_model``: the directory of a plant model fitted on the run's data (``model
+    fit``): with off-policy evaluation, every run is judged against the logged operation
+    on the held-out episodes, and the verdict goes to ``report.json`` (``verdict``) and
+    MLflow (``verdict/*`` metrics, its settings as ``verdict.*`` params, the decision as
+    tags of the run and the registered version).
 
     ``mesh`` trains data-parallel over its devices (``data_mesh()``); in a distributed run
     every process trains (each holding its shards of the data) and process 0 alone writes
@@ -309,6 +316,7 @@ def run_training(
     agent = plan.agent()
     dataset, data_facts, card = plan.dataset, plan.facts, plan.card
     agent.check_dataset(dataset, card)
+    model = _plant_model(plant_model, plan, agent)
     leader = jax.process_index() == 0
     if leader:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -332,6 +340,7 @@ def run_training(
             resume=resume,
             callbacks=every,
             mesh=mesh,
+            plant_model=model,
             **_training_settings(plan),
         )
     fit_seconds = time.perf_counter() - fit_started
@@ -382,6 +391,7 @@ def run_training(
         },
         "evaluations": result.evaluations,
         "ope_beside_simulator": agent.training.get("ope"),
+        "verdict": agent.training.get("verdict"),
         "best": result.best,
         "summary": result.summary,
         "selected_run": agent.selected,
@@ -402,6 +412,65 @@ def run_training(
         )
     _write_report(run_dir, report)
     return RunOutcome(config, agent, report, run_dir, agent_dir, exported)
+
+
+def _plant_model(path: str | Path | None, plan: RunPlan, agent: Agent) -> Any:
+    """The plant model at ``path`` checked against the run's task and data (by name
+    and fingerprint), or None.
+
+    Raises:
+        AgentError: for a model that is missing, unreadable, of another task or dataset,
+            or a run that does not evaluate off policy (nothing to judge on).
+    """
+    if path is None:
+        return None
+    from neorl_industrial.wrappers.models import PlantModel, PlantModelError
+
+    config = plan.config
+    if agent.task.has_simulator and not config.evaluation.ope.always:
+        raise AgentError(
+            f"plant_model: {plan.label} is evaluated in its simulator; a verdict needs "
+            "held-out episodes (--set evaluation.ope.always=true)"
+        )
+    try:
+        return PlantModel.load(
+            path, dataset=plan.dataset, task=agent.task, dataset_name=plan.card.name
+        )
+    except PlantModelError as error:
+        raise AgentError(f"plant_model: {error}") from None
+
+
+def _log_verdict(tracker: Any, verdict: dict[str, Any] | None, key: str, step: int) -> None:
+    """The verdict's numbers as metrics, its settings as params and its decision as tags
+    of the MLflow run ``key``."""
+    if verdict is None:
+        return
+    from neorl_industrial.integration.mlflow import flatten
+    from neorl_industrial.wrappers.training.verdict import verdict_metrics
+
+    now = int(time.time() * 1000)
+    tracker.sender.submit(
+        "log_batch",
+        key,
+        params=flatten({"verdict": verdict["settings"]}),
+        metrics=[
+            (name, float(value), step, now)
+            for name, value in verdict_metrics(verdict).items()
+            if np.isfinite(value)
+        ],
+        tags=_verdict_tags(verdict),
+    )
+
+
+def _verdict_tags(verdict: dict[str, Any] | None) -> dict[str, str]:
+    if verdict is None:
+        return {}
+    return {
+        "verdict.decision": verdict["decision"],
+        "verdict.recommended": str(verdict["recommended"]),
+        "verdict.estimators": ",".join(verdict["estimators"]),
+        "verdict.statement": verdict["statement"][:5000],
+    }
 
 
 def _training_settings(plan: RunPlan) -> dict[str, Any]:
@@ -676,7 +745,9 @@ def _log_outputs(
             "seed_run_ids": {str(seed): ids.get(tracker.seed_key(seed)) for seed in agent.seeds}
         }
 
-    tags = {"evaluation": agent.training.get("evaluation") or "none"}
+    verdict = agent.training.get("verdict")
+    _log_verdict(tracker, verdict, "parent", int(config.training.updates))
+    tags = {"evaluation": agent.training.get("evaluation") or "none", **_verdict_tags(verdict)}
     return _register_and_close(tracker, plan, agent, policy_dir, report, best, tags, runs)
 
 
@@ -805,7 +876,12 @@ def sweep_markdown(table: dict[str, Any], title: str) -> str:
 
 
 def run_sweep(
-    config: RunConfig, *, export: bool = True, console: Any = None, mesh: Any = None
+    config: RunConfig,
+    *,
+    export: bool = True,
+    console: Any = None,
+    mesh: Any = None,
+    plant_model: str | Path | None = None,
 ) -> RunOutcome:
     """Runs the grid of ``config.sweep`` as one program (``Agent.sweep``) and writes its
     outputs under ``config.run_dir``: ``sweep.json`` and ``sweep.md`` (every configuration,
@@ -820,6 +896,10 @@ def run_sweep(
     ``mesh`` lays the runs over its devices (``runs_mesh()``); in a distributed sweep
     every process trains its share and evaluates, and process 0 alone writes the outputs
     and logs to MLflow (the others return its report without outputs).
+
+    ``plant_model`` (as for :func:`run_training`): every configuration's runs are judged
+    against the logged operation; the verdict is the table's and the report's
+    ``verdict``, and goes to the parent run in MLflow.
 
     Raises:
         AgentError: an earlier run's directory, data that does not fit, a grid that cannot
@@ -843,6 +923,7 @@ def run_sweep(
     plan = resolve_run(config)
     agent = plan.agent()
     agent.check_dataset(plan.dataset, plan.card)
+    model = _plant_model(plant_model, plan, agent)
     leader = jax.process_index() == 0
     if leader:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -853,7 +934,14 @@ def run_sweep(
         _open_sweep_runs(tracker, config, grid, seeds)
     training = config.training
     with _failures_marked(tracker):
-        table = agent.sweep(plan.dataset, grid, seeds=seeds, mesh=mesh, **_training_settings(plan))
+        table = agent.sweep(
+            plan.dataset,
+            grid,
+            seeds=seeds,
+            mesh=mesh,
+            plant_model=model,
+            **_training_settings(plan),
+        )
     fit_seconds = time.perf_counter() - started
     if not leader:
         chosen = table["configurations"][table["selected"]]
@@ -903,6 +991,7 @@ def run_sweep(
             "selected_values": chosen["values"],
             "reason": table["reason"],
         },
+        "verdict": table.get("verdict"),
         "selected_run": agent.selected,
         "cost_limits": agent.cost_limits,
         "outputs": {
@@ -1023,10 +1112,12 @@ def _log_sweep(
         tracker.log_artifact(run_dir / name)
     tracker.log_artifact(run_dir / "plots", "plots")
     tracker.log_artifact(run_dir / "agent", "agent")
+    _log_verdict(tracker, table.get("verdict"), "parent", step)
     tags = {
         "evaluation": table["estimate"],
         "sweep_values": json.dumps(chosen["values"]),
         "sweep_reason": table["reason"],
+        **_verdict_tags(table.get("verdict")),
     }
 
     def runs() -> dict[str, Any]:

@@ -63,7 +63,9 @@ def command_train(args: argparse.Namespace) -> int:
         console.print(
             f"data-parallel over {mesh.devices.size} devices in {jax.process_count()} processes"
         )
-    return _train_and_report(config, resume=args.resume, console=console, mesh=mesh)
+    return _train_and_report(
+        config, resume=args.resume, console=console, mesh=mesh, plant_model=args.plant_model
+    )
 
 
 def command_sweep(args: argparse.Namespace) -> int:
@@ -95,7 +97,7 @@ def command_sweep(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if mesh is not None:
         console.print(f"{len(mesh.devices.ravel())} devices in {jax.process_count()} processes")
-    outcome = run_sweep(config, console=console, mesh=mesh)
+    outcome = run_sweep(config, console=console, mesh=mesh, plant_model=args.plant_model)
     report = outcome.report
     sweep = report["sweep"]
     table_path = outcome.run_dir / "sweep.json"
@@ -108,6 +110,8 @@ def command_sweep(args: argparse.Namespace) -> int:
             f"{sweep['seconds']:.1f} s."
         )
     )
+    if table.get("verdict"):
+        print_verdict(console, table["verdict"])
     hindsight = table.get("hindsight")
     if hindsight:
         console.print(
@@ -145,7 +149,9 @@ def _sweep_table(table: dict, report: dict) -> Table:
     return out
 
 
-def _train_and_report(config, *, resume: bool, console: Console, mesh: Any = None) -> int:
+def _train_and_report(
+    config, *, resume: bool, console: Console, mesh: Any = None, plant_model: Any = None
+) -> int:
     from neorl_industrial.pipeline import run_training
     from neorl_industrial.wrappers.training import RichProgress
 
@@ -156,11 +162,14 @@ def _train_and_report(config, *, resume: bool, console: Console, mesh: Any = Non
         callbacks=[RichProgress(console, metrics=("critic_loss",))],
         console=console,
         mesh=mesh,
+        plant_model=plant_model,
     )
     report = outcome.report
     console.print(_summary_table(report))
     if report.get("ope_beside_simulator"):
         console.print(_side_by_side_table(report))
+    if report.get("verdict"):
+        print_verdict(console, report["verdict"])
     data, training = report["data"], report["training"]
     rate = training["updates_per_s"]
     console.print(
@@ -325,8 +334,24 @@ def command_evaluate(args: argparse.Namespace) -> int:
         from neorl_industrial.integration.datasets import load_any
         from neorl_industrial.wrappers.agents.agent import OPESettings
 
-        dataset, _card = load_any(args.ope, schema=args.schema)
-        estimates = agent.evaluate_offline(dataset, OPESettings(updates=args.ope_updates))
+        dataset, card = load_any(args.ope, schema=args.schema)
+        model = None
+        if args.plant_model is not None:
+            from neorl_industrial.wrappers.models import PlantModel
+
+            model = PlantModel.load(args.plant_model)  # checked against the data below
+        else:
+            console.print(
+                "No --plant-model: FQE's estimates alone, and no recommendation (a verdict "
+                "needs a plant model of this log: neorl-industrial model fit)"
+            )
+        estimates = agent.evaluate_offline(
+            dataset,
+            OPESettings(updates=args.ope_updates),
+            plant_model=model,
+            dataset_name=card.name,
+        )
+        _warn_training_episodes(console, estimates, args.ope)
         rows = [(i, agent.seeds[i], None, m) for i, m in enumerate(estimates["runs"])]
         console.print(
             _estimates(
@@ -335,6 +360,8 @@ def command_evaluate(args: argparse.Namespace) -> int:
                 estimates["selected_run"],
             )
         )
+        if estimates.get("verdict"):
+            print_verdict(console, estimates["verdict"])
     elif not agent.task.has_simulator:
         console.print(
             f"[red]error:[/red] {args.agent}: task {agent.task.name!r} has no simulator; "
@@ -380,6 +407,66 @@ def command_evaluate(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
         console.print(f"Wrote {args.json}")
     return 0
+
+
+def _warn_training_episodes(console: Console, estimates: dict, source: str) -> None:
+    """Says loudly when episodes the agent trained on were given to evaluate it."""
+    if estimates.get("on_training_episodes"):
+        console.print(
+            f"[bold red]WARNING: every episode of {escape(source)} trained this agent.[/bold red] "
+            "The estimates below measure how well it remembers them, not how it would run "
+            "the plant; give episodes it was not trained on."
+        )
+    elif estimates.get("left_out_training_episodes"):
+        console.print(
+            f"[bold yellow]warning:[/bold yellow] {estimates['left_out_training_episodes']} "
+            f"episodes of {escape(source)} trained this agent and were left out; the estimates "
+            f"are on the other {estimates['evaluated_episodes']}."
+        )
+
+
+def print_verdict(console: Console, verdict: dict) -> None:
+    """The verdict as a person reads it: every candidate's improvement over the logged
+    operation by every estimator, then the answer in one sentence."""
+    table = Table(title="Is it better than the current operation? (estimates)")
+    table.add_column("candidate")
+    for estimator in verdict["estimators"]:
+        deciding = " (decides)" if estimator in verdict["deciding"] else ""
+        table.add_column(f"{estimator}{deciding}", justify="right")
+    table.add_column("qualifies")
+    level = f"{verdict['settings']['level']:.0%}"
+    for candidate in verdict["candidates"]:
+        cells = []
+        for estimate in candidate["estimates"]:
+            gain = estimate["improvement"]
+            cells.append(f"{gain['value']:+,.3g} [{gain['lower']:+,.3g}, {gain['upper']:+,.3g}]")
+        table.add_row(
+            escape(candidate["name"]),
+            *cells,
+            "yes" if candidate["qualifies"] else "no",
+        )
+    evidence = verdict["evidence"]
+    table.caption = (
+        f"Improvement of the discounted return over the logged operation, by the same "
+        f"estimator, with its {level} interval; {evidence['starts']} starts in "
+        f"{evidence['start_episodes']} held-out episodes, {evidence['members']} model members, "
+        f"up to {evidence['horizon']} steps. Costs with too few events held out: "
+        + (
+            ", ".join(
+                f"{name} ({count})"
+                for name, count in evidence["cost_events"].items()
+                if count < verdict["settings"]["min_cost_events"]
+            )
+            or "none"
+        )
+        + "."
+    )
+    console.print(table)
+    for candidate in verdict["candidates"]:
+        for line in [*candidate["reasons"], *candidate.get("warnings", [])]:
+            console.print(f"  {escape(candidate['name'])}: {escape(line)}")
+    style = "bold green" if verdict["decision"] == "recommend" else "bold"
+    console.print(f"[{style}]{escape(verdict['statement'])}[/{style}]")
 
 
 def command_export(args: argparse.Namespace) -> int:
@@ -451,6 +538,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "is split over every process's devices and gradients averaged across them; "
         "process 0 writes the outputs and logs to MLflow",
     )
+    train.add_argument(
+        "--plant-model",
+        metavar="DIR",
+        help="a plant model of the run's log (model fit): every run is judged against the "
+        "logged operation on the held-out episodes (report.json's verdict, MLflow)",
+    )
     train.set_defaults(handler=command_train)
 
     sweep = commands.add_parser(
@@ -483,6 +576,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "NEORL_INDUSTRIAL_PROCESS_ID or JOB_COMPLETION_INDEX): the runs are laid over every "
         "process's devices; process 0 writes the outputs and logs to MLflow",
     )
+    sweep.add_argument(
+        "--plant-model",
+        metavar="DIR",
+        help="a plant model of the run's log (model fit): every configuration's runs are "
+        "judged against the logged operation on the held-out episodes",
+    )
     sweep.set_defaults(handler=command_sweep)
 
     evaluate = commands.add_parser(
@@ -507,6 +606,13 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--schema", help="the YAML schema of a plant log given to --ope")
     evaluate.add_argument(
         "--ope-updates", type=positive_int, default=2000, help="FQE updates per FQE seed"
+    )
+    evaluate.add_argument(
+        "--plant-model",
+        metavar="DIR",
+        help="with --ope: a plant model of that log (model fit); the runs are judged against "
+        "the logged operation by the model, FQE and both, and recommended only with the "
+        "evidence (else: keep the current operation)",
     )
     evaluate.set_defaults(handler=command_evaluate)
 

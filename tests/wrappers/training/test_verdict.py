@@ -173,7 +173,9 @@ def test_a_clearly_better_controller_is_recommended_by_every_deciding_estimator(
     assert data["kind"] == "estimate" and data["recommended"] == "controller"
     metrics = full.metrics()
     assert metrics["verdict/recommend"] == 1.0
-    assert metrics["verdict/controller/model/improvement_lower"] > 0
+    assert metrics["verdict/recommended_candidate"] == 0.0
+    assert metrics["verdict/candidate_0/model/improvement_lower"] > 0
+    assert "verdict/candidate_2/model_fqe/improvement_upper" in metrics
 
 
 def test_policies_no_better_than_the_operators_are_not_recommended(full, plant):

@@ -1174,7 +1174,8 @@ class Agent:
             "observation_names": list(self.task.observation_names),
             "action_names": list(self.task.action_names),
             "constraints": constraint_spec_yaml(self.constraint_spec),
-            "cost_limits": self.cost_limits,
+            # JSON has no infinity: a channel without a limit is written as null.
+            "cost_limits": _finite_or_none(self.cost_limits),
             "cost_names": list(self.cost_names),
             "seeds": self.seeds,
             "selected_run": self.selected,
@@ -1234,13 +1235,20 @@ class Agent:
             spec = constraint_spec_from_text(manifest["constraints"], str(manifest_path))
         except (TaskError, ConstraintSpecError) as error:
             raise AgentError(str(error)) from None
+        limits = manifest["cost_limits"]
         agent = cls(
             manifest["algorithm"],
             task=task,
             constraints=spec,
-            cost_limits=manifest["cost_limits"],
+            # A channel without a limit (null) is resolved again from the task and spec.
+            cost_limits=None if limits is None or None in limits else limits,
             **{key: value for key, value in hyperparameters.items() if key != "cost_limits"},
         )
+        if _finite_or_none(agent.cost_limits) != limits:
+            raise AgentError(
+                f"{manifest_path}: cost_limits {limits} are not those its task and constraints "
+                f"give ({_finite_or_none(agent.cost_limits)})"
+            )
         agent._build(hyperparameters)
         agent.seeds = [int(seed) for seed in manifest["seeds"]]
         template = init_train_states(agent.policy_algorithm, agent.seeds).agent.policy
@@ -1303,7 +1311,7 @@ class Agent:
                 "env": task.env_id,
                 "task": task.to_dict(),
                 "seed": self.seeds[self.selected],
-                "cost_limits": self.cost_limits,
+                "cost_limits": _finite_or_none(self.cost_limits),
                 "cost_names": list(self.cost_names),
                 "training": to_json_data(self.training),
             },
@@ -1311,6 +1319,13 @@ class Agent:
             signing_key=signing_key,
             format=format,
         )
+
+
+def _finite_or_none(values: Sequence[float] | None) -> list[float | None] | None:
+    """``values`` with every infinite entry as None (JSON's null)."""
+    if values is None:
+        return None
+    return [float(value) if np.isfinite(value) else None for value in values]
 
 
 def _configuration_name(index: int, seed: int) -> str:

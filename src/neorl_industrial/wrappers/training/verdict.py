@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -75,6 +76,7 @@ __all__ = [
     "evaluation_starts",
     "merge_verdicts",
     "model_verdict",
+    "verdict_metrics",
 ]
 
 #: The answer when no candidate has the evidence.
@@ -257,19 +259,33 @@ class Verdict:
         return _plain(dataclasses.asdict(self))
 
     def metrics(self) -> dict[str, float]:
-        """Flat numeric metrics for tracking: ``verdict/recommend`` (1 or 0) and, per
-        candidate and estimator, the improvement's value and bounds."""
-        out = {"verdict/recommend": float(self.decision == "recommend")}
-        for candidate in self.candidates:
-            for result in candidate["estimates"]:
-                improvement = result["improvement"]
-                if improvement is None:
-                    continue
-                base = f"verdict/{candidate['name']}/{result['estimator']}/improvement"
-                out[base] = improvement["value"]
-                out[f"{base}_lower"] = improvement["lower"]
-                out[f"{base}_upper"] = improvement["upper"]
-        return out
+        """Flat numeric metrics for tracking (see :func:`verdict_metrics`)."""
+        return verdict_metrics(self.to_dict())
+
+
+def verdict_metrics(verdict: dict[str, Any]) -> dict[str, float]:
+    """A verdict's (``Verdict.to_dict()``) numbers as flat metrics with names MLflow
+    accepts: ``verdict/recommend`` (1 or 0), ``verdict/recommended_candidate`` (its
+    position, -1 for none) and per candidate ``i`` and estimator (``model``, ``fqe``,
+    ``model_fqe``) the improvement over the logged operation and its bounds."""
+    names = [candidate["name"] for candidate in verdict["candidates"]]
+    out = {
+        "verdict/recommend": float(verdict["decision"] == "recommend"),
+        "verdict/recommended_candidate": float(
+            names.index(verdict["recommended"]) if verdict["recommended"] in names else -1
+        ),
+    }
+    for index, candidate in enumerate(verdict["candidates"]):
+        for result in candidate["estimates"]:
+            improvement = result["improvement"]
+            if improvement is None:
+                continue
+            estimator = re.sub(r"[^A-Za-z0-9_]", "_", result["estimator"])
+            base = f"verdict/candidate_{index}/{estimator}/improvement"
+            out[base] = improvement["value"]
+            out[f"{base}_lower"] = improvement["lower"]
+            out[f"{base}_upper"] = improvement["upper"]
+    return out
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,96 @@
+"""The verdict from the command line, on a plant log with no simulator: a plant model
+fitted on the log (`model fit`), `train --plant-model` writing the verdict into
+report.json and MLflow, `evaluate --ope --plant-model` on the training log leaving the
+training episodes out loudly and printing the answer, and a plant model of another log
+refused by its fingerprint."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from neorl_industrial import cli
+from tests.wrappers.training.test_verdict import SCHEMA, write_log
+
+RUN = """\
+name: heater-bc
+data: {{path: {log}, schema: {schema}}}
+algorithm: {{name: bc, hyperparameters: {{hidden: [32, 32]}}}}
+training: {{updates: 200, chunk: 200, seeds: [0, 1]}}
+evaluation:
+  ope: {{holdout: 0.2, updates: 100, seeds: [0, 1], hidden: [16]}}
+tracking: {{uri: "sqlite:///{root}/mlflow.db", log_model: false}}
+output: {root}/runs
+"""
+
+
+def fit_model(log, schema, out, seed=0):
+    argv = ["--no-cache", "model", "fit", "--data", str(log), "--schema", str(schema)]
+    argv += ["--out", str(out), "--hidden", "32", "--members", "2", "--elites", "2"]
+    argv += ["--updates", "400", "--chunk", "200", "--batch-size", "64", "--horizon", "5"]
+    argv += ["--windows", "8", "--seeds", str(seed)]
+    assert cli.main(argv) == 0
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verdict-cli")
+    write_log(root / "log.csv", episodes=20, steps=30)
+    schema = root / "schema.yaml"
+    schema.write_text(textwrap.dedent(SCHEMA))
+    fit_model(root / "log.csv", schema, root / "model")
+    config = root / "run.yaml"
+    config.write_text(RUN.format(log=root / "log.csv", schema=schema, root=root))
+    argv = ["--no-cache", "train", "-c", str(config), "--plant-model", str(root / "model")]
+    assert cli.main(argv) == 0
+    return root
+
+
+def test_train_writes_the_verdict_into_the_report_and_mlflow(run):
+    from mlflow import MlflowClient
+
+    report = json.loads((run / "runs" / "heater-bc" / "report.json").read_text())
+    verdict = report["verdict"]
+    assert verdict["kind"] == "estimate"
+    assert verdict["estimators"] == ["model", "fqe", "model+fqe"]
+    assert verdict["decision"] in ("recommend", "keep the current operation")
+    assert len(verdict["candidates"]) == 2 and verdict["evidence"]["heldout_episodes"] == 4
+    client = MlflowClient(tracking_uri=f"sqlite:///{run}/mlflow.db")
+    experiment = client.get_experiment_by_name("neorl-industrial")
+    (parent,) = [
+        r
+        for r in client.search_runs([experiment.experiment_id])
+        if r.info.run_id == report["tracking"]["run_id"]
+    ]
+    assert parent.data.metrics["verdict/recommend"] == float(verdict["decision"] == "recommend")
+    assert "verdict/candidate_1/model_fqe/improvement_lower" in parent.data.metrics
+    assert parent.data.tags["verdict.decision"] == verdict["decision"]
+    assert parent.data.params["verdict.penalty"] == "1.0"
+
+
+def test_evaluate_on_the_training_log_says_so_and_prints_the_answer(run, capsys):
+    agent = run / "runs" / "heater-bc" / "agent"
+    argv = ["--no-cache", "evaluate", str(agent), "--ope", str(run / "log.csv")]
+    argv += ["--schema", str(run / "schema.yaml"), "--plant-model", str(run / "model")]
+    argv += ["--ope-updates", "100", "--json", str(run / "evaluation.json")]
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "16 episodes of" in printed and "trained this agent and were left out" in printed
+    assert "Is it better than the current operation? (estimates)" in printed
+    assert "Keep the current operation" in printed or "Recommend run" in printed
+    written = json.loads((run / "evaluation.json").read_text())["ope"]
+    assert written["evaluated_episodes"] == 4 and written["verdict"]["kind"] == "estimate"
+
+
+def test_a_plant_model_of_another_log_is_refused_by_fingerprint(run, capsys):
+    write_log(run / "other.csv", episodes=20, steps=30, seed=9)
+    agent = run / "runs" / "heater-bc" / "agent"
+    argv = ["--no-cache", "evaluate", str(agent), "--ope", str(run / "other.csv")]
+    argv += ["--schema", str(run / "schema.yaml"), "--plant-model", str(run / "model")]
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "plant_model:" in error and "is not that of 'heater-verdict'" in error
