@@ -148,3 +148,26 @@ def test_a_log_too_small_for_a_held_out_split_is_refused_with_its_numbers(traine
     agent = Agent("bc", task=card.task(small), hidden=(8,))
     with pytest.raises(AgentError, match=r"20 transitions in 2 episodes are too few"):
         agent.fit(small, updates=10, chunk=10, card=card, ope=OPESettings(holdout=0.1))
+
+
+def test_a_sweep_judges_every_configuration_with_the_plant_model(trained):
+    agent = Agent("bc", task=trained["task"], hidden=(16,))
+    table = agent.sweep(
+        trained["dataset"],
+        {"learning_rate": [1e-3, 3e-4]},
+        updates=100,
+        chunk=100,
+        seeds=(0,),
+        ope=trained["ope"],
+        card=trained["card"],
+        plant_model=trained["model"],
+        verdict=VERDICT,
+    )
+    verdict = table["verdict"]
+    assert [c["name"] for c in verdict["candidates"]] == [
+        "configuration 0 (seed 0)",
+        "configuration 1 (seed 0)",
+    ]
+    assert verdict["kind"] == "estimate" and verdict["deciding"] == ["model"]
+    qualified = [c["name"] for c in verdict["candidates"] if c["qualifies"]]
+    assert (verdict["recommended"] in qualified) == (verdict["decision"] == "recommend")

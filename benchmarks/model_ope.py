@@ -1,0 +1,273 @@
+"""Model-based off-policy evaluation at the issue's size: how long fitting a plant model
+and evaluating 50 candidate policies x 5 members x 100 starts over a 1000-step horizon
+takes on this machine, and what share of the machine's matrix-product peak it reaches.
+
+One run, in order:
+
+1. Data: ``--trajectories`` episodes of the ``--quality`` behaviour policy of ``--env``
+   (IB-v0: 1000 steps, 30 stacked frames of 6 features).
+2. Fit: a ``PlantModel`` with its defaults (7 members, 5 elites, (128, 128), early
+   stopping on the 20 % held-out episodes), timed end to end (its fidelity included).
+3. Candidates: ``--policies`` TD3+BC policies of the task's sizes (freshly initialized,
+   one per seed: their values do not matter here, their cost does), stacked.
+4. Evaluation: ``make_policy_rollouts`` with the task's shield, every candidate in every
+   elite member from ``--starts`` held-out states for ``--horizon`` steps each, the
+   members' disagreement measured every ``--disagreement-every`` steps (the verdict's
+   default), as one compiled program; then the logged replay of the same starts. Compile
+   and run are timed apart (best of ``--repeats`` runs).
+5. Peak: chains of dependent 256 x 256 and 1024 x 1024 matrix products, in the same run.
+
+FLOPs are counted from the networks' matrix products alone (2 x in x out per layer,
+per evaluation): every step evaluates one policy and one member, and on measured steps
+every member; the shield, sampling and bookkeeping are not counted, so the fraction of
+peak is a lower bound of the machine's use.
+
+Run: ``python -m benchmarks.model_ope`` (``--quick --no-save`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from benchmarks.agent_speed import matmul_peak
+from benchmarks.harness import (
+    DEFAULT_RESULTS_DIR,
+    BenchmarkResult,
+    progress,
+    system_info,
+    time_best,
+    utc_timestamp,
+)
+
+NAME = "model_ope"
+#: The issue's target: fit and evaluation together, seconds.
+TARGET_SECONDS = 120.0
+
+
+def mlp_flops(sizes: Sequence[int]) -> int:
+    """FLOPs of one evaluation of a dense network with layer widths ``sizes``."""
+    return int(sum(2 * a * b for a, b in itertools.pairwise(sizes)))
+
+
+def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    import jax
+    import jax.numpy as jnp
+
+    from neorl_industrial.core.agents.registry import build_algorithm
+    from neorl_industrial.core.environments import Task
+    from neorl_industrial.core.models import DynamicsConfig
+    from neorl_industrial.core.safety import resolve_safety
+    from neorl_industrial.functional.state_management import init_train_states
+    from neorl_industrial.functional.transformations.model_evaluation import (
+        make_logged_replay,
+        make_policy_rollouts,
+    )
+    from neorl_industrial.integration.datasets import generate_dataset
+    from neorl_industrial.wrappers.models import FitSettings, PlantModel
+    from neorl_industrial.wrappers.training.verdict import evaluation_starts
+
+    progress(f"data: {args.trajectories} {args.quality} episodes of {args.env}")
+    dataset, card = generate_dataset(args.env, args.quality, args.trajectories, seed=0)
+    task = Task.from_env(args.env)
+
+    progress("fit: the plant model with its defaults")
+    model = PlantModel(task, DynamicsConfig(**({"hidden": (32,)} if args.quick else {})))
+    settings = FitSettings(max_updates=args.max_updates, horizon=min(100, args.horizon))
+    started = time.perf_counter()
+    fitted = model.fit(dataset, settings, dataset_name=card.name)
+    fit_seconds = time.perf_counter() - started
+
+    params = model.params(0)
+    holdout = np.asarray(fitted["dataset"]["holdout_episodes"])
+    heldout = dataset.select_episodes(holdout)
+    if model.scaler is not None:
+        heldout = heldout.replace(actions=model.scaler.scale(heldout.actions))
+    rows, _ = evaluation_starts(heldout, args.starts)
+    starts = heldout.observations_at(heldout.observation_index[jnp.asarray(rows)])
+    n_starts = int(starts.shape[0])
+    lengths = jnp.full((n_starts,), args.horizon, jnp.int32)
+
+    obs_mean, obs_std = dataset.observation_moments()
+    hyperparameters = {"obs_mean": obs_mean.tolist(), "obs_std": obs_std.tolist()}
+    algorithm, config = build_algorithm(
+        "td3bc", task.observation_size, task.action_size, hyperparameters
+    )
+    policies = init_train_states(algorithm, list(range(args.policies))).agent.policy
+    constraints = resolve_safety(task).constraints
+
+    progress(
+        f"evaluation: {args.policies} policies x {params.n_members} members x {n_starts} "
+        f"starts x {args.horizon} steps"
+    )
+    options = {
+        "horizon": args.horizon,
+        "discount": 0.99,
+        "close_after": 20,
+        "disagreement_every": args.disagreement_every,
+    }
+    rollouts = jax.jit(
+        make_policy_rollouts(
+            model.dynamics,
+            algorithm.act,
+            constraints=constraints,
+            scaler=model.scaler,
+            **options,
+        )
+    )
+    key = jax.random.PRNGKey(0)
+    compile_started = time.perf_counter()
+    compiled = rollouts.lower(policies, params, starts, lengths, key).compile()
+    compile_seconds = time.perf_counter() - compile_started
+    run_seconds, _ = time_best(
+        lambda: jax.block_until_ready(compiled(policies, params, starts, lengths, key)),
+        repeats=args.repeats,
+    )
+    sums = jax.device_get(compiled(policies, params, starts, lengths, key))
+
+    steps = np.minimum(
+        np.asarray(rows)[:, None] + np.arange(args.horizon), heldout.n_transitions - 1
+    )
+    logged = jnp.asarray(heldout.actions)[jnp.asarray(steps)].reshape(n_starts, args.horizon, -1)
+    replay = jax.jit(make_logged_replay(model.dynamics, **options))
+    replay_started = time.perf_counter()
+    jax.block_until_ready(replay(params, starts, logged, lengths, key))
+    replay_seconds = time.perf_counter() - replay_started
+
+    progress("peak: chains of matrix products")
+    peaks = [matmul_peak(size) for size in (256, 1024)]
+    peak = max(entry["flop_per_s"] for entry in peaks)
+
+    layout = model.dynamics.layout
+    member_sizes = [layout.input_size, *model.config.hidden, 2 * layout.target_size + 1]
+    policy_sizes = [task.observation_size, *config.hidden, task.action_size]
+    member, policy = mlp_flops(member_sizes), mlp_flops(policy_sizes)
+    every = max(args.disagreement_every, 1)
+    per_step = policy + member * (1 + (params.n_members - 1) / every)
+    rollout_steps = args.policies * params.n_members * n_starts * args.horizon
+    flops = per_step * rollout_steps
+    config_out = {
+        "env": args.env,
+        "quality": args.quality,
+        "trajectories": args.trajectories,
+        "policies": args.policies,
+        "members": int(params.n_members),
+        "starts": n_starts,
+        "horizon": args.horizon,
+        "disagreement_every": args.disagreement_every,
+        "model": model.config.to_dict(),
+        "fit_settings": settings.to_dict(),
+        "policy_hidden": list(config.hidden),
+        "shield": list(constraints.names),
+        "quick": bool(args.quick),
+    }
+    total = fit_seconds + compile_seconds + run_seconds + replay_seconds
+    results = {
+        "fit_seconds": fit_seconds,
+        "fit_updates": fitted["fit"]["updates"],
+        "fit_stopped_early": fitted["fit"]["stopped_early"],
+        "evaluation_compile_seconds": compile_seconds,
+        "evaluation_run_seconds": run_seconds,
+        "replay_seconds_with_compile": replay_seconds,
+        "total_seconds": total,
+        "target_seconds": TARGET_SECONDS,
+        "target_met": bool(total <= TARGET_SECONDS),
+        "rollout_steps": rollout_steps,
+        "rollout_steps_per_s": rollout_steps / run_seconds,
+        "flop_per_rollout_step": per_step,
+        "evaluation_flop": flops,
+        "evaluation_flop_per_s": flops / run_seconds,
+        "matmul_peak": peaks,
+        "fraction_of_peak": flops / run_seconds / peak,
+        "finite_share": float(np.mean(np.isfinite(sums.discounted_return))),
+        "outside_data_share": float(
+            sums.outside_data_steps.sum() / max(float(sums.steps.sum()), 1.0)
+        ),
+    }
+    return config_out, results
+
+
+def page(config: dict[str, Any], results: dict[str, Any]) -> str:
+    peak = max(entry["flop_per_s"] for entry in results["matmul_peak"])
+    return "\n".join(
+        [
+            f"Model-based OPE at {config['policies']} policies x {config['members']} members x "
+            f"{config['starts']} starts x {config['horizon']} steps ({config['env']}):",
+            f"  fit {results['fit_seconds']:.1f} s ({results['fit_updates']} updates), "
+            f"compile {results['evaluation_compile_seconds']:.1f} s, "
+            f"run {results['evaluation_run_seconds']:.1f} s, "
+            f"logged replay {results['replay_seconds_with_compile']:.1f} s; "
+            f"total {results['total_seconds']:.1f} s (target {TARGET_SECONDS:.0f} s: "
+            f"{'met' if results['target_met'] else 'not met'})",
+            f"  {results['rollout_steps_per_s']:,.0f} rollout steps/s, "
+            f"{results['evaluation_flop_per_s'] / 1e9:.1f} GFLOP/s of a "
+            f"{peak / 1e9:.1f} GFLOP/s matmul peak ({100 * results['fraction_of_peak']:.0f} %)",
+        ]
+    )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.model_ope", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--env", default="IB-v0")
+    parser.add_argument("--quality", default="medium")
+    parser.add_argument("--trajectories", type=int, default=25)
+    parser.add_argument("--policies", type=int, default=50)
+    parser.add_argument("--starts", type=int, default=100)
+    parser.add_argument("--horizon", type=int, default=1000)
+    parser.add_argument("--disagreement-every", type=int, default=10)
+    parser.add_argument("--max-updates", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--results-dir", default=str(DEFAULT_RESULTS_DIR))
+    parser.add_argument("-d", "--description", default="model-based OPE at the issue's size")
+    parser.add_argument("-t", "--tag", default="untagged")
+    parser.add_argument("--no-save", action="store_true", help="write no JSON result")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 5 trajectories, 4 policies, 8 starts, 50 steps, a small model",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.trajectories, args.policies, args.starts, args.horizon = 5, 4, 8, 50
+        args.max_updates, args.repeats = 500, 1
+    for name in ("trajectories", "policies", "starts", "horizon", "max_updates", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    return args
+
+
+def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The study with its default settings, for ``python -m benchmarks.run model_ope``."""
+    return run_study(parse_args(["--quick"] if quick else []))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = utc_timestamp()
+    config, results = run_study(args)
+    print(page(config, results))
+    if not args.no_save:
+        result = BenchmarkResult(
+            name=NAME,
+            description=args.description,
+            tag=args.tag,
+            timestamp=started,
+            system=system_info(),
+            config=config,
+            results=results,
+        )
+        path = result.save(args.results_dir)
+        print(f"Wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
