@@ -148,6 +148,12 @@ async def _soak(
                     response.raise_for_status()
                     stats["reloads"] += 1
                     rss.append(_rss_kib(pid))
+                    # A long soak on a busy machine: where it is, and the memory so far.
+                    progress(
+                        f"reload {stats['reloads']}: RSS {rss[-1] / 1024:.0f} MiB "
+                        f"({100.0 * (rss[-1] - rss[0]) / rss[0]:+.1f} % since the first), "
+                        f"{stats['good_failed']} of {stats['good']} good requests failed"
+                    )
             except (httpx.HTTPError, OSError) as error:
                 failures.append(repr(error))  # reported, and the soak ends here
             finally:

@@ -18,6 +18,7 @@ a hop that costs more than the work it does here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -129,10 +130,10 @@ class ServingState:
         finite, within float32, previous actions within their bounds), so the artifact's
         own checks of :meth:`~PolicyArtifact.predict` are not run again; ``prev`` None:
         unknown (NaN, the shield leaves the rate limits out)."""
-        artifact = self.policy.artifact
+        policy = self.policy
         if prev is None:
-            prev = np.full((len(observations), self.policy.action_size), np.nan, np.float32)
-        return artifact.decide_rows(observations, prev)
+            prev = _unknown(len(observations), policy.action_size)
+        return policy.artifact.decide_rows(observations, prev)
 
     async def decide(self, scope: dict, observations: np.ndarray, prev: np.ndarray | None) -> Any:
         """The decision for these rows, micro-batched with concurrent requests."""
@@ -201,6 +202,15 @@ class ServingState:
     def close(self) -> None:
         if self.audit is not None:
             self.audit.close()
+
+
+@functools.lru_cache(maxsize=64)
+def _unknown(rows: int, width: int) -> np.ndarray:
+    """``[rows, width]`` NaN (previous actions unknown), read-only and shared: most
+    requests send none."""
+    unknown = np.full((rows, width), np.nan, np.float32)
+    unknown.flags.writeable = False
+    return unknown
 
 
 async def get_serving(request: Request) -> ServingState:

@@ -4,9 +4,14 @@ A :class:`SafetyMonitor` counts what the shield did — decisions, overrides, pr
 fallbacks, invalid proposals, infeasible situations, observations outside their physical
 bounds or outside the training data's range, violations per hard constraint by the
 proposed and by the applied action — and
-keeps running statistics of each constraint's margin. It takes whole batches of reports
-(one NumPy pass per batch), is safe to call from several threads (a server's workers), and
-summarizes to strict JSON (no infinities or NaN).
+keeps running statistics of each constraint's margin. It takes whole batches of reports,
+is safe to call from several threads (a server's workers), and summarizes to strict JSON
+(no infinities or NaN).
+
+A server observes one report per request, mostly of one row: the rows of reports with
+``status`` bits are copied into a buffer of :data:`PENDING_ROWS` rows and counted in one
+NumPy pass when it fills or when anything is read, rather than a dozen NumPy operations
+per request.
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ from neorl_industrial.core.safety.shield import (
     PROJECTED,
 )
 
-__all__ = ["HostReport", "SafetyMonitor", "host_report"]
+__all__ = ["PENDING_ROWS", "HostReport", "SafetyMonitor", "host_report"]
+
+#: Rows of reports a monitor holds before it counts them (see the module's docstring).
+PENDING_ROWS = 256
 
 _BITS = {
     "overridden": OVERRIDDEN,
@@ -145,14 +153,12 @@ def host_report(
     )
 
 
-def _status_counts(
+def _checked_status_report(
     report: Any, n_constraints: int
-) -> tuple[int, dict[str, int], np.ndarray, np.ndarray, np.ndarray | None]:
-    """What :meth:`SafetyMonitor.observe` counts of a report with ``status`` bits, in a few
-    NumPy operations whatever its size: ``(rows, flag counts, margins [rows, n], violated
-    [rows, n], violated after [rows, n] or None)``. The flags are counted only when some
-    bit is set (rarely, on a server). Checks the shapes as :func:`host_report` does."""
-    margin = np.asarray(report.margin, np.float64)
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A report with ``status`` bits as ``(status [rows], margins [rows, n], applied
+    margins [rows, n] or None)``, its shapes checked as :func:`host_report` checks them."""
+    margin = np.asarray(report.margin)
     status = np.asarray(report.status)
     width = margin.shape[-1] if margin.ndim else 0
     if margin.ndim == 0 or width != n_constraints:
@@ -164,15 +170,7 @@ def _status_counts(
             f"report: flags of shape {status.shape} and margins of shape {margin.shape} do "
             "not line up"
         )
-    margin = margin.reshape(-1, n_constraints)
-    status = status.reshape(-1)
-    rows = len(status)
-    flags = dict.fromkeys(_BITS, 0)
-    if rows and status.any():
-        for name, bit in _BITS.items():
-            flags[name] = int(np.count_nonzero(status & bit))
     applied = getattr(report, "applied_margin", None)
-    after = None
     if applied is not None:
         applied = np.asarray(applied)
         if applied.shape[-1:] != (n_constraints,) or applied.size != margin.size:
@@ -180,7 +178,24 @@ def _status_counts(
                 f"report: applied margins of shape {applied.shape}, proposed margins of "
                 f"shape {margin.shape}"
             )
-        after = ~(applied.reshape(-1, n_constraints) >= -TOLERANCE)
+        applied = applied.reshape(-1, n_constraints)
+    return status.reshape(-1), margin.reshape(-1, n_constraints), applied
+
+
+def _status_counts(
+    status: np.ndarray, margin: np.ndarray, applied: np.ndarray | None
+) -> tuple[int, dict[str, int], np.ndarray, np.ndarray, np.ndarray | None]:
+    """What :meth:`SafetyMonitor.observe` counts of status rows, in a few NumPy operations
+    whatever their number: ``(rows, flag counts, margins [rows, n], violated [rows, n],
+    violated after [rows, n] or None)``. The flags are counted only when some bit is set
+    (rarely, on a server)."""
+    margin = np.asarray(margin, np.float64)
+    rows = len(status)
+    flags = dict.fromkeys(_BITS, 0)
+    if rows and status.any():
+        for name, bit in _BITS.items():
+            flags[name] = int(np.count_nonzero(status & bit))
+    after = None if applied is None else ~(applied >= -TOLERANCE)
     return rows, flags, margin, ~(margin >= -TOLERANCE), after
 
 
@@ -216,6 +231,14 @@ class SafetyMonitor:
             self._margin_sum = np.zeros(n, np.float64)
             self._margin_min = np.full(n, np.inf)
             self._by_version: dict[str, int] = {}
+            # Rows observed but not counted yet (see the module's docstring): all of one
+            # policy version and all with or all without applied margins.
+            self._pending_status = np.zeros(PENDING_ROWS, np.int64)
+            self._pending_margin = np.zeros((PENDING_ROWS, n), np.float64)
+            self._pending_applied = np.zeros((PENDING_ROWS, n), np.float64)
+            self._pending_rows = 0
+            self._pending_version: str | None = None
+            self._pending_has_applied = False
 
     def observe(self, report: Any, *, policy_version: str | None = None) -> None:
         """Adds one report or a batch of them (any leading axes).
@@ -228,49 +251,96 @@ class SafetyMonitor:
             ValueError: when the report's constraint columns do not match the names.
         """
         n = len(self.constraint_names)
-        if getattr(report, "status", None) is not None:
-            rows, flags, margin, violated, after = _status_counts(report, n)
-        else:
+        if getattr(report, "status", None) is None:
             host = host_report(report, n, against="the monitor knows")
-            rows, margin, violated = host.rows, host.margin, host.violated
             flags = {name: int(getattr(host, name).sum()) for name in _BITS}
-            after = host.violated_after
-        finite = np.isfinite(margin)
-        count = finite.sum(axis=0)
-        total = np.where(finite, margin, 0.0).sum(axis=0)
-        lowest = np.where(finite, margin, np.inf).min(axis=0, initial=np.inf)
-        violations = violated.sum(axis=0)
-        after = 0 if after is None else after.sum(axis=0)
+            with self._lock:
+                self._count(
+                    host.rows, flags, host.margin, host.violated, host.violated_after,
+                    policy_version,
+                )  # fmt: skip
+            return
+        status, margin, applied = _checked_status_report(report, n)
+        rows = len(status)
+        if rows == 0:
+            return
+        has_applied = applied is not None
         with self._lock:
-            self._decisions += rows
-            for name, value in flags.items():
-                self._flags[name] += value
-            self._violations += violations
-            self._violations_after += after
-            self._margin_count += count
-            self._margin_sum += total
-            np.minimum(self._margin_min, lowest, out=self._margin_min)
-            if policy_version is not None:
-                self._by_version[policy_version] = (
-                    self._by_version.get(policy_version, 0) + flags["overridden"]
-                )
+            start = self._pending_rows
+            if start and (
+                start + rows > PENDING_ROWS
+                or policy_version != self._pending_version
+                or has_applied != self._pending_has_applied
+            ):
+                self._flush()
+                start = 0
+            if rows > PENDING_ROWS:  # a large batch: counted at once
+                self._count(*_status_counts(status, margin, applied), policy_version)
+                return
+            stop = start + rows
+            self._pending_status[start:stop] = status
+            self._pending_margin[start:stop] = margin
+            if has_applied:
+                self._pending_applied[start:stop] = applied
+            self._pending_rows = stop
+            self._pending_version = policy_version
+            self._pending_has_applied = has_applied
+
+    def _flush(self) -> None:
+        """Counts the pending rows (the lock held)."""
+        rows = self._pending_rows
+        if not rows:
+            return
+        applied = self._pending_applied[:rows] if self._pending_has_applied else None
+        counts = _status_counts(self._pending_status[:rows], self._pending_margin[:rows], applied)
+        self._pending_rows = 0
+        self._count(*counts, self._pending_version)
+
+    def _count(
+        self,
+        rows: int,
+        flags: dict[str, int],
+        margin: np.ndarray,
+        violated: np.ndarray,
+        after: np.ndarray | None,
+        policy_version: str | None,
+    ) -> None:
+        """Adds counted rows to the totals (the lock held)."""
+        finite = np.isfinite(margin)
+        self._decisions += rows
+        for name, value in flags.items():
+            self._flags[name] += value
+        self._violations += violated.sum(axis=0)
+        if after is not None:
+            self._violations_after += after.sum(axis=0)
+        self._margin_count += finite.sum(axis=0)
+        self._margin_sum += np.where(finite, margin, 0.0).sum(axis=0)
+        lowest = np.where(finite, margin, np.inf).min(axis=0, initial=np.inf)
+        np.minimum(self._margin_min, lowest, out=self._margin_min)
+        if policy_version is not None:
+            self._by_version[policy_version] = (
+                self._by_version.get(policy_version, 0) + flags["overridden"]
+            )
 
     @property
     def decisions(self) -> int:
         """Actions the shield decided on."""
         with self._lock:
+            self._flush()
             return self._decisions
 
     @property
     def overrides(self) -> int:
         """Actions the shield replaced."""
         with self._lock:
+            self._flush()
             return self._flags["overridden"]
 
     @property
     def override_rate(self) -> float:
         """Overrides per decision (0.0 before the first decision)."""
         with self._lock:
+            self._flush()
             return self._rate()
 
     def _rate(self) -> float:
@@ -287,6 +357,7 @@ class SafetyMonitor:
             constraint or cannot be shown to keep it (reports that say so only).
         """
         with self._lock:
+            self._flush()
             return self._per_constraint()
 
     def _per_constraint(self) -> dict[str, dict[str, Any]]:
@@ -312,6 +383,7 @@ class SafetyMonitor:
             together under the lock.
         """
         with self._lock:
+            self._flush()
             return {
                 "decisions": self._decisions,
                 "overrides": self._flags["overridden"],
