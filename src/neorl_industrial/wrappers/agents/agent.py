@@ -1144,9 +1144,14 @@ class Agent:
                 plant_model.check_same_data(dataset, name=name, task=self.task)
         except PlantModelError as error:
             raise AgentError(f"plant_model: {error}") from None
-        if dataset is None or heldout is None:
+        if dataset is None:
             return
         fitted_on = plant_model.card["dataset"]["train_episodes"]
+        if heldout is None:
+            raise AgentError(
+                "plant_model: a verdict is made on held-out episodes, and this fit holds none "
+                "out (a task with a simulator: ope=OPESettings(always=True); or evaluate=True)"
+            )
         digests = episode_digests(dataset)
         model_trained = {digests[i] for i in fitted_on}
         overlap = sum(d in model_trained for d in episode_digests(heldout))
