@@ -30,7 +30,10 @@ def served(tmp_path_factory):
     # Signed by the key _settings trusts (the servers trust only signed policies).
     key = generate_key_pair(root / "keys")
     model = export_plant_policy(root / "policy", task, conflicting_spec(), signing_key=key)
-    with TestClient(create_app(_settings(root, model))) as client:
+    # Batches of up to 4 (the batch request below sends 3): the server compiles the
+    # conflicting shield for 1, 2 and 4 rows only, not every size up to 16.
+    settings = _settings(root, model, batch_sizes=[1, 2, 4], max_batch=4)
+    with TestClient(create_app(settings)) as client:
         yield client, PolicyArtifact.load(model), root / "audit.jsonl"
 
 

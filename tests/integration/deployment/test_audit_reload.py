@@ -12,7 +12,8 @@ from neorl_industrial.integration.safety import AuditLog, AuditLogError
 from neorl_industrial.integration.safety.audit import check_chain
 from neorl_industrial.wrappers.agents import PolicyArtifact
 from neorl_industrial.wrappers.agents.signing import generate_key_pair
-from tests.integration.deployment.test_server import ACT, ADMIN, AS_ACT, AS_ADMIN, _settings
+from tests.integration.deployment.test_server import ACT, ADMIN, AS_ACT, AS_ADMIN
+from tests.integration.deployment.test_server import _settings as _server_settings
 from tests.wrappers.agents.test_export import Policy, plant_inputs
 
 
@@ -40,6 +41,12 @@ def overriding(models):
     row = int(both.argmax())
     assert both[row]
     return {"observation": observations[row].tolist(), "prev_action": previous[row].tolist()}
+
+
+def _settings(tmp_path, model, **overrides):
+    """The policy server's test settings, serving one observation at a time: these tests
+    send single requests, so each server (and reload) compiles one batch size, not five."""
+    return _server_settings(tmp_path, model, batch_sizes=[1], max_batch=1, **overrides)
 
 
 def _version(client) -> str:
