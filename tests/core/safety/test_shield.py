@@ -96,9 +96,15 @@ def test_jit_and_no_jit_agree(obs, action, prev):
 
 @st.composite
 def feasible_specs(draw):
-    """Specs whose constant-zero fallback is always feasible: bounds around 0, state
-    limits that allow 0, action-only linear constraints with a non-negative bound. Every
-    spec has the same shapes, so one compiled shield serves all of them."""
+    """Specs whose constant-zero fallback is always feasible: bounds around 0, two state
+    limits that allow 0 on any actions (the same one or two), action-only linear
+    constraints with a non-negative bound.
+
+    Which action a state limit bounds is static in the compiled constraints, so a spec
+    names every action in a slot of each state limit and the slots of the actions not
+    drawn never hold (``observation_0 > 3`` while observations stay within [-2, 2]):
+    every spec has the same static structure and shapes, and one compiled shield serves
+    all of them, with the same enforced constraints as a spec of the two drawn limits."""
     size = 3
     names = [f"action_{i}" for i in range(size)]
     bounds = {name: [draw(st.floats(-3, 0)), draw(st.floats(0, 3))] for name in names}
@@ -109,14 +115,18 @@ def feasible_specs(draw):
             if draw(st.booleans())
             else {"min": draw(st.floats(-2, 0))}
         )
-        state.append(
-            {
-                "name": f"state{i}",
-                "when": {"feature": "observation_0", "above": draw(st.floats(-1, 1))},
-                "action": draw(st.sampled_from(names)),
-                **limit,
-            }
-        )
+        threshold = draw(st.floats(-1, 1))
+        bounded = draw(st.sampled_from(names))
+        for name in names:
+            drawn = name == bounded
+            state.append(
+                {
+                    "name": f"state{i}-{name}",
+                    "when": {"feature": "observation_0", "above": threshold if drawn else 3.0},
+                    "action": name,
+                    **(limit if drawn else {"max": 3.0}),
+                }
+            )
     linear = []
     for i in range(3):
         coefficients = draw(st.lists(st.floats(-2, 2), min_size=size, max_size=size))
