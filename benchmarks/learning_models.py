@@ -63,6 +63,7 @@ def model_based_run(
     n_seeds: int,
     scalings: Sequence[Any],
     models: Sequence[Any],
+    overrides: Any = None,
 ) -> tuple[Any, Any]:
     """The algorithm ``name`` stepping ``models`` (one per dataset, the datasets' reward
     scalings applied to their rewards, shielded by the task's constraints) and its fresh
@@ -78,7 +79,7 @@ def model_based_run(
         for model, scaling in zip(models, scalings, strict=True)
     ]
     algorithm = make_algorithm(
-        name, task.obs_size, task.action_size, hidden, n_updates, model=handles[0]
+        name, task.obs_size, task.action_size, hidden, n_updates, overrides, model=handles[0]
     )
     states = init_states(algorithm, task.normalizers, n_seeds)
     per_dataset = jax.tree.map(
@@ -100,9 +101,7 @@ def model_summary(models: Sequence[Any]) -> list[dict[str, Any]]:
     rows = []
     for model in models:
         one_step = [
-            row
-            for row in model.fidelity_rows
-            if row["kind"] == "observation" and row["step"] == 1
+            row for row in model.fidelity_rows if row["kind"] == "observation" and row["step"] == 1
         ]
         relative = [row["relative_rmse"] for row in one_step if row["relative_rmse"] is not None]
         coverage = [row["coverage"] for row in one_step if row["coverage"] is not None]

@@ -130,7 +130,6 @@ QUICK = {
 
 #: What no algorithm can match between the two libraries.
 COMMON_DIFFERENCES = (
-    "Biases: d3rlpy's start uniform in ±1/sqrt(fan_in) (PyTorch's default), ours at zero (flax's).",
     "Batches: d3rlpy draws them on the host with NumPy's generator, ours inside the "
     "compiled program with JAX's; both uniformly over the same transitions.",
 )
@@ -282,14 +281,14 @@ ALGORITHM_DIFFERENCES: dict[str, tuple[str, ...]] = {
 
 
 def initialization_differences(weight_init: str) -> list[str]:
-    """What differs in the weights' initialization for our ``weight_init`` (an algorithm
-    without the field starts from flax's ``lecun``)."""
+    """What differs in the initialization for our ``weight_init`` (every agent's config
+    has the field, ``networks.WeightInitConfig``)."""
     if weight_init == "uniform":
         return []
     return [
-        "Initialization: d3rlpy's weights start from PyTorch's default, uniform in "
-        f"±1/sqrt(fan_in); ours from weight_init {weight_init!r} (flax's LeCun normal, "
-        "three times the variance)."
+        "Initialization: d3rlpy's weights and biases start from PyTorch's default, uniform "
+        f"in ±1/sqrt(fan_in); ours from weight_init {weight_init!r} (flax's LeCun normal, "
+        "three times the variance, and zero biases)."
     ]
 
 
