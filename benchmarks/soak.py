@@ -46,6 +46,10 @@ BASELINE_S = 30.0
 RSS_SAMPLE_S = 5.0
 ATTACKERS = 256  # with --attack: half slow-header, half slow-body
 IN_FLIGHT = 64  # the good client's connections and requests in flight
+# A reload loads, verifies and compiles the new version while the old one serves: seconds
+# on a quiet machine, minutes on a saturated one (where a 30 s client timeout cut the
+# first reload of a soak whose server went on to finish it).
+RELOAD_TIMEOUT_S = 600.0
 # Fresh strong keys per run (a server without keys refuses reloads; the attackers have none).
 ACT_KEY = secrets.token_urlsafe(32)
 ADMIN_KEY = secrets.token_urlsafe(32)
@@ -143,7 +147,10 @@ async def _soak(
                     await asyncio.sleep(reload_every)
                     model = models[stats["reloads"] % 2]
                     response = await client.post(
-                        "/v1/admin/reload", json={"model": model}, headers=admin
+                        "/v1/admin/reload",
+                        json={"model": model},
+                        headers=admin,
+                        timeout=RELOAD_TIMEOUT_S,
                     )
                     response.raise_for_status()
                     stats["reloads"] += 1

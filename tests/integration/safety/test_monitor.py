@@ -179,3 +179,42 @@ def test_invalid_observations_are_counted():
     assert host_report(plain, len(NAMES)).invalid_observation.tolist() == [False, False]
     assert host_report(plain, len(NAMES)).violated_after is None
     assert SafetyMonitor(NAMES).summary()["out_of_distribution"] == 0
+
+
+def test_rows_observed_one_at_a_time_count_as_one_batch():
+    """A server observes one row per request; the monitor holds rows and counts them in
+    one pass (past PENDING_ROWS, when the version changes, and when read), which must
+    give what observing them as one batch gives."""
+    from neorl_industrial.integration.safety.monitor import PENDING_ROWS
+
+    rng = np.random.default_rng(0)
+    rows = PENDING_ROWS + 40  # past one flush of the buffer
+    proposed = rng.uniform(-2.0, 2.0, (rows, 3)).astype(np.float32)
+    proposed[::7, 0] = np.nan
+    observations = np.zeros((rows, ENV.observation_size), np.float32)
+    report = _report(observations, proposed)
+    batched = SafetyMonitor(NAMES)
+    batched.observe(report, policy_version="v1")
+    batched.observe(_report(), policy_version="v2")
+    single = SafetyMonitor(NAMES)
+    for row in range(rows):
+        single.observe(
+            SimpleNamespace(
+                status=np.asarray(report.status)[row : row + 1],
+                margin=np.asarray(report.margin)[row : row + 1],
+                applied_margin=np.asarray(report.applied_margin)[row : row + 1],
+            ),
+            policy_version="v1",
+        )
+        if row == 10:  # a read between observations counts what is held
+            assert single.decisions == 11
+    single.observe(_report(), policy_version="v2")  # another version: counted apart
+    one, other = single.summary(), batched.summary()
+    # Margin sums in another order: equal up to rounding.
+    one_constraints, other_constraints = one.pop("constraints"), other.pop("constraints")
+    assert one == other
+    assert one["decisions"] == rows + 4 and one["overrides_by_policy_version"]["v2"] == 2
+    for name in NAMES:
+        for field, value in one_constraints[name].items():
+            expected = other_constraints[name][field]
+            assert value == (expected if expected is None else pytest.approx(expected)), field
