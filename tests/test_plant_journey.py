@@ -97,11 +97,15 @@ def test_the_served_plant_policy_speaks_plant_units_through_the_plants_shield(jo
     valve, pump = held["action"]
     assert report["overridden"] and "rate/valve_pct" in report["violated"]
     assert valve >= 80.0 - 1e-3 and pump >= 60.0 - 1e-3 and valve - pump <= 40.0 + 1e-3
-    # The key pair the run made beside itself (keys/), as `serve` in that directory finds it.
+    # The key pair the run made beside itself (keys/), as `serve` in that directory finds it;
+    # one observation at a time (one compiled batch size, not nine: the request is refused
+    # before any policy runs).
     settings = ServerSettings(
         model=str(journey["run"] / "policy"),
         auth=False,
         trusted_keys=[journey["root"] / "keys" / "policy-signing.pub"],
+        batch_sizes=[1],
+        max_batch=1,
     )
     with TestClient(create_app(settings)) as client:
         wrong = client.post("/v1/act", json={"observation": [2.7, 50.0]})
