@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -80,9 +81,10 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     progress("fit: the plant model with its defaults")
     model = PlantModel(task, DynamicsConfig(**({"hidden": (32,)} if args.quick else {})))
     settings = FitSettings(max_updates=args.max_updates, horizon=min(100, args.horizon))
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     fitted = model.fit(dataset, settings, dataset_name=card.name)
     fit_seconds = time.perf_counter() - started
+    fit_cpu_seconds = time.process_time() - cpu_started
 
     params = model.params(0)
     holdout = np.asarray(fitted["dataset"]["holdout_episodes"])
@@ -122,14 +124,20 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         )
     )
     key = jax.random.PRNGKey(0)
-    compile_started = time.perf_counter()
+    compile_started, cpu_started = time.perf_counter(), time.process_time()
     compiled = rollouts.lower(policies, params, starts, lengths, key).compile()
     compile_seconds = time.perf_counter() - compile_started
-    run_seconds, _ = time_best(
-        lambda: jax.block_until_ready(compiled(policies, params, starts, lengths, key)),
-        repeats=args.repeats,
-    )
-    sums = jax.device_get(compiled(policies, params, starts, lengths, key))
+    compile_cpu_seconds = time.process_time() - cpu_started
+    outputs: list[Any] = []
+
+    def evaluate() -> None:
+        outputs.append(jax.block_until_ready(compiled(policies, params, starts, lengths, key)))
+
+    # Compiled ahead of time: no warm-up call; the last call's sums are kept.
+    cpu_started = time.process_time()
+    run_seconds, run_times = time_best(evaluate, repeats=args.repeats, warmup=0)
+    run_cpu_seconds = (time.process_time() - cpu_started) / args.repeats
+    sums = jax.device_get(outputs[-1])
 
     steps = np.minimum(
         np.asarray(rows)[:, None] + np.arange(args.horizon), heldout.n_transitions - 1
@@ -174,8 +182,17 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "fit_stopped_early": fitted["fit"]["stopped_early"],
         "evaluation_compile_seconds": compile_seconds,
         "evaluation_run_seconds": run_seconds,
+        "evaluation_run_seconds_all": run_times,
         "replay_seconds_with_compile": replay_seconds,
         "total_seconds": total,
+        # CPU time of this process (all threads): on a machine shared with other work the
+        # wall time stretches, the CPU time much less; on an idle machine of C cores the
+        # wall time lies between CPU time / C and CPU time.
+        "fit_cpu_seconds": fit_cpu_seconds,
+        "evaluation_compile_cpu_seconds": compile_cpu_seconds,
+        "evaluation_run_cpu_seconds": run_cpu_seconds,
+        "load_average_1min": os.getloadavg()[0],
+        "cpu_count": os.cpu_count(),
         "target_seconds": TARGET_SECONDS,
         "target_met": bool(total <= TARGET_SECONDS),
         "rollout_steps": rollout_steps,
@@ -204,7 +221,11 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
             f"run {results['evaluation_run_seconds']:.1f} s, "
             f"logged replay {results['replay_seconds_with_compile']:.1f} s; "
             f"total {results['total_seconds']:.1f} s (target {TARGET_SECONDS:.0f} s: "
-            f"{'met' if results['target_met'] else 'not met'})",
+            f"{'met' if results['target_met'] else 'not met'}); CPU time: fit "
+            f"{results['fit_cpu_seconds']:.0f} s, compile "
+            f"{results['evaluation_compile_cpu_seconds']:.0f} s, run "
+            f"{results['evaluation_run_cpu_seconds']:.0f} s on {results['cpu_count']} cores "
+            f"(load average {results['load_average_1min']:.1f})",
             f"  {results['rollout_steps_per_s']:,.0f} rollout steps/s, "
             f"{results['evaluation_flop_per_s'] / 1e9:.1f} GFLOP/s of a "
             f"{peak / 1e9:.1f} GFLOP/s matmul peak ({100 * results['fraction_of_peak']:.0f} %)",
@@ -224,7 +245,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--horizon", type=int, default=1000)
     parser.add_argument("--disagreement-every", type=int, default=10)
     parser.add_argument("--max-updates", type=int, default=10_000)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="timed evaluation runs")
     parser.add_argument("--results-dir", default=str(DEFAULT_RESULTS_DIR))
     parser.add_argument("-d", "--description", default="model-based OPE at the issue's size")
     parser.add_argument("-t", "--tag", default="untagged")
