@@ -12,6 +12,7 @@ Several seeds are one ``TrainState`` whose leaves carry a leading seed axis.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -57,4 +58,11 @@ def init_train_states(algorithm: Algorithm, seeds: Any) -> TrainState:
     seeds = jnp.asarray(seeds, jnp.uint32)
     if seeds.ndim != 1 or seeds.shape[0] < 1:
         raise ValueError(f"seeds: expected a non-empty list of seeds, got shape {seeds.shape}")
+    return _init_stacked(algorithm, seeds)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_stacked(algorithm: Algorithm, seeds: jax.Array) -> TrainState:
+    # One compiled program per algorithm (its functions are the static key), instead of
+    # the dozens of one-operation programs that initialising eagerly under vmap compiles.
     return jax.vmap(lambda seed: init_train_state(algorithm, seed))(seeds)
