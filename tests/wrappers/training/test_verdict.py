@@ -234,3 +234,21 @@ def test_bad_settings_and_candidates_are_refused(plant):
         verdict_of(plant, names=NAMES[:2])
     with pytest.raises(VerdictError, match="horizon: expected a positive integer"):
         VerdictSettings(horizon=0)
+
+
+def test_starts_from_too_few_episodes_carry_no_recommendation(plant):
+    few = plant["heldout"].select_episodes(np.arange(2))
+    verdict = model_verdict(
+        act=act,
+        policy_params=CANDIDATES,
+        names=NAMES,
+        heldout=few,
+        plant_model=plant["model"],
+        scaler=plant["scaler"],
+        cost_limits=(5.0, np.inf),
+        cost_names=plant["task"].cost_names,
+        settings=VerdictSettings(fqe=False, horizon=40, bootstrap=200),
+    )
+    assert verdict.decision == KEEP
+    controller = next(c for c in verdict.candidates if c["name"] == "controller")
+    assert "from 2 held-out episode(s)" in controller["reasons"][0]

@@ -109,6 +109,8 @@ class VerdictSettings:
         bootstrap: resamples of the intervals.
         min_cost_events: held-out steps with a cost above the channel's minimum below
             which a learned channel's estimate is "insufficient evidence".
+        min_episodes: held-out episodes the starts come from below which no interval
+            (a resample of whole episodes) can carry a recommendation.
         deterministic: follow each member's mean instead of sampling its noise.
         seed: the model noise's and the bootstrap's seed.
         model_seed: which of the plant model's ensembles (its fit's seeds) is used.
@@ -126,6 +128,7 @@ class VerdictSettings:
     level: float = 0.95
     bootstrap: int = 2000
     min_cost_events: int = 10
+    min_episodes: int = 3
     deterministic: bool = False
     seed: int = 0
     model_seed: int = 0
@@ -580,8 +583,15 @@ def model_verdict(
     estimators = tuple(result.estimator for result in behaviour_results)
     deciding = tuple(name for name in DECIDING if name in estimators)
     table = []
+    n_start_episodes = len(np.unique(start_episodes))
     for p, name in enumerate(names):
         reasons = []
+        if n_start_episodes < settings.min_episodes:
+            reasons.append(
+                f"insufficient evidence: the starts come from {n_start_episodes} held-out "
+                f"episode(s); an interval over whole episodes needs at least "
+                f"{settings.min_episodes}"
+            )
         for result in results[p]:
             if result.estimator not in deciding:
                 continue
