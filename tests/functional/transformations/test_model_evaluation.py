@@ -176,3 +176,18 @@ def test_disagreement_measured_every_few_steps_counts_the_same_steps(model, roll
     np.testing.assert_allclose(sums.closing_weight, every_step.closing_weight)
     ratio = sums.total_uncertainty.sum() / every_step.total_uncertainty.sum()
     assert 0.5 < ratio < 2.0
+
+
+def test_no_step_counts_a_reward_above_the_cap(model, rolled):
+    dynamics, params, _, starts = model
+    _, lengths, uncapped = rolled
+    cap = float(np.median(uncapped.total_return / np.maximum(uncapped.steps, 1)))
+    program = jax.jit(
+        make_policy_rollouts(
+            dynamics, act, horizon=HORIZON, discount=0.9, close_after=4, reward_cap=cap
+        )
+    )
+    capped = jax.device_get(program(POLICIES, params, starts, lengths, jax.random.PRNGKey(1)))
+    assert np.all(capped.total_return <= cap * capped.steps + 1e-4)
+    assert np.all(capped.total_return <= uncapped.total_return + 1e-4)
+    assert np.any(capped.total_return < uncapped.total_return - 1e-4)

@@ -223,6 +223,7 @@ def make_policy_rollouts(
     close_after: int = 0,
     deterministic: bool = False,
     disagreement_every: int = 1,
+    reward_cap: float | None = None,
 ) -> Callable[..., RolloutSums]:
     """The compiled-ready program ``rollouts(policy_params, dynamics_params, starts,
     lengths, key) -> RolloutSums`` with leading axes ``[P, M, N]``.
@@ -242,6 +243,9 @@ def make_policy_rollouts(
             the measure holds until the next); 0: never (the uncertainty is then the
             out-of-distribution excess alone). The out-of-distribution excess is
             measured at every step.
+        reward_cap: a step's reward is never counted above this (the highest reward in
+            the data): a model extrapolating outside its data cannot promise rewards
+            the plant was never seen to give. None: no cap.
 
     The program's inputs: ``policy_params`` stacked on a leading axis ``P``;
     ``dynamics_params`` with ``M`` members; ``starts [N, obs_size]``; ``lengths [N]``
@@ -274,6 +278,8 @@ def make_policy_rollouts(
                 measure,
                 held,
             )
+            if reward_cap is not None:
+                reward = jnp.minimum(reward, reward_cap)
             counted = alive & (t < length)
             alive_after = alive & ~done
             sums = _accumulate(
@@ -319,6 +325,7 @@ def make_logged_replay(
     close_after: int = 0,
     deterministic: bool = False,
     disagreement_every: int = 1,
+    reward_cap: float | None = None,
 ) -> Callable[..., RolloutSums]:
     """The logged operation by the same estimator: ``replay(dynamics_params, starts,
     actions, lengths, key) -> RolloutSums`` with leading axes ``[M, N]``, the logged
@@ -343,6 +350,8 @@ def make_logged_replay(
                 measure,
                 held,
             )
+            if reward_cap is not None:
+                reward = jnp.minimum(reward, reward_cap)
             counted = alive & (t < length)
             alive_after = alive & ~done
             sums = _accumulate(

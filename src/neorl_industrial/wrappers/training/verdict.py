@@ -457,6 +457,7 @@ def model_verdict(
         close_after=min(close, horizon) if close else 0,
         deterministic=settings.deterministic,
         disagreement_every=settings.disagreement_every if settings.penalty > 0 else 0,
+        reward_cap=float(rewards.max()) if settings.penalty > 0 else None,
     )
     rollouts = jax.jit(
         make_policy_rollouts(dynamics, act, constraints=constraints, scaler=scaler, **options)
