@@ -122,7 +122,9 @@ def test_td3bc_maps_to_d3rlpy_field_by_field():
         "update_actor_interval": 3,
     }
     _check(spec, "TD3PlusBCConfig", expected, ("actor_encoder_factory", "critic_encoder_factory"))
-    assert spec.differences == tuple(peer_parity.initialization_differences("lecun"))
+    assert spec.differences == ()  # TD3+BC starts from PyTorch's initialization, d3rlpy's
+    _, lecun = _spec("td3bc", weight_init="lecun")
+    assert lecun.differences == tuple(peer_parity.initialization_differences("lecun"))
 
 
 def test_iql_maps_to_d3rlpy_field_by_field_and_names_a_separate_value_rate():
@@ -217,10 +219,10 @@ def test_initialization_is_a_difference_only_where_ours_is_not_pytorchs():
     [text] = peer_parity.initialization_differences("lecun")
     assert text.startswith("Initialization") and "'lecun'" in text
     assert peer_parity.initialization_differences("uniform") == []
-    # An algorithm without the setting starts from flax's LeCun normal.
+    # BC starts from flax's LeCun normal.
     assert _spec("bc")[1].differences[0] == text
-    # CQL and the discrete agents start from PyTorch's scale unless told otherwise.
-    for name in ("cql", "discrete-bc", "discrete-cql"):
+    # TD3+BC, CQL and the discrete agents start from PyTorch's scale unless told otherwise.
+    for name in ("td3bc", "cql", "discrete-bc", "discrete-cql"):
         assert not any(t.startswith("Initialization") for t in _spec(name)[1].differences)
         changed = _spec(name, weight_init="lecun")[1]
         assert changed.differences[0] == text
