@@ -15,8 +15,9 @@ command line). Estimators (every number an **estimate**, named by its estimator)
   Pessimistic: every step's reward is lowered, and every cost raised, by ``penalty`` ×
   the signal's per-step spread in the data × the step's uncertainty (the members'
   disagreement in units of each feature's spread, plus how far observation or action
-  lie outside the data's range). A policy that leaves the data is not valued by
-  extrapolation: it pays for it.
+  lie outside the data's range), and no step's reward counts above the data's highest.
+  A policy that leaves the data is not valued by extrapolation: it pays for it. The
+  logged operation is not penalised (its replay's drift is the model's error).
 * ``fqe``: Fitted Q Evaluation of every candidate on the held-out episodes, at the same
   starts; the logged operation by the same estimator: FQE of a behaviour-cloned policy.
   Shown, not decisive: ``docs/selection.md`` shows FQE alone choosing no better than
@@ -520,10 +521,12 @@ def model_verdict(
             )
         return tuple(entries)
 
-    def model_result(sums, reference: np.ndarray | None, boot_seed: int) -> EstimatorResult:
-        pessimistic = sums.discounted_return - penalty * reward_spread * sums.discounted_uncertainty
-        episode = sums.total_return - penalty * reward_spread * sums.total_uncertainty
-        costs = sums.total_costs + penalty * cost_spread * sums.total_uncertainty[..., None]
+    def model_result(
+        sums, reference: np.ndarray | None, boot_seed: int, weight: float = penalty
+    ) -> EstimatorResult:
+        pessimistic = sums.discounted_return - weight * reward_spread * sums.discounted_uncertainty
+        episode = sums.total_return - weight * reward_spread * sums.total_uncertainty
+        costs = sums.total_costs + weight * cost_spread * sums.total_uncertainty[..., None]
         scale = np.maximum(per_step_limit[None, :] * lengths[:, None], 1e-12)
         boot = bootstrap_means(pessimistic, start_episodes, settings.bootstrap, boot_seed)
         improvement = None
@@ -547,14 +550,15 @@ def model_verdict(
             override_share=float(np.mean(sums.overridden_steps.sum((-2, -1)) / steps_total)),
         )
 
-    logged_pessimistic = (
-        logged.discounted_return - penalty * reward_spread * logged.discounted_uncertainty
-    )
+    # The logged operation is not penalised: its actions are the data's own, and the
+    # drift of their open-loop replay is the model's error, which would otherwise make any
+    # candidate look better (conservative: only candidates pay for uncertainty).
+    logged_value = logged.discounted_return
     results: list[list[EstimatorResult]] = [[] for _ in range(n_policies)]
     for p in range(n_policies):
         own = jax.tree.map(lambda x, p=p: x[p], candidates)
-        results[p].append(model_result(own, logged_pessimistic, settings.seed + p))
-    behaviour_results = [model_result(logged, None, settings.seed)]
+        results[p].append(model_result(own, logged_value, settings.seed + p))
+    behaviour_results = [model_result(logged, None, settings.seed, weight=0.0)]
     discounted_threshold = threshold
 
     if settings.fqe:
@@ -773,7 +777,9 @@ def _fqe_estimators(
     clone_closing = clone_values(jnp.asarray(logged.closing_observation, jnp.float32)[None])[0]
     penalty = settings.penalty
 
-    def head(sums: RolloutSums, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def head(
+        sums: RolloutSums, tail: np.ndarray, penalty: float = settings.penalty
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``model+fqe`` return ``[..., M, N]`` and discounted costs ``[..., M, N, C]``."""
         tail = tail.mean(axis=-4)  # over FQE seeds
         weight = sums.closing_weight
@@ -783,7 +789,7 @@ def _fqe_estimators(
         costs = costs + weight[..., None] * tail[..., 1:]
         return value, costs
 
-    logged_combined, logged_combined_costs = head(logged, clone_closing[None])
+    logged_combined, logged_combined_costs = head(logged, clone_closing[None], penalty=0.0)
     logged_combined, logged_combined_costs = logged_combined[0], logged_combined_costs[0]
     results: list[list[EstimatorResult]] = []
     seed = settings.seed
@@ -848,7 +854,7 @@ def _fqe_estimators(
             ),
             episode_return=None,
             improvement=None,
-            penalty=float(np.mean(penalty * reward_spread * logged.head_uncertainty)),
+            penalty=0.0,
             costs=costs_of(logged_combined_costs, seed),
         ),
     ]
