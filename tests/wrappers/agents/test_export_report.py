@@ -116,7 +116,9 @@ def test_the_artifact_flags_observations_outside_the_data_and_decides_as_without
         task.action_names,
         observation_bounds=(task.observation_low, task.observation_high),
     )
-    safe, report = shield(without_range, observations, jnp.asarray(proposal), prev)
+    safe, report = jax.jit(lambda o, a, p: shield(without_range, o, a, p))(
+        observations, jnp.asarray(proposal), prev
+    )
     np.testing.assert_allclose(decision.action, np.asarray(safe), atol=1e-5)
     np.testing.assert_array_equal(
         decision.status, np.asarray(report.status) | np.asarray([0, 64], np.int32)
