@@ -250,3 +250,27 @@ def test_a_mixed_batch_takes_the_real_ratio_from_the_real_batch(trained):
     mixed = mixed_batch(real, buffer, jax.random.PRNGKey(1), 0.05)
     assert mixed.rewards.shape == (40,)
     assert int(jnp.sum(mixed.rewards == 1e6)) == 2  # round(0.05 * 40)
+
+
+def test_an_agent_trains_mopo_with_its_plant_model_and_names_what_it_needs(plant, tmp_path):
+    """Through the Agent: MOPO trains with the plant model handed to ``fit`` (no held-out
+    episodes needed: the model trains, it does not judge), refuses to train without one or
+    in a sweep, and the saved agent loads and acts without the model."""
+    from neorl_industrial.wrappers.agents import Agent, AgentError
+
+    dataset, model = plant
+    agent = Agent("mopo", task=model.task, **SMALL)
+    with pytest.raises(AgentError, match="trains on a plant model of this log"):
+        agent.fit(dataset, updates=100, chunk=100, evaluate=False)
+    with pytest.raises(AgentError, match="not swept in one program"):
+        agent.sweep(dataset, {"actor_lr": [1e-4, 3e-4]}, updates=100)
+    result = agent.fit(
+        dataset, updates=100, chunk=100, batch_size=32, evaluate=False, plant_model=model
+    )
+    assert np.isfinite(np.asarray(result.history[-1]["metrics"]["critic_loss"])).all()
+    assert "verdict" not in agent.training
+    observations = np.asarray(dataset.observations[:5])
+    actions = np.asarray(agent.predict(observations))
+    assert actions.shape == (5, 1) and ((actions >= 0.0) & (actions <= 100.0)).all()
+    loaded = Agent.load(agent.save(tmp_path / "mopo"))
+    np.testing.assert_allclose(np.asarray(loaded.predict(observations)), actions, atol=1e-5)

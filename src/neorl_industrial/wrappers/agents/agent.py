@@ -273,15 +273,37 @@ class Agent:
     def fitted(self) -> bool:
         return self.policies is not None
 
-    def _build(self, hyperparameters: dict[str, Any]) -> None:
+    def _build(
+        self,
+        hyperparameters: dict[str, Any],
+        plant_model: Any = None,
+        reward_scale: RewardScaling | None = None,
+    ) -> None:
+        """The algorithm of ``hyperparameters``; a model-based one steps ``plant_model``
+        (without one it initialises and acts, as a loaded agent does, but cannot train)."""
+        action_size = self.task.num_actions if self.entry.discrete else self.task.action_size
         try:
-            self.policy_algorithm, self.config = build_algorithm(
-                self.entry.name,
-                self.task.observation_size,
-                self.task.num_actions if self.entry.discrete else self.task.action_size,
-                hyperparameters,
-            )
-        except HyperparameterError as error:
+            if self.entry.model_based and plant_model is not None:
+                from neorl_industrial.wrappers.training.model_based import (
+                    build_model_based,
+                    model_handle,
+                )
+
+                handle = model_handle(
+                    plant_model, reward_scaling=reward_scale, constraints=self.constraints
+                )
+                self.policy_algorithm, self.config = build_model_based(
+                    self.entry.name,
+                    self.task.observation_size,
+                    action_size,
+                    hyperparameters,
+                    handle,
+                )
+            else:
+                self.policy_algorithm, self.config = build_algorithm(
+                    self.entry.name, self.task.observation_size, action_size, hyperparameters
+                )
+        except (HyperparameterError, ValueError) as error:
             raise AgentError(str(error)) from None
         self.algorithm = with_action_scaling(self.policy_algorithm, self.scaler)
         self._decide = None
@@ -468,9 +490,15 @@ class Agent:
         hyperparameters, reward_scale = prepared.hyperparameters, prepared.reward_scale
         reward_scaling = prepared.reward_scaling
         trained_episodes = self._trained_episodes(dataset, heldout)
-        if plant_model is not None:
-            self._check_plant_model(plant_model, dataset, heldout, card)
-        self._build(hyperparameters)
+        if self.entry.model_based and plant_model is None:
+            raise AgentError(
+                f"algorithm {self.entry.name!r} trains on a plant model of this log: pass "
+                "plant_model=PlantModel.load(...) (fit one with `neorl-industrial model fit`)"
+            )
+        judge = plant_model is not None and self._check_plant_model(
+            plant_model, dataset, heldout, card, verdict=not self.entry.model_based
+        )
+        self._build(hyperparameters, plant_model, reward_scale)
         evaluator: Any = None
         ope_evaluator = None
         if heldout is not None:
@@ -550,7 +578,7 @@ class Agent:
         if ope_evaluator is not None and evaluator is not ope_evaluator:
             # Beside the simulator: how far the estimates are from the truth.
             self.training["ope"] = self._side_by_side(ope_evaluator, eval_episodes, eval_seed)
-        if plant_model is not None and heldout is not None:
+        if judge and heldout is not None:
             self.training["verdict"] = self.judge(
                 heldout, plant_model, ope=ope, settings=verdict, checked=True
             ).to_dict()
@@ -617,6 +645,11 @@ class Agent:
         )
         data, hyperparameters = prepared.data, prepared.hyperparameters
         trained_episodes = self._trained_episodes(dataset, prepared.heldout)
+        if self.entry.model_based:
+            raise AgentError(
+                f"algorithm {self.entry.name!r} trains on a plant model and is not swept in "
+                "one program; fit each configuration with plant_model= instead"
+            )
         if plant_model is not None:
             self._check_plant_model(plant_model, dataset, prepared.heldout, card)
         verdicts: list[Verdict] = []
@@ -1128,9 +1161,15 @@ class Agent:
         card: Any,
         *,
         name: str | None = None,
-    ) -> None:
+        verdict: bool = True,
+    ) -> bool:
         """Refuses a plant model of another task or dataset (by name and fingerprint),
-        not fitted, or fitted on episodes the evaluation holds out."""
+        not fitted, or fitted on episodes the evaluation holds out. ``verdict`` false (a
+        model-based agent's own model): a fit without held-out episodes is fine, and a
+        verdict is made only when the model never saw the held-out ones.
+
+        Returns:
+            Whether the model may judge policies on ``heldout``."""
         from neorl_industrial.wrappers.models import PlantModelError
 
         name = name or ("dataset" if card is None else f"dataset {card.name!r}")
@@ -1145,8 +1184,10 @@ class Agent:
         except PlantModelError as error:
             raise AgentError(f"plant_model: {error}") from None
         if dataset is None:
-            return
+            return True
         fitted_on = plant_model.card["dataset"]["train_episodes"]
+        if heldout is None and not verdict:
+            return False
         if heldout is None:
             raise AgentError(
                 "plant_model: a verdict is made on held-out episodes, and this fit holds none "
@@ -1155,6 +1196,8 @@ class Agent:
         digests = episode_digests(dataset)
         model_trained = {digests[i] for i in fitted_on}
         overlap = sum(d in model_trained for d in episode_digests(heldout))
+        if overlap and not verdict:
+            return False
         if overlap:
             raise AgentError(
                 f"plant_model: fitted on {overlap} of the {heldout.n_episodes} episodes the "
@@ -1162,6 +1205,7 @@ class Agent:
                 "it with the same held-out share and split seed as the evaluation (model fit "
                 "--holdout/--split-seed, ope.holdout/ope.split_seed)"
             )
+        return True
 
     # ----- files -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
