@@ -78,8 +78,8 @@ def layers_of(params) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def test_cql_starts_from_pytorch_s_default_layers_and_refuses_an_unknown_one():
     """CQL's networks start as CORL's and d3rlpy's (weights and biases uniform in
-    ±1/sqrt(fan_in)); the other agents keep flax's LeCun normal and zero biases."""
-    from neorl_industrial.core.agents import TD3BCConfig, make_td3bc
+    ±1/sqrt(fan_in)); IQL keeps flax's LeCun normal and zero biases by default."""
+    from neorl_industrial.core.agents import IQLConfig, make_iql
 
     cql = make_cql(CQLConfig(hidden=(64, 64)), 12, 2).init(jax.random.PRNGKey(0))
     every = layers_of((cql.policy.actor, cql.critic))
@@ -88,10 +88,10 @@ def test_cql_starts_from_pytorch_s_default_layers_and_refuses_an_unknown_one():
         bound = 1.0 / np.sqrt(kernel.shape[-2]) + 1e-6
         assert np.max(np.abs(kernel)) <= bound and np.max(np.abs(bias)) <= bound
         assert np.std(bias) > bound / 4  # uniform: spread over the bound, not zero
-    td3bc = make_td3bc(TD3BCConfig(hidden=(64, 64)), 12, 2).init(jax.random.PRNGKey(0))
-    first, _ = layers_of(td3bc.policy.actor)[0]
+    iql = make_iql(IQLConfig(hidden=(64, 64)), 12, 2).init(jax.random.PRNGKey(0))
+    first, _ = layers_of(iql.policy.actor)[0]
     assert first.shape == (12, 64)
     assert np.max(np.abs(first)) > 1.0 / np.sqrt(12)  # LeCun normal's tails
-    assert all(not bias.any() for _, bias in layers_of((td3bc.policy.actor, td3bc.critic)))
+    assert all(not bias.any() for _, bias in layers_of((iql.policy.actor, iql.critic)))
     with pytest.raises(ValueError, match="weight_init: expected one of"):
         CQLConfig(weight_init="xavier")
