@@ -186,8 +186,10 @@ print(json.dumps({"devices": len(jax.devices()), "relative": relative,
 def test_four_host_devices_train_the_parameters_one_device_trains(tank, tmp_path):
     result = last_json(run_on_host_devices(["-c", FORCED, str(TANK), str(tmp_path)], 4))
     assert result["devices"] == 4 and result["shard_devices"] == 4
-    # The same program up to the order of the gradient sums.
-    assert result["relative"] < 1e-4
+    # The same program up to the order of the gradient sums (measured 1.1e-4 after 20
+    # Adam updates from uniform initialization, whose rescaling amplifies the rounding of
+    # near-zero gradients; a wrong shard or a missing average is off by order one).
+    assert result["relative"] < 5e-4
 
 
 @pytest.mark.slow

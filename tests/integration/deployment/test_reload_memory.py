@@ -109,6 +109,8 @@ def test_reloads_keep_a_bounded_number_of_policies_and_compiled_functions(tmp_pa
     checks, deserialized functions and jitted functions (with their executables) is
     alive, and no more than the served policy and the one it replaced."""
     settings = _settings(tmp_path, policies["a"], batch_sizes=[1, 2], max_batch=2)
+    # What this process held before (other tests' artifacts in module fixtures).
+    before = _live(_PER_POLICY)
     counts = []
     with TestClient(create_app(settings)) as client:
         for index in range(3):
@@ -118,7 +120,8 @@ def test_reloads_keep_a_bounded_number_of_policies_and_compiled_functions(tmp_pa
             act = client.post("/v1/act", json={"observation": [50.0] * 6}, headers=AS_ACT)
             assert act.status_code == 200, act.text
             if index in (0, 2):
-                counts.append(_live(_PER_POLICY))
+                now = _live(_PER_POLICY)
+                counts.append({name: now[name] - before[name] for name in _PER_POLICY})
     first, last = counts
     assert last == first, f"alive after the first reload {first}, after the third {last}"
     assert last["LoadedPolicy"] <= 2 and last["PolicyArtifact"] <= 2
