@@ -460,8 +460,27 @@ def markdown(config: dict[str, Any], results: dict[str, Any]) -> str:
         f"--updates {config['n_updates']} --episodes {config['n_true_episodes']}` are the "
         "settings above); `--quick --no-save` for a smoke run.",
         "",
+        *VERDICT_SECTION,
     ]
     return "\n".join(lines)
+
+
+#: The page's closing section: where these estimates go (written by hand, kept on rerun).
+VERDICT_SECTION = [
+    "## From estimates to a verdict",
+    "",
+    "FQE's estimates are one of three estimators of the verdict that decides whether a policy",
+    "is better than the logged operation and within its cost limits: a pessimistic plant-model",
+    "rollout of every candidate (the shield in the loop, the operators' logged actions replayed",
+    "in the same model members), FQE (shown, not deciding), and model rollouts closed by FQE's",
+    'value; each with a bootstrap interval, "insufficient evidence" for a cost with too few',
+    'events held out, and "keep the current operation" unless every deciding estimator\'s lower',
+    "bound of the improvement is above zero. `evaluate --ope DATASET --plant-model MODEL`,",
+    "`train`/`sweep --plant-model MODEL`, `Agent.evaluate_offline(..., plant_model=...)`:",
+    "[verdict.md](verdict.md). `evaluate --ope` leaves out, loudly, the episodes the agent was",
+    "trained on.",
+    "",
+]
 
 
 def _support_lines(policies: dict[str, Any]) -> list[str]:

@@ -44,6 +44,7 @@ BENCHMARKS: dict[str, str] = {
     "sweep": "benchmarks.sweep",
     "shield_overhead": "benchmarks.shield_overhead",
     "ope": "benchmarks.ope",
+    "model_ope": "benchmarks.model_ope",
     "serving": "benchmarks.serving",
     "soak": "benchmarks.soak",
     "slow_clients": "benchmarks.slow_clients",

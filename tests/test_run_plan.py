@@ -10,6 +10,7 @@ from neorl_industrial.integration.datasets import generate_dataset, save_native
 from neorl_industrial.pipeline import resolve_run
 from neorl_industrial.wrappers.agents.agent import AgentError
 from neorl_industrial.wrappers.training import RunConfig
+from neorl_industrial.wrappers.training.config import ConfigError
 
 
 def config(**sections) -> RunConfig:
@@ -68,3 +69,12 @@ def test_a_constraint_spec_naming_a_missing_feature_is_refused(tmp_path, default
     )
     with pytest.raises(AgentError, match=r"rate_limits.valve_pct.*velocity"):
         plan.agent()
+
+
+def test_the_held_out_split_of_the_config_reaches_the_evaluation_settings():
+    """The split a plant model must share (``model fit --holdout --split-seed``) is set once,
+    in the config's ``evaluation.ope``, and the run's settings carry it."""
+    plan = resolve_run(config(evaluation={"ope": {"holdout": 0.25, "split_seed": 7}}))
+    assert (plan.ope.holdout, plan.ope.split_seed) == (0.25, 7)
+    with pytest.raises(ConfigError, match="split_seed"):
+        config(evaluation={"ope": {"split_seed": -1}})

@@ -161,6 +161,7 @@ def resolve_run(config: RunConfig) -> RunPlan:
         hidden=tuple(ope_section.hidden),
         discount=ope_section.discount,
         always=ope_section.always,
+        split_seed=ope_section.split_seed,
     )
     return RunPlan(config, task, dataset, card, facts, spec, ope)
 

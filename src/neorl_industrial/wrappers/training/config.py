@@ -152,6 +152,9 @@ class OPESection(_Section):
     discount: float = Field(default=0.99, gt=0, lt=1)
     #: Also when a simulator exists (estimates beside the simulator's numbers).
     always: bool = False
+    #: Seed of the held-out split (a plant model that judges the runs is fitted with the
+    #: same share and seed: ``model fit --holdout --split-seed``).
+    split_seed: int = Field(default=0, ge=0)
 
 
 class EvaluationSection(_Section):
