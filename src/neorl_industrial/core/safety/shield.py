@@ -300,14 +300,11 @@ def _project(
             projected = _halfspace_in_box(projected, normals[row], limits[row], low, high)
         return projected
 
-    projected = visit(list(action))
-    if len(rows) > 1:
-        # The later visits as a loop, not unrolled: the same arithmetic in a third of
-        # the program, which is what the shield's compile time grows with.
-        projected = jax.lax.fori_loop(
-            1, PROJECTION_PASSES, lambda _, parts: visit(parts), projected
-        )
-    return projected
+    if len(rows) == 1:
+        return visit(list(action))
+    # The passes as a loop, not unrolled: the same arithmetic in a fraction of the
+    # program, which is what the shield's compile time grows with.
+    return jax.lax.fori_loop(0, PROJECTION_PASSES, lambda _, parts: visit(parts), list(action))
 
 
 def project(
