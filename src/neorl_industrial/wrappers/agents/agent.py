@@ -1300,7 +1300,10 @@ class Agent:
             )
         agent._build(hyperparameters)
         agent.seeds = [int(seed) for seed in manifest["seeds"]]
-        template = init_train_states(agent.policy_algorithm, agent.seeds).agent.policy
+        # The policies' structure, shapes and dtypes only: traced, neither compiled nor run.
+        template = jax.eval_shape(
+            lambda: init_train_states(agent.policy_algorithm, agent.seeds).agent.policy
+        )
         try:
             policies = serialization.from_bytes(template, (path / POLICIES).read_bytes())
         except FileNotFoundError:
