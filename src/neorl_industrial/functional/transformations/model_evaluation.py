@@ -212,6 +212,37 @@ def _scan_blocks(advance: Callable[..., Any], carry: Any, xs: Any, every: int) -
     return carry
 
 
+def _counted_step(
+    dynamics: Dynamics,
+    *,
+    discount: float,
+    close_after: int,
+    deterministic: bool,
+    reward_cap: float | None,
+) -> Callable[..., tuple[jax.Array, jax.Array, jax.Array, RolloutSums]]:
+    """One model step of a rollout and what it adds to the sums, the same for a policy's
+    rollout and the logged replay: ``step(params, member, observation, action,
+    overridden, key, measure, alive, held, sums, t, length) -> (observation, alive,
+    held, sums)``."""
+
+    def step(params, member, observation, action, overridden, key, measure, alive, held, sums,
+             t, length):  # fmt: skip
+        next_observation, reward, costs, done, held, ood = _model_step(
+            dynamics, params, observation, action, key, member, deterministic, measure, held
+        )
+        if reward_cap is not None:
+            reward = jnp.minimum(reward, reward_cap)
+        counted = alive & (t < length)
+        alive_after = alive & ~done
+        sums = _accumulate(
+            sums, t, counted, discount, close_after, reward, costs, held + ood, ood > 0.0,
+            overridden, next_observation, alive_after,
+        )  # fmt: skip
+        return jnp.where(counted, next_observation, observation), alive_after, held, sums
+
+    return step
+
+
 def make_policy_rollouts(
     dynamics: Dynamics,
     act: Callable[..., jax.Array],
@@ -254,6 +285,13 @@ def make_policy_rollouts(
     """
     n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
     padded = _padded(horizon, disagreement_every)
+    step = _counted_step(
+        dynamics,
+        discount=discount,
+        close_after=close_after,
+        deterministic=deterministic,
+        reward_cap=reward_cap,
+    )
 
     def one(policy_params, params, member, start, length, key):
         def advance(carry, inputs, measure):
@@ -267,37 +305,11 @@ def make_policy_rollouts(
                 previous = safe
                 action = safe if scaler is None else scaler.scale(safe)
                 overridden = report.overridden
-            next_observation, reward, costs, done, held, ood = _model_step(
-                dynamics,
-                params,
-                observation,
-                action,
-                step_key,
-                member,
-                deterministic,
-                measure,
-                held,
-            )
-            if reward_cap is not None:
-                reward = jnp.minimum(reward, reward_cap)
-            counted = alive & (t < length)
-            alive_after = alive & ~done
-            sums = _accumulate(
-                sums,
-                t,
-                counted,
-                discount,
-                close_after,
-                reward,
-                costs,
-                held + ood,
-                ood > 0.0,
-                overridden,
-                next_observation,
-                alive_after,
-            )
-            observation = jnp.where(counted, next_observation, observation)
-            return observation, previous, alive_after, held, sums
+            observation, alive, held, sums = step(
+                params, member, observation, action, overridden, step_key, measure,
+                alive, held, sums, t, length,
+            )  # fmt: skip
+            return observation, previous, alive, held, sums
 
         previous = jnp.full((dynamics.layout.action_size,), jnp.nan, jnp.float32)
         zero = jnp.zeros((), jnp.float32)
@@ -334,42 +346,22 @@ def make_logged_replay(
     :func:`make_policy_rollouts`."""
     n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
     padded = _padded(horizon, disagreement_every)
+    step = _counted_step(
+        dynamics,
+        discount=discount,
+        close_after=close_after,
+        deterministic=deterministic,
+        reward_cap=reward_cap,
+    )
 
     def one(params, member, start, actions, length, key):
         def advance(carry, inputs, measure):
             observation, alive, held, sums = carry
             t, action, step_key = inputs
-            next_observation, reward, costs, done, held, ood = _model_step(
-                dynamics,
-                params,
-                observation,
-                action,
-                step_key,
-                member,
-                deterministic,
-                measure,
-                held,
-            )
-            if reward_cap is not None:
-                reward = jnp.minimum(reward, reward_cap)
-            counted = alive & (t < length)
-            alive_after = alive & ~done
-            sums = _accumulate(
-                sums,
-                t,
-                counted,
-                discount,
-                close_after,
-                reward,
-                costs,
-                held + ood,
-                ood > 0.0,
-                jnp.zeros((), bool),
-                next_observation,
-                alive_after,
-            )
-            observation = jnp.where(counted, next_observation, observation)
-            return observation, alive_after, held, sums
+            return step(
+                params, member, observation, action, jnp.zeros((), bool), step_key, measure,
+                alive, held, sums, t, length,
+            )  # fmt: skip
 
         zero = jnp.zeros((), jnp.float32)
         carry = (start, jnp.ones((), bool), zero, _zeros(n_costs, obs_size))
