@@ -793,22 +793,19 @@ def _fqe_estimators(
     logged_combined, logged_combined_costs = logged_combined[0], logged_combined_costs[0]
     results: list[list[EstimatorResult]] = []
     seed = settings.seed
+
+    def interval(values: np.ndarray, draw_seed: int) -> Interval:
+        draws = bootstrap_means(values, start_episodes, settings.bootstrap, draw_seed)
+        return _interval(values, draws, settings.level)
+
     for p in range(n_policies):
         fqe_returns = at_starts[p, ..., 0]  # [S, N]
         difference = fqe_returns - clone_at_starts[..., 0]
         fqe = EstimatorResult(
             estimator="fqe",
-            discounted_return=_interval(
-                fqe_returns,
-                bootstrap_means(fqe_returns, start_episodes, settings.bootstrap, seed + p),
-                settings.level,
-            ),
+            discounted_return=interval(fqe_returns, seed + p),
             episode_return=None,
-            improvement=_interval(
-                difference,
-                bootstrap_means(difference, start_episodes, settings.bootstrap, seed + p),
-                settings.level,
-            ),
+            improvement=interval(difference, seed + p),
             penalty=0.0,
             costs=costs_of(at_starts[p, ..., 1:], seed + p),
         )
@@ -817,17 +814,9 @@ def _fqe_estimators(
         difference = combined - logged_combined
         mixed = EstimatorResult(
             estimator="model+fqe",
-            discounted_return=_interval(
-                combined,
-                bootstrap_means(combined, start_episodes, settings.bootstrap, seed + p),
-                settings.level,
-            ),
+            discounted_return=interval(combined, seed + p),
             episode_return=None,
-            improvement=_interval(
-                difference,
-                bootstrap_means(difference, start_episodes, settings.bootstrap, seed + p),
-                settings.level,
-            ),
+            improvement=interval(difference, seed + p),
             penalty=float(np.mean(penalty * reward_spread * own.head_uncertainty)),
             costs=costs_of(combined_costs, seed + p),
         )
@@ -835,11 +824,7 @@ def _fqe_estimators(
     behaviour = [
         EstimatorResult(
             estimator="fqe",
-            discounted_return=_interval(
-                clone_at_starts[..., 0],
-                bootstrap_means(clone_at_starts[..., 0], start_episodes, settings.bootstrap, seed),
-                settings.level,
-            ),
+            discounted_return=interval(clone_at_starts[..., 0], seed),
             episode_return=None,
             improvement=None,
             penalty=0.0,
@@ -847,11 +832,7 @@ def _fqe_estimators(
         ),
         EstimatorResult(
             estimator="model+fqe",
-            discounted_return=_interval(
-                logged_combined,
-                bootstrap_means(logged_combined, start_episodes, settings.bootstrap, seed),
-                settings.level,
-            ),
+            discounted_return=interval(logged_combined, seed),
             episode_return=None,
             improvement=None,
             penalty=0.0,
