@@ -545,6 +545,14 @@ def _render_plain(tables: list[Table], stream: Any) -> None:
         print(file=stream)
 
 
+def require_positive(parser: Any, args: Any, names: Sequence[str]) -> None:
+    """``parser.error`` naming the first option of ``names`` (attributes of ``args``) that
+    is below 1: ``--max-updates: expected a positive integer``."""
+    for name in names:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
+
+
 def progress(message: str) -> None:
     """One line on standard error, so that a long run shows where it is."""
     print(f"  {message}", file=sys.stderr, flush=True)

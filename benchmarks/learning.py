@@ -83,6 +83,7 @@ from benchmarks.harness import (
     DEFAULT_RESULTS_DIR,
     BenchmarkResult,
     mean_confidence_interval,
+    require_positive,
     save_study,
     utc_timestamp,
 )
@@ -592,18 +593,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.eval_every = 100
     if min(args.hidden) < 1:
         parser.error("--hidden: expected positive layer widths")
-    for name in (
-        "trajectories",
-        "seeds",
-        "updates",
-        "chunk",
-        "batch_size",
-        "episodes",
-        "curve_episodes",
-        "model_updates",
-    ):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    require_positive(
+        parser,
+        args,
+        (
+            "trajectories",
+            "seeds",
+            "updates",
+            "chunk",
+            "batch_size",
+            "episodes",
+            "curve_episodes",
+            "model_updates",
+        ),
+    )
     args.chunk = min(args.chunk, args.updates)
     for name in ("updates", "eval_every", "checkpoint_every"):
         value = getattr(args, name)

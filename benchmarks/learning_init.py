@@ -27,7 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import BenchmarkResult, mean_confidence_interval, progress, system_info
+from benchmarks.harness import (
+    BenchmarkResult,
+    mean_confidence_interval,
+    progress,
+    require_positive,
+    system_info,
+)
 from benchmarks.learning_common import QUALITIES
 from benchmarks.learning_programs import (
     compiled_chunk,
@@ -145,9 +151,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("-t", "--tag", default="untagged")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
-    for name in ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    require_positive(
+        parser, args, ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes")
+    )
     if args.seeds < 2:
         parser.error("--seeds: expected at least 2 (the test compares spreads over seeds)")
     args.chunk = min(args.chunk, args.updates)

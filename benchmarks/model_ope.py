@@ -42,6 +42,7 @@ from benchmarks.harness import (
     DEFAULT_RESULTS_DIR,
     BenchmarkResult,
     progress,
+    require_positive,
     system_info,
     time_best,
     utc_timestamp,
@@ -259,9 +260,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.quick:
         args.trajectories, args.policies, args.starts, args.horizon = 5, 4, 8, 50
         args.max_updates, args.repeats = 500, 1
-    for name in ("trajectories", "policies", "starts", "horizon", "max_updates", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    require_positive(
+        parser, args, ("trajectories", "policies", "starts", "horizon", "max_updates", "repeats")
+    )
     return args
 
 

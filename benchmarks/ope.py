@@ -50,6 +50,7 @@ from benchmarks.harness import (
     evaluate_targets,
     progress,
     publish_study,
+    require_positive,
     utc_timestamp,
 )
 from neorl_industrial.functional.transformations.evaluation import discounted_values
@@ -560,9 +561,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.trajectories, args.seeds, args.updates, args.chunk, args.episodes = 4, 1, 1000, 500, 8
     if min(args.hidden) < 1:
         parser.error("--hidden: expected positive layer widths")
-    for name in ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    require_positive(
+        parser, args, ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes")
+    )
     return args
 
 

@@ -73,6 +73,7 @@ from benchmarks.harness import (
     BenchmarkResult,
     progress,
     publish_study,
+    require_positive,
     utc_timestamp,
     write_atomically,
 )
@@ -1203,9 +1204,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if getattr(args, field) is None:
             setattr(args, field, value)
     args.chunk = min(args.chunk, args.updates) if args.updates > 0 else args.chunk
-    for field in ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes"):
-        if getattr(args, field) < 1:
-            parser.error(f"--{field.replace('_', '-')}: expected a positive integer")
+    require_positive(
+        parser, args, ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes")
+    )
     if min(args.hidden) < 1:
         parser.error("--hidden: expected positive layer widths")
     if args.torch_threads is not None and args.torch_threads < 1:

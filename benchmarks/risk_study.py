@@ -51,6 +51,7 @@ from benchmarks.harness import (
     mean_confidence_interval,
     progress,
     publish_study,
+    require_positive,
     utc_timestamp,
 )
 from benchmarks.safety_study import (
@@ -870,9 +871,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.quick:
         args.trajectories, args.seeds, args.updates, args.chunk = 2, 2, 100, 50
         args.episodes, args.horizon = 10, 100
-    for name in ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    require_positive(
+        parser, args, ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes")
+    )
     if args.seeds < 2:
         parser.error("--seeds: at least 2, for an interval over seeds")
     try:

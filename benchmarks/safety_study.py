@@ -47,6 +47,7 @@ from benchmarks.harness import (
     REPO_ROOT,
     progress,
     publish_study,
+    require_positive,
     utc_timestamp,
 )
 from benchmarks.learning import (
@@ -622,9 +623,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--tasks: unknown environment {unknown[0]!r}; registered: {sorted(registered_envs())}"
         )
-    for name in ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes", "horizon"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}: expected a positive integer")
+    require_positive(
+        parser,
+        args,
+        ("trajectories", "seeds", "updates", "chunk", "batch_size", "episodes", "horizon"),
+    )
     started = utc_timestamp()
     config, results = run_study(args)
     page = markdown(config, results)
