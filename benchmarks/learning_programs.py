@@ -30,8 +30,8 @@ def make_algorithm(
     (the normalizer is set per dataset in the state).
 
     ``cql_bc`` is CQL with CORL's behaviour-cloning warm start over the first tenth of
-    ``n_updates`` (CORL: 100 k of 1 M). ``mopo`` trains on the plant model ``model`` (a
-    ``ModelHandle``; without one it can act, not train)."""
+    ``n_updates`` (CORL: 100 k of 1 M). ``mopo`` and ``mopo_bc`` train on the plant model
+    ``model`` (a ``ModelHandle``; without one they can act, not train)."""
     from neorl_industrial.core.agents import (
         BCConfig,
         CQLConfig,
@@ -70,6 +70,11 @@ def make_algorithm(
 
         config = MOPOConfig.create(hidden=tuple(hidden), **dict(overrides or {}))
         return make_mopo(config, obs_size, action_size, model)
+    if name == "mopo_bc":
+        from neorl_industrial.core.agents.mopo import MOPOBCConfig, make_mopo_bc
+
+        config = MOPOBCConfig.create(hidden=tuple(hidden), **dict(overrides or {}))
+        return make_mopo_bc(config, obs_size, action_size, model)
     if name not in factories:
         raise ValueError(f"algorithm: unknown {name!r}; expected one of {sorted(factories)}")
     factory, config = factories[name]

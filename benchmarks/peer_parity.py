@@ -605,6 +605,7 @@ def study_dataset(
     entry: dict[str, Any] = {
         "env_id": env_id,
         "quality": quality,
+        "data_seed": args.data_seed,
         "n_transitions": dataset.n_transitions,
         "action_scaling": scaler is not None,
         "behaviour_return": behaviour_return,
@@ -700,10 +701,9 @@ def peer_summary(card: Any, peer: Mapping[str, Any], args: argparse.Namespace) -
 
 
 #: Settings a ``--base`` study must share with this one (the rest may differ: rows,
-#: algorithms, qualities, our chunk size).
+#: algorithms, qualities, our chunk size, and the data seed of another dataset's rows).
 BASE_SETTINGS = (
     "trajectories",
-    "data_seed",
     "n_seeds",
     "n_updates",
     "batch_size",
@@ -754,7 +754,8 @@ def reusable_peer(
         return None
     row = base_entry["algorithms"][name]
     same = (
-        row["hyperparameters"]["d3rlpy"] == job
+        data_seed_of(base_entry, base.config) == entry["data_seed"]
+        and row["hyperparameters"]["d3rlpy"] == job
         and row["reward_scaling"] == _plain(dict(reward_scaling))
         and base_entry["n_transitions"] == entry["n_transitions"]
         and base_entry["behaviour_return"] == entry["behaviour_return"]
@@ -764,15 +765,33 @@ def reusable_peer(
     return {"reused_from": args.base.name, **row["d3rlpy"]}
 
 
+def data_seed_of(entry: Mapping[str, Any], config: Mapping[str, Any]) -> int:
+    """The data seed of a dataset's rows (a study from before the seed was recorded per
+    dataset generated all its datasets with its configuration's)."""
+    return int(entry.get("data_seed", config["data_seed"]))
+
+
 def with_base(
     config: dict[str, Any], results: dict[str, Any], base: BenchmarkResult, base_name: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """This study's rows and the ``base`` study's rows it did not run again (marked
-    ``carried_from``), in the base's order, with the summary recomputed."""
+    ``carried_from``), in the base's order, with the summary recomputed.
+
+    Raises:
+        ValueError: when a dataset of both studies was generated with another data seed
+            (its rows would mix two datasets under one name).
+    """
     datasets: dict[str, Any] = {}
     differences = dict(base.results["differences"])
     for key, base_entry in base.results["datasets"].items():
         entry = results["datasets"].get(key)
+        base_entry = {**base_entry, "data_seed": data_seed_of(base_entry, base.config)}
+        if entry is not None and entry["data_seed"] != base_entry["data_seed"]:
+            raise ValueError(
+                f"--base {base_name}: {key} was generated with data seed "
+                f"{base_entry['data_seed']} there and {entry['data_seed']} here; run it with "
+                "the base's seed or without --base"
+            )
         carried = {}
         for name, row in base_entry["algorithms"].items():
             if entry is not None and name in entry["algorithms"]:
@@ -1012,6 +1031,14 @@ def provenance(config: Mapping[str, Any], results: Mapping[str, Any]) -> list[st
     return lines
 
 
+def data_seeds(config: Mapping[str, Any], results: Mapping[str, Any]) -> str:
+    """``data seed 0``, or the seed of most datasets and the others by name."""
+    seeds = {key: data_seed_of(entry, config) for key, entry in results["datasets"].items()}
+    common = max(set(seeds.values()), key=list(seeds.values()).count)
+    others = [f"{key} {seed}" for key, seed in seeds.items() if seed != common]
+    return f"data seed {common}" + (f"; {', '.join(others)}" if others else "")
+
+
 def markdown(config: Mapping[str, Any], results: Mapping[str, Any]) -> str:
     """The page: settings, the table, the known differences."""
     hidden = ", ".join(str(width) for width in config["hidden"])
@@ -1029,7 +1056,7 @@ def markdown(config: Mapping[str, Any], results: Mapping[str, Any]) -> str:
         "do not edit by hand.",
         "",
         f"Both libraries train on the same generated datasets ({config['trajectories']} "
-        f"trajectories each, data seed {config['data_seed']}) with matched hyperparameters, "
+        f"trajectories each, {data_seeds(config, results)}) with matched hyperparameters, "
         f"({hidden}) networks, batch {config['batch_size']}, {config['n_updates']:,} gradient "
         f"updates and {config['n_seeds']} seeds, and are evaluated by the same function on "
         f"the same {config['n_episodes']} episodes (evaluation seed "

@@ -179,6 +179,29 @@ def test_rollouts_keep_the_shields_bounds_and_penalize_rewards(plant):
     np.testing.assert_allclose(gap, np.asarray(free.penalties), rtol=1e-4, atol=1e-4)
 
 
+def test_mopo_bc_clones_the_logged_actions_where_its_q_term_is_small(plant):
+    """MOPO-BC's actor takes TD3+BC's step on the real batch: with a tiny ``alpha`` it
+    clones the logged actions, its critics still trained on the model's rollouts."""
+    dataset, model = plant
+    hyperparameters = {**SMALL, "alpha": 1e-3}
+    algorithm, config, state, history = train_model_based(
+        "mopo-bc", dataset, model, hyperparameters=hyperparameters, **TRAINING
+    )
+    assert config.real_ratio == 0.05 and config.discount == 0.99
+    assert float(history[0]["metrics"]["model_penalty"][0]) > 0.0
+    assert np.isfinite(np.asarray(history[-1]["metrics"]["critic_loss"])).all()
+    observations = dataset.transition_observations()
+    logged = model.scaler.scale(jnp.asarray(dataset.actions))
+    fresh = algorithm.init(jax.random.PRNGKey(0)).policy
+    trained = jax.tree.map(lambda leaf: leaf[0], state.agent.policy)
+
+    def error(policy):
+        actions = algorithm.act(policy, observations, deterministic=True)
+        return float(jnp.mean(jnp.square(actions - logged)))
+
+    assert error(trained) < 0.5 * error(fresh)
+
+
 def test_mopo_lag_multiplier_rises_when_model_costs_exceed_the_limit(trained_lag):
     _, config, state, history = trained_lag
     assert config.cost_limits == (0.0,)

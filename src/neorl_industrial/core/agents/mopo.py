@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from neorl_industrial.core.agents import sac, td3bc_lag
+from neorl_industrial.core.agents import sac, td3bc, td3bc_lag
 from neorl_industrial.core.agents.networks import FrozenConfig
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
 from neorl_industrial.core.safety.shield import shield
@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # core.models imports core.agents; no import cycle at run tim
     from neorl_industrial.core.models.dynamics import Dynamics, DynamicsParams
 
 __all__ = [
+    "MOPOBCConfig",
     "MOPOConfig",
     "MOPOLagConfig",
     "MOPOState",
@@ -66,6 +67,7 @@ __all__ = [
     "ModelTransitions",
     "RolloutConfig",
     "make_mopo",
+    "make_mopo_bc",
     "make_mopo_lag",
     "mixed_batch",
     "rollout",
@@ -143,6 +145,27 @@ class MOPOLagConfig(td3bc_lag.TD3BCLagConfig, RolloutConfig):
             for field in dataclasses.fields(td3bc_lag.TD3BCLagConfig)
         }
         return td3bc_lag.TD3BCLagConfig.create(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class MOPOBCConfig(td3bc.TD3BCConfig, RolloutConfig):
+    """Hyperparameters of MOPO-BC: TD3+BC's (the learner) and the model-based ones
+    (:class:`RolloutConfig`); ``discount`` is that of the model's transitions (the real
+    batches carry theirs)."""
+
+    discount: float = 0.99
+
+    def __post_init__(self) -> None:
+        td3bc.TD3BCConfig.__post_init__(self)
+        self.check_rollout()
+        if not 0.0 < self.discount <= 1.0:
+            raise ValueError(f"discount: must lie in (0, 1], got {self.discount}")
+
+    def learner_config(self) -> td3bc.TD3BCConfig:
+        values = {
+            field.name: getattr(self, field.name) for field in dataclasses.fields(td3bc.TD3BCConfig)
+        }
+        return td3bc.TD3BCConfig.create(**values)
 
 
 class ModelHandle(NamedTuple):
@@ -417,7 +440,8 @@ def _model_based(
     default_costs: int,
 ) -> Algorithm:
     """``learner`` trained on MOPO's mix of real and penalized model transitions
-    (``default_costs``: the buffer's cost channels when there is no model)."""
+    (``learner_update(state, mixed, key, real)``, ``real`` the whole real batch;
+    ``default_costs``: the buffer's cost channels when there is no model)."""
     if model is not None:
         layout = model.dynamics.layout
         if (layout.observation_size, layout.action_size) != (obs_size, action_size):
@@ -468,7 +492,7 @@ def _model_based(
         transitions = jax.vmap(one)(starts, jax.random.split(rollout_key, config.rollout_starts))
         buffer = state.buffer.add(transitions)
         mixed = mixed_batch(batch, buffer, mix_key, config.real_ratio)
-        learner_state, metrics = learner_update(state.learner, mixed, learner_key)
+        learner_state, metrics = learner_update(state.learner, mixed, learner_key, batch)
         metrics = {
             **metrics,
             "model_penalty": jnp.mean(transitions.penalties),
@@ -488,7 +512,8 @@ def make_mopo(
     """MOPO as ``Algorithm(init, update, act)``: SAC on real and penalized model data."""
     learner = sac.make_sac(config.learner_config(), obs_size, action_size)
 
-    def learner_update(state: Any, batch: Batch, key: jax.Array):
+    def learner_update(state: Any, batch: Batch, key: jax.Array, real: Batch):
+        del real  # SAC's actor and critics learn from the mixed batch alike
         sac_batch = sac.Batch(
             observations=batch.observations,
             actions=batch.actions,
@@ -514,14 +539,65 @@ def make_mopo_lag(
             f"cost_limits: {len(config.cost_limits)} limits for a model of "
             f"{model.dynamics.layout.n_costs} cost channels"
         )
+
+    def learner_update(state: Any, batch: Batch, key: jax.Array, real: Batch):
+        del real  # TD3BC-Lag learns from the mixed batch alike
+        return learner.update(state, batch, key)
+
     return _model_based(
         "mopo-lag",
         config,
         learner,
-        learner.update,
+        learner_update,
         obs_size,
         action_size,
         config.discount,
         model,
         len(config.cost_limits),
+    )
+
+
+def make_mopo_bc(
+    config: MOPOBCConfig, obs_size: int, action_size: int, model: ModelHandle | None = None
+) -> Algorithm:
+    """MOPO-BC as ``Algorithm(init, update, act)``: TD3+BC whose critics learn from MOPO's
+    mix of real and penalized model transitions and whose actor takes TD3+BC's step on the
+    whole real batch, ``-λ Q(s, π(s)) + (π(s) - a)²`` at logged states and actions.
+
+    The behaviour-cloning term is the regularizer of the model-based family's
+    behaviour-regularized members (COMBO and MOBILE keep the policy near the data through
+    the critic; here, as in TD3+BC, through the actor): on model rows its target would be
+    the policy's own recent action, so the actor sees the logged rows only, and the model's
+    transitions reach it through the critics that judge its actions. The rollouts follow
+    the deterministic policy; the model's sampled steps spread them.
+    """
+    learner_config = config.learner_config()
+    learner = td3bc.make_td3bc(learner_config, obs_size, action_size)
+    networks = td3bc.make_networks(learner_config, action_size)
+
+    def learner_update(state: Any, batch: Batch, key: jax.Array, real: Batch):
+        normalize = state.policy.normalizer
+        observations = normalize(batch.observations)
+        next_observations = normalize(batch.next_observations)
+        noise_key, critic_key = td3bc.split_for_critics(learner_config, key)
+        next_actions = td3bc.target_actions(
+            networks, learner_config, state, next_observations, noise_key
+        )
+        state, critic_loss, q = td3bc.critic_step(
+            networks, state, batch, observations, next_observations, next_actions, critic_key
+        )
+        real_observations = normalize(real.observations)
+        step = jax.lax.cond(
+            td3bc.is_policy_update(learner_config, state),
+            lambda _: td3bc.policy_step(
+                networks, learner_config, state, real_observations, real.actions
+            ),
+            lambda _: td3bc.held_policy_step(state),
+            None,
+        )
+        metrics = {"critic_loss": critic_loss, "actor_loss": step.loss, "q_mean": jnp.mean(q)}
+        return td3bc.apply_policy_step(state, step), metrics
+
+    return _model_based(
+        "mopo-bc", config, learner, learner_update, obs_size, action_size, config.discount, model, 0
     )

@@ -27,7 +27,14 @@ from neorl_industrial.core.agents.discrete import (
 )
 from neorl_industrial.core.agents.iql import IQLConfig, make_iql
 from neorl_industrial.core.agents.iql_lag import IQLLagConfig, make_iql_lag
-from neorl_industrial.core.agents.mopo import MOPOConfig, MOPOLagConfig, make_mopo, make_mopo_lag
+from neorl_industrial.core.agents.mopo import (
+    MOPOBCConfig,
+    MOPOConfig,
+    MOPOLagConfig,
+    make_mopo,
+    make_mopo_bc,
+    make_mopo_lag,
+)
 from neorl_industrial.core.agents.networks import check_tuple
 from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
 from neorl_industrial.core.agents.td3bc_lag import TD3BCLagConfig, make_td3bc_lag
@@ -166,6 +173,15 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
             False,
             False,
             "MOPO: SAC on real and uncertainty-penalized plant-model rollouts",
+            model_based=True,
+        ),
+        AlgorithmEntry(
+            "mopo-bc",
+            make_mopo_bc,
+            MOPOBCConfig,
+            False,
+            False,
+            "MOPO-BC: TD3+BC, its critics on real and penalized plant-model rollouts",
             model_based=True,
         ),
         AlgorithmEntry(
