@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +15,12 @@ import pytest
 from neorl_industrial import cli
 from neorl_industrial.core.environments import Task
 from neorl_industrial.integration.datasets import load_any
-from neorl_industrial.wrappers.models import FitSettings, PlantModel, PlantModelError
+from neorl_industrial.wrappers.models import (
+    FitSettings,
+    OutsideDataWarning,
+    PlantModel,
+    PlantModelError,
+)
 
 SCHEMA = """\
 name: heater-2
@@ -134,16 +140,64 @@ def test_saved_model_predicts_as_fitted_and_flags_inputs_outside_its_data(plant)
     model = PlantModel.load(out, dataset=dataset, task=card.task(dataset))
     observations = np.asarray([[350.0, 4.5], [352.0, 4.52]], np.float32)
     actions = np.asarray([[40.0], [45.0]], np.float32)
-    prediction = model.predict(observations, actions)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutsideDataWarning)  # inside the data: no warning
+        prediction = model.predict(observations, actions)
     assert prediction["next_observation"].shape == (2, 2)
     # The known reward is exact on the current row: -|T - 350| - 0.01 valve.
     np.testing.assert_allclose(prediction["reward"], [-0.4, -2.45], rtol=1e-5)
     assert not prediction["outside_data"].any()
-    # 40 degC above anything logged, and a valve beyond its plant bounds: flagged.
-    far = model.predict(np.asarray([[450.0, 4.5]]), np.asarray([[40.0]]))
-    assert far["outside_data"].all() and far["out_of_distribution"][0] > 1.0
-    beyond = model.predict(observations[:1], np.asarray([[130.0]]))
+    assert model.outside_data(observations, actions) == []
+
+
+def test_a_question_outside_the_data_is_answered_flagged_and_named(plant):
+    _, log, schema, out = plant
+    dataset, card = load_any(log, schema=schema)
+    model = PlantModel.load(out, dataset=dataset, task=card.task(dataset))
+    # the range of the episodes it was fitted on (the held-out ones are not its data)
+    fitted = dataset.select_episodes(np.asarray(model.card["dataset"]["train_episodes"]))
+    high = float(np.asarray(fitted.observations)[:, 0].max())
+    # 80 degC above anything logged: answered, flagged, and the warning names the
+    # feature, its value and the data's bound, in degC.
+    with pytest.warns(OutsideDataWarning, match=r"predict: asked outside .*'heater-2'") as caught:
+        far = model.predict(np.asarray([[high + 80.0, 4.5], [350.0, 4.5]]), np.asarray([[40.0]]))
+    assert far["outside_data"].tolist() == [True, False] and far["out_of_distribution"][0] > 1.0
+    (feature,) = caught[0].message.features
+    assert (feature.name, feature.unit, feature.side, feature.rows) == (
+        "temperature",
+        "degC",
+        "above",
+        1,
+    )
+    assert feature.value == pytest.approx(high + 80.0) and feature.bound == pytest.approx(high)
+    assert f"temperature = {high + 80.0:.4g} degC, above the data's highest {high:.4g} degC" in str(
+        caught[0].message
+    )
+    # A valve beyond anything the operators did (and beyond its plant bounds), in %.
+    logged = np.asarray(fitted.actions)[:, 0]
+    with pytest.warns(
+        OutsideDataWarning, match=r"valve = 130 %, above the data's highest"
+    ) as caught:
+        beyond = model.predict(np.asarray([[350.0, 4.5]]), np.asarray([[130.0]]))
     assert beyond["outside_data"].all()
+    assert caught[0].message.features[0].bound == pytest.approx(logged.max(), abs=1e-3)
+    below = model.outside_data(np.asarray([[350.0, 4.5]]), np.asarray([[logged.min() - 5.0]]))
+    assert [(f.name, f.side) for f in below] == [("valve", "below")]
+    assert below[0].bound == pytest.approx(logged.min(), abs=1e-3)
+    # A rollout driven far past the data: its own predicted states leave it, and it says so.
+    with pytest.warns(OutsideDataWarning) as caught:
+        model.rollout(np.asarray([[350.0, 4.5]]), np.full((1, 20, 1), 100.0), deterministic=True)
+    message = str(caught[0].message)
+    assert "rollout: the predicted states leave the range" in message
+    assert "predicted states)" in message and "temperature" in message
+
+
+def test_rollout_and_size_checks(plant):
+    _, log, schema, out = plant
+    dataset, card = load_any(log, schema=schema)
+    model = PlantModel.load(out, dataset=dataset, task=card.task(dataset))
+    observations = np.asarray([[350.0, 4.5], [352.0, 4.52]], np.float32)
+    actions = np.asarray([[40.0], [45.0]], np.float32)
     rollout = model.rollout(observations, np.repeat(actions[:, None], 5, axis=1), key=1)
     assert rollout["observations"].shape == (2, 6, 2) and rollout["costs"].shape == (2, 5, 2)
     np.testing.assert_allclose(

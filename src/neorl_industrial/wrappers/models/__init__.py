@@ -2,9 +2,16 @@
 
 from neorl_industrial.wrappers.models.plant_model import (
     FitSettings,
+    OutsideDataWarning,
     PlantModel,
     PlantModelError,
     dataset_fingerprint,
 )
 
-__all__ = ["FitSettings", "PlantModel", "PlantModelError", "dataset_fingerprint"]
+__all__ = [
+    "FitSettings",
+    "OutsideDataWarning",
+    "PlantModel",
+    "PlantModelError",
+    "dataset_fingerprint",
+]

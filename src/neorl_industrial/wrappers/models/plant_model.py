@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,9 +69,16 @@ from neorl_industrial.wrappers.hostio import (
     to_json_data,
     write_directory_atomic,
 )
+from neorl_industrial.wrappers.models.outside_data import (
+    OutsideDataWarning,
+    OutsideFeature,
+    outside_features,
+    outside_message,
+)
 
 __all__ = [
     "FitSettings",
+    "OutsideDataWarning",
     "PlantModel",
     "PlantModelError",
     "dataset_fingerprint",
@@ -571,7 +579,9 @@ class PlantModel:
         self._open_loop = held_out_run
         observations = np.asarray(jax.device_get(data.transition_observations()))
         actions = np.asarray(jax.device_get(data.actions)).reshape(data.n_transitions, -1)
-        outside = self.predict(observations, actions)["outside_data"]
+        with warnings.catch_warnings():  # random actions leave the data by design
+            warnings.simplefilter("ignore", OutsideDataWarning)
+            outside = self.predict(observations, actions)["outside_data"]
         measured = fidelity | {
             "source": f"simulator {self.task.env_id}, uniformly random actions",
             "outside_data_share": float(np.mean(outside)),
@@ -604,13 +614,21 @@ class PlantModel:
         each input lies outside the data (``out_of_distribution``; 0 inside, flagged by
         ``outside_data``).
 
+        Warns:
+            OutsideDataWarning: when an observation or action lies outside the range of
+                the data the model was fitted on, naming each such feature, its most
+                extreme value and the data's bound it passes (plant units).
+
         Raises:
             PlantModelError: for inputs of the wrong size or not finite.
         """
         self._require_fitted("predict")
+        plant_actions = actions
         observations, actions = self._inputs(observations, actions)
+        params = self.params(seed)
         program = self._program(("predict",), lambda: _predict_program(self.dynamics))
-        result = program(self.params(seed), observations, actions)
+        result = program(params, observations, actions)
+        self._warn_outside("predict", params, observations, actions, plant_actions)
         return {key: np.asarray(value) for key, value in jax.device_get(result).items()}
 
     def rollout(
@@ -629,6 +647,12 @@ class PlantModel:
         disagreement and the out-of-distribution measure per step. Each step follows a
         member drawn per step (or ``member``), sampled unless ``deterministic``.
 
+        Warns:
+            OutsideDataWarning: when a first observation or an action lies outside the
+                range of the data the model was fitted on, or the rollout's own
+                predicted states leave it, naming each feature, its most extreme value
+                and the data's bound it passes (plant units).
+
         Raises:
             PlantModelError: for inputs of the wrong shape or not finite.
         """
@@ -640,18 +664,108 @@ class PlantModel:
                 f"rollout: expected observations [N, {self.task.observation_size}] and actions "
                 f"[N, H, {self.task.action_size}], got {observations.shape} and {actions.shape}"
             )
+        plant_actions = actions
         observations, unit = self._inputs(observations, actions)
+        params = self.params(seed)
         program = self._program(
             ("rollout", member, deterministic),
             lambda: _rollout_program(self.dynamics, member, deterministic),
         )
-        result = program(self.params(seed), observations, unit, jax.random.PRNGKey(key))
-        return {name: np.asarray(value) for name, value in jax.device_get(result).items()}
+        result = program(params, observations, unit, jax.random.PRNGKey(key))
+        result = {name: np.asarray(value) for name, value in jax.device_get(result).items()}
+        reached = result["observations"][:, 1:]
+        self._warn_outside("rollout", params, observations, unit, plant_actions, reached)
+        return result
 
     def _program(self, key: tuple, build: Callable[[], Any]) -> Any:
         if key not in self._programs:
             self._programs[key] = build()
         return self._programs[key]
+
+    def outside_data(
+        self,
+        observations: Any,
+        actions: Any,
+        *,
+        seed: int = 0,
+    ) -> list[OutsideFeature]:
+        """The observation features and actions (plant units, any leading axes) that lie
+        outside the range of the data the model was fitted on: each with its most
+        extreme value, the data's bound it passes and how many rows do (empty inside)."""
+        self._require_fitted("outside_data")
+        plant_actions = actions
+        observations, unit = self._inputs(observations, actions)
+        return self._outside(self.params(seed), observations, unit, plant_actions)
+
+    def _outside(
+        self,
+        params: DynamicsParams,
+        observations: Any,
+        unit_actions: Any,
+        plant_actions: Any,
+    ) -> list[OutsideFeature]:
+        """Observations compared raw and actions in [-1, 1], as ``out_of_distribution``
+        compares them (so the two agree), reported in the plant's units."""
+        bounds = jax.device_get(
+            (
+                params.obs_low,
+                params.obs_high,
+                params.policy_action_low,
+                params.policy_action_high,
+            )
+        )
+        obs_low, obs_high, act_low, act_high = (np.asarray(b) for b in bounds)
+        task = self.task
+        found = outside_features(
+            np.asarray(observations),
+            obs_low,
+            obs_high,
+            task.observation_names,
+            task.observation_units or (None,) * task.observation_size,
+        )
+        scaled = self.scaler is not None
+        return found + outside_features(
+            np.asarray(unit_actions),
+            act_low,
+            act_high,
+            task.action_names,
+            task.action_units or (None,) * task.action_size,
+            shown=np.asarray(plant_actions, np.float32),
+            to_plant=(np.asarray(task.action_low), np.asarray(task.action_high))
+            if scaled
+            else None,
+        )
+
+    def _warn_outside(
+        self,
+        what: str,
+        params: DynamicsParams,
+        observations: Any,
+        unit_actions: Any,
+        plant_actions: Any,
+        reached: np.ndarray | None = None,
+    ) -> None:
+        given = self._outside(params, observations, unit_actions, plant_actions)
+        beyond = []
+        if reached is not None:  # the newest frame: older frames repeat earlier ones
+            frame = self.dynamics.layout.frame_size
+            task = self.task
+            beyond = outside_features(
+                reached[..., :frame],
+                np.asarray(jax.device_get(params.obs_low))[:frame],
+                np.asarray(jax.device_get(params.obs_high))[:frame],
+                task.observation_names[:frame],
+                (task.observation_units or (None,) * task.observation_size)[:frame],
+                counted="predicted states",
+            )
+        if not given and not beyond:
+            return
+        recorded = self.card.get("dataset", {})
+        dataset = (
+            f"{recorded.get('name', 'dataset')!r}, {recorded.get('n_transitions', 0):,} transitions"
+        )
+        message = outside_message(what, dataset, given, beyond)
+        warnings.warn(OutsideDataWarning(message, (*given, *beyond)), stacklevel=3)
 
     def _inputs(self, observations: Any, actions: Any) -> tuple[jax.Array, jax.Array]:
         observations = np.asarray(observations, np.float32)
