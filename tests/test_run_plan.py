@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from neorl_industrial.integration.datasets import generate_dataset, save_native
-from neorl_industrial.pipeline import resolve_run
-from neorl_industrial.wrappers.agents.agent import AgentError
+from neorl_industrial.pipeline import plan_run as resolve_run
+from neorl_industrial.wrappers.agents.agent import Agent, AgentError
 from neorl_industrial.wrappers.training import RunConfig
 from neorl_industrial.wrappers.training.config import ConfigError
 
@@ -58,17 +58,15 @@ def test_a_dataset_of_another_environment_is_refused_by_name(default_setpoint_da
 def test_without_env_id_the_dataset_card_is_the_task(default_setpoint_data):
     plan = resolve_run(config(data={"path": str(default_setpoint_data)}))
     assert plan.task.env_id == "IB-classic-v0" and plan.task.observation_size == 6
-    assert plan.agent().task == plan.task
+    assert Agent.from_plan(plan).task == plan.task
 
 
 def test_a_constraint_spec_naming_a_missing_feature_is_refused(tmp_path, default_setpoint_data):
     spec = tmp_path / "spec.yaml"
     spec.write_text("rate_limits: {valve_pct: 5}\n")
-    plan = resolve_run(
-        config(data={"path": str(default_setpoint_data)}, safety={"constraints": str(spec)})
-    )
+    asked = config(data={"path": str(default_setpoint_data)}, safety={"constraints": str(spec)})
     with pytest.raises(AgentError, match=r"rate_limits.valve_pct.*velocity"):
-        plan.agent()
+        resolve_run(asked)
 
 
 def test_the_held_out_split_of_the_config_reaches_the_evaluation_settings():

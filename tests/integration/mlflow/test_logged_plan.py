@@ -16,7 +16,9 @@ import pytest
 from neorl_industrial.integration.datasets import load_any, save_native
 from neorl_industrial.integration.mlflow import flatten
 from neorl_industrial.integration.mlflow.tracking import summary_entries, ui_links
-from neorl_industrial.pipeline import _plan_params, _tracker, resolve_run
+from neorl_industrial.integration.mlflow.run_logging import open_tracker, plan_params
+from neorl_industrial.pipeline import plan_run
+from neorl_industrial.wrappers.agents import Agent
 from neorl_industrial.wrappers.training import RunConfig
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mixing-tank"
@@ -49,9 +51,9 @@ def _plant_config(tmp: Path, data: Path, **sections) -> RunConfig:
 def _open_runs(plan):
     """The tracker of ``plan`` after a training run's first callback, closed: the runs as
     a run that stopped there leaves them."""
-    agent = plan.agent()
-    tracker = _tracker(plan, agent, None)
-    tracker.on_train_begin(types.SimpleNamespace(seeds=list(plan.config.training.seeds)), 0, 20)
+    agent = Agent.from_plan(plan)
+    tracker = open_tracker(plan, agent, None)
+    tracker.on_train_begin(types.SimpleNamespace(seeds=list(plan.training.seeds)), 0, 20)
     tracker.sender.wait_idle(60)
     links = tracker.links()
     summary = tracker.close()
@@ -62,7 +64,7 @@ def _open_runs(plan):
 def test_a_plant_run_logs_what_it_uses_and_no_simulator_fields(tmp_path, plant_data):
     from mlflow import MlflowClient
 
-    plan = resolve_run(_plant_config(tmp_path, plant_data))
+    plan = plan_run(_plant_config(tmp_path, plant_data))
     assert not plan.task.has_simulator
     tracker, summary, links = _open_runs(plan)
     client = MlflowClient(tracking_uri=tracker.tracking_uri)
@@ -114,8 +116,8 @@ def test_a_simulator_run_logs_the_simulator_settings_it_uses():
         "data": {"quality": "random", "trajectories": 2},
         "tracking": {"registered_model": None},
     }
-    plan = resolve_run(RunConfig.from_dict(values))
-    params = flatten(_plan_params(plan, plan.agent(), None))
+    plan = plan_run(RunConfig.from_dict(values))
+    params = flatten(plan_params(plan, Agent.from_plan(plan), None))
     assert params["env.id"] == "IB-classic-v0" and params["env.params.setpoint"] == "30.0"
     assert (params["data.quality"], params["data.trajectories"]) == ("random", "2")
     # The horizon the evaluation uses: the simulator's, when the run leaves it open.
@@ -125,16 +127,17 @@ def test_a_simulator_run_logs_the_simulator_settings_it_uses():
     # Off-policy evaluation runs beside the simulator only when asked.
     assert not [key for key in params if key.startswith("evaluation.ope.")]
     assert params["tracking.registered_model"] == "ib-policy"
-    always = plan.config.with_overrides(["evaluation.ope.always=true"])
-    both = flatten(_plan_params(resolve_run(always), plan.agent(), None))
+    # Held-out episodes need a few of them (the plan splits them off when it resolves).
+    always = plan.config.with_overrides(["evaluation.ope.always=true", "data.trajectories=5"])
+    both = flatten(plan_params(plan_run(always), Agent.from_plan(plan), None))
     assert both["evaluation.ope.updates"] == "2000"
 
 
 def test_a_sweeps_parent_leaves_the_swept_values_to_its_configurations():
     values = {"data": {"quality": "random", "trajectories": 2}}
     values["algorithm"] = {"name": "td3bc-lag", "hyperparameters": {"alpha": 2.5, "hidden": [8]}}
-    plan = resolve_run(RunConfig.from_dict(values))
-    params = flatten(_plan_params(plan, plan.agent(), {"alpha": [1.0, 4.0]}))
+    plan = plan_run(RunConfig.from_dict(values))
+    params = flatten(plan_params(plan, Agent.from_plan(plan), {"alpha": [1.0, 4.0]}))
     assert "algorithm.hyperparameters.alpha" not in params
     assert params["algorithm.hyperparameters.hidden"] == "[8]"
 

@@ -109,7 +109,7 @@ def test_data_that_does_not_fit_is_refused_by_name(ib_data):
         fitted_bc.predict(np.zeros(7))
     with pytest.raises(AgentError, match="finite"):
         fitted_bc.predict(np.full(180, np.nan))
-    with pytest.raises(AgentError, match="reward_scaling: expected one of"):
+    with pytest.raises(AgentError, match="reward_scaling: Input should be 'none', 'std'"):
         fitted_bc.fit(ib_data, updates=10, chunk=10, evaluate=False, reward_scaling="max")
 
 

@@ -42,19 +42,16 @@ from neorl_industrial.core.safety import (
     ConstraintSpec,
     ConstraintSpecError,
     SafetyContract,
-    resolve_safety,
     shield,
 )
 from neorl_industrial.core.safety.shield import SafetyReport
 from neorl_industrial.functional.state_management import (
-    REWARD_SCALINGS,
     ActionScaler,
     Dataset,
     RewardScaling,
     init_train_states,
     relabel_costs,
     select_safe_episodes,
-    split_episodes,
     with_action_scaling,
 )
 from neorl_industrial.version import __version__
@@ -75,8 +72,19 @@ from neorl_industrial.wrappers.training import (
     TrainResult,
     summarize_runs,
 )
+from neorl_industrial.wrappers.training.config import AlgorithmSection, OPESettings, RunConfig
 from neorl_industrial.wrappers.training.evaluation import selection_key
 from neorl_industrial.wrappers.training.ope import OffPolicyEvaluator
+from neorl_industrial.wrappers.training.plan import (
+    DEFAULT_ENV,
+    KEYWORDS,
+    PlanError,
+    RunPlan,
+    plan_settings,
+    resolve_contract,
+    resolve_run,
+    resolve_task,
+)
 from neorl_industrial.wrappers.training.verdict import (
     Verdict,
     VerdictError,
@@ -86,49 +94,32 @@ from neorl_industrial.wrappers.training.verdict import (
     model_verdict,
 )
 
-__all__ = ["Agent", "AgentError", "OPESettings", "load_constraint_spec"]
+__all__ = ["DEFAULT_ENV", "Agent", "AgentError", "OPESettings", "load_constraint_spec"]
 
 FORMAT = "neorl-industrial-agent/1"
 MANIFEST = "agent.json"
 POLICIES = "policies.msgpack"
-#: The task of an agent given neither a task nor an environment.
-DEFAULT_ENV = "IB-v0"
+#: ``sweep``'s keyword settings (``fit`` takes all of ``KEYWORDS``): the ones a sweep's
+#: end-of-training evaluation and its one program use.
+SWEEP_KEYWORDS = (
+    "updates",
+    "seeds",
+    "batch_size",
+    "chunk",
+    "eval_episodes",
+    "eval_horizon",
+    "eval_shield",
+    "eval_seed",
+    "normalize_observations",
+    "reward_scaling",
+    "ope",
+    "card",
+)
+FIT_KEYWORDS = (*KEYWORDS, "evaluate", "card", "checkpoint_dir")
 
 
-class AgentError(ValueError):
+class AgentError(PlanError):
     """An agent that cannot do what was asked: names the argument, file or field."""
-
-
-@dataclasses.dataclass(frozen=True)
-class OPESettings:
-    """Off-policy evaluation (FQE) of the runs, used when the task has no simulator (or
-    always, with ``always``).
-
-    Attributes:
-        holdout: fraction of the episodes held out of training and used by FQE.
-        updates: FQE updates per FQE seed.
-        seeds: FQE seeds (their spread gives the 95 % interval).
-        hidden: widths of FQE's critic.
-        discount: γ of the estimates.
-        always: also when a simulator exists (both are reported side by side).
-        split_seed: seed of the held-out split.
-    """
-
-    holdout: float = 0.2
-    updates: int = 2000
-    seeds: tuple[int, ...] = (0, 1, 2)
-    hidden: tuple[int, ...] = (64, 64)
-    discount: float = 0.99
-    always: bool = False
-    split_seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.holdout < 1.0:
-            raise AgentError(f"ope.holdout: expected a fraction in (0, 1), got {self.holdout}")
-        if self.updates < 1:
-            raise AgentError(f"ope.updates: expected a positive integer, got {self.updates}")
-        if len(self.seeds) < 2:
-            raise AgentError(f"ope.seeds: expected at least two seeds, got {list(self.seeds)}")
 
 
 class _Prepared(NamedTuple):
@@ -170,10 +161,7 @@ class Agent:
         cost_limits: Sequence[float] | None = None,
         **hyperparameters: Any,
     ) -> None:
-        try:
-            self.entry = algorithm_entry(algorithm)
-        except HyperparameterError as error:
-            raise AgentError(str(error)) from None
+        entry = _entry(algorithm)
         if task is None:
             try:
                 task = Task.from_env(env or DEFAULT_ENV, env_params)
@@ -181,23 +169,27 @@ class Agent:
                 raise AgentError(str(error)) from None
         elif env_params:
             raise AgentError("env_params: give them to the task (Task.from_env), not the agent")
-        self.task = task
-        if self.entry.discrete != task.discrete:
-            kind = "discrete" if self.entry.discrete else "continuous"
-            raise AgentError(
-                f"algorithm: {self.entry.name} needs {kind} actions; task {task.name} has "
-                f"{'discrete' if task.discrete else 'continuous'} ones"
-            )
+        _check_kind(entry, task)
         try:
-            spec = None if constraints is None else load_constraint_spec(constraints)
-            self.safety: SafetyContract = resolve_safety(
-                task, spec, cost_limits, require_limits=self.entry.safe
-            )
-        except ValueError as error:
+            spec, safety = resolve_contract(task, constraints, cost_limits, safe=entry.safe)
+        except PlanError as error:
             raise AgentError(str(error)) from None
-        self.constraint_spec: ConstraintSpec = (
-            spec if spec is not None else task.default_constraints()
-        )
+        self._setup(entry, task, spec, safety, hyperparameters)
+
+    def _setup(
+        self,
+        entry: Any,
+        task: Task,
+        spec: ConstraintSpec,
+        safety: SafetyContract,
+        hyperparameters: Mapping[str, Any],
+    ) -> None:
+        """The agent of a resolved contract: every constructor ends here."""
+        _check_kind(entry, task)
+        self.entry = entry
+        self.task = task
+        self.safety: SafetyContract = safety
+        self.constraint_spec: ConstraintSpec = spec
         self.hyperparameters = dict(hyperparameters)
         if self.entry.safe:
             defaults: dict[str, Any] = {"cost_limits": self.cost_limits}
@@ -224,8 +216,77 @@ class Agent:
         self.selected = 0
         self.result: TrainResult | None = None
         self.training: dict[str, Any] = {}
+        #: The plan ``fit()`` and ``sweep()`` train without data (``from_plan``).
+        self.plan: RunPlan | None = None
+        #: The configuration a dataset is resolved with (``from_config`` without data).
+        self.run_config: RunConfig | None = None
         self._decide: Any = None
         self._simulator: tuple[Any, Any] | None = None
+
+    @classmethod
+    def from_plan(cls, plan: RunPlan) -> Agent:
+        """The agent of a resolved :class:`~neorl_industrial.wrappers.training.plan.RunPlan`:
+        its algorithm, task and safety contract (taken as resolved, not resolved again);
+        ``fit()`` and ``sweep()`` without data train the plan.
+
+        Raises:
+            AgentError: for hyperparameters the algorithm refuses, or data that does not
+                fit the task.
+        """
+        agent = cls.__new__(cls)
+        agent._setup(
+            _entry(plan.algorithm.name),
+            plan.task,
+            plan.constraint_spec,
+            plan.safety,
+            plan.algorithm.hyperparameters,
+        )
+        agent.check_dataset(plan.dataset, plan.card)
+        agent.plan = plan
+        return agent
+
+    @classmethod
+    def from_config(
+        cls,
+        config: RunConfig | Mapping[str, Any] | str | Path,
+        *,
+        dataset: Dataset | None = None,
+        card: Any = None,
+    ) -> Agent:
+        """The agent a run configuration describes (a :class:`RunConfig`, its mapping or
+        a YAML file): its algorithm, hyperparameters, task and safety contract. With
+        ``dataset`` (and its ``card``), the run is resolved at once and ``agent.fit()``
+        trains it; without, ``agent.fit(dataset, card=card)`` resolves it with the data
+        then. The training settings are the configuration's either way.
+
+        Raises:
+            ConfigError: for a file or field the configuration refuses.
+            AgentError: naming the field: a task, constraint spec or cost limits that do
+                not fit, or ``data.path`` without its data (read it first, e.g. with
+                ``neorl_industrial.integration.datasets.load_any``).
+        """
+        if isinstance(config, Mapping):
+            config = RunConfig.from_dict(dict(config))
+        elif not isinstance(config, RunConfig):
+            config = RunConfig.from_yaml(config)
+        try:
+            if dataset is not None:
+                return cls.from_plan(resolve_run(config, dataset, card))
+            if card is not None:
+                raise AgentError("card: give the dataset with its card (dataset=...)")
+            entry = _entry(config.algorithm.name)
+            task = resolve_task(config)
+            _check_kind(entry, task)
+            safety = config.safety
+            spec, contract = resolve_contract(
+                task, safety.constraints, safety.cost_limits, safe=entry.safe
+            )
+        except PlanError as error:
+            raise AgentError(str(error)) from None
+        agent = cls.__new__(cls)
+        agent._setup(entry, task, spec, contract, config.algorithm.hyperparameters)
+        agent.run_config = config
+        return agent
 
     # ----- construction -----------------------------------------------------------------
     @property
@@ -346,48 +407,79 @@ class Agent:
             return relabel_costs(dataset, self.safety.constraints)
         return dataset
 
-    def _prepare(
+    def _plan(
         self,
-        dataset: Dataset,
-        *,
-        card: Any,
-        reward_scaling: str | None,
-        normalize_observations: bool,
-        evaluate: bool,
-        ope: OPESettings | None,
-    ) -> _Prepared:
-        """The training data as ``fit`` and ``sweep`` train on it: checked against the
-        task, costs relabelled, held-out episodes split off for off-policy evaluation,
-        safe episodes selected, observation statistics added to the hyperparameters,
-        rewards scaled and actions scaled to [-1, 1]."""
-        self.check_dataset(dataset, card)
-        reward_scaling = reward_scaling or self.entry.reward_scaling
-        if reward_scaling not in REWARD_SCALINGS:
-            raise AgentError(
-                f"reward_scaling: expected one of {list(REWARD_SCALINGS)}, got {reward_scaling!r}"
-            )
-        data = self.training_data(dataset)
-        heldout = None
-        use_ope = (
-            evaluate
-            and not self.entry.discrete
-            and (not self.task.has_simulator or (ope is not None and ope.always))
-        )
-        ope = ope or OPESettings()
-        if use_ope:
-            if data.n_episodes < 2:
+        data: RunPlan | Dataset | None,
+        settings: dict[str, Any],
+        allowed: Sequence[str],
+        what: str,
+    ) -> RunPlan:
+        """The plan ``fit``/``sweep`` train: ``data`` when it is one, the agent's own
+        (``from_plan``) without data, else one built for ``data`` from the agent's
+        configuration (``from_config``) or from the keyword ``settings``."""
+        if data is None:
+            if self.plan is None:
                 raise AgentError(
-                    f"{getattr(dataset, 'name', 'dataset')}: off-policy evaluation holds out "
-                    "whole episodes and needs at least two; give more data or evaluate=False"
+                    f"{what}: no data; pass a dataset or a RunPlan (an agent of "
+                    "Agent.from_config(config, dataset=...) trains its own)"
                 )
-            try:
-                data, heldout = split_episodes(data, ope.holdout, ope.split_seed)
-            except ValueError as error:
+            data = self.plan
+        if isinstance(data, RunPlan):
+            if settings:
                 raise AgentError(
-                    f"{getattr(card, 'name', None) or 'dataset'}: {dataset.n_transitions} "
-                    f"transitions in {dataset.n_episodes} episodes are too few for a held-out "
-                    f"split ({error})"
-                ) from None
+                    f"{', '.join(sorted(settings))}: a plan carries its settings; set them in "
+                    "the plan (RunPlan.create, or the run's configuration) or pass a dataset"
+                )
+            plan = data
+        else:
+            try:
+                if self.run_config is not None:
+                    extra = sorted(set(settings) - {"card"})
+                    if extra:
+                        raise AgentError(
+                            f"{', '.join(extra)}: this agent's settings come from its "
+                            "configuration; change them there (RunConfig.with_overrides)"
+                        )
+                    plan = resolve_run(self.run_config, data, settings.get("card"))
+                else:
+                    plan = RunPlan.create(
+                        data,
+                        algorithm=AlgorithmSection.model_construct(
+                            name=self.entry.name, hyperparameters=dict(self.hyperparameters)
+                        ),
+                        task=self.task,
+                        constraints=self.constraint_spec,
+                        safety=self.safety,
+                        **plan_settings(settings, allowed=allowed),
+                    )
+            except PlanError as error:
+                raise AgentError(str(error)) from None
+        ours = (self.entry.name, self.task, self.cost_names, _finite_or_none(self.cost_limits))
+        theirs = (
+            _entry(plan.algorithm.name).name,
+            plan.task,
+            plan.safety.cost_names,
+            _finite_or_none(plan.cost_limits or None),
+        )
+        if ours != theirs:
+            raise AgentError(
+                f"plan: made for {theirs[0]} on {plan.label} with cost limits {theirs[3]}, "
+                f"not this agent ({ours[0]} on {self.task.name}, {ours[3]}); make the plan's "
+                "agent with Agent.from_plan(plan)"
+            )
+        return plan
+
+    def _prepare(self, plan: RunPlan) -> _Prepared:
+        """The training data as ``fit`` and ``sweep`` train on it: checked against the
+        task, costs relabelled, the plan's held-out episodes apart for off-policy
+        evaluation, safe episodes selected, observation statistics added to the
+        hyperparameters, rewards scaled and actions scaled to [-1, 1]."""
+        self.check_dataset(plan.dataset, plan.card)
+        # The section checked a given scaling; the algorithm's own is one of them.
+        reward_scaling = plan.training.reward_scaling or self.entry.reward_scaling
+        data = self.training_data(plan.split.train)
+        heldout = None if plan.split.heldout is None else self.training_data(plan.split.heldout)
+        ope = plan.ope
         if self.entry.select_safe_data:
             try:
                 data = select_safe_episodes(data, self.cost_limits or [])
@@ -401,7 +493,7 @@ class Agent:
         ):
             lengths = np.asarray(jax.device_get(data.episode_lengths))
             hyperparameters["episode_length"] = max(1, round(float(lengths.mean())))
-        if normalize_observations:
+        if plan.training.normalize_observations:
             obs_mean, obs_std = data.observation_moments()
             hyperparameters["obs_mean"] = obs_mean.tolist()
             hyperparameters["obs_std"] = obs_std.tolist()
@@ -423,35 +515,29 @@ class Agent:
 
     def fit(
         self,
-        dataset: Dataset,
+        data: RunPlan | Dataset | None = None,
         *,
-        updates: int = 5000,
-        seeds: Sequence[int] = (0,),
-        batch_size: int = 256,
-        chunk: int = 1000,
-        eval_every: int = 0,
-        eval_episodes: int = 10,
-        eval_horizon: int | None = None,
-        eval_shield: bool = True,
-        eval_seed: int = 0,
-        patience: int | None = None,
-        checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = 0,
-        keep_checkpoints: int = 2,
-        resume: bool = False,
         callbacks: Sequence[Callback] = (),
-        normalize_observations: bool = True,
-        reward_scaling: str | None = None,
-        evaluate: bool = True,
-        ope: OPESettings | None = None,
+        resume: bool = False,
         progress: bool = False,
-        card: Any = None,
         mesh: Any = None,
         plant_model: Any = None,
         verdict: VerdictSettings | None = None,
+        **settings: Any,
     ) -> TrainResult:
-        """Trains one run per seed on ``dataset`` (all at once) and keeps each run's best
+        """Trains one run per seed on the data (all at once) and keeps each run's best
         policy.
+
+        ``data``: a :class:`~neorl_industrial.wrappers.training.plan.RunPlan` (its data
+        and settings), None (the agent's own plan: ``from_plan``, ``from_config``), or a
+        dataset with keyword ``settings`` that build the plan: ``updates`` (5000),
+        ``seeds`` ((0,)), ``batch_size`` (256), ``chunk`` (1000), ``eval_every`` (0),
+        ``eval_episodes`` (10), ``eval_horizon``, ``eval_shield`` (True), ``eval_seed``
+        (0), ``patience``, ``checkpoint_dir``, ``checkpoint_every`` (0),
+        ``keep_checkpoints`` (2), ``normalize_observations`` (True), ``reward_scaling``,
+        ``evaluate`` (True), ``ope`` (:class:`OPESettings`), ``card`` (the dataset's card),
+        each the run configuration's field of that name (``training.*``,
+        ``evaluation.*``, ``checkpoints.*``) and checked as it is.
 
         Evaluation runs in the task's simulator with the shield, every ``eval_every``
         updates and at the end; a task without a simulator is evaluated off policy: FQE
@@ -478,14 +564,10 @@ class Agent:
                 model of another task or dataset, or fitted on held-out episodes.
             CheckpointMismatchError: when resuming from another run's checkpoint.
         """
-        prepared = self._prepare(
-            dataset,
-            card=card,
-            reward_scaling=reward_scaling,
-            normalize_observations=normalize_observations,
-            evaluate=evaluate,
-            ope=ope,
-        )
+        plan = self._plan(data, settings, FIT_KEYWORDS, "fit")
+        training, evaluation, checkpoints = plan.training, plan.evaluation, plan.checkpoints
+        dataset, card = plan.dataset, plan.card
+        prepared = self._prepare(plan)
         data, heldout, ope = prepared.data, prepared.heldout, prepared.ope
         hyperparameters, reward_scale = prepared.hyperparameters, prepared.reward_scale
         reward_scaling = prepared.reward_scaling
@@ -503,9 +585,11 @@ class Agent:
         ope_evaluator = None
         if heldout is not None:
             ope_evaluator = self._ope_evaluator(heldout, ope, hyperparameters)
-        if evaluate and self.task.has_simulator:
-            evaluator = self._evaluator(eval_episodes, eval_horizon, eval_shield, eval_seed)
-        elif evaluate:
+        if evaluation is not None and self.task.has_simulator:
+            evaluator = self._evaluator(
+                evaluation.episodes, evaluation.horizon, evaluation.shield, evaluation.seed
+            )
+        elif evaluation is not None:
             evaluator = ope_evaluator
         if progress:
             from neorl_industrial.wrappers.training import RichProgress
@@ -520,15 +604,17 @@ class Agent:
         trainer = Trainer(
             self.policy_algorithm,
             data,
-            seeds=seeds,
-            batch_size=batch_size,
-            chunk_updates=chunk,
+            seeds=training.seeds,
+            batch_size=training.batch_size,
+            chunk_updates=training.chunk,
             evaluator=evaluator,
-            eval_every=eval_every if evaluator is not ope_evaluator else 0,
-            patience=patience,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            keep_checkpoints=keep_checkpoints,
+            eval_every=evaluation.every
+            if evaluation is not None and evaluator is not ope_evaluator
+            else 0,
+            patience=None if evaluation is None else evaluation.patience,
+            checkpoint_dir=plan.checkpoint_dir,
+            checkpoint_every=checkpoints.every,
+            keep_checkpoints=checkpoints.keep,
             callbacks=callbacks,
             fingerprint={
                 "algorithm": self.entry.name,
@@ -541,7 +627,7 @@ class Agent:
             mesh=mesh,
         )
         try:
-            result = trainer.fit(updates, resume=resume)
+            result = trainer.fit(training.updates, resume=resume)
         except ValueError as error:
             if type(error) is ValueError:
                 raise AgentError(str(error)) from None
@@ -555,7 +641,7 @@ class Agent:
         self.training = {
             "updates": int(result.state.updates[0]),
             "seeds": self.seeds,
-            "batch_size": batch_size,
+            "batch_size": training.batch_size,
             "reward_scaling": reward_scaling,
             "reward_scale": reward_scale.to_dict(),
             "evaluation": None
@@ -575,9 +661,11 @@ class Agent:
             "stopped_early": result.stopped_early,
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         }
-        if ope_evaluator is not None and evaluator is not ope_evaluator:
+        if ope_evaluator is not None and evaluation is not None and evaluator is not ope_evaluator:
             # Beside the simulator: how far the estimates are from the truth.
-            self.training["ope"] = self._side_by_side(ope_evaluator, eval_episodes, eval_seed)
+            self.training["ope"] = self._side_by_side(
+                ope_evaluator, evaluation.episodes, evaluation.seed
+            )
         if judge and heldout is not None:
             self.training["verdict"] = self.judge(
                 heldout, plant_model, ope=ope, settings=verdict, checked=True
@@ -586,24 +674,13 @@ class Agent:
 
     def sweep(
         self,
-        dataset: Dataset,
-        grid: Mapping[str, Sequence[Any]],
+        data: RunPlan | Dataset | None = None,
+        grid: Mapping[str, Sequence[Any]] | None = None,
         *,
-        updates: int = 5000,
-        seeds: Sequence[int] = (0,),
-        batch_size: int = 256,
-        chunk: int = 1000,
-        eval_episodes: int = 10,
-        eval_horizon: int | None = None,
-        eval_shield: bool = True,
-        eval_seed: int = 0,
-        normalize_observations: bool = True,
-        reward_scaling: str | None = None,
-        ope: OPESettings | None = None,
-        card: Any = None,
         mesh: Any = None,
         plant_model: Any = None,
         verdict: VerdictSettings | None = None,
+        **settings: Any,
     ) -> dict[str, Any]:
         """Trains every configuration of ``grid`` × ``seeds`` in one program
         (:func:`~neorl_industrial.functional.transformations.train_sweep`), evaluates every
@@ -612,12 +689,16 @@ class Agent:
         safety first on its mean over seeds: configurations whose mean episode cost keeps
         every limit rank above the others, then by return.
 
-        ``grid`` maps hyperparameters of the algorithm (dotted for nested ones, e.g.
-        ``critic.cvar_level``) to their values; only numeric ones that set no shape can be
-        swept in one program. ``mesh`` (``runs_mesh()``) lays the runs over its devices,
-        across processes after ``initialize_distributed``. The agent ends fitted with the
-        chosen configuration's
-        hyperparameters and its seeds' policies (its best seed selected), as after
+        ``data`` and ``settings`` as for :meth:`fit` (the settings ``updates``, ``seeds``,
+        ``batch_size``, ``chunk``, ``eval_episodes``, ``eval_horizon``, ``eval_shield``,
+        ``eval_seed``, ``normalize_observations``, ``reward_scaling``, ``ope``, ``card``);
+        a plan's seeds are its grid's ``training.seeds``, else its training's.
+        ``grid`` (None: the plan's ``sweep.grid``) maps hyperparameters of the algorithm
+        (dotted for nested ones, e.g. ``critic.cvar_level``) to their values; only numeric
+        ones that set no shape can be swept in one program. ``mesh`` (``runs_mesh()``)
+        lays the runs over its devices, across processes after ``initialize_distributed``.
+        The agent ends fitted with the chosen configuration's hyperparameters and its
+        seeds' policies (its best seed selected), as after
         :meth:`fit`; ``training["sweep"]`` holds the table this returns:
         ``{"fields", "configurations": [{"values", "runs", "summary", "within_limits"}],
         "selected", "reason"}``. With ``plant_model`` and off-policy evaluation, every
@@ -635,14 +716,18 @@ class Agent:
             train_sweep,
         )
 
-        prepared = self._prepare(
-            dataset,
-            card=card,
-            reward_scaling=reward_scaling,
-            normalize_observations=normalize_observations,
-            evaluate=True,
-            ope=ope,
-        )
+        plan = self._plan(data, settings, SWEEP_KEYWORDS, "sweep")
+        grid = plan.sweep.hyperparameter_grid() if grid is None else grid
+        if not grid:
+            raise AgentError(
+                "grid: no hyperparameter to sweep; give {name: [values]} (or the config's "
+                "sweep.grid algorithm.hyperparameters.<name>)"
+            )
+        if plan.evaluation is None:
+            raise AgentError("evaluate: a sweep chooses by evaluation; evaluate the runs")
+        training, evaluation = plan.training, plan.evaluation
+        dataset, card, seeds = plan.dataset, plan.card, plan.sweep_seeds
+        prepared = self._prepare(plan)
         data, hyperparameters = prepared.data, prepared.hyperparameters
         trained_episodes = self._trained_episodes(dataset, prepared.heldout)
         if self.entry.model_based:
@@ -684,9 +769,9 @@ class Agent:
                 result = train_sweep(
                     group.plan,
                     data,
-                    n_updates=updates,
-                    chunk_updates=chunk,
-                    batch_size=batch_size,
+                    n_updates=training.updates,
+                    chunk_updates=training.chunk,
+                    batch_size=training.batch_size,
                     mesh=mesh,
                 )
             except SweepError as error:
@@ -700,7 +785,9 @@ class Agent:
             self._build(group_hyperparameters)
             simulator = None
             if self.task.has_simulator:
-                simulator = self._evaluator(eval_episodes, eval_horizon, eval_shield, eval_seed)
+                simulator = self._evaluator(
+                    evaluation.episodes, evaluation.horizon, evaluation.shield, evaluation.seed
+                )
             policies = result.state.agent.policy
             if prepared.heldout is not None:
                 # Off policy, as on a plant: with a simulator too when ope.always, which
@@ -708,8 +795,8 @@ class Agent:
                 evaluator = self._ope_evaluator(
                     prepared.heldout, prepared.ope, group_hyperparameters
                 )
-                own = evaluator(policies, updates)
-                simulated = None if simulator is None else simulator(policies, updates)
+                own = evaluator(policies, training.updates)
+                simulated = None if simulator is None else simulator(policies, training.updates)
                 if plant_model is not None:
                     names = [
                         _configuration_name(index, seed)
@@ -728,7 +815,7 @@ class Agent:
                         )
                     )
             else:
-                own, simulated = simulator(policies, updates), None
+                own, simulated = simulator(policies, training.updates), None
             for position, index in enumerate(group.indices):
                 runs = slice(position * n_seeds, (position + 1) * n_seeds)
                 target = slice(index * n_seeds, (index + 1) * n_seeds)
@@ -808,7 +895,7 @@ class Agent:
         self.training = {
             "updates": updates_done,
             "seeds": self.seeds,
-            "batch_size": batch_size,
+            "batch_size": training.batch_size,
             "reward_scaling": prepared.reward_scaling,
             "reward_scale": prepared.reward_scale.to_dict(),
             "evaluation": estimate,
@@ -1370,6 +1457,22 @@ class Agent:
             overwrite=overwrite,
             signing_key=signing_key,
             format=format,
+        )
+
+
+def _entry(algorithm: str) -> Any:
+    try:
+        return algorithm_entry(algorithm)
+    except HyperparameterError as error:
+        raise AgentError(str(error)) from None
+
+
+def _check_kind(entry: Any, task: Task) -> None:
+    if entry.discrete != task.discrete:
+        kind = "discrete" if entry.discrete else "continuous"
+        raise AgentError(
+            f"algorithm: {entry.name} needs {kind} actions; task {task.name} has "
+            f"{'discrete' if task.discrete else 'continuous'} ones"
         )
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "EvaluationSection",
     "ExportSection",
     "OPESection",
+    "OPESettings",
     "RunConfig",
     "SafetySection",
     "SweepSection",
@@ -157,6 +158,11 @@ class OPESection(_Section):
     split_seed: int = Field(default=0, ge=0)
 
 
+#: The off-policy settings by their Python name (``Agent.fit(ope=OPESettings(...))``): the
+#: configuration's ``evaluation.ope`` section itself, defined once.
+OPESettings = OPESection
+
+
 class EvaluationSection(_Section):
     """Evaluation of every run: in the task's simulator with the shield, or off policy
     (``ope``) when the task has none."""
@@ -261,6 +267,10 @@ class SweepSection(_Section):
             ):
                 raise ValueError(f"{key}: expected distinct non-negative integers, got {values}")
         return grid
+
+    def seeds(self, default: list[int]) -> list[int]:
+        """The seeds a sweep trains: the grid's ``training.seeds``, else ``default``."""
+        return list(self.grid.get(SWEEP_SEEDS) or default)
 
     def hyperparameter_grid(self) -> dict[str, list[Any]]:
         """The grid of the algorithm's hyperparameters, by their (dotted) names."""

@@ -49,7 +49,13 @@ from neorl_industrial.wrappers.training.evaluation import (
     summarize_runs,
 )
 
-__all__ = ["CheckpointMismatchError", "TrainResult", "Trainer", "dataset_fingerprint"]
+__all__ = [
+    "CheckpointMismatchError",
+    "TrainResult",
+    "Trainer",
+    "checkpoint_steps",
+    "dataset_fingerprint",
+]
 
 
 class CheckpointMismatchError(ValueError):
@@ -402,3 +408,12 @@ def _difference(saved: Any, current: dict[str, Any]) -> str:
     keys = sorted(set(saved) | set(current))
     changed = [key for key in keys if saved.get(key) != current.get(key)]
     return "differs in " + ", ".join(changed) if changed else "same fingerprint"
+
+
+def checkpoint_steps(checkpoint_dir: Path) -> list[int]:
+    """The updates of the complete checkpoints in ``checkpoint_dir``, oldest first (orbax
+    names a finished checkpoint by its step; one still being written has a temporary
+    suffix)."""
+    if not checkpoint_dir.is_dir():
+        return []
+    return sorted(int(entry.name) for entry in checkpoint_dir.iterdir() if entry.name.isdigit())
