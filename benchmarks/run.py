@@ -45,6 +45,7 @@ BENCHMARKS: dict[str, str] = {
     "shield_overhead": "benchmarks.shield_overhead",
     "ope": "benchmarks.ope",
     "model_ope": "benchmarks.model_ope",
+    "verdict_study": "benchmarks.verdict_study",
     "serving": "benchmarks.serving",
     "soak": "benchmarks.soak",
     "slow_clients": "benchmarks.slow_clients",

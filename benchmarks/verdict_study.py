@@ -1,0 +1,625 @@
+"""The verdict held against the truth: on every dataset of the suite, candidate policies
+of several algorithms and hyperparameters are estimated from held-out episodes by every
+estimator of the verdict (``model``, ``fqe``, ``model+fqe``), the verdict decides, and
+the simulator says how good the estimates and the decision were.
+
+For every dataset of ``--datasets`` (``ENV:QUALITY``, generated with the factory's
+behaviour policies as the learning suite generates them):
+
+1. **Plant model**: one :class:`~neorl_industrial.wrappers.models.PlantModel` fitted on
+   the training episodes (``--holdout`` of the episodes held out with the split seed the
+   agents use), the known reward and cost expressions of the dataset card computed, not
+   learned. Its fidelity on the held-out episodes and against the simulator
+   (``simulator_fidelity``: random actions, states the data rarely visits) is recorded.
+2. **Candidates**: every configuration of :data:`CANDIDATES` (BC, TD3+BC's ``alpha``
+   grid, IQL, CQL, and MOPO on the plant model) x ``--seeds``, each configuration's
+   seeds trained as one program (``Agent.fit``) on the training episodes.
+3. **Estimates**: the verdict (``model_verdict`` through the agent, every estimator,
+   pessimism and intervals as in ``docs/verdict.md``) of every candidate against the
+   logged operation of the held-out episodes; the verdicts of all configurations merged
+   into one decision (``merge_verdicts``).
+4. **Truth**: every candidate in the simulator (``--episodes`` episodes, shield on, as
+   ``Agent.evaluate``); the behaviour's true return is the dataset's mean episode return.
+
+Reported per estimator and dataset: Spearman's rank correlation between estimated and
+true returns over the candidates, and regret@1 (the best true return minus that of the
+candidate the estimator ranks first) as a share of the true spread (best minus worst);
+for the verdict's recommendation: whether its true return is below the behaviour's or
+its true mean episode cost over a limit. Estimates are discounted returns from held-out
+states, the truth undiscounted returns from the simulator's reset distribution, so only
+ranks compare.
+
+Usage (from the repository root)::
+
+    nice -n 10 python -m benchmarks.verdict_study              # the suite, docs/verdict_study.md
+    python -m benchmarks.verdict_study --quick --no-save       # a minutes-long smoke run
+    python -m benchmarks.verdict_study --page-from RESULT.json # the page of a saved result
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from benchmarks.harness import (
+    DEFAULT_RESULTS_DIR,
+    BenchmarkResult,
+    progress,
+    publish_study,
+    require_positive,
+    utc_timestamp,
+    write_atomically,
+)
+
+NAME = "verdict_study"
+DESCRIPTION = "Verdict estimators against the simulator's truth over the learning suite"
+DATASETS = (
+    "IB-v0:low",
+    "IB-v0:medium",
+    "IB-v0:high",
+    "CSTR-v0:medium",
+    "FourTank-v0:medium",
+    "DMSD-v0:medium",
+    "Pipeline-v0:medium",
+    "CSTR-stochastic-v0:medium",
+)
+#: (label, registered algorithm, hyperparameters): the configurations every dataset trains.
+CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("BC", "bc", {}),
+    ("TD3+BC a=1", "td3bc", {"alpha": 1.0}),
+    ("TD3+BC a=2.5", "td3bc", {"alpha": 2.5}),
+    ("TD3+BC a=10", "td3bc", {"alpha": 10.0}),
+    ("IQL", "iql", {}),
+    ("CQL", "cql", {}),
+    ("MOPO", "mopo", {}),
+)
+ESTIMATORS = ("model", "fqe", "model+fqe")
+#: The issue's targets: mean and worst regret@1 (share of the spread), mean rank
+#: correlation, datasets where the recommendation is worse than the operators or unsafe.
+TARGETS = {"mean_regret": 0.10, "worst_regret": 0.25, "mean_correlation": 0.7, "bad": 0}
+
+
+def _fidelity_summary(fidelity: dict[str, Any]) -> dict[str, Any]:
+    """Mean over observation features of the relative error and the coverage per step."""
+    out: dict[str, Any] = {"horizon": fidelity["horizon"], "steps": {}}
+    for step in fidelity["steps"]:
+        rows = [r for r in fidelity["rows"] if r["kind"] == "observation" and r["step"] == step]
+        relative = [r["relative_rmse"] for r in rows if r.get("relative_rmse") is not None]
+        coverage = [r["coverage"] for r in rows if r.get("coverage") is not None]
+        out["steps"][str(step)] = {
+            "relative_rmse": float(np.mean(relative)) if relative else None,
+            "coverage": float(np.mean(coverage)) if coverage else None,
+        }
+    if "outside_data_share" in fidelity:
+        out["outside_data_share"] = fidelity["outside_data_share"]
+    return out
+
+
+def _renamed(verdict: Any, label: str) -> Any:
+    """``verdict`` with its candidates named ``label, seed s`` (unique across configs)."""
+    rows = []
+    for row in verdict.candidates:
+        seed = row["name"].split("seed ")[-1].rstrip(")")
+        rows.append({**row, "name": f"{label}, seed {seed}"})
+    return dataclasses.replace(verdict, candidates=tuple(rows))
+
+
+def _ranking(estimates: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
+    """Spearman's correlation and regret@1 (share of the spread) of ``estimates``."""
+    from scipy.stats import spearmanr
+
+    spread = float(truth.max() - truth.min())
+    first = int(np.argmax(estimates))
+    correlation = None
+    if np.ptp(estimates) > 0 and np.ptp(truth) > 0:
+        correlation = float(spearmanr(estimates, truth).statistic)
+    return {
+        "chosen": first,
+        "regret": float(truth.max() - truth[first]),
+        "regret_share": float((truth.max() - truth[first]) / spread) if spread > 0 else 0.0,
+        "rank_correlation": correlation,
+    }
+
+
+def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One dataset: the plant model, the candidates, their verdict and their truth."""
+    import jax
+
+    from neorl_industrial.core.environments import Task
+    from neorl_industrial.core.models import DynamicsConfig
+    from neorl_industrial.integration.datasets import generate_dataset
+    from neorl_industrial.wrappers.agents import Agent, OPESettings
+    from neorl_industrial.wrappers.models import FitSettings, PlantModel
+    from neorl_industrial.wrappers.training.verdict import VerdictSettings, merge_verdicts
+
+    env_id, quality = spec.split(":")
+    started = time.perf_counter()
+    progress(f"{spec}: {args.trajectories} trajectories")
+    dataset, card = generate_dataset(env_id, quality, args.trajectories, seed=args.data_seed)
+    task = Task.from_env(env_id)
+    model = PlantModel(
+        task,
+        DynamicsConfig(**({"hidden": tuple(args.model_hidden)} if args.model_hidden else {})),
+        definitions=card.definitions,
+    )
+    progress(f"{spec}: plant model, at most {args.model_updates} updates")
+    model_started = time.perf_counter()
+    model.fit(
+        dataset,
+        FitSettings(
+            max_updates=args.model_updates, holdout=args.holdout, split_seed=args.split_seed
+        ),
+        dataset_name=card.name,
+    )
+    simulator = model.simulator_fidelity(episodes=args.fidelity_episodes)
+    model_seconds = time.perf_counter() - model_started
+    heldout = dataset.select_episodes(np.asarray(model.card["dataset"]["holdout_episodes"]))
+    returns = np.asarray(jax.device_get(dataset.episode_returns()), np.float64)
+    episode_costs = np.asarray(jax.device_get(dataset.episode_costs()), np.float64)
+
+    ope = OPESettings(
+        always=True, holdout=args.holdout, split_seed=args.split_seed, updates=50, seeds=(0, 1)
+    )
+    settings = VerdictSettings(
+        horizon=args.horizon,
+        max_starts=args.starts,
+        bootstrap=args.bootstrap,
+        fqe_updates=args.fqe_updates,
+        bc_updates=args.fqe_updates,
+        fqe_hidden=tuple(args.hidden),
+    )
+    verdicts, candidates = [], []
+    limits: list[float] = []
+    for label, algorithm, hyperparameters in CANDIDATES:
+        if algorithm not in args.algorithms:
+            continue
+        updates = args.cql_updates if algorithm == "cql" else args.updates
+        progress(f"{spec}: {label} x {args.seeds} seeds, {updates} updates")
+        fit_started = time.perf_counter()
+        agent = Agent(algorithm, env_id, hidden=tuple(args.hidden), **hyperparameters)
+        agent.fit(
+            dataset,
+            updates=updates,
+            seeds=tuple(range(args.seeds)),
+            chunk=min(args.chunk, updates),
+            eval_episodes=1,
+            ope=ope,
+            card=card,
+            plant_model=model if agent.entry.model_based else None,
+            verdict=VerdictSettings(horizon=1, bootstrap=10, fqe=False),
+        )
+        fit_seconds = time.perf_counter() - fit_started
+        judge_started = time.perf_counter()
+        verdict = _renamed(agent.judge(heldout, model, ope=ope, settings=settings), label)
+        judge_seconds = time.perf_counter() - judge_started
+        runs = agent.evaluate(args.episodes, seed=args.eval_seed)["runs"]
+        limits = list(agent.cost_limits or [])
+        verdicts.append(verdict)
+        for seed, (row, run) in enumerate(zip(verdict.candidates, runs, strict=True)):
+            estimates = {e["estimator"]: e for e in row["estimates"]}
+            candidates.append(
+                {
+                    "name": row["name"],
+                    "configuration": label,
+                    "algorithm": algorithm,
+                    "seed": seed,
+                    "qualifies": row["qualifies"],
+                    "reasons": row["reasons"],
+                    "estimates": {
+                        name: {
+                            "value": estimates[name]["discounted_return"]["value"],
+                            "improvement": estimates[name]["improvement"],
+                        }
+                        for name in ESTIMATORS
+                        if name in estimates
+                    },
+                    "true_return": run["return"],
+                    "true_normalized_cost": run["normalized_cost"],
+                    "true_episode_cost": run["episode_cost"],
+                    "fit_seconds": fit_seconds / args.seeds,
+                    "judge_seconds": judge_seconds / args.seeds,
+                }
+            )
+    merged = merge_verdicts(verdicts)
+    truth = np.asarray([c["true_return"] for c in candidates])
+    behaviour_return = float(returns.mean())
+    per_channel = episode_costs.mean(axis=0) / np.asarray(limits) if limits else np.zeros(0)
+    ranking = {
+        name: _ranking(np.asarray([c["estimates"][name]["value"] for c in candidates]), truth)
+        for name in ESTIMATORS
+        if all(name in c["estimates"] for c in candidates)
+    }
+    names = [c["name"] for c in candidates]
+    recommended = names.index(merged.recommended) if merged.recommended else None
+    outcome: dict[str, Any] = {"decision": merged.decision, "recommended": merged.recommended}
+    if recommended is not None:
+        chosen = candidates[recommended]
+        outcome |= {
+            "true_return": chosen["true_return"],
+            "improvement_over_behaviour": chosen["true_return"] - behaviour_return,
+            "worse_than_behaviour": bool(chosen["true_return"] < behaviour_return),
+            "over_cost_limit": bool((chosen["true_normalized_cost"] or 0.0) > 1.0),
+            "regret_share": float((truth.max() - chosen["true_return"]) / np.ptp(truth))
+            if np.ptp(truth) > 0
+            else 0.0,
+        }
+    else:
+        outcome |= {"worse_than_behaviour": False, "over_cost_limit": False}
+    outcome["bad"] = bool(outcome["worse_than_behaviour"] or outcome["over_cost_limit"])
+    better = truth > behaviour_return
+    return {
+        "dataset": spec,
+        "seconds": time.perf_counter() - started,
+        "model_seconds": model_seconds,
+        "transitions": int(dataset.n_transitions),
+        "heldout_episodes": int(heldout.n_episodes),
+        "behaviour": {
+            "true_return": behaviour_return,
+            "normalized_cost": float(per_channel.max()) if per_channel.size else None,
+        },
+        "fidelity": {
+            "heldout": _fidelity_summary(model.card["fidelity"]),
+            "simulator": _fidelity_summary(simulator),
+            "model_updates": model.card["fit"]["updates"],
+        },
+        "candidates": candidates,
+        "ranking": ranking,
+        "verdict": outcome,
+        "statement": merged.statement,
+        "truly_better_than_behaviour": int(better.sum()),
+        "truly_better_and_safe": int(
+            sum(
+                bool(b) and (c["true_normalized_cost"] or 0.0) <= 1.0
+                for b, c in zip(better, candidates, strict=True)
+            )
+        ),
+    }
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Across datasets: per estimator the mean and worst regret@1 and the mean rank
+    correlation, the verdict's record, and which targets were met."""
+    per_estimator = {}
+    for name in ESTIMATORS:
+        own = [row["ranking"][name] for row in rows if name in row["ranking"]]
+        if not own:
+            continue
+        regrets = [r["regret_share"] for r in own]
+        correlations = [r["rank_correlation"] for r in own if r["rank_correlation"] is not None]
+        per_estimator[name] = {
+            "mean_regret": float(np.mean(regrets)),
+            "worst_regret": float(np.max(regrets)),
+            "mean_correlation": float(np.mean(correlations)) if correlations else None,
+            "targets_met": {
+                "mean_regret": bool(np.mean(regrets) <= TARGETS["mean_regret"]),
+                "worst_regret": bool(np.max(regrets) <= TARGETS["worst_regret"]),
+                "mean_correlation": bool(
+                    correlations and np.mean(correlations) >= TARGETS["mean_correlation"]
+                ),
+            },
+        }
+    bad = sum(row["verdict"]["bad"] for row in rows)
+    random_regret = [
+        float(
+            np.mean(
+                (max(t) - np.asarray(t)) / max(max(t) - min(t), 1e-12)
+                if (t := [c["true_return"] for c in row["candidates"]])
+                else [0.0]
+            )
+        )
+        for row in rows
+    ]
+    return {
+        "estimators": per_estimator,
+        "random_regret": float(np.mean(random_regret)),
+        "recommended": sum(row["verdict"]["decision"] == "recommend" for row in rows),
+        "bad_recommendations": int(bad),
+        "bad_target_met": bool(bad <= TARGETS["bad"]),
+    }
+
+
+def _number(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def page(config: dict[str, Any], results: dict[str, Any]) -> str:
+    """The markdown page of a study's result."""
+    rows, total = results["datasets"], results["summary"]
+    labels = sorted({c["configuration"] for row in rows for c in row["candidates"]})
+    lines = [
+        "# The verdict against the truth",
+        "",
+        "Generated by `python -m benchmarks.verdict_study` (do not edit by hand). On every",
+        "dataset a plant model was fitted on the training episodes, candidate policies were",
+        "trained on the same episodes, every candidate was estimated against the logged",
+        "operation on the held-out episodes by every estimator of the verdict",
+        "([verdict.md](verdict.md)), the verdict decided among all of them, and the",
+        "simulator gave the truth.",
+        "",
+        f"Settings: {config['trajectories']} trajectories per dataset (data seed "
+        f"{config['data_seed']}), {config['holdout']:.0%} of the episodes held out; "
+        f"candidates {', '.join(labels)} x {config['seeds']} seeds, "
+        f"({', '.join(map(str, config['hidden']))}) networks, {config['updates']:,} updates "
+        f"(CQL {config['cql_updates']:,}); plant model at most {config['model_updates']:,} "
+        f"updates; verdict with {config['starts']} starts at most, horizon "
+        f"{config['horizon']}, FQE {config['fqe_updates']:,} updates x 2 seeds, "
+        f"{config['bootstrap']} bootstrap draws; truth {config['episodes']} simulator "
+        f"episodes per candidate, shield on. Wall time {results['seconds'] / 60:.1f} min "
+        f"on {results.get('cpu_count', '?')} cores (load average "
+        f"{results.get('load_average', float('nan')):.1f} at the end).",
+        "",
+        "## Targets",
+        "",
+        "| estimator | mean regret@1 / spread (target <= 0.10) | worst regret@1 / spread "
+        "(<= 0.25) | mean rank correlation (>= 0.7) |",
+        "|---|---|---|---|",
+    ]
+    for name, own in total["estimators"].items():
+        met = own["targets_met"]
+        lines.append(
+            f"| {name} | {own['mean_regret']:.2f} ({'met' if met['mean_regret'] else 'missed'})"
+            f" | {own['worst_regret']:.2f} ({'met' if met['worst_regret'] else 'missed'}) | "
+            f"{_number(own['mean_correlation'])} "
+            f"({'met' if met['mean_correlation'] else 'missed'}) |"
+        )
+    lines += [
+        "",
+        f"A random choice's regret is {total['random_regret']:.2f} of the spread on average.",
+        f"The verdict recommended a candidate on {total['recommended']} of {len(rows)} "
+        "datasets and kept the current operation on the others; its recommendation was "
+        f"worse than the operators or over a cost limit on **{total['bad_recommendations']}** "
+        f"of {len(rows)} datasets (target 0: "
+        f"{'met' if total['bad_target_met'] else 'missed'}).",
+        "",
+        "## Per dataset",
+        "",
+        "Regret@1 as a share of the true spread over the candidates, and Spearman's rank "
+        "correlation with the true returns, per estimator; the verdict's decision and, for a "
+        "recommendation, its true return against the behaviour's.",
+        "",
+        "| dataset | model | fqe | model+fqe | decision | recommended: true return "
+        "(behaviour) | truly better than the behaviour |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = []
+        for name in ESTIMATORS:
+            own = row["ranking"].get(name)
+            cells.append(
+                "-"
+                if own is None
+                else f"{own['regret_share']:.2f} / {_number(own['rank_correlation'])}"
+            )
+        outcome = row["verdict"]
+        if outcome["decision"] == "recommend":
+            flags = [
+                flag
+                for flag, on in (
+                    ("worse than the operators", outcome["worse_than_behaviour"]),
+                    ("over a cost limit", outcome["over_cost_limit"]),
+                )
+                if on
+            ]
+            decided = f"{outcome['recommended']}: {outcome['true_return']:,.4g} " + (
+                f"({row['behaviour']['true_return']:,.4g}"
+                + (f"; {', '.join(flags)})" if flags else ")")
+            )
+        else:
+            decided = f"- ({row['behaviour']['true_return']:,.4g})"
+        lines.append(
+            f"| {row['dataset']} | {' | '.join(cells)} | {outcome['decision']} | {decided} | "
+            f"{row['truly_better_and_safe']} of {len(row['candidates'])} (within limits) |"
+        )
+    lines += [
+        "",
+        "## Model fidelity",
+        "",
+        "Open-loop error of the plant model relative to each feature's spread (mean over the "
+        "observed features) and the share of true values inside its 90 % interval: on the "
+        "held-out episodes, and against the simulator under uniformly random actions (with "
+        "the share of those states outside the data's range).",
+        "",
+        "| dataset | updates | held out: 1 step | 10 steps | H steps (coverage) | simulator: "
+        "1 step | 10 steps | H steps (coverage) | outside the data |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = []
+        for kind in ("heldout", "simulator"):
+            fidelity = row["fidelity"][kind]
+            steps = list(fidelity["steps"].values())
+            last = steps[-1]
+            cells += [
+                _number(steps[0]["relative_rmse"]),
+                _number(steps[1]["relative_rmse"]) if len(steps) > 2 else "-",
+                f"{_number(last['relative_rmse'])} ({_number(last['coverage'])}), "
+                f"H={fidelity['horizon']}",
+            ]
+        outside = row["fidelity"]["simulator"].get("outside_data_share")
+        lines.append(
+            f"| {row['dataset']} | {row['fidelity']['model_updates']} | {' | '.join(cells)} | "
+            f"{_number(outside)} |"
+        )
+    lines += [
+        "",
+        "## Candidates",
+        "",
+        "Per dataset and candidate: the true mean episode return (simulator), the estimates "
+        "(discounted, from the held-out starts) and whether the verdict let it qualify.",
+        "",
+    ]
+    for row in rows:
+        lines += [
+            f"### {row['dataset']}",
+            "",
+            f"Behaviour: true return {row['behaviour']['true_return']:,.4g}. {row['statement']}",
+            "",
+            "| candidate | true return | true cost / limit | model | fqe | model+fqe | "
+            "model improvement (95 % interval) | qualifies |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in row["candidates"]:
+            estimates = c["estimates"]
+            gain = estimates["model"]["improvement"]
+            lines.append(
+                f"| {c['name']} | {c['true_return']:,.4g} | "
+                f"{_number(c['true_normalized_cost'])} | "
+                + " | ".join(
+                    f"{estimates[name]['value']:,.4g}" if name in estimates else "-"
+                    for name in ESTIMATORS
+                )
+                + f" | {gain['value']:,.3g} ({gain['lower']:,.3g} to {gain['upper']:,.3g}) | "
+                f"{'yes' if c['qualifies'] else 'no'} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.verdict_study", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    parser.add_argument(
+        "--algorithms",
+        nargs="+",
+        default=sorted({algorithm for _, algorithm, _ in CANDIDATES}),
+        help="which of the candidates' algorithms train",
+    )
+    parser.add_argument("--trajectories", type=int, default=100)
+    parser.add_argument("--data-seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--updates", type=int, default=10_000)
+    parser.add_argument("--cql-updates", type=int, default=3_000)
+    parser.add_argument("--chunk", type=int, default=5_000)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
+    parser.add_argument("--holdout", type=float, default=0.2)
+    parser.add_argument("--split-seed", type=int, default=0)
+    parser.add_argument("--model-updates", type=int, default=4_000)
+    parser.add_argument("--model-hidden", type=int, nargs="*", default=None)
+    parser.add_argument("--fidelity-episodes", type=int, default=16)
+    parser.add_argument("--horizon", type=int, default=1000, help="verdict model steps")
+    parser.add_argument("--starts", type=int, default=100, help="verdict starts at most")
+    parser.add_argument("--fqe-updates", type=int, default=2_000)
+    parser.add_argument("--bootstrap", type=int, default=1_000)
+    parser.add_argument("--episodes", type=int, default=20, help="simulator episodes")
+    parser.add_argument("--eval-seed", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="a minutes-long smoke run")
+    parser.add_argument("--doc", default="docs/verdict_study.md")
+    parser.add_argument("--results-dir", default=str(DEFAULT_RESULTS_DIR))
+    parser.add_argument("-d", "--description", default=DESCRIPTION)
+    parser.add_argument("-t", "--tag", default="untagged")
+    parser.add_argument("--no-save", action="store_true")
+    parser.add_argument(
+        "--page-from", metavar="RESULT.json", help="rewrite the page of a saved result"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.datasets = args.datasets[:1] if argv and "--datasets" in argv else ["CSTR-v0:medium"]
+        args.trajectories, args.seeds, args.updates, args.cql_updates = 20, 2, 300, 100
+        args.chunk, args.model_updates, args.model_hidden = 300, 300, [32]
+        args.fidelity_episodes, args.horizon, args.starts = 4, 30, 20
+        args.fqe_updates, args.bootstrap, args.episodes, args.hidden = 200, 200, 4, [16, 16]
+    known = sorted({algorithm for _, algorithm, _ in CANDIDATES})
+    unknown = sorted(set(args.algorithms) - set(known))
+    if unknown:
+        parser.error(f"--algorithms: unknown {unknown}; the study's are {known}")
+    require_positive(
+        parser,
+        args,
+        (
+            "trajectories",
+            "seeds",
+            "updates",
+            "cql_updates",
+            "chunk",
+            "model_updates",
+            "fidelity_episodes",
+            "horizon",
+            "starts",
+            "fqe_updates",
+            "bootstrap",
+            "episodes",
+        ),
+    )
+    for spec in args.datasets:
+        if spec.count(":") != 1:
+            parser.error(f"--datasets: {spec!r} is not ENV:QUALITY (e.g. CSTR-v0:medium)")
+    return args
+
+
+CONFIG_KEYS = (
+    "datasets",
+    "algorithms",
+    "trajectories",
+    "data_seed",
+    "seeds",
+    "updates",
+    "cql_updates",
+    "chunk",
+    "hidden",
+    "holdout",
+    "split_seed",
+    "model_updates",
+    "model_hidden",
+    "fidelity_episodes",
+    "horizon",
+    "starts",
+    "fqe_updates",
+    "bootstrap",
+    "episodes",
+    "eval_seed",
+    "quick",
+)
+
+
+def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    import os
+
+    clock = time.perf_counter()
+    rows = []
+    for spec in args.datasets:
+        row = study_dataset(spec, args)
+        progress(
+            f"{spec}: {row['verdict']['decision']} ({row['seconds']:.0f} s); regret@1 "
+            + ", ".join(f"{k} {v['regret_share']:.2f}" for k, v in row["ranking"].items())
+        )
+        rows.append(row)
+    config = {key: getattr(args, key) for key in CONFIG_KEYS}
+    config["candidates"] = [list(entry) for entry in CANDIDATES]
+    results = {
+        "datasets": rows,
+        "summary": summary(rows),
+        "seconds": time.perf_counter() - clock,
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg()[0],
+    }
+    return config, results
+
+
+def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The study with its default settings, for ``python -m benchmarks.run verdict_study``."""
+    return run_study(parse_args(["--quick"] if quick else []))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.page_from:
+        saved = BenchmarkResult.load(args.page_from)
+        write_atomically(args.doc, page(saved.config, saved.results))
+        print(f"Wrote {args.doc}")
+        return 0
+    started = utc_timestamp()
+    config, results = run_study(args)
+    publish_study(NAME, args, started, config, results, page(config, results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
