@@ -224,6 +224,29 @@ def test_no_import_cycles():
         pytest.fail("import cycle: " + " -> ".join(error.args[1]))
 
 
+def _package(module: str) -> str:
+    """The package a module belongs to (a package's ``__init__`` is the package)."""
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def test_no_import_cycles_between_packages():
+    """Packages do not import each other either (``core.environments`` and ``core.safety``,
+    say), even when no two of their modules do: one of the two must sit below the
+    other. A subpackage's imports of the packages above it are not edges (it is part of
+    them)."""
+    graph: dict[str, set[str]] = {_package(module): set() for module in MODULES}
+    for module in MODULES:
+        source = _package(module)
+        for imported in _runs(module):
+            target = _package(imported)
+            if target != source and not source.startswith(target + "."):
+                graph[source].add(target)
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        pytest.fail("import cycle between packages: " + " -> ".join(error.args[1]))
+
+
 def _pure_modules():
     return [module for module in MODULES if _layer(module) in ("core", "functional")]
 

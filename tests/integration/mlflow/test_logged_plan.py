@@ -15,8 +15,8 @@ import pytest
 
 from neorl_industrial.integration.datasets import load_any, save_native
 from neorl_industrial.integration.mlflow import flatten
-from neorl_industrial.integration.mlflow.tracking import summary_entries, ui_links
 from neorl_industrial.integration.mlflow.run_logging import open_tracker, plan_params
+from neorl_industrial.integration.mlflow.tracking import summary_entries, ui_links
 from neorl_industrial.pipeline import plan_run
 from neorl_industrial.wrappers.agents import Agent
 from neorl_industrial.wrappers.training import RunConfig

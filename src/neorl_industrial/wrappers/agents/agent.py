@@ -716,6 +716,11 @@ class Agent:
             train_sweep,
         )
 
+        if self.entry.model_based:
+            raise AgentError(
+                f"algorithm {self.entry.name!r} trains on a plant model and is not swept in "
+                "one program; fit each configuration with plant_model= instead"
+            )
         plan = self._plan(data, settings, SWEEP_KEYWORDS, "sweep")
         grid = plan.sweep.hyperparameter_grid() if grid is None else grid
         if not grid:
@@ -730,11 +735,6 @@ class Agent:
         prepared = self._prepare(plan)
         data, hyperparameters = prepared.data, prepared.hyperparameters
         trained_episodes = self._trained_episodes(dataset, prepared.heldout)
-        if self.entry.model_based:
-            raise AgentError(
-                f"algorithm {self.entry.name!r} trains on a plant model and is not swept in "
-                "one program; fit each configuration with plant_model= instead"
-            )
         if plant_model is not None:
             self._check_plant_model(plant_model, dataset, prepared.heldout, card)
         verdicts: list[Verdict] = []
