@@ -378,9 +378,11 @@ def rollout(
             overridden = report.overridden
             previous = safe
         member = jax.random.randint(member_key, (), 0, n_members)
-        next_observation, reward, costs, done = dynamics.transition(
-            params, observation, action, model_key, member
-        )
+        # Every member's prediction is made once: the step follows the drawn one and the
+        # penalty reads all of them (the same computation, merged by the compiler).
+        predicted = dynamics.step(params, observation, action, model_key, member)
+        next_observation, reward = predicted.next_observation, predicted.reward
+        costs, done = predicted.costs, predicted.done
         penalty = uncertainty_penalty(dynamics, params, observation, action)
         finite = jnp.all(jnp.isfinite(next_observation)) & jnp.isfinite(reward)
         finite = finite & jnp.all(jnp.isfinite(costs)) & jnp.isfinite(penalty)
