@@ -754,7 +754,7 @@ def reusable_peer(
         return None
     row = base_entry["algorithms"][name]
     same = (
-        data_seed_of(base_entry, base.config) == entry["data_seed"]
+        data_seed_of(base_entry, base.config) == data_seed_of(entry, vars(args))
         and row["hyperparameters"]["d3rlpy"] == job
         and row["reward_scaling"] == _plain(dict(reward_scaling))
         and base_entry["n_transitions"] == entry["n_transitions"]
@@ -786,10 +786,11 @@ def with_base(
     for key, base_entry in base.results["datasets"].items():
         entry = results["datasets"].get(key)
         base_entry = {**base_entry, "data_seed": data_seed_of(base_entry, base.config)}
-        if entry is not None and entry["data_seed"] != base_entry["data_seed"]:
+        seed = None if entry is None else data_seed_of(entry, config)
+        if seed is not None and seed != base_entry["data_seed"]:
             raise ValueError(
                 f"--base {base_name}: {key} was generated with data seed "
-                f"{base_entry['data_seed']} there and {entry['data_seed']} here; run it with "
+                f"{base_entry['data_seed']} there and {seed} here; run it with "
                 "the base's seed or without --base"
             )
         carried = {}

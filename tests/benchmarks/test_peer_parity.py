@@ -690,7 +690,8 @@ def test_base_study_carries_the_rows_not_run_again(tmp_path):
     new_row = _row((40.0, 1.0), (46.0, 2.0))  # BC run again, now below d3rlpy
     new_row["d3rlpy"]["reused_from"] = path.name
     config = {"rows": ["bc:medium"], "env_ids": {"bc": "IB-v0"}, "algorithms": ["bc"]}
-    config |= {key: base.config[key] for key in peer_parity.BASE_SETTINGS} | {"device": "cpu"}
+    config |= {key: base.config[key] for key in (*peer_parity.BASE_SETTINGS, "data_seed")}
+    config |= {"device": "cpu"}
     results = {
         "datasets": {
             "IB-v0-medium": {**base.results["datasets"]["IB-v0-medium"], "algorithms": {}}
@@ -714,6 +715,41 @@ def test_base_study_carries_the_rows_not_run_again(tmp_path):
     assert f"Carried over unchanged from `{path.name}`" in page
     assert "IB-v0-medium TD3+BC, IB-v0-high IQL" in page
     assert f"d3rlpy's seeds read back from `{path.name}`" in page
+
+
+def test_base_study_of_another_data_seed_carries_its_other_datasets_only(tmp_path):
+    from benchmarks.harness import BenchmarkResult
+
+    path = _saved_study(tmp_path)  # data seed 0
+    base = BenchmarkResult.load(path)
+    config = {"rows": ["td3bc:medium"], "env_ids": {"td3bc": "CSTR-v0"}, "algorithms": ["td3bc"]}
+    config |= {key: base.config[key] for key in peer_parity.BASE_SETTINGS}
+    config |= {"device": "cpu", "data_seed": 17}
+    cstr = {
+        **base.results["datasets"]["IB-v0-medium"],
+        "env_id": "CSTR-v0",
+        "data_seed": 17,
+        "algorithms": {"td3bc": _row((72.0, 1.0), (72.5, 1.0))},
+    }
+    for row in cstr["algorithms"].values():
+        row["hyperparameters"] = {"ours": {}, "d3rlpy": {"config": "td3bc", "kwargs": {}}}
+        row["differences"] = []
+    results = {
+        "datasets": {"CSTR-v0-medium": cstr},
+        "differences": {"td3bc": []},
+        "common_differences": ["everywhere"],
+    }
+    merged_config, merged = peer_parity.with_base(config, results, base, path.name)
+    assert list(merged["datasets"]) == ["IB-v0-medium", "IB-v0-high", "CSTR-v0-medium"]
+    assert merged["datasets"]["IB-v0-medium"]["data_seed"] == 0
+    assert merged["datasets"]["IB-v0-medium"]["algorithms"]["td3bc"]["carried_from"] == path.name
+    assert merged["summary"]["rows"] == 4
+    page = peer_parity.markdown(merged_config, merged)
+    assert "100 trajectories each, data seed 0; CSTR-v0-medium 17)" in page
+    # The same dataset under another seed would mix two datasets' rows: refused by name.
+    results["datasets"] = {"IB-v0-medium": {**cstr, "env_id": "IB-v0"}}
+    with pytest.raises(ValueError, match="IB-v0-medium was generated with data seed 0 there"):
+        peer_parity.with_base(config, results, base, path.name)
 
 
 def test_page_of_a_saved_study_is_written_without_training(tmp_path, capsys):
