@@ -1,0 +1,231 @@
+"""The answer to take to the manager, in plain words, from the files a run leaves:
+
+    python examples/mixing-tank/answer.py models/mixing-tank runs/mixing-tank-iql-lag/report.json
+
+The first argument is a plant model's directory (``model fit``: its card holds the
+fidelity on held-out episodes, in the plant's units); the second is the report of ``train
+--plant-model`` (``report.json``) or the ``--json`` file of ``evaluate --ope ...
+--plant-model ...``: both hold the verdict. It prints a page of Markdown: how well the
+model knows the plant, every candidate against the current operation with its interval,
+the recommendation, and why. Every number is an estimate and is labelled as one. Any
+plant's files work; nothing here is particular to the mixing tank.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _interval(estimate: dict, digits: str = ".3g") -> str:
+    return (
+        f"{estimate['value']:{digits}} [{estimate['lower']:{digits}}, {estimate['upper']:{digits}}]"
+    )
+
+
+def _by_estimator(estimates: list[dict]) -> dict[str, dict]:
+    return {result["estimator"]: result for result in estimates}
+
+
+def _duration(steps: int, period: float | None) -> str:
+    if not period:
+        return f"{steps} step{'s' if steps != 1 else ''}"
+    seconds = steps * period
+    if seconds < 120:
+        return f"{seconds:g} s"
+    return f"{seconds / 60:.3g} min"
+
+
+def fidelity_section(card: dict) -> list[str]:
+    """The model's open-loop error per observed feature, in its unit and as a share of
+    its spread, and how often the logged value fell inside the model's interval."""
+    fidelity = card["fidelity"]
+    period = card["task"].get("sampling_period")
+    steps = fidelity["steps"]
+    level = f"{fidelity['level']:.0%}"
+    horizon = steps[-1]
+    lines = [
+        "## How well the model knows the plant",
+        "",
+        f"Driven open loop by the operators' logged actions from {fidelity['windows']} points "
+        f"of {len(fidelity['episodes'])} episodes it was not fitted on: the typical error "
+        "(RMSE) of its prediction, in the plant's units and as a share of the feature's "
+        f"usual spread, and how often the logged value lay inside its {level} interval.",
+        "",
+        "| feature | "
+        + " | ".join(f"after {_duration(step, period)}" for step in steps)
+        + f" | inside its {level} interval after {_duration(horizon, period)} |",
+        "|---" * (len(steps) + 2) + "|",
+    ]
+    rows = [row for row in fidelity["rows"] if row["kind"] == "observation"]
+    for name in dict.fromkeys(row["name"] for row in rows):
+        mine = {row["step"]: row for row in rows if row["name"] == name}
+        unit = mine[steps[0]]["unit"] or ""
+        cells = [
+            f"{mine[step]['rmse']:.2g} {unit} ({mine[step]['relative_rmse']:.0%})" for step in steps
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mine[horizon]['coverage']:.0%} |")
+    return lines
+
+
+def candidates_section(verdict: dict) -> list[str]:
+    """Every candidate's estimate beside the operators', and its improvement over them
+    by each deciding estimator, with intervals."""
+    level = f"{verdict['settings']['level']:.0%}"
+    deciding = verdict["deciding"]
+    operators = _by_estimator(verdict["behaviour"]["estimates"])["model"]
+    limited = [c for c in operators["costs"] if c["value"] is not None]
+    header = ["", "estimated return (model)"]
+    header += [f"better than the operators by ({name})" for name in deciding]
+    header += [f"{c['channel']}: share of its limit (upper bound)" for c in limited]
+    header += ["steps outside the log's range"]
+    lines = [
+        "## The candidates against the operators (estimates)",
+        "",
+        f"Discounted return from {verdict['evidence']['starts']} starting states of the "
+        f"held-out episodes (higher is better), with its {level} interval; the operators' "
+        "own actions are replayed in the same model, so each difference is paired start by "
+        "start.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---" * len(header) + "|",
+    ]
+    row = ["the operators (logged)", _interval(operators["discounted_return"])]
+    row += ["-"] * len(deciding)
+    row += [f"{c['value']['upper']:.2f}" for c in limited]
+    row += ["-"]
+    lines.append("| " + " | ".join(row) + " |")
+    for candidate in verdict["candidates"]:
+        estimates = _by_estimator(candidate["estimates"])
+        model = estimates["model"]
+        row = [candidate["name"], _interval(model["discounted_return"])]
+        row += [_interval(estimates[name]["improvement"], "+.3g") for name in deciding]
+        costs = {c["channel"]: c for c in model["costs"]}
+        row += [f"{costs[c['channel']]['value']['upper']:.2f}" for c in limited]
+        share = model.get("outside_data_share")
+        row += ["-" if share is None else f"{share:.1%}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _why_candidate(candidate: dict, verdict: dict) -> list[str]:
+    """Plain words for what the evidence says of one candidate."""
+    level = f"{verdict['settings']['level']:.0%}"
+    estimates = _by_estimator(candidate["estimates"])
+    said = []
+    for name in verdict["deciding"]:
+        gain = estimates[name]["improvement"]
+        by = f"by the {name} estimate"
+        if gain["upper"] < 0:
+            said.append(
+                f"{by}, it is worse than the operators: {-gain['value']:.3g} lower, and "
+                f"at least {-gain['upper']:.3g} lower with {level} confidence"
+            )
+        elif gain["lower"] <= 0:
+            said.append(
+                f"{by}, it cannot be told apart from the operators: between "
+                f"{-gain['lower']:.3g} lower and {gain['upper']:.3g} higher"
+            )
+        else:
+            said.append(f"{by}, it is better: at least {gain['lower']:.3g} higher")
+    limits = verdict["evidence"].get("cost_limits", {})
+    for cost in estimates["model"]["costs"]:
+        limit = limits.get(cost["channel"])
+        if cost["evidence"] == "insufficient evidence":
+            said.append(
+                f"too few {cost['channel']} events were held out ({cost['events']}) to "
+                "estimate that cost at all"
+            )
+        elif cost["within_limit"] is False:
+            said.append(
+                f"it may break the {cost['channel']} limit ({limit:g} per episode): up to "
+                f"{cost['value']['upper']:.2f} times what the limit allows"
+            )
+    share = estimates["model"].get("outside_data_share")
+    if share:
+        said.append(
+            f"on {share:.0%} of its steps it takes the plant where the log never went, "
+            "where the model can only extrapolate (the estimate was charged for it)"
+        )
+    return said
+
+
+def why_section(verdict: dict) -> list[str]:
+    """Why the answer is what it is, from the evidence."""
+    settings, evidence = verdict["settings"], verdict["evidence"]
+    lines = ["## Why", ""]
+    if evidence["start_episodes"] < settings["min_episodes"]:
+        lines.append(
+            f"- The log is too short to recommend anything: the candidates could be checked "
+            f"on {evidence['start_episodes']} held-out episode(s), and an interval over "
+            f"whole episodes needs at least {settings['min_episodes']}. Log more episodes."
+        )
+    for candidate in verdict["candidates"]:
+        said = _why_candidate(candidate, verdict)
+        verdict_word = "qualifies" if candidate["qualifies"] else "does not qualify"
+        lines.append(f"- **{candidate['name']}** {verdict_word}: " + "; ".join(said) + ".")
+    operators = _by_estimator(verdict["behaviour"]["estimates"])["model"]
+    episodes = evidence["heldout_episodes"]
+    for cost in operators["costs"]:
+        limit = evidence.get("cost_limits", {}).get(cost["channel"])
+        events = evidence.get("cost_events", {}).get(cost["channel"], 0)
+        if limit is None or cost["value"] is None or events <= limit * episodes:
+            continue
+        lines.append(
+            f"- In the held-out log the operators had {cost['channel']} on {events} steps in "
+            f"{episodes} episodes ({events / episodes:.3g} per episode, limit {limit:g}), "
+            f"while the model, replaying their own actions, estimates "
+            f"{cost['value']['value']:.2f} [{cost['value']['lower']:.2f}, "
+            f"{cost['value']['upper']:.2f}] of the limit: it under-predicts this cost, so "
+            "its estimates of it for the candidates are likely low as well."
+        )
+    lines += [
+        "",
+        f"A candidate is recommended only if the lower bound of its {settings['level']:.0%} "
+        "interval of improvement over the operators is above zero by every deciding "
+        f"estimator ({', '.join(verdict['deciding'])}) and its costs stay within their "
+        "limits with their intervals; otherwise the answer is to keep the current "
+        "operation.",
+    ]
+    return lines
+
+
+def answer(model_dir: Path, report_path: Path) -> str:
+    """The page, from a plant model's directory and a report holding a verdict."""
+    card = json.loads((model_dir / "model.json").read_text())
+    report = json.loads(report_path.read_text())
+    verdict = report.get("verdict") or (report.get("ope") or {}).get("verdict")
+    if not verdict:
+        raise SystemExit(
+            f"{report_path}: no verdict in it; train or evaluate with --plant-model {model_dir}"
+        )
+    evidence = verdict["evidence"]
+    if verdict["decision"] == "recommend":
+        headline = f"**Recommend {verdict['recommended']}** (an estimate; see why below)."
+    else:
+        headline = "**Keep the current operation.**"
+    lines = [
+        f"# {card['task']['name']}: is a learned policy better than today's operation?",
+        "",
+        headline,
+        "",
+        f"Every number is an estimate from the plant's log, not a measurement: "
+        f"{evidence['heldout_transitions']:,} transitions in {evidence['heldout_episodes']} "
+        f"episodes that neither trained the candidates nor fitted the plant model, "
+        f"{evidence['members']} model members. Estimators: {', '.join(verdict['estimators'])} "
+        f"({', '.join(verdict['deciding'])} decide).",
+        "",
+        *fidelity_section(card),
+        "",
+        *candidates_section(verdict),
+        "",
+        *why_section(verdict),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(f"usage: python {sys.argv[0]} MODEL_DIR REPORT_JSON")
+    sys.stdout.write(answer(Path(sys.argv[1]), Path(sys.argv[2])))
