@@ -80,6 +80,7 @@ from neorl_industrial.wrappers.training.plan import (
     KEYWORDS,
     PlanError,
     RunPlan,
+    contract_of,
     plan_settings,
     resolve_contract,
     resolve_run,
@@ -277,10 +278,7 @@ class Agent:
             entry = _entry(config.algorithm.name)
             task = resolve_task(config)
             _check_kind(entry, task)
-            safety = config.safety
-            spec, contract = resolve_contract(
-                task, safety.constraints, safety.cost_limits, safe=entry.safe
-            )
+            spec, contract = contract_of(config, task)
         except PlanError as error:
             raise AgentError(str(error)) from None
         agent = cls.__new__(cls)

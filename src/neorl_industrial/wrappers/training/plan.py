@@ -55,6 +55,7 @@ __all__ = [
     "DataSplit",
     "PlanError",
     "RunPlan",
+    "contract_of",
     "data_facts",
     "plan_settings",
     "resolve_contract",
@@ -268,10 +269,7 @@ def resolve_run(
             or cost limits that do not fit the task.
     """
     task = resolve_task(config, dataset, card)
-    entry = _entry(config.algorithm.name)
-    spec, safety = resolve_contract(
-        task, config.safety.constraints, config.safety.cost_limits, safe=entry.safe
-    )
+    spec, safety = contract_of(config, task)
     return RunPlan(
         name=config.name,
         algorithm=config.algorithm,
@@ -348,6 +346,18 @@ def resolve_task(config: RunConfig, dataset: Dataset | None = None, card: Any = 
         except TaskError as error:
             raise PlanError(f"data.path: {error}") from None
     return simulated
+
+
+def contract_of(config: RunConfig, task: Task) -> tuple[ConstraintSpec, SafetyContract]:
+    """The constraint spec and safety contract of ``config``'s algorithm on ``task``: the
+    one place a configuration's ``safety`` section (its cost limits) is read.
+
+    Raises:
+        PlanError: as :func:`resolve_contract`, or for an unknown algorithm.
+    """
+    safety = config.safety
+    safe = _entry(config.algorithm.name).safe
+    return resolve_contract(task, safety.constraints, safety.cost_limits, safe=safe)
 
 
 def resolve_contract(
