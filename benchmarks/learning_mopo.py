@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -67,7 +68,9 @@ def parse_config(text: str) -> tuple[str, str, dict[str, Any]]:
     label, sep, spec = text.partition(":")
     if not sep or not label or not spec:
         raise ValueError(f"--configs {text!r}: expected label:algorithm[,key=value...]")
-    name, *pairs = spec.split(",")
+    # A comma starts the next pair only before ``key=`` (a value may be a tuple).
+    name, _, values = spec.partition(",")
+    pairs = re.split(r",(?=\s*\w+=)", values) if values else []
     if name not in MODEL_BASED:
         raise ValueError(f"--configs {text!r}: {name!r} is not one of {list(MODEL_BASED)}")
     overrides: dict[str, Any] = {}
