@@ -13,11 +13,12 @@ behaviour policies as the learning suite generates them):
    (``simulator_fidelity``: random actions, states the data rarely visits) is recorded.
 2. **Candidates**: every configuration of :data:`CANDIDATES` (BC, TD3+BC's ``alpha``
    grid, IQL, CQL, and MOPO on the plant model) x ``--seeds``, each configuration's
-   seeds trained as one program (``Agent.fit``) on the training episodes.
-3. **Estimates**: the verdict (``model_verdict`` through the agent, every estimator,
-   pessimism and intervals as in ``docs/verdict.md``) of every candidate against the
-   logged operation of the held-out episodes; the verdicts of all configurations merged
-   into one decision (``merge_verdicts``).
+   seeds trained as one program (``Agent.fit``) on the model's training episodes (MOPO
+   on the whole log, holding out the same episodes, since it steps the model).
+3. **Estimates**: the verdict (``model_verdict``, every estimator, pessimism and
+   intervals as in ``docs/verdict.md``) of every candidate against the logged operation
+   of the held-out episodes, one program per algorithm (its configurations stacked); the
+   verdicts merged into one decision over all candidates (``merge_verdicts``).
 4. **Truth**: every candidate in the simulator (``--episodes`` episodes, shield on, as
    ``Agent.evaluate``); the behaviour's true return is the dataset's mean episode return.
 
@@ -39,7 +40,6 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -51,8 +51,8 @@ from benchmarks.harness import (
     DEFAULT_RESULTS_DIR,
     BenchmarkResult,
     progress,
-    publish_study,
     require_positive,
+    system_info,
     utc_timestamp,
     write_atomically,
 )
@@ -101,15 +101,6 @@ def _fidelity_summary(fidelity: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _renamed(verdict: Any, label: str) -> Any:
-    """``verdict`` with its candidates named ``label, seed s`` (unique across configs)."""
-    rows = []
-    for row in verdict.candidates:
-        seed = row["name"].split("seed ")[-1].rstrip(")")
-        rows.append({**row, "name": f"{label}, seed {seed}"})
-    return dataclasses.replace(verdict, candidates=tuple(rows))
-
-
 def _ranking(estimates: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
     """Spearman's correlation and regret@1 (share of the spread) of ``estimates``."""
     from scipy.stats import spearmanr
@@ -130,13 +121,18 @@ def _ranking(estimates: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
 def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     """One dataset: the plant model, the candidates, their verdict and their truth."""
     import jax
+    import jax.numpy as jnp
 
     from neorl_industrial.core.environments import Task
     from neorl_industrial.core.models import DynamicsConfig
     from neorl_industrial.integration.datasets import generate_dataset
     from neorl_industrial.wrappers.agents import Agent, OPESettings
     from neorl_industrial.wrappers.models import FitSettings, PlantModel
-    from neorl_industrial.wrappers.training.verdict import VerdictSettings, merge_verdicts
+    from neorl_industrial.wrappers.training.verdict import (
+        VerdictSettings,
+        merge_verdicts,
+        model_verdict,
+    )
 
     env_id, quality = spec.split(":")
     started = time.perf_counter()
@@ -174,8 +170,9 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         bc_updates=args.fqe_updates,
         fqe_hidden=tuple(args.hidden),
     )
-    verdicts, candidates = [], []
-    limits: list[float] = []
+    train_ids = np.asarray(model.card["dataset"]["train_episodes"])
+    training = dataset.select_episodes(train_ids)
+    groups: dict[str, list[tuple[str, Any, list[dict[str, Any]], float]]] = {}
     for label, algorithm, hyperparameters in CANDIDATES:
         if algorithm not in args.algorithms:
             continue
@@ -183,49 +180,85 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         progress(f"{spec}: {label} x {args.seeds} seeds, {updates} updates")
         fit_started = time.perf_counter()
         agent = Agent(algorithm, env_id, hidden=tuple(args.hidden), **hyperparameters)
-        agent.fit(
-            dataset,
-            updates=updates,
-            seeds=tuple(range(args.seeds)),
-            chunk=min(args.chunk, updates),
-            eval_episodes=1,
-            ope=ope,
-            card=card,
-            plant_model=model if agent.entry.model_based else None,
-            verdict=VerdictSettings(horizon=1, bootstrap=10, fqe=False),
+        common = dict(
+            updates=updates, seeds=tuple(range(args.seeds)), chunk=min(args.chunk, updates)
         )
-        fit_seconds = time.perf_counter() - fit_started
-        judge_started = time.perf_counter()
-        verdict = _renamed(agent.judge(heldout, model, ope=ope, settings=settings), label)
-        judge_seconds = time.perf_counter() - judge_started
-        runs = agent.evaluate(args.episodes, seed=args.eval_seed)["runs"]
-        limits = list(agent.cost_limits or [])
-        verdicts.append(verdict)
-        for seed, (row, run) in enumerate(zip(verdict.candidates, runs, strict=True)):
-            estimates = {e["estimator"]: e for e in row["estimates"]}
-            candidates.append(
-                {
-                    "name": row["name"],
-                    "configuration": label,
-                    "algorithm": algorithm,
-                    "seed": seed,
-                    "qualifies": row["qualifies"],
-                    "reasons": row["reasons"],
-                    "estimates": {
-                        name: {
-                            "value": estimates[name]["discounted_return"]["value"],
-                            "improvement": estimates[name]["improvement"],
-                        }
-                        for name in ESTIMATORS
-                        if name in estimates
-                    },
-                    "true_return": run["return"],
-                    "true_normalized_cost": run["normalized_cost"],
-                    "true_episode_cost": run["episode_cost"],
-                    "fit_seconds": fit_seconds / args.seeds,
-                    "judge_seconds": judge_seconds / args.seeds,
-                }
+        if agent.entry.model_based:
+            # Trains on the plant model, which must see the whole log (its fingerprint);
+            # the agent holds out the same episodes as the model (same share and seed).
+            agent.fit(
+                dataset,
+                **common,
+                eval_episodes=1,
+                ope=ope,
+                card=card,
+                plant_model=model,
+                verdict=VerdictSettings(horizon=1, bootstrap=10, fqe=False),
             )
+        else:
+            agent.fit(training, **common, evaluate=False)
+        runs = agent.evaluate(args.episodes, seed=args.eval_seed)["runs"]
+        groups.setdefault(algorithm, []).append(
+            (label, agent, runs, time.perf_counter() - fit_started)
+        )
+    verdicts, candidates = [], []
+    for algorithm, members in groups.items():
+        # One verdict program per algorithm: its configurations act alike (a swept
+        # hyperparameter such as TD3+BC's alpha shapes training, not acting).
+        first = members[0][1]
+        policies = jax.tree.map(
+            lambda *leaves: jnp.concatenate(leaves), *[agent.policies for _, agent, _, _ in members]
+        )
+        names = [f"{label}, seed {seed}" for label, agent, _, _ in members for seed in agent.seeds]
+        data = first.training_data(heldout)
+        if first.scaler is not None:
+            data = data.replace(actions=first.scaler.scale(data.actions))
+        limits = list(first.cost_limits or [])
+        progress(f"{spec}: verdict on {len(names)} {algorithm} candidates")
+        judge_started = time.perf_counter()
+        verdict = model_verdict(
+            act=first.policy_algorithm.act,
+            policy_params=policies,
+            names=names,
+            heldout=data,
+            plant_model=model,
+            scaler=first.scaler,
+            constraints=first.constraints,
+            cost_limits=limits if len(limits) == data.n_costs else None,
+            cost_names=first.cost_names,
+            episode_length=first.task.episode_length,
+            settings=settings,
+        )
+        judge_seconds = (time.perf_counter() - judge_started) / len(names)
+        verdicts.append(verdict)
+        rows = iter(verdict.candidates)
+        for label, agent, runs, seconds in members:
+            for seed, run in zip(agent.seeds, runs, strict=True):
+                row = next(rows)
+                estimates = {e["estimator"]: e for e in row["estimates"]}
+                candidates.append(
+                    {
+                        "name": row["name"],
+                        "configuration": label,
+                        "algorithm": algorithm,
+                        "seed": seed,
+                        "qualifies": row["qualifies"],
+                        "reasons": row["reasons"],
+                        "estimates": {
+                            name: {
+                                "value": estimates[name]["discounted_return"]["value"],
+                                "improvement": estimates[name]["improvement"],
+                            }
+                            for name in ESTIMATORS
+                            if name in estimates
+                        },
+                        "true_return": run["return"],
+                        "true_normalized_cost": run["normalized_cost"],
+                        "true_episode_cost": run["episode_cost"],
+                        "fit_seconds": seconds / len(agent.seeds),
+                        "judge_seconds": judge_seconds,
+                    }
+                )
     merged = merge_verdicts(verdicts)
     truth = np.asarray([c["true_return"] for c in candidates])
     behaviour_return = float(returns.mean())
@@ -519,6 +552,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--page-from", metavar="RESULT.json", help="rewrite the page of a saved result"
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="RESULT.json",
+        help="one result and page from the datasets of several saved results (same settings)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.datasets = args.datasets[:1] if argv and "--datasets" in argv else ["CSTR-v0:medium"]
@@ -603,6 +642,38 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     return config, results
 
 
+def merge(paths: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One study from the datasets of several saved results of the same settings (a
+    study run one dataset at a time): their rows in order, the summary recomputed, the
+    wall times summed.
+
+    Raises:
+        ValueError: for results of other settings (naming the first that differs).
+    """
+    saved = [BenchmarkResult.load(path) for path in paths]
+    first = saved[0].config
+    ignored = {"datasets"}
+    for path, other in zip(paths, saved, strict=True):
+        differs = sorted(
+            key
+            for key in set(first) | set(other.config)
+            if key not in ignored and first.get(key) != other.config.get(key)
+        )
+        if differs:
+            raise ValueError(f"{path}: other settings than {paths[0]} ({', '.join(differs)})")
+    rows = [row for result in saved for row in result.results["datasets"]]
+    config = {**first, "datasets": [row["dataset"] for row in rows]}
+    results = {
+        "datasets": rows,
+        "summary": summary(rows),
+        "seconds": float(sum(result.results["seconds"] for result in saved)),
+        "cpu_count": saved[-1].results.get("cpu_count"),
+        "load_average": max(result.results.get("load_average", 0.0) for result in saved),
+        "merged_from": [str(path) for path in paths],
+    }
+    return config, results
+
+
 def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """The study with its default settings, for ``python -m benchmarks.run verdict_study``."""
     return run_study(parse_args(["--quick"] if quick else []))
@@ -616,8 +687,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Wrote {args.doc}")
         return 0
     started = utc_timestamp()
-    config, results = run_study(args)
-    publish_study(NAME, args, started, config, results, page(config, results))
+    if args.merge:
+        config, results = merge(args.merge)
+    else:
+        config, results = run_study(args)
+    path = None
+    if not args.no_save:  # the result first: a long run is never lost to its page
+        path = BenchmarkResult(
+            name=NAME,
+            description=args.description,
+            tag=args.tag,
+            timestamp=started,
+            system=system_info(),
+            config=config,
+            results=results,
+        ).save(args.results_dir)
+    text = page(config, results)
+    print(text)
+    if path is not None:
+        write_atomically(args.doc, text)
+        print(f"Wrote {path} and {args.doc}", file=sys.stderr)
     return 0
 
 
