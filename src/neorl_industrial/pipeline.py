@@ -24,7 +24,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -38,13 +38,13 @@ from neorl_industrial.wrappers.training.plan import (
     DEFAULT_ENV,
     RunPlan,
     data_facts,
-    resolve_run,
 )
 from neorl_industrial.wrappers.training.trainer import checkpoint_steps
 
 __all__ = [
     "MAIN_JOB",
     "RunOutcome",
+    "agent_of",
     "load_data",
     "main_job_config",
     "plan_run",
@@ -88,9 +88,10 @@ class RunOutcome:
     policy_dir: Path | None
 
 
-def plan_run(config: RunConfig) -> RunPlan:
-    """Reads or generates the run's data and resolves ``config`` with it into its
-    :class:`~neorl_industrial.wrappers.training.plan.RunPlan` (``resolve_run``).
+def agent_of(config: RunConfig) -> Agent:
+    """The run's agent: reads or generates the run's data and resolves ``config`` with it
+    (``Agent.from_config``); ``agent.plan`` is the run's
+    :class:`~neorl_industrial.wrappers.training.plan.RunPlan`.
 
     Raises:
         AgentError: naming the field: an unreadable dataset (``data.path``), a dataset
@@ -101,11 +102,16 @@ def plan_run(config: RunConfig) -> RunPlan:
 
     try:
         dataset, facts, card = load_data(config)
-        return resolve_run(config, dataset, card, facts)
     except (DatasetFormatError, FileNotFoundError) as error:
         raise AgentError(f"data.path: {error}") from None
-    except ValueError as error:  # PlanError among them
+    except ValueError as error:
         raise AgentError(str(error)) from None
+    return Agent.from_config(config, dataset=dataset, card=card, facts=facts)
+
+
+def plan_run(config: RunConfig) -> RunPlan:
+    """The run's plan (see :func:`agent_of`)."""
+    return cast(RunPlan, agent_of(config).plan)  # made with its data, it holds its plan
 
 
 def load_data(config: RunConfig) -> tuple[Any, dict[str, Any], Any]:
@@ -178,8 +184,8 @@ def run_training(
                 "(--set name=...), or remove the directory first (nothing was changed)"
             )
     started = time.perf_counter()
-    plan = plan_run(config)
-    agent = Agent.from_plan(plan)
+    agent = agent_of(config)
+    plan = agent.plan
     model = _plant_model(plant_model, plan)
     leader = jax.process_index() == 0
     if leader:
@@ -194,7 +200,7 @@ def run_training(
     fit_started = time.perf_counter()
     every = [*(callbacks or []), *([tracker] if tracker is not None else [])]
     with _failures_marked(tracker):
-        result = agent.fit(plan, resume=resume, callbacks=every, mesh=mesh, plant_model=model)
+        result = agent.fit(resume=resume, callbacks=every, mesh=mesh, plant_model=model)
     fit_seconds = time.perf_counter() - fit_started
     if not leader:
         report = {
@@ -459,8 +465,8 @@ def run_sweep(
             "directory (nothing was overwritten)"
         )
     started = time.perf_counter()
-    plan = plan_run(config)
-    agent = Agent.from_plan(plan)
+    agent = agent_of(config)
+    plan = agent.plan
     model = _plant_model(plant_model, plan)
     leader = jax.process_index() == 0
     if leader:
@@ -474,7 +480,7 @@ def run_sweep(
         tracker = open_tracker(plan, agent, console, grid)
         open_sweep_runs(tracker, plan, grid)
     with _failures_marked(tracker):
-        table = agent.sweep(plan, grid, mesh=mesh, plant_model=model)
+        table = agent.sweep(grid=grid, mesh=mesh, plant_model=model)
     fit_seconds = time.perf_counter() - started
     if not leader:
         chosen = table["configurations"][table["selected"]]

@@ -78,6 +78,7 @@ from neorl_industrial.wrappers.training.ope import OffPolicyEvaluator
 from neorl_industrial.wrappers.training.plan import (
     DEFAULT_ENV,
     KEYWORDS,
+    PLAN_KEYWORDS,
     PlanError,
     RunPlan,
     contract_of,
@@ -116,7 +117,7 @@ SWEEP_KEYWORDS = (
     "ope",
     "card",
 )
-FIT_KEYWORDS = (*KEYWORDS, "evaluate", "card", "checkpoint_dir")
+FIT_KEYWORDS = (*KEYWORDS, *PLAN_KEYWORDS)
 
 
 class AgentError(PlanError):
@@ -253,12 +254,15 @@ class Agent:
         *,
         dataset: Dataset | None = None,
         card: Any = None,
+        facts: Mapping[str, Any] | None = None,
     ) -> Agent:
         """The agent a run configuration describes (a :class:`RunConfig`, its mapping or
         a YAML file): its algorithm, hyperparameters, task and safety contract. With
         ``dataset`` (and its ``card``), the run is resolved at once and ``agent.fit()``
         trains it; without, ``agent.fit(dataset, card=card)`` resolves it with the data
-        then. The training settings are the configuration's either way.
+        then. The training settings are the configuration's either way. ``facts``: what
+        the run's report says about the data (default: its sizes and mean return and
+        cost).
 
         Raises:
             ConfigError: for a file or field the configuration refuses.
@@ -272,7 +276,7 @@ class Agent:
             config = RunConfig.from_yaml(config)
         try:
             if dataset is not None:
-                return cls.from_plan(resolve_run(config, dataset, card))
+                return cls.from_plan(resolve_run(config, dataset, card, facts))
             if card is not None:
                 raise AgentError("card: give the dataset with its card (dataset=...)")
             entry = _entry(config.algorithm.name)

@@ -423,7 +423,8 @@ KEYWORDS: dict[str, tuple[str, str]] = {
     "checkpoint_every": ("checkpoints", "every"),
     "keep_checkpoints": ("checkpoints", "keep"),
 }
-OTHER_KEYWORDS = ("evaluate", "card", "checkpoint_dir")
+#: The keywords that set the plan itself rather than a section.
+PLAN_KEYWORDS = ("evaluate", "card", "checkpoint_dir")
 
 
 def plan_settings(keywords: Mapping[str, Any], *, allowed: Sequence[str]) -> dict[str, Any]:
