@@ -17,10 +17,10 @@ behaviour policies as the learning suite generates them):
    on the whole log, holding out the same episodes, since it steps the model).
 3. **Estimates**: the verdict (``model_verdict``, every estimator, pessimism and
    intervals as in ``docs/verdict.md``) of every candidate against the logged operation
-   of the held-out episodes, one program per algorithm (its configurations stacked); the
-   verdicts merged into one decision over all candidates (``merge_verdicts``).
+   of the held-out episodes, all candidates in one program (:func:`mixture_act`: each
+   candidate acts with its own algorithm's ``act``), so the decision is among all.
 4. **Truth**: every candidate in the simulator (``--episodes`` episodes, shield on, as
-   ``Agent.evaluate``); the behaviour's true return is the dataset's mean episode return.
+   ``Agent.evaluate`` runs them, all candidates in one program); the behaviour's true return is the dataset's mean episode return.
 
 Reported per estimator and dataset: Spearman's rank correlation between estimated and
 true returns over the candidates, and regret@1 (the best true return minus that of the
@@ -43,6 +43,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -101,6 +102,47 @@ def _fidelity_summary(fidelity: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def mixture_params(policies: Sequence[Any]) -> dict[str, Any]:
+    """The candidates of several algorithms as one stack (see :func:`mixture_act`):
+    ``which`` says each candidate's algorithm, ``slots`` holds per algorithm a stack with
+    the candidate's own parameters in its algorithm's slot (the others' first candidate,
+    never used, in the other slots)."""
+    import jax
+    import jax.numpy as jnp
+
+    counts = [int(jax.tree.leaves(stack)[0].shape[0]) for stack in policies]
+    which = np.repeat(np.arange(len(counts)), counts)
+    slots = []
+    for own, stack in enumerate(policies):
+        rows = np.concatenate(
+            [
+                np.arange(n) if group == own else np.zeros(n, np.int64)
+                for group, n in enumerate(counts)
+            ]
+        )
+        slots.append(jax.tree.map(lambda leaf, rows=rows: leaf[jnp.asarray(rows)], stack))
+    return {"which": jnp.asarray(which, jnp.int32), "slots": tuple(slots)}
+
+
+def mixture_act(acts: Sequence[Any]) -> Any:
+    """One ``act`` over the candidates of several algorithms (``acts``, one per
+    algorithm, parameters as :func:`mixture_params` stacks them): each candidate acts
+    with its own algorithm's ``act``, so that all of them are evaluated by one compiled
+    program (under ``vmap`` every algorithm's actor runs and the candidate's is kept)."""
+    import jax
+
+    def act(params: Any, observation: Any, key: Any = None, deterministic: bool = True) -> Any:
+        branches = [
+            lambda slots, observation, own=own, function=function: function(
+                slots[own], observation, key, deterministic=deterministic
+            )
+            for own, function in enumerate(acts)
+        ]
+        return jax.lax.switch(params["which"], branches, params["slots"], observation)
+
+    return act
+
+
 def _ranking(estimates: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
     """Spearman's correlation and regret@1 (share of the spread) of ``estimates``."""
     from scipy.stats import spearmanr
@@ -121,16 +163,15 @@ def _ranking(estimates: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
 def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     """One dataset: the plant model, the candidates, their verdict and their truth."""
     import jax
-    import jax.numpy as jnp
 
     from neorl_industrial.core.environments import Task
     from neorl_industrial.core.models import DynamicsConfig
     from neorl_industrial.integration.datasets import generate_dataset
     from neorl_industrial.wrappers.agents import Agent, OPESettings
     from neorl_industrial.wrappers.models import FitSettings, PlantModel
+    from neorl_industrial.wrappers.training.evaluation import Evaluator
     from neorl_industrial.wrappers.training.verdict import (
         VerdictSettings,
-        merge_verdicts,
         model_verdict,
     )
 
@@ -172,7 +213,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     )
     train_ids = np.asarray(model.card["dataset"]["train_episodes"])
     training = dataset.select_episodes(train_ids)
-    groups: dict[str, list[tuple[str, Any, list[dict[str, Any]], float]]] = {}
+    trained: list[tuple[str, Any, float]] = []
     for label, algorithm, hyperparameters in CANDIDATES:
         if algorithm not in args.algorithms:
             continue
@@ -197,69 +238,77 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
             )
         else:
             agent.fit(training, **common, evaluate=False)
-        runs = agent.evaluate(args.episodes, seed=args.eval_seed)["runs"]
-        groups.setdefault(algorithm, []).append(
-            (label, agent, runs, time.perf_counter() - fit_started)
-        )
-    verdicts, candidates = [], []
-    for algorithm, members in groups.items():
-        # One verdict program per algorithm: its configurations act alike (a swept
-        # hyperparameter such as TD3+BC's alpha shapes training, not acting).
-        first = members[0][1]
-        policies = jax.tree.map(
-            lambda *leaves: jnp.concatenate(leaves), *[agent.policies for _, agent, _, _ in members]
-        )
-        names = [f"{label}, seed {seed}" for label, agent, _, _ in members for seed in agent.seeds]
-        data = first.training_data(heldout)
-        if first.scaler is not None:
-            data = data.replace(actions=first.scaler.scale(data.actions))
-        limits = list(first.cost_limits or [])
-        progress(f"{spec}: verdict on {len(names)} {algorithm} candidates")
-        judge_started = time.perf_counter()
-        verdict = model_verdict(
-            act=first.policy_algorithm.act,
-            policy_params=policies,
-            names=names,
-            heldout=data,
-            plant_model=model,
-            scaler=first.scaler,
-            constraints=first.constraints,
-            cost_limits=limits if len(limits) == data.n_costs else None,
-            cost_names=first.cost_names,
-            episode_length=first.task.episode_length,
-            settings=settings,
-        )
-        judge_seconds = (time.perf_counter() - judge_started) / len(names)
-        verdicts.append(verdict)
-        rows = iter(verdict.candidates)
-        for label, agent, runs, seconds in members:
-            for seed, run in zip(agent.seeds, runs, strict=True):
-                row = next(rows)
-                estimates = {e["estimator"]: e for e in row["estimates"]}
-                candidates.append(
-                    {
-                        "name": row["name"],
-                        "configuration": label,
-                        "algorithm": algorithm,
-                        "seed": seed,
-                        "qualifies": row["qualifies"],
-                        "reasons": row["reasons"],
-                        "estimates": {
-                            name: {
-                                "value": estimates[name]["discounted_return"]["value"],
-                                "improvement": estimates[name]["improvement"],
-                            }
-                            for name in ESTIMATORS
-                            if name in estimates
-                        },
-                        "true_return": run["return"],
-                        "true_normalized_cost": run["normalized_cost"],
-                        "true_episode_cost": run["episode_cost"],
-                        "fit_seconds": seconds / len(agent.seeds),
-                        "judge_seconds": judge_seconds,
-                    }
-                )
-    merged = merge_verdicts(verdicts)
+        trained.append((label, agent, time.perf_counter() - fit_started))
+
+    # Every candidate of every algorithm in one verdict program and one simulator program.
+    agents = [agent for _, agent, _ in trained]
+    first = agents[0]
+    names = [f"{label}, seed {seed}" for label, agent, _ in trained for seed in agent.seeds]
+    policies = mixture_params([agent.policies for agent in agents])
+    data = first.training_data(heldout)
+    if first.scaler is not None:
+        data = data.replace(actions=first.scaler.scale(data.actions))
+    limits = list(first.cost_limits or [])
+    progress(f"{spec}: verdict on {len(names)} candidates")
+    judge_started = time.perf_counter()
+    merged = model_verdict(
+        act=mixture_act([agent.policy_algorithm.act for agent in agents]),
+        policy_params=policies,
+        names=names,
+        heldout=data,
+        plant_model=model,
+        scaler=first.scaler,
+        constraints=first.constraints,
+        cost_limits=limits if len(limits) == data.n_costs else None,
+        cost_names=first.cost_names,
+        episode_length=first.task.episode_length,
+        settings=settings,
+    )
+    judge_seconds = time.perf_counter() - judge_started
+    progress(f"{spec}: the truth, {args.episodes} simulator episodes per candidate")
+    env, env_params = first.simulator
+    simulator_limits = limits if len(limits) == env.n_costs else None
+    evaluator = Evaluator(
+        SimpleNamespace(act=mixture_act([agent.algorithm.act for agent in agents])),
+        env,
+        env_params,
+        episodes=args.episodes,
+        horizon=int(env_params.horizon),
+        constraints=first.constraints,
+        shield=True,
+        cost_limits=simulator_limits,
+        cost_names=env.cost_names,
+        seed=args.eval_seed,
+    )
+    runs = evaluator(policies, 0)
+    candidates = []
+    rows = iter(zip(merged.candidates, runs, strict=True))
+    for label, agent, seconds in trained:
+        for seed in agent.seeds:
+            row, run = next(rows)
+            estimates = {e["estimator"]: e for e in row["estimates"]}
+            candidates.append(
+                {
+                    "name": row["name"],
+                    "configuration": label,
+                    "algorithm": agent.entry.name,
+                    "seed": seed,
+                    "qualifies": row["qualifies"],
+                    "reasons": row["reasons"],
+                    "estimates": {
+                        name: {
+                            "value": estimates[name]["discounted_return"]["value"],
+                            "improvement": estimates[name]["improvement"],
+                        }
+                        for name in ESTIMATORS
+                        if name in estimates
+                    },
+                    "true_return": run["return"],
+                    "true_normalized_cost": run["normalized_cost"],
+                    "true_episode_cost": run["episode_cost"],
+                    "fit_seconds": seconds / len(agent.seeds),
+                }
+            )
     truth = np.asarray([c["true_return"] for c in candidates])
     behaviour_return = float(returns.mean())
     per_channel = episode_costs.mean(axis=0) / np.asarray(limits) if limits else np.zeros(0)
@@ -290,6 +339,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         "dataset": spec,
         "seconds": time.perf_counter() - started,
         "model_seconds": model_seconds,
+        "verdict_seconds": judge_seconds,
         "transitions": int(dataset.n_transitions),
         "heldout_episodes": int(heldout.n_episodes),
         "behaviour": {
