@@ -20,7 +20,8 @@ behaviour policies as the learning suite generates them):
    of the held-out episodes, all candidates in one program (:func:`mixture_act`: each
    candidate acts with its own algorithm's ``act``), so the decision is among all.
 4. **Truth**: every candidate in the simulator (``--episodes`` episodes, shield on, as
-   ``Agent.evaluate`` runs them, all candidates in one program); the behaviour's true return is the dataset's mean episode return.
+   ``Agent.evaluate`` runs them, all candidates in one program); the behaviour's true
+   return is the dataset's mean episode return.
 
 Reported per estimator and dataset: Spearman's rank correlation between estimated and
 true returns over the candidates, and regret@1 (the best true return minus that of the

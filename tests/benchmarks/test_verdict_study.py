@@ -1,6 +1,7 @@
-"""The verdict study on a tiny run: every estimator ranked against the simulator's truth,
-the verdict's recommendation checked against the behaviour's true return, the page
-written from the result, and bad options refused by name."""
+"""The verdict study: its summary against the targets, its page, one act over the
+candidates of several algorithms, bad options refused by name; and (slow) a tiny run in
+which every estimator is ranked against the simulator's truth and the verdict's
+recommendation is held against the behaviour's true return."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ TINY = [
     "CSTR-v0:medium",
     "--algorithms",
     "bc",
-    "td3bc",
+    "iql",
     "--trajectories",
     "10",
     "--seeds",
@@ -45,22 +46,13 @@ TINY = [
 ]
 
 
-@pytest.fixture(scope="module")
-def study():
-    return verdict_study.run_study(verdict_study.parse_args(TINY))
-
-
-def test_every_candidate_is_estimated_and_held_against_the_truth(study):
-    config, results = study
+@pytest.mark.slow
+def test_every_candidate_is_estimated_and_held_against_the_truth():
+    config, results = verdict_study.run_study(verdict_study.parse_args(TINY))
     (row,) = results["datasets"]
-    # BC and three TD3+BC alphas, two seeds each.
-    assert len(row["candidates"]) == 8 and config["seeds"] == 2
-    assert {c["configuration"] for c in row["candidates"]} == {
-        "BC",
-        "TD3+BC a=1",
-        "TD3+BC a=2.5",
-        "TD3+BC a=10",
-    }
+    # BC and IQL, two seeds each, judged in one program (each with its own act).
+    assert len(row["candidates"]) == 4 and config["seeds"] == 2
+    assert [c["configuration"] for c in row["candidates"]] == ["BC", "BC", "IQL", "IQL"]
     truth = np.asarray([c["true_return"] for c in row["candidates"]])
     for name in verdict_study.ESTIMATORS:
         ranking = row["ranking"][name]
@@ -79,14 +71,66 @@ def test_every_candidate_is_estimated_and_held_against_the_truth(study):
         assert outcome["recommended"] is None and not outcome["bad"]
     fidelity = row["fidelity"]["simulator"]
     assert 0.0 <= fidelity["outside_data_share"] <= 1.0 and fidelity["steps"]
-
-
-def test_the_summary_and_page_report_the_targets(study):
-    config, results = study
-    total = results["summary"]
-    assert set(total["estimators"]) == set(verdict_study.ESTIMATORS)
+    assert set(results["summary"]["estimators"]) == set(verdict_study.ESTIMATORS)
     text = verdict_study.page(config, results)
     assert "| model |" in text and "CSTR-v0:medium" in text and "Model fidelity" in text
+
+
+def _candidate(name, truth, model, cost=0.5):
+    estimates = {
+        estimator: {
+            "value": model + shift,
+            "improvement": {"value": 1.0, "lower": -1.0, "upper": 3.0},
+        }
+        for estimator, shift in zip(verdict_study.ESTIMATORS, (0.0, 1.0, 2.0), strict=True)
+    }
+    return {
+        "name": name,
+        "configuration": name.split(",")[0],
+        "true_return": truth,
+        "true_normalized_cost": cost,
+        "estimates": estimates,
+        "qualifies": False,
+    }
+
+
+def test_the_page_says_which_targets_were_met_and_what_the_verdict_did():
+    candidates = [_candidate("BC, seed 0", -30.0, -50.0), _candidate("IQL, seed 0", -10.0, -20.0)]
+    fidelity = {"horizon": 10, "steps": {"1": {"relative_rmse": 0.1, "coverage": 0.9}}}
+    row = {
+        "dataset": "CSTR-v0:medium",
+        "candidates": candidates,
+        "ranking": {
+            name: verdict_study._ranking(
+                np.asarray([c["estimates"][name]["value"] for c in candidates]),
+                np.asarray([c["true_return"] for c in candidates]),
+            )
+            for name in verdict_study.ESTIMATORS
+        },
+        "verdict": {
+            "decision": "recommend",
+            "recommended": "IQL, seed 0",
+            "true_return": -10.0,
+            "worse_than_behaviour": False,
+            "over_cost_limit": False,
+            "bad": False,
+        },
+        "behaviour": {"true_return": -29.0},
+        "statement": "Recommend IQL, seed 0.",
+        "truly_better_and_safe": 1,
+        "fidelity": {
+            "heldout": fidelity,
+            "simulator": fidelity | {"outside_data_share": 0.4},
+            "model_updates": 100,
+        },
+    }
+    config = verdict_study.parse_args(["--quick"])
+    config = {key: getattr(config, key) for key in verdict_study.CONFIG_KEYS}
+    results = {"datasets": [row], "summary": verdict_study.summary([row]), "seconds": 60.0}
+    text = verdict_study.page(config, results)
+    assert "| model | 0.00 (met) | 0.00 (met) | 1.00 (met) |" in text
+    assert "on **0** of 1 datasets (target 0: met)" in text
+    assert "IQL, seed 0: -10 (-29)" in text and "1 of 2 (within limits)" in text
 
 
 def test_the_summary_counts_a_recommendation_worse_than_the_operators():
@@ -123,3 +167,25 @@ def test_bad_options_are_refused_by_name(argv, message, capsys):
     with pytest.raises(SystemExit):
         verdict_study.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_each_candidate_acts_with_its_own_algorithm():
+    import jax
+    import jax.numpy as jnp
+
+    def linear(params, observation, key=None, deterministic=True):
+        return jnp.tanh(params["w"] @ observation)
+
+    def constant(params, observation, key=None, deterministic=True):
+        return params["level"] + 0.0 * observation[:1]
+
+    stacks = [
+        {"w": jnp.asarray([[[1.0, 0.0]], [[0.0, 1.0]]])},  # two linear candidates
+        {"level": jnp.asarray([[0.5], [-0.25], [0.75]])},  # three constant ones
+    ]
+    params = verdict_study.mixture_params(stacks)
+    observation = jnp.asarray([0.3, -0.6])
+    act = verdict_study.mixture_act([linear, constant])
+    actions = jax.jit(jax.vmap(act, in_axes=(0, None)))(params, observation)
+    expected = [np.tanh(0.3), np.tanh(-0.6), 0.5, -0.25, 0.75]
+    np.testing.assert_allclose(np.asarray(actions)[:, 0], expected, rtol=1e-6)
