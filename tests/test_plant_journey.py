@@ -16,16 +16,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
 from neorl_industrial.cli import build_parser, main
-from neorl_industrial.integration.deployment import ServerSettings, create_app
 from tests.compile_flags import user_environment
 from tests.processes import free_port
 from tests.readme import ROOT, blocks, link_repository
 
 PAGE = ROOT / "docs" / "plants.md"
 DECISIONS = ("recommend", "keep the current operation")
+#: Where a response of the policy server starts in the script's output.
+RESPONSE = re.compile(r'\{"(action|detail)"')
 
 
 def page_script() -> str:
@@ -53,11 +53,12 @@ def journey(tmp_path_factory):
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    decoder, responses, start = json.JSONDecoder(), [], done.stdout.find('{"action"')
-    while start >= 0:
-        response, end = decoder.raw_decode(done.stdout, start)
+    decoder, responses = json.JSONDecoder(), []
+    start = RESPONSE.search(done.stdout)
+    while start:
+        response, end = decoder.raw_decode(done.stdout, start.start())
         responses.append(response)
-        start = done.stdout.find('{"action"', end)
+        start = RESPONSE.search(done.stdout, end)
     run = root / "runs" / "mixing-tank-iql-lag"
     return {
         "root": root,
@@ -153,7 +154,7 @@ def test_the_answer_for_the_manager_is_the_verdict_in_plain_words(journey):
 
 
 def test_the_served_plant_policy_speaks_plant_units_through_the_plants_shield(journey):
-    calm, held = journey["responses"]
+    calm, held, wrong = journey["responses"]
     valve, pump = calm["action"]
     assert 30.0 <= valve <= 60.0 and 10.0 <= pump <= 100.0  # percent, not [-1, 1]
     assert set(calm["report"]["margin"]) == {
@@ -169,20 +170,8 @@ def test_the_served_plant_policy_speaks_plant_units_through_the_plants_shield(jo
     valve, pump = held["action"]
     assert report["overridden"] and "rate/valve_pct" in report["violated"]
     assert valve >= 80.0 - 1e-3 and pump >= 60.0 - 1e-3 and valve - pump <= 40.0 + 1e-3
-    # The key pair the run made beside itself (keys/), as `serve` in that directory finds it;
-    # one observation at a time (one compiled batch size, not nine: the request is refused
-    # before any policy runs).
-    settings = ServerSettings(
-        model=str(journey["run"] / "policy"),
-        auth=False,
-        trusted_keys=[journey["root"] / "keys" / "policy-signing.pub"],
-        batch_sizes=[1],
-        max_batch=1,
-    )
-    with TestClient(create_app(settings)) as client:
-        wrong = client.post("/v1/act", json={"observation": [2.7, 50.0]})
-    assert wrong.status_code == 422
-    assert "expected 3 values" in json.dumps(wrong.json())
+    # A request of the wrong length: refused, naming what a plant observation holds.
+    assert "expected 3 values" in json.dumps(wrong["detail"])
 
 
 def test_the_plant_run_lands_in_mlflow_with_its_verdict_and_registered_model(journey):
@@ -207,6 +196,20 @@ def test_the_plant_run_lands_in_mlflow_with_its_verdict_and_registered_model(jou
     assert {"plots", "agent", "config.yaml", "dataset.json"} <= artifacts
     versions = client.search_model_versions("name = 'mixing-tank-policy'")
     assert versions and versions[0].tags.get("env") == "mixing-tank"
+
+
+def test_the_examples_journey_is_the_pages():
+    """The example folder's README lists the journey the page runs, command for command."""
+    (example,) = blocks("bash", ROOT / "examples" / "mixing-tank" / "README.md")
+    listed = _command_lines(example)
+    assert "answer.py" in listed[-1] and len(listed) == 4
+    page = iter(_command_lines(page_script()))
+    assert all(command in page for command in listed), "in the page's order"
+
+
+def _command_lines(script: str) -> list[str]:
+    """A script's commands, each on one line (continuations joined, spaces collapsed)."""
+    return [" ".join(line.split()) for line in script.replace("\\\n", " ").splitlines()]
 
 
 def test_every_command_the_page_names_in_its_text_parses():
