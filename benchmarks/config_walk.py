@@ -15,9 +15,10 @@ Two measurements of one source tree (``--src``, the repository's ``src`` by defa
   ``cost_limits``, or a non-empty ``cost_limits`` argument. Each distinct pair of
   functions counts once; settings that cross each layer once make one hand-off into
   each layer they reach and no climb.
-* **The reads** (static, AST): the places under ``src/`` that read a cost limit (an
-  attribute, keyword, subscript or parameter named ``cost_limits``, a ``.limits()`` call),
-  by layer.
+* **The reads** (static, AST), by layer: the places under ``src/`` that read a section
+  of the configuration off a configuration or plan (``config.training``,
+  ``plan.evaluation``, ``evaluation.ope``), and the places that read a cost limit (an
+  attribute, keyword or subscript named ``cost_limits``, a ``.limits()`` call).
 
 ``python -m benchmarks.config_walk`` prints both as JSON; ``--src`` measures another
 tree (an older checkout's ``src``) with the same tool, so two trees compare in one run.
@@ -205,27 +206,21 @@ def walk(src: Path) -> dict[str, Any]:
 
 
 # ----- the reads ---------------------------------------------------------------------------
-def limit_reads(src: Path) -> dict[str, Any]:
-    """The places under ``src`` that read a cost limit, by layer and module."""
-    package = src / ROOT
-    by_module: dict[str, int] = {}
-    for path in sorted(package.rglob("*.py")):
+#: The configuration's sections, as attributes read off a configuration or a plan.
+SECTIONS = {"training", "evaluation", "ope", "checkpoints", "export", "tracking", "safety"}
+#: The names a configuration (or plan, or section) goes by where it is read.
+HOLDERS = ("config", "plan", "evaluation", "run")
+
+
+def _modules(src: Path) -> Any:
+    for path in sorted((src / ROOT).rglob("*.py")):
         parts = list(path.relative_to(src).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
-        module = ".".join(parts)
-        count = 0
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "cost_limits":
-                count += isinstance(node.ctx, ast.Load)
-            elif isinstance(node, ast.keyword) and node.arg == "cost_limits":
-                count += 1
-            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-                count += node.slice.value == "cost_limits"
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                count += node.func.attr == "limits" and not node.args
-        if count:
-            by_module[module] = count
+        yield ".".join(parts), ast.parse(path.read_text())
+
+
+def _by_layer(by_module: dict[str, int]) -> dict[str, Any]:
     per_layer: dict[str, int] = collections.Counter()
     for module, count in by_module.items():
         per_layer[layer_of(module)] += count
@@ -237,12 +232,51 @@ def limit_reads(src: Path) -> dict[str, Any]:
     }
 
 
+def section_reads(src: Path) -> dict[str, Any]:
+    """The places under ``src`` that read a section of a run's configuration off the
+    configuration or a plan (``config.training``, ``plan.evaluation``,
+    ``evaluation.ope``), by layer and module."""
+    by_module: dict[str, int] = {}
+    for module, tree in _modules(src):
+        count = 0
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in SECTIONS:
+                holder = ast.unparse(node.value).split(".")[-1]
+                count += holder.endswith(HOLDERS)
+        if count:
+            by_module[module] = count
+    return _by_layer(by_module)
+
+
+def limit_reads(src: Path) -> dict[str, Any]:
+    """The places under ``src`` that read a cost limit, by layer and module."""
+    by_module: dict[str, int] = {}
+    for module, tree in _modules(src):
+        count = 0
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "cost_limits":
+                count += isinstance(node.ctx, ast.Load)
+            elif isinstance(node, ast.keyword) and node.arg == "cost_limits":
+                count += 1
+            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                count += node.slice.value == "cost_limits"
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                count += node.func.attr == "limits" and not node.args
+        if count:
+            by_module[module] = count
+    return _by_layer(by_module)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", type=Path, default=Path(__file__).resolve().parents[1] / "src")
     parser.add_argument("--static-only", action="store_true", help="skip the training run")
     args = parser.parse_args(argv)
-    result: dict[str, Any] = {"src": str(args.src), "cost_limit_reads": limit_reads(args.src)}
+    result: dict[str, Any] = {
+        "src": str(args.src),
+        "config_section_reads": section_reads(args.src),
+        "cost_limit_reads": limit_reads(args.src),
+    }
     if not args.static_only:
         result["walk"] = walk(args.src)
     print(json.dumps(result, indent=2))
