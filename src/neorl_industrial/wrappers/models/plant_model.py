@@ -762,7 +762,8 @@ class PlantModel:
             return
         recorded = self.card.get("dataset", {})
         dataset = (
-            f"{recorded.get('name', 'dataset')!r}, {recorded.get('n_transitions', 0):,} transitions"
+            f"{len(recorded.get('train_episodes', ()))} of the "
+            f"{recorded.get('n_episodes', 0)} episodes of {recorded.get('name', 'dataset')!r}"
         )
         message = outside_message(what, dataset, given, beyond)
         warnings.warn(OutsideDataWarning(message, (*given, *beyond)), stacklevel=3)
