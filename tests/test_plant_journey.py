@@ -6,6 +6,8 @@ answer's page, the served actions, MLflow; and bad input refused by name."""
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import json
 import os
 import re
@@ -257,3 +259,34 @@ def test_bad_input_is_refused_by_name(journey, tmp_path, capsys):
     error = " ".join(capsys.readouterr().err.split())
     assert "59 transitions in 1 episode(s)" in error and "held out" in error
     assert not (tmp_path / "short-model").exists()
+
+
+def test_the_answer_says_recommend_or_too_little_evidence_when_the_verdict_does(journey):
+    """The same page from the journey's verdict turned around: a qualifying candidate is
+    recommended by name and called better; too few held-out episodes are said plainly."""
+    spec = importlib.util.spec_from_file_location(
+        "answer", ROOT / "examples" / "mixing-tank" / "answer.py"
+    )
+    page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(page)
+    verdict = copy.deepcopy(journey["report"]["verdict"])
+    first = verdict["candidates"][0]
+    for estimate in first["estimates"]:
+        estimate["improvement"] = {"value": 2.0, "lower": 0.5, "upper": 3.5}
+        for cost in estimate["costs"]:
+            cost["within_limit"] = True
+    first["qualifies"] = True
+    verdict |= {"decision": "recommend", "recommended": first["name"]}
+    report = journey["root"] / "turned.json"
+    report.write_text(json.dumps({"ope": {"verdict": verdict}}))  # as `evaluate --json` writes
+    text = page.answer(journey["model"], report)
+    assert f"**Recommend {first['name']}**" in text
+    assert f"- **{first['name']}** qualifies: by the model estimate, it is better" in text
+    assert "too short" not in text
+
+    short = copy.deepcopy(journey["report"]["verdict"])
+    short["evidence"]["start_episodes"] = 2
+    report.write_text(json.dumps({"verdict": short}))  # as report.json holds it
+    text = page.answer(journey["model"], report)
+    assert "**Keep the current operation.**" in text
+    assert "The log is too short to recommend anything" in text and "at least 3" in text
