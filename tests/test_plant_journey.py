@@ -1,8 +1,9 @@
 """The plant journey of docs/plants.md, its shell blocks run in order as printed on the
 shipped example log (examples/mixing-tank), as one script: import, a plant model, training
-with the verdict, serving through the pinned shield (two requests), and the answer for
-the manager. Then what it left: the verdict and its consistency with its own bounds, the
-answer's page, the served actions, MLflow; and bad input refused by name."""
+with the verdict, serving through the pinned shield (two requests served, one of the
+wrong length refused), and the answer for the manager. Then what it left: the verdict and
+its consistency with its own bounds, the answer's page, the served actions, MLflow; and
+bad input refused by name."""
 
 from __future__ import annotations
 
