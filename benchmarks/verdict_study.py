@@ -435,7 +435,13 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
         f"updates; verdict with {config['starts']} starts at most, horizon "
         f"{config['horizon']}, FQE {config['fqe_updates']:,} updates x 2 seeds, "
         f"{config['bootstrap']} bootstrap draws; truth {config['episodes']} simulator "
-        f"episodes per candidate, shield on. Wall time {results['seconds'] / 60:.1f} min "
+        f"episodes per candidate, shield on. Wall time {results['seconds'] / 60:.1f} min"
+        + (
+            f" summed over {len(results['merged_from'])} runs (some side by side)"
+            if results.get("merged_from")
+            else ""
+        )
+        + " "
         f"on {results.get('cpu_count', '?')} cores shared with other work (load average "
         f"up to {results.get('load_average', float('nan')):.1f} at the end of a run).",
         "",
