@@ -19,7 +19,7 @@ def blocks(language: str, page: Path = README) -> list[str]:
 
 
 def plant_journey() -> str:
-    """The bash block of the plant section (import, train, evaluate, serve, curl)."""
+    """The bash block of the plant section (import, model, train, answer, serve, curl)."""
     (block,) = [code for code in blocks("bash") if "datasets import examples/mixing-tank" in code]
     return block
 

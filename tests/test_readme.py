@@ -10,7 +10,7 @@ import shlex
 import pytest
 
 from neorl_industrial.cli import build_parser
-from tests.readme import ROOT, blocks, link_repository
+from tests.readme import ROOT, blocks, link_repository, plant_journey
 
 
 def test_the_python_snippets_run_as_printed(tmp_path, monkeypatch):
@@ -44,13 +44,24 @@ def test_the_task_page_runs_as_printed(tmp_path, monkeypatch):
 
 
 def _commands(page=None) -> list[str]:
-    lines = []
-    for block in blocks("bash") if page is None else blocks("bash", page):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split("#")[0].strip()
-            if line:
-                lines.append(line)
-    return lines
+    pages = blocks("bash") if page is None else blocks("bash", page)
+    return [line for block in pages for line in _lines(block)]
+
+
+def _lines(block: str) -> list[str]:
+    """A shell block's command lines: continuations joined, comments and blanks dropped."""
+    lines = (line.split("#")[0].strip() for line in block.replace("\\\n", " ").splitlines())
+    return [line for line in lines if line]
+
+
+def test_the_readmes_plant_journey_is_the_plant_pages_in_order():
+    """Every command of the README's plant block is one of docs/plants.md's (which a test
+    runs as printed), in the same order."""
+    readme = _lines(plant_journey())
+    page = iter(_commands(ROOT / "docs" / "plants.md"))
+    assert len(readme) >= 8
+    for line in readme:
+        assert line in page, f"README's plant command is not plants.md's, in order: {line}"
 
 
 def test_every_command_line_of_the_readme_parses():
