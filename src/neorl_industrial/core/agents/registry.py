@@ -39,7 +39,7 @@ from neorl_industrial.core.agents.networks import check_tuple
 from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
 from neorl_industrial.core.agents.td3bc_lag import TD3BCLagConfig, make_td3bc_lag
 from neorl_industrial.core.agents.types import Algorithm
-from neorl_industrial.core.safety.contract import check_cost_limits
+from neorl_industrial.core.safety.contract import SafetyContract, check_cost_limits
 
 __all__ = [
     "ALGORITHMS",
@@ -219,17 +219,32 @@ def algorithm_entry(name: str) -> AlgorithmEntry:
     return ALGORITHMS[key]
 
 
-def validate_hyperparameters(name: str, hyperparameters: Mapping[str, Any] | None) -> Any:
-    """The config dataclass of algorithm ``name`` with ``hyperparameters`` applied.
+def validate_hyperparameters(
+    name: str,
+    hyperparameters: Mapping[str, Any] | None,
+    contract: SafetyContract | None = None,
+) -> Any:
+    """The config dataclass of algorithm ``name`` with ``hyperparameters`` applied; a
+    cost-aware algorithm's ``cost_limits`` are ``contract``'s (the one holder of a run's
+    limits) when it is given.
 
     Raises:
         HyperparameterError: naming an unknown hyperparameter (with the closest known
-            one) or one whose value does not fit its type.
+            one), one whose value does not fit its type, or ``cost_limits`` given beside
+            a contract.
     """
     entry = algorithm_entry(name)
+    values = dict(hyperparameters or {})
+    if contract is not None and entry.safe:
+        if "cost_limits" in values:
+            raise HyperparameterError(
+                "algorithm.hyperparameters.cost_limits: the run's safety contract holds its "
+                "cost limits; set them there (safety.cost_limits, or cost_limits=)"
+            )
+        values["cost_limits"] = [float(limit) for limit in contract.limits()]
     # Nested settings (a PID's gains) are merged over the algorithm's own defaults, so
     # ``pid: {kp: 0.1}`` changes one gain and keeps the others.
-    values = _merge(entry.defaults(), dict(hyperparameters or {}), "algorithm.hyperparameters")
+    values = _merge(entry.defaults(), values, "algorithm.hyperparameters")
     try:
         # Types checked by pydantic against the dataclass's annotations.
         config = pydantic.TypeAdapter(entry.config_type).validate_python(values, strict=False)
@@ -254,11 +269,15 @@ def build_algorithm(
     obs_size: int,
     action_size: int,
     hyperparameters: Mapping[str, Any] | None = None,
+    *,
+    contract: SafetyContract | None = None,
 ) -> tuple[Algorithm, Any]:
-    """``(algorithm, config)`` for the registered ``name``; ``action_size`` is the number
-    of actions for a discrete algorithm."""
+    """``(algorithm, config)`` for the registered ``name``, its hyperparameters validated
+    (and a cost-aware one's limits taken from ``contract``) as
+    :func:`validate_hyperparameters` does: the one call that checks and builds it.
+    ``action_size`` is the number of actions for a discrete algorithm."""
     entry = algorithm_entry(name)
-    config = validate_hyperparameters(name, hyperparameters)
+    config = validate_hyperparameters(name, hyperparameters, contract)
     return entry.factory(config, obs_size, action_size), config
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +36,6 @@ from neorl_industrial.core.agents.registry import (
     HyperparameterError,
     algorithm_entry,
     build_algorithm,
-    validate_hyperparameters,
 )
 from neorl_industrial.core.environments import Task, TaskError
 from neorl_industrial.core.safety import (
@@ -44,6 +44,7 @@ from neorl_industrial.core.safety import (
     SafetyContract,
     shield,
 )
+from neorl_industrial.core.safety.contract import check_cost_limits
 from neorl_industrial.core.safety.shield import SafetyReport
 from neorl_industrial.functional.state_management import (
     ActionScaler,
@@ -192,16 +193,16 @@ class Agent:
         self.task = task
         self.safety: SafetyContract = safety
         self.constraint_spec: ConstraintSpec = spec
+        # The cost limits are the contract's alone: the algorithm's config takes them from
+        # it where it is built (``_build``), never from the hyperparameters.
         self.hyperparameters = dict(hyperparameters)
-        if self.entry.safe:
-            defaults: dict[str, Any] = {"cost_limits": self.cost_limits}
-            if "episode_length" in self.entry.fields and task.episode_length is not None:
-                defaults["episode_length"] = int(task.episode_length)
-            self.hyperparameters = {**defaults, **self.hyperparameters}
-        try:
-            validate_hyperparameters(self.entry.name, self.hyperparameters)
-        except HyperparameterError as error:
-            raise AgentError(str(error)) from None
+        if (
+            self.entry.safe
+            and "episode_length" in self.entry.fields
+            and task.episode_length is not None
+        ):
+            self.hyperparameters = {"episode_length": int(task.episode_length)}
+            self.hyperparameters.update(hyperparameters)
         self.scaler: ActionScaler | None = None
         if not task.discrete and not ActionScaler.is_identity(task.action_low, task.action_high):
             try:
@@ -224,6 +225,8 @@ class Agent:
         self.run_config: RunConfig | None = None
         self._decide: Any = None
         self._simulator: tuple[Any, Any] | None = None
+        # Checked (and built, to act) at once: the one call into the core's registry.
+        self._build(self.hyperparameters)
 
     @classmethod
     def from_plan(cls, plan: RunPlan) -> Agent:
@@ -359,17 +362,28 @@ class Agent:
                     self.entry.name,
                     self.task.observation_size,
                     action_size,
-                    hyperparameters,
+                    self._with_limits(hyperparameters),
                     handle,
                 )
             else:
                 self.policy_algorithm, self.config = build_algorithm(
-                    self.entry.name, self.task.observation_size, action_size, hyperparameters
+                    self.entry.name,
+                    self.task.observation_size,
+                    action_size,
+                    hyperparameters,
+                    contract=self.safety,
                 )
         except (HyperparameterError, ValueError) as error:
             raise AgentError(str(error)) from None
         self.algorithm = with_action_scaling(self.policy_algorithm, self.scaler)
         self._decide = None
+
+    def _with_limits(self, hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
+        """``hyperparameters`` with the contract's cost limits, for the builders that take
+        no contract (a model-based algorithm, a sweep's programs)."""
+        if not self.entry.safe:
+            return dict(hyperparameters)
+        return {**hyperparameters, "cost_limits": self.safety.limits()}
 
     # ----- training -------------------------------------------------------------------
     def check_dataset(self, dataset: Dataset, card: Any = None) -> None:
@@ -748,7 +762,7 @@ class Agent:
                 seeds=seeds,
                 obs_size=self.task.observation_size,
                 action_size=action_size,
-                hyperparameters=hyperparameters,
+                hyperparameters=self._with_limits(hyperparameters),
             )
         except SweepError as error:
             raise AgentError(str(error)) from None
@@ -1312,9 +1326,12 @@ class Agent:
             "observation_names": list(self.task.observation_names),
             "action_names": list(self.task.action_names),
             "constraints": constraint_spec_yaml(self.constraint_spec),
-            # JSON has no infinity: a channel without a limit is written as null.
+            # The safety contract as resolved (``load`` takes it back as it is). JSON has
+            # no infinity: a channel without a limit is written as null.
             "cost_limits": _finite_or_none(self.cost_limits),
             "cost_names": list(self.cost_names),
+            "cost_relabel": self.safety.relabel,
+            "limit_sources": list(self.safety.limit_sources),
             "seeds": self.seeds,
             "selected_run": self.selected,
             "training": to_json_data(self.training),
@@ -1364,30 +1381,25 @@ class Agent:
             raise AgentError(
                 f"{manifest_path}: format {manifest.get('format')!r}; this version reads {FORMAT!r}"
             )
-        hyperparameters = dict(manifest["hyperparameters"])
+        # Agents saved before the contract was saved on its own kept the limits among the
+        # hyperparameters too; the contract below is their one holder.
+        hyperparameters = {
+            key: value for key, value in manifest["hyperparameters"].items() if key != "cost_limits"
+        }
+        entry = _entry(manifest["algorithm"])
         try:
             if manifest.get("task") is not None:
                 task = Task.from_dict(manifest["task"], f"{manifest_path}: task")
             else:
                 task = Task.from_env(manifest["env"]["id"], manifest["env"]["params"])
             spec = constraint_spec_from_text(manifest["constraints"], str(manifest_path))
+            contract = _saved_contract(manifest, task, spec)
         except (TaskError, ConstraintSpecError) as error:
             raise AgentError(str(error)) from None
-        limits = manifest["cost_limits"]
-        agent = cls(
-            manifest["algorithm"],
-            task=task,
-            constraints=spec,
-            # A channel without a limit (null) is resolved again from the task and spec.
-            cost_limits=None if limits is None or None in limits else limits,
-            **{key: value for key, value in hyperparameters.items() if key != "cost_limits"},
-        )
-        if _finite_or_none(agent.cost_limits) != limits:
-            raise AgentError(
-                f"{manifest_path}: cost_limits {limits} are not those its task and constraints "
-                f"give ({_finite_or_none(agent.cost_limits)})"
-            )
-        agent._build(hyperparameters)
+        except ValueError as error:
+            raise AgentError(f"{manifest_path}: {error}") from None
+        agent = cls.__new__(cls)
+        agent._setup(entry, task, spec, contract, hyperparameters)
         agent.seeds = [int(seed) for seed in manifest["seeds"]]
         # The policies' structure, shapes and dtypes only: traced, neither compiled nor run.
         template = jax.eval_shape(
@@ -1476,6 +1488,43 @@ def _check_kind(entry: Any, task: Task) -> None:
             f"algorithm: {entry.name} needs {kind} actions; task {task.name} has "
             f"{'discrete' if task.discrete else 'continuous'} ones"
         )
+
+
+def _saved_contract(
+    manifest: Mapping[str, Any], task: Task, spec: ConstraintSpec
+) -> SafetyContract:
+    """The safety contract a saved agent was trained under, as :meth:`Agent.manifest`
+    wrote it (not resolved again from the task's or spec's defaults).
+
+    Raises:
+        ValueError: naming the field that does not fit the spec or the task.
+    """
+    names = tuple(str(name) for name in manifest.get("cost_names") or ())
+    limits = manifest.get("cost_limits") or []
+    if len(limits) != len(names):
+        raise ValueError(
+            f"cost_limits: {len(limits)} limits for the {len(names)} cost channels {list(names)}"
+        )
+    if spec.costs and names != tuple(cost.name for cost in spec.costs):
+        raise ValueError(
+            f"cost_names: {list(names)} are not the constraint spec's cost channels "
+            f"{[cost.name for cost in spec.costs]}"
+        )
+    given = [limit for limit in limits if limit is not None]  # null: no limit
+    if given:
+        check_cost_limits(given)
+    values = [math.inf if limit is None else float(limit) for limit in limits]
+    relabel = manifest.get("cost_relabel")
+    if relabel is None:  # saved before the contract's own fields were
+        relabel = names != tuple(task.cost_names)
+    sources = tuple(manifest.get("limit_sources") or ("run",) * len(names))
+    return SafetyContract(
+        constraints=task.compile_constraints(spec),
+        cost_limits=np.asarray(values, np.float32),
+        cost_names=names,
+        relabel=bool(relabel),
+        limit_sources=sources,
+    )
 
 
 def _finite_or_none(values: Sequence[float] | None) -> list[float | None] | None:
