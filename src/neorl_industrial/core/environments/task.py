@@ -309,9 +309,12 @@ class Task:
             )
 
     # ----- files ------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, limits: bool = True) -> dict[str, Any]:
         """Plain JSON data that :meth:`from_dict` turns back into this task (infinite
-        bounds as null)."""
+        bounds as null). ``limits=False`` leaves out the default cost limits: a run's
+        record (a trained agent, a checkpoint's fingerprint) keeps the limits of its
+        safety contract, their one holder once resolved, and not the task's defaults.
+        """
 
         def bounds(values: tuple[float, ...] | None) -> list[float | None] | None:
             if values is None:
@@ -330,7 +333,7 @@ class Task:
             "action_units": list(self.action_units or ()),
             "cost_names": list(self.cost_names),
             "cost_definitions": dict(self.cost_definitions),
-            "cost_limits": dict(self.cost_limits),
+            **({"cost_limits": dict(self.cost_limits)} if limits else {}),
             "episode_length": self.episode_length,
             "sampling_period": self.sampling_period,
             "discrete": self.discrete,

@@ -635,7 +635,7 @@ class Agent:
             fingerprint={
                 "algorithm": self.entry.name,
                 "config": to_json_data(dataclasses.asdict(self.config)),
-                "task": self.task.to_dict(),
+                "task": self.task.to_dict(limits=False),
                 "reward_scaling": reward_scaling,
                 "constraints": self.constraint_spec.to_dict(),
                 "cost_limits": self.cost_limits,
@@ -1319,7 +1319,7 @@ class Agent:
             "jax": jax.__version__,
             "algorithm": self.entry.name,
             "hyperparameters": to_json_data(self.hyperparameters),
-            "task": self.task.to_dict(),
+            "task": self.task.to_dict(limits=False),
             "env": {"id": self.task.env_id, "params": dict(self.task.env_params)},
             "observation_size": self.task.observation_size,
             "action_size": self.task.action_size,
@@ -1462,7 +1462,7 @@ class Agent:
             metadata={
                 "algorithm": self.entry.name,
                 "env": task.env_id,
-                "task": task.to_dict(),
+                "task": task.to_dict(limits=False),
                 "seed": self.seeds[self.selected],
                 "cost_limits": _finite_or_none(self.cost_limits),
                 "cost_names": list(self.cost_names),

@@ -90,6 +90,31 @@ class DataSection(_Section):
     )
 
 
+def check_updates(
+    value: Any,
+    chunk: int,
+    name: str = "updates",
+    chunk_name: str = "chunk",
+    *,
+    allow_zero: bool = False,
+) -> int:
+    """The one check of a count of updates (a run's, or between evaluations or
+    checkpoints): a positive integer (``allow_zero``: non-negative) and whole chunks of
+    ``chunk`` updates, since one compiled call runs a chunk. The configuration and the
+    :class:`~neorl_industrial.wrappers.training.Trainer` both call it.
+
+    Raises:
+        ValueError: naming ``name`` and, when it is not whole chunks, ``chunk_name``.
+    """
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{name}: expected a {kind} integer, got {value!r}")
+    if value % chunk:
+        raise ValueError(f"{name} ({value}): expected a multiple of {chunk_name} ({chunk})")
+    return value
+
+
 class AlgorithmSection(_Section):
     """The algorithm and the hyperparameters that differ from its published defaults."""
 
@@ -132,8 +157,7 @@ class TrainingSection(_Section):
 
     @model_validator(mode="after")
     def _whole_chunks(self) -> TrainingSection:
-        if self.updates % self.chunk:
-            raise ValueError(f"updates ({self.updates}) must be a multiple of chunk ({self.chunk})")
+        check_updates(self.updates, self.chunk)
         return self
 
 
@@ -318,10 +342,7 @@ class RunConfig(_Section):
             ("evaluation.every", self.evaluation.every),
             ("checkpoints.every", self.checkpoints.every),
         ):
-            if value % chunk:
-                raise ValueError(
-                    f"{where} ({value}) must be a multiple of training.chunk ({chunk})"
-                )
+            check_updates(value, chunk, where, "training.chunk", allow_zero=True)
         return self
 
     @property

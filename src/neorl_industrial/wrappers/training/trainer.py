@@ -43,6 +43,7 @@ from neorl_industrial.functional.transformations.offline import make_train_chunk
 from neorl_industrial.functional.transformations.sweep import to_host
 from neorl_industrial.wrappers.hostio import to_json_data
 from neorl_industrial.wrappers.training.callbacks import Callback
+from neorl_industrial.wrappers.training.config import check_updates
 from neorl_industrial.wrappers.training.evaluation import (
     Evaluator,
     selection_key,
@@ -154,12 +155,7 @@ class Trainer:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
         for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}: expected a non-negative integer, got {value!r}")
-            if value % chunk_updates:
-                raise ValueError(
-                    f"{name} ({value}): expected a multiple of chunk_updates ({chunk_updates})"
-                )
+            check_updates(value, chunk_updates, name, "chunk_updates", allow_zero=True)
         if not seeds or len(set(seeds)) != len(seeds):
             raise ValueError(f"seeds: expected distinct seeds, got {list(seeds)}")
         if patience is not None and patience < 1:
@@ -274,13 +270,7 @@ class Trainer:
             CheckpointMismatchError: when resuming from a checkpoint of another
                 configuration or dataset.
         """
-        if isinstance(n_updates, bool) or not isinstance(n_updates, int) or n_updates < 1:
-            raise ValueError(f"n_updates: expected a positive integer, got {n_updates!r}")
-        if n_updates % self.chunk_updates:
-            raise ValueError(
-                f"n_updates ({n_updates}): expected a multiple of chunk_updates "
-                f"({self.chunk_updates})"
-            )
+        check_updates(n_updates, self.chunk_updates, "n_updates", "chunk_updates")
         state = init_train_states(self.algorithm, self.seeds)
         best_policies = state.agent.policy
         record: dict[str, Any] = {
