@@ -68,3 +68,16 @@ def test_nested_settings_merge_over_the_algorithm_defaults():
     assert config.pid.kp == 0.5
     assert config.pid.ki == ALGORITHMS["td3bc-lag"].config_type().pid.ki == 0.01
     assert config.hidden == (32, 32)
+
+
+def test_a_cost_aware_config_takes_its_limits_from_the_safety_contract_alone():
+    from neorl_industrial.core.environments import Task
+    from neorl_industrial.core.safety import resolve_safety
+
+    contract = resolve_safety(Task.from_env("IB-v0"), cost_limits=[7.0, 9.0])
+    _, config = build_algorithm("td3bc-lag", 3, 2, {"hidden": [8]}, contract=contract)
+    assert config.cost_limits == (7.0, 9.0)
+    # An algorithm without cost limits ignores the contract.
+    assert not hasattr(validate_hyperparameters("td3bc", None, contract), "cost_limits")
+    with pytest.raises(HyperparameterError, match=r"cost_limits: the run's safety contract"):
+        validate_hyperparameters("bc-safe", {"cost_limits": [1.0, 1.0]}, contract)

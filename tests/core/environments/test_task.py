@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -49,6 +50,14 @@ def test_a_plant_task_has_no_simulator_and_says_how_to_evaluate():
 def test_round_trip_through_plain_data_keeps_every_field():
     for task in (plant_task(observation_high=(3.2, math.inf, 80.0)), Task.from_env("IB-v0")):
         assert Task.from_dict(task.to_dict()) == task
+
+
+def test_a_run_record_holds_the_task_without_its_default_cost_limits():
+    task = Task.from_env("IB-v0")
+    assert task.cost_limits
+    data = task.to_dict(limits=False)
+    assert "cost_limits" not in data
+    assert Task.from_dict(data) == dataclasses.replace(task, cost_limits={})
 
 
 @pytest.mark.parametrize(
