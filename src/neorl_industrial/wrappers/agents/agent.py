@@ -88,6 +88,11 @@ from neorl_industrial.wrappers.training.plan import (
     resolve_run,
     resolve_task,
 )
+from neorl_industrial.wrappers.training.sweep_table import (
+    configuration_name,
+    sweep_table,
+    with_values,
+)
 from neorl_industrial.wrappers.training.verdict import (
     Verdict,
     VerdictError,
@@ -797,7 +802,7 @@ class Agent:
                     raise AgentError(str(error)) from None
                 raise
             updates_done = int(result.state.updates[0])
-            group_hyperparameters = _with_values(hyperparameters, group.fixed)
+            group_hyperparameters = with_values(hyperparameters, group.fixed)
             self._build(group_hyperparameters)
             simulator = None
             if self.task.has_simulator:
@@ -815,7 +820,7 @@ class Agent:
                 simulated = None if simulator is None else simulator(policies, training.updates)
                 if plant_model is not None:
                     names = [
-                        _configuration_name(index, seed)
+                        configuration_name(index, seed)
                         for index in group.indices
                         for seed in group.plan.seeds
                     ]
@@ -839,68 +844,20 @@ class Agent:
                 if simulated is not None:
                     truth[target] = simulated[runs]
                 group_policies[index] = (policies, position * n_seeds)
-        simulator_judges = estimate == "fqe" and self.task.has_simulator
         seeds = list(groups[0].plan.seeds)
-        configurations = []
-        for index, point in enumerate(points):
-            own = metrics[index * n_seeds : (index + 1) * n_seeds]
-            summary = summarize_runs(own)
-            runs = [{"seed": seed, **run} for seed, run in zip(seeds, own, strict=True)]
-            mean_metrics = {
-                key: value["mean"]
-                for key, value in summary.items()
-                if isinstance(value, dict) and "mean" in value
-            }
-            configurations.append(
-                {
-                    "values": dict(point),
-                    "runs": runs,
-                    "summary": summary,
-                    "within_limits": selection_key(mean_metrics)[0] == 1.0,
-                    "_key": selection_key(mean_metrics),
-                }
-            )
-        chosen = max(range(len(configurations)), key=lambda i: configurations[i]["_key"])
-        best = configurations[chosen]
-        reason = (
-            "the best mean return among the configurations within the cost limits"
-            if best["within_limits"]
-            else "no configuration kept the cost limits on average: the lowest mean cost"
+        table = sweep_table(
+            points,
+            metrics,
+            seeds,
+            truth=truth if estimate == "fqe" and self.task.has_simulator else None,
+            verdict=merge_verdicts(verdicts).to_dict() if verdicts else None,
+            programs=len(groups),
+            estimate=estimate,
         )
-        if all(c["summary"].get("normalized_cost") is None for c in configurations):
-            reason = "the best mean return (no cost limits)"
-        rivals = [
-            i
-            for i in range(len(configurations))
-            if i != chosen and configurations[i]["_key"][0] == best["_key"][0]
-        ]
-        by_return = best["_key"][0] == 1.0 or "normalized_cost" not in best["summary"]
-        if rivals and by_return:
-            runner = max(rivals, key=lambda i: configurations[i]["_key"])
-            ours, theirs = best["summary"]["return"], configurations[runner]["summary"]["return"]
-            if ours["mean"] - (ours["ci"] or 0.0) <= theirs["mean"] + (theirs["ci"] or 0.0):
-                reason += (
-                    f"; configuration {runner} is within the 95 % intervals, so the data "
-                    "cannot tell them apart (more seeds or held-out episodes can)"
-                )
-        for configuration in configurations:
-            del configuration["_key"]
-        hindsight = None
-        if simulator_judges:
-            hindsight = _offline_choice_quality(configurations, truth, n_seeds, chosen)
-        table = {
-            "verdict": merge_verdicts(verdicts).to_dict() if verdicts else None,
-            "hindsight": hindsight,
-            "fields": list(grid),
-            "seeds": seeds,
-            "programs": len(groups),
-            "estimate": estimate,
-            "configurations": configurations,
-            "selected": chosen,
-            "reason": reason,
-        }
+        chosen = table["selected"]
+        best = table["configurations"][chosen]
         # The agent becomes the chosen configuration's, as if fitted with it.
-        chosen_hyperparameters = _with_values(hyperparameters, points[chosen])
+        chosen_hyperparameters = with_values(hyperparameters, points[chosen])
         self._build(chosen_hyperparameters)
         policies, start = group_policies[chosen]
         self.policies = jax.tree.map(lambda leaf: leaf[start : start + n_seeds], policies)
@@ -1532,50 +1489,3 @@ def _finite_or_none(values: Sequence[float] | None) -> list[float | None] | None
     if values is None:
         return None
     return [float(value) if np.isfinite(value) else None for value in values]
-
-
-def _configuration_name(index: int, seed: int) -> str:
-    """A sweep's run as the verdict names it."""
-    return f"configuration {index} (seed {seed})"
-
-
-def _with_values(hyperparameters: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:
-    """``hyperparameters`` with a sweep configuration's dotted ``point`` set in them."""
-    result = dict(hyperparameters)
-    for path, value in point.items():
-        *parents, leaf = path.split(".")
-        target = result
-        for parent in parents:
-            nested = target.get(parent)
-            nested = dict(nested) if isinstance(nested, Mapping) else {}
-            target[parent] = nested
-            target = nested
-        target[leaf] = value
-    return result
-
-
-def _offline_choice_quality(
-    configurations: list[dict[str, Any]], truth: list[dict[str, Any]], n_seeds: int, chosen: int
-) -> dict[str, Any]:
-    """How good a choice made on off-policy estimates was, by the simulator's numbers of
-    the same policies: each configuration's true mean return (and cost) is added to it,
-    and the regret (the best true mean return minus the chosen one's) and the Spearman
-    rank correlation of estimated and true mean returns are returned."""
-    from scipy.stats import spearmanr
-
-    true_returns = []
-    for index, configuration in enumerate(configurations):
-        own = truth[index * n_seeds : (index + 1) * n_seeds]
-        summary = summarize_runs(own)
-        configuration["simulated"] = summary
-        true_returns.append(summary["return"]["mean"])
-    estimated = [c["summary"]["return"]["mean"] for c in configurations]
-    best = int(np.argmax(true_returns))
-    correlation = None
-    if len(configurations) > 1 and np.ptp(estimated) > 0 and np.ptp(true_returns) > 0:
-        correlation = float(spearmanr(estimated, true_returns).statistic)
-    return {
-        "best_in_hindsight": best,
-        "regret": float(true_returns[best] - true_returns[chosen]),
-        "rank_correlation": correlation,
-    }

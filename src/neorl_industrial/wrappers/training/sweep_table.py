@@ -1,0 +1,145 @@
+"""A sweep's table: every configuration's runs, summary and standing, and the choice.
+
+``Agent.sweep`` trains and evaluates; :func:`sweep_table` ranks what it measured, safety
+first on each configuration's mean over seeds (:func:`selection_key`), says why the chosen
+one won and, when a simulator judges a choice made off policy, how good that choice was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from neorl_industrial.wrappers.training.evaluation import selection_key, summarize_runs
+
+__all__ = ["configuration_name", "offline_choice_quality", "sweep_table", "with_values"]
+
+
+def sweep_table(
+    points: Sequence[Mapping[str, Any]],
+    metrics: Sequence[dict[str, Any]],
+    seeds: Sequence[int],
+    *,
+    truth: Sequence[dict[str, Any]] | None = None,
+    verdict: dict[str, Any] | None = None,
+    programs: int = 1,
+    estimate: str = "simulator",
+) -> dict[str, Any]:
+    """The table of a sweep of the grid ``points`` (dotted hyperparameter: value), whose
+    runs' evaluations ``metrics`` are in the grid's order, ``len(seeds)`` per point:
+    ``{"verdict", "hindsight", "fields", "seeds", "programs", "estimate",
+    "configurations": [{"values", "runs", "summary", "within_limits"}], "selected",
+    "reason"}``. ``truth``: the simulator's evaluations of the same runs when ``metrics``
+    are off-policy estimates (then ``hindsight`` says how good the choice was).
+
+    Raises:
+        ValueError: when ``metrics`` are not one per point and seed.
+    """
+    n_seeds = len(seeds)
+    if not points or len(metrics) != len(points) * n_seeds:
+        raise ValueError(
+            f"metrics: expected {len(points)} configurations x {n_seeds} seeds, got {len(metrics)}"
+        )
+    configurations = []
+    keys = []
+    for index, point in enumerate(points):
+        own = list(metrics[index * n_seeds : (index + 1) * n_seeds])
+        summary = summarize_runs(own)
+        mean_metrics = {
+            key: value["mean"]
+            for key, value in summary.items()
+            if isinstance(value, dict) and "mean" in value
+        }
+        keys.append(selection_key(mean_metrics))
+        configurations.append(
+            {
+                "values": dict(point),
+                "runs": [{"seed": seed, **run} for seed, run in zip(seeds, own, strict=True)],
+                "summary": summary,
+                "within_limits": keys[-1][0] == 1.0,
+            }
+        )
+    chosen = max(range(len(configurations)), key=lambda i: keys[i])
+    best = configurations[chosen]
+    reason = (
+        "the best mean return among the configurations within the cost limits"
+        if best["within_limits"]
+        else "no configuration kept the cost limits on average: the lowest mean cost"
+    )
+    if all(c["summary"].get("normalized_cost") is None for c in configurations):
+        reason = "the best mean return (no cost limits)"
+    rivals = [
+        i for i in range(len(configurations)) if i != chosen and keys[i][0] == keys[chosen][0]
+    ]
+    by_return = keys[chosen][0] == 1.0 or "normalized_cost" not in best["summary"]
+    if rivals and by_return:
+        runner = max(rivals, key=lambda i: keys[i])
+        ours, theirs = best["summary"]["return"], configurations[runner]["summary"]["return"]
+        if ours["mean"] - (ours["ci"] or 0.0) <= theirs["mean"] + (theirs["ci"] or 0.0):
+            reason += (
+                f"; configuration {runner} is within the 95 % intervals, so the data "
+                "cannot tell them apart (more seeds or held-out episodes can)"
+            )
+    hindsight = None
+    if truth is not None:
+        hindsight = offline_choice_quality(configurations, truth, n_seeds, chosen)
+    return {
+        "verdict": verdict,
+        "hindsight": hindsight,
+        "fields": list(points[0]),
+        "seeds": list(seeds),
+        "programs": programs,
+        "estimate": estimate,
+        "configurations": configurations,
+        "selected": chosen,
+        "reason": reason,
+    }
+
+
+def configuration_name(index: int, seed: int) -> str:
+    """A sweep's run as the verdict names it."""
+    return f"configuration {index} (seed {seed})"
+
+
+def with_values(hyperparameters: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:
+    """``hyperparameters`` with a sweep configuration's dotted ``point`` set in them."""
+    result = dict(hyperparameters)
+    for path, value in point.items():
+        *parents, leaf = path.split(".")
+        target = result
+        for parent in parents:
+            nested = target.get(parent)
+            nested = dict(nested) if isinstance(nested, Mapping) else {}
+            target[parent] = nested
+            target = nested
+        target[leaf] = value
+    return result
+
+
+def offline_choice_quality(
+    configurations: list[dict[str, Any]], truth: list[dict[str, Any]], n_seeds: int, chosen: int
+) -> dict[str, Any]:
+    """How good a choice made on off-policy estimates was, by the simulator's numbers of
+    the same policies: each configuration's true mean return (and cost) is added to it,
+    and the regret (the best true mean return minus the chosen one's) and the Spearman
+    rank correlation of estimated and true mean returns are returned."""
+    from scipy.stats import spearmanr
+
+    true_returns = []
+    for index, configuration in enumerate(configurations):
+        own = truth[index * n_seeds : (index + 1) * n_seeds]
+        summary = summarize_runs(own)
+        configuration["simulated"] = summary
+        true_returns.append(summary["return"]["mean"])
+    estimated = [c["summary"]["return"]["mean"] for c in configurations]
+    best = int(np.argmax(true_returns))
+    correlation = None
+    if len(configurations) > 1 and np.ptp(estimated) > 0 and np.ptp(true_returns) > 0:
+        correlation = float(spearmanr(estimated, true_returns).statistic)
+    return {
+        "best_in_hindsight": best,
+        "regret": float(true_returns[best] - true_returns[chosen]),
+        "rank_correlation": correlation,
+    }
