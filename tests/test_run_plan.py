@@ -96,7 +96,7 @@ def test_the_plan_holds_the_contract_the_split_and_the_sections_themselves(small
         evaluation={"ope": {"always": True, "holdout": 0.4, "split_seed": 3}},
     )
     plan = resolve_with_data(run, dataset, card)
-    assert plan.safety.limits() == [5.0, 7.0] and plan.cost_limits == [5.0, 7.0]
+    assert plan.safety.limits() == [5.0, 7.0] and not hasattr(plan, "cost_limits")
     assert plan.safety.limit_sources == ("run", "run")
     # The configuration's sections themselves, not copies.
     assert plan.training is run.training and plan.evaluation is run.evaluation
@@ -107,7 +107,7 @@ def test_the_plan_holds_the_contract_the_split_and_the_sections_themselves(small
     # The agent of the plan takes the contract as resolved: the same object.
     agent = Agent.from_plan(plan)
     assert agent.safety is plan.safety and agent.cost_limits == [5.0, 7.0]
-    assert agent.hyperparameters["cost_limits"] == [5.0, 7.0]
+    assert "cost_limits" not in agent.hyperparameters and agent.config.cost_limits == (5.0, 7.0)
 
 
 def test_agent_from_config_reads_a_file_a_mapping_or_a_config(tmp_path, small_data):

@@ -253,7 +253,7 @@ def run_training(
         "best": result.best,
         "summary": result.summary,
         "selected_run": agent.selected,
-        "cost_limits": plan.cost_limits or None,
+        "cost_limits": plan.safety.limits() or None,
         "cost_limit_sources": list(plan.safety.limit_sources),
         "constraints": list(plan.safety.constraints.names),
         "outputs": {
@@ -532,7 +532,7 @@ def run_sweep(
         },
         "verdict": table.get("verdict"),
         "selected_run": agent.selected,
-        "cost_limits": plan.cost_limits or None,
+        "cost_limits": plan.safety.limits() or None,
         "outputs": {
             "run": str(run_dir),
             "agent": str(agent_dir),

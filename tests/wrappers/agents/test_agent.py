@@ -52,7 +52,11 @@ def test_save_load_gives_identical_actions_and_returns(fitted, tmp_path, ib_data
     manifest = json.loads((path / "agent.json").read_text())
     assert manifest["algorithm"] == "td3bc-lag" and manifest["cost_limits"] == [5.0, 5.0]
     assert "limit-joint-velocity-gain-push" in manifest["constraints"]
+    # The contract is the limits' one holder: saved on its own, taken back as saved.
+    assert "cost_limits" not in manifest["hyperparameters"]
+    assert "cost_limits" not in manifest["task"] and manifest["limit_sources"] == ["run", "run"]
     loaded = Agent.load(path)
+    assert (loaded.cost_limits, loaded.safety.limit_sources) == ([5.0, 5.0], ("run", "run"))
     observations = np.asarray(ib_data.observations[:16])
     previous = np.zeros((16, 3), np.float32)
     np.testing.assert_array_equal(
@@ -71,6 +75,9 @@ def test_save_load_gives_identical_actions_and_returns(fitted, tmp_path, ib_data
         Agent.load(path)
     with pytest.raises(AgentError, match="not a saved agent"):
         Agent.load(tmp_path / "nothing")
+    (path / "agent.json").write_text(json.dumps({**manifest, "cost_limits": [5.0]}))
+    with pytest.raises(AgentError, match=r"agent\.json: cost_limits: 1 limits for the 2 cost"):
+        Agent.load(path)
 
 
 def test_export_serves_the_same_shielded_actions(fitted, tmp_path, ib_data):

@@ -110,7 +110,7 @@ def plan_params(plan: RunPlan, agent: Agent, grid: dict[str, list[Any]] | None) 
         params["evaluation"] = evaluation
     params["safety"] = {
         **config.safety.model_dump(mode="json"),
-        "cost_limits.resolved": plan.cost_limits,
+        "cost_limits.resolved": plan.safety.limits(),
         "constraints.names": list(plan.safety.constraints.names),
     }
     checkpoints = plan.checkpoints

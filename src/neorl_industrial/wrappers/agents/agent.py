@@ -124,6 +124,8 @@ SWEEP_KEYWORDS = (
     "card",
 )
 FIT_KEYWORDS = (*KEYWORDS, *PLAN_KEYWORDS)
+#: A saved agent's fields of its safety contract (``_contract_record``'s values).
+CONTRACT_FIELDS = ("cost_limits", "cost_names", "cost_relabel", "limit_sources")
 
 
 class AgentError(PlanError):
@@ -475,17 +477,12 @@ class Agent:
                     )
             except PlanError as error:
                 raise AgentError(str(error)) from None
-        ours = (self.entry.name, self.task, self.cost_names, _finite_or_none(self.cost_limits))
-        theirs = (
-            _entry(plan.algorithm.name).name,
-            plan.task,
-            plan.safety.cost_names,
-            _finite_or_none(plan.cost_limits or None),
-        )
+        ours = (self.entry.name, self.task, *_contract_record(self.safety)[:2])
+        theirs = (_entry(plan.algorithm.name).name, plan.task, *_contract_record(plan.safety)[:2])
         if ours != theirs:
             raise AgentError(
-                f"plan: made for {theirs[0]} on {plan.label} with cost limits {theirs[3]}, "
-                f"not this agent ({ours[0]} on {self.task.name}, {ours[3]}); make the plan's "
+                f"plan: made for {theirs[0]} on {plan.label} with cost limits {theirs[2]}, "
+                f"not this agent ({ours[0]} on {self.task.name}, {ours[2]}); make the plan's "
                 "agent with Agent.from_plan(plan)"
             )
         return plan
@@ -643,7 +640,7 @@ class Agent:
                 "task": self.task.to_dict(limits=False),
                 "reward_scaling": reward_scaling,
                 "constraints": self.constraint_spec.to_dict(),
-                "cost_limits": self.cost_limits,
+                "safety": dict(zip(CONTRACT_FIELDS, _contract_record(self.safety), strict=True)),
             },
             mesh=mesh,
         )
@@ -1283,12 +1280,8 @@ class Agent:
             "observation_names": list(self.task.observation_names),
             "action_names": list(self.task.action_names),
             "constraints": constraint_spec_yaml(self.constraint_spec),
-            # The safety contract as resolved (``load`` takes it back as it is). JSON has
-            # no infinity: a channel without a limit is written as null.
-            "cost_limits": _finite_or_none(self.cost_limits),
-            "cost_names": list(self.cost_names),
-            "cost_relabel": self.safety.relabel,
-            "limit_sources": list(self.safety.limit_sources),
+            # The safety contract as resolved (``load`` takes it back as it is).
+            **dict(zip(CONTRACT_FIELDS, _contract_record(self.safety), strict=True)),
             "seeds": self.seeds,
             "selected_run": self.selected,
             "training": to_json_data(self.training),
@@ -1421,8 +1414,7 @@ class Agent:
                 "env": task.env_id,
                 "task": task.to_dict(limits=False),
                 "seed": self.seeds[self.selected],
-                "cost_limits": _finite_or_none(self.cost_limits),
-                "cost_names": list(self.cost_names),
+                **dict(zip(CONTRACT_FIELDS[:2], _contract_record(self.safety)[:2], strict=True)),
                 "training": to_json_data(self.training),
             },
             overwrite=overwrite,
@@ -1456,8 +1448,9 @@ def _saved_contract(
     Raises:
         ValueError: naming the field that does not fit the spec or the task.
     """
-    names = tuple(str(name) for name in manifest.get("cost_names") or ())
-    limits = manifest.get("cost_limits") or []
+    saved = {field: manifest.get(field) for field in CONTRACT_FIELDS}
+    names = tuple(str(name) for name in saved["cost_names"] or ())
+    limits = saved["cost_limits"] or []
     if len(limits) != len(names):
         raise ValueError(
             f"cost_limits: {len(limits)} limits for the {len(names)} cost channels {list(names)}"
@@ -1471,16 +1464,28 @@ def _saved_contract(
     if given:
         check_cost_limits(given)
     values = [math.inf if limit is None else float(limit) for limit in limits]
-    relabel = manifest.get("cost_relabel")
+    relabel = saved["cost_relabel"]
     if relabel is None:  # saved before the contract's own fields were
         relabel = names != tuple(task.cost_names)
-    sources = tuple(manifest.get("limit_sources") or ("run",) * len(names))
+    sources = tuple(saved["limit_sources"] or ("run",) * len(names))
     return SafetyContract(
         constraints=task.compile_constraints(spec),
         cost_limits=np.asarray(values, np.float32),
         cost_names=names,
         relabel=bool(relabel),
         limit_sources=sources,
+    )
+
+
+def _contract_record(contract: SafetyContract) -> tuple[Any, ...]:
+    """The safety contract as plain JSON values, in the order of ``CONTRACT_FIELDS``: what
+    a saved agent, its export and its checkpoints keep of it. JSON has no infinity: a
+    channel without a limit is null; a task without cost channels has limits None."""
+    return (
+        _finite_or_none(contract.limits() or None),
+        list(contract.cost_names),
+        contract.relabel,
+        list(contract.limit_sources),
     )
 
 

@@ -232,11 +232,6 @@ class RunPlan:
         return OPESection() if self.evaluation is None else self.evaluation.ope
 
     @property
-    def cost_limits(self) -> list[float]:
-        """The episode cost limits, from the contract."""
-        return self.safety.limits()
-
-    @property
     def sweep_seeds(self) -> list[int]:
         """The seeds a sweep trains: the grid's ``training.seeds``, else the training's."""
         return self.sweep.seeds(self.training.seeds)
