@@ -20,6 +20,17 @@ Two measurements of one source tree (``--src``, the repository's ``src`` by defa
   ``plan.evaluation``, ``evaluation.ope``), and the places that read a cost limit (an
   attribute, keyword or subscript named ``cost_limits``, a ``.limits()`` call).
 
+The definitions, in short:
+
+* *hand-off*: a distinct (caller, callee) pair of functions in two layers, the callee
+  receiving the settings (or the cost limit) in its arguments;
+* *climb*: a distinct (callee, caller) pair where a function returns the settings (or a
+  cost limit) to a caller in a higher layer;
+* *crossing each layer once*: ``entries_per_layer`` is 1 for every layer the settings
+  reach and ``climbs`` is 0;
+* *read site*: one place in the source (an AST node) that reads a section or a limit;
+  the reads are counted statically, whether or not the walk runs them.
+
 ``python -m benchmarks.config_walk`` prints both as JSON; ``--src`` measures another
 tree (an older checkout's ``src``) with the same tool, so two trees compare in one run.
 """
