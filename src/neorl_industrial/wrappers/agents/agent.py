@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,7 +43,6 @@ from neorl_industrial.core.safety import (
     SafetyContract,
     shield,
 )
-from neorl_industrial.core.safety.contract import check_cost_limits
 from neorl_industrial.core.safety.shield import SafetyReport
 from neorl_industrial.functional.state_management import (
     ActionScaler,
@@ -77,16 +75,19 @@ from neorl_industrial.wrappers.training.config import AlgorithmSection, OPESetti
 from neorl_industrial.wrappers.training.evaluation import selection_key
 from neorl_industrial.wrappers.training.ope import OffPolicyEvaluator
 from neorl_industrial.wrappers.training.plan import (
+    CONTRACT_FIELDS,
     DEFAULT_ENV,
     KEYWORDS,
     PLAN_KEYWORDS,
     PlanError,
     RunPlan,
     contract_of,
+    contract_record,
     plan_settings,
     resolve_contract,
     resolve_run,
     resolve_task,
+    saved_contract,
 )
 from neorl_industrial.wrappers.training.sweep_table import (
     configuration_name,
@@ -124,8 +125,6 @@ SWEEP_KEYWORDS = (
     "card",
 )
 FIT_KEYWORDS = (*KEYWORDS, *PLAN_KEYWORDS)
-#: A saved agent's fields of its safety contract (``_contract_record``'s values).
-CONTRACT_FIELDS = ("cost_limits", "cost_names", "cost_relabel", "limit_sources")
 
 
 class AgentError(PlanError):
@@ -477,8 +476,8 @@ class Agent:
                     )
             except PlanError as error:
                 raise AgentError(str(error)) from None
-        ours = (self.entry.name, self.task, *_contract_record(self.safety)[:2])
-        theirs = (_entry(plan.algorithm.name).name, plan.task, *_contract_record(plan.safety)[:2])
+        ours = (self.entry.name, self.task, *contract_record(self.safety)[:2])
+        theirs = (_entry(plan.algorithm.name).name, plan.task, *contract_record(plan.safety)[:2])
         if ours != theirs:
             raise AgentError(
                 f"plan: made for {theirs[0]} on {plan.label} with cost limits {theirs[2]}, "
@@ -640,7 +639,7 @@ class Agent:
                 "task": self.task.to_dict(limits=False),
                 "reward_scaling": reward_scaling,
                 "constraints": self.constraint_spec.to_dict(),
-                "safety": dict(zip(CONTRACT_FIELDS, _contract_record(self.safety), strict=True)),
+                "safety": dict(zip(CONTRACT_FIELDS, contract_record(self.safety), strict=True)),
             },
             mesh=mesh,
         )
@@ -1281,7 +1280,7 @@ class Agent:
             "action_names": list(self.task.action_names),
             "constraints": constraint_spec_yaml(self.constraint_spec),
             # The safety contract as resolved (``load`` takes it back as it is).
-            **dict(zip(CONTRACT_FIELDS, _contract_record(self.safety), strict=True)),
+            **dict(zip(CONTRACT_FIELDS, contract_record(self.safety), strict=True)),
             "seeds": self.seeds,
             "selected_run": self.selected,
             "training": to_json_data(self.training),
@@ -1343,7 +1342,7 @@ class Agent:
             else:
                 task = Task.from_env(manifest["env"]["id"], manifest["env"]["params"])
             spec = constraint_spec_from_text(manifest["constraints"], str(manifest_path))
-            contract = _saved_contract(manifest, task, spec)
+            contract = saved_contract(manifest, task, spec)
         except (TaskError, ConstraintSpecError) as error:
             raise AgentError(str(error)) from None
         except ValueError as error:
@@ -1414,7 +1413,7 @@ class Agent:
                 "env": task.env_id,
                 "task": task.to_dict(limits=False),
                 "seed": self.seeds[self.selected],
-                **dict(zip(CONTRACT_FIELDS[:2], _contract_record(self.safety)[:2], strict=True)),
+                **dict(zip(CONTRACT_FIELDS[:2], contract_record(self.safety)[:2], strict=True)),
                 "training": to_json_data(self.training),
             },
             overwrite=overwrite,
@@ -1437,60 +1436,3 @@ def _check_kind(entry: Any, task: Task) -> None:
             f"algorithm: {entry.name} needs {kind} actions; task {task.name} has "
             f"{'discrete' if task.discrete else 'continuous'} ones"
         )
-
-
-def _saved_contract(
-    manifest: Mapping[str, Any], task: Task, spec: ConstraintSpec
-) -> SafetyContract:
-    """The safety contract a saved agent was trained under, as :meth:`Agent.manifest`
-    wrote it (not resolved again from the task's or spec's defaults).
-
-    Raises:
-        ValueError: naming the field that does not fit the spec or the task.
-    """
-    saved = {field: manifest.get(field) for field in CONTRACT_FIELDS}
-    names = tuple(str(name) for name in saved["cost_names"] or ())
-    limits = saved["cost_limits"] or []
-    if len(limits) != len(names):
-        raise ValueError(
-            f"cost_limits: {len(limits)} limits for the {len(names)} cost channels {list(names)}"
-        )
-    if spec.costs and names != tuple(cost.name for cost in spec.costs):
-        raise ValueError(
-            f"cost_names: {list(names)} are not the constraint spec's cost channels "
-            f"{[cost.name for cost in spec.costs]}"
-        )
-    given = [limit for limit in limits if limit is not None]  # null: no limit
-    if given:
-        check_cost_limits(given)
-    values = [math.inf if limit is None else float(limit) for limit in limits]
-    relabel = saved["cost_relabel"]
-    if relabel is None:  # saved before the contract's own fields were
-        relabel = names != tuple(task.cost_names)
-    sources = tuple(saved["limit_sources"] or ("run",) * len(names))
-    return SafetyContract(
-        constraints=task.compile_constraints(spec),
-        cost_limits=np.asarray(values, np.float32),
-        cost_names=names,
-        relabel=bool(relabel),
-        limit_sources=sources,
-    )
-
-
-def _contract_record(contract: SafetyContract) -> tuple[Any, ...]:
-    """The safety contract as plain JSON values, in the order of ``CONTRACT_FIELDS``: what
-    a saved agent, its export and its checkpoints keep of it. JSON has no infinity: a
-    channel without a limit is null; a task without cost channels has limits None."""
-    return (
-        _finite_or_none(contract.limits() or None),
-        list(contract.cost_names),
-        contract.relabel,
-        list(contract.limit_sources),
-    )
-
-
-def _finite_or_none(values: Sequence[float] | None) -> list[float | None] | None:
-    """``values`` with every infinite entry as None (JSON's null)."""
-    if values is None:
-        return None
-    return [float(value) if np.isfinite(value) else None for value in values]

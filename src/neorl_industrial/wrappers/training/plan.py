@@ -21,6 +21,7 @@ the caller hands the data in, so the plan itself stays inside the wrappers.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from neorl_industrial.core.safety import (
     SafetyContract,
     resolve_safety,
 )
+from neorl_industrial.core.safety.contract import check_cost_limits
 from neorl_industrial.functional.state_management import Dataset, split_episodes
 from neorl_industrial.wrappers.constraint_files import load_constraint_spec
 from neorl_industrial.wrappers.training.config import (
@@ -51,18 +53,23 @@ from neorl_industrial.wrappers.training.config import (
 )
 
 __all__ = [
+    "CONTRACT_FIELDS",
     "DEFAULT_ENV",
     "DataSplit",
     "PlanError",
     "RunPlan",
     "contract_of",
+    "contract_record",
     "data_facts",
     "plan_settings",
     "resolve_contract",
     "resolve_run",
     "resolve_task",
+    "saved_contract",
 ]
 
+#: A saved agent's fields of its safety contract (``contract_record``'s values).
+CONTRACT_FIELDS = ("cost_limits", "cost_names", "cost_relabel", "limit_sources")
 #: The task of a run (or agent) given neither a task nor an environment.
 DEFAULT_ENV = "IB-v0"
 #: A plan's evaluation when none is given: the configuration's defaults.
@@ -513,3 +520,59 @@ def _check_params(config: RunConfig, card: Any) -> None:
                 f"generated with {recorded[name]!r}; generate data with the same value, or "
                 "set data.allow_mismatch=true if this is intended"
             )
+
+
+def saved_contract(manifest: Mapping[str, Any], task: Task, spec: ConstraintSpec) -> SafetyContract:
+    """The safety contract a saved agent was trained under, as its manifest holds it
+    (:func:`contract_record` under ``CONTRACT_FIELDS``), not resolved again from the
+    task's or spec's defaults.
+
+    Raises:
+        ValueError: naming the field that does not fit the spec or the task.
+    """
+    saved = {field: manifest.get(field) for field in CONTRACT_FIELDS}
+    names = tuple(str(name) for name in saved["cost_names"] or ())
+    limits = saved["cost_limits"] or []
+    if len(limits) != len(names):
+        raise ValueError(
+            f"cost_limits: {len(limits)} limits for the {len(names)} cost channels {list(names)}"
+        )
+    if spec.costs and names != tuple(cost.name for cost in spec.costs):
+        raise ValueError(
+            f"cost_names: {list(names)} are not the constraint spec's cost channels "
+            f"{[cost.name for cost in spec.costs]}"
+        )
+    given = [limit for limit in limits if limit is not None]  # null: no limit
+    if given:
+        check_cost_limits(given)
+    values = [math.inf if limit is None else float(limit) for limit in limits]
+    relabel = saved["cost_relabel"]
+    if relabel is None:  # saved before the contract's own fields were
+        relabel = names != tuple(task.cost_names)
+    sources = tuple(saved["limit_sources"] or ("run",) * len(names))
+    return SafetyContract(
+        constraints=task.compile_constraints(spec),
+        cost_limits=np.asarray(values, np.float32),
+        cost_names=names,
+        relabel=bool(relabel),
+        limit_sources=sources,
+    )
+
+
+def contract_record(contract: SafetyContract) -> tuple[Any, ...]:
+    """The safety contract as plain JSON values, in the order of ``CONTRACT_FIELDS``: what
+    a saved agent, its export and its checkpoints keep of it. JSON has no infinity: a
+    channel without a limit is null; a task without cost channels has limits None."""
+    return (
+        finite_or_none(contract.limits() or None),
+        list(contract.cost_names),
+        contract.relabel,
+        list(contract.limit_sources),
+    )
+
+
+def finite_or_none(values: Sequence[float] | None) -> list[float | None] | None:
+    """``values`` with every infinite entry as None (JSON's null)."""
+    if values is None:
+        return None
+    return [float(value) if np.isfinite(value) else None for value in values]
