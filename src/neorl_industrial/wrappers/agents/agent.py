@@ -89,6 +89,7 @@ from neorl_industrial.wrappers.training.plan import (
     resolve_task,
     saved_contract,
 )
+from neorl_industrial.wrappers.training.record import dataset_record
 from neorl_industrial.wrappers.training.sweep_table import (
     configuration_name,
     sweep_table,
@@ -588,7 +589,6 @@ class Agent:
         data, heldout, ope = prepared.data, prepared.heldout, prepared.ope
         hyperparameters, reward_scale = prepared.hyperparameters, prepared.reward_scale
         reward_scaling = prepared.reward_scaling
-        trained_episodes = self._trained_episodes(dataset, heldout)
         if self.entry.model_based and plant_model is None:
             raise AgentError(
                 f"algorithm {self.entry.name!r} trains on a plant model of this log: pass "
@@ -664,14 +664,7 @@ class Agent:
             "evaluation": None
             if evaluator is None
             else ("fqe" if evaluator is ope_evaluator else "simulator"),
-            "dataset": {
-                "name": None if card is None else card.name,
-                "transitions": dataset.n_transitions,
-                "episodes": dataset.n_episodes,
-                "used_episodes": data.n_episodes,
-                "heldout_episodes": None if heldout is None else heldout.n_episodes,
-                "trained_episodes": trained_episodes,
-            },
+            "dataset": dataset_record(dataset, card, data, heldout),
             "best": result.best,
             "summary": result.summary,
             "selected_run": self.selected,
@@ -751,7 +744,6 @@ class Agent:
         dataset, card, seeds = plan.dataset, plan.card, plan.sweep_seeds
         prepared = self._prepare(plan)
         data, hyperparameters = prepared.data, prepared.hyperparameters
-        trained_episodes = self._trained_episodes(dataset, prepared.heldout)
         if plant_model is not None:
             self._check_plant_model(plant_model, dataset, prepared.heldout, card)
         verdicts: list[Verdict] = []
@@ -868,16 +860,7 @@ class Agent:
             "reward_scaling": prepared.reward_scaling,
             "reward_scale": prepared.reward_scale.to_dict(),
             "evaluation": estimate,
-            "dataset": {
-                "name": None if card is None else card.name,
-                "transitions": dataset.n_transitions,
-                "episodes": dataset.n_episodes,
-                "used_episodes": data.n_episodes,
-                "heldout_episodes": None
-                if prepared.heldout is None
-                else prepared.heldout.n_episodes,
-                "trained_episodes": trained_episodes,
-            },
+            "dataset": dataset_record(dataset, card, data, prepared.heldout),
             "selected_run": self.selected,
             "sweep": table,
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -1188,12 +1171,6 @@ class Agent:
             )
         except VerdictError as error:
             raise AgentError(str(error)) from None
-
-    def _trained_episodes(self, dataset: Dataset, heldout: Dataset | None) -> list[str]:
-        """Digests of the episodes of ``dataset`` the runs train on (all but the held
-        out), so that evaluation can recognise them later."""
-        held = set() if heldout is None else set(episode_digests(heldout))
-        return [digest for digest in episode_digests(dataset) if digest not in held]
 
     def _unseen_episodes(self, dataset: Dataset) -> tuple[Dataset, int]:
         """``dataset`` without the episodes the agent was trained on (recognised by their
