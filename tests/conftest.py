@@ -10,10 +10,11 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # The suite's programs are small and compiling them is much of its time: the tests compile
-# at XLA:CPU's lowest backend optimization level (the main job's test: 134 s -> 48 s).
-# Results are held to the same tolerances; users, the benchmarks, the studies and the
-# plant journey's command lines compile at the default level. An XLA_FLAGS that sets a
-# level wins.
+# at XLA:CPU's lowest backend optimization level (the main job's test: 134 s -> 48 s), with
+# its older fusion emitters (tests/compile_flags.py).
+# Results are held to the same tolerances; users, the benchmarks and the studies compile at
+# the default level. The command lines a test runs as a user would (the plant journey)
+# compile as the suite does, into the suite's cache. An XLA_FLAGS that sets a level wins.
 from tests.compile_flags import with_fast_compile
 
 os.environ["XLA_FLAGS"] = with_fast_compile(os.environ.get("XLA_FLAGS"))
@@ -23,14 +24,20 @@ os.environ["XLA_FLAGS"] = with_fast_compile(os.environ.get("XLA_FLAGS"))
 # machine loads them (the agent tests: 4:25 -> 1:53). The workers share it (an entry read
 # while another worker writes it is JAX's warning and a fresh compile, nothing worse); the
 # run that finds it over 2 GiB empties it first. NEORL_INDUSTRIAL_TEST_JAX_CACHE names
-# another directory, or "off" compiles everything afresh.
+# another directory, or "off" compiles everything afresh. The command lines the tests start
+# (servers, the plant journey) keep their programs there too, never in the user's cache:
+# an empty suite cache is an empty cache for everything the suite runs.
+import tempfile
+
 from hypothesis import settings
 
-from neorl_industrial.runtime import default_cache_dir, enable_compilation_cache
+from neorl_industrial.runtime import CACHE_ENV, enable_compilation_cache
+from tests.compile_flags import suite_cache_dir
 
-_test_cache = os.environ.get("NEORL_INDUSTRIAL_TEST_JAX_CACHE", "")
-if _test_cache.lower() != "off":
-    _cache_dir = Path(_test_cache or default_cache_dir().parent / "jax-tests")
+_cache_dir = suite_cache_dir()
+os.environ[CACHE_ENV] = str(_cache_dir or tempfile.mkdtemp(prefix="neorl-tests-jax-"))
+if _cache_dir is not None:
+    os.environ["NEORL_INDUSTRIAL_TEST_JAX_CACHE"] = str(_cache_dir)  # the workers' too
     controller = "PYTEST_XDIST_WORKER" not in os.environ
     if (
         controller
@@ -50,8 +57,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 # MLflow: runs of the tests go to a store of their own, never ./mlflow.db. A test that
 # needs a store of its own passes tracking.uri (or its own MlflowClient).
 if "MLFLOW_TRACKING_URI" not in os.environ:
-    import tempfile
-
     _mlflow_dir = tempfile.mkdtemp(prefix="neorl-tests-mlflow-")
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_mlflow_dir}/mlflow.db"
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from neorl_industrial.cli import build_parser, main
-from tests.compile_flags import user_environment
 from tests.processes import free_port
 from tests.readme import ROOT, blocks, link_repository
 
@@ -43,7 +42,7 @@ def journey(tmp_path_factory):
     # As printed, but on a free port (8000 may be taken on a test machine).
     script = page_script().replace("8000", str(free_port()))
     environment = {
-        **user_environment(),
+        **os.environ,  # the suite's compile flags and cache (tests/conftest.py)
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     environment.pop("MLFLOW_TRACKING_URI", None)
