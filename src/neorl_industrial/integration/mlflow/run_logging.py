@@ -254,6 +254,8 @@ def log_run(
         for key, value in agent.hyperparameters.items()
         if key not in ("obs_mean", "obs_std")
     }
+    if agent.entry.safe:  # the algorithm's limits are the contract's
+        resolved["cost_limits"] = plan.safety.limits()
     resolved["reward_scaling"] = agent.training.get("reward_scale")
     tracker.sender.submit("log_batch", "parent", params=flatten({"resolved": resolved}))
     plots = run_dir / "plots"
