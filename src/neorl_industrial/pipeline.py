@@ -343,38 +343,6 @@ def _signing_key(config: RunConfig, console: Any) -> Path | None:
     return key
 
 
-def _signing_key(config: RunConfig, console: Any) -> Path | None:
-    """The private key that signs the run's policy (made first when asked), or None."""
-    from neorl_industrial.wrappers.agents.signing import PRIVATE_KEY, generate_key_pair
-
-    section = config.export
-    if section.signing_keys is None:
-        if console is not None:
-            console.print(
-                "[yellow]warning:[/yellow] export.signing_keys is null: the policy is exported "
-                "unsigned; servers that require signatures refuse it and the registry never "
-                "promotes it"
-            )
-        return None
-    key = Path(section.signing_keys) / PRIVATE_KEY
-    if not key.exists():
-        if not section.create_keys:
-            raise AgentError(
-                f"export.signing_keys: no {PRIVATE_KEY} in {section.signing_keys}; make one "
-                f"with `neorl-industrial keys generate --out {section.signing_keys}`"
-            )
-        try:
-            generate_key_pair(section.signing_keys)
-        except FileExistsError:
-            return key  # another run made the pair meanwhile; it signs with that one
-        if console is not None:
-            console.print(
-                f"Made a policy-signing key pair in {section.signing_keys}/ (the private key "
-                "is readable by you only; servers trust the .pub)"
-            )
-    return key
-
-
 # ----- sweeps ---------------------------------------------------------------------------
 def sweep_markdown(table: dict[str, Any], title: str) -> str:
     """The sweep's table as a markdown page (an MLflow artifact and ``sweep.md``)."""
