@@ -46,18 +46,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = "neorl_industrial"
-LAYERS = ["core", "functional", "wrappers", "integration", "application"]
-#: The modules beside the four layers' packages, as the architecture test places them.
-TOP_LEVEL = {
-    "__init__": "core",
-    "version": "core",
-    "extras": "core",
-    "runtime": "wrappers",
-    "pipeline": "application",
-    "cli": "application",
-    "__main__": "application",
-}
+#: The layers and where the modules beside their packages stand: the architecture test's.
+from tests.test_architecture import LAYERS, ROOT, TOP_LEVEL
+
 #: Configuration types, by class name (their module moves between trees).
 CONFIG_TYPES = {
     "RunConfig",
