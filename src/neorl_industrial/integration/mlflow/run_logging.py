@@ -304,19 +304,12 @@ def _register_and_close(
     ``tracking`` section (``runs()`` gives the nested runs' ids once they exist), logs it
     and ends the run. Returns the section."""
     from neorl_industrial.integration.mlflow import registered_model_name, ui_command
+    from neorl_industrial.integration.mlflow.registry import METRIC_TAGS
 
     card, run_dir, tracking = plan.card, plan.run_dir, plan.tracking
     model_name = None
     if tracking.log_model and policy_dir is not None:
         model_name = registered_model_name(plan.label, tracking.registered_model)
-        keys = (
-            "return",
-            "normalized_return",
-            "normalized_cost",
-            "violation_rate",
-            "override_rate",
-            "hard_violation_steps",
-        )
         example = np.asarray(
             jax.device_get(plan.dataset.initial_observations()[:2]), np.float64
         ).tolist()
@@ -326,7 +319,7 @@ def _register_and_close(
             dataset_card=json.loads(card.to_json()),
             input_example=example,
             registered_model=model_name,
-            version_metrics={key: best.get(key) for key in keys},
+            version_metrics={key: best.get(key) for key in METRIC_TAGS},
             version_tags={
                 "env": plan.label,
                 "algorithm": agent.name,
