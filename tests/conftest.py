@@ -10,7 +10,8 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # The suite's programs are small and compiling them is much of its time: the tests compile
-# at XLA:CPU's lowest backend optimization level (the main job's test: 134 s -> 48 s).
+# at XLA:CPU's lowest backend optimization level (the main job's test: 134 s -> 48 s), with
+# its older fusion emitters (tests/compile_flags.py).
 # Results are held to the same tolerances; users, the benchmarks and the studies compile at
 # the default level. The command lines a test runs as a user would (the plant journey)
 # compile as the suite does, into the suite's cache. An XLA_FLAGS that sets a level wins.

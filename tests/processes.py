@@ -1,17 +1,21 @@
-"""Local processes for the tests that need several: a free loopback port, and N processes
-of JAX's distributed runtime on loopback (gloo on CPUs), each told its id."""
+"""Local processes for the tests that need several: a free loopback port, N processes of
+JAX's distributed runtime on loopback (gloo on CPUs), each told its id, and a fresh
+interpreter that compiles as a user's programs do."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from tests.compile_flags import with_fast_compile
+from tests.compile_flags import shipped_environment, with_fast_compile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,3 +86,25 @@ def run_on_host_devices(
 def last_json(done: subprocess.CompletedProcess[str]) -> dict:
     """The JSON object a process printed on its last line."""
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_shipped(source: str, *, timeout: float = 600) -> Any:
+    """Runs ``source`` in a fresh interpreter (from the repository root) whose programs
+    compile as a user's do, not with the suite's fast-compile flags, and returns what it
+    assigns to ``result`` (pickled back)."""
+    with tempfile.TemporaryDirectory() as directory:
+        out = Path(directory) / "result.pickle"
+        script = (
+            f"{source}\nimport pickle\n"
+            f"with open({str(out)!r}, 'wb') as handle:\n    pickle.dump(result, handle)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=shipped_environment(),
+            cwd=ROOT,
+            timeout=timeout,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return pickle.loads(out.read_bytes())

@@ -20,12 +20,17 @@ from neorl_industrial.functional.transformations.sweep import (
     plan_sweep_groups,
     train_sweep,
 )
+from tests.processes import run_shipped
 
 HIDDEN = {"hidden": (8, 8)}
 
 
 @pytest.fixture(scope="module")
 def plant_data():
+    return shipped_log()
+
+
+def shipped_log():
     """The shipped mixing-tank log (no simulator behind it), actions scaled from the
     plant's percent to the policies' [-1, 1]."""
     from neorl_industrial.integration.datasets import load_plant_log
@@ -75,7 +80,9 @@ def _distance(ours, theirs) -> float:
     )
 
 
-def test_a_one_run_sweep_is_bit_identical_to_its_training_run(plant_data):
+def one_run_sweep_and_its_training_run() -> tuple[list, list]:
+    """The state of a one-run sweep and of that run's own ``train_offline``."""
+    plant_data = shipped_log()
     obs, act = plant_data.observation_size, plant_data.action_size
     plan = plan_sweep(
         "td3bc",
@@ -86,9 +93,21 @@ def test_a_one_run_sweep_is_bit_identical_to_its_training_run(plant_data):
         hyperparameters=HIDDEN,
     )
     result = train_sweep(plan, plant_data, n_updates=40, chunk_updates=20, batch_size=32)
-    ours = jax.tree.leaves(result.run_state(0))
-    reference_run = _alone(plant_data, {"alpha": 4.0, "actor_lr": 1e-3}, 3)
-    for mine, reference in zip(ours, reference_run, strict=True):
+    ours = [np.asarray(leaf) for leaf in jax.tree.leaves(result.run_state(0))]
+    alone = _alone(plant_data, {"alpha": 4.0, "actor_lr": 1e-3}, 3)
+    return ours, [np.asarray(leaf) for leaf in alone]
+
+
+def test_a_one_run_sweep_is_bit_identical_to_its_training_run():
+    # Bit for bit as users' programs compile (the suite's fast-compile code generator
+    # fuses the two programs differently).
+    ours, alone = run_shipped(
+        "from tests.functional.transformations.test_sweep import "
+        "one_run_sweep_and_its_training_run\n"
+        "result = one_run_sweep_and_its_training_run()\n"
+    )
+    assert len(ours) == len(alone) > 0
+    for mine, reference in zip(ours, alone, strict=True):
         np.testing.assert_array_equal(mine, reference)
 
 

@@ -40,6 +40,7 @@ from neorl_industrial.wrappers.agents.onnx_export import (  # noqa: E402
 )
 from neorl_industrial.wrappers.agents.onnx_graph import OPSET, OnnxExportError  # noqa: E402
 from neorl_industrial.wrappers.agents.signing import generate_key_pair  # noqa: E402
+from tests.processes import run_shipped  # noqa: E402
 
 from .test_export import Policy, plant_inputs  # noqa: E402
 
@@ -98,9 +99,18 @@ def probes(jax_artifact):
 
 
 @pytest.fixture(scope="module")
-def expected(jax_artifact, probes):
-    """The JAX artifact's decisions of the probes."""
-    return jax_artifact.decide_rows(probes.observations, probes.prev_actions)
+def expected(onnx_path, probes, tmp_path_factory):
+    """The JAX artifact's decisions of the probes, compiled as a user's server compiles it
+    (the suite's fast-compile code generator treats subnormal readings as zero)."""
+    rows = tmp_path_factory.mktemp("probes") / "rows.npz"
+    np.savez(rows, observations=probes.observations, prev_actions=probes.prev_actions)
+    return run_shipped(
+        "import numpy as np\n"
+        "from neorl_industrial.wrappers.agents import PolicyArtifact\n"
+        f"rows = np.load({str(rows)!r})\n"
+        f"artifact = PolicyArtifact.load({str(onnx_path)!r})\n"
+        "result = artifact.decide_rows(rows['observations'], rows['prev_actions'])\n"
+    )
 
 
 def run_onnx(session, observations, prev_actions):
