@@ -267,6 +267,32 @@ def save_study(
     return path
 
 
+def run_printed_study(
+    name: str,
+    args: Any,
+    study: Callable[[Any], Any],
+    markdown: Callable[[Any], str],
+) -> int:
+    """Runs ``study(args)``, prints its markdown page and, unless ``args.no_save``, saves
+    the per-dataset results and the seconds taken (with ``args.description``,
+    ``args.tag`` and :func:`system_info`). Returns the exit code."""
+    config = {key: value for key, value in vars(args).items() if key != "no_save"}
+    started = time.perf_counter()
+    results = study(args)
+    print(markdown(results))
+    if not args.no_save:
+        result = BenchmarkResult(
+            name=name,
+            description=args.description,
+            tag=args.tag,
+            system=system_info(),
+            config=config,
+            results={"datasets": results, "seconds": time.perf_counter() - started},
+        )
+        progress(f"saved {result.save()}")
+    return 0
+
+
 def publish_study(
     name: str,
     args: Any,

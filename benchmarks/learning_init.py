@@ -28,11 +28,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import (
-    BenchmarkResult,
     mean_confidence_interval,
     progress,
     require_positive,
-    system_info,
+    run_printed_study,
 )
 from benchmarks.learning_common import QUALITIES
 from benchmarks.learning_programs import (
@@ -163,23 +162,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    config = {key: value for key, value in vars(args).items() if key not in ("no_save",)}
-    started = time.perf_counter()
-    results = study(args)
-    page = markdown(results)
-    print(page)
-    if not args.no_save:
-        result = BenchmarkResult(
-            name=NAME,
-            description=args.description,
-            tag=args.tag,
-            system=system_info(),
-            config=config,
-            results={"datasets": results, "seconds": time.perf_counter() - started},
-        )
-        progress(f"saved {result.save()}")
-    return 0
+    return run_printed_study(NAME, parse_args(argv), study, markdown)
 
 
 if __name__ == "__main__":
