@@ -518,6 +518,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "stalls)",
     )
     parser.add_argument(
+        "--model-hidden",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the plant models' hidden layer widths (default: the model's own)",
+    )
+    parser.add_argument(
         "--hidden", type=int, nargs="+", default=[256, 256], help="hidden layer widths"
     )
     parser.add_argument(
@@ -593,6 +600,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.eval_every = 100
     if min(args.hidden) < 1:
         parser.error("--hidden: expected positive layer widths")
+    if args.model_hidden is not None and min(args.model_hidden) < 1:
+        parser.error("--model-hidden: expected positive layer widths")
     require_positive(
         parser,
         args,

@@ -18,10 +18,14 @@ __all__ = ["fit_models", "model_based_run", "model_summary"]
 
 
 def fit_models(
-    task: Any, model_updates: int, note: Callable[[str], None] = progress
+    task: Any,
+    model_updates: int,
+    note: Callable[[str], None] = progress,
+    hidden: Sequence[int] = (),
 ) -> tuple[list[Any], float]:
     """One plant model per dataset of ``task`` (a ``TaskData``), fitted on the dataset in
-    the plant's units with the model's defaults but at most ``model_updates`` updates.
+    the plant's units with the model's defaults but at most ``model_updates`` updates and,
+    when ``hidden`` is given, those hidden layer widths.
 
     Returns:
         The models and the seconds their fits took.
@@ -31,6 +35,7 @@ def fit_models(
             program).
     """
     from neorl_industrial.core.environments import make
+    from neorl_industrial.core.models import DynamicsConfig
     from neorl_industrial.functional.transformations import action_scaler_for
     from neorl_industrial.wrappers.models import FitSettings, PlantModel
 
@@ -42,7 +47,8 @@ def fit_models(
         plant = (
             dataset if scaler is None else dataset.replace(actions=scaler.unscale(dataset.actions))
         )
-        model = PlantModel(card.task(plant), definitions=card.definitions)
+        config = DynamicsConfig(hidden=tuple(hidden)) if hidden else None
+        model = PlantModel(card.task(plant), config, definitions=card.definitions)
         note(f"plant model {task.env_id}-{quality}: at most {model_updates} updates")
         model.fit(plant, FitSettings(max_updates=model_updates), dataset_name=quality)
         models.append(model)
@@ -95,9 +101,9 @@ def model_based_run(
 
 
 def model_summary(models: Sequence[Any]) -> list[dict[str, Any]]:
-    """Per model the fit's updates and, on its held-out episodes, the mean over features of
-    the one-step error relative to each feature's spread and the 90 % interval's coverage
-    (the model card's fidelity table), for the record."""
+    """Per model its hidden widths, the fit's updates and, on its held-out episodes, the
+    mean over features of the one-step error relative to each feature's spread and the
+    90 % interval's coverage (the model card's fidelity table), for the record."""
     rows = []
     for model in models:
         one_step = [
@@ -107,6 +113,7 @@ def model_summary(models: Sequence[Any]) -> list[dict[str, Any]]:
         coverage = [row["coverage"] for row in one_step if row["coverage"] is not None]
         rows.append(
             {
+                "hidden": list(model.config.hidden),
                 "updates": model.card["fit"]["updates"],
                 "fit_s": model.card["fit"]["seconds"],
                 "one_step_relative_rmse": float(np.mean(relative)) if relative else None,

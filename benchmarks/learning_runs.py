@@ -225,6 +225,7 @@ class RunSettings:
         reward_scaling: the reward scaling kind it trains with.
         model_updates: a model-based algorithm's plant-model fit, at most this many
             updates per dataset (0 for the others).
+        model_hidden: the plant models' hidden layer widths (empty: the model's own).
     """
 
     task: str
@@ -242,6 +243,7 @@ class RunSettings:
     episodes: int
     reward_scaling: str
     model_updates: int = 0
+    model_hidden: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, args: argparse.Namespace, env_id: str, name: str) -> RunSettings:
@@ -262,15 +264,21 @@ class RunSettings:
             episodes=args.episodes,
             reward_scaling=reward_scaling_kind(name, args.reward_scaling),
             model_updates=args.model_updates if name in MODEL_BASED else 0,
+            model_hidden=tuple(getattr(args, "model_hidden", None) or ())
+            if name in MODEL_BASED
+            else (),
         )
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON data (tuples as lists), as stored in a checkpoint (a
-        model-free run's without ``model_updates``, as its checkpoints always were)."""
+        model-free run's without the model's fields, as its checkpoints always were; the
+        model's default widths left out, as before they could be chosen)."""
+        model_fields = {"model_updates", "model_hidden"}
         return {
             key: list(value) if isinstance(value, tuple) else value
             for key, value in dataclasses.asdict(self).items()
-            if key != "model_updates" or self.algorithm in MODEL_BASED
+            if key not in model_fields
+            or (self.algorithm in MODEL_BASED and (key != "model_hidden" or value))
         }
 
 
@@ -444,7 +452,9 @@ def run_algorithm(
     if settings.algorithm in MODEL_BASED:
         from benchmarks.learning_models import fit_models, model_based_run, model_summary
 
-        models, fit_s = fit_models(task, settings.model_updates, reporter.note)
+        models, fit_s = fit_models(
+            task, settings.model_updates, reporter.note, hidden=settings.model_hidden
+        )
         record["models"] = model_summary(models)
         record["model_fit_s"] = record.get("model_fit_s", 0.0) + fit_s
         algorithm, states = model_based_run(

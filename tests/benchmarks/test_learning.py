@@ -563,13 +563,17 @@ def test_unknown_tasks_are_named():
 
 
 def test_mopo_runs_on_every_dataset_each_with_its_own_plant_model(tiny_task):
-    settings = _settings("mopo", batch_size=64, model_updates=100)
+    settings = _settings("mopo", batch_size=64, model_updates=100, model_hidden=(16,))
     outcome = learning_runs.run_algorithm(tiny_task, settings)
     record = outcome.record
     assert np.all(np.isfinite(np.asarray(record["final_returns"])))
     assert len(record["models"]) == 2 and record["model_fit_s"] > 0.0
     assert record["settings"]["model_updates"] == 100
-    assert "model_updates" not in _settings("td3bc").to_dict()  # model-free runs as before
+    assert record["settings"]["model_hidden"] == [16]
+    assert [model["hidden"] for model in record["models"]] == [[16], [16]]
+    # model-free runs as before; the model's default widths are not written either
+    assert not {"model_updates", "model_hidden"} & set(_settings("td3bc").to_dict())
+    assert "model_hidden" not in _settings("mopo", model_updates=100).to_dict()
     models = outcome.states.agent.model.params.obs_mean  # [dataset, seed, obs]
     np.testing.assert_array_equal(models[0, 0], models[0, 1])  # one model per dataset ...
     assert not np.allclose(models[0, 0], models[1, 0])  # ... each its own

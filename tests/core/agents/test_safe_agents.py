@@ -128,7 +128,7 @@ def test_gradient_ascent_multiplier_rises_over_the_limit_and_falls_under():
 def test_the_lagrangian_agent_keeps_the_limit_the_plain_one_breaks(name, plain, safe):
     dataset = _constrained_bandit()
     pid = PIDConfig(kp=1.0, ki=0.05, kd=0.0)
-    settings = {"n_updates": 3000, "chunk_updates": 1000, "batch_size": 256}
+    settings = {"n_updates": 1500, "chunk_updates": 1500, "batch_size": 128}
     plain_algorithm, safe_algorithm = plain(), safe(pid)
     plain_state, _ = train_offline(plain_algorithm, dataset, **settings)
     safe_state, history = train_offline(safe_algorithm, dataset, **settings)

@@ -108,7 +108,8 @@ def train_offline(
         dataset: the data, on device.
         seeds: one independent run (initialization and sampling) per seed.
         n_updates: updates per seed in this call; rounded up to whole chunks.
-        chunk_updates: updates fused into one compiled call.
+        chunk_updates: updates fused into one compiled call (at most ``n_updates``: a
+            short call compiles a chunk of its own length, it does not run a long one).
         batch_size: transitions per update.
         sampler: how batches are drawn.
         callback: called on the host after every chunk.
@@ -124,6 +125,7 @@ def train_offline(
         seconds, updates per second (all seeds) and the mean metrics per seed.
     """
     check_positive_ints(n_updates=n_updates, chunk_updates=chunk_updates, batch_size=batch_size)
+    chunk_updates = min(chunk_updates, n_updates)
     if state is None:
         if not seeds:
             raise ValueError("seeds: expected at least one seed")

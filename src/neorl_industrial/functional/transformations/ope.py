@@ -373,8 +373,6 @@ def fitted_q_evaluation(
         dataset, config, initial_observations, reward_shift, reward_scale, cost_scale
     )
     fqe = make_fqe(config, dataset.observation_size, dataset.action_size, dataset.n_costs, policy)
-    if isinstance(chunk_updates, int) and isinstance(n_updates, int):
-        chunk_updates = max(1, min(chunk_updates, n_updates))
     state, history = train_offline(
         fqe,
         scaled,
