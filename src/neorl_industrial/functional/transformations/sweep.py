@@ -37,6 +37,7 @@ from neorl_industrial.core.agents.registry import (
     validate_hyperparameters,
 )
 from neorl_industrial.core.agents.types import Algorithm, Batch
+from neorl_industrial.core.safety.contract import SafetyContract
 from neorl_industrial.functional.state_management import Dataset, sample
 from neorl_industrial.functional.state_management.train_state import (
     TrainState,
@@ -197,6 +198,7 @@ def plan_sweep(
     action_size: int,
     hyperparameters: Mapping[str, Any] | None = None,
     check_traceable: bool = True,
+    contract: SafetyContract | None = None,
 ) -> SweepPlan:
     """Checks a sweep and lays out its runs.
 
@@ -210,6 +212,8 @@ def plan_sweep(
         hyperparameters: the fixed hyperparameters every configuration starts from.
         check_traceable: refuse fields that cannot be traced (False: for
             :func:`plan_sweep_groups`, which groups by them).
+        contract: the run's safety contract: a cost-aware algorithm's cost limits are
+            its (never the hyperparameters' or the grid's).
 
     Raises:
         SweepError: an empty grid or list of seeds, a field that is not a hyperparameter
@@ -228,7 +232,8 @@ def plan_sweep(
     configs = []
     for number, point in enumerate(points):
         try:
-            configs.append(validate_hyperparameters(algorithm, _merged(base, _nested(point))))
+            merged = _merged(base, _nested(point))
+            configs.append(validate_hyperparameters(algorithm, merged, contract))
         except (HyperparameterError, ValueError, TypeError) as error:
             raise SweepError(f"grid configuration {number} {point}: {error}") from error
     fields = tuple(grid)
@@ -277,6 +282,7 @@ def plan_sweep_groups(
     obs_size: int,
     action_size: int,
     hyperparameters: Mapping[str, Any] | None = None,
+    contract: SafetyContract | None = None,
 ) -> list[SweepGroup]:
     """A grid that may hold fields no program can trace (``hidden``, a shape or a Python
     branch), split into groups: the configurations sharing those fields' values form one
@@ -295,6 +301,7 @@ def plan_sweep_groups(
         action_size=action_size,
         hyperparameters=hyperparameters,
         check_traceable=False,
+        contract=contract,
     )
     fixed_fields = [field for field in whole.fields if not _traceable(whole, field)]
     traced = [field for field in whole.fields if field not in fixed_fields]

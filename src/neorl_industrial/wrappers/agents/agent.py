@@ -369,8 +369,9 @@ class Agent:
                     self.entry.name,
                     self.task.observation_size,
                     action_size,
-                    self._with_limits(hyperparameters),
+                    hyperparameters,
                     handle,
+                    contract=self.safety,
                 )
             else:
                 self.policy_algorithm, self.config = build_algorithm(
@@ -384,13 +385,6 @@ class Agent:
             raise AgentError(str(error)) from None
         self.algorithm = with_action_scaling(self.policy_algorithm, self.scaler)
         self._decide = None
-
-    def _with_limits(self, hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
-        """``hyperparameters`` with the contract's cost limits, for the builders that take
-        no contract (a model-based algorithm, a sweep's programs)."""
-        if not self.entry.safe:
-            return dict(hyperparameters)
-        return {**hyperparameters, "cost_limits": self.safety.limits()}
 
     # ----- training -------------------------------------------------------------------
     def check_dataset(self, dataset: Dataset, card: Any = None) -> None:
@@ -755,7 +749,8 @@ class Agent:
                 seeds=seeds,
                 obs_size=self.task.observation_size,
                 action_size=action_size,
-                hyperparameters=self._with_limits(hyperparameters),
+                hyperparameters=hyperparameters,
+                contract=self.safety,
             )
         except SweepError as error:
             raise AgentError(str(error)) from None

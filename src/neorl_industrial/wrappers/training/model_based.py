@@ -22,6 +22,7 @@ from neorl_industrial.core.agents.registry import (
     validate_hyperparameters,
 )
 from neorl_industrial.core.agents.types import Algorithm
+from neorl_industrial.core.safety.contract import SafetyContract
 from neorl_industrial.functional.state_management import Dataset, RewardScaling
 from neorl_industrial.functional.transformations.offline import train_offline
 
@@ -62,9 +63,11 @@ def build_model_based(
     action_size: int,
     hyperparameters: Mapping[str, Any] | None,
     model: ModelHandle,
+    contract: SafetyContract | None = None,
 ) -> tuple[Algorithm, Any]:
     """``(algorithm, config)`` of the registered model-based algorithm ``name`` stepping
-    ``model`` (as ``build_algorithm``, with the model handed in).
+    ``model`` (as ``build_algorithm``, with the model handed in; a cost-aware one's limits
+    are ``contract``'s when it is given).
 
     Raises:
         HyperparameterError: for an algorithm that is not model-based, or hyperparameters
@@ -75,7 +78,7 @@ def build_model_based(
         raise HyperparameterError(
             f"algorithm: {entry.name!r} is not model-based; build it with build_algorithm"
         )
-    config = validate_hyperparameters(name, hyperparameters)
+    config = validate_hyperparameters(name, hyperparameters, contract)
     return entry.factory(config, obs_size, action_size, model=model), config
 
 
