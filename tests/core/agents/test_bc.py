@@ -118,6 +118,10 @@ def test_training_resumes_exactly_from_a_saved_train_state():
     np.testing.assert_array_equal(first.updates, [10, 10])
     with pytest.raises(ValueError, match="leading seed axis"):
         train_offline(bc, dataset, n_updates=10, state=init_train_state(bc, 0), **run)
+    # Fewer updates than a chunk: exactly those, in one chunk of their own length.
+    short, history = train_offline(bc, dataset, seeds=(1,), n_updates=7, batch_size=16)
+    assert [entry["updates"] for entry in history] == [7]
+    np.testing.assert_array_equal(short.updates, [7])
 
 
 def test_bad_loop_settings_are_named():

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from neorl_industrial.core.agents.registry import build_algorithm
+from neorl_industrial.core.safety.contract import SafetyContract
 from neorl_industrial.functional.state_management import ActionScaler
 from neorl_industrial.functional.transformations.offline import train_offline
 from neorl_industrial.functional.transformations.sweep import (
@@ -171,6 +172,25 @@ def test_values_no_program_can_trace_split_the_grid_into_groups(plant_data):
     assert [g.plan.fields for g in groups] == [(), ()] and [g.plan.n_runs for g in groups] == [1, 1]
     with pytest.raises(SweepError, match="did you mean 'alpha'"):
         plan_sweep_groups("td3bc", {"alfa": [1.0]}, obs_size=obs, action_size=act)
+
+
+def test_a_safe_sweep_takes_its_cost_limits_from_the_runs_contract_only():
+    contract = SafetyContract(
+        constraints=None, cost_limits=np.asarray([3.0], np.float32), cost_names=("alarm",)
+    )
+    shape = {"obs_size": 4, "action_size": 2, "contract": contract}
+    groups = plan_sweep_groups("td3bc-lag", {"hidden": [[8], [16]]}, **shape)
+    assert [tuple(g.plan.configs[0].cost_limits) for g in groups] == [(3.0,), (3.0,)]
+    # A limit from anywhere else beside the contract is refused by name.
+    with pytest.raises(SweepError, match="safety contract holds its cost limits"):
+        plan_sweep_groups("td3bc-lag", {"cost_limits": [[1.0], [2.0]]}, **shape)
+    with pytest.raises(SweepError, match="safety contract holds its cost limits"):
+        plan_sweep_groups(
+            "td3bc-lag", {"alpha": [1.0]}, hyperparameters={"cost_limits": [1.0]}, **shape
+        )
+    # An algorithm without costs ignores the contract.
+    (plain,) = plan_sweep_groups("td3bc", {"alpha": [1.0, 2.0]}, **shape)
+    assert not hasattr(plain.plan.configs[0], "cost_limits")
 
 
 @pytest.mark.parametrize(
