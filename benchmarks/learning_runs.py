@@ -264,9 +264,7 @@ class RunSettings:
             episodes=args.episodes,
             reward_scaling=reward_scaling_kind(name, args.reward_scaling),
             model_updates=args.model_updates if name in MODEL_BASED else 0,
-            model_hidden=tuple(getattr(args, "model_hidden", None) or ())
-            if name in MODEL_BASED
-            else (),
+            model_hidden=tuple(args.model_hidden or ()) if name in MODEL_BASED else (),
         )
 
     def to_dict(self) -> dict[str, Any]:
