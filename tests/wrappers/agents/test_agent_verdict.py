@@ -171,3 +171,44 @@ def test_a_sweep_judges_every_configuration_with_the_plant_model(trained):
     assert verdict["kind"] == "estimate" and verdict["deciding"] == ["model"]
     qualified = [c["name"] for c in verdict["candidates"] if c["qualifies"]]
     assert (verdict["recommended"] in qualified) == (verdict["decision"] == "recommend")
+
+
+def test_the_verdict_reuses_the_fqes_the_evaluation_just_fitted(trained, monkeypatch):
+    """Evaluated off policy with a plant model, the verdict takes the candidates' FQEs the
+    evaluation fitted (same episodes, policies and settings) and fits only the logged
+    operation's: the same verdict as fitting them again, one FQE fit fewer."""
+    from neorl_industrial.wrappers.training import ope as ope_module
+    from neorl_industrial.wrappers.training import verdict as verdict_module
+
+    agent, ope = trained["agent"], trained["ope"]
+    settings = VerdictSettings(
+        horizon=30,
+        bootstrap=300,
+        fqe_updates=ope.updates,
+        fqe_seeds=tuple(ope.seeds),
+        fqe_hidden=tuple(ope.hidden),
+        discount=ope.discount,
+        bc_updates=100,
+    )
+    fits: list[str] = []
+    for module in (ope_module, verdict_module):
+        original = module.fitted_q_evaluation_values
+
+        def counted(*args, _original=original, _name=module.__name__, **kwargs):
+            fits.append(_name.rsplit(".", 1)[-1])
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, "fitted_q_evaluation_values", counted)
+    result = agent.evaluate_offline(
+        trained["dataset"], ope, plant_model=trained["model"], verdict=settings
+    )
+    assert fits == ["ope", "verdict"]  # the candidates' FQEs once, the clone's once
+    fits.clear()
+    heldout = trained["dataset"].select_episodes(_heldout(trained))
+    again = agent.judge(heldout, trained["model"], ope=ope, settings=settings).to_dict()
+    assert fits == ["verdict", "verdict"]  # judged alone: both fitted
+    reused = result["verdict"]
+    assert reused["estimators"] == ["model", "fqe", "model+fqe"]
+    for mine, theirs in zip(reused["candidates"], again["candidates"], strict=True):
+        assert mine["estimates"] == theirs["estimates"]
+    assert reused["decision"] == again["decision"]

@@ -486,6 +486,7 @@ def _prioritized(
     return candidate
 
 
+@jax.jit
 def _decide(
     constraints: CompiledConstraints,
     observation: jax.Array,

@@ -321,7 +321,17 @@ def fitted_q_evaluation_batch(
         chunk_updates=chunk_updates,
     )
     n_policies = int(jax.tree.leaves(policy_params)[0].shape[0])
-    starts = jnp.broadcast_to(initial_observations, (n_policies, *initial_observations.shape))
+    return start_estimates(values, initial_observations, n_policies)
+
+
+def start_estimates(
+    values: Callable[[Any], np.ndarray], initial_observations: Any, n_policies: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(returns [n_policies, n_seeds], costs [n_policies, n_seeds, n_costs])``: the mean
+    over ``initial_observations [n, obs_size]`` of every policy's values (from
+    :func:`fitted_q_evaluation_values`), in the dataset's units."""
+    starts = jnp.asarray(initial_observations, jnp.float32)
+    starts = jnp.broadcast_to(starts, (n_policies, *starts.shape))
     estimates = values(starts).mean(axis=2)  # over the initial observations
     return estimates[..., 0], estimates[..., 1:]
 

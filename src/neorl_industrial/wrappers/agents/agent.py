@@ -96,6 +96,7 @@ from neorl_industrial.wrappers.training.sweep_table import (
     with_values,
 )
 from neorl_industrial.wrappers.training.verdict import (
+    FQE_BATCH_SIZE,
     Verdict,
     VerdictError,
     VerdictSettings,
@@ -671,8 +672,15 @@ class Agent:
                 ope_evaluator, evaluation.episodes, evaluation.seed
             )
         if judge and heldout is not None:
-            self.training["verdict"] = self.judge(
-                heldout, plant_model, ope=ope, settings=verdict, checked=True
+            self.training["verdict"] = self._verdict(
+                heldout,
+                plant_model,
+                self.policies,
+                self._run_names(),
+                ope,
+                verdict,
+                self.hyperparameters,
+                scored=ope_evaluator,
             ).to_dict()
         return result
 
@@ -816,6 +824,7 @@ class Agent:
                             prepared.ope,
                             verdict,
                             group_hyperparameters,
+                            scored=evaluator,
                         )
                     )
             else:
@@ -1095,8 +1104,15 @@ class Agent:
             "on_training_episodes": on_training,
         }
         if plant_model is not None:
-            result["verdict"] = self.judge(
-                evaluation, plant_model, ope=ope, settings=verdict, checked=True
+            result["verdict"] = self._verdict(
+                evaluation,
+                plant_model,
+                self.policies,
+                self._run_names(),
+                ope,
+                verdict,
+                self.hyperparameters,
+                scored=evaluator,
             ).to_dict()
         return result
 
@@ -1121,16 +1137,18 @@ class Agent:
         self._require_fitted("judge")
         if not checked:
             self._check_plant_model(plant_model, None, heldout, None)
-        names = [f"run {run} (seed {seed})" for run, seed in enumerate(self.seeds)]
         return self._verdict(
             heldout,
             plant_model,
             self.policies,
-            names,
+            self._run_names(),
             ope or OPESettings(),
             settings,
             self.hyperparameters,
         )
+
+    def _run_names(self) -> list[str]:
+        return [f"run {run} (seed {seed})" for run, seed in enumerate(self.seeds)]
 
     def _verdict(
         self,
@@ -1141,13 +1159,30 @@ class Agent:
         ope: OPESettings,
         settings: VerdictSettings | None,
         hyperparameters: dict[str, Any],
+        scored: OffPolicyEvaluator | None = None,
     ) -> Verdict:
+        """The verdict on ``policies``; ``scored``: an evaluator that has just scored
+        them, whose FQEs are reused when they are the ones the verdict would fit."""
         evaluator = self._ope_evaluator(self.training_data(heldout), ope, hyperparameters)
         settings = settings or VerdictSettings(
             discount=ope.discount,
             fqe_updates=ope.updates,
             fqe_seeds=tuple(ope.seeds),
             fqe_hidden=tuple(ope.hidden),
+        )
+        fitted = None if scored is None else scored.fitted
+        reuse = (
+            fitted is not None
+            and settings.fqe
+            and fitted.fits(
+                policies,
+                evaluator.dataset,
+                updates=settings.fqe_updates,
+                seeds=settings.fqe_seeds,
+                hidden=settings.fqe_hidden,
+                discount=settings.discount,
+                batch_size=FQE_BATCH_SIZE,
+            )
         )
         try:
             return model_verdict(
@@ -1163,6 +1198,7 @@ class Agent:
                 episode_length=evaluator.episode_length,
                 fqe_act=evaluator.actions,
                 settings=settings,
+                fqe_values=fitted.values if reuse else None,
             )
         except VerdictError as error:
             raise AgentError(str(error)) from None

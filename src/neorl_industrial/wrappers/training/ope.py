@@ -40,10 +40,13 @@ from neorl_industrial.core.agents.fqe import FQEConfig
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.core.safety import shield
 from neorl_industrial.functional.state_management import ActionScaler, Dataset
-from neorl_industrial.functional.transformations.ope import fitted_q_evaluation_batch
+from neorl_industrial.functional.transformations.ope import (
+    fitted_q_evaluation_values,
+    start_estimates,
+)
 from neorl_industrial.wrappers.training.evaluation import mean_confidence_interval
 
-__all__ = ["OffPolicyEvaluator", "discounted_start_returns"]
+__all__ = ["FittedFQE", "OffPolicyEvaluator", "discounted_start_returns"]
 
 
 def discounted_start_returns(dataset: Dataset, discount: float) -> np.ndarray:
@@ -54,6 +57,58 @@ def discounted_start_returns(dataset: Dataset, discount: float) -> np.ndarray:
     position = np.arange(rewards.size) - starts[episode]
     weighted = rewards * discount ** position.astype(np.float64)
     return np.bincount(episode, weights=weighted, minlength=starts.size)
+
+
+@dataclasses.dataclass(frozen=True)
+class FittedFQE:
+    """The FQEs of the policies an :class:`OffPolicyEvaluator` scored last.
+
+    Attributes:
+        policies: the policies' parameters (leading run axis), as scored.
+        dataset: the episodes they were fitted on.
+        values: their value function (``fitted_q_evaluation_values``' result).
+        settings: ``(updates, seeds, hidden, discount, batch_size)`` they were fitted with.
+    """
+
+    policies: Any
+    dataset: Dataset
+    values: Any
+    settings: tuple[int, tuple[int, ...], tuple[int, ...], float, int]
+
+    def fits(
+        self,
+        policies: Any,
+        dataset: Dataset,
+        *,
+        updates: int,
+        seeds: Sequence[int],
+        hidden: Sequence[int],
+        discount: float,
+        batch_size: int,
+    ) -> bool:
+        """Whether these are the FQEs of ``policies`` on ``dataset`` under these settings
+        (the verdict then reuses them instead of fitting the same FQEs again)."""
+        asked = (
+            int(updates),
+            tuple(int(s) for s in seeds),
+            tuple(int(h) for h in hidden),
+            float(discount),
+            int(batch_size),
+        )
+        return asked == self.settings and _same_arrays(
+            (self.policies, self.dataset), (policies, dataset)
+        )
+
+
+def _same_arrays(a: Any, b: Any) -> bool:
+    """Equal trees of equal arrays (the same objects, or equal values)."""
+    (left, left_tree), (right, right_tree) = jax.tree.flatten(a), jax.tree.flatten(b)
+    if left_tree != right_tree:
+        return False
+    return all(
+        x is y or np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(left, right, strict=True)
+    )
 
 
 @dataclasses.dataclass
@@ -73,6 +128,8 @@ class OffPolicyEvaluator:
         hidden: widths of FQE's critic.
         discount: γ of the estimates.
         batch_size: transitions per FQE update.
+
+    After a call, ``fitted`` holds the FQEs of the policies it scored (:class:`FittedFQE`).
     """
 
     algorithm: Algorithm
@@ -98,6 +155,7 @@ class OffPolicyEvaluator:
         if len(self.seeds) < 2:
             raise ValueError("seeds: give at least two FQE seeds (their spread is the interval)")
         self.behaviour_return = float(discounted_start_returns(self.dataset, self.discount).mean())
+        self.fitted: FittedFQE | None = None
         self.thresholds = None
         if self.cost_limits is not None:
             self.thresholds = np.asarray(
@@ -156,7 +214,7 @@ class OffPolicyEvaluator:
         FQEs train in one program."""
         del updates  # FQE's keys depend only on its seeds
         config = FQEConfig(hidden=tuple(self.hidden), discount=self.discount)
-        returns, costs = fitted_q_evaluation_batch(
+        values = fitted_q_evaluation_values(
             self.dataset,
             self.actions,
             policies,
@@ -164,6 +222,20 @@ class OffPolicyEvaluator:
             seeds=tuple(self.seeds),
             batch_size=self.batch_size,
             config=config,
+        )
+        n_runs = int(jax.tree.leaves(policies)[0].shape[0])
+        returns, costs = start_estimates(values, self.dataset.initial_observations(), n_runs)
+        self.fitted = FittedFQE(
+            policies=policies,
+            dataset=self.dataset,
+            values=values,
+            settings=(
+                int(self.updates),
+                tuple(int(s) for s in self.seeds),
+                tuple(int(h) for h in self.hidden),
+                float(self.discount),
+                int(self.batch_size),
+            ),
         )
         overridden, fallback = self.shield_rates(policies)
         rows = []

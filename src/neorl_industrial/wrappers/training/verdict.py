@@ -84,6 +84,8 @@ __all__ = [
 KEEP = "keep the current operation"
 #: The estimators whose agreement a recommendation needs.
 DECIDING = ("model", "model+fqe")
+#: Transitions per FQE update (the off-policy evaluator's default too).
+FQE_BATCH_SIZE = 256
 #: The estimator whose cost estimates a recommendation needs within the limits: the whole
 #: rollout in the model (a channel computed from the predicted observations needs no cost
 #: events in the data; FQE's tail of ``model+fqe`` learns every channel from them).
@@ -380,6 +382,7 @@ def model_verdict(
     episode_length: int | None = None,
     fqe_act: Callable[..., jax.Array] | None = None,
     settings: VerdictSettings | None = None,
+    fqe_values: Callable[[Any], np.ndarray] | None = None,
 ) -> Verdict:
     """Estimates every candidate against the logged operation and decides.
 
@@ -398,6 +401,11 @@ def model_verdict(
         fqe_act: ``fqe_act(params, observations [B, obs]) -> actions [B, act]`` shielded
             as :class:`~.ope.OffPolicyEvaluator` scores them (default: ``act`` batched).
         settings: see :class:`VerdictSettings`.
+        fqe_values: the candidates' FQE value function already fitted on ``heldout``
+            with ``fqe_act`` and the settings' FQE updates, seeds and widths (what
+            :func:`~neorl_industrial.functional.transformations.ope.fitted_q_evaluation_values`
+            returns, as an :class:`~.ope.OffPolicyEvaluator` keeps it): used instead of
+            fitting the same FQEs again. The behaviour clone's FQE is always fitted.
 
     Raises:
         VerdictError: naming what is wrong: a plant model not fitted or of other shapes,
@@ -565,6 +573,7 @@ def model_verdict(
         fqe_results, fqe_behaviour = _fqe_estimators(
             act=act,
             fqe_act=fqe_act,
+            fqe_values=fqe_values,
             policy_params=policy_params,
             heldout=heldout,
             settings=settings,
@@ -738,6 +747,7 @@ def _fqe_estimators(
     *,
     act,
     fqe_act,
+    fqe_values,
     policy_params,
     heldout: Dataset,
     settings: VerdictSettings,
@@ -758,9 +768,12 @@ def _fqe_estimators(
 
     config = FQEConfig(hidden=settings.fqe_hidden, discount=settings.discount)
     common = dict(
-        n_updates=settings.fqe_updates, seeds=settings.fqe_seeds, config=config, batch_size=256
+        n_updates=settings.fqe_updates,
+        seeds=settings.fqe_seeds,
+        config=config,
+        batch_size=FQE_BATCH_SIZE,
     )
-    values = fitted_q_evaluation_values(heldout, fqe_act, policy_params, **common)
+    values = fqe_values or fitted_q_evaluation_values(heldout, fqe_act, policy_params, **common)
     clone = _behaviour_clone(heldout, settings)
     clone_params = jax.tree.map(lambda leaf: leaf[None], clone.params)
 
