@@ -783,11 +783,14 @@ def _fqe_estimators(
     clone_values = fitted_q_evaluation_values(heldout, clone_act, clone_params, **common)
     n_policies = candidates.discounted_return.shape[0]
     starts = jnp.broadcast_to(first, (n_policies, *first.shape))
-    at_starts = values(starts)  # [P, S, N, 1 + C]
-    clone_at_starts = clone_values(first[None])[0]  # [S, N, 1 + C]
-    # Closing values at the states the model reached after k steps.
-    closing = values(jnp.asarray(candidates.closing_observation, jnp.float32))  # [P, S, M, N, H]
-    clone_closing = clone_values(jnp.asarray(logged.closing_observation, jnp.float32)[None])[0]
+    # At the starts, and closing at the states the model reached after k steps.
+    at_starts, closing = _values_at(  # [P, S, N, 1 + C], [P, S, M, N, 1 + C]
+        values, starts, jnp.asarray(candidates.closing_observation, jnp.float32)
+    )
+    clone_at_starts, clone_closing = _values_at(
+        clone_values, first[None], jnp.asarray(logged.closing_observation, jnp.float32)[None]
+    )
+    clone_at_starts, clone_closing = clone_at_starts[0], clone_closing[0]
     penalty = settings.penalty
 
     def head(
@@ -853,6 +856,19 @@ def _fqe_estimators(
         ),
     ]
     return results, behaviour
+
+
+def _values_at(values: Callable[[Any], np.ndarray], *observations: jax.Array) -> list[np.ndarray]:
+    """``values`` (of ``fitted_q_evaluation_values``) at several sets of observations
+    ``[P, ..., obs]`` in one call: one compiled program (the policy and its shield inside
+    traced once) instead of one per shape. Each result is ``[P, n_seeds, ..., 1 + C]``."""
+    flat = [jnp.reshape(o, (o.shape[0], -1, o.shape[-1])) for o in observations]
+    joined = values(jnp.concatenate(flat, axis=1))  # [P, n_seeds, K, 1 + C]
+    bounds = np.cumsum([f.shape[1] for f in flat])[:-1]
+    return [
+        part.reshape(*part.shape[:2], *o.shape[1:-1], part.shape[-1])
+        for part, o in zip(np.split(joined, bounds, axis=2), observations, strict=True)
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
