@@ -5,10 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
-# The suite runs on two worker processes, one test file each at a time (module fixtures,
+# The suite runs on three worker processes, one test file each at a time (module fixtures,
 # and the compilations they share, stay within one process), the heaviest files first
-# (tests/conftest.py; xdist's own reorder, by number of tests, is off).
-PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
+# (tests/conftest.py; xdist's own reorder, by number of tests, is off). Three on a 2-core
+# machine: with two, the cores idled an eighth of the time (a worker waiting on a server
+# or a command line it started); a third keeps them busy.
+PYTEST_WORKERS ?= -n 3 --dist loadfile --no-loadscope-reorder
 BENCH ?= env_throughput
 DESCRIPTION ?= local run
 TAG ?= dev
