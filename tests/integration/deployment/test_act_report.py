@@ -65,3 +65,38 @@ def test_a_conflict_names_what_the_applied_action_still_breaks(served):
     reports = client.post("/v1/act/batch", json=batch, headers=AS_ACT).json()["reports"]
     assert [r["violated_after"] for r in reports][:2] == [["outflow-budget"], []]
     assert [r["out_of_distribution"] for r in reports] == [False, False, True]
+
+
+def test_the_start_probes_are_the_artifacts_own(tmp_path, monkeypatch):
+    """The random probes a server draws at start come from the artifact's content: the
+    same policy, exported twice, meets the same probes (a refusal is reproducible, not
+    one start in many); another policy meets others."""
+    from neorl_industrial.integration.deployment import pin
+    from neorl_industrial.integration.deployment.policy import PolicyTrust
+
+    drawn = []
+
+    def recorded(compiled, task, rng):
+        observations, prev = probe_inputs(compiled, task, rng)
+        drawn.append(observations)
+        return observations, prev
+
+    probe_inputs = pin.probe_inputs
+    monkeypatch.setattr(pin, "probe_inputs", recorded)
+    _, _, task = plant_task()
+    for name, spec in (("a", conflicting_spec()), ("b", conflicting_spec()), ("c", None)):
+        path = export_plant_policy(tmp_path / name, task, spec or _plain_spec())
+        artifact = PolicyArtifact.load(path, require_signature=False)
+        enforced, served = PolicyTrust(allow_unsigned=True).check(artifact)
+        check = pin.ServerCheck(enforced)
+        pin.probe_refusals(artifact.with_guard(check), check, served, [1, 2])
+    first, again, other = drawn
+    np.testing.assert_array_equal(first, again)
+    assert first.shape != other.shape or not np.array_equal(first, other)
+
+
+def _plain_spec():
+    from neorl_industrial.wrappers.constraint_files import load_constraint_spec
+    from tests.wrappers.agents.test_export_report import EXAMPLE
+
+    return load_constraint_spec(EXAMPLE / "constraints.yaml")

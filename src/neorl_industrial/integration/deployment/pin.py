@@ -431,7 +431,14 @@ def probe_refusals(
 
     Every serialized function the server will call is probed, in batches of the largest
     of ``batch_sizes`` (the padded sizes it compiles) that reaches it: batches from the
-    shield's batch path on (64 rows) take another function than smaller ones."""
+    shield's batch path on (64 rows) take another function than smaller ones. The random
+    probes are drawn from ``seed``, by default from the artifact's content (its files'
+    digests): the same artifact meets the same probes at every start, so a server that
+    refuses it refuses it every time, not on one start in many."""
+    if seed is None:
+        files = sorted((getattr(artifact, "manifest", None) or {}).get("files", {}).items())
+        content = hashlib.sha256(json.dumps(files).encode()).digest()
+        seed = int.from_bytes(content[:8], "little")
     rng = np.random.default_rng(seed)
     observations, prev = probe_inputs(check.compiled, task, rng)
     sizes = sorted(set(batch_sizes))
