@@ -672,15 +672,8 @@ class Agent:
                 ope_evaluator, evaluation.episodes, evaluation.seed
             )
         if judge and heldout is not None:
-            self.training["verdict"] = self._verdict(
-                heldout,
-                plant_model,
-                self.policies,
-                self._run_names(),
-                ope,
-                verdict,
-                self.hyperparameters,
-                scored=ope_evaluator,
+            self.training["verdict"] = self._judge_runs(
+                heldout, plant_model, ope, verdict, scored=ope_evaluator
             ).to_dict()
         return result
 
@@ -1104,15 +1097,8 @@ class Agent:
             "on_training_episodes": on_training,
         }
         if plant_model is not None:
-            result["verdict"] = self._verdict(
-                evaluation,
-                plant_model,
-                self.policies,
-                self._run_names(),
-                ope,
-                verdict,
-                self.hyperparameters,
-                scored=evaluator,
+            result["verdict"] = self._judge_runs(
+                evaluation, plant_model, ope, verdict, scored=evaluator
             ).to_dict()
         return result
 
@@ -1123,7 +1109,6 @@ class Agent:
         *,
         ope: OPESettings | None = None,
         settings: VerdictSettings | None = None,
-        checked: bool = False,
     ) -> Verdict:
         """The verdict on every run's policy against the logged operation of ``heldout``
         (episodes neither the agent nor ``plant_model`` was trained on; actions in plant
@@ -1135,20 +1120,29 @@ class Agent:
             AgentError: before fitting, for a plant model of another task, or bad input.
         """
         self._require_fitted("judge")
-        if not checked:
-            self._check_plant_model(plant_model, None, heldout, None)
+        self._check_plant_model(plant_model, None, heldout, None)
+        return self._judge_runs(heldout, plant_model, ope or OPESettings(), settings)
+
+    def _judge_runs(
+        self,
+        heldout: Dataset,
+        plant_model: Any,
+        ope: OPESettings,
+        settings: VerdictSettings | None,
+        scored: OffPolicyEvaluator | None = None,
+    ) -> Verdict:
+        """The verdict on every run's policy (see :meth:`_verdict` for ``scored``)."""
+        names = [f"run {run} (seed {seed})" for run, seed in enumerate(self.seeds)]
         return self._verdict(
             heldout,
             plant_model,
             self.policies,
-            self._run_names(),
-            ope or OPESettings(),
+            names,
+            ope,
             settings,
             self.hyperparameters,
+            scored=scored,
         )
-
-    def _run_names(self) -> list[str]:
-        return [f"run {run} (seed {seed})" for run, seed in enumerate(self.seeds)]
 
     def _verdict(
         self,
