@@ -412,6 +412,59 @@ def _number(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+#: What kept a candidate out, read from the verdict's reasons (wrappers/training/verdict.py).
+KEPT_BY = {
+    "model bound": "model: lower bound <= 0",
+    "model+fqe bound": "model+fqe: lower bound <= 0",
+    "cost limit": "a cost may exceed its limit",
+    "cost evidence": "too few cost events held out",
+    "episodes": "too few held-out episodes",
+}
+
+
+def _reason_kind(reason: str) -> str:
+    """The kind (a key of :data:`KEPT_BY`) of one of the verdict's reasons."""
+    if reason.startswith("insufficient evidence"):
+        return "episodes"
+    estimator, _, rest = reason.partition(": ")
+    if rest.startswith("cost "):
+        return "cost evidence" if "insufficient evidence" in rest else "cost limit"
+    return f"{estimator} bound"
+
+
+def _kept_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Why candidates that were truly better than the behaviour, and within its limits,
+    were kept out: per dataset, how many each kind of reason held back (one candidate may
+    have several), and how many the model estimator alone would have let through."""
+    lines = [
+        "",
+        "### Why truly better candidates were kept",
+        "",
+        "Candidates whose true return was above the behaviour's and within the cost limits "
+        "but that did not qualify, by what held them back (a candidate may count under "
+        "several), and how many would qualify if the model estimator alone decided.",
+        "",
+        "| dataset | kept | " + " | ".join(KEPT_BY.values()) + " | model alone would pass |",
+        "|---|---|" + "---|" * len(KEPT_BY) + "---|",
+    ]
+    for row in rows:
+        behaviour = row["behaviour"]["true_return"]
+        kept = [
+            c
+            for c in row["candidates"]
+            if c["true_return"] > behaviour
+            and (c["true_normalized_cost"] or 0.0) <= 1.0
+            and not c["qualifies"]
+        ]
+        kinds = [{_reason_kind(reason) for reason in c["reasons"]} for c in kept]
+        counts = [sum(kind in own for own in kinds) for kind in KEPT_BY]
+        alone = sum(not own - {"model+fqe bound"} for own in kinds)
+        lines.append(
+            f"| {row['dataset']} | {len(kept)} | {' | '.join(map(str, counts))} | {alone} |"
+        )
+    return lines
+
+
 def page(config: dict[str, Any], results: dict[str, Any]) -> str:
     """The markdown page of a study's result."""
     rows, total = results["datasets"], results["summary"]
@@ -516,6 +569,7 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
             f"| {row['dataset']} | {' | '.join(cells)} | {outcome['decision']} | {decided} | "
             f"{row['truly_better_and_safe']} of {len(row['candidates'])} (within limits) |"
         )
+    lines += _kept_section(rows)
     lines += [
         "",
         "## Model fidelity",

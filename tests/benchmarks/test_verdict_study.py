@@ -76,7 +76,7 @@ def test_every_candidate_is_estimated_and_held_against_the_truth():
     assert "| model |" in text and "CSTR-v0:medium" in text and "Model fidelity" in text
 
 
-def _candidate(name, truth, model, cost=0.5):
+def _candidate(name, truth, model, cost=0.5, reasons=()):
     estimates = {
         estimator: {
             "value": model + shift,
@@ -90,12 +90,24 @@ def _candidate(name, truth, model, cost=0.5):
         "true_return": truth,
         "true_normalized_cost": cost,
         "estimates": estimates,
-        "qualifies": False,
+        "qualifies": not reasons,
+        "reasons": list(reasons),
     }
 
 
 def test_the_page_says_which_targets_were_met_and_what_the_verdict_did():
-    candidates = [_candidate("BC, seed 0", -30.0, -50.0), _candidate("IQL, seed 0", -10.0, -20.0)]
+    kept = [
+        "model+fqe: the lower 95% bound of the improvement over the logged operation is "
+        "-0.5, not above 0",
+        "model: cost 'T_high': insufficient evidence (0 cost events held out, 10 needed)",
+    ]
+    candidates = [
+        _candidate("BC, seed 0", -30.0, -50.0),
+        _candidate("IQL, seed 0", -10.0, -20.0),
+        _candidate("IQL, seed 1", -12.0, -22.0, reasons=kept[:1]),
+        _candidate("CQL, seed 0", -11.0, -21.0, reasons=kept),
+        _candidate("CQL, seed 1", -31.0, -51.0, reasons=kept),  # truly worse: not counted
+    ]
     fidelity = {"horizon": 10, "steps": {"1": {"relative_rmse": 0.1, "coverage": 0.9}}}
     row = {
         "dataset": "CSTR-v0:medium",
@@ -130,7 +142,10 @@ def test_the_page_says_which_targets_were_met_and_what_the_verdict_did():
     text = verdict_study.page(config, results)
     assert "| model | 0.00 (met) | 0.00 (met) | 1.00 (met) |" in text
     assert "on **0** of 1 datasets (target 0: met)" in text
-    assert "IQL, seed 0: -10 (-29)" in text and "1 of 2 (within limits)" in text
+    assert "IQL, seed 0: -10 (-29)" in text and "1 of 5 (within limits)" in text
+    # Two truly better candidates kept: both by model+fqe's bound, one also by too few cost
+    # events; the model alone would have let one of them through.
+    assert "| CSTR-v0:medium | 2 | 0 | 2 | 0 | 1 | 0 | 1 |" in text
 
 
 def test_the_summary_counts_a_recommendation_worse_than_the_operators():
