@@ -429,7 +429,10 @@ def _reason_kind(reason: str) -> str:
     estimator, _, rest = reason.partition(": ")
     if rest.startswith("cost "):
         return "cost evidence" if "insufficient evidence" in rest else "cost limit"
-    return f"{estimator} bound"
+    kind = f"{estimator} bound"
+    if not rest.startswith("the lower") or kind not in KEPT_BY:
+        raise ValueError(f"a reason of the verdict this page does not know: {reason!r}")
+    return kind
 
 
 def _kept_section(rows: list[dict[str, Any]]) -> list[str]:

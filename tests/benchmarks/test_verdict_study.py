@@ -146,6 +146,8 @@ def test_the_page_says_which_targets_were_met_and_what_the_verdict_did():
     # Two truly better candidates kept: both by model+fqe's bound, one also by too few cost
     # events; the model alone would have let one of them through.
     assert "| CSTR-v0:medium | 2 | 0 | 2 | 0 | 1 | 0 | 1 |" in text
+    with pytest.raises(ValueError, match="does not know"):
+        verdict_study._reason_kind("fqe: something the verdict never said")
 
 
 def test_the_summary_counts_a_recommendation_worse_than_the_operators():
