@@ -357,12 +357,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         "verdict": outcome,
         "statement": merged.statement,
         "truly_better_than_behaviour": int(better.sum()),
-        "truly_better_and_safe": int(
-            sum(
-                bool(b) and (c["true_normalized_cost"] or 0.0) <= 1.0
-                for b, c in zip(better, candidates, strict=True)
-            )
-        ),
+        "truly_better_and_safe": sum(_truly_better(c, behaviour_return) for c in candidates),
     }
 
 
@@ -412,6 +407,14 @@ def _number(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _truly_better(candidate: dict[str, Any], behaviour_return: float) -> bool:
+    """The simulator's truth: above the behaviour's return and within every cost limit."""
+    return bool(
+        candidate["true_return"] > behaviour_return
+        and (candidate["true_normalized_cost"] or 0.0) <= 1.0
+    )
+
+
 #: What kept a candidate out, read from the verdict's reasons (wrappers/training/verdict.py).
 KEPT_BY = {
     "model bound": "model: lower bound <= 0",
@@ -452,13 +455,7 @@ def _kept_section(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for row in rows:
         behaviour = row["behaviour"]["true_return"]
-        kept = [
-            c
-            for c in row["candidates"]
-            if c["true_return"] > behaviour
-            and (c["true_normalized_cost"] or 0.0) <= 1.0
-            and not c["qualifies"]
-        ]
+        kept = [c for c in row["candidates"] if _truly_better(c, behaviour) and not c["qualifies"]]
         kinds = [{_reason_kind(reason) for reason in c["reasons"]} for c in kept]
         counts = [sum(kind in own for own in kinds) for kind in KEPT_BY]
         alone = sum(not own - {"model+fqe bound"} for own in kinds)
