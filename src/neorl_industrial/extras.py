@@ -51,6 +51,7 @@ EXTRAS: dict[str, Extra] = {
             "h11",
             "orjson",
             "pydantic_settings",
+            "zxcvbn",
         ),
     ),
     "track": Extra(
