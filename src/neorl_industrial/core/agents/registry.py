@@ -43,11 +43,14 @@ from neorl_industrial.core.safety.contract import SafetyContract, check_cost_lim
 
 __all__ = [
     "ALGORITHMS",
+    "RANGES",
     "AlgorithmEntry",
     "BCSafeConfig",
     "HyperparameterError",
+    "Range",
     "algorithm_entry",
     "build_algorithm",
+    "check_ranges",
     "validate_hyperparameters",
 ]
 
@@ -261,7 +264,118 @@ def validate_hyperparameters(
         # A NaN learning rate or α trains silently into NaN parameters; no algorithm
         # reads infinity as a setting either.
         raise HyperparameterError(f"{found[0]}: expected a finite number, got {found[1]}")
+    check_ranges(dataclasses.asdict(config), "algorithm.hyperparameters")
     return config
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric hyperparameter may take: ``low`` to ``high``, each end
+    included unless ``open_low``/``open_high``; ``what`` names the kind of setting."""
+
+    low: float
+    high: float
+    what: str
+    open_low: bool = False
+    open_high: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = value > self.low if self.open_low else value >= self.low
+        below = value < self.high if self.open_high else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        return (
+            f"{'(' if self.open_low else '['}{self.low:g}, {self.high:g}"
+            f"{')' if self.open_high else ']'}"
+        )
+
+
+_RATE = Range(0.0, 1.0, "a learning rate", open_low=True)
+_SHARE = Range(0.0, 1.0, "a share", open_low=True)
+_GAIN = Range(0.0, 1000.0, "a gain")
+#: The sane range of every numeric hyperparameter, by its name in any algorithm's config
+#: (nested ones by their own name: ``pid.kp`` is ``kp``). A finite value far outside
+#: these trains nothing (a learning rate of 1e308 turns every parameter into NaN in one
+#: step; a 1e6 inverse temperature overflows IQL's weights), so it is refused before
+#: anything is traced. Names not listed are held to ``_ANY``.
+RANGES: dict[str, Range] = {
+    **dict.fromkeys(
+        (
+            "learning_rate",
+            "actor_lr",
+            "critic_lr",
+            "value_lr",
+            "alpha_lr",
+            "alpha_prime_lr",
+            "cost_critic_lr",
+            "lr",
+        ),
+        _RATE,
+    ),
+    "tau": Range(0.0, 1.0, "a target-network rate", open_low=True),
+    "discount": Range(0.0, 1.0, "a discount", open_low=True),
+    "gamma": Range(0.0, 1.0, "a discount", open_low=True),
+    "expectile": Range(0.0, 1.0, "an expectile", open_low=True, open_high=True),
+    "cost_expectile": Range(0.0, 1.0, "an expectile", open_low=True, open_high=True),
+    "cvar_level": _SHARE,
+    "real_ratio": Range(0.0, 1.0, "a share"),
+    "alpha": Range(0.0, 1000.0, "TD3+BC's alpha", open_low=True),
+    "beta": Range(0.0, 1000.0, "IQL's inverse temperature", open_low=True),
+    "max_exp_advantage": Range(0.0, 1e4, "a weight clip", open_low=True),
+    "cql_alpha": Range(0.0, 1000.0, "CQL's penalty weight"),
+    "temperature": Range(0.0, 100.0, "a temperature", open_low=True),
+    "target_action_gap": Range(0.0, 1e4, "CQL's target gap"),
+    "penalty_coef": Range(0.0, 1000.0, "MOPO's lambda"),
+    "policy_noise": Range(0.0, 2.0, "a noise scale in the policy's [-1, 1]"),
+    "noise_clip": Range(0.0, 2.0, "a noise clip in the policy's [-1, 1]"),
+    "kappa": Range(0.0, 100.0, "a Huber threshold", open_low=True),
+    "wang_eta": Range(-10.0, 10.0, "a distortion"),
+    "kp": _GAIN,
+    "ki": _GAIN,
+    "kd": _GAIN,
+    "max_multiplier": Range(0.0, 1e6, "a multiplier bound", open_low=True),
+    "initial": Range(0.0, 1e6, "a multiplier"),
+    "initial_alpha": Range(0.0, 1000.0, "an entropy weight", open_low=True),
+    "reward_scale": Range(0.0, 1e6, "a reward scale", open_low=True),
+    "cost_floor": Range(0.0, 1e6, "a cost floor"),
+    "max_grad_norm": Range(0.0, 1e6, "a gradient norm", open_low=True),
+    "policy_freq": Range(1, 100, "updates per actor update"),
+    "n_quantiles": Range(1, 1024, "a number of quantiles"),
+    "n_policy_quantiles": Range(1, 1024, "a number of quantiles"),
+    "embedding_size": Range(1, 4096, "a width"),
+    "n_actions": Range(1, 1000, "sampled actions"),
+    "n_critics": Range(1, 100, "critics"),
+    "rollout_horizon": Range(1, 1000, "model steps"),
+    "rollout_starts": Range(1, 1e6, "rollouts per update"),
+    "buffer_size": Range(1, 1e8, "transitions"),
+    "episode_length": Range(1, 1e8, "steps"),
+    "bc_steps": Range(0, 1e9, "updates"),
+}
+#: Any other number (a reward shift, a target entropy): finite and of a plant's magnitude.
+_ANY = Range(-1e6, 1e6, "a setting")
+#: Data, not settings: the observation statistics come from the data, the cost limits
+#: from the safety contract (checked where it is resolved).
+_UNRANGED = ("obs_mean", "obs_std", "cost_limits", "hidden")
+
+
+def check_ranges(values: Mapping[str, Any], where: str) -> None:
+    """Raises :class:`HyperparameterError` naming the first number of ``values`` (a
+    config as a dict, nested) outside its :data:`RANGES` entry, with the allowed range."""
+    for name, value in values.items():
+        location = f"{where}.{name}"
+        if name in _UNRANGED:
+            continue
+        if isinstance(value, Mapping):
+            check_ranges(value, location)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        allowed = RANGES.get(name, _ANY)
+        if not allowed.holds(value):
+            raise HyperparameterError(
+                f"{location}: expected {allowed.what} in {allowed}, got {value:g}"
+            )
 
 
 def build_algorithm(

@@ -74,6 +74,9 @@ CONTRACT_FIELDS = ("cost_limits", "cost_names", "cost_relabel", "limit_sources")
 DEFAULT_ENV = "IB-v0"
 #: A plan's evaluation when none is given: the configuration's defaults.
 DEFAULT_EVALUATION = EvaluationSection()
+#: The largest batch an update may draw: offline RL trains on a few hundred transitions
+#: at a time, and a batch of billions is a typo that would exhaust memory mid-run.
+MAX_BATCH_SIZE = 65_536
 
 
 class PlanError(ValueError):
@@ -177,6 +180,14 @@ class RunPlan:
     run_dir: Path | None = None
     checkpoint_dir: Path | None = None
     config: RunConfig | None = None
+
+    def __post_init__(self) -> None:
+        batch_size = self.training.batch_size
+        if not 1 <= batch_size <= MAX_BATCH_SIZE:
+            raise PlanError(
+                f"training.batch_size: expected 1 to {MAX_BATCH_SIZE:,} transitions per "
+                f"update, got {batch_size:,}"
+            )
 
     @classmethod
     def create(
