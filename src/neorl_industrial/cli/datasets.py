@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import time
 from pathlib import Path
 
@@ -38,9 +40,36 @@ def command_datasets_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_readable(path: str, schema: str | None) -> None:
+    """Refuses at once a dataset that is neither a regular file nor a directory, and a
+    schema that is not a regular file: reading a FIFO or a device would block (or never
+    end) instead of failing."""
+    from neorl_industrial.integration.datasets import DatasetFormatError
+    from neorl_industrial.integration.datasets.plant_schema import (
+        file_kind,
+        require_regular_file,
+    )
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DatasetFormatError("no such dataset file or directory", path=path) from None
+    except OSError as error:
+        raise DatasetFormatError(f"cannot read the dataset: {error.strerror}", path=path) from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise DatasetFormatError(
+            f"a {file_kind(mode)}, not a regular file or directory; a dataset is read from one "
+            "(nothing was read)",
+            path=path,
+        )
+    if schema is not None:
+        require_regular_file(schema, "plant-log schema")
+
+
 def command_datasets_inspect(args: argparse.Namespace) -> int:
     from neorl_industrial.integration.datasets import inspect_dataset
 
+    _require_readable(args.path, args.schema)
     summary = inspect_dataset(args.path, schema=args.schema)
     table = Table(title=str(args.path), show_header=False)
     for name, value in _flatten(summary):
@@ -52,6 +81,7 @@ def command_datasets_inspect(args: argparse.Namespace) -> int:
 def command_datasets_import(args: argparse.Namespace) -> int:
     from neorl_industrial.integration.datasets import load_any, save_native
 
+    _require_readable(args.path, args.schema)
     console = make_console()
     _clear_stale_staging(Path(args.out).parent, console)
     dataset, card = load_any(args.path, schema=args.schema, missing=args.missing)

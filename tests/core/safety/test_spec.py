@@ -46,7 +46,7 @@ def test_default_names_when_the_environment_gives_none():
     [
         ("action_bounds: {velocity: [1, -1]}", "action_bounds.velocity: low 1.0 is above high"),
         ("action_bounds: {velocity: [1, 2, 3]}", "action_bounds.velocity: expected [low, high]"),
-        ("rate_limits: {gain: -0.5}", "rate_limits.gain: must be a finite number >= 0"),
+        ("rate_limits: {gain: -0.5}", "rate_limits.gain: must be a finite number in [0, 1e"),
         (
             "rate_limit: {gain: 0.5}",
             "rate_limit: unknown field 'rate_limit'; did you mean 'rate_limits'",

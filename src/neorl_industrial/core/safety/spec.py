@@ -37,6 +37,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from neorl_industrial.core.safety.constraints import DEFAULT_PRIORITY, CompiledConstraints
 from neorl_industrial.core.safety.controllers import get_safe_controller
+from neorl_industrial.core.utils.limits import (
+    MAX_MAGNITUDE,
+    check_coefficient,
+    check_magnitude,
+    check_text,
+)
 from neorl_industrial.core.utils.messages import quote, validation_lines
 
 __all__ = [
@@ -64,9 +70,14 @@ class _Model(BaseModel):
 
 
 def _finite(value: float, what: str) -> float:
+    """``value`` if finite and within ±1e12: a limit that float32 (the shield's) turns
+    into infinity, or a difference of two into NaN, would switch its rule off."""
     if not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number, got {value}")
-    return value
+        raise ValueError(
+            f"{what} must be a finite number in [{-MAX_MAGNITUDE:g}, {MAX_MAGNITUDE:g}], "
+            f"got {value}"
+        )
+    return check_magnitude(value, what)
 
 
 class ActionBound(_Model):
@@ -126,8 +137,10 @@ class RateLimit(_Model):
 
     @model_validator(mode="after")
     def _non_negative(self) -> RateLimit:
-        if not (math.isfinite(self.max_change) and self.max_change >= 0.0):
-            raise ValueError(f"must be a finite number >= 0, got {self.max_change}")
+        if not (math.isfinite(self.max_change) and 0.0 <= self.max_change <= MAX_MAGNITUDE):
+            raise ValueError(
+                f"must be a finite number in [0, {MAX_MAGNITUDE:g}], got {self.max_change}"
+            )
         return self
 
 
@@ -167,7 +180,8 @@ class LinearConstraint(_Model):
         _finite(self.bound, "bound")
         for part in (self.observation, self.action):
             for key, value in part.items():
-                _finite(value, f"coefficient of {key!r}")
+                _finite(value, f"coefficient of {quote(key)}")
+                check_coefficient(value, f"coefficient of {quote(key)}")
         if not any(value != 0.0 for value in self.action.values()):
             raise ValueError("'action' needs at least one non-zero coefficient")
         return self
@@ -212,6 +226,7 @@ class CostSpec(_Model):
             raise ValueError("give exactly one of 'above' or 'below'")
         _finite(self.threshold, "the threshold")
         _finite(self.cost_limit, "cost_limit")
+        check_text(self.name, "name")
         return self
 
     @property
@@ -241,6 +256,9 @@ class ConstraintSpec(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> ConstraintSpec:
         names = [item.name for item in (*self.state_limits, *self.linear)]
+        for name in names:
+            # Names are printed in reports, logs and audit records.
+            check_text(name, f"constraint name {quote(name)}")
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"constraint names must be unique; repeated: {duplicates}")
@@ -261,7 +279,8 @@ class ConstraintSpec(_Model):
         try:
             return cls.model_validate(dict(data))
         except ValidationError as error:
-            raise ConstraintSpecError("\n".join(validation_lines(error, cls, source))) from None
+            # One line however many errors: what a log line and the CLI's refusal hold.
+            raise ConstraintSpecError("; ".join(validation_lines(error, cls, source))) from None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data that :meth:`from_dict` turns back into this spec."""

@@ -41,12 +41,19 @@ from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.integration.datasets.card import ColumnInfo, DatasetCard
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
 from neorl_industrial.integration.datasets.expressions import Expression
-from neorl_industrial.integration.datasets.plant_schema import PlantLogSchema, load_plant_schema
+from neorl_industrial.integration.datasets.plant_schema import (
+    PlantLogSchema,
+    load_plant_schema,
+    require_regular_file,
+)
 
 _MISSING_HINT = (
     "to drop such rows instead, set 'missing: drop' (or 'missing: split', which also starts "
     "a new episode there) in the schema, or import with --missing drop|split"
 )
+# Nanoseconds since 1970 in 64 bits: about 292 years either side.
+_MAX_EPOCH_SECONDS = 9.2e9
+_TIME_RANGE = "1678-01-01 to 2261-12-31, what nanoseconds since 1970 in 64 bits hold"
 _ENCODING_HINT = "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 in.csv > out.csv)"
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -88,6 +95,7 @@ def load_plant_log(
             or naming the schema file and field of a schema error.
     """
     table_path, schema_path = Path(table_path), Path(schema_path)
+    require_regular_file(table_path, "plant log")
     schema = load_plant_schema(schema_path)
     if missing is not None:
         if missing not in ("error", "drop", "split"):
@@ -569,6 +577,16 @@ def _nanoseconds(stamps: pa.ChunkedArray, column: str, path: Path) -> np.ndarray
             raise DatasetFormatError(
                 f"{seconds[row]} is not finite", path=path, column=column, row=row
             )
+        outside = np.abs(seconds) > _MAX_EPOCH_SECONDS
+        if outside.any():
+            row = int(np.argmax(outside))
+            raise DatasetFormatError(
+                f"{seconds[row]} s is outside the allowed range [-{_MAX_EPOCH_SECONDS:g}, "
+                f"{_MAX_EPOCH_SECONDS:g}] s ({_TIME_RANGE})",
+                path=path,
+                column=column,
+                row=row,
+            )
         return np.round(seconds * 1e9).astype(np.int64)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         stamps = _parse_iso(stamps, column, path)
@@ -579,7 +597,28 @@ def _nanoseconds(stamps: pa.ChunkedArray, column: str, path: Path) -> np.ndarray
             f"holds {kind}; expected ISO timestamps or numeric seconds", path=path, column=column
         )
     tz = stamps.type.tz
-    return pc.cast(pc.cast(stamps, pa.timestamp("ns", tz=tz)), pa.int64()).to_numpy()
+    try:
+        nanoseconds = pc.cast(stamps, pa.timestamp("ns", tz=tz))
+    except pa.ArrowInvalid:
+        raise _out_of_range(stamps, column, path) from None
+    return pc.cast(nanoseconds, pa.int64()).to_numpy()
+
+
+def _out_of_range(stamps: pa.ChunkedArray, column: str, path: Path) -> DatasetFormatError:
+    """The error naming the first timestamp (of a coarser unit than ns) that nanoseconds
+    since 1970 in 64 bits cannot hold."""
+    unit = stamps.type.unit
+    per_second = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[unit]
+    counts = pc.cast(stamps, pa.int64()).to_numpy(zero_copy_only=False)
+    limit = _MAX_EPOCH_SECONDS * per_second
+    outside = np.abs(counts.astype(np.float64)) > limit
+    row = int(np.argmax(outside)) if outside.any() else 0
+    return DatasetFormatError(
+        f"timestamp {shorten(str(stamps[row]))} is outside the allowed range ({_TIME_RANGE})",
+        path=path,
+        column=column,
+        row=row,
+    )
 
 
 def _parse_iso(stamps: pa.ChunkedArray, column: str, path: Path) -> pa.ChunkedArray:
@@ -588,6 +627,13 @@ def _parse_iso(stamps: pa.ChunkedArray, column: str, path: Path) -> pa.ChunkedAr
             return pc.cast(stamps, target)
         except pa.ArrowInvalid:
             continue
+    for target in (pa.timestamp("s"), pa.timestamp("s", tz="UTC")):
+        # Dates nanoseconds cannot hold (year 9999, year 1) parse in seconds: name them.
+        try:
+            wide = pc.cast(stamps, target)
+        except pa.ArrowInvalid:
+            continue
+        raise _out_of_range(wide, column, path)
     # Error path only: find the first row neither form parses, to name it.
     naive, aware = pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")
     expects_zone = _parses(stamps[0], aware)

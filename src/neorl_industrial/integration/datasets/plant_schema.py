@@ -19,6 +19,11 @@ Example::
       - {name: overheating, expression: max(temperature - 420, 0), limit: 5.0}
       - {name: alarm}           # the column 'alarm' itself; no episode limit
 
+Every number has a sane range, so that no schema can switch a check off:
+``sampling_period`` is 1 µs to one week, ``gap_factor`` 1 to 100, bounds and limits are
+within ±1e12 (an observation's ``physical`` side may be ``.inf``: open), and names and
+units are printable text (no escape codes or newlines).
+
 An observation's ``physical`` range is what its sensor can read: a value outside it is
 an invalid reading (refused, or dropped with ``missing: drop|split``, on import; the
 shield's fallback at run time). ``bounds`` on an observation is the older name of the
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,23 +44,38 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PositiveFloat,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from neorl_industrial.core.utils.limits import (
+    MAX_MAGNITUDE,
+    check_seconds,
+    check_text,
+)
 from neorl_industrial.core.utils.messages import validation_lines
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
 from neorl_industrial.wrappers.hostio import YamlError, read_yaml
 
+#: The shortest and longest sampling period (seconds) and the largest gap factor.
+MIN_SAMPLING_PERIOD = 1e-6
+MAX_GAP_FACTOR = 100.0
+
 
 def _range(bounds: tuple[float, float] | None) -> tuple[float, float] | None:
-    """``[low, high]`` with ``low <= high``, neither NaN (``±.inf``: open on that side)."""
+    """``[low, high]`` with ``low <= high``, neither NaN, each side within ±1e12 or
+    ``±.inf`` (open on that side)."""
     if bounds is None:
         return None
     if any(math.isnan(value) for value in bounds):
         raise ValueError(f"{list(bounds)} has NaN; write .inf or -.inf for an open side")
+    for value in bounds:
+        if math.isfinite(value) and abs(value) > MAX_MAGNITUDE:
+            raise ValueError(
+                f"{value} is outside the allowed range [{-MAX_MAGNITUDE:g}, {MAX_MAGNITUDE:g}]; "
+                "write .inf or -.inf for an open side, or state the column in a larger unit"
+            )
     if not bounds[0] <= bounds[1]:
         raise ValueError(f"low {bounds[0]} must not exceed high {bounds[1]}")
     return bounds
@@ -78,6 +99,11 @@ class ColumnSpec(BaseModel):
     @classmethod
     def _bare_name(cls, data: Any) -> Any:
         return {"column": data} if isinstance(data, str) else data
+
+    @field_validator("column", "unit")
+    @classmethod
+    def _printable(cls, text: str | None) -> str | None:
+        return None if text is None else check_text(text, "")
 
     @field_validator("physical", "bounds")
     @classmethod
@@ -107,11 +133,19 @@ class ActionColumnSpec(BaseModel):
     unit: str | None = None
     bounds: tuple[float, float]
 
+    @field_validator("column", "unit")
+    @classmethod
+    def _printable(cls, text: str | None) -> str | None:
+        return None if text is None else check_text(text, "")
+
     @field_validator("bounds")
     @classmethod
     def _finite(cls, bounds: tuple[float, float]) -> tuple[float, float]:
-        if not all(math.isfinite(value) for value in bounds):
-            raise ValueError(f"{list(bounds)}: an action's bounds must be finite numbers")
+        if not all(math.isfinite(value) and abs(value) <= MAX_MAGNITUDE for value in bounds):
+            raise ValueError(
+                f"{list(bounds)}: an action's bounds must be finite numbers within "
+                f"[{-MAX_MAGNITUDE:g}, {MAX_MAGNITUDE:g}]"
+            )
         return _range(bounds)  # type: ignore[return-value]
 
 
@@ -126,12 +160,18 @@ class CostSpec(BaseModel):
         None, description="episode cost limit; leave it out for a channel without one"
     )
 
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, name: str) -> str:
+        return check_text(name, "")
+
     @field_validator("limit")
     @classmethod
     def _finite(cls, limit: float | None) -> float | None:
-        if limit is not None and not (math.isfinite(limit) and limit >= 0.0):
+        if limit is not None and not (math.isfinite(limit) and 0.0 <= limit <= MAX_MAGNITUDE):
             raise ValueError(
-                f"must be a finite number >= 0, got {limit}; for no limit, leave 'limit' out"
+                f"must be a finite number in [0, {MAX_MAGNITUDE:g}], got {limit}; for no limit, "
+                "leave 'limit' out"
             )
         return limit
 
@@ -149,8 +189,8 @@ class PlantLogSchema(BaseModel):
     description: str | None = None
     env_id: str | None = None
     timestamp: str = Field(min_length=1)
-    sampling_period: PositiveFloat = Field(description="seconds between consecutive rows")
-    gap_factor: float = Field(1.5, ge=1.0)
+    sampling_period: float = Field(description="seconds between consecutive rows")
+    gap_factor: float = Field(1.5, description="a gap > gap_factor x sampling_period splits")
     missing: Literal["error", "drop", "split"] = Field(
         "error",
         description="a row with a missing (empty, NA, NaN) or infinite value in a column "
@@ -168,6 +208,31 @@ class PlantLogSchema(BaseModel):
         description="evaluate reward and costs of transition t on row t, or on row t + 1",
     )
     costs: list[CostSpec] = Field(default_factory=list)
+
+    @field_validator("sampling_period")
+    @classmethod
+    def _period(cls, seconds: float) -> float:
+        return check_seconds(seconds, "", low=MIN_SAMPLING_PERIOD, open_low=False)
+
+    @field_validator("gap_factor")
+    @classmethod
+    def _gap(cls, factor: float) -> float:
+        if not (math.isfinite(factor) and 1.0 <= factor <= MAX_GAP_FACTOR):
+            raise ValueError(
+                f"{factor} is outside the allowed range [1, {MAX_GAP_FACTOR:g}] (a gap longer "
+                "than gap_factor x sampling_period starts a new episode)"
+            )
+        return factor
+
+    @field_validator("name", "env_id", "timestamp", "episode", "terminal")
+    @classmethod
+    def _printable(cls, text: str | None) -> str | None:
+        return None if text is None else check_text(text, "")
+
+    @field_validator("description")
+    @classmethod
+    def _printable_lines(cls, text: str | None) -> str | None:
+        return None if text is None else check_text(text, "", max_length=10_000, allow="\n")
 
     @field_validator("reward", mode="before")
     @classmethod
@@ -197,6 +262,7 @@ def load_plant_schema(path: str | os.PathLike[str]) -> PlantLogSchema:
             line for a syntax error, an anchor or alias, or a document over 1 MiB.
     """
     path = Path(path)
+    require_regular_file(path, "plant-log schema")
     try:
         # No anchors or aliases, at most 1 MiB: a schema is untrusted input.
         document = read_yaml(path, what="plant-log schema")
@@ -209,6 +275,41 @@ def load_plant_schema(path: str | os.PathLike[str]) -> PlantLogSchema:
     try:
         return PlantLogSchema.model_validate(document)
     except ValidationError as error:
-        # One line per error, "field.path: message", a "did you mean" for a misspelled key.
-        details = "\n".join(validation_lines(error, PlantLogSchema, ""))
-        raise DatasetFormatError(f"invalid plant-log schema\n{details}", path=path) from None
+        # One line: "field.path: message" per error, a "did you mean" for a misspelled key.
+        details = "; ".join(validation_lines(error, PlantLogSchema, ""))
+        raise DatasetFormatError(f"invalid plant-log schema: {details}", path=path) from None
+
+
+def require_regular_file(path: str | os.PathLike[str], what: str) -> None:
+    """Refuses, before anything opens it, a path that is not a regular file: a FIFO would
+    block the reader forever, a device could be endless.
+
+    Raises:
+        DatasetFormatError: naming the path and what it is.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DatasetFormatError(f"cannot read the {what}: no such file", path=path) from None
+    except OSError as error:
+        raise DatasetFormatError(f"cannot read the {what}: {error.strerror}", path=path) from None
+    if not stat.S_ISREG(mode):
+        raise DatasetFormatError(
+            f"a {file_kind(mode)}, not a regular file; a {what} is read from a regular file "
+            "(nothing was read)",
+            path=path,
+        )
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` names, in words (``FIFO``, ``directory``, ...)."""
+    for test, name in (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return name
+    return "special file"

@@ -24,6 +24,7 @@ from neorl_industrial.core.agents.registry import (
     algorithm_entry,
     validate_hyperparameters,
 )
+from neorl_industrial.core.utils.limits import MAX_MAGNITUDE
 from neorl_industrial.wrappers.hostio import YamlError, load_yaml_text, read_yaml
 
 __all__ = [
@@ -216,6 +217,19 @@ class SafetySection(_Section):
     #: place when the run is resolved.
     cost_limits: list[float] | None = None
 
+    @field_validator("cost_limits")
+    @classmethod
+    def _sane_limits(cls, limits: list[float] | None) -> list[float] | None:
+        # 1e308 is finite in Python but infinite in float32, where the limit is enforced:
+        # a limit that large would switch the cost constraint off.
+        for index, limit in enumerate(limits or []):
+            if not 0.0 <= limit <= MAX_MAGNITUDE:
+                raise ValueError(
+                    f"[{index}]: {limit} is outside the allowed range [0, {MAX_MAGNITUDE:g}] "
+                    "(an episode cost limit)"
+                )
+        return limits
+
 
 class ExportSection(_Section):
     """The exported policy, signed by default (servers and the registry's promotion
@@ -255,7 +269,7 @@ class TrackingSection(_Section):
     promote: bool = False
     #: Seconds to wait at the end for calls a slow server has not taken yet; what is
     #: left is written to a spool file for ``neorl-industrial mlflow replay``.
-    flush_timeout: float = Field(default=60.0, ge=0)
+    flush_timeout: float = Field(default=60.0, ge=0, le=86_400)
 
 
 #: The keys a sweep's grid may name: the algorithm's hyperparameters (traced in one
@@ -488,7 +502,7 @@ def _describe(error: pydantic.ValidationError, source: str) -> str:
             lines.append(f"{source}: {message}")  # the message names its own field
         else:
             lines.append(f"{source}: {location or '(top level)'}: {message}")
-    return "\n".join(lines)
+    return "; ".join(lines)  # one line, however many errors
 
 
 def _suggestion(location: tuple[Any, ...]) -> str:
