@@ -19,6 +19,7 @@ the best by the safety-aware criterion; ``predict`` uses the best run's policy.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
@@ -90,8 +91,17 @@ from neorl_industrial.wrappers.training.plan import (
     saved_contract,
 )
 from neorl_industrial.wrappers.training.record import dataset_record
+from neorl_industrial.wrappers.training.selection import (
+    PolicyHealth,
+    best_evaluated_run,
+    health_observations,
+    policy_health,
+    verdict_ranking,
+)
 from neorl_industrial.wrappers.training.sweep_table import (
+    candidate_id,
     configuration_name,
+    parse_candidate,
     sweep_table,
     with_values,
 )
@@ -110,6 +120,8 @@ __all__ = ["DEFAULT_ENV", "Agent", "AgentError", "OPESettings", "load_constraint
 FORMAT = "neorl-industrial-agent/1"
 MANIFEST = "agent.json"
 POLICIES = "policies.msgpack"
+#: A saved sweep's policies of every configuration × seed, one file per program.
+CANDIDATE_FILE = "candidates-{}.msgpack"
 #: ``sweep``'s keyword settings (``fit`` takes all of ``KEYWORDS``): the ones a sweep's
 #: end-of-training evaluation and its one program use.
 SWEEP_KEYWORDS = (
@@ -131,6 +143,64 @@ FIT_KEYWORDS = (*KEYWORDS, *PLAN_KEYWORDS)
 
 class AgentError(PlanError):
     """An agent that cannot do what was asked: names the argument, file or field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepProgram:
+    """One program of a sweep: its configurations (positions in the grid) and their
+    policies, stacked configuration-major with the seeds inner."""
+
+    configurations: tuple[int, ...]
+    policies: Any
+
+
+@dataclasses.dataclass
+class SweepCandidates:
+    """Every policy a sweep trained (each configuration × seed), kept so that any of
+    them can be judged and exported later (``Agent.candidate``).
+
+    Attributes:
+        fields, points: the swept hyperparameters and each configuration's values.
+        seeds: every configuration's seeds.
+        hyperparameters: what every configuration starts from (observation statistics
+            included); a configuration's own are these with its values set.
+        programs: the policies, one stack per program (None until read from disk).
+        files: where a saved agent keeps each program's stack.
+    """
+
+    fields: list[str]
+    points: list[dict[str, Any]]
+    seeds: list[int]
+    hyperparameters: dict[str, Any]
+    programs: list[SweepProgram | None]
+    files: list[Path] = dataclasses.field(default_factory=list)
+    configurations: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.configurations:
+            self.configurations = [p.configurations for p in self.programs if p is not None]
+
+    def record(self) -> dict[str, Any]:
+        """What the saved agent's manifest holds of it (the policies go to their files)."""
+        return {
+            "fields": self.fields,
+            "points": to_json_data(self.points),
+            "seeds": self.seeds,
+            "hyperparameters": to_json_data(self.hyperparameters),
+            "programs": [
+                {"file": CANDIDATE_FILE.format(number), "configurations": list(configurations)}
+                for number, configurations in enumerate(self.configurations)
+            ],
+        }
+
+
+class CandidateStack(NamedTuple):
+    """Candidates of one algorithm, their policies stacked on a leading axis."""
+
+    names: list[str]
+    policies: Any
+    algorithm: Any  # acts in the policy's [-1, 1]
+    hyperparameters: dict[str, Any]
 
 
 class _Prepared(NamedTuple):
@@ -233,6 +303,8 @@ class Agent:
         self.run_config: RunConfig | None = None
         self._decide: Any = None
         self._simulator: tuple[Any, Any] | None = None
+        #: A sweep's every configuration × seed policy (None for a training run's agent).
+        self._sweep: SweepCandidates | None = None
         # Checked (and built, to act) at once: the one call into the core's registry.
         self._build(self.hyperparameters)
 
@@ -645,11 +717,20 @@ class Agent:
                 raise AgentError(str(error)) from None
             raise
         self.result = result
+        self._sweep = None
         self.policies = result.best_policies
         self.seeds = list(trainer.seeds)
-        self.selected = result.best_run
         # The observation statistics are part of the trained agent's configuration.
         self.hyperparameters = hyperparameters
+        names = [f"seed {seed}" for seed in self.seeds]
+        health = self._health(
+            self.policies,
+            heldout if heldout is not None else self.training_data(plan.split.train),
+            "held-out observations" if heldout is not None else "logged observations",
+        )
+        failed = _failures(health, names)
+        healthy = [run for run in range(len(self.seeds)) if run not in failed]
+        self.selected = best_evaluated_run(result.best, healthy)
         self.training = {
             "updates": int(result.state.updates[0]),
             "seeds": self.seeds,
@@ -659,10 +740,14 @@ class Agent:
             "evaluation": None
             if evaluator is None
             else ("fqe" if evaluator is ope_evaluator else "simulator"),
-            "dataset": dataset_record(dataset, card, data, heldout),
+            "dataset": dataset_record(dataset, card, data, heldout)
+            | {"fingerprint": _fingerprint(dataset)},
             "best": result.best,
             "summary": result.summary,
             "selected_run": self.selected,
+            "selection": {"by": "evaluation" if evaluator is not None else "none"},
+            "health": [row.to_dict() for row in health],
+            "failed_runs": _failed_record(failed, self.seeds),
             "stopped_early": result.stopped_early,
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         }
@@ -672,9 +757,15 @@ class Agent:
                 ope_evaluator, evaluation.episodes, evaluation.seed
             )
         if judge and heldout is not None:
-            self.training["verdict"] = self._judge_runs(
-                heldout, plant_model, ope, verdict, scored=ope_evaluator
+            judged = self._judge_runs(
+                heldout, plant_model, ope, verdict, scored=ope_evaluator, runs=healthy
             ).to_dict()
+            self.training["verdict"] = judged
+            # The verdict's first, not the evaluation's: what is exported is what it judged.
+            first = verdict_ranking(judged)[0]
+            self.selected = healthy[[self._run_name(run) for run in healthy].index(first)]
+            self.training["selected_run"] = self.selected
+            self.training["selection"] = {"by": "verdict", "candidate": first}
         return result
 
     def sweep(
@@ -762,11 +853,19 @@ class Agent:
             )
         points = expand_grid(grid)
         n_seeds = len(groups[0].plan.seeds)
+        seeds = list(groups[0].plan.seeds)
         # Per configuration (the grid's order): its runs' evaluations and its policies.
         metrics: list[Any] = [None] * (len(points) * n_seeds)
         truth: list[Any] = [None] * (len(points) * n_seeds)
-        group_policies: dict[int, tuple[Any, int]] = {}
+        health: list[Any] = [None] * (len(points) * n_seeds)
+        programs: list[SweepProgram] = []
         estimate = "fqe" if prepared.heldout is not None else "simulator"
+        checked = (
+            prepared.heldout
+            if prepared.heldout is not None
+            else self.training_data(plan.split.train)
+        )
+        source = "held-out observations" if prepared.heldout is not None else "logged observations"
         updates_done = 0
         for group in groups:
             # Each group is one program: the values no program can trace are fixed in it.
@@ -794,6 +893,7 @@ class Agent:
                     evaluation.episodes, evaluation.horizon, evaluation.shield, evaluation.seed
                 )
             policies = result.state.agent.policy
+            names = [configuration_name(index, seed) for index in group.indices for seed in seeds]
             if prepared.heldout is not None:
                 # Off policy, as on a plant: with a simulator too when ope.always, which
                 # then says how good the offline choice was.
@@ -802,54 +902,86 @@ class Agent:
                 )
                 own = evaluator(policies, training.updates)
                 simulated = None if simulator is None else simulator(policies, training.updates)
-                if plant_model is not None:
-                    names = [
-                        configuration_name(index, seed)
-                        for index in group.indices
-                        for seed in group.plan.seeds
-                    ]
-                    verdicts.append(
-                        self._verdict(
-                            prepared.heldout,
-                            plant_model,
-                            policies,
-                            names,
-                            prepared.ope,
-                            verdict,
-                            group_hyperparameters,
-                            scored=evaluator,
-                        )
-                    )
             else:
+                evaluator = None
                 own, simulated = simulator(policies, training.updates), None
+            group_health = self._health(policies, checked, source)
+            able = [run for run, row in enumerate(group_health) if row.failure is None]
+            if plant_model is not None and prepared.heldout is not None and able:
+                judged = policies
+                if len(able) != len(names):
+                    rows = jnp.asarray(able)
+                    judged = jax.tree.map(lambda leaf, rows=rows: leaf[rows], policies)
+                verdicts.append(
+                    self._verdict(
+                        prepared.heldout,
+                        plant_model,
+                        judged,
+                        [names[run] for run in able],
+                        prepared.ope,
+                        verdict,
+                        group_hyperparameters,
+                        scored=evaluator if len(able) == len(names) else None,
+                    )
+                )
             for position, index in enumerate(group.indices):
                 runs = slice(position * n_seeds, (position + 1) * n_seeds)
                 target = slice(index * n_seeds, (index + 1) * n_seeds)
                 metrics[target] = own[runs]
+                health[target] = group_health[runs]
                 if simulated is not None:
                     truth[target] = simulated[runs]
-                group_policies[index] = (policies, position * n_seeds)
-        seeds = list(groups[0].plan.seeds)
+            programs.append(
+                SweepProgram(configurations=tuple(group.indices), policies=jax.device_get(policies))
+            )
+        all_names = [
+            configuration_name(index, seed) for index in range(len(points)) for seed in seeds
+        ]
+        failed = _failures(health, all_names)
+        merged = merge_verdicts(verdicts).to_dict() if verdicts else None
         table = sweep_table(
             points,
             metrics,
             seeds,
             truth=truth if estimate == "fqe" and self.task.has_simulator else None,
-            verdict=merge_verdicts(verdicts).to_dict() if verdicts else None,
+            verdict=merged,
             programs=len(groups),
             estimate=estimate,
+            failed=failed,
         )
         chosen = table["selected"]
-        best = table["configurations"][chosen]
+        able_seeds = [
+            number for number in range(n_seeds) if chosen * n_seeds + number not in failed
+        ]
+        selected = max(
+            able_seeds, key=lambda number: selection_key(metrics[chosen * n_seeds + number])
+        )
+        selection: dict[str, Any] = {"by": "evaluation"}
+        if merged is not None:
+            # The verdict's first, not the table's: what is exported is what it judged.
+            first = verdict_ranking(merged)[0]
+            run = all_names.index(first)
+            chosen, selected = divmod(run, n_seeds)
+            table["selected"] = chosen
+            table["reason"] = (
+                f"the verdict ranks {first} first"
+                + (" and recommends it" if merged["recommended"] == first else "")
+                + f" (the evaluation's choice: {table['reason']})"
+            )
+            selection = {"by": "verdict", "candidate": first}
         # The agent becomes the chosen configuration's, as if fitted with it.
         chosen_hyperparameters = with_values(hyperparameters, points[chosen])
         self._build(chosen_hyperparameters)
-        policies, start = group_policies[chosen]
-        self.policies = jax.tree.map(lambda leaf: leaf[start : start + n_seeds], policies)
+        program = next(p for p in programs if chosen in p.configurations)
+        start = program.configurations.index(chosen) * n_seeds
+        self.policies = jax.tree.map(
+            lambda leaf: jnp.asarray(leaf[start : start + n_seeds]), program.policies
+        )
         self.seeds = seeds
-        self.selected = max(range(n_seeds), key=lambda number: selection_key(best["runs"][number]))
+        self.selected = selected
         self.hyperparameters = chosen_hyperparameters
         self.result = None
+        record = dataset_record(dataset, card, data, prepared.heldout)
         self.training = {
             "updates": updates_done,
             "seeds": self.seeds,
@@ -857,11 +989,23 @@ class Agent:
             "reward_scaling": prepared.reward_scaling,
             "reward_scale": prepared.reward_scale.to_dict(),
             "evaluation": estimate,
-            "dataset": dataset_record(dataset, card, data, prepared.heldout),
+            "dataset": record | {"fingerprint": _fingerprint(dataset)},
             "selected_run": self.selected,
+            "selection": selection,
+            "failed_runs": [
+                {"candidate": candidate_id(seeds[run % n_seeds], run // n_seeds), "reason": why}
+                for run, why in sorted(failed.items())
+            ],
             "sweep": table,
             "finished": datetime.now(UTC).isoformat(timespec="seconds"),
         }
+        self._sweep = SweepCandidates(
+            fields=list(grid),
+            points=[dict(point) for point in points],
+            seeds=seeds,
+            hyperparameters=hyperparameters,
+            programs=programs,
+        )
         return table
 
     def _side_by_side(
@@ -916,7 +1060,11 @@ class Agent:
         )
 
     def _ope_evaluator(
-        self, heldout: Dataset, ope: OPESettings, hyperparameters: dict[str, Any]
+        self,
+        heldout: Dataset,
+        ope: OPESettings,
+        hyperparameters: dict[str, Any],
+        algorithm: Any = None,
     ) -> OffPolicyEvaluator:
         if self.scaler is not None:
             heldout = heldout.replace(actions=self.scaler.scale(heldout.actions))
@@ -928,7 +1076,7 @@ class Agent:
             or max(1, round(float(lengths.mean())))
         )
         return OffPolicyEvaluator(
-            self.policy_algorithm,
+            self.policy_algorithm if algorithm is None else algorithm,
             heldout,
             scaler=self.scaler,
             constraints=self.constraints,
@@ -944,6 +1092,164 @@ class Agent:
     def _require_fitted(self, what: str) -> None:
         if not self.fitted:
             raise AgentError(f"{what}: the agent has no policy yet; fit or load it first")
+
+    # ----- candidates ------------------------------------------------------------------
+    @property
+    def candidates(self) -> list[str]:
+        """Every policy this agent holds that can act, by name: ``seed<s>`` for a
+        training run's seeds, ``config<c>-seed<s>`` for a sweep's every configuration ×
+        seed (the failed ones, ``training["failed_runs"]``, are left out)."""
+        failed = self._failed()
+        if self._sweep is None:
+            names = [candidate_id(seed) for seed in self.seeds]
+        else:
+            names = [
+                candidate_id(seed, index)
+                for index in range(len(self._sweep.points))
+                for seed in self._sweep.seeds
+            ]
+        return [name for name in names if name not in failed]
+
+    @property
+    def selected_candidate(self) -> str | None:
+        """The name of the policy :meth:`predict` and :meth:`export` use (None unfitted)."""
+        if not self.fitted:
+            return None
+        selection = self.training.get("selection") or {}
+        if selection.get("by") == "candidate":
+            return str(selection["candidate"])
+        configuration = None
+        if self._sweep is not None:
+            configuration = self.training.get("sweep", {}).get("selected")
+        return candidate_id(self.seeds[self.selected], configuration)
+
+    def _failed(self) -> dict[str, str]:
+        return {row["candidate"]: row["reason"] for row in self.training.get("failed_runs") or ()}
+
+    def candidate(self, name: str) -> Agent:
+        """A copy of this agent that predicts with and exports candidate ``name`` (see
+        :attr:`candidates`; the names a run's own verdict gives, ``run 1 (seed 1)`` and
+        ``configuration 3 (seed 0)``, are taken too): a sweep's other configuration
+        comes with its own hyperparameters and seeds.
+
+        Raises:
+            AgentError: for a name this agent does not hold, or a candidate that failed
+                (its policy cannot act).
+        """
+        self._require_fitted("candidate")
+        key = parse_candidate(name)
+        known = ", ".join(self.candidates)
+        failed = self._failed()
+        if key is None:
+            raise AgentError(f"candidate: {name!r} is not a candidate's name; known: {known}")
+        configuration, seed = key
+        canonical = candidate_id(seed, configuration)
+        if canonical in failed:
+            raise AgentError(
+                f"candidate {canonical}: failed ({failed[canonical]}); a policy that cannot "
+                "act is never exported"
+            )
+        other = copy.copy(self)
+        other.training = dict(self.training)
+        other._decide = None
+        sweep = self._sweep
+        if sweep is None or configuration is None:
+            if sweep is not None or configuration is not None or seed not in self.seeds:
+                raise AgentError(f"candidate: no {canonical!r} in this agent; known: {known}")
+            other.selected = self.seeds.index(seed)
+        else:
+            if not 0 <= configuration < len(sweep.points) or seed not in sweep.seeds:
+                raise AgentError(f"candidate: no {canonical!r} in this agent; known: {known}")
+            hyperparameters = with_values(sweep.hyperparameters, sweep.points[configuration])
+            other._build(hyperparameters)
+            other.hyperparameters = hyperparameters
+            number = next(
+                n for n, inside in enumerate(sweep.configurations) if configuration in inside
+            )
+            start = sweep.configurations[number].index(configuration) * len(sweep.seeds)
+            policies = self._program(number)
+            other.policies = jax.tree.map(
+                lambda leaf: jnp.asarray(leaf[start : start + len(sweep.seeds)]), policies
+            )
+            other.seeds = list(sweep.seeds)
+            other.selected = sweep.seeds.index(seed)
+        other.training["selected_run"] = other.selected
+        other.training["selection"] = {"by": "candidate", "candidate": canonical}
+        return other
+
+    def candidate_stacks(self) -> list[CandidateStack]:
+        """Every candidate that can act, as stacks of one algorithm each (a training
+        run's seeds; each program of a sweep): what a verdict over them evaluates."""
+        self._require_fitted("candidate_stacks")
+        failed = self._failed()
+        sweep = self._sweep
+        if sweep is None:
+            stacks = [
+                CandidateStack(
+                    [candidate_id(seed) for seed in self.seeds],
+                    self.policies,
+                    self.policy_algorithm,
+                    self.hyperparameters,
+                )
+            ]
+        else:
+            stacks = []
+            for number, configurations in enumerate(sweep.configurations):
+                hyperparameters, algorithm = self._configuration(configurations[0])
+                names = [candidate_id(seed, c) for c in configurations for seed in sweep.seeds]
+                stacks.append(
+                    CandidateStack(names, self._program(number), algorithm, hyperparameters)
+                )
+        kept = []
+        for stack in stacks:
+            able = [row for row, name in enumerate(stack.names) if name not in failed]
+            if not able:
+                continue
+            policies = stack.policies
+            if len(able) != len(stack.names):
+                rows = jnp.asarray(able)
+                policies = jax.tree.map(lambda leaf, rows=rows: jnp.asarray(leaf)[rows], policies)
+            kept.append(stack._replace(names=[stack.names[row] for row in able], policies=policies))
+        return kept
+
+    def _configuration(self, index: int) -> tuple[dict[str, Any], Any]:
+        """``(hyperparameters, algorithm)`` of a sweep's configuration ``index``."""
+        sweep = self._sweep
+        assert sweep is not None
+        hyperparameters = with_values(sweep.hyperparameters, sweep.points[index])
+        try:
+            algorithm, _ = build_algorithm(
+                self.entry.name,
+                self.task.observation_size,
+                self.task.num_actions if self.entry.discrete else self.task.action_size,
+                hyperparameters,
+                contract=self.safety,
+            )
+        except (HyperparameterError, ValueError) as error:
+            raise AgentError(f"configuration {index} of the sweep: {error}") from None
+        return hyperparameters, algorithm
+
+    def _program(self, number: int) -> Any:
+        """The stacked policies of a sweep's program ``number`` (read from the saved
+        agent the first time)."""
+        sweep = self._sweep
+        assert sweep is not None
+        program = sweep.programs[number]
+        if program is not None:
+            return program.policies
+        configurations = sweep.configurations[number]
+        _, algorithm = self._configuration(configurations[0])
+        runs = list(range(len(configurations) * len(sweep.seeds)))
+        template = jax.eval_shape(lambda: init_train_states(algorithm, runs).agent.policy)
+        path = sweep.files[number]
+        try:
+            policies = serialization.from_bytes(template, path.read_bytes())
+        except FileNotFoundError:
+            raise AgentError(f"{path}: missing") from None
+        except (ValueError, KeyError, TypeError) as error:
+            raise AgentError(f"{path}: does not match the saved sweep ({error})") from None
+        sweep.programs[number] = SweepProgram(configurations, policies)
+        return policies
 
     # ----- acting ----------------------------------------------------------------------
     def policy(self, run: int | None = None) -> Any:
@@ -1123,6 +1429,36 @@ class Agent:
         self._check_plant_model(plant_model, None, heldout, None)
         return self._judge_runs(heldout, plant_model, ope or OPESettings(), settings)
 
+    @staticmethod
+    def judge_together(
+        agents: Mapping[str, Agent],
+        dataset: Dataset,
+        plant_model: Any,
+        *,
+        card: Any = None,
+        ope: OPESettings | None = None,
+        settings: VerdictSettings | None = None,
+    ) -> Any:
+        """One verdict over every candidate of several runs and sweeps (``{run name:
+        agent}``, e.g. ``Agent.load`` of each run's ``agent/``): every saved seed and
+        every configuration a sweep trained, against the logged operation of the
+        episodes of ``dataset`` none of them trained on; a
+        :class:`~neorl_industrial.wrappers.agents.joint_verdict.JointVerdict` whose
+        ``ranking[0]`` (``"<run>/<candidate>"``) is the one to export
+        (``agents[run].candidate(candidate).export(...)``). See
+        :func:`~neorl_industrial.wrappers.agents.joint_verdict.judge_together`.
+
+        Raises:
+            AgentError: naming the run of another task, safety contract or log.
+        """
+        from neorl_industrial.wrappers.agents.joint_verdict import judge_together
+
+        return judge_together(agents, dataset, plant_model, card=card, ope=ope, settings=settings)
+
+    def _run_name(self, run: int) -> str:
+        """Run ``run`` as the verdict names it."""
+        return f"run {run} (seed {self.seeds[run]})"
+
     def _judge_runs(
         self,
         heldout: Dataset,
@@ -1130,18 +1466,42 @@ class Agent:
         ope: OPESettings,
         settings: VerdictSettings | None,
         scored: OffPolicyEvaluator | None = None,
+        runs: Sequence[int] | None = None,
     ) -> Verdict:
-        """The verdict on every run's policy (see :meth:`_verdict` for ``scored``)."""
-        names = [f"run {run} (seed {seed})" for run, seed in enumerate(self.seeds)]
+        """The verdict on every run's policy (``runs``: those only; see :meth:`_verdict`
+        for ``scored``, reused only when every run is judged)."""
+        runs = list(range(len(self.seeds))) if runs is None else list(runs)
+        policies = self.policies
+        if len(runs) != len(self.seeds):
+            rows = jnp.asarray(runs)
+            policies = jax.tree.map(lambda leaf: leaf[rows], policies)
+            scored = None
         return self._verdict(
             heldout,
             plant_model,
-            self.policies,
-            names,
+            policies,
+            [self._run_name(run) for run in runs],
             ope,
             settings,
             self.hyperparameters,
             scored=scored,
+        )
+
+    def _health(self, policies: Any, data: Dataset, source: str) -> list[PolicyHealth]:
+        """:func:`~neorl_industrial.wrappers.training.selection.policy_health` of
+        ``policies`` on ``data``'s observations (``source`` says which they are; its
+        actions in plant units are the logged ones)."""
+        discrete = self.entry.discrete
+        observations = health_observations(data.transition_observations())
+        actions = health_observations(jnp.asarray(data.actions).reshape(data.n_transitions, -1))
+        return policy_health(
+            self.policy_algorithm.act,
+            policies,
+            observations,
+            logged_actions=None if discrete else actions,
+            source=source,
+            scaler=None if discrete else self.scaler,
+            constraints=None if discrete else self.constraints,
         )
 
     def _verdict(
@@ -1154,10 +1514,15 @@ class Agent:
         settings: VerdictSettings | None,
         hyperparameters: dict[str, Any],
         scored: OffPolicyEvaluator | None = None,
+        algorithm: Any = None,
     ) -> Verdict:
-        """The verdict on ``policies``; ``scored``: an evaluator that has just scored
-        them, whose FQEs are reused when they are the ones the verdict would fit."""
-        evaluator = self._ope_evaluator(self.training_data(heldout), ope, hyperparameters)
+        """The verdict on ``policies`` (of ``algorithm``, default: the agent's);
+        ``scored``: an evaluator that has just scored them, whose FQEs are reused when
+        they are the ones the verdict would fit."""
+        algorithm = self.policy_algorithm if algorithm is None else algorithm
+        evaluator = self._ope_evaluator(
+            self.training_data(heldout), ope, hyperparameters, algorithm
+        )
         settings = settings or VerdictSettings(
             discount=ope.discount,
             fqe_updates=ope.updates,
@@ -1180,7 +1545,7 @@ class Agent:
         )
         try:
             return model_verdict(
-                act=self.policy_algorithm.act,
+                act=algorithm.act,
                 policy_params=policies,
                 names=names,
                 heldout=evaluator.dataset,
@@ -1286,6 +1651,7 @@ class Agent:
             "seeds": self.seeds,
             "selected_run": self.selected,
             "training": to_json_data(self.training),
+            "sweep_candidates": None if self._sweep is None else self._sweep.record(),
         }
 
     def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
@@ -1300,12 +1666,17 @@ class Agent:
         self._require_fitted("save")
         manifest = json.dumps(self.manifest(), indent=2, allow_nan=False)
         policies = serialization.to_bytes(jax.device_get(self.policies))
+        files = {MANIFEST: manifest.encode(), POLICIES: policies}
+        if self._sweep is not None:
+            for number in range(len(self._sweep.configurations)):
+                stack = jax.device_get(self._program(number))
+                files[CANDIDATE_FILE.format(number)] = serialization.to_bytes(stack)
         # Staging directories of saves killed mid-write (an hour old or more) go first.
         remove_stale_staging(Path(path).absolute().parent)
         try:
             return write_directory_atomic(
                 path,
-                {MANIFEST: manifest.encode(), POLICIES: policies},
+                files,
                 marker=MANIFEST,
                 what="a saved agent",
                 overwrite=overwrite,
@@ -1367,6 +1738,18 @@ class Agent:
         agent.policies = jax.tree.map(jnp.asarray, policies)
         agent.selected = int(manifest["selected_run"])
         agent.training = manifest.get("training", {})
+        saved = manifest.get("sweep_candidates")
+        if saved:
+            programs = saved["programs"]
+            agent._sweep = SweepCandidates(
+                fields=list(saved["fields"]),
+                points=[dict(point) for point in saved["points"]],
+                seeds=[int(seed) for seed in saved["seeds"]],
+                hyperparameters=dict(saved["hyperparameters"]),
+                programs=[None] * len(programs),
+                files=[path / program["file"] for program in programs],
+                configurations=[tuple(program["configurations"]) for program in programs],
+            )
         return agent
 
     def export(
@@ -1415,6 +1798,7 @@ class Agent:
                 "env": task.env_id,
                 "task": task.to_dict(limits=False),
                 "seed": self.seeds[self.selected],
+                "candidate": self.selected_candidate,
                 **dict(zip(CONTRACT_FIELDS[:2], contract_record(self.safety)[:2], strict=True)),
                 "training": to_json_data(self.training),
             },
@@ -1422,6 +1806,37 @@ class Agent:
             signing_key=signing_key,
             format=format,
         )
+
+
+def _failures(health: Sequence[PolicyHealth], names: Sequence[str]) -> dict[int, str]:
+    """``{run: why}`` of the runs whose policy cannot act.
+
+    Raises:
+        AgentError: when no run's policy can act, naming the first and how many.
+    """
+    failed = {run: row.failure for run, row in enumerate(health) if row.failure is not None}
+    if failed and len(failed) == len(health):
+        first = min(failed)
+        others = len(failed) - 1
+        raise AgentError(
+            f"training: no policy can act, none is kept: {names[first]}: {failed[first]}"
+            + (f" (and the other {others} runs likewise)" if others else "")
+        )
+    return {run: str(why) for run, why in failed.items()}
+
+
+def _failed_record(failed: Mapping[int, str], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    return [
+        {"candidate": candidate_id(seeds[run]), "reason": why}
+        for run, why in sorted(failed.items())
+    ]
+
+
+def _fingerprint(dataset: Dataset) -> str:
+    """The log's digest (a plant model records the same of the data it was fitted on)."""
+    from neorl_industrial.wrappers.models.plant_model import dataset_fingerprint
+
+    return dataset_fingerprint(dataset)
 
 
 def _entry(algorithm: str) -> Any:

@@ -7,6 +7,7 @@ one won and, when a simulator judges a choice made off policy, how good that cho
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,7 +15,14 @@ import numpy as np
 
 from neorl_industrial.wrappers.training.evaluation import selection_key, summarize_runs
 
-__all__ = ["configuration_name", "offline_choice_quality", "sweep_table", "with_values"]
+__all__ = [
+    "candidate_id",
+    "configuration_name",
+    "offline_choice_quality",
+    "parse_candidate",
+    "sweep_table",
+    "with_values",
+]
 
 
 def sweep_table(
@@ -26,6 +34,7 @@ def sweep_table(
     verdict: dict[str, Any] | None = None,
     programs: int = 1,
     estimate: str = "simulator",
+    failed: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """The table of a sweep of the grid ``points`` (dotted hyperparameter: value), whose
     runs' evaluations ``metrics`` are in the grid's order, ``len(seeds)`` per point:
@@ -33,10 +42,16 @@ def sweep_table(
     "configurations": [{"values", "runs", "summary", "within_limits"}], "selected",
     "reason"}``. ``truth``: the simulator's evaluations of the same runs when ``metrics``
     are off-policy estimates (then ``hindsight`` says how good the choice was).
+    ``failed``: ``{run: why}`` (runs in the same order) of the runs whose policy cannot
+    act: left out of their configuration's summary (``failed_runs``); a configuration
+    all of whose runs failed ranks last and is never chosen.
 
     Raises:
-        ValueError: when ``metrics`` are not one per point and seed.
+        ValueError: when ``metrics`` are not one per point and seed, or every run failed.
     """
+    failed = dict(failed or {})
+    if failed and len(failed) == len(metrics):
+        raise ValueError("failed: every run failed; no configuration can be chosen")
     n_seeds = len(seeds)
     if not points or len(metrics) != len(points) * n_seeds:
         raise ValueError(
@@ -46,19 +61,27 @@ def sweep_table(
     keys = []
     for index, point in enumerate(points):
         own = list(metrics[index * n_seeds : (index + 1) * n_seeds])
-        summary = summarize_runs(own)
+        broken = {
+            seeds[number]: failed[index * n_seeds + number]
+            for number in range(n_seeds)
+            if index * n_seeds + number in failed
+        }
+        able = [run for seed, run in zip(seeds, own, strict=True) if seed not in broken]
+        summary = summarize_runs(able or own)
         mean_metrics = {
             key: value["mean"]
             for key, value in summary.items()
             if isinstance(value, dict) and "mean" in value
         }
-        keys.append(selection_key(mean_metrics))
+        # Below every configuration that has a policy that can act.
+        keys.append(selection_key(mean_metrics) if able else (-1.0, 0.0))
         configurations.append(
             {
                 "values": dict(point),
                 "runs": [{"seed": seed, **run} for seed, run in zip(seeds, own, strict=True)],
                 "summary": summary,
                 "within_limits": keys[-1][0] == 1.0,
+                "failed_runs": {str(seed): why for seed, why in broken.items()},
             }
         )
     chosen = max(range(len(configurations)), key=lambda i: keys[i])
@@ -101,6 +124,35 @@ def sweep_table(
 def configuration_name(index: int, seed: int) -> str:
     """A sweep's run as the verdict names it."""
     return f"configuration {index} (seed {seed})"
+
+
+def candidate_id(seed: int, configuration: int | None = None) -> str:
+    """A saved candidate's name for ``export --candidate`` and the joint verdict:
+    ``seed1`` (a training run's seed), ``config3-seed0`` (a sweep's configuration and
+    seed)."""
+    return f"seed{seed}" if configuration is None else f"config{configuration}-seed{seed}"
+
+
+_CANDIDATE = re.compile(
+    r"^(?:config(?P<config>\d+)-seed(?P<seed>-?\d+)|seed\s*(?P<plain>-?\d+)"
+    r"|run \d+ \(seed (?P<run>-?\d+)\)"
+    r"|configuration (?P<index>\d+) \(seed (?P<indexed>-?\d+)\))$"
+)
+
+
+def parse_candidate(name: str) -> tuple[int | None, int] | None:
+    """``(configuration or None, seed)`` of a candidate's name: its id (``seed1``,
+    ``config3-seed0``) or the name a run's own verdict gives it (``run 1 (seed 1)``,
+    ``configuration 3 (seed 0)``); None for anything else."""
+    match = _CANDIDATE.match(name.strip())
+    if match is None:
+        return None
+    groups = match.groupdict()
+    if groups["config"] is not None:
+        return int(groups["config"]), int(groups["seed"])
+    if groups["index"] is not None:
+        return int(groups["index"]), int(groups["indexed"])
+    return None, int(groups["plain"] if groups["plain"] is not None else groups["run"])
 
 
 def with_values(hyperparameters: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:
