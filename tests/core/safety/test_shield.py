@@ -130,6 +130,8 @@ def feasible_specs(draw):
     linear = []
     for i in range(3):
         coefficients = draw(st.lists(st.floats(-2, 2), min_size=size, max_size=size))
+        # A spec keeps coefficients of 0 or at least 1e-12 in magnitude (float32's range).
+        coefficients = [c if abs(c) >= 1e-12 else 0.0 for c in coefficients]
         if not any(abs(c) > 1e-3 for c in coefficients):
             coefficients[0] = 1.0
         linear.append(

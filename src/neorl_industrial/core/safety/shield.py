@@ -49,6 +49,7 @@ from neorl_industrial.core.safety.constraints import (
     Components,
     _all,
     _rhs,
+    _row_rounding,
     _state_active,
     bounds_box,
     box,
@@ -62,6 +63,7 @@ from neorl_industrial.core.safety.constraints import (
     split,
 )
 from neorl_industrial.core.safety.controllers import get_safe_controller
+from neorl_industrial.core.safety.projection import nearest
 
 __all__ = [
     "FALLBACK",
@@ -193,118 +195,61 @@ def _status(
     return status
 
 
-def _halfspace_in_box(
-    action: Components, normal: Components, rhs: jax.Array, low: Components, high: Components
-) -> Components:
-    """Euclidean projection of ``action`` onto ``{a in [low, high] : normal · a <= rhs}``,
-    on components.
-
-    The projection is ``clip(action - λ normal, low, high)`` for the smallest ``λ >= 0``
-    that meets the half-space. ``g(λ) = normal · clip(...)`` is piecewise linear and
-    non-increasing, with a kink wherever a component reaches a bound, so ``λ`` is found
-    exactly: ``g`` at every kink, the last kink outside and the first inside the
-    half-space, and linear interpolation between them (no sort, no loop). Without a
-    crossing (the half-space misses the box) the box's point nearest to it is returned
-    and the caller's check decides.
-    """
-    n = len(action)
-    a, c, lo, hi = action, normal, low, high
-
-    def point(lam: jax.Array) -> Components:
-        return [jnp.clip(a[i] - lam * c[i], lo[i], hi[i]) for i in range(n)]
-
-    def value(components: Components) -> jax.Array:
-        total = jnp.zeros((), jnp.float32)
-        for i in range(n):
-            total = total + c[i] * components[i]
-        return total
-
-    # A component reaches a bound where ``action - λ normal`` crosses it: two kinks per
-    # component (one when the action starts inside the box), plus λ = 0. Multiplying by
-    # the reciprocal of the (per-constraint) coefficient keeps the per-row work free of
-    # divisions, which XLA would not fuse into the rest.
-    lams = [jnp.zeros((), jnp.float32)]
-    for i in range(n):
-        moves = c[i] != 0.0
-        inverse = 1.0 / jnp.where(moves, c[i], 1.0)
-        for bound in (lo[i], hi[i]):
-            kink = (a[i] - bound) * inverse
-            lams.append(jnp.where(moves & jnp.isfinite(kink) & (kink > 0.0), kink, 0.0))
-    values = [value(point(lam)) for lam in lams]
-
-    inf = jnp.float32(jnp.inf)
-    lam_in, g_in, lam_out, g_out = inf, -inf, -inf, inf
-    last, g_last = lams[0], values[0]
-    any_inside, all_inside = jnp.zeros((), bool), jnp.ones((), bool)
-    for lam, g in zip(lams, values, strict=True):
-        inside = g <= rhs
-        lam_in = jnp.where(inside, jnp.minimum(lam_in, lam), lam_in)
-        g_in = jnp.where(inside, jnp.maximum(g_in, g), g_in)
-        lam_out = jnp.where(inside, lam_out, jnp.maximum(lam_out, lam))
-        g_out = jnp.where(inside, g_out, jnp.minimum(g_out, g))
-        last, g_last = jnp.maximum(last, lam), jnp.minimum(g_last, g)
-        any_inside, all_inside = any_inside | inside, all_inside & inside
-    # Past the last kink only components with an open side keep moving: g falls with
-    # slope -sum(normal_i^2) over them.
-    slope = jnp.zeros((), jnp.float32)
-    for i in range(n):
-        moved = a[i] - last * c[i]
-        free = (moved > lo[i]) & (moved < hi[i]) & (c[i] != 0.0)
-        slope = slope + jnp.where(free, jnp.square(c[i]), 0.0)
-
-    # One division per row: interpolation on the crossing segment, or extrapolation past
-    # the last kink.
-    crossing = any_inside & ~all_inside
-    extend = ~any_inside & (slope > 0.0)
-    start = jnp.where(crossing, lam_out, last)
-    numerator = jnp.where(crossing, (g_out - rhs) * (lam_in - lam_out), g_last - rhs)
-    denominator = jnp.where(crossing, g_out - g_in, slope)
-    step = numerator / jnp.where(denominator > 0.0, denominator, 1.0)
-    step = jnp.where(crossing, jnp.clip(step, 0.0, lam_in - lam_out), step)
-    # A half-space that misses the box: its nearest corner, which the check accepts when
-    # the miss is within the tolerance (a plane through a face of the box, once the
-    # margin's rounding allowance has moved it outwards by a hair).
-    lam = jnp.where(crossing | extend, start + step, jnp.where(any_inside, 0.0, last))
-    # A relative nudge keeps the rounding of the interpolation on the inner side of the
-    # plane; the shield's check catches anything else.
-    lam = jnp.where(lam > 0.0, lam * (1.0 + 1e-6) + 1e-7, lam)
-    return point(lam)
+def _widths(constraints: CompiledConstraints) -> jax.Array:
+    """``[action_size]``: each action's range (the span of its bounds; 1 without two
+    finite bounds): the scale in which the shield measures distances."""
+    low, high = bounds_box(constraints)
+    widths = []
+    for lo, hi in zip(low, high, strict=True):
+        span = jnp.asarray(hi - lo, jnp.float32)
+        widths.append(jnp.where(jnp.isfinite(span) & (span > 0.0), span, 1.0))
+    return jnp.stack(widths)
 
 
-def _project(
+def _nearest(
     constraints: CompiledConstraints,
-    observation: jax.Array,
-    action: Components,
+    start: Components,
     low: Components,
     high: Components,
-    rows: list[int] | None = None,
-    limits: dict[int, jax.Array] | None = None,
-) -> Components:
-    """``action`` projected onto the box and the linear constraints ``rows`` (default:
-    all), each with its right-hand side from ``limits`` (default: the observation's;
-    ``+inf`` leaves a row out)."""
-    rows = list(range(constraints.n_linear)) if rows is None else rows
-    if not rows:
-        return [jnp.clip(a, lo, hi) for a, lo, hi in zip(action, low, high, strict=True)]
-    if limits is None:
-        rhs = _rhs(constraints, observation)
-        limits = {row: rhs[row] for row in rows}
-    # The first visit starts from the proposal itself: exact for a single half-space.
-    normals = {
-        row: [constraints.linear_act[row, j] for j in range(constraints.action_size)]
-        for row in rows
-    }
+    limits: Components,
+    shape: tuple[int, ...],
+) -> tuple[Components, jax.Array]:
+    """The action in the box ``[low, high]`` that keeps every linear constraint with a
+    finite right-hand side in ``limits`` (``+inf``: left out) and is nearest to ``start``
+    (finite), measured in the actions' ranges; and whether there is one.
 
-    def visit(projected: Components) -> Components:
-        for row in rows:
-            projected = _halfspace_in_box(projected, normals[row], limits[row], low, high)
-        return projected
+    Exact (:func:`neorl_industrial.core.safety.projection.nearest`), aimed inside each
+    constraint by its margin's rounding allowance, so the margin of the point returned
+    is not negative however large the constraint's numbers.
+    """
+    n, m = constraints.action_size, constraints.n_linear
+    if m == 0:
+        clipped = [jnp.clip(x, lo, hi) for x, lo, hi in zip(start, low, high, strict=True)]
+        found = _all([lo <= hi for lo, hi in zip(low, high, strict=True)])
+        return broadcast_parts(clipped, shape), jnp.broadcast_to(found, shape)
+    rows = math.prod(shape)
 
-    if len(rows) == 1:
-        return visit(list(action))
-    # The passes as a loop, not unrolled: the same arithmetic in a fraction of the
-    # program, which is what the shield's compile time grows with.
-    return jax.lax.fori_loop(0, PROJECTION_PASSES, lambda _, parts: visit(parts), list(action))
+    def flat(parts: Components) -> jax.Array:
+        return jnp.reshape(join(broadcast_parts(parts, shape), shape), (rows, len(parts)))
+
+    x0, lo, hi, rhs = flat(start), flat(low), flat(high), flat(limits)
+    # The most any action's term can weigh in the margin's rounding allowance: the box's
+    # farthest bound (the start where a side is open).
+    closed = jnp.isfinite(lo) & jnp.isfinite(hi)
+    reach = jnp.maximum(
+        jnp.where(jnp.isfinite(lo), jnp.abs(lo), 0.0), jnp.where(jnp.isfinite(hi), jnp.abs(hi), 0.0)
+    )
+    reach = jnp.where(closed, reach, jnp.maximum(reach, jnp.abs(x0)))
+    rounding = jnp.asarray([_row_rounding(constraints, row) for row in range(m)], jnp.float32)
+    allowance = rounding[None, :] * (reach @ jnp.abs(constraints.linear_act).T)
+    x, found, _ = nearest(x0, lo, hi, constraints.linear_act, rhs, _widths(constraints), allowance)
+    x = jnp.reshape(x, (*shape, n))
+    return split(x), jnp.reshape(found, shape)
+
+
+def broadcast_parts(parts: Components, shape: tuple[int, ...]) -> Components:
+    """Every component broadcast to the batch ``shape``."""
+    return [jnp.broadcast_to(x, shape) for x in parts]
 
 
 def project(
@@ -314,12 +259,18 @@ def project(
     low: jax.Array,
     high: jax.Array,
 ) -> jax.Array:
-    """``action`` clipped into ``[low, high]`` and projected onto the linear constraints
-    (exactly for one; visiting each in turn ``PROJECTION_PASSES`` times for several)."""
+    """The action in ``[low, high]`` that keeps every linear constraint and is nearest to
+    ``action`` (finite), measured in the actions' ranges: exact, and aimed inside each
+    constraint by its margin's rounding allowance. Where nothing keeps them, the
+    method's last point in the box (the shield checks every result)."""
     observation, action = jnp.asarray(observation, jnp.float32), jnp.asarray(action, jnp.float32)
+    low, high = jnp.asarray(low, jnp.float32), jnp.asarray(high, jnp.float32)
     shape = jnp.broadcast_shapes(observation.shape[:-1], action.shape[:-1], low.shape[:-1])
-    parts = _project(constraints, observation, split(action), split(low), split(high))
-    return join([jnp.broadcast_to(part, shape) for part in parts])
+    shape = jnp.broadcast_shapes(shape, high.shape[:-1])
+    limits = _rhs(constraints, observation)
+    limits = [jnp.where(jnp.isfinite(r), r, jnp.inf) for r in limits]
+    parts, _ = _nearest(constraints, split(action), split(low), split(high), limits, shape)
+    return join(parts, shape)
 
 
 def fallback_action(
@@ -425,6 +376,7 @@ def _prioritized(
     start: Components,
     previous: Components,
     usable: Components,
+    shape: tuple[int, ...],
 ) -> Components:
     """``start`` (the fallback) moved to keep the highest-priority constraints that can
     be kept, level by level (the levels are static; this loop is unrolled at trace time).
@@ -448,9 +400,9 @@ def _prioritized(
     def attempt(
         box_low: Components, box_high: Components, on: Components, rows: list[int]
     ) -> tuple[Components, jax.Array]:
-        limits = {r: jnp.where(on[r], rhs[r], inf) for r in rows}
-        trial = _project(constraints, observation, start, box_low, box_high, rows, limits)
-        ok = _all(
+        limits = [jnp.where(on[r], rhs[r], inf) if r in rows else inf for r in range(n_linear)]
+        trial, found = _nearest(constraints, start, box_low, box_high, limits, shape)
+        ok = found & _all(
             [~on[r] | (row_margin(constraints, r, rhs[r], trial) >= -TOLERANCE) for r in rows]
         )
         return trial, ok
@@ -517,21 +469,23 @@ def _decide(
     def override(_):
         low, high = box(constraints, observation, previous)
         fallback = split(fallback_action(constraints, observation, prev_action))
-        if constraints.n_linear <= 1:
-            projected, projected_ok = exact_projection(fallback, low, high)
-        else:
-            start = [jnp.where(jnp.isfinite(part), part, 0.0) for part in proposed]
-            projected = _project(constraints, observation, start, low, high)
-            projected_ok = finite & keeps_all(constraints, observation, projected, previous)
-        # A broken sensor: whatever the proposal, the fallback.
-        projected_ok = projected_ok & sensible
-        needs_fallback = ~keep & ~projected_ok
         readable = linear_readable(constraints, observation)
         rhs = _rhs(constraints, observation)
         usable = [ok & jnp.isfinite(r) for ok, r in zip(readable, rhs, strict=True)]
+        # The nearest action that keeps every rule: of the proposal, or of the fallback in
+        # place of a NaN or infinite one. The projection is exact, so it fails only when
+        # no action keeps the rules, and then the fallback cannot either.
+        start = [jnp.where(finite, p, f) for p, f in zip(proposed, fallback, strict=True)]
+        limits = [jnp.where(ok, r, jnp.inf) for ok, r in zip(usable, rhs, strict=True)]
+        projected, found = _nearest(constraints, start, low, high, limits, shape)
+        # A broken sensor: whatever the proposal, the fallback.
+        projected_ok = found & sensible & keeps_all(constraints, observation, projected, previous)
+        needs_fallback = ~keep & ~projected_ok
 
         def with_fallback(_):
-            return broadcast(_prioritized(constraints, observation, fallback, previous, usable))
+            return broadcast(
+                _prioritized(constraints, observation, fallback, previous, usable, shape)
+            )
 
         def without_fallback(_):
             return broadcast(projected)
@@ -565,33 +519,6 @@ def _decide(
     def both_margins(applied: jax.Array) -> jax.Array:
         """``[..., 2, n_hard]``: the proposal's margins, then ``applied``, in one array."""
         return jnp.stack([margins_, applied], axis=-2)
-
-    def exact_projection(fallback: Components, low: Components, high: Components):
-        # With at most one linear constraint the projection is exact: it fails only when
-        # no action keeps the constraints, and then the fallback cannot either. So one
-        # projection serves both: of the proposal, or of the fallback in place of a NaN
-        # or infinite proposal.
-        start = [jnp.where(finite, p, f) for p, f in zip(proposed, fallback, strict=True)]
-        projected = _project(constraints, observation, start, low, high)
-        projected_ok = keeps_all(constraints, observation, projected, previous)
-        # Far outside the box (|a| ~ 1e7 against a box of width 2) float32 cannot place
-        # the kinks of the exact projection; the box-clipped proposal is well conditioned
-        # and is projected instead, only when some row needs it.
-        retry = ~keep & ~projected_ok
-
-        def clipped_again(_):
-            clipped = [jnp.clip(x, lo, hi) for x, lo, hi in zip(start, low, high, strict=True)]
-            again = _project(constraints, observation, clipped, low, high)
-            again_ok = retry & keeps_all(constraints, observation, again, previous)
-            return (
-                [jnp.where(again_ok, x, y) for x, y in zip(again, projected, strict=True)],
-                projected_ok | again_ok,
-            )
-
-        def as_is(_):
-            return projected, projected_ok
-
-        return jax.lax.cond(jnp.any(retry), clipped_again, as_is, None)
 
     def untouched(_):
         false = jnp.zeros(shape, bool)
