@@ -1,8 +1,10 @@
 """The verdict on a plant log with no simulator, where the truth is known (the log's
 heater follows ``T' = 0.8 T + 0.2 (300 + valve) + noise``): a clearly better controller
-is recommended, a policy no better than the operators is not, pessimism lowers a policy
-that leaves the data, and a limited cost with too few events held out blocks any
-recommendation."""
+is recommended, a policy no better than the operators is not, the model reproduces the
+operators' logged return (calibration) and its improvement intervals hold the true
+improvements, pessimism lowers a policy that leaves the data, a model that does not
+reproduce today's operation carries no recommendation, and a learned cost the operators
+never tripped gets an exact bound."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pytest
+import scipy.stats
 
 from neorl_industrial.core.models import DynamicsConfig
 from neorl_industrial.functional.state_management import ActionScaler
@@ -23,6 +26,7 @@ from neorl_industrial.wrappers.training.verdict import (
     KEEP,
     VerdictError,
     VerdictSettings,
+    evaluation_starts,
     model_verdict,
 )
 
@@ -164,7 +168,12 @@ def test_the_truth_says_the_controller_beats_the_operators(plant):
 def test_a_clearly_better_controller_is_recommended_by_every_deciding_estimator(full):
     assert full.decision == "recommend" and full.recommended == "controller"
     assert full.estimators == ("model", "fqe", "model+fqe")
-    assert full.deciding == ("model", "model+fqe")
+    # model+fqe decides only where it reproduces the operators' logged return itself:
+    # briefly trained FQE of a 40-step log does not (it values the infinite horizon).
+    closing = full.calibration.closing_error
+    assert full.calibration.closing_passed is False and closing.upper < -full.calibration.tolerance
+    assert full.deciding == ("model",)
+    assert "model+fqe does not reproduce it" in full.statement
     for estimator in full.deciding:
         assert estimate(full, "controller", estimator)["improvement"]["lower"] > 0
     assert full.statement.startswith("Recommend controller")
@@ -214,19 +223,107 @@ def test_pessimism_lowers_a_policy_that_leaves_the_data(plant):
     assert lowered["controller"] >= 0
 
 
-def test_a_limited_cost_without_events_blocks_any_recommendation(plant):
+def test_a_learned_cost_the_operators_never_tripped_gets_an_exact_bound(plant):
     verdict = verdict_of(plant, limits=(5.0, 1.0))  # alarm: learned, no event held out
-    assert verdict.decision == KEEP
-    controller = next(c for c in verdict.candidates if c["name"] == "controller")
-    assert any("'alarm': insufficient evidence" in reason for reason in controller["reasons"])
+    steps = plant["heldout"].n_transitions
+    # Clopper-Pearson for 0 alarms in the held-out steps (97.5 %: the 95 % interval's
+    # upper end), an alarm being 1 a step, over the 40 steps an episode lasts.
+    expected = float(scipy.stats.beta.ppf(0.975, 1, steps)) * 1.0 * 40
     cost = next(
         c for c in estimate(verdict, "controller", "model")["costs"] if c["channel"] == "alarm"
     )
-    assert cost["evidence"] == "insufficient evidence" and cost["events"] == 0
+    assert cost["evidence"] == "exact bound" and cost["events"] == 0
+    assert cost["event_bound"] == pytest.approx(expected, rel=1e-6)
+    assert 0.3 < expected < 1.0 and cost["within_limit"] is True
+    assert cost["value"]["upper"] == pytest.approx(expected / 1.0, abs=1e-3)
+    assert verdict.decision == "recommend" and verdict.recommended == "controller"
+    # A limit below the bound: no recommendation, the bound named.
+    strict = verdict_of(plant, limits=(5.0, 0.5 * expected))
+    assert strict.decision == KEEP
+    controller = next(c for c in strict.candidates if c["name"] == "controller")
+    assert any(
+        "'alarm' may exceed its limit" in r and f"0 events in {steps} held-out steps" in r
+        for r in controller["reasons"]
+    )
     # The computed channel needs no events: the model computes it from the temperature.
     overheating = estimate(verdict, "controller", "model")["costs"][0]
     assert overheating["evidence"] == "computed" and overheating["within_limit"] is True
+    assert overheating["event_bound"] is None
     assert verdict.evidence["cost_events"] == {"overheating": 0, "alarm": 0}
+
+
+def test_the_model_reproduces_the_operators_logged_return_and_says_so(full):
+    calibration = full.calibration
+    assert calibration.status == "passed" and calibration.reason is None
+    assert calibration.logged.value == pytest.approx(full.behaviour["logged_discounted_return"])
+    assert calibration.error.lower <= 0.0 <= calibration.error.upper
+    assert abs(calibration.estimated.value - calibration.logged.value) < 0.1 * abs(
+        calibration.logged.value
+    )
+    assert calibration.model_error == max(-calibration.error.lower, calibration.error.upper)
+    assert "Calibration passed: the plant model estimates today's operation at" in full.statement
+    data = full.to_dict()["calibration"]
+    assert data["status"] == "passed" and data["episodes"] == full.evidence["start_episodes"]
+    metrics = full.metrics()
+    assert metrics["verdict/calibration/passed"] == 1.0
+    assert metrics["verdict/calibration/logged"] == pytest.approx(calibration.logged.value)
+    # The operators' model estimate is raised by its uncertainty (pessimism on the baseline).
+    operators = full.behaviour["estimates"][0]
+    assert operators["penalty"] <= 0.0
+    assert "cloned" in full.behaviour["how"]
+
+
+def test_the_improvement_intervals_hold_the_true_improvements(full, plant):
+    heldout = plant["heldout"]
+    rows, _ = evaluation_starts(heldout, 100)
+    lengths = np.minimum(np.asarray(heldout.steps_to_end)[rows], 40)
+    starts = np.asarray(heldout.observations_at(heldout.observation_index[jnp.asarray(rows)]))
+
+    def truth(valve, noise, repeats):
+        values = [
+            true_discounted_return(valve, [start[0]], int(length), noise, seed=r)
+            for start, length in zip(starts, lengths, strict=True)
+            for r in range(repeats)
+        ]
+        return float(np.mean(values))
+
+    operators = truth(linear(0.8, 0.0), OPERATOR_NOISE, 4)
+    for name, (gain, bias) in zip(NAMES, [(0.8, 0.0), (0.8, 8.0), (0.0, 50.0)], strict=True):
+        true = truth(linear(gain, bias), 0.0, 1) - operators
+        for estimator in full.deciding:
+            interval = estimate(full, name, estimator)["improvement"]
+            assert interval["lower"] <= true <= interval["upper"], (name, estimator, true)
+
+
+def test_a_model_that_does_not_reproduce_todays_operation_carries_no_recommendation(plant):
+    class Drifting:
+        """The fitted model with the temperature's change shifted by 2 degC a step."""
+
+        fitted, dynamics, card = True, plant["model"].dynamics, plant["model"].card
+
+        def params(self, seed=0):
+            params = plant["model"].params(seed)
+            return params.replace(target_mean=params.target_mean.at[0].add(2.0))
+
+    verdict = model_verdict(
+        act=act,
+        policy_params=CANDIDATES,
+        names=NAMES,
+        heldout=plant["heldout"],
+        plant_model=Drifting(),
+        scaler=plant["scaler"],
+        cost_limits=(5.0, np.inf),
+        cost_names=plant["task"].cost_names,
+        settings=VerdictSettings(fqe=False, horizon=40, bootstrap=200, bc_updates=500),
+    )
+    calibration = verdict.calibration
+    assert calibration.status == "failed" and verdict.decision == KEEP
+    assert calibration.estimated.value < calibration.logged.value - calibration.tolerance
+    assert verdict.statement.startswith(
+        "Keep the current operation: the plant model does not reproduce today's operation "
+        f"(estimated {calibration.estimated.value:.4g}, logged {calibration.logged.value:.4g})"
+    )
+    assert all(calibration.reason in c["reasons"] for c in verdict.candidates)
 
 
 def test_bad_settings_and_candidates_are_refused(plant):
@@ -249,6 +346,10 @@ def test_starts_from_too_few_episodes_carry_no_recommendation(plant):
         cost_names=plant["task"].cost_names,
         settings=VerdictSettings(fqe=False, horizon=40, bootstrap=200),
     )
-    assert verdict.decision == KEEP
+    assert verdict.decision == KEEP and verdict.calibration.status == "too small"
     controller = next(c for c in verdict.candidates if c["name"] == "controller")
-    assert "from 2 held-out episode(s)" in controller["reasons"][0]
+    said = (
+        f"the held-out part is too small for the calibration check: {few.n_transitions} "
+        "transitions in 2 episode(s), at least 3 episodes needed"
+    )
+    assert said in controller["reasons"][0] and said in verdict.statement

@@ -202,6 +202,18 @@ class DynamicsParams:
     policy_action_high: jax.Array  # [action_size]
     action_low: jax.Array  # [action_size]: the scaler's plant-unit bounds
     action_high: jax.Array  # [action_size]
+    #: Where a predicted feature of the new frame is still plant behaviour: the schema's
+    #: physical range, or the data's where the schema gives none. A prediction outside
+    #: is clipped onto it and the step reports by how much it left (``outside_physics``).
+    #: None: no bound (predictions pass as they are).
+    frame_low: jax.Array | None = None  # [frame_size]
+    frame_high: jax.Array | None = None  # [frame_size]
+    #: The largest value of each cost channel in the data: a learned cost is never
+    #: predicted above it (a 0/1 alarm is at most 1 a step). None: no bound.
+    cost_high: jax.Array | None = None  # [n_costs]
+    #: The data's range of the reward: a learned reward stays inside it. None: no bound.
+    reward_low: jax.Array | None = None  # []
+    reward_high: jax.Array | None = None  # []
 
     @property
     def n_members(self) -> int:
@@ -235,6 +247,9 @@ class StepOutput(NamedTuple):
         out_of_distribution: how far observation and action lie outside the data's
             range, in units of each feature's spread (0 inside; see
             :func:`out_of_distribution`).
+        outside_physics: how far the followed member's prediction of the new frame left
+            its physical range (``DynamicsParams.frame_low``/``frame_high``) before it
+            was clipped onto it, in units of each feature's spread (0 inside).
     """
 
     next_observation: jax.Array
@@ -243,6 +258,7 @@ class StepOutput(NamedTuple):
     done: jax.Array
     member_std: jax.Array
     out_of_distribution: jax.Array
+    outside_physics: jax.Array
 
 
 class Dynamics(NamedTuple):
@@ -261,6 +277,8 @@ class Dynamics(NamedTuple):
         transition: ``transition(params, observation, action, key, member,
             deterministic=False) -> (next_observation, reward, costs, done)``: the step of
             one member alone (no disagreement; one network evaluated, not all).
+        checked_transition: the same, with a fifth value: how far the prediction left
+            the physical range before it was clipped (``StepOutput.outside_physics``).
         targets: ``targets(observations, actions_plant, next_observations, rewards, costs)
             -> [..., target_size]`` raw targets of transitions (host or device arrays).
     """
@@ -273,6 +291,7 @@ class Dynamics(NamedTuple):
     step: Callable[..., StepOutput]
     transition: Callable[..., tuple[jax.Array, jax.Array, jax.Array, jax.Array]]
     targets: Callable[..., jax.Array]
+    checked_transition: Callable[..., tuple[jax.Array, ...]] | None = None
 
 
 class ModelBatch(NamedTuple):
@@ -380,9 +399,17 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
         observation: jax.Array,
         action: jax.Array,
         target: jax.Array,
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Next observation, reward and costs of one transition from raw targets."""
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """Next observation, reward, costs and the physics excess of one transition from
+        raw targets: the new frame clipped onto its physical range, a learned reward and
+        learned costs onto the data's range (the excess: how far the frame left, in
+        spreads)."""
         new_frame = observation[:frame] + target[:frame]
+        excess = jnp.zeros((), observation.dtype)
+        if params.frame_low is not None:
+            clipped = jnp.clip(new_frame, params.frame_low, params.frame_high)
+            excess = jnp.max(jnp.abs(new_frame - clipped) / params.obs_std[:frame])
+            new_frame = clipped
         next_observation = jnp.concatenate(
             [new_frame, observation[: layout.observation_size - frame]]
         )
@@ -390,15 +417,42 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
             params.action_high - params.action_low
         )
         known = layout.known.evaluate(observation, plant_action, next_observation)
-        reward = target[reward_slot] if reward_slot is not None else known["reward"]
+        if reward_slot is not None:
+            reward = target[reward_slot]
+            if params.reward_low is not None:
+                reward = jnp.clip(reward, params.reward_low, params.reward_high)
+        else:
+            reward = known["reward"]
         costs = jnp.zeros((layout.n_costs,), observation.dtype)
         for slot, column in enumerate(learned_costs):
             value = jnp.maximum(target[cost_start + slot], params.cost_low[column])
+            if params.cost_high is not None:
+                value = jnp.minimum(value, params.cost_high[column])
             costs = costs.at[column].set(value)
         for signal in layout.known.signals:
             if signal.index is not None:
                 costs = costs.at[signal.index].set(known[signal.channel])
-        return next_observation, jnp.asarray(reward, observation.dtype), costs
+        return next_observation, jnp.asarray(reward, observation.dtype), costs, excess
+
+    def checked_transition(
+        params: DynamicsParams,
+        observation: jax.Array,
+        action: jax.Array,
+        key: jax.Array,
+        member: Any,
+        deterministic: bool = False,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+        networks = jax.tree.map(lambda leaf: leaf[member], params.networks)
+        prediction = predict(networks, params, observation, action)
+        mean = prediction.mean
+        if not deterministic:
+            mean = mean + jnp.exp(prediction.log_std) * jax.random.normal(
+                key, mean.shape, mean.dtype
+            )
+        target = to_target(params, mean)
+        next_observation, reward, costs, excess = assemble(params, observation, action, target)
+        done = (prediction.logit > 0.0) & layout.terminals
+        return next_observation, reward, costs, done, excess
 
     def transition(
         params: DynamicsParams,
@@ -408,16 +462,7 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
         member: Any,
         deterministic: bool = False,
     ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-        networks = jax.tree.map(lambda leaf: leaf[member], params.networks)
-        prediction = predict(networks, params, observation, action)
-        mean = prediction.mean
-        if not deterministic:
-            mean = mean + jnp.exp(prediction.log_std) * jax.random.normal(
-                key, mean.shape, mean.dtype
-            )
-        target = to_target(params, mean)
-        next_observation, reward, costs = assemble(params, observation, action, target)
-        return next_observation, reward, costs, (prediction.logit > 0.0) & layout.terminals
+        return checked_transition(params, observation, action, key, member, deterministic)[:4]
 
     def step(
         params: DynamicsParams,
@@ -438,7 +483,7 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
             std = jnp.exp(predictions.log_std[member])
             mean = mean + std * jax.random.normal(noise_key, mean.shape, mean.dtype)
         target = to_target(params, mean)
-        next_observation, reward, costs = assemble(params, observation, action, target)
+        next_observation, reward, costs, excess = assemble(params, observation, action, target)
         member_means = jnp.where(
             params.target_fixed[:frame],
             0.0,
@@ -452,6 +497,7 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
             done=done,
             member_std=jnp.std(member_means, axis=0),
             out_of_distribution=out_of_distribution(params, observation, action),
+            outside_physics=excess,
         )
 
     return Dynamics(
@@ -463,4 +509,5 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
         step=step,
         transition=transition,
         targets=targets,
+        checked_transition=checked_transition,
     )

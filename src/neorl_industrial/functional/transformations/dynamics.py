@@ -89,11 +89,18 @@ def data_statistics(
     dynamics: Dynamics,
     action_low: Sequence[float],
     action_high: Sequence[float],
+    physical_low: Sequence[float] | None = None,
+    physical_high: Sequence[float] | None = None,
 ) -> DynamicsParams:
     """The statistics of ``dataset`` (actions in [-1, 1]) a model is fitted with and
     steps by, computed once on the host: observation and target mean and spread, the
     data's range of every feature and action, and the plant-unit action bounds. The
-    ``networks`` field is None."""
+    ``networks`` field is None.
+
+    The bounds a prediction is held to: each feature of the newest frame within
+    ``physical_low``/``physical_high`` (``[frame_size]``, plant units) where finite, else
+    within the data's range; a learned reward and every learned cost within the data's
+    range (a 0/1 alarm is at most 1 a step)."""
     layout = dynamics.layout
     host = jax.device_get(dataset)
     frames = np.asarray(host.observations, np.float64)
@@ -115,6 +122,15 @@ def data_statistics(
     def spread(std: np.ndarray) -> jax.Array:
         return jnp.asarray(np.where(std > MIN_STD, std, 1.0), jnp.float32)
 
+    frame = layout.frame_size
+    frame_low, frame_high = low[:frame].copy(), high[:frame].copy()
+    for given, bound in ((physical_low, frame_low), (physical_high, frame_high)):
+        if given is not None:
+            given = np.asarray(given, np.float64)[:frame]
+            bound[:] = np.where(np.isfinite(given), given, bound)
+    rewards = np.asarray(host.rewards, np.float64)
+    costs = np.asarray(host.costs, np.float64).reshape(dataset.n_transitions, -1)
+
     return DynamicsParams(
         networks=None,
         obs_mean=jnp.asarray(obs_mean, jnp.float32),
@@ -129,6 +145,11 @@ def data_statistics(
         policy_action_high=jnp.asarray(actions.max(axis=0), jnp.float32),
         action_low=jnp.asarray(np.asarray(action_low, np.float64), jnp.float32),
         action_high=jnp.asarray(np.asarray(action_high, np.float64), jnp.float32),
+        frame_low=jnp.asarray(frame_low, jnp.float32),
+        frame_high=jnp.asarray(frame_high, jnp.float32),
+        cost_high=jnp.asarray(costs.max(axis=0, initial=-np.inf), jnp.float32),
+        reward_low=jnp.asarray(rewards.min(initial=np.inf), jnp.float32),
+        reward_high=jnp.asarray(rewards.max(initial=-np.inf), jnp.float32),
     )
 
 
@@ -472,11 +493,15 @@ def open_loop(
     )
 
 
-def coverage(samples: Any, truth: Any, level: float = 0.9, axis: int = 0) -> Any:
+def coverage(
+    samples: Any, truth: Any, level: float = 0.9, axis: int = 0, tolerance: Any = 0.0
+) -> Any:
     """Whether each ``truth`` value lies inside the central ``level`` interval of
     ``samples`` along ``axis`` (its empirical quantiles ``(1 - level) / 2`` and
-    ``(1 + level) / 2``), as booleans of ``truth``'s shape; the mean is the share
-    inside. numpy or jax arrays alike.
+    ``(1 + level) / 2``) widened by ``tolerance`` on each side, as booleans of
+    ``truth``'s shape; the mean is the share inside. numpy or jax arrays alike. A value
+    computed exactly has an interval of zero width, which its logged value (rounded
+    differently) meets only within a tolerance.
 
     Raises:
         ValueError: for a level outside (0, 1).
@@ -486,7 +511,7 @@ def coverage(samples: Any, truth: Any, level: float = 0.9, axis: int = 0) -> Any
     xp = jnp if isinstance(samples, jax.Array) else np
     lower = xp.quantile(samples, (1.0 - level) / 2.0, axis=axis)
     upper = xp.quantile(samples, (1.0 + level) / 2.0, axis=axis)
-    return (truth >= lower) & (truth <= upper)
+    return (truth >= lower - tolerance) & (truth <= upper + tolerance)
 
 
 def fidelity_table(
@@ -516,7 +541,11 @@ def fidelity_table(
             run.signal_particles,
         ),
     ):
-        inside = coverage(particles, truth, level, axis=1)  # [W, H, F]
+        # The tolerance a computed channel is held to against its logged values
+        # (``signals.match_row``): a zero-width interval of an exact value is inside.
+        largest = np.max(np.abs(np.nan_to_num(truth)), axis=(0, 1), initial=0.0)
+        tolerance = 1e-4 * np.maximum(1.0, largest)
+        inside = coverage(particles, truth, level, axis=1, tolerance=tolerance)  # [W, H, F]
         for i, name in enumerate(names):
             spread = float(spreads[i])
             for step in steps:

@@ -65,6 +65,8 @@ class RolloutSums(NamedTuple):
         steps: steps counted (the start's length, or fewer after a predicted terminal).
         outside_data_steps: steps whose observation or action lay outside the data's range.
         overridden_steps: steps whose action the shield changed (0 for logged actions).
+        outside_physics_steps: steps whose predicted frame left its physical range (it
+            was clipped onto it, and the step charged for it).
         head_return: ``Σ_{t<k} γ^t r_t`` of the first ``close_after`` steps.
         head_costs: ``[C]`` ``Σ_{t<k} γ^t c_t``.
         head_uncertainty: ``Σ_{t<k} γ^t u_t``.
@@ -82,6 +84,7 @@ class RolloutSums(NamedTuple):
     steps: jax.Array
     outside_data_steps: jax.Array
     overridden_steps: jax.Array
+    outside_physics_steps: jax.Array
     head_return: jax.Array
     head_costs: jax.Array
     head_uncertainty: jax.Array
@@ -111,6 +114,7 @@ def _zeros(n_costs: int, obs_size: int) -> RolloutSums:
         steps=jnp.zeros((), jnp.int32),
         outside_data_steps=jnp.zeros((), jnp.int32),
         overridden_steps=jnp.zeros((), jnp.int32),
+        outside_physics_steps=jnp.zeros((), jnp.int32),
         head_return=scalar,
         head_costs=costs,
         head_uncertainty=scalar,
@@ -130,6 +134,7 @@ def _accumulate(
     uncertainty: jax.Array,
     outside: jax.Array,
     overridden: jax.Array,
+    unphysical: jax.Array,
     next_observation: jax.Array,
     alive_after: jax.Array,
 ) -> RolloutSums:
@@ -148,6 +153,7 @@ def _accumulate(
         steps=sums.steps + counted.astype(jnp.int32),
         outside_data_steps=sums.outside_data_steps + (counted & outside).astype(jnp.int32),
         overridden_steps=sums.overridden_steps + (counted & overridden).astype(jnp.int32),
+        outside_physics_steps=sums.outside_physics_steps + (counted & unphysical).astype(jnp.int32),
         head_return=sums.head_return + head * reward,
         head_costs=sums.head_costs + head * costs,
         head_uncertainty=sums.head_uncertainty + head * uncertainty,
@@ -173,19 +179,23 @@ def _model_step(
     measure: bool,
     held: jax.Array,
 ) -> tuple[jax.Array, ...]:
-    """``(next_observation, reward, costs, done, disagreement, ood)`` of one step in
-    ``member``. With ``measure`` every member predicts and their disagreement is
-    measured; otherwise only ``member`` predicts and ``held`` (the last measured
-    disagreement) is passed on."""
+    """``(next_observation, reward, costs, done, disagreement, ood, physics)`` of one
+    step in ``member`` (``physics``: how far the prediction left its physical range
+    before it was clipped, in spreads). With ``measure`` every member predicts and
+    their disagreement is measured; otherwise only ``member`` predicts and ``held`` (the
+    last measured disagreement) is passed on."""
     ood = out_of_distribution(params, observation, action)
     if measure:
         out = dynamics.step(params, observation, action, key, member, deterministic)
         disagreement = step_uncertainty(params, out.member_std, 0.0, dynamics.layout.frame_size)
-        return out.next_observation, out.reward, out.costs, out.done, disagreement, ood
-    next_observation, reward, costs, done = dynamics.transition(
+        return (
+            out.next_observation, out.reward, out.costs, out.done, disagreement, ood,
+            out.outside_physics,
+        )  # fmt: skip
+    next_observation, reward, costs, done, physics = dynamics.checked_transition(
         params, observation, action, key, member, deterministic
     )
-    return next_observation, reward, costs, done, held, ood
+    return next_observation, reward, costs, done, held, ood, physics
 
 
 def _padded(horizon: int, every: int) -> int:
@@ -227,16 +237,18 @@ def _counted_step(
 
     def step(params, member, observation, action, overridden, key, measure, alive, held, sums,
              t, length):  # fmt: skip
-        next_observation, reward, costs, done, held, ood = _model_step(
+        next_observation, reward, costs, done, held, ood, physics = _model_step(
             dynamics, params, observation, action, key, member, deterministic, measure, held
         )
         if reward_cap is not None:
             reward = jnp.minimum(reward, reward_cap)
         counted = alive & (t < length)
         alive_after = alive & ~done
+        # A prediction that left physics was clipped onto it and is charged for how far
+        # it left, as uncertainty: the plant never behaves so, the model only predicted it.
         sums = _accumulate(
-            sums, t, counted, discount, close_after, reward, costs, held + ood, ood > 0.0,
-            overridden, next_observation, alive_after,
+            sums, t, counted, discount, close_after, reward, costs, held + ood + physics,
+            ood > 0.0, overridden, physics > 0.0, next_observation, alive_after,
         )  # fmt: skip
         return jnp.where(counted, next_observation, observation), alive_after, held, sums
 
@@ -255,6 +267,7 @@ def make_policy_rollouts(
     deterministic: bool = False,
     disagreement_every: int = 1,
     reward_cap: float | None = None,
+    stochastic_policy: bool = False,
 ) -> Callable[..., RolloutSums]:
     """The compiled-ready program ``rollouts(policy_params, dynamics_params, starts,
     lengths, key) -> RolloutSums`` with leading axes ``[P, M, N]``.
@@ -277,6 +290,9 @@ def make_policy_rollouts(
         reward_cap: a step's reward is never counted above this (the highest reward in
             the data): a model extrapolating outside its data cannot promise rewards
             the plant was never seen to give. None: no cap.
+        stochastic_policy: ``act`` receives a key of its own every step (drawn apart
+            from the model's noise, so the model's noise stays common to every policy)
+            and ``deterministic=False``; otherwise ``None`` and ``deterministic=True``.
 
     The program's inputs: ``policy_params`` stacked on a leading axis ``P``;
     ``dynamics_params`` with ``M`` members; ``starts [N, obs_size]``; ``lengths [N]``
@@ -297,7 +313,11 @@ def make_policy_rollouts(
         def advance(carry, inputs, measure):
             observation, previous, alive, held, sums = carry
             t, step_key = inputs
-            proposed = act(policy_params, observation, None, deterministic=True)
+            if stochastic_policy:
+                act_key = jax.random.fold_in(step_key, 1)
+                proposed = act(policy_params, observation, act_key, deterministic=False)
+            else:
+                proposed = act(policy_params, observation, None, deterministic=True)
             action, overridden = proposed, jnp.zeros((), bool)
             if constraints is not None:
                 plant = proposed if scaler is None else scaler.unscale(proposed)

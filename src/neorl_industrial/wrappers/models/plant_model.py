@@ -413,7 +413,14 @@ class PlantModel:
         train = unit.select_episodes(train_ids)
         holdout = unit.select_episodes(holdout_ids)
         low, high = self.task.action_low, self.task.action_high
-        stats = data_statistics(train, self.dynamics, low, high)
+        stats = data_statistics(
+            train,
+            self.dynamics,
+            low,
+            high,
+            self.task.observation_low[:frame_size],
+            self.task.observation_high[:frame_size],
+        )
         result = fit_ensemble(
             self.dynamics,
             stats,
@@ -447,6 +454,7 @@ class PlantModel:
             "definitions": dict(self.definitions),
             "reward_row": self.reward_row,
             "signals": how,
+            "physics": physical_ranges(self.task, stats),
             "settings": settings.to_dict(),
             "dataset": {
                 "name": dataset_name,
@@ -866,7 +874,11 @@ class PlantModel:
         model.card = card
         template = _template(model.dynamics, len(card["settings"]["seeds"]), config.n_elites)
         try:
-            params = serialization.from_bytes(template, (path / PARAMS).read_bytes())
+            state = serialization.msgpack_restore((path / PARAMS).read_bytes())
+            # Models saved before the physical bounds were kept: the card's bounds.
+            for name, value in _saved_bounds(card, layout).items():
+                state.setdefault(name, value)
+            params = serialization.from_state_dict(template, state)
         except FileNotFoundError:
             raise PlantModelError(f"{path / PARAMS}: missing") from None
         except (ValueError, KeyError, TypeError) as error:
@@ -879,6 +891,56 @@ class PlantModel:
         elif task is not None:
             model.check_task(task, name=dataset_name)
         return model
+
+
+def physical_ranges(task: Task, stats: DynamicsParams) -> dict[str, Any]:
+    """The card's ``physics``: per predicted feature the range a prediction is held to
+    and where it comes from (``schema``, or ``data`` where the schema gives no finite
+    bound: the data's range is used), and the learned signals' ranges from the data."""
+    frame_low = np.asarray(jax.device_get(stats.frame_low), np.float64)
+    frame_high = np.asarray(jax.device_get(stats.frame_high), np.float64)
+    features = {}
+    for i, low in enumerate(frame_low):
+        schema = (task.observation_low[i], task.observation_high[i])
+        sources = ["schema" if np.isfinite(bound) else "data" for bound in schema]
+        features[task.observation_names[i]] = {
+            "low": float(low),
+            "high": float(frame_high[i]),
+            "source": sources[0] if sources[0] == sources[1] else "/".join(sources),
+        }
+    from_data = [name for name, entry in features.items() if "data" in entry["source"]]
+    return {
+        "features": features,
+        "from_data": from_data,
+        "note": (
+            f"no physical range in the schema for {', '.join(from_data)}: the data's range is used"
+            if from_data
+            else None
+        ),
+        "reward": [float(stats.reward_low), float(stats.reward_high)],
+        "cost_high": [float(x) for x in np.asarray(jax.device_get(stats.cost_high))],
+    }
+
+
+def _saved_bounds(card: dict[str, Any], layout: DynamicsLayout) -> dict[str, np.ndarray]:
+    """The bounds of a model saved before they were part of its parameters: the frame's
+    from the card's ``physics`` or, without it, the data's range; learned signals
+    unbounded."""
+    frame = layout.frame_size
+    features = list((card.get("physics") or {}).get("features", {}).values())
+    if len(features) == frame:
+        low = np.asarray([f["low"] for f in features], np.float32)
+        high = np.asarray([f["high"] for f in features], np.float32)
+    else:
+        low = np.full(frame, -np.inf, np.float32)
+        high = np.full(frame, np.inf, np.float32)
+    return {
+        "frame_low": low,
+        "frame_high": high,
+        "cost_high": np.full(layout.n_costs, np.inf, np.float32),
+        "reward_low": np.asarray(-np.inf, np.float32),
+        "reward_high": np.asarray(np.inf, np.float32),
+    }
 
 
 def _template(dynamics: Dynamics, n_seeds: int, n_elites: int) -> DynamicsParams:
@@ -904,6 +966,11 @@ def _template(dynamics: Dynamics, n_seeds: int, n_elites: int) -> DynamicsParams
         policy_action_high=zeros(act, np.float32),
         action_low=zeros(act, np.float32),
         action_high=zeros(act, np.float32),
+        frame_low=zeros(layout.frame_size, np.float32),
+        frame_high=zeros(layout.frame_size, np.float32),
+        cost_high=zeros(layout.n_costs, np.float32),
+        reward_low=zeros((), np.float32),
+        reward_high=zeros((), np.float32),
     )
 
 

@@ -51,6 +51,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.stats
 
 from neorl_industrial.core.agents.bc import BCConfig, make_bc
 from neorl_industrial.core.agents.cost import per_step_cost_threshold
@@ -58,7 +59,6 @@ from neorl_industrial.core.agents.fqe import FQEConfig
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.functional.transformations.model_evaluation import (
     RolloutSums,
-    make_logged_replay,
     make_policy_rollouts,
 )
 from neorl_industrial.functional.transformations.offline import train_offline
@@ -66,6 +66,7 @@ from neorl_industrial.functional.transformations.ope import fitted_q_evaluation_
 
 __all__ = [
     "KEEP",
+    "Calibration",
     "CostEstimate",
     "EstimatorResult",
     "Interval",
@@ -82,6 +83,18 @@ __all__ = [
 
 #: The answer when no candidate has the evidence.
 KEEP = "keep the current operation"
+#: A learned cost channel with too few events held out for the model to learn it: its
+#: estimate adds the exact upper bound of the event rate the operators showed.
+EXACT_BOUND = "exact bound"
+#: How today's operation is estimated where the model is needed.
+BASELINE_HOW = (
+    "the operators' behaviour cloned (behaviour cloning on the held-out episodes, with "
+    "their action noise) and run closed loop in the same model members from the same "
+    "starts with the same model noise, the shield in the loop (model; its return raised by "
+    "its own uncertainty: pessimism); FQE of the clone (fqe, and model+fqe's tail). The "
+    "logged return from each start is data: the calibration check holds the model's "
+    "estimate of the clone against it"
+)
 #: The estimators whose agreement a recommendation needs.
 DECIDING = ("model", "model+fqe")
 #: Transitions per FQE update (the off-policy evaluator's default too).
@@ -119,7 +132,13 @@ class VerdictSettings:
         model_seed: which of the plant model's ensembles (its fit's seeds) is used.
         fqe: run the FQE estimators (FQE and the behaviour clone train; slower).
         fqe_updates, fqe_seeds, fqe_hidden: FQE's updates per seed, seeds and widths.
-        bc_updates: updates of the behaviour clone.
+        bc_updates: updates of the behaviour clone (the operators' policy in the model).
+        operator_noise: the clone acts with the operators' action noise (the spread of
+            their logged actions around the clone's) instead of its mean action.
+        calibration_tolerance: the calibration check passes when the interval of the
+            model's error on today's operation (estimated minus logged, paired by start)
+            holds 0 or lies within this share of the logged return's size (and, for a
+            limited cost, of its limit).
     """
 
     horizon: int = 1000
@@ -140,6 +159,8 @@ class VerdictSettings:
     fqe_seeds: tuple[int, ...] = (0, 1)
     fqe_hidden: tuple[int, ...] = (64, 64)
     bc_updates: int = 2000
+    operator_noise: bool = True
+    calibration_tolerance: float = 0.1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fqe_seeds", tuple(int(s) for s in self.fqe_seeds))
@@ -161,6 +182,10 @@ class VerdictSettings:
             raise VerdictError(f"discount: expected a number in (0, 1], got {self.discount}")
         if not 0.5 < self.level < 1.0:
             raise VerdictError(f"level: expected a share in (0.5, 1), got {self.level}")
+        if not self.calibration_tolerance >= 0:
+            raise VerdictError(
+                f"calibration_tolerance: expected a share >= 0, got {self.calibration_tolerance}"
+            )
         if self.fqe and not self.fqe_seeds:
             raise VerdictError("fqe_seeds: expected at least one FQE seed")
 
@@ -191,10 +216,13 @@ class CostEstimate:
         raw: the estimated discounted (``fqe``, ``model+fqe``) or per-episode (``model``)
             cost in the channel's units.
         evidence: ``"sufficient"``, ``"computed"`` (a known expression of the predicted
-            observations) or ``"insufficient evidence"`` (too few cost events held out).
+            observations) or ``"exact bound"`` (a learned channel with fewer than
+            ``min_cost_events`` events held out: the upper bound adds ``event_bound``).
         events: held-out steps with a cost above the channel's minimum.
-        within_limit: the upper bound within the limit with sufficient evidence (None:
-            no finite limit).
+        within_limit: the upper bound within the limit (None: no finite limit).
+        event_bound: per episode, the exact (Clopper-Pearson) upper bound of the
+            channel's event rate in the held-out steps times an event's size and the
+            episode length, added to the upper bound (``model`` only; None otherwise).
     """
 
     channel: str
@@ -203,6 +231,7 @@ class CostEstimate:
     evidence: str
     events: int
     within_limit: bool | None
+    event_bound: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +248,8 @@ class EstimatorResult:
         costs: one entry per cost channel.
         outside_data_share: share of model steps outside the data's range.
         override_share: share of model steps whose action the shield changed.
+        outside_physics_share: share of model steps whose prediction left the physical
+            ranges (clipped onto them and charged).
     """
 
     estimator: str
@@ -229,6 +260,67 @@ class EstimatorResult:
     costs: tuple[CostEstimate, ...]
     outside_data_share: float | None = None
     override_share: float | None = None
+    outside_physics_share: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Does the plant model reproduce today's operation? The operators' clone run closed
+    loop in the model against the logged returns (and costs) from the same starts of the
+    held-out episodes; no recommendation unless it passes.
+
+    Attributes:
+        status: ``"passed"``, ``"failed"`` or ``"too small"`` (too few held-out
+            episodes for the check).
+        estimated: the model's (unpenalised) estimate of today's discounted return.
+        logged: the logged discounted return from the same starts (data).
+        error: the model's error, estimated minus logged, paired by start (interval).
+        tolerance: the size within which an error passes (a share of the logged return's
+            size, in its units).
+        model_error: the largest error the interval allows (``max(|lower|, |upper|)``):
+            every improvement interval is widened by it on both sides.
+        costs: per limited channel: ``{channel, estimated, logged, error, passed}`` per
+            episode in units of its limit.
+        episodes, transitions: the held-out part the check rests on.
+        min_episodes: episodes the check needs.
+        reason: why it did not pass, in one sentence (None when it passed).
+        closing_error: ``model+fqe``'s own error on today's operation (its estimate of
+            the clone minus the logged return; None without FQE); ``closing_passed``:
+            within the tolerance, else ``model+fqe`` is shown and does not decide.
+    """
+
+    status: str
+    estimated: Interval
+    logged: Interval
+    error: Interval
+    tolerance: float
+    model_error: float
+    costs: tuple[dict[str, Any], ...]
+    episodes: int
+    transitions: int
+    min_episodes: int
+    reason: str | None = None
+    closing_error: Interval | None = None
+    closing_passed: bool | None = None
+
+    def sentence(self) -> str:
+        """The check in one sentence, with its numbers."""
+        verdicts = {"passed": "passed", "failed": "failed", "too small": "not possible"}
+        return (
+            f"Calibration {verdicts[self.status]}: the plant model estimates today's "
+            f"operation at {self.estimated.value:.4g} [{self.estimated.lower:.4g}, "
+            f"{self.estimated.upper:.4g}] against a logged {self.logged.value:.4g} "
+            f"(discounted return, {self.episodes} held-out episodes; error "
+            f"{self.error.value:+.3g} [{self.error.lower:+.3g}, {self.error.upper:+.3g}], "
+            f"tolerance {self.tolerance:.3g})."
+            + (
+                f" model+fqe does not reproduce it (error {self.closing_error.value:+.3g} "
+                f"[{self.closing_error.lower:+.3g}, {self.closing_error.upper:+.3g}]): shown, "
+                "not deciding."
+                if self.closing_passed is False
+                else ""
+            )
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +340,7 @@ class Verdict:
             horizon, cost events per channel, the plant model's dataset).
         estimators: the estimators reported; ``deciding``: those a recommendation needs.
         settings: :class:`VerdictSettings` as a dict.
+        calibration: the model against today's logged operation (:class:`Calibration`).
     """
 
     decision: str
@@ -259,6 +352,7 @@ class Verdict:
     estimators: tuple[str, ...]
     deciding: tuple[str, ...]
     settings: dict[str, Any]
+    calibration: Calibration | None = None
     kind: str = "estimate"
 
     def to_dict(self) -> dict[str, Any]:
@@ -273,7 +367,9 @@ def verdict_metrics(verdict: dict[str, Any]) -> dict[str, float]:
     """A verdict's (``Verdict.to_dict()``) numbers as flat metrics with names MLflow
     accepts: ``verdict/recommend`` (1 or 0), ``verdict/recommended_candidate`` (its
     position, -1 for none) and per candidate ``i`` and estimator (``model``, ``fqe``,
-    ``model_fqe``) the improvement over the logged operation and its bounds."""
+    ``model_fqe``) the improvement over the logged operation and its bounds; the
+    calibration check as ``verdict/calibration/{passed,estimated,logged,error_lower,
+    error_upper}``."""
     names = [candidate["name"] for candidate in verdict["candidates"]]
     out = {
         "verdict/recommend": float(verdict["decision"] == "recommend"),
@@ -281,6 +377,13 @@ def verdict_metrics(verdict: dict[str, Any]) -> dict[str, float]:
             names.index(verdict["recommended"]) if verdict["recommended"] in names else -1
         ),
     }
+    calibration = verdict.get("calibration")
+    if calibration:
+        out["verdict/calibration/passed"] = float(calibration["status"] == "passed")
+        out["verdict/calibration/estimated"] = calibration["estimated"]["value"]
+        out["verdict/calibration/logged"] = calibration["logged"]["value"]
+        out["verdict/calibration/error_lower"] = calibration["error"]["lower"]
+        out["verdict/calibration/error_upper"] = calibration["error"]["upper"]
     for index, candidate in enumerate(verdict["candidates"]):
         for result in candidate["estimates"]:
             improvement = result["improvement"]
@@ -439,17 +542,12 @@ def model_verdict(
     lengths_all = np.asarray(jax.device_get(heldout.episode_lengths), np.int64)
     episode_length = int(episode_length or max(1, round(float(lengths_all.mean()))))
 
-    # Starts, their lengths and their logged actions.
+    # Starts, their lengths and their logged returns.
     start_rows, start_episodes = evaluation_starts(heldout, settings.max_starts)
     steps_to_end = np.asarray(jax.device_get(heldout.steps_to_end), np.int64)[start_rows]
     horizon = int(min(settings.horizon, steps_to_end.max()))
     lengths = np.minimum(steps_to_end, horizon)
     first = heldout.observations_at(heldout.observation_index[jnp.asarray(start_rows)])
-    steps = np.minimum(
-        start_rows[:, None] + np.arange(horizon), (start_rows + lengths - 1)[:, None]
-    )
-    logged_actions = jnp.asarray(heldout.actions)[jnp.asarray(steps)]
-    logged_actions = logged_actions.reshape(len(start_rows), horizon, -1)
     rewards = np.asarray(jax.device_get(heldout.rewards), np.float64)
     logged_discounted = np.array(
         [
@@ -458,7 +556,8 @@ def model_verdict(
         ]
     )
 
-    # One program over policies x members x starts, and the logged replay.
+    # One program over policies x members x starts; the operators cloned and run closed
+    # loop in the same members from the same states with the same model noise.
     close = settings.close_after if settings.fqe else 0
     options = dict(
         horizon=horizon,
@@ -471,17 +570,40 @@ def model_verdict(
     rollouts = jax.jit(
         make_policy_rollouts(dynamics, act, constraints=constraints, scaler=scaler, **options)
     )
-    replay = jax.jit(make_logged_replay(dynamics, **options))
+    clone = _behaviour_clone(heldout, settings)
+    operators = _operators_policy(clone, heldout, settings.operator_noise)
+    baseline_rollouts = jax.jit(
+        make_policy_rollouts(
+            dynamics,
+            operators.act,
+            constraints=constraints,
+            scaler=scaler,
+            stochastic_policy=settings.operator_noise,
+            **options,
+        )
+    )
     key = jax.random.PRNGKey(settings.seed)
     lengths_j = jnp.asarray(lengths, jnp.int32)
     candidates: RolloutSums = jax.device_get(rollouts(policy_params, params, first, lengths_j, key))
-    logged: RolloutSums = jax.device_get(replay(params, first, logged_actions, lengths_j, key))
+    baseline: RolloutSums = jax.device_get(
+        baseline_rollouts(operators.params, params, first, lengths_j, key)
+    )
     candidates = jax.tree.map(lambda x: np.asarray(x, np.float64), candidates)
-    logged = jax.tree.map(lambda x: np.asarray(x, np.float64), logged)
+    baseline = jax.tree.map(lambda x: np.asarray(x[0], np.float64), baseline)
 
     reward_spread = _spread(rewards)
     cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
     cost_spread = np.array([_spread(cost_matrix[:, i]) for i in range(n_costs)])
+    logged_costs = (
+        np.stack(
+            [
+                cost_matrix[row : row + length].sum(axis=0)
+                for row, length in zip(start_rows, lengths, strict=True)
+            ]
+        )
+        if n_costs
+        else np.zeros((len(start_rows), 0))
+    )
     events = cost_events(heldout)
     known = set(layout.known.cost_indices)
     per_step_limit = limits / episode_length  # spread evenly over an episode
@@ -494,29 +616,51 @@ def model_verdict(
         ]
     )
     penalty = settings.penalty
+    cost_low = np.asarray(jax.device_get(params.cost_low), np.float64)
+    cost_high = (
+        np.full(n_costs, -np.inf)
+        if params.cost_high is None
+        else np.asarray(jax.device_get(params.cost_high), np.float64)
+    )
+    # The size of one event: the channel's range in the data, or 1 (a flag) when it
+    # never left its lowest value.
+    magnitude = np.maximum(
+        np.maximum(cost_high, cost_matrix.max(axis=0, initial=-np.inf)) - cost_low, 0.0
+    )
+    magnitude = np.where(magnitude > 1e-9, magnitude, 1.0)
+    event_rate = np.array(
+        [
+            _rate_upper_bound(int(events[c]), heldout.n_transitions, settings.level)
+            for c in range(n_costs)
+        ]
+    )
 
     def evidence(channel: int, computed: bool) -> str:
         if computed and channel in known:
             return "computed"
-        return (
-            "sufficient"
-            if events[channel] >= settings.min_cost_events
-            else ("insufficient evidence")
-        )
+        return "sufficient" if events[channel] >= settings.min_cost_events else EXACT_BOUND
 
     def costs_of(values: np.ndarray, scale: np.ndarray, boot_seed: int, computed: bool):
-        """``values [..., A, N, C]`` cost per start; ``scale [N, C]`` the limit's share."""
+        """``values [..., A, N, C]`` cost per start; ``scale [N, C]`` the limit's share.
+        A learned channel with fewer than ``min_cost_events`` events held out (by the
+        ``model``, ``computed``) adds the exact upper bound of its event rate (see
+        :func:`_rate_upper_bound`): what the model cannot have learned from so few
+        events is bounded by how rarely the operators tripped it."""
         entries = []
         for c in range(n_costs):
             raw = values[..., c]
             raw_boot = bootstrap_means(raw, start_episodes, settings.bootstrap, boot_seed)
             how = evidence(c, computed)
-            value = within = None
+            value = within = bound = None
+            if how == EXACT_BOUND and computed:
+                bound = float(event_rate[c] * magnitude[c] * episode_length)
             if np.isfinite(limits[c]):
                 normalized = raw / scale[:, c]
                 boot = bootstrap_means(normalized, start_episodes, settings.bootstrap, boot_seed)
                 value = _interval(normalized, boot, settings.level)
-                within = bool(value.upper <= 1.0 and how != "insufficient evidence")
+                if bound is not None:
+                    value = dataclasses.replace(value, upper=value.upper + bound / limits[c])
+                within = bool(value.upper <= 1.0)
             entries.append(
                 CostEstimate(
                     channel=cost_names[c],
@@ -525,23 +669,39 @@ def model_verdict(
                     evidence=how,
                     events=int(events[c]),
                     within_limit=within,
+                    event_bound=bound,
                 )
             )
         return tuple(entries)
 
-    def model_result(
-        sums, reference: np.ndarray | None, boot_seed: int, weight: float = penalty
-    ) -> EstimatorResult:
-        pessimistic = sums.discounted_return - weight * reward_spread * sums.discounted_uncertainty
-        episode = sums.total_return - weight * reward_spread * sums.total_uncertainty
-        costs = sums.total_costs + weight * cost_spread * sums.total_uncertainty[..., None]
-        scale = np.maximum(per_step_limit[None, :] * lengths[:, None], 1e-12)
+    scale = np.maximum(per_step_limit[None, :] * lengths[:, None], 1e-12)
+    # Pessimism on every estimate that can be wrong: the candidates' returns are lowered
+    # by their uncertainty, the operators' model estimate raised by its own.
+    baseline_optimistic = (
+        baseline.discounted_return + penalty * reward_spread * baseline.discounted_uncertainty
+    )
+    calibration = _calibration(
+        baseline=baseline,
+        logged_discounted=logged_discounted,
+        logged_costs=logged_costs,
+        scale=scale,
+        limits=limits,
+        cost_names=cost_names,
+        start_episodes=start_episodes,
+        heldout=heldout,
+        settings=settings,
+    )
+
+    def model_result(sums, boot_seed: int) -> EstimatorResult:
+        pessimistic = sums.discounted_return - penalty * reward_spread * sums.discounted_uncertainty
+        episode = sums.total_return - penalty * reward_spread * sums.total_uncertainty
+        costs = sums.total_costs + penalty * cost_spread * sums.total_uncertainty[..., None]
         boot = bootstrap_means(pessimistic, start_episodes, settings.bootstrap, boot_seed)
-        improvement = None
-        if reference is not None:
-            difference = pessimistic - reference
-            diff_boot = bootstrap_means(difference, start_episodes, settings.bootstrap, boot_seed)
-            improvement = _interval(difference, diff_boot, settings.level)
+        difference = pessimistic - baseline_optimistic
+        diff_boot = bootstrap_means(difference, start_episodes, settings.bootstrap, boot_seed)
+        improvement = _widened(
+            _interval(difference, diff_boot, settings.level), calibration.model_error
+        )
         steps_total = np.maximum(sums.steps.sum(axis=(-2, -1)), 1.0)
         return EstimatorResult(
             estimator="model",
@@ -556,18 +716,40 @@ def model_verdict(
             costs=costs_of(costs, scale, boot_seed, computed=True),
             outside_data_share=float(np.mean(sums.outside_data_steps.sum((-2, -1)) / steps_total)),
             override_share=float(np.mean(sums.overridden_steps.sum((-2, -1)) / steps_total)),
+            outside_physics_share=float(
+                np.mean(sums.outside_physics_steps.sum((-2, -1)) / steps_total)
+            ),
         )
 
-    # The logged operation is not penalised: its actions are the data's own, and the
-    # drift of their open-loop replay is the model's error, which would otherwise make any
-    # candidate look better (conservative: only candidates pay for uncertainty).
-    logged_value = logged.discounted_return
     results: list[list[EstimatorResult]] = [[] for _ in range(n_policies)]
     for p in range(n_policies):
         own = jax.tree.map(lambda x, p=p: x[p], candidates)
-        results[p].append(model_result(own, logged_value, settings.seed + p))
-    behaviour_results = [model_result(logged, None, settings.seed, weight=0.0)]
+        results[p].append(model_result(own, settings.seed + p))
+    steps_total = max(float(baseline.steps.sum()), 1.0)
+    baseline_boot = bootstrap_means(
+        baseline_optimistic, start_episodes, settings.bootstrap, settings.seed
+    )
+    behaviour_results = [
+        EstimatorResult(
+            estimator="model",
+            discounted_return=_interval(baseline_optimistic, baseline_boot, settings.level),
+            episode_return=_interval(
+                baseline.total_return,
+                bootstrap_means(
+                    baseline.total_return, start_episodes, settings.bootstrap, settings.seed
+                ),
+                settings.level,
+            ),
+            improvement=None,
+            penalty=-float(np.mean(baseline_optimistic - baseline.discounted_return)),
+            costs=costs_of(baseline.total_costs, scale, settings.seed, computed=True),
+            outside_data_share=float(baseline.outside_data_steps.sum() / steps_total),
+            override_share=float(baseline.overridden_steps.sum() / steps_total),
+            outside_physics_share=float(baseline.outside_physics_steps.sum() / steps_total),
+        )
+    ]
     discounted_threshold = threshold
+    closing_error: list[Interval] = []
 
     if settings.fqe:
         fqe_results, fqe_behaviour = _fqe_estimators(
@@ -579,7 +761,11 @@ def model_verdict(
             settings=settings,
             first=first,
             candidates=candidates,
-            logged=logged,
+            baseline=baseline,
+            clone=clone,
+            model_error=calibration.model_error,
+            logged_discounted=logged_discounted,
+            closing_error=closing_error,
             start_episodes=start_episodes,
             reward_spread=reward_spread,
             cost_spread=cost_spread,
@@ -596,46 +782,56 @@ def model_verdict(
 
     estimators = tuple(result.estimator for result in behaviour_results)
     deciding = tuple(name for name in DECIDING if name in estimators)
+    if closing_error:
+        # model+fqe decides only where it reproduces today's operation itself (its FQE
+        # tail measures what the log cannot check otherwise); else it is shown.
+        passed = _within(closing_error[0], calibration.tolerance)
+        calibration = dataclasses.replace(
+            calibration, closing_error=closing_error[0], closing_passed=passed
+        )
+        if not passed:
+            deciding = tuple(name for name in deciding if name != "model+fqe")
     table = []
-    n_start_episodes = len(np.unique(start_episodes))
     for p, name in enumerate(names):
         reasons = []
-        if n_start_episodes < settings.min_episodes:
-            reasons.append(
-                f"insufficient evidence: the starts come from {n_start_episodes} held-out "
-                f"episode(s); an interval over whole episodes needs at least "
-                f"{settings.min_episodes}"
-            )
+        if calibration.status != "passed":
+            reasons.append(calibration.reason)
         for result in results[p]:
             if result.estimator not in deciding:
                 continue
             if result.improvement.lower <= 0.0:
                 reasons.append(
                     f"{result.estimator}: the lower {settings.level:.0%} bound of the "
-                    f"improvement over the logged operation is {result.improvement.lower:.4g}, "
+                    f"improvement over today's operation is {result.improvement.lower:.4g}, "
                     "not above 0"
                 )
             if result.estimator != COST_DECIDING:
                 continue
             for cost in result.costs:
-                if cost.within_limit is False and cost.evidence == "insufficient evidence":
-                    reasons.append(
-                        f"{result.estimator}: cost {cost.channel!r}: insufficient evidence "
-                        f"({cost.events} cost events held out, {settings.min_cost_events} "
-                        "needed)"
+                if cost.within_limit is False:
+                    bound = (
+                        f", with the exact bound of its event rate ({cost.events} events in "
+                        f"{heldout.n_transitions} held-out steps)"
+                        if cost.event_bound is not None
+                        else ""
                     )
-                elif cost.within_limit is False:
                     reasons.append(
                         f"{result.estimator}: cost {cost.channel!r} may exceed its limit (upper "
-                        f"bound {cost.value.upper:.3g} of the limit)"
+                        f"bound {cost.value.upper:.3g} of the limit{bound})"
                     )
-        outside = results[p][0].outside_data_share or 0.0
+        model = results[p][0]
         warnings = []
-        if outside > 0:
+        if model.outside_data_share:
             warnings.append(
                 f"the plant model was asked to predict outside the range of its data on "
-                f"{outside:.1%} of this candidate's steps: those steps are penalised "
-                "(pessimism), not trusted"
+                f"{model.outside_data_share:.1%} of this candidate's steps: those steps are "
+                "penalised (pessimism), not trusted"
+            )
+        if model.outside_physics_share:
+            warnings.append(
+                f"the plant model predicted values outside the physical ranges on "
+                f"{model.outside_physics_share:.1%} of this candidate's steps: they were "
+                "clipped onto the ranges and charged (pessimism)"
             )
         table.append(
             {
@@ -646,16 +842,16 @@ def model_verdict(
                 "estimates": [dataclasses.asdict(r) for r in results[p]],
             }
         )
-    decision, chosen, statement = _decide(table, deciding, settings.level)
+    decision, chosen, statement = _decide(table, deciding, settings.level, calibration)
     card = getattr(plant_model, "card", {}) or {}
+    physics = card.get("physics") or {}
     return Verdict(
         decision=decision,
         recommended=chosen,
         statement=statement,
         candidates=tuple(table),
         behaviour={
-            "how": "the logged actions replayed in the model (model); a behaviour-cloned "
-            "policy (fqe, and model+fqe's tail)",
+            "how": BASELINE_HOW,
             "logged_discounted_return": float(np.mean(logged_discounted)),
             "estimates": [dataclasses.asdict(r) for r in behaviour_results],
         },
@@ -676,43 +872,168 @@ def model_verdict(
                 "dataset": (card.get("dataset") or {}).get("name"),
                 "fingerprint": (card.get("dataset") or {}).get("fingerprint"),
             },
+            "physics": {
+                "ranges": physics.get("features"),
+                "note": physics.get("note"),
+            },
         },
         estimators=estimators,
         deciding=deciding,
         settings=settings.to_dict(),
+        calibration=calibration,
     )
 
 
 def _decide(
-    table: Sequence[dict[str, Any]], deciding: Sequence[str], level: float
+    table: Sequence[dict[str, Any]],
+    deciding: Sequence[str],
+    level: float,
+    calibration: Calibration | dict[str, Any] | None = None,
 ) -> tuple[str, str | None, str]:
     """``(decision, recommended, statement)`` from the candidates' table: the qualifying
     candidate with the highest lower bound of its improvement by ``model``, or
-    :data:`KEEP`."""
+    :data:`KEEP`; the statement ends with the calibration check's sentence."""
+    if isinstance(calibration, dict):
+        calibration = _calibration_of(calibration)
+    check = "" if calibration is None else " " + calibration.sentence()
 
     def model_gain(row: dict[str, Any]) -> dict[str, float]:
         return next(e for e in row["estimates"] if e["estimator"] == "model")["improvement"]
 
+    if calibration is not None and calibration.status != "passed":
+        return KEEP, None, f"Keep the current operation: {calibration.reason}.{check}"
     qualified = [row for row in table if row["qualifies"]]
     if not qualified:
         return (
             KEEP,
             None,
-            "Keep the current operation: no candidate is estimated better than the logged "
+            "Keep the current operation: no candidate is estimated better than today's "
             f"operation with {level:.0%} confidence and within the cost limits by every "
-            f"deciding estimator ({', '.join(deciding)}).",
+            f"deciding estimator ({', '.join(deciding)}).{check}",
         )
     best = max(qualified, key=lambda row: model_gain(row)["lower"])
     gain = model_gain(best)
     return (
         "recommend",
         best["name"],
-        f"Recommend {best['name']}: estimated better than the logged operation by "
+        f"Recommend {best['name']}: estimated better than today's operation by "
         f"{gain['value']:.4g} (discounted return, {level:.0%} interval {gain['lower']:.4g} "
         f"to {gain['upper']:.4g}) by every deciding estimator ({', '.join(deciding)}), with "
         "every limited cost within its limit. These are estimates from a model of the plant "
-        "and the held-out episodes.",
+        f"and the held-out episodes.{check}",
     )
+
+
+def _calibration_of(data: dict[str, Any]) -> Calibration:
+    """A :class:`Calibration` from its ``to_dict`` form."""
+    intervals = {k: Interval(**data[k]) for k in ("estimated", "logged", "error")}
+    if data.get("closing_error"):
+        intervals["closing_error"] = Interval(**data["closing_error"])
+    return Calibration(**(data | intervals | {"costs": tuple(data["costs"])}))
+
+
+def _rate_upper_bound(events: int, steps: int, level: float) -> float:
+    """The exact (Clopper-Pearson) upper bound of a per-step event rate from ``events``
+    in ``steps`` at the upper end of a two-sided ``level`` interval: ``3.7 / steps`` for
+    none at 95 %. 1 without steps."""
+    if steps <= 0 or events >= steps:
+        return 1.0
+    return float(scipy.stats.beta.ppf(1.0 - (1.0 - level) / 2.0, events + 1, steps - events))
+
+
+def _within(gap: Interval, allowed: float) -> bool:
+    """An error interval that holds 0 or lies within ``±allowed``."""
+    return gap.lower <= 0.0 <= gap.upper or (gap.lower >= -allowed and gap.upper <= allowed)
+
+
+def _widened(interval: Interval, by: float) -> Interval:
+    return Interval(interval.value, interval.lower - by, interval.upper + by)
+
+
+def _calibration(
+    *,
+    baseline: RolloutSums,
+    logged_discounted: np.ndarray,
+    logged_costs: np.ndarray,
+    scale: np.ndarray,
+    limits: np.ndarray,
+    cost_names: Sequence[str],
+    start_episodes: np.ndarray,
+    heldout: Dataset,
+    settings: VerdictSettings,
+) -> Calibration:
+    """The operators' clone in the model (``baseline``, ``[M, N]``) against their logged
+    returns and costs from the same starts (see :class:`Calibration`)."""
+    level, draws, seed = settings.level, settings.bootstrap, settings.seed
+    within = _within
+
+    def interval(values: np.ndarray) -> Interval:
+        return _interval(values, bootstrap_means(values, start_episodes, draws, seed), level)
+
+    estimated = interval(baseline.discounted_return)
+    logged = interval(np.asarray(logged_discounted, np.float64)[None])
+    error = interval(baseline.discounted_return - logged_discounted[None])
+    size = float(np.mean(np.abs(logged_discounted)))
+    tolerance = settings.calibration_tolerance * size
+
+    costs = []
+    for c in range(logged_costs.shape[1]):
+        if not np.isfinite(limits[c]):
+            continue
+        model = baseline.total_costs[..., c] / scale[:, c]
+        data = logged_costs[:, c] / scale[:, c]
+        gap = interval(model - data[None])
+        # A model that over-predicts a cost is conservative; one that under-predicts it
+        # would let a candidate through that breaks the limit.
+        costs.append(
+            {
+                "channel": cost_names[c],
+                "estimated": float(np.mean(model)),
+                "logged": float(np.mean(data)),
+                "error": dataclasses.asdict(gap),
+                "passed": bool(gap.upper >= -settings.calibration_tolerance),
+            }
+        )
+    episodes = len(np.unique(start_episodes))
+    common = dict(
+        estimated=estimated,
+        logged=logged,
+        error=error,
+        tolerance=tolerance,
+        model_error=max(abs(error.lower), abs(error.upper)),
+        costs=tuple(costs),
+        episodes=episodes,
+        transitions=int(heldout.n_transitions),
+        min_episodes=settings.min_episodes,
+    )
+    if episodes < settings.min_episodes:
+        return Calibration(
+            status="too small",
+            reason=(
+                f"the held-out part is too small for the calibration check: "
+                f"{heldout.n_transitions} transitions in {episodes} episode(s), at least "
+                f"{settings.min_episodes} episodes needed (hold out more episodes, or log more)"
+            ),
+            **common,
+        )
+    failed = [c["channel"] for c in costs if not c["passed"]]
+    if not within(error, tolerance) or failed:
+        what = (
+            f"estimated {estimated.value:.4g}, logged {logged.value:.4g}"
+            if not within(error, tolerance)
+            else "; ".join(
+                f"{c['channel']} estimated {c['estimated']:.3g}, logged {c['logged']:.3g} "
+                "of its limit"
+                for c in costs
+                if not c["passed"]
+            )
+        )
+        return Calibration(
+            status="failed",
+            reason=f"the plant model does not reproduce today's operation ({what})",
+            **common,
+        )
+    return Calibration(status="passed", **common)
 
 
 def merge_verdicts(verdicts: Sequence[Verdict]) -> Verdict:
@@ -731,8 +1052,12 @@ def merge_verdicts(verdicts: Sequence[Verdict]) -> Verdict:
             raise VerdictError("merge_verdicts: verdicts of different settings or estimators")
         if other.evidence["starts"] != first.evidence["starts"]:
             raise VerdictError("merge_verdicts: verdicts on different held-out starts")
+        if other.calibration != first.calibration:
+            raise VerdictError("merge_verdicts: verdicts of different calibration checks")
     table = [row for verdict in verdicts for row in verdict.candidates]
-    decision, chosen, statement = _decide(table, first.deciding, first.settings["level"])
+    decision, chosen, statement = _decide(
+        table, first.deciding, first.settings["level"], first.calibration
+    )
     return dataclasses.replace(
         first, candidates=tuple(table), decision=decision, recommended=chosen, statement=statement
     )
@@ -753,14 +1078,18 @@ def _fqe_estimators(
     settings: VerdictSettings,
     first: jax.Array,
     candidates: RolloutSums,
-    logged: RolloutSums,
+    baseline: RolloutSums,
+    clone: _Clone,
+    model_error: float,
+    logged_discounted: np.ndarray,
+    closing_error: list[Interval],
     start_episodes: np.ndarray,
     reward_spread: float,
     cost_spread: np.ndarray,
     costs_of: Callable[[np.ndarray, int], tuple[CostEstimate, ...]],
 ) -> tuple[list[list[EstimatorResult]], list[EstimatorResult]]:
-    """``fqe`` and ``model+fqe`` of every candidate, and of the logged operation (a
-    behaviour clone's FQE)."""
+    """``fqe`` and ``model+fqe`` of every candidate, and of today's operation (the
+    operators' clone: its FQE, and its model rollouts closed by it)."""
     if fqe_act is None:
 
         def fqe_act(params: Any, observations: jax.Array) -> jax.Array:
@@ -774,7 +1103,6 @@ def _fqe_estimators(
         batch_size=FQE_BATCH_SIZE,
     )
     values = fqe_values or fitted_q_evaluation_values(heldout, fqe_act, policy_params, **common)
-    clone = _behaviour_clone(heldout, settings)
     clone_params = jax.tree.map(lambda leaf: leaf[None], clone.params)
 
     def clone_act(params: Any, observations: jax.Array) -> jax.Array:
@@ -788,7 +1116,7 @@ def _fqe_estimators(
         values, starts, jnp.asarray(candidates.closing_observation, jnp.float32)
     )
     clone_at_starts, clone_closing = _values_at(
-        clone_values, first[None], jnp.asarray(logged.closing_observation, jnp.float32)[None]
+        clone_values, first[None], jnp.asarray(baseline.closing_observation, jnp.float32)[None]
     )
     clone_at_starts, clone_closing = clone_at_starts[0], clone_closing[0]
     penalty = settings.penalty
@@ -805,7 +1133,10 @@ def _fqe_estimators(
         costs = costs + weight[..., None] * tail[..., 1:]
         return value, costs
 
-    logged_combined, logged_combined_costs = head(logged, clone_closing[None], penalty=0.0)
+    # The operators' estimate is raised by its uncertainty (pessimism on the baseline).
+    logged_combined, logged_combined_costs = head(
+        jax.tree.map(lambda x: x[None], baseline), clone_closing[None], penalty=-penalty
+    )
     logged_combined, logged_combined_costs = logged_combined[0], logged_combined_costs[0]
     results: list[list[EstimatorResult]] = []
     seed = settings.seed
@@ -813,6 +1144,14 @@ def _fqe_estimators(
     def interval(values: np.ndarray, draw_seed: int) -> Interval:
         draws = bootstrap_means(values, start_episodes, settings.bootstrap, draw_seed)
         return _interval(values, draws, settings.level)
+
+    # model+fqe's own error on today's operation (its unpenalised estimate of the clone
+    # against the logged returns), as the model's calibration: its improvement interval
+    # is widened by the larger of the two.
+    unpenalised, _ = head(jax.tree.map(lambda x: x[None], baseline), clone_closing[None], 0.0)
+    error = interval(unpenalised[0] - logged_discounted[None], seed)
+    combined_error = max(model_error, abs(error.lower), abs(error.upper))
+    closing_error.append(error)
 
     for p in range(n_policies):
         fqe_returns = at_starts[p, ..., 0]  # [S, N]
@@ -832,7 +1171,7 @@ def _fqe_estimators(
             estimator="model+fqe",
             discounted_return=interval(combined, seed + p),
             episode_return=None,
-            improvement=interval(difference, seed + p),
+            improvement=_widened(interval(difference, seed + p), combined_error),
             penalty=float(np.mean(penalty * reward_spread * own.head_uncertainty)),
             costs=costs_of(combined_costs, seed + p),
         )
@@ -875,6 +1214,30 @@ def _values_at(values: Callable[[Any], np.ndarray], *observations: jax.Array) ->
 class _Clone:
     act: Callable[..., jax.Array]
     params: Any
+
+
+def _operators_policy(clone: _Clone, heldout: Dataset, noise: bool) -> _Clone:
+    """Today's operation as a policy for the model: the clone's action plus, with
+    ``noise``, Gaussian noise of the spread of the logged actions around it (per action,
+    in [-1, 1]; operators do not repeat the same move from the same state), clipped to
+    [-1, 1]. Its parameters carry a leading policy axis of 1."""
+    observations = heldout.transition_observations()
+    mean = jax.vmap(lambda o: clone.act(clone.params, o, None, deterministic=True))(observations)
+    residual = np.asarray(jax.device_get(heldout.actions - mean), np.float64)
+    spread = residual.reshape(heldout.n_transitions, -1).std(axis=0) if noise else 0.0
+    params = {
+        "clone": clone.params,
+        "noise": jnp.asarray(np.broadcast_to(spread, (heldout.action_size,)), jnp.float32),
+    }
+
+    def act(params: Any, observation: jax.Array, key: Any = None, deterministic: bool = True):
+        action = clone.act(params["clone"], observation, None, deterministic=True)
+        if deterministic or key is None:
+            return action
+        drawn = params["noise"] * jax.random.normal(key, action.shape, action.dtype)
+        return jnp.clip(action + drawn, -1.0, 1.0)
+
+    return _Clone(act=act, params=jax.tree.map(lambda leaf: leaf[None], params))
 
 
 def _behaviour_clone(heldout: Dataset, settings: VerdictSettings) -> _Clone:
