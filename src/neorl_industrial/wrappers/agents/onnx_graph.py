@@ -324,6 +324,8 @@ class _Lowering:
                 results = self.call(eqn, values)
             elif name == "cond":
                 results = self.cond(eqn, values)
+            elif name == "while":
+                results = self.while_loop(eqn, values)
             elif not any(isinstance(v, _Value) for v in values) and _concrete(eqn.outvars):
                 results = self.fold(eqn, values)
             else:
@@ -390,6 +392,79 @@ class _Lowering:
             )
         )
         return [_Value(name, var.aval) for name, var in zip(outputs, outvars, strict=True)]
+
+    def while_loop(self, eqn: Any, values: list[Any]) -> list[Any]:
+        """``lax.while_loop`` as an ONNX ``Loop`` (the shield's exact projection, whose
+        loop is capped by its own step count). A batched condition (what ``vmap`` makes
+        of a loop whose rows finish apart) runs the loop while any row's holds and moves
+        only those rows, as XLA runs it: each pass reads the rows' conditions on the
+        carried values, applies the body where they hold, and goes on while any does."""
+        cond_closed, body_closed = eqn.params["cond_jaxpr"], eqn.params["body_jaxpr"]
+        n_cond, n_body = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        cond_consts = values[:n_cond]
+        body_consts = values[n_cond : n_cond + n_body]
+        initial = values[n_cond + n_body :]
+        avals = [var.aval for var in eqn.outvars]
+        pred_aval = cond_closed.jaxpr.outvars[0].aval
+        (first,) = self.inline(cond_closed, [*cond_consts, *initial])
+        outer = self.nodes
+        self.nodes = []
+        try:
+            step_name, cond_name = f"{self.fresh()}_step", f"{self.fresh()}_go"
+            carried = [_Value(f"{self.fresh()}_carry{k}", aval) for k, aval in enumerate(avals)]
+            if pred_aval.shape:
+                (rows,) = self.inline(cond_closed, [*cond_consts, *carried])
+            updated = self.inline(body_closed, [*body_consts, *carried])
+            if pred_aval.shape:
+                updated = [
+                    self.rows_where(rows, pred_aval, new, old)
+                    for new, old in zip(updated, carried, strict=True)
+                ]
+            (again,) = self.inline(cond_closed, [*cond_consts, *updated])
+            go_out = f"{self.fresh()}_go_out"
+            self.node("Identity", [self.any_of(again, pred_aval)], [go_out])
+            outputs = [helper.make_tensor_value_info(go_out, TensorProto.BOOL, [])]
+            for k, (result, aval) in enumerate(zip(updated, avals, strict=True)):
+                name = f"{self.fresh()}_next{k}"
+                self.node("Identity", [self.operand(result)], [name])
+                outputs.append(_value_info(name, aval.dtype, aval.shape, self.batch))
+            nodes = _live(self.nodes, [info.name for info in outputs])
+        finally:
+            self.nodes = outer
+        inputs = [
+            helper.make_tensor_value_info(step_name, TensorProto.INT64, []),
+            helper.make_tensor_value_info(cond_name, TensorProto.BOOL, []),
+            *(_value_info(v.name, v.aval.dtype, v.aval.shape, self.batch) for v in carried),
+        ]
+        body = helper.make_graph(nodes, f"loop{self._counter}", inputs, outputs)
+        go = self.any_of(first, pred_aval)
+        results = [self.fresh() for _ in avals]
+        self.nodes.append(
+            helper.make_node(
+                "Loop", ["", go, *(self.operand(v) for v in initial)], results, body=body
+            )
+        )
+        return [_Value(name, aval) for name, aval in zip(results, avals, strict=True)]
+
+    def any_of(self, value: Any, aval: Any) -> str:
+        """A boolean scalar: whether any element of ``value`` is true."""
+        x = self.operand(value)
+        if not aval.shape:
+            return self.node("Cast", [x], to=TensorProto.BOOL)
+        counted = self.node("Cast", [x], to=TensorProto.INT32)
+        return self.node(
+            "Cast", [self.node("ReduceMax", [counted], keepdims=0)], to=TensorProto.BOOL
+        )
+
+    def rows_where(self, rows: Any, rows_aval: Any, new: Any, old: Any) -> Any:
+        """``new`` where the leading-axes mask ``rows`` holds, else ``old``."""
+        aval = new.aval if isinstance(new, _Value) else old.aval
+        condition = self.operand(rows)
+        extra = len(aval.shape) - len(rows_aval.shape)
+        if extra:
+            axes = np.arange(len(rows_aval.shape), len(aval.shape), dtype=np.int64)
+            condition = self.node("Unsqueeze", [condition, self.constant(axes)])
+        return _Value(self.where(condition, new, old, aval), aval)
 
     def fold(self, eqn: Any, values: list[Any]) -> list[Any]:
         """Evaluates an equation of constants: exact IEEE operations and data movement in
