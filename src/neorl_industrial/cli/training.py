@@ -112,6 +112,7 @@ def command_sweep(args: argparse.Namespace) -> int:
     )
     if table.get("verdict"):
         print_verdict(console, table["verdict"])
+    _print_selection(console, report)
     hindsight = table.get("hindsight")
     if hindsight:
         console.print(
@@ -170,6 +171,7 @@ def _train_and_report(
         console.print(_side_by_side_table(report))
     if report.get("verdict"):
         print_verdict(console, report["verdict"])
+    _print_selection(console, report)
     data, training = report["data"], report["training"]
     rate = training["updates_per_s"]
     console.print(
@@ -196,6 +198,24 @@ def _train_and_report(
         _print_tracking(console, tracking)
     console.print(f"Done in {time.perf_counter() - started:.1f} s.")
     return 0
+
+
+def _print_selection(console: Console, report: dict) -> None:
+    """The runs that failed (never selected or exported) and what was selected, how."""
+    for failed in report.get("failed_runs") or ():
+        console.print(
+            escape(f"[failed] {failed['candidate']}: {failed['reason']}; never selected"),
+            style="yellow",
+        )
+    selection = report.get("selection") or {}
+    if selection.get("by") == "verdict":
+        console.print(
+            escape(
+                f"Selected {selection['exported']}: the verdict ranks it first "
+                f"({selection['candidate']}); any other: export --candidate NAME "
+                f"({', '.join(report.get('candidates') or [])})"
+            )
+        )
 
 
 def _print_tracking(console: Console, tracking: dict) -> None:
@@ -473,7 +493,9 @@ def command_export(args: argparse.Namespace) -> int:
     from neorl_industrial.wrappers.agents import Agent
     from neorl_industrial.wrappers.agents.signing import PRIVATE_KEY
 
-    agent = Agent.load(agent_dir(args.agent))
+    agent = Agent.load(_saved_agent(args.agent))
+    if args.candidate is not None:
+        agent = agent.candidate(_own_candidate(args.agent, args.candidate))
     console = make_console()
     key = args.sign_key
     if key is None and (Path("keys") / PRIVATE_KEY).is_file():
@@ -483,7 +505,10 @@ def command_export(args: argparse.Namespace) -> int:
     path = agent.export(args.out, overwrite=args.overwrite, signing_key=key, **options)
     signed = f"signed with {key}" if key is not None else "unsigned"
     graph = " with its ONNX graph (policy.onnx)" if args.format == "onnx" else ""
-    console.print(f"Exported the policy of {args.agent} ({agent.name}) to {path}{graph}, {signed}")
+    console.print(
+        f"Exported the policy of {args.agent} ({agent.name}, candidate "
+        f"{agent.selected_candidate}) to {path}{graph}, {signed}"
+    )
     if key is None:
         console.print(
             "[yellow]warning:[/yellow] no --sign-key and no keys/policy-signing.key here: "
@@ -492,9 +517,86 @@ def command_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _saved_agent(value: str) -> Path:
+    """A saved agent's directory from a run's directory, the agent's own or a registry
+    URI."""
+    path = agent_dir(value)
+    if not (path / "agent.json").is_file() and (path / "agent" / "agent.json").is_file():
+        return path / "agent"
+    return path
+
+
+def _own_candidate(run: str, candidate: str) -> str:
+    """``candidate`` without its run's name (``heater-bc/seed1`` as a joint verdict names
+    it); one of another run is refused by name."""
+    owner, slash, name = candidate.rpartition("/")
+    if not slash:
+        return candidate
+    path = Path(run)
+    label = (path.parent if path.name == "agent" else path).absolute().name
+    if owner != label:
+        raise ValueError(
+            f"--candidate {candidate}: a candidate of run {owner!r}, not of {label!r} ({run})"
+        )
+    return name
+
+
+def command_verdict(args: argparse.Namespace) -> int:
+    from neorl_industrial.pipeline import run_verdict
+
+    console = make_console()
+    console.print(
+        f"[bold]verdict[/bold] over every candidate of {len(args.runs)} run(s) with the plant "
+        f"model {args.plant_model}"
+    )
+    started = time.perf_counter()
+    outcome = run_verdict(
+        list(args.runs),
+        args.plant_model,
+        data=args.data,
+        schema=args.schema,
+        out=args.out,
+        ope_updates=args.ope_updates,
+        track=not args.no_tracking,
+        console=console,
+    )
+    report = outcome.report
+    heldout = report["heldout"]
+    console.print(
+        escape(
+            f"{sum(len(run['candidates']) for run in report['runs'].values())} candidates of "
+            f"{len(report['runs'])} run(s), judged on {heldout['episodes']} of the "
+            f"{heldout['of']} episodes of {report['data']['name']} (those no candidate "
+            "trained on and the plant model was not fitted on)."
+        )
+    )
+    for label, run in report["runs"].items():
+        for failed in run["failed"]:
+            console.print(
+                escape(f"  {label}/{failed['candidate']}: failed, not judged: {failed['reason']}")
+            )
+    print_verdict(console, report["verdict"])
+    first = report["first"]
+    console.print(
+        escape(
+            f"Ranked first: {first['run']}/{first['candidate']}. Export it with: {report['export']}"
+        ),
+        soft_wrap=True,
+    )
+    console.print(f"Report: {outcome.out_dir / 'report.json'}")
+    tracking = report.get("tracking")
+    if tracking:
+        console.print(
+            f"MLflow: run {tracking['run_id'] or 'not created (see the spool)'} in experiment "
+            f"{tracking['experiment']!r} at {tracking['uri']}; {tracking['ui']}"
+        )
+    console.print(f"Done in {time.perf_counter() - started:.1f} s.")
+    return 0
+
+
 def add_parsers(commands: argparse._SubParsersAction) -> None:
-    """Adds ``run``, ``train``, ``sweep``, ``evaluate`` and ``export`` to the command
-    line."""
+    """Adds ``run``, ``train``, ``sweep``, ``evaluate``, ``export`` and ``verdict`` to
+    the command line."""
     run = commands.add_parser(
         "run",
         help="the main job: generate data, train a safe agent, evaluate, save, export, report",
@@ -621,9 +723,17 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     export.add_argument(
         "agent",
-        help="a saved agent's directory, or a registered model (models:/ib-policy@champion)",
+        help="a run's or sweep's directory, a saved agent's, or a registered model "
+        "(models:/ib-policy@champion)",
     )
     export.add_argument("--out", required=True, help="the artifact's directory")
+    export.add_argument(
+        "--candidate",
+        metavar="NAME",
+        help="which policy: seed<s> of a training run, config<c>-seed<s> of a sweep (or the "
+        "name a verdict gives it, e.g. 'run 1 (seed 1)' or 'iql-sweep/config3-seed0'); "
+        "default: the one the run selected (with a plant model: the verdict's first)",
+    )
     export.add_argument("--overwrite", action="store_true")
     export.add_argument(
         "--format", choices=("jax", "onnx"), default="jax",
@@ -637,3 +747,33 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "keys/policy-signing.key if present)",
     )  # fmt: skip
     export.set_defaults(handler=command_export)
+
+    verdict = commands.add_parser(
+        "verdict",
+        help="one verdict over every candidate of several runs and sweeps (every saved seed "
+        "and configuration) against the logged operation, with a plant model",
+    )
+    verdict.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="a directory train or sweep wrote (or its agent/); candidates are named "
+        "<run>/seed<s> and <run>/config<c>-seed<s>",
+    )
+    verdict.add_argument(
+        "--plant-model", required=True, metavar="DIR", help="a plant model of the runs' log"
+    )
+    verdict.add_argument(
+        "--data", metavar="DATASET", help="the runs' log (default: the first run's data.path)"
+    )
+    verdict.add_argument("--schema", help="the YAML schema of a plant log given to --data")
+    verdict.add_argument(
+        "--out", metavar="DIR", help="where report.json goes (default: verdicts/verdict-<time>)"
+    )
+    verdict.add_argument(
+        "--ope-updates", type=positive_int, default=None, help="FQE updates per FQE seed"
+    )
+    verdict.add_argument(
+        "--no-tracking", action="store_true", help="no MLflow run, even if the first run is tracked"
+    )
+    verdict.set_defaults(handler=command_verdict)
