@@ -248,12 +248,16 @@ def validate_hyperparameters(
     # Nested settings (a PID's gains) are merged over the algorithm's own defaults, so
     # ``pid: {kp: 0.1}`` changes one gain and keeps the others.
     values = _merge(entry.defaults(), values, "algorithm.hyperparameters")
+    check_ranges(values, "algorithm.hyperparameters")
     try:
         # Types checked by pydantic against the dataclass's annotations.
         config = pydantic.TypeAdapter(entry.config_type).validate_python(values, strict=False)
     except pydantic.ValidationError as error:
         problems = "; ".join(
             f"algorithm.hyperparameters.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+            if e["loc"]
+            # The config's own check names its field first.
+            else f"algorithm.hyperparameters.{e['msg'].removeprefix('Value error, ')}"
             for e in error.errors()
         )
         raise HyperparameterError(problems) from None
@@ -264,7 +268,6 @@ def validate_hyperparameters(
         # A NaN learning rate or α trains silently into NaN parameters; no algorithm
         # reads infinity as a setting either.
         raise HyperparameterError(f"{found[0]}: expected a finite number, got {found[1]}")
-    check_ranges(dataclasses.asdict(config), "algorithm.hyperparameters")
     return config
 
 
@@ -369,8 +372,8 @@ def check_ranges(values: Mapping[str, Any], where: str) -> None:
         if isinstance(value, Mapping):
             check_ranges(value, location)
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            continue  # not a number (its type is checked next), or NaN (named as such)
         allowed = RANGES.get(name, _ANY)
         if not allowed.holds(value):
             raise HyperparameterError(
