@@ -81,6 +81,17 @@ CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("CQL", "cql", {}),
     ("MOPO", "mopo", {}),
 )
+#: The study plants' configurations (benchmarks/plants): the safe algorithms a plant's
+#: engineer trains on its log (README: the plant journey), IQL-Lag's beta swept, and one
+#: unconstrained TD3+BC.
+PLANT_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("BC-Safe", "bc-safe", {}),
+    ("TD3BC-Lag", "td3bc-lag", {}),
+    ("IQL-Lag b=1", "iql-lag", {"beta": 1.0}),
+    ("IQL-Lag b=3", "iql-lag", {"beta": 3.0}),
+    ("IQL-Lag b=10", "iql-lag", {"beta": 10.0}),
+    ("TD3+BC a=2.5", "td3bc", {"alpha": 2.5}),
+)
 ESTIMATORS = ("model", "fqe", "model+fqe")
 #: The issue's targets: mean and worst regret@1 (share of the spread), mean rank
 #: correlation, datasets where the recommendation is worse than the operators or unsafe.
@@ -361,6 +372,258 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _plant_candidates(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
+    return [entry for entry in PLANT_CANDIDATES if entry[1] in args.algorithms]
+
+
+def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One study plant (:mod:`benchmarks.plants`): its operators' log written, imported
+    with its schema (no simulator behind the dataset), the plant model, the candidates,
+    their verdict and, from the plant's own simulator, the truth: whole episodes from the
+    plant's start distribution and the improvement over the operators' closed loop from
+    the verdict's own starts, horizon and discount (:mod:`benchmarks.plants.truth`)."""
+    import tempfile
+    from pathlib import Path
+
+    import jax
+
+    from benchmarks.plants import make_plant, write_plant
+    from benchmarks.plants.truth import PlantTruth, mean_interval, verdict_starts
+    from neorl_industrial.core.models import DynamicsConfig
+    from neorl_industrial.integration.datasets import load_plant_log
+    from neorl_industrial.wrappers.agents import Agent
+    from neorl_industrial.wrappers.models import FitSettings, PlantModel
+    from neorl_industrial.wrappers.training.verdict import VerdictSettings, model_verdict
+
+    started = time.perf_counter()
+    plant = make_plant(name)
+    folder = Path(args.plant_dir or tempfile.mkdtemp(prefix="verdict-study-")) / name
+    progress(f"{name}: the operators' log, {args.plant_episodes} episodes")
+    csv = write_plant(name, folder, seed=args.data_seed, episodes=args.plant_episodes)
+    dataset, card = load_plant_log(csv, folder / "schema.yaml")
+    task = card.task(dataset)
+    constraints = folder / "constraints.yaml"
+    model = PlantModel(
+        task,
+        DynamicsConfig(**({"hidden": tuple(args.model_hidden)} if args.model_hidden else {})),
+        definitions=card.definitions,
+    )
+    progress(f"{name}: plant model, at most {args.model_updates} updates")
+    model_started = time.perf_counter()
+    model.fit(
+        dataset,
+        FitSettings(
+            max_updates=args.model_updates, holdout=args.holdout, split_seed=args.split_seed
+        ),
+        dataset_name=card.name,
+    )
+    model_seconds = time.perf_counter() - model_started
+    holdout_ids = np.asarray(model.card["dataset"]["holdout_episodes"])
+    heldout = dataset.select_episodes(holdout_ids)
+    training = dataset.select_episodes(np.asarray(model.card["dataset"]["train_episodes"]))
+    logged = np.asarray(jax.device_get(dataset.episode_returns()), np.float64)
+    settings = VerdictSettings(
+        horizon=args.horizon,
+        max_starts=args.starts,
+        bootstrap=args.bootstrap,
+        fqe_updates=args.fqe_updates,
+        bc_updates=args.fqe_updates,
+        fqe_hidden=tuple(args.hidden),
+    )
+    trained: list[tuple[str, Any, float]] = []
+    for label, algorithm, hyperparameters in _plant_candidates(args):
+        progress(f"{name}: {label} x {args.seeds} seeds, {args.updates} updates")
+        fit_started = time.perf_counter()
+        agent = Agent(
+            algorithm,
+            task=task,
+            constraints=constraints,
+            hidden=tuple(args.hidden),
+            **hyperparameters,
+        )
+        agent.fit(
+            training,
+            updates=args.updates,
+            seeds=tuple(range(args.seeds)),
+            chunk=min(args.chunk, args.updates),
+            evaluate=False,
+        )
+        trained.append((label, agent, time.perf_counter() - fit_started))
+    agents = [agent for _, agent, _ in trained]
+    first = agents[0]
+    names = [f"{label}, seed {seed}" for label, agent, _ in trained for seed in agent.seeds]
+    policies = mixture_params([agent.policies for agent in agents])
+    data = first.training_data(heldout)
+    if first.scaler is not None:
+        data = data.replace(actions=first.scaler.scale(data.actions))
+    limits = [cost.limit for cost in plant.costs]
+    progress(f"{name}: verdict on {len(names)} candidates")
+    judge_started = time.perf_counter()
+    merged = model_verdict(
+        act=mixture_act([agent.policy_algorithm.act for agent in agents]),
+        policy_params=policies,
+        names=names,
+        heldout=data,
+        plant_model=model,
+        scaler=first.scaler,
+        constraints=first.constraints,
+        cost_limits=limits,
+        cost_names=first.cost_names,
+        episode_length=first.task.episode_length,
+        settings=settings,
+    )
+    judge_seconds = time.perf_counter() - judge_started
+
+    progress(f"{name}: the truth, {args.truth_episodes} episodes and the verdict's starts")
+    truth = PlantTruth(plant, folder)
+    starts = verdict_starts(
+        data, holdout_ids, max_starts=settings.max_starts, horizon=settings.horizon
+    )
+    truth_options = dict(
+        discount=settings.discount, replicates=args.replicates, seed=args.eval_seed
+    )
+    operators = truth.episodes(truth.operators(), episodes=args.truth_episodes, seed=args.eval_seed)
+    baseline = truth.at_starts(truth.operators(), starts, **truth_options)
+    candidates = []
+    rows = iter(merged.candidates)
+    for label, agent, seconds in trained:
+        for run, seed in enumerate(agent.seeds):
+            row = next(rows)
+            controller = truth.controller(
+                lambda observations, previous, agent=agent, run=run: agent.predict(
+                    observations, previous, run=run
+                )
+            )
+            whole = truth.episodes(controller, episodes=args.truth_episodes, seed=args.eval_seed)
+            gain = mean_interval(whole["_runs"].returns - operators["_runs"].returns)
+            at_starts = truth.improvement(controller, starts, baseline=baseline, **truth_options)
+            estimates = {e["estimator"]: e for e in row["estimates"]}
+            true_gain = at_starts["improvement"]["value"]
+            candidates.append(
+                {
+                    "name": row["name"],
+                    "configuration": label,
+                    "algorithm": agent.entry.name,
+                    "seed": seed,
+                    "qualifies": row["qualifies"],
+                    "reasons": row["reasons"],
+                    "estimates": {
+                        key: {
+                            "value": estimates[key]["discounted_return"]["value"],
+                            "improvement": estimates[key]["improvement"],
+                            "covers": bool(
+                                estimates[key]["improvement"]["lower"]
+                                <= true_gain
+                                <= estimates[key]["improvement"]["upper"]
+                            ),
+                        }
+                        for key in ESTIMATORS
+                        if key in estimates
+                    },
+                    "true_return": whole["return"]["value"],
+                    "true_return_interval": whole["return"],
+                    "true_normalized_cost": whole["normalized_cost"],
+                    "true_episode_cost": [c["value"] for c in whole["cost"]],
+                    "true_improvement": gain.to_dict(),
+                    "true_improvement_at_starts": at_starts["improvement"],
+                    "true_value_at_starts": at_starts["value"],
+                    "fit_seconds": seconds / len(agent.seeds),
+                }
+            )
+    truth_values = np.asarray([c["true_return"] for c in candidates])
+    ranking = {
+        key: _ranking(np.asarray([c["estimates"][key]["value"] for c in candidates]), truth_values)
+        for key in ESTIMATORS
+        if all(key in c["estimates"] for c in candidates)
+    }
+    behaviour_return = operators["return"]["value"]
+    outcome: dict[str, Any] = {"decision": merged.decision, "recommended": merged.recommended}
+    if merged.recommended:
+        chosen = next(c for c in candidates if c["name"] == merged.recommended)
+        outcome |= {
+            "true_return": chosen["true_return"],
+            "improvement_over_behaviour": chosen["true_improvement"]["value"],
+            "worse_than_behaviour": bool(chosen["true_return"] < behaviour_return),
+            "not_truly_better": bool(chosen["true_improvement"]["lower"] <= 0.0),
+            "over_cost_limit": bool(chosen["true_normalized_cost"] > 1.0),
+            "regret_share": float(
+                (truth_values.max() - chosen["true_return"]) / np.ptp(truth_values)
+            )
+            if np.ptp(truth_values) > 0
+            else 0.0,
+        }
+    else:
+        outcome |= {
+            "worse_than_behaviour": False,
+            "not_truly_better": False,
+            "over_cost_limit": False,
+        }
+    outcome["bad"] = bool(outcome["not_truly_better"] or outcome["over_cost_limit"])
+    return {
+        "dataset": name,
+        "plant": True,
+        "operators_kind": plant.operators_kind,
+        "seconds": time.perf_counter() - started,
+        "model_seconds": model_seconds,
+        "verdict_seconds": judge_seconds,
+        "transitions": int(dataset.n_transitions),
+        "heldout_episodes": int(heldout.n_episodes),
+        "starts": {
+            "count": len(starts.row),
+            "horizon": int(starts.length.max()),
+            "discount": settings.discount,
+            "replicates": args.replicates,
+        },
+        "behaviour": {
+            "true_return": behaviour_return,
+            "true_return_interval": operators["return"],
+            "logged_return": float(logged.mean()),
+            "normalized_cost": operators["normalized_cost"],
+            "true_value_at_starts": mean_interval(baseline.mean(axis=1)).to_dict(),
+            "logged_value_at_starts": _logged_at_starts(data, starts, settings.discount),
+        },
+        "fidelity": {
+            "heldout": _fidelity_summary(model.card["fidelity"]),
+            "simulator": None,
+            "model_updates": model.card["fit"]["updates"],
+        },
+        "candidates": candidates,
+        "ranking": ranking,
+        "verdict": outcome,
+        "statement": merged.statement,
+        "truly_better_than_behaviour": int(
+            sum(c["true_improvement"]["lower"] > 0 for c in candidates)
+        ),
+        "truly_better_and_safe": sum(_truly_better(c, behaviour_return) for c in candidates),
+        "clearly_better": int(sum(_clearly_better(c, behaviour_return) for c in candidates)),
+    }
+
+
+def _logged_at_starts(heldout: Any, starts: Any, discount: float) -> float:
+    """The logged operation's mean discounted return from the verdict's starts (data)."""
+    import jax
+
+    rewards = np.asarray(jax.device_get(heldout.rewards), np.float64)
+    first = np.asarray(jax.device_get(heldout.episode_starts), np.int64)[starts.group]
+    values = [
+        rewards[begin + row : begin + row + length] @ discount ** np.arange(length)
+        for begin, row, length in zip(first, starts.row, starts.length, strict=True)
+    ]
+    return float(np.mean(values))
+
+
+def _clearly_better(candidate: dict[str, Any], behaviour_return: float) -> bool:
+    """The issue's "clearly better": a true improvement of at least a quarter of the
+    operators' |return| at a true cost within half of every limit."""
+    gain = candidate.get("true_improvement")
+    return bool(
+        gain is not None
+        and gain["lower"] > 0.0
+        and gain["value"] >= 0.25 * abs(behaviour_return)
+        and (candidate["true_normalized_cost"] or 0.0) <= 0.5
+    )
+
+
 def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Across datasets: per estimator the mean and worst regret@1 and the mean rank
     correlation, the verdict's record, and which targets were met."""
@@ -396,10 +659,61 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ]
     return {
         "estimators": per_estimator,
+        "plants": _plant_summary([row for row in rows if row.get("plant")]),
         "random_regret": float(np.mean(random_regret)),
         "recommended": sum(row["verdict"]["decision"] == "recommend" for row in rows),
         "bad_recommendations": int(bad),
         "bad_target_met": bool(bad <= TARGETS["bad"]),
+    }
+
+
+#: The issue's targets on the study plants, against the truth at the verdict's starts:
+#: recommendations not truly better or over a limit, the share of datasets with a clearly
+#: better candidate where a truly better one is recommended, the share of candidates whose
+#: deciding estimator's interval holds the true improvement, the rank correlation.
+PLANT_TARGETS = {"bad": 0, "power": 0.8, "coverage": 0.9, "correlation": 0.7}
+
+
+def _plant_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The issue's targets over the study plants' rows (None without any)."""
+    if not rows:
+        return None
+    candidates = [c for row in rows for c in row["candidates"]]
+    coverage = {
+        name: float(np.mean([c["estimates"][name]["covers"] for c in candidates]))
+        for name in ESTIMATORS
+        if candidates and all(name in c["estimates"] for c in candidates)
+    }
+    correlations = {
+        name: [row["ranking"].get(name, {}).get("rank_correlation") for row in rows]
+        for name in ESTIMATORS
+    }
+    powered = [row for row in rows if row["clearly_better"] > 0]
+    found = [
+        row
+        for row in powered
+        if row["verdict"]["decision"] == "recommend" and not row["verdict"]["bad"]
+    ]
+    bad = int(sum(row["verdict"]["bad"] for row in rows))
+    deciding = [name for name in ("model", "model+fqe") if name in coverage]
+    worst_coverage = min((coverage[name] for name in deciding), default=None)
+    return {
+        "datasets": [row["dataset"] for row in rows],
+        "bad_recommendations": bad,
+        "power": {"datasets": len(powered), "found": len(found)},
+        "coverage": coverage,
+        "rank_correlation": correlations,
+        "targets_met": {
+            "bad": bad <= PLANT_TARGETS["bad"],
+            "power": (len(found) / len(powered) >= PLANT_TARGETS["power"]) if powered else None,
+            "coverage": None
+            if worst_coverage is None
+            else bool(worst_coverage >= PLANT_TARGETS["coverage"]),
+            "correlation": all(
+                value is not None and value >= PLANT_TARGETS["correlation"]
+                for value in correlations["model"]
+            ),
+        },
     }
 
 
@@ -462,6 +776,116 @@ def _kept_section(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {row['dataset']} | {len(kept)} | {' | '.join(map(str, counts))} | {alone} |"
         )
+    return lines
+
+
+def _interval_text(interval: dict[str, float] | None) -> str:
+    if interval is None:
+        return "-"
+    return f"{interval['value']:,.4g} [{interval['lower']:,.4g}, {interval['upper']:,.4g}]"
+
+
+def _plants_section(rows: list[dict[str, Any]], total: dict[str, Any] | None) -> list[str]:
+    """The study plants against their truth: the operators' closed loop, every
+    candidate's true improvement over it (whole episodes, and from the verdict's starts
+    with its horizon and discount) and whether the estimators' intervals held it."""
+    plants = [row for row in rows if row.get("plant")]
+    if not plants or total is None:
+        return []
+    met = total["targets_met"]
+
+    def verdict_of(flag: bool | None) -> str:
+        return "-" if flag is None else ("met" if flag else "missed")
+
+    coverage = ", ".join(f"{name} {share:.0%}" for name, share in total["coverage"].items())
+    lines = [
+        "",
+        "## The study plants against their truth",
+        "",
+        "Plants the product was not written for ([benchmarks/plants](../benchmarks/plants)): "
+        "each log written by its operators' controller and imported with its schema (no "
+        "simulator behind the dataset); the truth runs every candidate (its shield on) and "
+        "the operators' controller closed loop in the plant's simulator: whole episodes "
+        "from the plant's start distribution, and from the verdict's own starts over its "
+        "horizon with its discount, each start with its disturbance replicates, paired.",
+        "",
+        f"Targets: recommendations not truly better than the operators (the lower end of "
+        f"the true improvement's 95 % interval at or below 0) or over a cost limit: "
+        f"**{total['bad_recommendations']}** (target 0: {verdict_of(met['bad'])}); power: "
+        f"a truly better candidate recommended on {total['power']['found']} of the "
+        f"{total['power']['datasets']} plants with a clearly better candidate (>= 25 % of "
+        f"the operators' |return|, cost within half its limit; target 80 %: "
+        f"{verdict_of(met['power'])}); the estimators' improvement interval holds the true "
+        f"improvement at the verdict's starts for: {coverage} of the candidates (deciding "
+        f"estimators' target 90 %: {verdict_of(met['coverage'])}); model rank correlation "
+        f">= 0.7 on every plant: {verdict_of(met['correlation'])}.",
+        "",
+        "| plant | operators | operators' true return [95 %] (logged) | clearly better | "
+        "best candidate: true improvement [95 %], cost / limit | decision | recommended: "
+        "true improvement [95 %] | model / model+fqe interval holds the truth | rank "
+        "correlation (model) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in plants:
+        best = max(row["candidates"], key=lambda c: c["true_improvement"]["value"])
+        outcome = row["verdict"]
+        recommended = "-"
+        if outcome["decision"] == "recommend":
+            chosen = next(c for c in row["candidates"] if c["name"] == outcome["recommended"])
+            recommended = f"{chosen['name']}: {_interval_text(chosen['true_improvement'])}"
+        held = " / ".join(
+            f"{sum(c['estimates'][name]['covers'] for c in row['candidates'])} of "
+            f"{len(row['candidates'])}"
+            if all(name in c["estimates"] for c in row["candidates"])
+            else "-"
+            for name in ("model", "model+fqe")
+        )
+        behaviour = row["behaviour"]
+        lines.append(
+            f"| {row['dataset']} | {row['operators_kind']} | "
+            f"{_interval_text(behaviour['true_return_interval'])} "
+            f"({behaviour['logged_return']:,.4g}) | {row['clearly_better']} of "
+            f"{len(row['candidates'])} | {best['name']}: "
+            f"{_interval_text(best['true_improvement'])}, "
+            f"{_number(best['true_normalized_cost'])} | {outcome['decision']} | {recommended} | "
+            f"{held} | {_number(row['ranking']['model']['rank_correlation'])} |"
+        )
+    for row in plants:
+        starts = row["starts"]
+        lines += [
+            "",
+            f"### {row['dataset']}: every candidate",
+            "",
+            f"From the verdict's {starts['count']} starts (horizon {starts['horizon']}, "
+            f"discount {starts['discount']}, {starts['replicates']} replicates each): the "
+            f"operators' true value "
+            f"{_interval_text(row['behaviour']['true_value_at_starts'])}, logged "
+            f"{row['behaviour']['logged_value_at_starts']:,.4g}. {row['statement']}",
+            "",
+            "| candidate | true return [95 %] | true cost / limit | true improvement, whole "
+            "episodes | true improvement at the starts | model's interval | model+fqe's "
+            "interval | qualifies |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in row["candidates"]:
+            cells = []
+            for name in ("model", "model+fqe"):
+                own = c["estimates"].get(name)
+                if own is None:
+                    cells.append("-")
+                    continue
+                gain = own["improvement"]
+                cells.append(
+                    f"{gain['lower']:,.4g} to {gain['upper']:,.4g} "
+                    f"({'holds' if own['covers'] else 'misses'})"
+                )
+            lines.append(
+                f"| {c['name']} | {_interval_text(c['true_return_interval'])} | "
+                f"{_number(c['true_normalized_cost'])} | "
+                f"{_interval_text(c['true_improvement'])} | "
+                f"{_interval_text(c['true_improvement_at_starts'])} | {' | '.join(cells)} | "
+                f"{'yes' if c['qualifies'] else 'no'} |"
+            )
     return lines
 
 
@@ -555,6 +979,7 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
                 flag
                 for flag, on in (
                     ("worse than the operators", outcome["worse_than_behaviour"]),
+                    ("not truly better", outcome.get("not_truly_better", False)),
                     ("over a cost limit", outcome["over_cost_limit"]),
                 )
                 if on
@@ -570,6 +995,7 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
             f"{row['truly_better_and_safe']} of {len(row['candidates'])} (within limits) |"
         )
     lines += _kept_section(rows)
+    lines += _plants_section(rows, total.get("plants"))
     lines += [
         "",
         "## Model fidelity",
@@ -587,6 +1013,9 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
         cells = []
         for kind in ("heldout", "simulator"):
             fidelity = row["fidelity"][kind]
+            if fidelity is None:  # a study plant: its simulator is the truth's alone
+                cells += ["-", "-", "-"]
+                continue
             steps = list(fidelity["steps"].values())
             last = steps[-1]
             cells += [
@@ -595,7 +1024,7 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
                 f"{_number(last['relative_rmse'])} ({_number(last['coverage'])}), "
                 f"H={fidelity['horizon']}",
             ]
-        outside = row["fidelity"]["simulator"].get("outside_data_share")
+        outside = (row["fidelity"]["simulator"] or {}).get("outside_data_share")
         lines.append(
             f"| {row['dataset']} | {row['fidelity']['model_updates']} | {' | '.join(cells)} | "
             f"{_number(outside)} |"
@@ -643,8 +1072,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--algorithms",
         nargs="+",
-        default=sorted({algorithm for _, algorithm, _ in CANDIDATES}),
+        default=sorted({algorithm for _, algorithm, _ in CANDIDATES + PLANT_CANDIDATES}),
         help="which of the candidates' algorithms train",
+    )
+    parser.add_argument(
+        "--plant-episodes", type=int, default=16, help="episodes of a study plant's log"
+    )
+    parser.add_argument(
+        "--truth-episodes", type=int, default=100, help="a study plant's truth: episodes"
+    )
+    parser.add_argument(
+        "--replicates",
+        type=int,
+        default=20,
+        help="a study plant's truth at the verdict's starts: disturbance replicates per start",
+    )
+    parser.add_argument(
+        "--plant-dir", default=None, help="where the study plants' logs are written (a temp dir)"
     )
     parser.add_argument("--trajectories", type=int, default=100)
     parser.add_argument("--data-seed", type=int, default=0)
@@ -686,7 +1130,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.chunk, args.model_updates, args.model_hidden = 300, 300, [32]
         args.fidelity_episodes, args.horizon, args.starts = 4, 30, 20
         args.fqe_updates, args.bootstrap, args.episodes, args.hidden = 200, 200, 4, [16, 16]
-    known = sorted({algorithm for _, algorithm, _ in CANDIDATES})
+        args.plant_episodes, args.truth_episodes, args.replicates = 8, 20, 4
+    known = sorted({algorithm for _, algorithm, _ in CANDIDATES + PLANT_CANDIDATES})
     unknown = sorted(set(args.algorithms) - set(known))
     if unknown:
         parser.error(f"--algorithms: unknown {unknown}; the study's are {known}")
@@ -706,11 +1151,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             "fqe_updates",
             "bootstrap",
             "episodes",
+            "truth_episodes",
+            "replicates",
         ),
     )
+    from benchmarks.plants import PLANTS
+
+    if args.plant_episodes < 4:
+        parser.error(f"--plant-episodes: expected at least 4, got {args.plant_episodes}")
     for spec in args.datasets:
-        if spec.count(":") != 1:
-            parser.error(f"--datasets: {spec!r} is not ENV:QUALITY (e.g. CSTR-v0:medium)")
+        if spec not in PLANTS and spec.count(":") != 1:
+            parser.error(
+                f"--datasets: {spec!r} is neither ENV:QUALITY (e.g. CSTR-v0:medium) nor a "
+                f"study plant ({', '.join(PLANTS)})"
+            )
     return args
 
 
@@ -736,6 +1190,9 @@ CONFIG_KEYS = (
     "episodes",
     "eval_seed",
     "quick",
+    "plant_episodes",
+    "truth_episodes",
+    "replicates",
 )
 
 
@@ -744,8 +1201,10 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
 
     clock = time.perf_counter()
     rows = []
+    from benchmarks.plants import PLANTS
+
     for spec in args.datasets:
-        row = study_dataset(spec, args)
+        row = study_plant(spec, args) if spec in PLANTS else study_dataset(spec, args)
         progress(
             f"{spec}: {row['verdict']['decision']} ({row['seconds']:.0f} s); regret@1 "
             + ", ".join(f"{k} {v['regret_share']:.2f}" for k, v in row["ranking"].items())
@@ -753,6 +1212,7 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         rows.append(row)
     config = {key: getattr(args, key) for key in CONFIG_KEYS}
     config["candidates"] = [list(entry) for entry in CANDIDATES]
+    config["plant_candidates"] = [list(entry) for entry in PLANT_CANDIDATES]
     results = {
         "datasets": rows,
         "summary": summary(rows),

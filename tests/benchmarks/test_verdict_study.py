@@ -175,7 +175,8 @@ def test_the_summary_counts_a_recommendation_worse_than_the_operators():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--datasets", "CSTR-v0"], "--datasets: 'CSTR-v0' is not ENV:QUALITY"),
+        (["--datasets", "CSTR-v0"], "--datasets: 'CSTR-v0' is neither ENV:QUALITY"),
+        (["--plant-episodes", "3"], "--plant-episodes: expected at least 4, got 3"),
         (["--algorithms", "sac"], "--algorithms: unknown"),
         (["--seeds", "0"], "--seeds: expected a positive integer"),
     ],
@@ -206,3 +207,100 @@ def test_each_candidate_acts_with_its_own_algorithm():
     actions = jax.jit(jax.vmap(act, in_axes=(0, None)))(params, observation)
     expected = [np.tanh(0.3), np.tanh(-0.6), 0.5, -0.25, 0.75]
     np.testing.assert_allclose(np.asarray(actions)[:, 0], expected, rtol=1e-6)
+
+
+def _plant_candidate(name, gain, lower, cost, covers):
+    candidate = _candidate(name, -100.0 + gain, -50.0 + gain, cost=cost)
+    for own, holds in zip(candidate["estimates"].values(), covers, strict=True):
+        own["covers"] = holds
+    interval = {"value": gain, "lower": lower, "upper": 2 * gain - lower}
+    return candidate | {
+        "true_return_interval": {"value": -100.0 + gain, "lower": -101.0 + gain, "upper": -99.0},
+        "true_improvement": interval,
+        "true_improvement_at_starts": interval,
+    }
+
+
+def _plant_row(name, candidates, recommended=None, bad=False):
+    truth = np.asarray([c["true_return"] for c in candidates])
+    return {
+        "dataset": name,
+        "plant": True,
+        "operators_kind": "beatable",
+        "candidates": candidates,
+        "ranking": {
+            estimator: verdict_study._ranking(
+                np.asarray([c["estimates"][estimator]["value"] for c in candidates]), truth
+            )
+            for estimator in verdict_study.ESTIMATORS
+        },
+        "verdict": {
+            "decision": "recommend" if recommended else "keep the current operation",
+            "recommended": recommended,
+            "true_return": -98.0,
+            "worse_than_behaviour": False,
+            "not_truly_better": bad,
+            "over_cost_limit": False,
+            "bad": bad,
+        },
+        "behaviour": {
+            "true_return": -100.0,
+            "true_return_interval": {"value": -100.0, "lower": -104.0, "upper": -96.0},
+            "logged_return": -101.5,
+            "true_value_at_starts": {"value": -40.0, "lower": -41.0, "upper": -39.0},
+            "logged_value_at_starts": -40.5,
+        },
+        "starts": {"count": 50, "horizon": 240, "discount": 0.99, "replicates": 10},
+        "statement": "Keep the current operation.",
+        "clearly_better": sum(verdict_study._clearly_better(c, -100.0) for c in candidates),
+        "truly_better_and_safe": 0,
+    }
+
+
+def test_the_plants_are_scored_against_the_issues_targets():
+    # Plant A: a clearly better candidate (+40 of 100, cost 0.3) kept: power missed.
+    # Plant B: a candidate recommended whose true improvement's interval reaches below 0.
+    a = _plant_row(
+        "fired-heater",
+        [
+            _plant_candidate("TD3BC-Lag, seed 0", 40.0, 30.0, 0.3, (True, False, True)),
+            _plant_candidate("BC-Safe, seed 0", 5.0, 1.0, 0.2, (False, False, True)),
+        ],
+    )
+    b = _plant_row(
+        "ph-neutraliser",
+        [
+            _plant_candidate("IQL-Lag b=1, seed 0", 2.0, -1.0, 0.1, (True, True, True)),
+            _plant_candidate("IQL-Lag b=3, seed 0", -3.0, -6.0, 0.1, (True, True, False)),
+        ],
+        recommended="IQL-Lag b=1, seed 0",
+        bad=True,
+    )
+    assert a["clearly_better"] == 1 and b["clearly_better"] == 0
+    total = verdict_study.summary([a, b])["plants"]
+    assert total["bad_recommendations"] == 1 and total["power"] == {"datasets": 1, "found": 0}
+    assert total["coverage"]["model"] == pytest.approx(0.75)
+    assert total["coverage"]["model+fqe"] == pytest.approx(0.75)
+    assert total["targets_met"] == {
+        "bad": False,
+        "power": False,
+        "coverage": False,
+        "correlation": True,
+    }
+    config = verdict_study.parse_args(["--quick"])
+    config = {key: getattr(config, key) for key in verdict_study.CONFIG_KEYS}
+    for row in (a, b):
+        row["fidelity"] = {
+            "heldout": {"horizon": 10, "steps": {"1": {"relative_rmse": 0.1, "coverage": 0.9}}},
+            "simulator": None,
+            "model_updates": 100,
+        }
+    results = {"datasets": [a, b], "summary": verdict_study.summary([a, b]), "seconds": 60.0}
+    text = verdict_study.page(config, results)
+    assert "## The study plants against their truth" in text
+    assert "**1** (target 0: missed)" in text and "on 0 of the 1 plants" in text
+    assert "| fired-heater | beatable | -100 [-104, -96] (-101.5) | 1 of 2 |" in text
+    assert "TD3BC-Lag, seed 0: 40 [30, 50], 0.30" in text
+    assert "IQL-Lag b=1, seed 0: 2 [-1, 5]" in text and "1 of 2 / 2 of 2" in text
+    assert "| fired-heater | 100 | 0.10 | - |" in text  # no simulator fidelity for a plant
+    assert "IQL-Lag b=1, seed 0: -98 (-100; not truly better)" in text
