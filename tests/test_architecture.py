@@ -56,7 +56,7 @@ PURE_FORBIDDEN = {"socket", "subprocess", "threading", "multiprocessing", "signa
 #: Calls that read or write files: the core takes and returns data, never paths.
 FILE_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink"}
 LAYER_PACKAGES = {
-    "core": ["agents", "environments", "safety", "utils"],
+    "core": ["agents", "environments", "safety", "optimizers", "utils"],
     "functional": ["state_management", "transformations"],
     "wrappers": ["agents", "environments", "training"],
     "integration": ["mlflow", "safety", "deployment", "datasets"],

@@ -1,5 +1,5 @@
-"""The pieces the safe agents are composed of: cost limits as traced leaves, the one
-multiplier interface, the cost critics, and the batch type they share."""
+"""The pieces the safe agents are composed of: cost limits as traced leaves, the dual
+ascent of the multipliers, the cost critics, and the batch type they share."""
 
 from __future__ import annotations
 
@@ -11,19 +11,22 @@ import pytest
 from neorl_industrial.core.agents import (
     Batch,
     IQLLagConfig,
-    Multiplier,
     PIDConfig,
     TD3BCLagConfig,
     check_cost_limits,
-    gradient_ascent_multiplier,
     make_iql_lag,
     make_td3bc_lag,
-    pid_multiplier,
     with_cost_limits,
 )
 from neorl_industrial.core.agents import cost_critics as cc
-from neorl_industrial.core.agents.multipliers import GradientMultiplierState, PIDState
 from neorl_industrial.core.agents.registry import HyperparameterError, validate_hyperparameters
+from neorl_industrial.core.optimizers import (
+    LogMultiplierState,
+    PIDState,
+    ascend,
+    gradient_ascent,
+    pid_ascent,
+)
 from neorl_industrial.functional.state_management import Dataset, sample
 from neorl_industrial.functional.transformations.offline import init_seeds, make_seeded_chunk
 
@@ -118,32 +121,31 @@ def test_one_validation_of_cost_limits_serves_both_configs():
 
 
 @pytest.mark.parametrize(
-    "multiplier",
-    [pid_multiplier(PIDConfig(kp=1.0, ki=0.5, kd=0.0)), gradient_ascent_multiplier(0.1)],
+    ("dual_ascent", "initial"),
+    [(pid_ascent(PIDConfig(kp=1.0, ki=0.5, kd=0.0)), 0.0), (gradient_ascent(0.1), 1.0)],
     ids=["pid", "gradient"],
 )
-def test_both_multipliers_share_one_interface(multiplier):
-    assert isinstance(multiplier, Multiplier)
-    state = multiplier.init(2)
-    start = np.asarray(state.multiplier)
-    update = jax.jit(multiplier.update)
+def test_both_dual_ascents_are_optax_transformations(dual_ascent, initial):
+    multiplier = jnp.full((2,), initial, jnp.float32)
+    state = dual_ascent.init(multiplier)
+    step = jax.jit(lambda m, s: ascend(dual_ascent, m, s, jnp.asarray([1.0, -1.0])))
     for _ in range(10):
-        state = update(state, jnp.asarray([2.0, 0.0]), jnp.asarray([1.0, 1.0]))
-    over, under = np.asarray(state.multiplier)
-    assert over > start[0] and under <= start[1]
+        multiplier, state = step(multiplier, state)
+    over, under = np.asarray(multiplier)
+    assert over > initial and under <= initial
     assert under >= 0.0
 
 
 def test_the_config_chooses_the_multiplier():
     pid_state = make_td3bc_lag(TD3BCLagConfig(hidden=(8,)), OBS, 1).init(jax.random.PRNGKey(0))
-    assert isinstance(pid_state.lagrangian.multiplier_state, PIDState)
+    assert isinstance(pid_state.lagrangian.opt_state, PIDState)
     config = validate_hyperparameters(
         "iql-lag",
         {"hidden": [8], "multiplier": "gradient", "gradient": {"lr": 0.1, "initial": 2.0}},
     )
     algorithm = make_iql_lag(config, OBS, 1)
     state = algorithm.init(jax.random.PRNGKey(0))
-    assert isinstance(state.lagrangian.multiplier_state, GradientMultiplierState)
+    assert isinstance(state.lagrangian.opt_state, LogMultiplierState)
     np.testing.assert_allclose(state.lagrangian.multiplier, [2.0])
     batch = sample(_constrained_bandit(n=64), jax.random.PRNGKey(1), 32)
     _, metrics = jax.jit(algorithm.update)(state, batch, jax.random.PRNGKey(2))

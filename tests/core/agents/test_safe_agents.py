@@ -20,10 +20,13 @@ from neorl_industrial.core.agents import (
     make_td3bc,
     make_td3bc_lag,
     per_step_cost_threshold,
-    pid_init,
-    pid_update,
 )
-from neorl_industrial.core.agents.multipliers import gradient_ascent_multiplier
+from neorl_industrial.core.optimizers import (
+    GradientAscentConfig,
+    ascend,
+    gradient_ascent,
+    pid_ascent,
+)
 from neorl_industrial.functional.state_management import (
     Dataset,
     sample,
@@ -64,30 +67,33 @@ def test_per_step_threshold_and_pid_controller():
     assert per_step_cost_threshold(5.0, 1.0, 10) == 5.0
     with pytest.raises(ValueError, match="discount"):
         per_step_cost_threshold(1.0, 0.0, 10)
-    config = PIDConfig(kp=1.0, ki=0.5, kd=0.0)
-    state = pid_init(2)
+    pid = pid_ascent(PIDConfig(kp=1.0, ki=0.5, kd=0.0))
+    multiplier = jnp.zeros(2)
+    state = pid.init(multiplier)
     threshold = jnp.asarray([1.0, 1.0])
     for _ in range(3):
-        state = pid_update(config, state, jnp.asarray([2.0, 0.0]), threshold)
+        multiplier, state = ascend(pid, multiplier, state, jnp.asarray([2.0, 0.0]) - threshold)
     # Over the limit: P = 1, I = 3 (integral of +1 three times) * 0.5.
-    np.testing.assert_allclose(state.multiplier, [1.0 + 1.5, 0.0])
+    np.testing.assert_allclose(multiplier, [1.0 + 1.5, 0.0])
     # Under the limit the integral winds down, never below zero.
     for _ in range(5):
-        state = pid_update(config, state, jnp.asarray([0.0, 0.0]), threshold)
+        multiplier, state = ascend(pid, multiplier, state, jnp.asarray([0.0, 0.0]) - threshold)
     np.testing.assert_allclose(state.integral, [0.0, 0.0])
-    np.testing.assert_allclose(state.multiplier, [0.0, 0.0])
+    np.testing.assert_allclose(multiplier, [0.0, 0.0])
     with pytest.raises(ValueError, match=r"pid\.ki"):
         PIDConfig(ki=-1.0)
 
 
 def test_gradient_ascent_multiplier_rises_over_the_limit_and_falls_under():
-    multiplier = gradient_ascent_multiplier(0.1)
-    state = multiplier.init(2)
+    dual_ascent = gradient_ascent(0.1)
+    multiplier = jnp.ones(2)
+    state = dual_ascent.init(multiplier)
     for _ in range(20):
-        state = multiplier.update(state, jnp.asarray([2.0, 0.0]), jnp.asarray([1.0, 1.0]))
-    assert float(state.multiplier[0]) > 2.0 and float(state.multiplier[1]) < 0.5
+        violation = jnp.asarray([2.0, 0.0]) - jnp.asarray([1.0, 1.0])
+        multiplier, state = ascend(dual_ascent, multiplier, state, violation)
+    assert float(multiplier[0]) > 2.0 and float(multiplier[1]) < 0.5
     with pytest.raises(ValueError, match="initial"):
-        gradient_ascent_multiplier(initial=0.0)
+        GradientAscentConfig(initial=0.0)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """Algorithms as NamedTuples of pure functions: SAC (online, for behaviour policies),
 behaviour cloning, TD3+BC, IQL and CQL (with the Lagrangian CQL-alpha), discrete BC and
-CQL, and the safe variants TD3BC-Lag and IQL-Lag (the base algorithm + cost critics + a
-Lagrange multiplier, PID or gradient ascent, on cost limits carried as traced leaves)."""
+CQL, the safe variants TD3BC-Lag and IQL-Lag (the base algorithm + cost critics + a
+Lagrange multiplier, PID or gradient ascent (``core.optimizers``), on cost limits carried as
+traced leaves), the model-based MOPO, MOPO-BC and MOPO-Lag (``mopo.py``), and FQE, the
+off-policy evaluator (``fqe.py``). ``registry.py`` names the ones a run can ask for."""
 
 from neorl_industrial.core.agents.bc import BCConfig, BCState, make_bc
 from neorl_industrial.core.agents.cost import (
@@ -20,21 +22,12 @@ from neorl_industrial.core.agents.discrete import (
 )
 from neorl_industrial.core.agents.iql import IQLConfig, IQLState, make_iql
 from neorl_industrial.core.agents.iql_lag import IQLLagConfig, IQLLagState, make_iql_lag
-from neorl_industrial.core.agents.multipliers import (
-    GradientAscentConfig,
-    Multiplier,
-    PIDConfig,
-    PIDState,
-    gradient_ascent_multiplier,
-    pid_init,
-    pid_multiplier,
-    pid_update,
-)
 from neorl_industrial.core.agents.networks import ObservationNormalizer, PolicyParams
 from neorl_industrial.core.agents.sac import SACConfig, SACState, make_sac
 from neorl_industrial.core.agents.td3bc import TD3BCConfig, TD3BCState, make_td3bc
 from neorl_industrial.core.agents.td3bc_lag import TD3BCLagConfig, TD3BCLagState, make_td3bc_lag
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
+from neorl_industrial.core.optimizers import GradientAscentConfig, PIDConfig
 
 __all__ = [
     "Algorithm",
@@ -52,10 +45,8 @@ __all__ = [
     "IQLState",
     "LagrangianState",
     "Metrics",
-    "Multiplier",
     "ObservationNormalizer",
     "PIDConfig",
-    "PIDState",
     "PolicyParams",
     "SACConfig",
     "SACState",
@@ -65,7 +56,6 @@ __all__ = [
     "TD3BCLagState",
     "TD3BCState",
     "check_cost_limits",
-    "gradient_ascent_multiplier",
     "make_bc",
     "make_cql",
     "make_discrete_bc",
@@ -76,8 +66,5 @@ __all__ = [
     "make_td3bc",
     "make_td3bc_lag",
     "per_step_cost_threshold",
-    "pid_init",
-    "pid_multiplier",
-    "pid_update",
     "with_cost_limits",
 ]

@@ -20,11 +20,11 @@ from neorl_industrial.core.agents.networks import (
     ObservationNormalizer,
     PolicyParams,
     WeightInitConfig,
-    check_layer_widths,
-    check_observation_stats,
-    check_weight_init,
+    check_network,
+    check_positive,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
+from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +45,8 @@ class BCConfig(WeightInitConfig):
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_layer_widths(self.hidden)
-        if self.learning_rate <= 0.0:
-            raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
-        check_weight_init(self.weight_init)
-        check_observation_stats(self)
+        check_network(self)
+        check_positive(self, "learning_rate")
 
 
 @struct.dataclass
@@ -73,7 +70,7 @@ def bc_loss(predicted_t: jax.Array, action_t: jax.Array) -> jax.Array:
 def make_bc(config: BCConfig, obs_size: int, action_size: int) -> Algorithm:
     """Behaviour cloning as ``Algorithm(init, update, act)``."""
     network = MLP(hidden=config.hidden, output_size=action_size, weight_init=config.weight_init)
-    optimizer = optax.adam(config.learning_rate)
+    optimizer = make_optimizer(config.learning_rate)
 
     def policy_action(actor: Any, normalized: jax.Array) -> jax.Array:
         return jnp.tanh(network.apply(actor, normalized))
@@ -93,13 +90,13 @@ def make_bc(config: BCConfig, obs_size: int, action_size: int) -> Algorithm:
         chex.assert_rank(batch.observations, 2)
         observations = state.policy.normalizer(batch.observations)
 
-        def loss_fn(actor: Any) -> jax.Array:
+        def loss_fn(actor: Any) -> tuple[jax.Array, None]:
             predicted = policy_action(actor, observations)
-            return jnp.mean(jax.vmap(bc_loss)(predicted, batch.actions))
+            return jnp.mean(jax.vmap(bc_loss)(predicted, batch.actions)), None
 
-        loss, grads = jax.value_and_grad(loss_fn)(state.policy.actor)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.policy.actor)
-        actor = optax.apply_updates(state.policy.actor, updates)
+        actor, opt_state, loss, _ = apply_gradients(
+            loss_fn, state.policy.actor, optimizer, state.opt_state
+        )
         state = BCState(
             policy=state.policy.replace(actor=actor), opt_state=opt_state, step=state.step + 1
         )

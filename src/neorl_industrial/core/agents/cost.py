@@ -3,9 +3,10 @@ and the Lagrangian part of a safe agent's state.
 
 OSRL's semantics: an episode cost limit ``L`` over episodes of ``T`` steps becomes a
 threshold on the discounted cost value, ``L (1 - γ^T) / ((1 - γ) T)`` (the discounted sum
-of a cost spread evenly at ``L / T`` per step), and a multiplier (``multipliers.py``: PID
-by default, or gradient ascent) turns the gap between the policy's estimated cost value
-and that threshold into a non-negative weight per cost channel.
+of a cost spread evenly at ``L / T`` per step), and a dual ascent
+(``core/optimizers/dual_ascent.py``: PID by default, or gradient ascent) turns the gap
+between the policy's estimated cost value and that threshold into a non-negative weight per
+cost channel, stepped by the same ``apply_gradients`` as every network.
 
 The limits are data, not code: a safe agent's state carries them as a traced ``[n_costs]``
 leaf (:class:`LagrangianState`), initialized from ``config.cost_limits`` and replaced by
@@ -22,17 +23,18 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import struct
 
 from neorl_industrial.core.agents.distributional import CriticConfig
-from neorl_industrial.core.agents.multipliers import (
-    GradientAscentConfig,
-    Multiplier,
-    PIDConfig,
-    gradient_ascent_multiplier,
-    pid_multiplier,
-)
 from neorl_industrial.core.agents.networks import FrozenConfig, check_tuple
+from neorl_industrial.core.optimizers import (
+    GradientAscentConfig,
+    PIDConfig,
+    ascend,
+    gradient_ascent,
+    pid_ascent,
+)
 from neorl_industrial.core.safety.contract import check_cost_limits
 
 __all__ = [
@@ -41,8 +43,8 @@ __all__ = [
     "LagrangianState",
     "SafetyConfig",
     "check_cost_limits",
+    "make_dual_ascent",
     "make_lagrangian",
-    "make_multiplier",
     "per_step_cost_threshold",
     "with_cost_limits",
 ]
@@ -129,16 +131,13 @@ class LagrangianState:
 
     Attributes:
         cost_limits: ``[n_costs]`` episode cost limits, a traced leaf.
-        multiplier_state: the :class:`Multiplier`'s state.
+        multiplier: ``[n_costs]`` Lagrange multipliers, ``>= 0``.
+        opt_state: the dual ascent's state.
     """
 
     cost_limits: jax.Array
-    multiplier_state: Any
-
-    @property
-    def multiplier(self) -> jax.Array:
-        """``[n_costs]`` Lagrange multipliers."""
-        return self.multiplier_state.multiplier
+    multiplier: jax.Array
+    opt_state: optax.OptState
 
 
 class Lagrangian(NamedTuple):
@@ -156,30 +155,34 @@ class Lagrangian(NamedTuple):
     thresholds: Callable[[LagrangianState], jax.Array]
 
 
-def make_multiplier(config: SafetyConfig) -> Multiplier:
-    """The multiplier ``config.multiplier`` names, with its settings."""
+def make_dual_ascent(config: SafetyConfig) -> tuple[optax.GradientTransformation, float]:
+    """The dual ascent ``config.multiplier`` names, with its settings, and the multiplier
+    it starts from."""
     if config.multiplier == "gradient":
-        return gradient_ascent_multiplier(config.gradient.lr, config.gradient.initial)
-    return pid_multiplier(config.pid)
+        return gradient_ascent(config.gradient.lr), config.gradient.initial
+    return pid_ascent(config.pid), 0.0
 
 
 def make_lagrangian(config: SafetyConfig) -> Lagrangian:
     """The limits and multiplier of ``config`` as :class:`Lagrangian`."""
     n_costs = len(config.cost_limits)
-    multiplier = make_multiplier(config)
+    dual_ascent, initial = make_dual_ascent(config)
 
     def init() -> LagrangianState:
+        multiplier = jnp.full((n_costs,), initial, jnp.float32)
         return LagrangianState(
             cost_limits=jnp.asarray(config.cost_limits, jnp.float32),
-            multiplier_state=multiplier.init(n_costs),
+            multiplier=multiplier,
+            opt_state=dual_ascent.init(multiplier),
         )
 
     def thresholds(state: LagrangianState) -> jax.Array:
         return per_step_cost_threshold(state.cost_limits, config.discount, config.episode_length)
 
     def update(state: LagrangianState, cost_value: jax.Array) -> LagrangianState:
-        multiplier_state = multiplier.update(state.multiplier_state, cost_value, thresholds(state))
-        return state.replace(multiplier_state=multiplier_state)
+        violation = jnp.asarray(cost_value, jnp.float32) - thresholds(state)
+        multiplier, opt_state = ascend(dual_ascent, state.multiplier, state.opt_state, violation)
+        return state.replace(multiplier=multiplier, opt_state=opt_state)
 
     return Lagrangian(init=init, update=update, thresholds=thresholds)
 

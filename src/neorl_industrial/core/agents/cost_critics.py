@@ -35,7 +35,7 @@ from neorl_industrial.core.agents.distributional import (
 )
 from neorl_industrial.core.agents.losses import expectile_loss
 from neorl_industrial.core.agents.networks import MLP, polyak_average
-from neorl_industrial.core.agents.types import gradient_step
+from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 
 #: The cost critics every safe agent had: pairs of mean critics.
 MEAN_CRITIC = CriticConfig()
@@ -95,7 +95,7 @@ def make_cost_critics(
 ) -> CostCritics:
     return CostCritics(
         critics=make_critics(critic, hidden, 2 * n_costs, weight_init=weight_init),
-        optimizer=optax.adam(learning_rate),
+        optimizer=make_optimizer(learning_rate),
         n_costs=n_costs,
     )
 
@@ -169,7 +169,7 @@ def critic_step(
             loss = loss + floor * jnp.mean(jnp.sum(shortfall, axis=(0, 1)))
         return loss, critics._pairs(qc)
 
-    critic, opt_state, loss, qc = gradient_step(
+    critic, opt_state, loss, qc = apply_gradients(
         objective, state.critic, critics.optimizer, state.critic_opt_state
     )
     return state.replace(critic=critic, critic_opt_state=opt_state), loss, qc
@@ -225,7 +225,7 @@ def make_in_sample_cost_critics(
     return InSampleCostCritics(
         critics=make_cost_critics(hidden, n_costs, critic_lr, critic, weight_init),
         value_network=MLP(tuple(hidden), output_size=n_costs, weight_init=weight_init),
-        value_optimizer=optax.adam(value_lr),
+        value_optimizer=make_optimizer(value_lr),
         expectile=expectile,
     )
 
@@ -272,7 +272,7 @@ def in_sample_step(
         losses = jax.vmap(lambda d: expectile(d, model.expectile))(target_qc - vc)
         return jnp.mean(jnp.sum(losses, axis=0)), vc
 
-    value, value_opt_state, value_loss, vc = gradient_step(
+    value, value_opt_state, value_loss, vc = apply_gradients(
         value_objective, state.value, model.value_optimizer, state.value_opt_state
     )
     targets = jax.lax.stop_gradient(

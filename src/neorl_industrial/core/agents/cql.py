@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -25,18 +25,24 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from neorl_industrial.core.agents.distributional import CriticConfig, make_critics, pessimistic
+from neorl_industrial.core.agents import sac
+from neorl_industrial.core.agents.distributional import (
+    CriticConfig,
+    Critics,
+    make_critics,
+    pessimistic,
+)
 from neorl_industrial.core.agents.networks import (
     ObservationNormalizer,
     PolicyParams,
     TanhGaussianActor,
     WeightInitConfig,
-    check_layer_widths,
-    check_observation_stats,
-    check_weight_init,
-    polyak_average,
+    check_network,
+    check_positive,
+    check_tau,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
+from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,36 +80,24 @@ class CQLConfig(WeightInitConfig):
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_layer_widths(self.hidden)
-        for name in ("actor_lr", "critic_lr", "alpha_lr", "alpha_prime_lr", "temperature"):
-            if getattr(self, name) <= 0.0:
-                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        check_network(self)
+        check_positive(self, "actor_lr", "critic_lr", "alpha_lr", "alpha_prime_lr", "temperature")
         if self.cql_alpha < 0.0:
             raise ValueError(f"cql_alpha: must not be negative, got {self.cql_alpha}")
         if self.bc_steps < 0:
             raise ValueError(f"bc_steps: must not be negative, got {self.bc_steps}")
         if self.n_actions < 1:
             raise ValueError(f"n_actions: expected a positive integer, got {self.n_actions}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
-        check_weight_init(self.weight_init)
-        check_observation_stats(self)
+        check_tau(self.tau)
 
 
 @struct.dataclass
-class CQLState:
-    """Training state of CQL."""
+class CQLState(sac.SACState):
+    """SAC's state (actor, critics, targets, temperature) and the penalty's weight: its log
+    and the optimizer's state of the Lagrangian variant."""
 
-    policy: PolicyParams
-    critic: Any
-    target_critic: Any
-    log_alpha: jax.Array
     log_alpha_prime: jax.Array
-    actor_opt_state: optax.OptState
-    critic_opt_state: optax.OptState
-    alpha_opt_state: optax.OptState
     alpha_prime_opt_state: optax.OptState
-    step: jax.Array
 
 
 def cql_gap(q_data_t: jax.Array, q_sampled_t: jax.Array, temperature: float) -> jax.Array:
@@ -120,14 +114,76 @@ def cql_gap(q_data_t: jax.Array, q_sampled_t: jax.Array, temperature: float) -> 
     return soft_max - q_data_t
 
 
+class Proposals(NamedTuple):
+    """The actions the penalty's soft maximum runs over, ``3n`` per observation: ``n``
+    uniform, ``n`` of the policy at ``s`` and ``n`` at ``s'``, and their log-densities."""
+
+    actions: jax.Array  # [3n, B, action_size]
+    log_densities: jax.Array  # [3n, B]
+
+
+def critic_loss(
+    critics: Critics,
+    config: CQLConfig,
+    critic: Any,
+    observations: jax.Array,
+    actions: jax.Array,
+    targets: jax.Array,
+    proposals: Proposals,
+    alpha_prime: jax.Array,
+    fraction_key: jax.Array | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    """The critics' TD loss towards ``targets`` (``[B, N']``) plus the conservative
+    penalty, what CQL adds to an actor-critic.
+
+    Args:
+        alpha_prime: the penalty's Lagrangian weight (used when ``config.lagrange``).
+        fraction_key: the fractions quantile critics draw.
+
+    Returns:
+        ``(loss, (td, gap, q_mean))``: ``gap`` per critic, ``q_mean`` the mean value of the
+        data's actions.
+    """
+    batch_size = observations.shape[0]
+    # The dataset's action and the 3n proposals in one pass.
+    every_action = jnp.concatenate([actions[None], proposals.actions], axis=0)
+    if critics.distributional:
+        # CODAC: quantiles at fractions drawn per transition, the penalty's soft maximum
+        # taken at every fraction: [2, 1 + 3n, B, N].
+        fractions = jax.random.uniform(fraction_key, (batch_size, config.critic.n_quantiles))
+        q_all = critics.network.apply(critic, observations, every_action, fractions)
+        td = critics.quantile_loss(q_all[:, 0], fractions, targets)
+        q_sampled = q_all[:, 1:] - proposals.log_densities[None, ..., None]
+        gaps = jax.vmap(jax.vmap(cql_gap, in_axes=(1, 2, None)), in_axes=(2, 3, None))(
+            q_all[:, 0], q_sampled, config.temperature
+        )  # [N, B, 2]
+        gap = jnp.mean(gaps, axis=(0, 1))
+        q_data = jnp.mean(q_all[:, 0], axis=-1)
+    else:
+        q_all = critics.network.apply(critic, observations, every_action)  # [2, 1+3n, B]
+        q_data = q_all[:, 0]  # [2, B]
+        td = jnp.mean(jnp.sum(jnp.square(q_data - targets[None, :, 0]), axis=0))
+        q_sampled = q_all[:, 1:] - proposals.log_densities[None]  # [2, 3n, B]
+        gaps = jax.vmap(cql_gap, in_axes=(1, 2, None))(
+            q_data, q_sampled, config.temperature
+        )  # [B, 2]
+        gap = jnp.mean(gaps, axis=0)  # per critic
+    if config.lagrange:
+        penalty = alpha_prime * config.cql_alpha * (gap - config.target_action_gap)
+    else:
+        penalty = config.cql_alpha * gap
+    return td + jnp.sum(penalty), (td, gap, jnp.mean(q_data))
+
+
 def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
-    """CQL as ``Algorithm(init, update, act)``."""
+    """CQL as ``Algorithm(init, update, act)``: SAC's actor and temperature steps
+    (``sac.py``), and a critic step on the TD loss plus the conservative penalty."""
     actor = TanhGaussianActor(action_size, config.hidden, weight_init=config.weight_init)
     critics = make_critics(config.critic, config.hidden, 2, weight_init=config.weight_init)
-    actor_optimizer = optax.adam(config.actor_lr)
-    critic_optimizer = optax.adam(config.critic_lr)
-    alpha_optimizer = optax.adam(config.alpha_lr)
-    alpha_prime_optimizer = optax.adam(config.alpha_prime_lr)
+    actor_optimizer = make_optimizer(config.actor_lr)
+    critic_optimizer = make_optimizer(config.critic_lr)
+    alpha_optimizer = make_optimizer(config.alpha_lr)
+    alpha_prime_optimizer = make_optimizer(config.alpha_prime_lr)
     target_entropy = -float(action_size)
     # Log-density of the uniform proposal on [-1, 1]^action_size.
     uniform_log_density = -action_size * math.log(2.0)
@@ -160,30 +216,21 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
         next_observations = normalize(batch.next_observations)
         batch_size = observations.shape[0]
 
-        # Actor and temperature, against the current critics.
-        alpha = jnp.exp(state.log_alpha)
-
-        def actor_objective(actor_params: Any) -> tuple[jax.Array, jax.Array]:
-            actions, log_pi = actor.sample(actor_params, observations, policy_key)
-            q = jnp.min(critics.risk_values(state.critic, observations, actions), axis=0)
+        # Actor and temperature (SAC's steps), against the current critics; in the warm
+        # start the actor maximizes the data's log-likelihood instead of Q.
+        def values(actor_params: Any, actions: jax.Array) -> jax.Array:
+            q = critics.risk_values(state.critic, observations, actions)
             if config.bc_steps == 0:
-                return jnp.mean(alpha * log_pi - q), log_pi
+                return q
             data_log_prob = actor.log_prob(actor_params, observations, batch.actions)
-            objective = jnp.where(state.step < config.bc_steps, -data_log_prob, -q)
-            return jnp.mean(alpha * log_pi + objective), log_pi
+            return jnp.where(state.step < config.bc_steps, data_log_prob[None], q)
 
-        (a_loss, log_pi), grads = jax.value_and_grad(actor_objective, has_aux=True)(
-            state.policy.actor
+        actor_params, actor_opt_state, a_loss, log_pi = sac.actor_step(
+            actor, actor_optimizer, state, observations, policy_key, values
         )
-        updates, actor_opt_state = actor_optimizer.update(grads, state.actor_opt_state)
-        actor_params = optax.apply_updates(state.policy.actor, updates)
-
-        def alpha_objective(log_alpha: jax.Array) -> jax.Array:
-            return -jnp.mean(log_alpha * jax.lax.stop_gradient(log_pi + target_entropy))
-
-        alpha_loss, grad = jax.value_and_grad(alpha_objective)(state.log_alpha)
-        updates, alpha_opt_state = alpha_optimizer.update(grad, state.alpha_opt_state)
-        log_alpha = optax.apply_updates(state.log_alpha, updates)
+        log_alpha, alpha_opt_state, alpha_loss = sac.temperature_step(
+            alpha_optimizer, state, log_pi, target_entropy
+        )
 
         # Critic: TD towards the target critics, plus the conservative penalty.
         target_key, fraction_key = (
@@ -208,86 +255,60 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
         next_sampled, next_log_pi = actor.sample_n(
             actor_params, next_observations, next_sample_key, config.n_actions
         )
-        sampled = jax.lax.stop_gradient(
-            (current_actions, current_log_pi, next_sampled, next_log_pi)
+        proposals = jax.lax.stop_gradient(
+            Proposals(
+                actions=jnp.concatenate([random_actions, current_actions, next_sampled], axis=0),
+                log_densities=jnp.concatenate(
+                    [
+                        jnp.full((config.n_actions, batch_size), uniform_log_density),
+                        current_log_pi,
+                        next_log_pi,
+                    ],
+                    axis=0,
+                ),
+            )
         )
         alpha_prime = jnp.clip(jnp.exp(state.log_alpha_prime), 0.0, 1e6)
 
-        def critic_objective(critic: Any):
-            current_actions, current_log_pi, next_sampled, next_log_pi = sampled
-            # The dataset's action and the 3n proposals in one pass.
-            every_action = jnp.concatenate(
-                [batch.actions[None], random_actions, current_actions, next_sampled], axis=0
+        def critic_objective(critic: Any) -> tuple[jax.Array, Any]:
+            return critic_loss(
+                critics,
+                config,
+                critic,
+                observations,
+                batch.actions,
+                targets,
+                proposals,
+                alpha_prime,
+                fraction_key,
             )
-            log_densities = jnp.concatenate(
-                [
-                    jnp.full((config.n_actions, batch_size), uniform_log_density),
-                    current_log_pi,
-                    next_log_pi,
-                ],
-                axis=0,
-            )
-            if critics.distributional:
-                # CODAC: quantiles at fractions drawn per transition, the penalty's soft
-                # maximum taken at every fraction: [2, 1 + 3n, B, N].
-                fractions = jax.random.uniform(
-                    fraction_key, (batch_size, config.critic.n_quantiles)
-                )
-                q_all = critics.network.apply(critic, observations, every_action, fractions)
-                td = critics.quantile_loss(q_all[:, 0], fractions, targets)
-                q_sampled = q_all[:, 1:] - log_densities[None, ..., None]
-                gaps = jax.vmap(jax.vmap(cql_gap, in_axes=(1, 2, None)), in_axes=(2, 3, None))(
-                    q_all[:, 0], q_sampled, config.temperature
-                )  # [N, B, 2]
-                gap = jnp.mean(gaps, axis=(0, 1))
-                q_data = jnp.mean(q_all[:, 0], axis=-1)
-            else:
-                q_all = critics.network.apply(critic, observations, every_action)  # [2, 1+3n, B]
-                q_data = q_all[:, 0]  # [2, B]
-                td = jnp.mean(jnp.sum(jnp.square(q_data - targets[None, :, 0]), axis=0))
-                q_sampled = q_all[:, 1:] - log_densities[None]  # [2, 3n, B]
-                gaps = jax.vmap(cql_gap, in_axes=(1, 2, None))(
-                    q_data, q_sampled, config.temperature
-                )  # [B, 2]
-                gap = jnp.mean(gaps, axis=0)  # per critic
-            if config.lagrange:
-                penalty = alpha_prime * config.cql_alpha * (gap - config.target_action_gap)
-            else:
-                penalty = config.cql_alpha * gap
-            return td + jnp.sum(penalty), (td, gap, jnp.mean(q_data))
 
-        (c_loss, (td_loss, gap, q_mean)), grads = jax.value_and_grad(
-            critic_objective, has_aux=True
-        )(state.critic)
-        updates, critic_opt_state = critic_optimizer.update(grads, state.critic_opt_state)
-        critic = optax.apply_updates(state.critic, updates)
+        critic, critic_opt_state, c_loss, (td_loss, gap, q_mean) = apply_gradients(
+            critic_objective, state.critic, critic_optimizer, state.critic_opt_state
+        )
 
         log_alpha_prime, alpha_prime_opt_state = state.log_alpha_prime, state.alpha_prime_opt_state
         if config.lagrange:
 
-            def alpha_prime_objective(log_alpha_prime: jax.Array) -> jax.Array:
+            def alpha_prime_objective(log_alpha_prime: jax.Array) -> tuple[jax.Array, None]:
                 weight = jnp.clip(jnp.exp(log_alpha_prime), 0.0, 1e6)
                 gaps = jax.lax.stop_gradient(gap - config.target_action_gap)
-                return -jnp.sum(weight * config.cql_alpha * gaps)
+                return -jnp.sum(weight * config.cql_alpha * gaps), None
 
-            grad = jax.grad(alpha_prime_objective)(state.log_alpha_prime)
-            updates, alpha_prime_opt_state = alpha_prime_optimizer.update(
-                grad, state.alpha_prime_opt_state
+            log_alpha_prime, alpha_prime_opt_state, _, _ = apply_gradients(
+                alpha_prime_objective,
+                state.log_alpha_prime,
+                alpha_prime_optimizer,
+                state.alpha_prime_opt_state,
             )
-            log_alpha_prime = optax.apply_updates(state.log_alpha_prime, updates)
 
-        new_state = CQLState(
-            policy=state.policy.replace(actor=actor_params),
-            critic=critic,
-            target_critic=polyak_average(critic, state.target_critic, config.tau),
-            log_alpha=log_alpha,
-            log_alpha_prime=log_alpha_prime,
-            actor_opt_state=actor_opt_state,
-            critic_opt_state=critic_opt_state,
-            alpha_opt_state=alpha_opt_state,
-            alpha_prime_opt_state=alpha_prime_opt_state,
-            step=state.step + 1,
-        )
+        new_state = sac.finish_update(
+            state,
+            config.tau,
+            actor=(actor_params, actor_opt_state),
+            critic=(critic, critic_opt_state),
+            temperature=(log_alpha, alpha_opt_state),
+        ).replace(log_alpha_prime=log_alpha_prime, alpha_prime_opt_state=alpha_prime_opt_state)
         metrics = {
             "actor_loss": a_loss,
             "alpha": jnp.exp(log_alpha),
@@ -300,12 +321,4 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
         }
         return new_state, metrics
 
-    def act(
-        policy_params: PolicyParams,
-        observation: jax.Array,
-        key: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
-        return actor.act(policy_params, observation, key, deterministic)
-
-    return Algorithm(init=init, update=update, act=act)
+    return Algorithm(init=init, update=update, act=sac.act_with(actor, default_deterministic=True))

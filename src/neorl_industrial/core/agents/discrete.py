@@ -24,13 +24,14 @@ from neorl_industrial.core.agents.networks import (
     ObservationNormalizer,
     PolicyParams,
     WeightInitConfig,
-    check_layer_widths,
-    check_observation_stats,
-    check_weight_init,
+    check_network,
+    check_positive,
+    check_tau,
     polyak_average,
     stochastic_key,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
+from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 
 #: TD losses of discrete CQL: DQN's Huber loss (d3rlpy's) or the squared error.
 TD_LOSSES = ("huber", "squared")
@@ -58,11 +59,8 @@ class DiscreteBCConfig(WeightInitConfig):
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_layer_widths(self.hidden)
-        if self.learning_rate <= 0.0:
-            raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
-        check_weight_init(self.weight_init)
-        check_observation_stats(self)
+        check_network(self)
+        check_positive(self, "learning_rate")
 
 
 def pick_action(scores: jax.Array, key: jax.Array | None, deterministic: bool) -> jax.Array:
@@ -103,7 +101,7 @@ def make_discrete_bc(config: DiscreteBCConfig, obs_size: int, num_actions: int) 
         output_size=num_actions,
         weight_init=config.weight_init,
     )
-    optimizer = optax.adam(config.learning_rate)
+    optimizer = make_optimizer(config.learning_rate)
 
     def init(key: jax.Array) -> DiscreteBCState:
         actor = network.init(key, jnp.zeros((obs_size,), jnp.float32))
@@ -126,9 +124,9 @@ def make_discrete_bc(config: DiscreteBCConfig, obs_size: int, num_actions: int) 
             loss = jnp.mean(jax.vmap(cross_entropy_loss)(logits, actions))
             return loss, jnp.mean(jnp.argmax(logits, axis=-1) == actions)
 
-        (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.policy.actor)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.policy.actor)
-        actor = optax.apply_updates(state.policy.actor, updates)
+        actor, opt_state, loss, accuracy = apply_gradients(
+            loss_fn, state.policy.actor, optimizer, state.opt_state
+        )
         new_state = DiscreteBCState(
             policy=state.policy.replace(actor=actor), opt_state=opt_state, step=state.step + 1
         )
@@ -171,17 +169,13 @@ class DiscreteCQLConfig(WeightInitConfig):
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_layer_widths(self.hidden)
-        if self.learning_rate <= 0.0:
-            raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
+        check_network(self)
+        check_positive(self, "learning_rate")
         if self.cql_alpha < 0.0:
             raise ValueError(f"cql_alpha: must not be negative, got {self.cql_alpha}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
-        check_weight_init(self.weight_init)
+        check_tau(self.tau)
         if self.td_loss not in TD_LOSSES:
             raise ValueError(f"td_loss: expected one of {list(TD_LOSSES)}, got {self.td_loss!r}")
-        check_observation_stats(self)
 
 
 @struct.dataclass
@@ -233,7 +227,7 @@ def make_discrete_cql(config: DiscreteCQLConfig, obs_size: int, num_actions: int
         output_size=num_actions,
         weight_init=config.weight_init,
     )
-    optimizer = optax.adam(config.learning_rate)
+    optimizer = make_optimizer(config.learning_rate)
 
     def init(key: jax.Array) -> DiscreteCQLState:
         q_params = network.init(key, jnp.zeros((obs_size,), jnp.float32))
@@ -269,9 +263,9 @@ def make_discrete_cql(config: DiscreteCQLConfig, obs_size: int, num_actions: int
             )
             return jnp.mean(losses), (jnp.mean(gaps), q)
 
-        (loss, (gap, q)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.policy.actor)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.policy.actor)
-        q_params = optax.apply_updates(state.policy.actor, updates)
+        q_params, opt_state, loss, (gap, q) = apply_gradients(
+            loss_fn, state.policy.actor, optimizer, state.opt_state
+        )
         new_state = DiscreteCQLState(
             policy=state.policy.replace(actor=q_params),
             target=polyak_average(q_params, state.target, config.tau),

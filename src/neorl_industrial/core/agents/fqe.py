@@ -52,6 +52,7 @@ from neorl_industrial.core.agents.networks import (
     check_observation_stats,
 )
 from neorl_industrial.core.agents.types import Metrics
+from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 
 #: ``policy(observations[B, obs_size]) -> actions[B, action_size]``, deterministic and pure.
 DeterministicPolicy = Callable[[jax.Array], jax.Array]
@@ -256,9 +257,7 @@ def make_fqe(
     check_policy(policy, obs_size, action_size)
     n_heads = 1 + n_costs
     network = MultiHeadCritics(hidden=config.hidden, n_heads=n_heads, n_critics=config.n_critics)
-    optimizer = optax.adam(config.learning_rate)
-    if config.max_grad_norm is not None:
-        optimizer = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), optimizer)
+    optimizer = make_optimizer(config.learning_rate, config.max_grad_norm)
 
     def init(key: jax.Array) -> FQEState:
         critic = network.init(
@@ -295,9 +294,9 @@ def make_fqe(
             q = network.apply(critic, observations, batch.actions)  # [n_critics, B, n_heads]
             return jnp.mean(jax.vmap(fqe_loss, in_axes=(1, 0))(q, targets)), q
 
-        (loss, q), grads = jax.value_and_grad(objective, has_aux=True)(state.critic)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.critic)
-        critic = optax.apply_updates(state.critic, updates)
+        critic, opt_state, loss, q = apply_gradients(
+            objective, state.critic, optimizer, state.opt_state
+        )
         step = state.step + 1
         copy = step % config.target_update_period == 0
         target_critic = jax.tree.map(

@@ -34,13 +34,14 @@ from neorl_industrial.core.agents.networks import (
     ObservationNormalizer,
     PolicyParams,
     WeightInitConfig,
-    check_layer_widths,
-    check_observation_stats,
-    check_weight_init,
+    check_network,
+    check_positive,
+    check_tau,
     polyak_average,
     stochastic_key,
 )
-from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics, gradient_step
+from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
+from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 
 __all__ = [
     "GaussianActor",
@@ -83,16 +84,11 @@ class IQLConfig(WeightInitConfig):
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_layer_widths(self.hidden)
-        for name in ("actor_lr", "critic_lr", "value_lr", "beta", "max_exp_advantage"):
-            if getattr(self, name) <= 0.0:
-                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        check_network(self)
+        check_positive(self, "actor_lr", "critic_lr", "value_lr", "beta", "max_exp_advantage")
         if not 0.0 < self.expectile < 1.0:
             raise ValueError(f"expectile: must lie in (0, 1), got {self.expectile}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
-        check_weight_init(self.weight_init)
-        check_observation_stats(self)
+        check_tau(self.tau)
 
 
 class GaussianActor(nn.Module):
@@ -160,9 +156,9 @@ def make_networks(config: IQLConfig, action_size: int) -> IQLNetworks:
         actor=GaussianActor(action_size, config.hidden, config.weight_init),
         value=MLP(config.hidden, output_size=1, weight_init=config.weight_init),
         critic=make_critics(config.critic, config.hidden, 2, weight_init=config.weight_init),
-        actor_optimizer=optax.adam(config.actor_lr),
-        value_optimizer=optax.adam(config.value_lr),
-        critic_optimizer=optax.adam(config.critic_lr),
+        actor_optimizer=make_optimizer(config.actor_lr),
+        value_optimizer=make_optimizer(config.value_lr),
+        critic_optimizer=make_optimizer(config.critic_lr),
     )
 
 
@@ -218,7 +214,7 @@ def value_and_critic_step(
         losses = jax.vmap(expectile_loss, in_axes=(0, None))(target_q - v, config.expectile)
         return jnp.mean(losses), v
 
-    value, value_opt_state, v_loss, v = gradient_step(
+    value, value_opt_state, v_loss, v = apply_gradients(
         value_objective, state.value, networks.value_optimizer, state.value_opt_state
     )
     targets = batch.rewards + batch.discounts * networks.value_apply(value, next_observations)
@@ -227,7 +223,7 @@ def value_and_critic_step(
     def critic_objective(critic: Any) -> tuple[jax.Array, jax.Array]:
         return networks.critic.td_loss(critic, observations, batch.actions, targets, key)
 
-    critic, critic_opt_state, c_loss, _ = gradient_step(
+    critic, critic_opt_state, c_loss, _ = apply_gradients(
         critic_objective, state.critic, networks.critic_optimizer, state.critic_opt_state
     )
     state = state.replace(
@@ -262,7 +258,7 @@ def actor_step(
         )
         return jnp.mean(losses), mean
 
-    actor, opt_state, loss, mean = gradient_step(
+    actor, opt_state, loss, mean = apply_gradients(
         objective, state.policy.actor, networks.actor_optimizer, state.actor_opt_state
     )
     state = state.replace(policy=state.policy.replace(actor=actor), actor_opt_state=opt_state)

@@ -502,6 +502,29 @@ def check_observation_stats(config: Any) -> None:
         )
 
 
+def check_network(config: Any) -> None:
+    """Validates the fields every agent's config has: ``hidden`` (positive layer widths),
+    ``weight_init`` and ``obs_mean`` / ``obs_std``."""
+    check_layer_widths(config.hidden)
+    check_weight_init(config.weight_init)
+    check_observation_stats(config)
+
+
+def check_positive(config: Any, *names: str) -> None:
+    """Raises ``ValueError`` naming the first of ``names`` whose value in ``config`` is not a
+    positive number (learning rates, weights, temperatures)."""
+    for name in names:
+        value = getattr(config, name)
+        if not value > 0.0:
+            raise ValueError(f"{name}: must be positive, got {value}")
+
+
+def check_tau(tau: float) -> None:
+    """Raises ``ValueError`` naming ``tau`` unless the Polyak rate lies in (0, 1]."""
+    if not 0.0 < tau <= 1.0:
+        raise ValueError(f"tau: must lie in (0, 1], got {tau}")
+
+
 @struct.dataclass
 class PolicyParams:
     """Everything a policy needs to act on raw observations; what gets saved and exported."""

@@ -12,6 +12,7 @@ Actions lie in (-1, 1), the range of the Industrial Benchmark's actions.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import chex
 import jax
@@ -27,12 +28,13 @@ from neorl_industrial.core.agents.networks import (
     PolicyParams,
     TanhGaussianActor,
     WeightInitConfig,
-    check_layer_widths,
-    check_observation_stats,
-    check_weight_init,
+    check_network,
+    check_positive,
+    check_tau,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
+from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 
 
 @struct.dataclass
@@ -125,20 +127,13 @@ class SACConfig(WeightInitConfig):
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_observation_stats(self)
-        check_layer_widths(self.hidden)
-        check_weight_init(self.weight_init)
+        check_network(self)
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma: must lie in [0, 1], got {self.gamma}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
+        check_tau(self.tau)
         if self.n_critics < 1:
             raise ValueError(f"n_critics: expected a positive integer, got {self.n_critics}")
-        if self.initial_alpha <= 0.0:
-            raise ValueError(f"initial_alpha: must be positive, got {self.initial_alpha}")
-        for name in ("actor_lr", "critic_lr", "alpha_lr"):
-            if getattr(self, name) <= 0.0:
-                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        check_positive(self, "initial_alpha", "actor_lr", "critic_lr", "alpha_lr")
 
 
 # ----- losses of one transition ---------------------------------------------------------
@@ -192,6 +187,102 @@ def temperature_loss(log_alpha: jax.Array, log_prob: jax.Array, target_entropy: 
     return -log_alpha * jax.lax.stop_gradient(log_prob + target_entropy)
 
 
+# ----- the steps (CQL reuses them: cql.py) --------------------------------------------
+def actor_step(
+    actor: TanhGaussianActor,
+    optimizer: optax.GradientTransformation,
+    state: SACState,
+    observations: jax.Array,
+    key: jax.Array,
+    values: Callable[[Params, jax.Array], jax.Array],
+) -> tuple[Params, optax.OptState, jax.Array, jax.Array]:
+    """One step of the actor on ``α log π(a|s) - min Q(s, a)`` for actions it draws with
+    ``key`` at the (normalized) ``observations``, with ``α`` the state's temperature.
+
+    Args:
+        values: ``values(actor_params, actions) -> [n_critics, B]``: what the drawn actions
+            are worth (the critics' values; the hook through which a variant changes what
+            the actor maximizes).
+
+    Returns:
+        ``(actor_params, opt_state, loss, log_probs)``; ``log_probs`` (``[B]``) are those
+        of the actions drawn before the step.
+    """
+    alpha = jnp.exp(state.log_alpha)
+
+    def objective(actor_params: Params) -> tuple[jax.Array, jax.Array]:
+        actions, log_probs = actor.sample(actor_params, observations, key)
+        q_policy = values(actor_params, actions)
+        losses = jax.vmap(actor_loss, in_axes=(1, 0, None))(q_policy, log_probs, alpha)
+        return jnp.mean(losses), log_probs
+
+    return apply_gradients(objective, state.policy.actor, optimizer, state.actor_opt_state)
+
+
+def temperature_step(
+    optimizer: optax.GradientTransformation,
+    state: SACState,
+    log_probs: jax.Array,
+    target_entropy: float,
+) -> tuple[jax.Array, optax.OptState, jax.Array]:
+    """One step of the log temperature towards ``target_entropy`` from the ``log_probs``
+    of the policy's actions.
+
+    Returns:
+        ``(log_alpha, opt_state, loss)``.
+    """
+
+    def objective(log_alpha: jax.Array) -> tuple[jax.Array, None]:
+        losses = jax.vmap(temperature_loss, in_axes=(None, 0, None))(
+            log_alpha, log_probs, target_entropy
+        )
+        return jnp.mean(losses), None
+
+    log_alpha, opt_state, loss, _ = apply_gradients(
+        objective, state.log_alpha, optimizer, state.alpha_opt_state
+    )
+    return log_alpha, opt_state, loss
+
+
+def finish_update(
+    state: SACState,
+    tau: float,
+    actor: tuple[Params, optax.OptState],
+    critic: tuple[Params, optax.OptState],
+    temperature: tuple[jax.Array, optax.OptState],
+) -> SACState:
+    """``state`` with the stepped ``(params, opt_state)`` of actor, critics and temperature,
+    the target critics moved a fraction ``tau`` towards the new critics, one update
+    further."""
+    (actor_params, actor_opt_state), (critic_params, critic_opt_state) = actor, critic
+    log_alpha, alpha_opt_state = temperature
+    return state.replace(
+        policy=state.policy.replace(actor=actor_params),
+        critic=critic_params,
+        target_critic=polyak_average(critic_params, state.target_critic, tau),
+        actor_opt_state=actor_opt_state,
+        critic_opt_state=critic_opt_state,
+        log_alpha=log_alpha,
+        alpha_opt_state=alpha_opt_state,
+        step=state.step + 1,
+    )
+
+
+def act_with(actor: TanhGaussianActor, default_deterministic: bool) -> Callable[..., jax.Array]:
+    """The ``act`` of an agent whose policy is ``actor``: deterministic (the tanh of the
+    mean) by default when ``default_deterministic``, else a draw."""
+
+    def act(
+        policy_params: PolicyParams,
+        observation: jax.Array,
+        key: jax.Array | None = None,
+        deterministic: bool = default_deterministic,
+    ) -> jax.Array:
+        return actor.act(policy_params, observation, key, deterministic)
+
+    return act
+
+
 # ----- the algorithm -----------------------------------------------------------------
 def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
     """Builds SAC for observations of ``obs_size`` and actions of ``action_size``.
@@ -213,16 +304,9 @@ def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
     target_entropy = (
         -float(action_size) if config.target_entropy is None else float(config.target_entropy)
     )
-
-    def optimizer(learning_rate: float) -> optax.GradientTransformation:
-        adam = optax.adam(learning_rate)
-        if config.max_grad_norm is None:
-            return adam
-        return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adam)
-
-    actor_optimizer = optimizer(config.actor_lr)
-    critic_optimizer = optimizer(config.critic_lr)
-    alpha_optimizer = optax.adam(config.alpha_lr)
+    actor_optimizer = make_optimizer(config.actor_lr, config.max_grad_norm)
+    critic_optimizer = make_optimizer(config.critic_lr, config.max_grad_norm)
+    alpha_optimizer = make_optimizer(config.alpha_lr)
 
     def init(key: jax.Array) -> SACState:
         actor_key, critic_key = jax.random.split(key)
@@ -272,51 +356,29 @@ def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
             )
             return jnp.mean(losses), q
 
-        (critic_loss_value, q), critic_grads = jax.value_and_grad(critic_objective, has_aux=True)(
-            state.critic
+        critic_params, critic_opt_state, critic_loss_value, q = apply_gradients(
+            critic_objective, state.critic, critic_optimizer, state.critic_opt_state
         )
-        critic_updates, critic_opt_state = critic_optimizer.update(
-            critic_grads, state.critic_opt_state, state.critic
-        )
-        critic_params = optax.apply_updates(state.critic, critic_updates)
 
         # Actor: maximize the (freshly updated) critics' value plus entropy.
-        def actor_objective(actor_params: Params) -> tuple[jax.Array, jax.Array]:
-            actions, log_probs = actor.sample(actor_params, observations, actor_key)
-            q_policy = critic.apply(critic_params, observations, actions)
-            losses = jax.vmap(actor_loss, in_axes=(1, 0, None))(q_policy, log_probs, alpha)
-            return jnp.mean(losses), log_probs
-
-        (actor_loss_value, log_probs), actor_grads = jax.value_and_grad(
-            actor_objective, has_aux=True
-        )(state.policy.actor)
-        actor_updates, actor_opt_state = actor_optimizer.update(
-            actor_grads, state.actor_opt_state, state.policy.actor
+        actor_params, actor_opt_state, actor_loss_value, log_probs = actor_step(
+            actor,
+            actor_optimizer,
+            state,
+            observations,
+            actor_key,
+            lambda _, actions: critic.apply(critic_params, observations, actions),
         )
-        actor_params = optax.apply_updates(state.policy.actor, actor_updates)
-
         # Temperature: keep the policy's entropy near the target.
-        def temperature_objective(log_alpha: jax.Array) -> jax.Array:
-            losses = jax.vmap(temperature_loss, in_axes=(None, 0, None))(
-                log_alpha, log_probs, target_entropy
-            )
-            return jnp.mean(losses)
-
-        alpha_loss_value, alpha_grad = jax.value_and_grad(temperature_objective)(state.log_alpha)
-        alpha_updates, alpha_opt_state = alpha_optimizer.update(
-            alpha_grad, state.alpha_opt_state, state.log_alpha
+        log_alpha, alpha_opt_state, alpha_loss_value = temperature_step(
+            alpha_optimizer, state, log_probs, target_entropy
         )
-        log_alpha = optax.apply_updates(state.log_alpha, alpha_updates)
-
-        new_state = state.replace(
-            policy=state.policy.replace(actor=actor_params),
-            critic=critic_params,
-            target_critic=polyak_average(critic_params, state.target_critic, config.tau),
-            actor_opt_state=actor_opt_state,
-            critic_opt_state=critic_opt_state,
-            log_alpha=log_alpha,
-            alpha_opt_state=alpha_opt_state,
-            step=state.step + 1,
+        new_state = finish_update(
+            state,
+            config.tau,
+            actor=(actor_params, actor_opt_state),
+            critic=(critic_params, critic_opt_state),
+            temperature=(log_alpha, alpha_opt_state),
         )
         metrics = {
             "critic_loss": critic_loss_value,
@@ -329,12 +391,4 @@ def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
         }
         return new_state, metrics
 
-    def act(
-        policy_params: PolicyParams,
-        observation: jax.Array,
-        key: jax.Array | None = None,
-        deterministic: bool = False,
-    ) -> jax.Array:
-        return actor.act(policy_params, observation, key, deterministic)
-
-    return Algorithm(init=init, update=update, act=act)
+    return Algorithm(init=init, update=update, act=act_with(actor, default_deterministic=False))

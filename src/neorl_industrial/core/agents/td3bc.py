@@ -37,12 +37,13 @@ from neorl_industrial.core.agents.networks import (
     ObservationNormalizer,
     PolicyParams,
     WeightInitConfig,
-    check_layer_widths,
-    check_observation_stats,
-    check_weight_init,
+    check_network,
+    check_positive,
+    check_tau,
     polyak_average,
 )
-from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics, gradient_step
+from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
+from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 
 __all__ = [
     "Penalty",
@@ -94,16 +95,11 @@ class TD3BCConfig(WeightInitConfig):
     obs_std: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_layer_widths(self.hidden)
-        for name in ("actor_lr", "critic_lr", "alpha"):
-            if getattr(self, name) <= 0.0:
-                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau: must lie in (0, 1], got {self.tau}")
+        check_network(self)
+        check_positive(self, "actor_lr", "critic_lr", "alpha")
+        check_tau(self.tau)
         if self.policy_freq < 1:
             raise ValueError(f"policy_freq: expected a positive integer, got {self.policy_freq}")
-        check_weight_init(self.weight_init)
-        check_observation_stats(self)
 
 
 @struct.dataclass
@@ -160,8 +156,8 @@ def make_networks(config: TD3BCConfig, action_size: int) -> TD3BCNetworks:
     return TD3BCNetworks(
         actor=MLP(hidden=config.hidden, output_size=action_size, weight_init=config.weight_init),
         critic=make_critics(config.critic, config.hidden, 2, weight_init=config.weight_init),
-        actor_optimizer=optax.adam(config.actor_lr),
-        critic_optimizer=optax.adam(config.critic_lr),
+        actor_optimizer=make_optimizer(config.actor_lr),
+        critic_optimizer=make_optimizer(config.critic_lr),
     )
 
 
@@ -240,7 +236,7 @@ def critic_step(
     def objective(critic: Any) -> tuple[jax.Array, jax.Array]:
         return networks.critic.td_loss(critic, observations, batch.actions, targets, online_key)
 
-    critic, opt_state, loss, q = gradient_step(
+    critic, opt_state, loss, q = apply_gradients(
         objective, state.critic, networks.critic_optimizer, state.critic_opt_state
     )
     return state.replace(critic=critic, critic_opt_state=opt_state), loss, q
@@ -275,7 +271,7 @@ def policy_step(
         losses = jax.vmap(actor_loss, in_axes=(0, 0, 0, None))(q, policy_actions, actions, lmbda)
         return jnp.mean(losses), aux
 
-    actor, opt_state, loss, aux = gradient_step(
+    actor, opt_state, loss, aux = apply_gradients(
         objective, state.policy.actor, networks.actor_optimizer, state.actor_opt_state
     )
     return PolicyStep(

@@ -25,8 +25,8 @@ from neorl_industrial.core.agents.cost import (
     SafetyConfig,
     make_lagrangian,
 )
-from neorl_industrial.core.agents.multipliers import PIDConfig
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
+from neorl_industrial.core.optimizers import PIDConfig
 
 __all__ = ["TD3BCLagConfig", "TD3BCLagState", "make_td3bc_lag"]
 

@@ -1,5 +1,5 @@
-"""Types shared by every algorithm of the core: the batch it learns from, the algorithm
-itself, and the one gradient step every network takes."""
+"""Types shared by every algorithm of the core: the batch it learns from and the algorithm
+itself (the gradient step every network takes is ``core.optimizers.apply_gradients``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import optax
 from flax import struct
 
 Metrics = dict[str, jax.Array]
@@ -43,20 +42,3 @@ class Algorithm(NamedTuple):
     init: Callable[[jax.Array], Any]
     update: Callable[[Any, Batch, jax.Array], tuple[Any, Metrics]]
     act: Callable[..., jax.Array]
-
-
-def gradient_step(
-    objective: Callable[[Any], tuple[jax.Array, Any]],
-    params: Any,
-    optimizer: optax.GradientTransformation,
-    opt_state: optax.OptState,
-) -> tuple[Any, optax.OptState, jax.Array, Any]:
-    """One optimizer step on ``objective(params) -> (loss, aux)``.
-
-    Returns:
-        ``(params, opt_state, loss, aux)`` after the step; ``loss`` and ``aux`` are those
-        of the parameters before it.
-    """
-    (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(params)
-    updates, opt_state = optimizer.update(grads, opt_state)
-    return optax.apply_updates(params, updates), opt_state, loss, aux
