@@ -31,13 +31,15 @@ time,temperature,valve
 
 
 def refusal(capsys, argv: list[str]) -> str:
-    """Runs the command line; asserts exit 2 with one line on stderr and no traceback."""
+    """Runs the command line; asserts exit 2, no traceback, and one error line on stderr,
+    the last (after any warning the command gave on its way)."""
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], err
+    return errors[0]
 
 
 def _import(tmp_path, capsys, schema: str = SCHEMA, log: str = LOG) -> tuple[str, object]:
@@ -166,3 +168,161 @@ def test_strong_schemas_and_specs_still_load():
     )
     assert spec.hard_names == ("bounds/a", "rate/a", "r")
     assert RunConfig().with_overrides(["safety.cost_limits=[1e12]"]).safety.cost_limits == [1e12]
+
+
+# -- API keys --------------------------------------------------------------------------
+#: Patterned keys of the families a red team found accepted: keyboard walks, the printable
+#: ASCII run, counting in base 10 and 16, interleaved sequences, a famous passphrase.
+PATTERNED_KEYS = [
+    "1qaz2wsx3edc4rfv5tgb6yhn7ujm8ik9ol0p",
+    "1qaz2wsx3edc4rfv5tgb6yhn7ujm8ik9ol0p!QAZ@WSX",
+    "".join(chr(c) for c in range(33, 127)),
+    "".join(chr(c) for c in range(33, 80)),
+    "".join(chr(c) for c in range(126, 80, -1)),
+    "0123456789abcdef" + "".join(str(n) for n in range(10, 30)),
+    "".join(str(n) for n in range(1, 40)),
+    "".join(format(n, "x") for n in range(100, 130)),
+    "".join(f"{c}{n % 10}" for n, c in enumerate("abcdefghijklmnopqrstuvwxyz", 1))[:40],
+    "".join(f"{c}{C}" for c, C in zip("abcdefghij", "ABCDEFGHIJ", strict=True)) * 2,
+    "acegikmoqsuwyacegikmoqsuwyacegikmoqsuw",
+    "CorrectHorseBatteryStapleCorrectHorseBattery",
+    "CorrectHorseBatteryStaple1234567890",
+    "correct-horse-battery-staple-correct-horse",
+    "CorrectHorseBatteryStaple!NeorlIndustrial",
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    "qwertyuiopasdfghjklzxcvbnmQWERTYUIOPASDFGHJKL",
+    "zaq12wsxcde34rfvbgt56yhnmju78ik,.lo90p;/",
+]
+
+
+@pytest.mark.parametrize("key", PATTERNED_KEYS)
+def test_patterned_api_keys_are_refused_as_low_entropy(key):
+    from neorl_industrial.integration.deployment.settings import SettingsError, check_api_key
+
+    with pytest.raises(SettingsError, match="low-entropy") as refused:
+        check_api_key(key, "act")
+    assert key not in str(refused.value) and "secrets.token_urlsafe(32)" in str(refused.value)
+
+
+def test_random_api_keys_are_accepted():
+    import secrets
+
+    from neorl_industrial.integration.deployment.settings import check_api_key
+
+    for _ in range(20):
+        check_api_key(secrets.token_urlsafe(32), "act")
+        check_api_key(secrets.token_urlsafe(24), "admin")  # the 32 characters at least
+
+
+# -- policy artifacts ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def artifact_dir(tmp_path_factory):
+    from tests.wrappers.agents.test_export import Policy
+
+    return Policy().export(tmp_path_factory.mktemp("artifact") / "policy")
+
+
+def _tampered(artifact_dir, tmp_path, change) -> object:
+    import json
+    import shutil
+
+    from neorl_industrial.wrappers.agents.artifact import _digest
+
+    copy = tmp_path / "tampered"
+    shutil.copytree(artifact_dir, copy)
+    manifest_file = copy / "manifest.json"
+    if isinstance(change, tuple):  # (file, text): written as is
+        (copy / change[0]).write_text(change[1])
+    else:  # an edit of the manifest, its sha256 recomputed (anyone can)
+        manifest = json.loads(manifest_file.read_text())
+        change(manifest)
+        manifest["manifest_sha256"] = _digest(manifest)
+        manifest_file.write_text(json.dumps(manifest))
+    return copy
+
+
+NESTED = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (("manifest.json", NESTED), "manifest.json: JSON nested too deeply"),
+        (("manifest.json", '{"a":' * 200 + "1" + "}" * 200), "manifest.json: JSON nested deeper"),
+        (("signature.json", NESTED), "signature.json: JSON nested too deeply"),
+        (lambda m: m["files"].update({"..": "0" * 64}), "files lists '..', which is not a file"),
+        (lambda m: m["files"].update({".": "0" * 64}), "files lists '.', which is not a file"),
+        (lambda m: m["files"].update({"/etc/passwd": "0" * 64}), "files lists '/etc/passwd'"),
+        (lambda m: m["files"].update({"../policy/x": "0" * 64}), "files lists '../policy/x'"),
+        (lambda m: m.update(functions={"serve.jaxexport": 1}), "'functions' must list"),
+        (lambda m: m.update(observation_size="six"), "manifest.json: malformed (ValueError"),
+    ],
+)  # fmt: skip
+def test_a_tampered_artifact_is_refused_by_name(artifact_dir, tmp_path, change, named):
+    from neorl_industrial.wrappers.agents import PolicyArtifact, PolicyArtifactError
+
+    copy = _tampered(artifact_dir, tmp_path, change)
+    with pytest.raises(PolicyArtifactError) as caught:
+        PolicyArtifact.load(copy)
+    message = str(caught.value)
+    assert named in message and "\n" not in message, message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tampered"]  # nothing written
+
+
+def test_serve_refuses_a_nested_manifest_in_one_line(artifact_dir, tmp_path, capsys):
+    copy = _tampered(artifact_dir, tmp_path, ("manifest.json", NESTED))
+    line = refusal(
+        capsys, ["--no-cache", "serve", "--model", str(copy), "--no-auth", "--allow-unsigned"]
+    )
+    assert "manifest.json: JSON nested too deeply" in line
+
+
+# -- audit log -------------------------------------------------------------------------
+def test_a_second_server_on_a_held_audit_log_is_refused_before_loading(tmp_path, capsys):
+    from neorl_industrial.integration.safety import AuditLog
+
+    log = tmp_path / "audit.jsonl"
+    with AuditLog(log, policy_version="v1"):
+        # No policy is at --model: a server that loaded before locking would say so.
+        argv = ["--no-cache", "serve", "--model", str(tmp_path / "no-such-policy"),
+                "--audit-log", str(log), "--no-auth", "--allow-unsigned"]  # fmt: skip
+        line = refusal(capsys, argv)
+    assert f"audit log {log}: held by another process (pid {os.getpid()}" in line
+
+
+def test_a_claimed_audit_log_is_taken_over_by_the_log_this_process_opens(tmp_path):
+    from neorl_industrial.integration.safety import AuditLog, AuditLogError
+    from neorl_industrial.integration.safety.audit import claim, release_claim
+
+    log = tmp_path / "audit.jsonl"
+    claim(log)
+    claim(log)  # twice is once
+    with pytest.raises(AuditLogError, match="held by another process"):
+        # Another open of the lock (as another process's) is refused while claimed.
+        from neorl_industrial.integration.safety.audit import _take_lock
+
+        _take_lock(log)
+    with AuditLog(log, policy_version="v1") as audit:
+        audit.append({"kind": "note"})
+        assert release_claim(log) is False  # the log took the claim over
+    claim(log)  # free again once the log is closed
+    assert release_claim(log) is True
+
+
+def test_audit_verify_names_a_nested_line_and_a_since_file_beyond_the_log(tmp_path, capsys):
+    from neorl_industrial.integration.safety import AuditLog
+
+    log = tmp_path / "audit.jsonl"
+    with AuditLog(log, policy_version="v1") as audit:
+        audit.append({"kind": "note"})
+    with open(log, "a") as handle:
+        handle.write(NESTED + "\n")
+    assert cli.main(["--no-cache", "audit", "verify", str(log)]) == 1
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    assert "broken: audit.jsonl: line 3: not valid JSON (JSON nested too deeply to read)" in (
+        " ".join(out.out.split())
+    )
+    line = refusal(capsys, ["--no-cache", "audit", "verify", str(log), "--since-file", "99"])
+    assert "since_file 99: the log holds files 0 to 0, none from file 99 on" in line
+    assert "None" not in line

@@ -17,10 +17,7 @@ def command_serve(args: argparse.Namespace) -> int:
     """Loads and checks the policy before uvicorn starts, so that settings, keys, pins or
     a policy the server cannot trust end the command with one line naming what to do
     (exit 2), not a server that fails while starting."""
-    import uvicorn
-
-    from neorl_industrial.integration.deployment import ServerSettings, create_app
-    from neorl_industrial.integration.deployment.policy import load_policy_source, padded_sizes
+    from neorl_industrial.integration.deployment import ServerSettings
 
     overrides: dict[str, Any] = {
         key: value
@@ -45,6 +42,27 @@ def command_serve(args: argparse.Namespace) -> int:
     if not settings.model:
         raise ValueError("model: no policy to serve; pass --model or set NEORL_SERVE_MODEL")
     trust = settings.trust()
+    if settings.audit_log is not None:
+        from neorl_industrial.integration.safety.audit import claim
+
+        # The audit log's lock before the policy (a minute or more of loading): a log
+        # another server holds is refused now, in one line.
+        claim(settings.audit_log)
+    try:
+        return _load_and_serve(args, settings, trust)
+    finally:
+        if settings.audit_log is not None:
+            from neorl_industrial.integration.safety.audit import release_claim
+
+            release_claim(settings.audit_log)  # only if the server never opened the log
+
+
+def _load_and_serve(args: argparse.Namespace, settings: ServerSettings, trust: Any) -> int:
+    import uvicorn
+
+    from neorl_industrial.integration.deployment import create_app
+    from neorl_industrial.integration.deployment.policy import load_policy_source, padded_sizes
+
     console = make_console(stderr=True)
     if trust.allow_unsigned:
         console.print(

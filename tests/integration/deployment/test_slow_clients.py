@@ -149,18 +149,20 @@ def _requests(port: int, status: int) -> float:
 
 def test_a_client_trickling_its_body_gets_a_408_and_is_counted(server):
     before = _metric(server, "neorl_connections_cut", "body_timeout")
-    gone = _requests(server, 499)
+    timed_out, gone = _requests(server, 408), _requests(server, 499)
     with socket.create_connection(("127.0.0.1", server)) as sock:
         sock.sendall(_slow_body_head(1000))
         seconds, answer = _trickle(sock, b" ", 0.1, 5.0)
     assert seconds < 4 * DEADLINE_S
     assert answer.startswith(b"HTTP/1.1 408")
     assert _metric(server, "neorl_connections_cut", "body_timeout") == before + 1
-    # The cut request is recorded as the client's going away, not as the app's answer.
+    # The cut request is counted as what the server answered (408), not as the app's
+    # answer nor as a client that went away (499).
     deadline = time.monotonic() + 5
-    while _requests(server, 499) == gone and time.monotonic() < deadline:
+    while _requests(server, 408) == timed_out and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _requests(server, 499) == gone + 1
+    assert _requests(server, 408) == timed_out + 1
+    assert _requests(server, 499) == gone
 
 
 def test_a_body_keeping_up_the_minimum_rate_is_not_cut(server):
@@ -178,6 +180,7 @@ def test_a_body_keeping_up_the_minimum_rate_is_not_cut(server):
 
 def test_at_the_cap_slow_attackers_are_shed_and_fresh_clients_answered(server):
     shed = _metric(server, "neorl_connections_cut", "shed")
+    shed_requests, gone = _requests(server, 444), _requests(server, 499)
     attackers = []
     try:
         for _ in range(2 * CAP):  # twice the cap, no key, bodies a byte at a time
@@ -191,8 +194,16 @@ def test_at_the_cap_slow_attackers_are_shed_and_fresh_clients_answered(server):
     finally:
         for sock in attackers:
             sock.close()
-    assert _metric(server, "neorl_connections_cut", "shed") >= shed + CAP
+    cut = _metric(server, "neorl_connections_cut", "shed") - shed
+    assert cut >= CAP
     assert _metric(server, "neorl_unavailable", "connection_limit") == 0
+    # Shed requests count as such (444, closed without a response), not as 499; the
+    # attackers closed by the test itself at the end are the clients that went away.
+    deadline = time.monotonic() + 5
+    while _requests(server, 444) - shed_requests < cut and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _requests(server, 444) - shed_requests == cut
+    assert _requests(server, 499) - gone <= 2 * CAP - cut
 
 
 def test_a_normal_client_and_a_keep_alive_second_request_are_served(server):

@@ -46,6 +46,12 @@ METRICS_STATE_KEY = "neorl.metrics"
 #: The status the middleware records for a request whose client went away (or was cut)
 #: before the body was in; as nginx logs it.
 CLIENT_CLOSED = 499
+#: The status recorded for a request the server itself cut: 408 where it answered "request
+#: not received in time", 444 (nginx's "closed without a response") where it shed the
+#: connection to make room. Kept in the request's scope under this key by the protocol.
+TIMED_OUT = 408
+SHED = 444
+CUT_STATUS_KEY = "neorl.cut_status"
 
 
 class LimitsAndMetrics:
@@ -87,8 +93,9 @@ class LimitsAndMetrics:
             chunks, size = [], 0
             while True:
                 message = await receive()
-                if message["type"] != "http.request":  # the client went away
-                    metrics.request(path, CLIENT_CLOSED, time.perf_counter() - started)
+                if message["type"] != "http.request":  # the client went away, or was cut
+                    status = scope.get(CUT_STATUS_KEY, CLIENT_CLOSED)
+                    metrics.request(path, status, time.perf_counter() - started)
                     return
                 chunks.append(message.get("body", b""))
                 size += len(chunks[-1])
@@ -136,7 +143,9 @@ class LimitsAndMetrics:
             if acting:
                 metrics.submitted(scope)  # no-op when the handler submitted
             if gone:
-                status = CLIENT_CLOSED  # whatever the app answered, nobody read it
+                # Whatever the app answered, nobody read it: the server's cut (a 408, or
+                # shed) counts as itself, a client that left as 499.
+                status = scope.get(CUT_STATUS_KEY, CLIENT_CLOSED)
             elif status == 503:
                 ready = self.ready()
                 metrics.unavailable(UNAVAILABLE_SHUTTING_DOWN if ready else UNAVAILABLE_LOADING)
@@ -388,12 +397,16 @@ class _Guard:
             return
         cycle = self.cycle
         started = cycle is not None and not cycle.response_complete
+        cut_status = SHED
         if answer and not (started and cycle.response_started):
             if response is None:
                 body = b'{"detail":"request not received in time"}'
                 response = _TIMED_OUT % (len(body), body)
             transport.write(response)
+            cut_status = int(response[9:12])  # "HTTP/1.1 408 ..."
         if started:
+            # How the request's metrics count it (the app then sees a disconnect).
+            cycle.scope[CUT_STATUS_KEY] = cut_status
             cycle.disconnected = True  # the app's own answer, if any, goes nowhere
             cycle.message_event.set()
         self._closed()

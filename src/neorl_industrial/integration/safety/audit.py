@@ -73,6 +73,8 @@ __all__ = [
     "AuditLogError",
     "ChainCheck",
     "check_chain",
+    "claim",
+    "release_claim",
     "rows_digest_update",
 ]
 
@@ -97,6 +99,71 @@ log = logging.getLogger("neorl_industrial.audit")
 _clock = time.monotonic  # windows and rates run on it (a test replaces it)
 
 
+#: Writer locks this process took before opening their logs (:func:`claim`), by the lock
+#: file's resolved path; the :class:`AuditLog` opened on the log takes its claim over.
+_claims: dict[str, int] = {}
+_claims_guard = threading.Lock()
+
+
+def _lock_file(path: Path) -> Path:
+    return path.with_name(f"{path.name}.lock")
+
+
+def _take_lock(path: Path) -> int:
+    """The writer lock of the log at ``path``, held by this process from now on.
+
+    Raises:
+        AuditLogError: another process holds it (naming its pid).
+    """
+    lock = _lock_file(path)
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(descriptor, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(descriptor)
+        raise AuditLogError(
+            f"audit log {path}: held by another process (pid {holder}, lock {lock}); "
+            "two writers would interleave and break the hash chain: stop that process "
+            "or give this one another audit log"
+        ) from None
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+    return descriptor
+
+
+def claim(path: str | os.PathLike[str]) -> None:
+    """Takes the writer lock of the log at ``path`` now, before a long start (a server
+    loads and compiles its policy for a minute or more): a log another process holds is
+    refused at once, not after the loading. The :class:`AuditLog` this process opens on
+    ``path`` later takes the claim over; claiming a log twice is claiming it once.
+
+    Raises:
+        AuditLogError: another process holds the log.
+        OSError: its directory or lock file cannot be created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = str(_lock_file(path).resolve())
+    with _claims_guard:
+        if key not in _claims:
+            _claims[key] = _take_lock(path)
+
+
+def release_claim(path: str | os.PathLike[str]) -> bool:
+    """Releases a :func:`claim` no :class:`AuditLog` took over (a start that failed);
+    whether there was one."""
+    key = str(_lock_file(Path(path)).resolve())
+    with _claims_guard:
+        descriptor = _claims.pop(key, None)
+    if descriptor is None:
+        return False
+    with contextlib.suppress(OSError):
+        fcntl.flock(descriptor, fcntl.LOCK_UN)
+        os.close(descriptor)
+    return True
+
+
 class AuditLogError(ValueError):
     """An audit log that cannot be written or continued; the message names the file."""
 
@@ -117,6 +184,16 @@ def _digest(record: dict[str, Any]) -> str:
     body = {key: value for key, value in record.items() if key != "hash"}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _parse(line: bytes | str) -> Any:
+    """``json.loads`` whose every failure is a ValueError: JSON nested deeper than the
+    parser's recursion (an edited line) raises RecursionError, which no caller of a
+    reader of untrusted lines expects."""
+    try:
+        return json.loads(line)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
 
 
 def _now() -> str:
@@ -160,7 +237,7 @@ def _first_record(path: Path) -> dict[str, Any] | None:
     try:
         with open(path, "rb") as handle:
             line = handle.readline()
-        record = json.loads(line) if line.strip() else None
+        record = _parse(line) if line.strip() else None
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
@@ -291,21 +368,10 @@ class AuditLog:
 
     # ----- the lock -------------------------------------------------------------------
     def _acquire(self) -> int:
-        lock = self._beside("lock")
-        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(descriptor, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(descriptor)
-            raise AuditLogError(
-                f"audit log {self.path}: held by another process (pid {holder}, lock {lock}); "
-                "two writers would interleave and break the hash chain: stop that process "
-                "or give this one another audit log"
-            ) from None
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
-        return descriptor
+        key = str(_lock_file(self.path).resolve())
+        with _claims_guard:
+            claimed = _claims.pop(key, None)
+        return claimed if claimed is not None else _take_lock(self.path)
 
     def _release(self) -> None:
         with contextlib.suppress(OSError):
@@ -353,7 +419,7 @@ class AuditLog:
                 return 0, None
             start, line = _last_line(handle, size)
             try:
-                whole = line.endswith(b"\n") and isinstance(json.loads(line), dict)
+                whole = line.endswith(b"\n") and isinstance(_parse(line), dict)
             except ValueError:
                 whole = False
             if whole:
@@ -391,10 +457,10 @@ class AuditLog:
         if line is None:
             return 0, GENESIS
         try:
-            record = json.loads(line)
+            record = _parse(line)
             valid = _digest(record) == record.get("hash")
             sequence = record.get("sequence")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             valid, sequence = False, None
         if not valid or not isinstance(sequence, int):
             raise AuditLogError(f"{self.path}: the last record's hash does not match its content")
@@ -871,7 +937,7 @@ class AuditLog:
     def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         """Every record of one file, in order (without checking the chain)."""
         with open(path, encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+            return [_parse(line) for line in handle if line.strip()]
 
     @staticmethod
     def verify(
@@ -945,7 +1011,7 @@ def _count_lines(path: Path) -> int:
 
 def _read_anchor(path: Path) -> dict[str, Any] | None:
     try:
-        anchor = json.loads(path.read_bytes() or b"null")
+        anchor = _parse(path.read_bytes() or b"null")
     except (OSError, ValueError):
         return None
     return anchor if isinstance(anchor, dict) else None
@@ -1028,9 +1094,9 @@ def _verify_file(
     state.file_records = 0
     for number, line in _records(path):
         try:
-            record = json.loads(line)
-        except ValueError:
-            return f"line {number}: not valid JSON"
+            record = _parse(line)
+        except ValueError as error:
+            return f"line {number}: not valid JSON ({error})"
         if not isinstance(record, dict):
             return f"line {number}: not a record"
         if first and expect_header is not None:
@@ -1064,7 +1130,11 @@ def _verify_file(
                 f"line {number}: breaks the chain (a record before it was changed, removed or "
                 "moved, or the end of the previous file was cut)"
             )
-        if _digest(record) != record.get("hash"):
+        try:
+            matches = _digest(record) == record.get("hash")
+        except (RecursionError, ValueError, TypeError):
+            matches = False  # nested too deeply to hash: no record the log wrote
+        if not matches:
             return f"line {number}: the content does not match its hash"
         sequence = record.get("sequence")
         if not isinstance(sequence, int) or state.sequence not in (None, sequence):
@@ -1115,12 +1185,21 @@ def check_chain(
     if not path.exists():
         return failed(f"{path}: no such audit log")
     expected = since_file
-    kept = []
+    kept, numbers = [], []
     for file in files:
         header = _first_record(file)
+        if _is_header(header):
+            numbers.append(header["file"])
         if since_file and _is_header(header) and header["file"] < since_file:
             continue  # shipped off on purpose: only files from since_file on are checked
         kept.append(file)
+    if not kept:
+        # A usage error, not a broken log: nothing was checked.
+        held = f"files {min(numbers)} to {max(numbers)}" if numbers else "no numbered file"
+        raise AuditLogError(
+            f"since_file {since_file}: the log holds {held}, none from file {since_file} on; "
+            "pass the number of the oldest file kept (0 when none was shipped elsewhere)"
+        )
     head = beside.get("head") if beside else None
     for index, file in enumerate(kept):
         state.previous_file_records = state.file_records if index else None

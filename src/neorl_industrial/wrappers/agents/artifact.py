@@ -39,6 +39,7 @@ from neorl_industrial.core.safety.shield import (
     OVERRIDDEN,
     PROJECTED,
 )
+from neorl_industrial.core.utils.messages import quote, shorten
 from neorl_industrial.wrappers.agents.signing import (
     SIGNATURE,
     SigningError,
@@ -283,7 +284,16 @@ class PolicyArtifact:
             spec_text = contents[CONSTRAINTS].decode()
         except UnicodeDecodeError as error:
             raise PolicyArtifactError(f"{path / CONSTRAINTS}: not UTF-8 text: {error}") from None
-        artifact = cls(path, manifest, functions, spec_text, signature, guard, on_incident)
+        try:
+            artifact = cls(path, manifest, functions, spec_text, signature, guard, on_incident)
+        except PolicyArtifactError:
+            raise
+        except (KeyError, TypeError, ValueError) as error:
+            # A manifest whose sha256 matches but whose fields are not what the exporter
+            # writes (the digest is no signature: anyone can recompute it).
+            raise PolicyArtifactError(
+                f"{path / MANIFEST}: malformed ({type(error).__name__}: {shorten(str(error))})"
+            ) from None
         if artifact.constraint_spec.hard_names != artifact.constraint_names:
             raise PolicyArtifactError(
                 f"{path / CONSTRAINTS}: its constraints {list(artifact.constraint_spec.hard_names)}"
@@ -661,24 +671,92 @@ def _read_regular(file: Path) -> bytes:
                 "regular files only"
             ) from None
         raise PolicyArtifactError(f"{file}: cannot be read: {error}") from None
+    # Checked on the descriptor before a file object is made of it: Python's open of a
+    # directory raises IsADirectoryError, naming neither the file nor the artifact.
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        raise PolicyArtifactError(
+            f"{file}: a {_kind(mode)}, not a regular file; a policy artifact holds regular "
+            "files only"
+        )
     with os.fdopen(descriptor, "rb") as handle:
-        mode = os.fstat(handle.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise PolicyArtifactError(
-                f"{file}: a {_kind(mode)}, not a regular file; a policy artifact holds regular "
-                "files only"
-            )
         return handle.read()
+
+
+#: The deepest nesting of a manifest or signature read (the exporter writes at most a few
+#: levels); deeper JSON is refused before anything walks it recursively.
+MAX_JSON_DEPTH = 64
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def _read_json(file: Path, data: bytes) -> Any:
+    """``data`` parsed as JSON, refused by name when it is not JSON or nested deeper than
+    :data:`MAX_JSON_DEPTH` (Python's parser would raise RecursionError, and every later
+    walk of it too)."""
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PolicyArtifactError(f"{file}: cannot be read as JSON: {error}") from None
+    except RecursionError:
+        raise PolicyArtifactError(
+            f"{file}: JSON nested too deeply to read (at most {MAX_JSON_DEPTH} levels)"
+        ) from None
+    # Iterative, so a depth the parser still took cannot overflow a recursive walk later.
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise PolicyArtifactError(
+                f"{file}: JSON nested deeper than {MAX_JSON_DEPTH} levels; not written by "
+                "the exporter"
+            )
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return value
+
+
+def _check_files_table(file: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's ``files`` and ``functions`` tables before anything they name is
+    opened: every name a plain file name of the artifact (no ``..``, ``.``, path or
+    absolute path), every digest a SHA-256."""
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise PolicyArtifactError(f"{file}: 'files' must map file names to their sha256")
+    for name, digest in files.items():
+        if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise PolicyArtifactError(
+                f"{file}: files lists {quote(name)}, which is not a file name of the artifact "
+                "(no '.', '..', paths or absolute paths; nothing was read)"
+            )
+        if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= _SHA256_HEX):
+            raise PolicyArtifactError(
+                f"{file}: the sha256 of {quote(name)} is {quote(digest)}, not 64 hex digits"
+            )
+    functions = manifest.get("functions")
+    if not isinstance(functions, list) or not functions:
+        raise PolicyArtifactError(f"{file}: 'functions' must list the serialized functions")
+    for index, entry in enumerate(functions):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("file"), str)
+            and isinstance(entry.get("min_batch"), int)
+            and not isinstance(entry.get("min_batch"), bool)
+        ):
+            raise PolicyArtifactError(
+                f"{file}: functions[{index}] must be {{'file': name, 'min_batch': integer}}"
+            )
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
     file = path / MANIFEST
     try:
-        manifest = json.loads(_read_regular(file))
+        data = _read_regular(file)
     except FileNotFoundError:
         raise PolicyArtifactError(f"{file}: missing; {path} is not a policy artifact") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise PolicyArtifactError(f"{file}: cannot be read as JSON: {error}") from None
+    manifest = _read_json(file, data)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise PolicyArtifactError(f"{file}: not a {FORMAT} manifest (no 'format': {FORMAT!r})")
     version = manifest.get("format_version")
@@ -690,6 +768,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         )
     if manifest.get("manifest_sha256") != _digest(manifest):
         raise PolicyArtifactError(f"{file}: corrupt (its content does not match its sha256)")
+    _check_files_table(file, manifest)
     return manifest
 
 
@@ -723,10 +802,7 @@ def _checked_signature(
                 "required; export it with a signing key (neorl-industrial export --sign-key)"
             ) from None
         return None
-    try:
-        signature = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise PolicyArtifactError(f"{file}: cannot be read as JSON: {error}") from None
+    signature = _read_json(file, data)
     if not isinstance(signature, dict):
         raise PolicyArtifactError(f"{file}: expected a JSON object")
     if trusted_keys is None:
