@@ -7,16 +7,32 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import signal
+import sys
 from pathlib import Path
+from typing import Any
 
 from neorl_industrial.cli.common import make_console, non_negative_int, positive_int
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler that writes to whatever ``sys.stderr`` is when it writes (a process that
+    runs the command twice, or replaces its stderr, keeps its messages)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
 
 
 def _log_to_stderr(level: str) -> None:
     log = logging.getLogger("neorl_industrial.bridge")
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s: %(name)s: %(message)s"))
         log.addHandler(handler)
         log.propagate = False
@@ -96,7 +112,8 @@ def command_bridge(args: argparse.Namespace) -> int:
         console.print(
             f"stopped after {summary.ticks} ticks: {summary.decided} decided, "
             f"{summary.faulty} faulty, {summary.missed} missed, {summary.writes} written, "
-            f"{summary.refused_writes} refused, {summary.disconnections} lost connection(s), "
+            f"{summary.refused_writes} refused, {summary.withheld_writes} withheld, "
+            f"{summary.disconnections} lost connection(s), "
             f"{summary.reconnects} reconnection(s)"
             + (", handed back to the operators" if summary.handed_back else "")
         )
@@ -114,8 +131,10 @@ def _tolerance(text: str) -> tuple[str, float]:
         number = float(value)
     except ValueError:
         number = float("nan")
-    if not sep or not name or not number >= 0:
-        raise argparse.ArgumentTypeError(f"expected ACTION=VALUE (>= 0, in its unit), got {text!r}")
+    if not sep or not name or not (math.isfinite(number) and number >= 0):
+        raise argparse.ArgumentTypeError(
+            f"expected ACTION=VALUE (a finite number >= 0, in its unit), got {text!r}"
+        )
     return name, number
 
 

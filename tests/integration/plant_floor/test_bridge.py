@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import json
 import math
 import urllib.request
@@ -310,8 +311,13 @@ def test_a_node_the_server_lacks_is_named_before_the_first_tick(plans, plant, ro
 def test_a_node_whose_engineering_units_disagree_is_named(plans, plant, root):
     data = map_data(PERIOD)
     data["observations"]["level_m"]["node"] = "ns=2;s=Tank.Inflow"  # states m3/h
+    data["observations"]["inflow_m3h"]["node"] = "ns=2;s=Tank.Level"
     plan = with_map(plans["shadow"], write_map(root, "map-wrong-node.yaml", data))
-    with pytest.raises(UnitMismatchError, match="EngineeringUnits 'm3/h'"):
+    with pytest.raises(
+        UnitMismatchError,
+        match=r"observations.level_m: node 'ns=2;s=Tank.Inflow' states EngineeringUnits "
+        r"DisplayName 'm3/h', not 'm'",
+    ):
         run(plan, plant, root, "wrong-node", 3)
 
 
@@ -512,3 +518,252 @@ def test_a_value_that_is_not_finite_or_out_of_bounds_is_never_written(
     expected = [["valve_pct"], ["pump_pct"], ["valve_pct"]]  # NaN, above, below its bounds
     assert [r["blocked"] for r in ticks] == expected[: len(ticks)]
     assert bridge.metrics.value("neorl_bridge_faults_total", kind="unsafe_value") == len(ticks)
+
+
+# ----- never jump an actuator; readings of the declared type and unit -------------------
+
+
+def _record_real_positions(plant):
+    """The plant's own valve position at each write the server takes (the server's
+    post-write callback, beside the plant's own)."""
+    from asyncua.common.callback import CallbackType
+
+    real = []
+
+    def written(event, _dispatcher):
+        for write in event.request_params.NodesToWrite:
+            if str(write.NodeId.Identifier) == "Tank.ValveSetpoint":
+                real.append((float(write.Value.Value.Value), plant.plant.tank.valve))
+
+    # A priority of its own: the plant's callback (priority 0) stays.
+    service = plant.plant.server.iserver.callback_service
+    service.addListener(CallbackType.PostWrite, written, 1)
+    return real, lambda: service.removeListener(CallbackType.PostWrite, written)
+
+
+def test_positions_unreadable_at_start_write_nothing_then_never_jump(plans, plant, root):
+    # The actuators' positions cannot be read for the first ticks: there is nothing to
+    # hold or to move from, so nothing is written (the plant's own control keeps them).
+    # Once they are read, every write keeps the valve's rate limit (15 points) from the
+    # position the plant reported.
+    plant.fault("ValvePosition", status="BadSensorFailure")
+    plant.fault("PumpSpeed", status="BadSensorFailure")
+    real, stop_recording = _record_real_positions(plant)
+
+    cleared = []
+
+    def readable_after_three(bridge):
+        if bridge.summary.ticks >= 3 and not cleared:
+            cleared.append(bridge.summary.ticks)
+            plant.clear()
+
+    def closed_loop():
+        return run(plans["closed"], plant, root, "unknown-positions", 10, readable_after_three)
+
+    try:
+        (bridge, summary, ticks, _), written = writes_during(plant, closed_loop)
+    finally:
+        plant.clear()
+        plant.call(_stop(stop_recording))
+    unknown = [r for r in ticks if "actions.valve_pct.applied" in r["faults"]]
+    assert unknown and all(r["tick"] <= cleared[0] for r in unknown)
+    for record in unknown:
+        assert not record["written"] and record["applied"] == [None, None]
+        assert record["withheld"]["reason"] == "position_unknown"
+        assert record["withheld"]["actions"] == ["valve_pct", "pump_pct"]
+    # Not one write reached the plant while its positions were unknown.
+    assert summary.withheld_writes == len(unknown)
+    withheld = bridge.metrics.value("neorl_bridge_withheld_writes_total", reason="position_unknown")
+    assert withheld == len(unknown)
+    audit = AuditLog.read(root / "unknown-positions-audit.jsonl")
+    audit = [r for r in audit if r["kind"] == "write"]
+    assert [r["outcome"] for r in audit[: len(unknown)]] == ["withheld"] * len(unknown)
+    assert audit[0]["withheld"]["reason"] == "position_unknown"
+    done = [r for r in ticks if r["written"]]
+    assert len(written) == 2 * len(done) == 2 * summary.writes > 0
+    assert min(r["tick"] for r in done) > max(r["tick"] for r in unknown)
+    for record in done:
+        # The rate limit from the position the plant reported at that tick.
+        assert abs(record["action"][0] - record["applied"][0]) <= 15.0 + 1e-3
+    assert len(real) == summary.writes
+    # From where the valve really stood when the write arrived: within the rate limit,
+    # and what the plant's own travel moved between the read and the write (<= 12).
+    assert max(abs(value - position) for value, position in real) <= 15.0 + 12.0
+
+
+async def _stop(stop):
+    stop()
+
+
+def test_a_position_last_reported_too_long_ago_is_unknown(plans, root):
+    bridge = PlantBridge(
+        plans["closed"],
+        "opc.tcp://127.0.0.1:9/plant",
+        root / "unused.jsonl",
+        audit_path=root / "unused-audit.jsonl",
+    )
+    stale = plans["closed"].stale_after
+    # Reported at t=0; written 50 since; unreadable at t=1: the last written stands in.
+    assert bridge._previous(np.array([45.0, 50.0]), 0.0).tolist() == [45.0, 50.0]
+    bridge._sent(np.array([55.0, 60.0]))
+    prev = bridge._previous(np.array([np.nan, 52.0]), 1.0)
+    assert prev.tolist() == [55.0, 52.0]
+    # A value within 15 of both 45 (reported) and 55 (written) may be written; 61 may not.
+    assert bridge._withhold(np.array([58.0, 52.0]), prev) is None
+    beyond = bridge._withhold(np.array([61.0, 52.0]), prev)
+    assert beyond["reason"] == "rate_limit" and beyond["actions"] == ["valve_pct"]
+    # Unreadable for longer than a reading stays fresh: the valve's position is unknown.
+    prev = bridge._previous(np.array([np.nan, 52.0]), stale + 0.5)
+    assert math.isnan(prev[0]) and prev[1] == 52.0
+    assert bridge._withhold(np.array([55.0, 52.0]), prev)["reason"] == "position_unknown"
+
+
+def _published_with(plant, change):
+    """The plant's publish, followed by ``change`` (a coroutine function) each time."""
+    original = plant.plant.publish
+
+    async def publish():
+        await original()
+        await change()
+
+    plant.plant.publish = publish
+    return original
+
+
+def test_an_int32_on_a_double_node_is_a_faulty_tick_never_decided_on(plans, plant, root):
+    from asyncua import ua
+
+    level = plant.plant.nodes["Level"]
+
+    def beneath(value):
+        # asyncua's own server refuses a value of another type than the node's: it is set
+        # beneath its checks.
+        now = dt.datetime.now(dt.UTC)
+        stored = plant.plant.server.iserver.aspace._nodes[level.nodeid]
+        stored.attributes[ua.AttributeIds.Value].value = ua.DataValue(
+            value, SourceTimestamp=now, ServerTimestamp=now
+        )
+
+    async def as_int32():
+        # A gateway that serves the level rounded, as an Int32, on a node declared Double.
+        beneath(ua.Variant(2, ua.VariantType.Int32))
+
+    original = _published_with(plant, as_int32)
+    plant.call(plant.plant.publish())
+    try:
+        bridge, summary, ticks, _ = run(plans["shadow"], plant, root, "int32", 4)
+    finally:
+        plant.plant.publish = original
+        beneath(ua.Variant(plant.plant.tank.level, ua.VariantType.Double))
+        plant.call(plant.plant.publish())
+    assert summary.decided == 0 and summary.faulty == len(ticks) > 0
+    for record in ticks:
+        assert record["faults"] == {
+            "observations.level_m": "data type: a Int32 value on a node declared Double"
+        }
+        assert record["observation"][0] is None and record["fallback"]
+    assert bridge.metrics.value("neorl_bridge_faults_total", kind="data_type") == len(ticks)
+
+
+def _set_units(plant, name, display, code=None):
+    from asyncua import ua
+
+    from neorl_industrial.core.units import UNECE_NAMESPACE, unit_id
+
+    async def write():
+        prop = await plant.plant.nodes[name].get_child("0:EngineeringUnits")
+        await prop.write_value(
+            ua.EUInformation(
+                NamespaceUri=UNECE_NAMESPACE if code else None,
+                UnitId=unit_id(code) if code else -1,
+                DisplayName=ua.LocalizedText(display),
+                Description=ua.LocalizedText(display),
+            )
+        )
+
+    plant.call(write())
+
+
+def test_a_server_stating_unece_display_names_connects(plans, plant, root):
+    # What OPC UA servers send: UNECE display names and common codes, against the task's
+    # degC and m3/h.
+    _set_units(plant, "Temperature", "°C", "CEL")
+    _set_units(plant, "Inflow", "m³/h", "MQH")
+    _set_units(plant, "ValvePosition", "%", "P1")
+    try:
+        _, summary, ticks, _ = run(plans["shadow"], plant, root, "unece", 3)
+        # The map may state the server's spelling too.
+        data = map_data(PERIOD)
+        data["observations"]["temperature_c"]["unit"] = "°C"
+        data["observations"]["inflow_m3h"]["unit"] = "m³/h"
+        plan = with_map(plans["shadow"], write_map(root, "map-unece.yaml", data))
+
+        def fahrenheit_after_two(bridge):
+            # The server's units change while the bridge runs: checked with every read.
+            if bridge.summary.ticks == 2:
+                _set_units(plant, "Temperature", "°F", "FAH")
+
+        changed, again, later, _ = run(plan, plant, root, "unece-map", 4, fahrenheit_after_two)
+        # Connecting again: refused by name.
+        with pytest.raises(UnitMismatchError, match=r"DisplayName '°F', not '°C'"):
+            run(plan, plant, root, "unece-refused", 2)
+    finally:
+        for name, unit in (("Temperature", "degC"), ("Inflow", "m3/h"), ("ValvePosition", "%")):
+            _set_units(plant, name, unit)
+    after = [r for r in later if r["tick"] > 2]
+    assert after and all(not r["faults"] for r in later if r["tick"] <= 2)
+    for record in after:
+        assert record["faults"] == {
+            "observations.temperature_c": "EngineeringUnits DisplayName '°F', not '°C'"
+        }
+    assert changed.metrics.value("neorl_bridge_faults_total", kind="unit") == len(after)
+    assert summary.decided == len(ticks) > 0 and summary.faulty == 0
+    assert again.decided == len(later) - len(after) > 0
+
+
+def test_a_node_in_another_unit_is_converted_where_the_map_says_so(plans, plant, root):
+    from asyncua import ua
+
+    from neorl_industrial.integration.deployment.pin import ServedTask
+    from neorl_industrial.integration.plant_floor.mapping import check_map
+
+    temperature = plant.plant.nodes["Temperature"]
+    served = []
+
+    async def in_fahrenheit():
+        # The server states the temperature in °F (its EngineeringUnits say so).
+        value, now = plant.plant.tank.temperature, dt.datetime.now(dt.UTC)
+        served.append(value)
+        fahrenheit = ua.Variant(value * 1.8 + 32.0, ua.VariantType.Double)
+        await plant.plant.server.write_attribute_value(
+            temperature.nodeid, ua.DataValue(fahrenheit, SourceTimestamp=now, ServerTimestamp=now)
+        )
+
+    data = map_data(PERIOD)
+    data["observations"]["temperature_c"] = {
+        "node": "ns=2;s=Tank.Temperature",
+        "unit": "degF",
+        "convert": True,
+    }
+    path = write_map(root, "map-fahrenheit.yaml", data)
+    plan = with_map(plans["shadow"], path)
+    plan = dataclasses.replace(
+        plan, conversions=check_map(plan.plant_map, ServedTask.of_task(Task.from_dict(TASK)), "m")
+    )
+    _set_units(plant, "Temperature", "°F", "FAH")
+    original = _published_with(plant, in_fahrenheit)
+    plant.call(plant.plant.publish())
+    try:
+        _, summary, ticks, _ = run(plan, plant, root, "fahrenheit", 3)
+    finally:
+        plant.plant.publish = original
+        _set_units(plant, "Temperature", "degC")
+        plant.call(plant.plant.publish())
+    assert summary.decided == len(ticks) > 0
+    # Logged (and decided on) in the task's degC: the plant's own temperature, not 118 °F.
+    for record in ticks:
+        assert min(abs(record["observation"][1] - value) for value in served) < 1e-6
+    header = read_tick_log(root / "fahrenheit.jsonl")[0][0]
+    assert header["conversions"]["observations.temperature_c"]["offset"] == pytest.approx(
+        -160.0 / 9.0
+    )

@@ -127,3 +127,155 @@ def test_the_command_line_names_bad_input_and_takes_no_secret(tmp_path, task, ca
     with pytest.raises(SystemExit):  # a password is read from a file, never the line
         main(["bridge", "--model", NO_POLICY, "--endpoint", endpoint, "--map", str(path),
               "--password", "secret"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [
+        ("stale_after", float("inf"), r"\(0, 86400\] seconds"),
+        ("stale_after", 1e308, r"\(0, 86400\] seconds"),
+        ("stale_after", "1e308", r"\(0, 86400\] seconds"),
+        ("stale_after", float("nan"), r"\(0, 86400\] seconds"),
+        ("stale_after", 0.0, r"\(0, 86400\] seconds"),
+        ("clock_skew", float("inf"), r"\[0, 300\] seconds"),
+        ("clock_skew", 1e308, r"\[0, 300\] seconds"),
+        ("clock_skew", -1.0, r"\[0, 300\] seconds"),
+        ("sampling_period", float("inf"), r"\(0, 86400\] seconds"),
+        ("request_timeout", 1e9, r"\(0, 600\] seconds"),
+    ],
+)
+def test_a_duration_outside_its_range_is_named_with_the_range(tmp_path, field, value, allowed):
+    path = write_map(tmp_path, "map.yaml", map_data(**{field: value}))
+    expected = rf"map.yaml: {field}: .* outside the allowed range {allowed}"
+    with pytest.raises(MapError, match=expected):
+        load_map(path)
+
+
+def test_a_duration_the_task_states_outside_its_range_is_named(tmp_path):
+    plant_map = load_map(write_map(tmp_path, "map.yaml", map_data(None, stale_after=None)))
+    with pytest.raises(MapError, match=r"sampling_period: the task's inf is outside"):
+        plant_map.period(float("inf"), "map")
+    assert plant_map.stale_limit(86400.0) == 86400.0  # 2.5 periods, at most a day
+
+
+def test_a_node_with_two_meanings_is_refused_by_name(tmp_path):
+    data = map_data()
+    data["observations"]["inflow_m3h"]["node"] = "ns=2;s=Tank.Level"
+    with pytest.raises(
+        NodeIdError,
+        match=r"observations.inflow_m3h.node: node 'ns=2;s=Tank.Level' is also bound to "
+        r"observations.level_m",
+    ):
+        load_map(write_map(tmp_path, "map.yaml", data))
+    # The same node written another way is the same node.
+    data = map_data()
+    data["observations"]["inflow_m3h"]["node"] = "ns=2;i=7"
+    data["observations"]["level_m"]["node"] = "ns=2;i=0007"
+    with pytest.raises(NodeIdError, match=r"'ns=2;i=7' is also bound to observations\.level_m"):
+        load_map(write_map(tmp_path, "map.yaml", data))
+    data = map_data()
+    data["actions"]["pump_pct"]["applied"] = data["actions"]["valve_pct"]["applied"]
+    with pytest.raises(
+        NodeIdError,
+        match=r"actions.pump_pct.applied: node 'ns=2;s=Tank.ValvePosition' also reports "
+        r"actions.valve_pct.applied",
+    ):
+        load_map(write_map(tmp_path, "map.yaml", data))
+    data = map_data()
+    data["actions"]["pump_pct"]["write"] = data["actions"]["valve_pct"]["applied"]
+    with pytest.raises(NodeIdError, match="would write another action's position"):
+        load_map(write_map(tmp_path, "map.yaml", data))
+
+
+def _served():
+    from neorl_industrial.core.environments import Task
+    from neorl_industrial.integration.deployment.pin import ServedTask
+
+    return ServedTask.of_task(Task.from_dict(TASK))
+
+
+def test_units_are_compared_as_units_not_as_written(tmp_path):
+    from neorl_industrial.integration.plant_floor.mapping import check_map
+
+    data = map_data()
+    data["observations"]["temperature_c"]["unit"] = "°C"  # what OPC UA servers state
+    data["observations"]["inflow_m3h"]["unit"] = "m³/h"
+    assert check_map(load_map(write_map(tmp_path, "map.yaml", data)), _served(), "map") == {}
+    # A real conversion is refused unless the binding asks for it, and named.
+    data["observations"]["temperature_c"]["unit"] = "degF"
+    plant_map = load_map(write_map(tmp_path, "map.yaml", data))
+    with pytest.raises(
+        UnitMismatchError,
+        match=r"observations.temperature_c.unit: .*'degF'.*'degC': a real conversion "
+        r"\(degC = 0.555556 \* degF - 17.7778\); add convert: true",
+    ):
+        check_map(plant_map, _served(), "map")
+    data["observations"]["temperature_c"]["convert"] = True
+    data["observations"]["inflow_m3h"] = {"node": "ns=2;s=Tank.Inflow", "unit": "l/min"}
+    data["observations"]["inflow_m3h"]["convert"] = True
+    found = check_map(load_map(write_map(tmp_path, "map.yaml", data)), _served(), "map")
+    fahrenheit, litres = found["observations.temperature_c"], found["observations.inflow_m3h"]
+    assert fahrenheit(212.0) == pytest.approx(100.0)
+    assert fahrenheit.inverse(0.0) == pytest.approx(32.0)
+    assert litres(1000.0 / 60.0) == pytest.approx(1.0)  # 1 m³/h
+    # Another quantity, or convert where there is nothing to convert: refused by name.
+    data["observations"]["inflow_m3h"]["unit"] = "m"
+    with pytest.raises(UnitMismatchError, match=r"inflow_m3h.unit: .*no conversion relates"):
+        check_map(load_map(write_map(tmp_path, "map.yaml", data)), _served(), "map")
+    data["observations"]["inflow_m3h"]["unit"] = "m3/h"
+    with pytest.raises(UnitMismatchError, match=r"inflow_m3h.convert: 'm3/h' is the task's"):
+        check_map(load_map(write_map(tmp_path, "map.yaml", data)), _served(), "map")
+
+
+def test_a_binding_without_the_unit_the_policy_states_is_refused(tmp_path):
+    from neorl_industrial.integration.plant_floor.mapping import check_map
+
+    # No task file: the policy's own task (its manifest's units) is the one compared.
+    data = map_data(task=None)
+    del data["observations"]["inflow_m3h"]["unit"]
+    with pytest.raises(UnitMismatchError, match=r"observations.inflow_m3h.unit: not stated"):
+        check_map(load_map(write_map(tmp_path, "map.yaml", data)), _served(), "map")
+    data["observations"]["inflow_m3h"]["unit"] = " "
+    with pytest.raises(UnitMismatchError, match=r"observations.inflow_m3h.unit: not stated"):
+        check_map(load_map(write_map(tmp_path, "map.yaml", data)), _served(), "map")
+    data["observations"]["inflow_m3h"]["unit"] = "m3/h\x1b[2J"
+    with pytest.raises(MapError, match=r"observations.inflow_m3h.unit: .*control characters"):
+        load_map(write_map(tmp_path, "map.yaml", data))
+
+
+def test_engineering_units_as_servers_state_them():
+    from asyncua import ua
+
+    from neorl_industrial.core.units import UNECE_NAMESPACE, unit_id
+    from neorl_industrial.integration.plant_floor.opcua import judge_units
+
+    def stated(display, code=None):
+        return ua.EUInformation(
+            NamespaceUri=UNECE_NAMESPACE if code else None,
+            UnitId=unit_id(code) if code else -1,
+            DisplayName=ua.LocalizedText(display),
+        )
+
+    assert judge_units(stated("°C", "CEL"), "degC") is None
+    assert judge_units(stated("m³/h", "MQH"), "m3/h") is None
+    assert judge_units(stated("", "MQH"), "m3/h") is None  # the code alone
+    assert judge_units(stated("Kubikmeter/h", "MQH"), "m3/h") is None  # the code confirms
+    assert judge_units(stated("°C", "FAH"), "degC") == (
+        "EngineeringUnits UnitId 4604232 (UNECE FAH), not 'degC'"
+    )
+    assert judge_units(stated("", "KPA"), "bar") == (
+        "EngineeringUnits UnitId 4935745 (UNECE KPA), not 'bar'"
+    )
+    assert "no unit the bridge knows" in judge_units(stated("Kubikmeter/h"), "m3/h")
+    assert judge_units(stated("vendor-units"), "vendor-units") is None
+
+
+def test_the_command_line_names_a_map_that_switches_a_check_off(tmp_path, task, capsys):
+    path = write_map(tmp_path, "map.yaml", map_data(stale_after=float("inf")))
+    endpoint = "opc.tcp://127.0.0.1:9/plant"
+    code = main(["--no-cache", "bridge", "--model", NO_POLICY, "--endpoint", endpoint,
+                 "--map", str(path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "stale_after: inf is outside the allowed range (0, 86400] seconds" in err
+    assert "Traceback" not in err and "JSON compliant" not in err

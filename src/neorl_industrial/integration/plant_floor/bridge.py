@@ -3,10 +3,12 @@ actions, decide with the shielded policy and, in closed loop, write the action.
 
 Faults are the normal case and none of them writes a value the shield did not decide:
 
-* a reading that is not Good, stale, ahead of the clock or not a number (:func:`.opcua.
-  judge`) makes the tick faulty: its action is the task's fallback, decided by the
-  server's shield from the usable readings (``on_fault: fallback``), or the bridge stops
-  writing for good and leaves the plant to the operators (``on_fault: hand_back``);
+* a reading that is not Good, stale, ahead of the clock, not of its node's declared data
+  type, not a number, or whose node's EngineeringUnits no longer state its binding's unit
+  (:func:`.opcua.judge`, :func:`.opcua.judge_units`) makes the tick faulty: its action is
+  the task's fallback, decided by the server's shield from the usable readings
+  (``on_fault: fallback``), or the bridge stops writing for good and leaves the plant to
+  the operators (``on_fault: hand_back``);
 * a lost connection (a failed read or write) is logged, counted and followed by
   reconnection with exponential back-off (and jitter); the nodes are checked again
   before the next tick; with ``hand_back`` the bridge writes no more;
@@ -14,7 +16,15 @@ Faults are the normal case and none of them writes a value the shield did not de
   is counted as missed; with ``hand_back`` it hands back;
 * a write the server refuses (a bad status code per node) is logged, counted and
   audited; with ``hand_back`` it hands back;
-* a value that is not finite or outside the task's action bounds is never written.
+* a value that is not finite or outside the task's action bounds is never written;
+* an actuator never jumps: the previous action the shield decides from is the position
+  the plant reports; where it cannot be read, the last value written since it was, or
+  else the last position reported within ``stale_after``; where none of these is known
+  (the first ticks with an unreadable position, say) the tick writes nothing and the
+  plant's own control keeps the actuators (``withheld``: ``position_unknown``). Every
+  write keeps each rate limit from every position the actuator may be at (the last one
+  reported and the values written since), or none of the tick is written
+  (``withheld``: ``rate_limit``).
 
 Every tick goes to the tick log (:mod:`.ticklog`); in closed loop every write (and every
 override, as the policy server writes them) goes to the hash-chained audit log with the
@@ -42,7 +52,12 @@ from neorl_industrial.integration.plant_floor.errors import (
     UnitMismatchError,
 )
 from neorl_industrial.integration.plant_floor.metrics import BridgeMetrics
-from neorl_industrial.integration.plant_floor.opcua import PlantConnection, Security, judge
+from neorl_industrial.integration.plant_floor.opcua import (
+    PlantConnection,
+    Security,
+    judge,
+    judge_units,
+)
 from neorl_industrial.integration.plant_floor.plan import BridgePlan
 from neorl_industrial.integration.plant_floor.ticklog import TickLog, numbers
 
@@ -63,6 +78,21 @@ class Backoff:
     maximum: float = 30.0
     jitter: float = 0.1
     attempt: int = 0
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("initial", 0.001, 600.0), ("maximum", 0.001, 3600.0)):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and low <= value <= high):
+                raise ValueError(
+                    f"back-off {name}: {value!r} is outside the allowed range "
+                    f"[{low:g}, {high:g}] seconds"
+                )
+        if self.maximum < self.initial:
+            raise ValueError(
+                f"back-off maximum {self.maximum:g} s is below its initial {self.initial:g} s"
+            )
+        if not (math.isfinite(self.jitter) and 0.0 <= self.jitter < 1.0):
+            raise ValueError(f"back-off jitter: {self.jitter!r} is outside the range [0, 1)")
 
     def next(self) -> float:
         delay = min(self.maximum, self.initial * 2.0**self.attempt)
@@ -85,6 +115,7 @@ class BridgeSummary:
     writes: int = 0
     refused_writes: int = 0
     blocked_writes: int = 0
+    withheld_writes: int = 0
     reconnects: int = 0
     handed_back: bool = False
 
@@ -94,7 +125,16 @@ def _fault_kind(reason: str) -> str:
         return "bad_quality"
     if reason.startswith(("stale", "source timestamp", "no timestamp")):
         return "stale"
+    if reason.startswith("data type"):
+        return "data_type"
+    if reason.startswith("EngineeringUnits"):
+        return "unit"
     return "not_a_number"
+
+
+#: How far a written value may lie beyond a rate limit's band, as a share of the action's
+#: range: the shield computes in float32.
+_RATE_SLACK = 1e-5
 
 
 class PlantBridge:
@@ -109,7 +149,8 @@ class PlantBridge:
         metrics: where the counters go (default: a registry of its own).
         backoff: reconnection delays.
         request_timeout: seconds a read or write may take before the connection counts
-            as lost (default: the sampling period, at least 1 s).
+            as lost (default: the map's ``request_timeout``, else the sampling period,
+            at least 1 s).
         fsync: sync the tick log after every record.
     """
 
@@ -136,11 +177,24 @@ class PlantBridge:
         self.audit_path = None if audit_path is None else Path(audit_path)
         self.metrics = metrics or BridgeMetrics(plan.loaded.names)
         self.backoff = backoff or Backoff()
-        self.request_timeout = request_timeout or max(plan.period, 1.0)
+        if request_timeout is None:
+            request_timeout = plan.plant_map.timeout(plan.period)
+        if not (math.isfinite(request_timeout) and 0.0 < request_timeout <= 600.0):
+            raise ValueError(
+                f"request_timeout: {request_timeout!r} is outside the allowed range (0, 600] s"
+            )
+        self.request_timeout = float(request_timeout)
         self.fsync = fsync
         self.summary = BridgeSummary()
         self._handed_back = False
-        self._last_written: np.ndarray | None = None
+        n_act = len(plan.action_names)
+        # Where each actuator may be: the last position the plant reported (and when, on
+        # the loop's clock), the values written since (their span, ``low``..``high``)
+        # and the last of them, which stands in for a position that cannot be read.
+        self._reported_at = np.full(n_act, -np.inf)
+        self._low = np.full(n_act, np.nan)
+        self._high = np.full(n_act, np.nan)
+        self._held = np.full(n_act, np.nan)
         self._audit: Any = None
         self._log: TickLog | None = None
         bindings = plan.plant_map
@@ -152,6 +206,13 @@ class PlantBridge:
             f"actions.{n}.applied" for n in names_act
         ]
         self._write_ids = [bindings.actions[n].write for n in names_act]
+        # Node unit into task unit, per node read (observations, then applied actions),
+        # and per action (their inverse converts what is written).
+        same = _Same()
+        self._action_units = [plan.converter(f"actions.{n}") or same for n in names_act]
+        self._converters = [
+            plan.converter(f"observations.{n}") or same for n in names_obs
+        ] + self._action_units
         # The unit each binding states, in the order of the nodes read, then written.
         self._units = [bindings.observations[n].unit for n in names_obs] + [
             bindings.actions[n].unit for n in names_act
@@ -311,31 +372,33 @@ class PlantBridge:
     async def _tick(self, tick: int) -> None:
         plan = self.plan
         started = time.perf_counter()
-        values = await asyncio.wait_for(
-            self.connection.read(self._read_nodes), self.request_timeout
+        values, units = await asyncio.wait_for(
+            self.connection.read_with_units(self._read_nodes), self.request_timeout
         )
+        read_at = asyncio.get_running_loop().time()
         now = dt.datetime.now(dt.UTC)
         n_obs = len(plan.observation_names)
         readings = np.full(len(values), np.nan)
         faults: dict[str, str] = {}
+        types = self.connection.read_types
         for i, (label, value) in enumerate(zip(self._read_labels, values, strict=True)):
-            reason = judge(value, now, plan.stale_after, plan.plant_map.clock_skew)
+            reason = judge(value, now, plan.stale_after, plan.plant_map.clock_skew, types[i])
+            if reason is None and units[i] is not None:
+                reason = self._judge_unit(units[i], self.connection.units[i])
             if reason is None:
-                readings[i] = float(value.Value.Value)
+                readings[i] = self._converters[i](float(value.Value.Value))
             else:
                 faults[label] = reason
         observation, applied = readings[:n_obs], readings[n_obs:]
-        prev = applied.copy()
-        if self._last_written is not None:
-            # An applied value that cannot be read: the last one written stands in.
-            unknown = ~np.isfinite(prev)
-            prev[unknown] = self._last_written[unknown]
+        prev = self._previous(applied, read_at)
         record: dict[str, Any] = {
             "kind": "tick",
             "tick": tick,
             "observation": numbers(observation),
             "applied": numbers(applied),
         }
+        if not np.array_equal(prev, applied, equal_nan=True):
+            record["previous"] = numbers(prev)  # what the shield decided from
         if faults:
             for reason in faults.values():
                 self.metrics.faults.labels(_fault_kind(reason)).inc()
@@ -394,15 +457,123 @@ class PlantBridge:
                 flags=flags,
             )
         record["written"] = False
+        withheld = self._withhold(action, prev)
+        if withheld is not None:
+            record["withheld"] = withheld  # in shadow mode too: what closed loop would do
         try:
             # A faulty tick with hand_back has handed back above: nothing is written.
-            if plan.closed_loop and not self._handed_back:
-                await self._write(tick, action, observation, decision, record)
+            if plan.closed_loop and not self._handed_back and self._safe(tick, action, record):
+                if withheld is not None:
+                    self._withheld(tick, observation, action, record, withheld)
+                else:
+                    await self._write(tick, action, observation, decision, record)
         finally:  # a write cut by a lost connection is logged too
             record["handed_back"] = self._handed_back
             self._log.write(record)
         self.metrics.latency.observe(time.perf_counter() - started)
         self.metrics.last_tick.set(time.time())
+
+    def _judge_unit(self, value: Any, unit: str | None) -> str | None:
+        """Why a node's EngineeringUnits, read with its value, are not its binding's unit
+        (``None``: they are)."""
+        status = value.StatusCode
+        if status is not None and not status.is_good():
+            return f"EngineeringUnits cannot be read: status {status.name}"
+        return judge_units(value.Value.Value if value.Value is not None else None, unit)
+
+    def _previous(self, applied: np.ndarray, read_at: float) -> np.ndarray:
+        """The previous action the shield decides from: each position the plant reports
+        now; where it cannot be read, the last value written since it last did, else that
+        last position if reported within ``stale_after``; else unknown (NaN)."""
+        known = np.isfinite(applied)
+        self._reported_at[known] = read_at
+        self._low[known] = self._high[known] = self._held[known] = applied[known]
+        # A position last reported longer ago than a reading stays fresh is not known:
+        # the plant's own control may have moved the actuator since.
+        lost = read_at - self._reported_at > self.plan.stale_after
+        self._low[lost] = self._high[lost] = self._held[lost] = np.nan
+        return self._held.copy()
+
+    def _withhold(self, action: np.ndarray, prev: np.ndarray) -> dict[str, Any] | None:
+        """Why the tick's action must not be written (``None``: it may be): an actuator
+        whose position is not known, or a value outside a rate limit's band from a
+        position the actuator may be at."""
+        plan = self.plan
+        names = plan.action_names
+        unknown = [n for n, p in zip(names, prev.tolist(), strict=True) if not np.isfinite(p)]
+        if unknown:
+            return {
+                "reason": "position_unknown",
+                "actions": unknown,
+                "detail": "no position reported (or written) to move from; the plant's own "
+                "control keeps the actuators",
+            }
+        limits = plan.rate_limits
+        slack = _RATE_SLACK * np.maximum(1.0, np.abs(plan.action_high - plan.action_low))
+        slack = np.where(np.isfinite(slack), slack, _RATE_SLACK)
+        low = self._high - limits - slack  # within the limit of the highest position...
+        high = self._low + limits + slack  # ...and of the lowest
+        # A value that is not finite is the bounds' guard's (:meth:`_safe`).
+        limited = np.isfinite(limits) & np.isfinite(action)
+        beyond = limited & ~((action >= low) & (action <= high))
+        if beyond.any():
+            return {
+                "reason": "rate_limit",
+                "actions": [n for n, b in zip(names, beyond.tolist(), strict=True) if b],
+                "detail": "; ".join(
+                    f"{names[j]} {action[j]:.6g} outside [{low[j]:.6g}, {high[j]:.6g}] "
+                    f"(rate limit {limits[j]:g} from {self._low[j]:.6g}..{self._high[j]:.6g})"
+                    for j in np.flatnonzero(beyond)
+                ),
+            }
+        return None
+
+    def _withheld(
+        self,
+        tick: int,
+        observation: np.ndarray,
+        action: np.ndarray,
+        record: dict[str, Any],
+        withheld: dict[str, Any],
+    ) -> None:
+        """A closed-loop tick that writes nothing: logged, counted and audited; a value
+        beyond a rate limit is a fault (the shield keeps them), an unknown position not."""
+        reason = withheld["reason"]
+        self.summary.withheld_writes += 1
+        self.metrics.withheld.labels(reason).inc()
+        log.warning(
+            "tick %d: not written (%s: %s): %s",
+            tick,
+            reason,
+            ", ".join(withheld["actions"]),
+            withheld["detail"],
+        )
+        record["write_status"] = []
+        self._audit_write(tick, observation, action, record, {}, outcome="withheld")
+        if reason == "rate_limit":
+            self._fault_in_closed_loop(f"tick {tick}: {withheld['detail']}")
+
+    def _safe(self, tick: int, action: np.ndarray, record: dict[str, Any]) -> bool:
+        """False, logged and counted, for an action not finite or outside the task's
+        bounds: never written."""
+        plan = self.plan
+        low, high = plan.action_low, plan.action_high
+        safe = np.isfinite(action) & (action >= low) & (action <= high)
+        if safe.all():
+            return True
+        self.summary.blocked_writes += 1
+        self.metrics.faults.labels("unsafe_value").inc()
+        names = [n for n, ok in zip(plan.action_names, safe.tolist(), strict=True) if not ok]
+        log.error("tick %d: not written: %s not finite or out of bounds", tick, names)
+        record["blocked"] = names
+        self._fault_in_closed_loop(f"tick {tick}: an unsafe value for {names}")
+        return False
+
+    def _sent(self, action: np.ndarray) -> None:
+        """The actuators may now be anywhere between where they were and ``action``."""
+        self._low = np.fmin(self._low, action)
+        self._high = np.fmax(self._high, action)
+        self._held = action.copy()
 
     async def _write(
         self,
@@ -413,16 +584,6 @@ class PlantBridge:
         record: dict[str, Any],
     ) -> None:
         plan = self.plan
-        low, high = plan.action_low, plan.action_high
-        safe = np.isfinite(action) & (action >= low) & (action <= high)
-        if not safe.all():
-            self.summary.blocked_writes += 1
-            self.metrics.faults.labels("unsafe_value").inc()
-            names = [n for n, ok in zip(plan.action_names, safe.tolist(), strict=True) if not ok]
-            log.error("tick %d: not written: %s not finite or out of bounds", tick, names)
-            record["blocked"] = names
-            self._fault_in_closed_loop(f"tick {tick}: an unsafe value for {names}")
-            return
         if decision is not None and bool(decision.overridden[0]):
             # The override, as the policy server writes it.
             self._audit.write_overrides(
@@ -434,13 +595,18 @@ class PlantBridge:
                 [f"tick-{tick}"],
                 policy_version=plan.loaded.version,
             )
+        values = [
+            convert.inverse(float(value))
+            for convert, value in zip(self._action_units, action, strict=True)
+        ]
         try:
             statuses = await asyncio.wait_for(
-                self.connection.write(self._write_nodes, action.tolist()), self.request_timeout
+                self.connection.write(self._write_nodes, values), self.request_timeout
             )
         except BaseException as error:
             # Sent or not: the server did not answer. Audited as unknown, then handled as
-            # a lost connection.
+            # a lost connection; the actuators may be on their way to it.
+            self._sent(action)
             record["write_status"] = [f"unknown: {type(error).__name__}"] * len(plan.action_names)
             self._audit_write(tick, observation, action, record, {}, outcome="unknown")
             raise
@@ -451,6 +617,10 @@ class PlantBridge:
         }
         record["written"] = not refused
         record["write_status"] = [status.name for status in statuses]
+        if values != action.tolist():
+            record["node_values"] = numbers(np.asarray(values))  # in the nodes' units
+        if not refused:
+            self._sent(action)
         self._audit_write(
             tick, observation, action, record, refused, outcome="refused" if refused else "written"
         )
@@ -463,7 +633,6 @@ class PlantBridge:
             return
         self.summary.writes += 1
         self.metrics.writes.labels("ok").inc()
-        self._last_written = action.copy()
 
     def _audit_write(
         self,
@@ -476,8 +645,9 @@ class PlantBridge:
         outcome: str,
     ) -> None:
         """One ``write`` record in the audit log: what was written where, from what, with
-        the server's answer (``outcome``: written, refused, or unknown when the connection
-        was lost during the write), under the policy version that decided."""
+        the server's answer (``outcome``: written, refused, unknown when the connection
+        was lost during the write, or withheld when the bridge wrote nothing, and why),
+        under the policy version that decided."""
         audit = self._audit
         entry = {
             "kind": "write",
@@ -488,6 +658,8 @@ class PlantBridge:
             "proposed": record["proposed"],
             "written": numbers(action),
             "outcome": outcome,
+            "withheld": record.get("withheld"),
+            "node_values": record.get("node_values"),
             "status": record["write_status"],
             "refused": refused,
             "overridden": bool(record["overridden"]),
@@ -496,6 +668,16 @@ class PlantBridge:
             "faults": dict(record["faults"]),
         }
         audit.append(entry, self.plan.loaded.version)
+
+
+class _Same:
+    """The conversion of a node in the task's unit."""
+
+    def __call__(self, value: float) -> float:
+        return value
+
+    def inverse(self, value: float) -> float:
+        return value
 
 
 def _is_ua_error(error: BaseException) -> bool:

@@ -8,17 +8,24 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["FAULT_KINDS", "BridgeMetrics"]
+__all__ = ["FAULT_KINDS", "WITHHELD_REASONS", "BridgeMetrics"]
 
 #: The ``kind`` of ``neorl_bridge_faults_total``.
 FAULT_KINDS = (
     "bad_quality",  # an OPC UA status code that is not Good
     "stale",  # a source timestamp older than stale_after (or ahead of the clock)
     "not_a_number",  # a value that is not a finite number
+    "data_type",  # a value of another data type than its node declares
+    "unit",  # a node whose EngineeringUnits no longer state its binding's unit
     "disconnected",  # the connection was lost
     "missed_tick",  # a sampling tick passed without a decision
     "write_refused",  # the server refused a write
     "unsafe_value",  # a value the bridge would not write (not finite, out of bounds)
+)
+#: The ``reason`` of ``neorl_bridge_withheld_writes_total``.
+WITHHELD_REASONS = (
+    "position_unknown",  # an actuator whose position is not known: nothing to move from
+    "rate_limit",  # a value beyond a rate limit from where the actuator may be
 )
 _LATENCY = (
     0.0005,
@@ -53,6 +60,13 @@ class BridgeMetrics:
         self.faults = Counter("neorl_bridge_faults", "faults by kind", ["kind"], registry=r)
         self.writes = Counter(
             "neorl_bridge_writes", "action writes by result (ok, refused)", ["result"], registry=r
+        )
+        self.withheld = Counter(
+            "neorl_bridge_withheld_writes",
+            "closed-loop ticks that wrote nothing (the plant's own control keeps the "
+            "actuators), by reason",
+            ["reason"],
+            registry=r,
         )
         self.overrides = Counter(
             "neorl_bridge_overrides",
@@ -92,6 +106,8 @@ class BridgeMetrics:
             self.overrides.labels(name)
         for result in ("ok", "refused"):
             self.writes.labels(result)
+        for reason in WITHHELD_REASONS:
+            self.withheld.labels(reason)
         self._server: Any = None
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:

@@ -4,8 +4,12 @@ values with their quality and writing actions.
 
 A value is usable when its status code is Good, its source timestamp (the server's
 timestamp when the source gives none) is no older than the map's ``stale_after`` and not
-ahead of the bridge's clock by more than ``clock_skew``, and it is a finite number.
-:func:`judge` says why one is not.
+ahead of the bridge's clock by more than ``clock_skew``, it is of the data type its node
+declares (an Int32 on a node declared Double is not a reading of that node), and it is a
+finite number. :func:`judge` says why one is not. A node's ``EngineeringUnits`` are
+checked against its binding's unit when the bridge connects and again with every read
+(:func:`judge_units`), by :mod:`neorl_industrial.core.units`: ``°C`` (or the UNECE code
+``CEL`` in ``UnitId``) is ``degC``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from neorl_industrial.core.units import (
+    UNECE_NAMESPACE,
+    UnitError,
+    parse_unit,
+    same_unit,
+    unece_code,
+    unece_unit,
+)
 from neorl_industrial.core.utils.messages import quote
 from neorl_industrial.integration.plant_floor.errors import (
     NodeIdError,
@@ -26,7 +38,7 @@ from neorl_industrial.integration.plant_floor.errors import (
     UnitMismatchError,
 )
 
-__all__ = ["PlantConnection", "Security", "judge"]
+__all__ = ["NodeType", "PlantConnection", "Security", "judge", "judge_units"]
 
 #: Status codes of a server that refuses the bridge's identity or certificate.
 REFUSALS = frozenset(
@@ -200,8 +212,54 @@ def _status_name(error: BaseException) -> str | None:
     return ua.StatusCode(code).name
 
 
-def judge(value: Any, now: dt.datetime, stale_after: float, clock_skew: float) -> str | None:
-    """Why the ``DataValue`` ``value`` is not usable (``None``: it is)."""
+#: The numeric built-in types by the id of the DataType a node declares: what a value
+#: read from it may be (an abstract Number, Integer or UInteger admits its subtypes;
+#: Duration is a Double).
+_NUMERIC = {
+    2: ("SByte", (2,)),
+    3: ("Byte", (3,)),
+    4: ("Int16", (4,)),
+    5: ("UInt16", (5,)),
+    6: ("Int32", (6,)),
+    7: ("UInt32", (7,)),
+    8: ("Int64", (8,)),
+    9: ("UInt64", (9,)),
+    10: ("Float", (10,)),
+    11: ("Double", (11,)),
+    26: ("Number", tuple(range(2, 12))),
+    27: ("Integer", (2, 4, 6, 8)),
+    28: ("UInteger", (3, 5, 7, 9)),
+    290: ("Duration", (11,)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeType:
+    """The data type a node declares and the variant types a value of it may have."""
+
+    name: str
+    variants: frozenset[int]
+
+    @classmethod
+    def of(cls, data_type: Any) -> NodeType | None:
+        """The numeric type of a DataType node id (``None``: not a numeric type)."""
+        if getattr(data_type, "NamespaceIndex", None) != 0:
+            return None
+        known = _NUMERIC.get(getattr(data_type, "Identifier", None))
+        if known is None:
+            return None
+        return cls(known[0], frozenset(known[1]))
+
+
+def judge(
+    value: Any,
+    now: dt.datetime,
+    stale_after: float,
+    clock_skew: float,
+    declared: NodeType | None = None,
+) -> str | None:
+    """Why the ``DataValue`` ``value`` is not usable (``None``: it is); ``declared``: the
+    data type of its node, which the value's type must be."""
     status = value.StatusCode
     if status is not None and not status.is_good():
         return f"status {status.name}"
@@ -215,11 +273,61 @@ def judge(value: Any, now: dt.datetime, stale_after: float, clock_skew: float) -
         return f"stale: source timestamp {age:.3g} s old (stale_after {stale_after:g} s)"
     if age < -clock_skew:
         return f"source timestamp {-age:.3g} s ahead of the bridge's clock"
-    number = value.Value.Value if value.Value is not None else None
+    variant = value.Value
+    if declared is not None:
+        kind = getattr(getattr(variant, "VariantType", None), "value", None)
+        if kind not in declared.variants:
+            name = getattr(getattr(variant, "VariantType", None), "name", "no value")
+            return f"data type: a {name} value on a node declared {declared.name}"
+    number = variant.Value if variant is not None else None
     if isinstance(number, bool) or not isinstance(number, int | float):
         return f"not a number: {type(number).__name__}"
     if not math.isfinite(number):
         return f"not a finite number: {number}"
+    return None
+
+
+def _stated_units(information: Any) -> list[tuple[str, str]]:
+    """What an ``EUInformation`` states: ``(how, unit)`` of its display name and, in the
+    UNECE namespace, of its UnitId."""
+    stated = []
+    text = getattr(getattr(information, "DisplayName", None), "Text", None)
+    if text and text.strip():
+        stated.append((f"DisplayName {text.strip()!r}", text.strip()))
+    identifier = getattr(information, "UnitId", None)
+    namespace = getattr(information, "NamespaceUri", None)
+    if namespace == UNECE_NAMESPACE and isinstance(identifier, int) and identifier > 0:
+        code = unece_code(identifier)
+        unit = unece_unit(identifier)
+        if unit is not None:
+            stated.append((f"UnitId {identifier} (UNECE {code})", unit))
+    return stated
+
+
+def judge_units(information: Any, unit: str | None) -> str | None:
+    """Why the ``EUInformation`` ``information`` does not state ``unit`` (``None``: it
+    does, or states nothing the bridge can compare).
+
+    Each thing it states (the display name; the UNECE code in ``UnitId``) that the units
+    library reads must be the same unit as ``unit``; a display name it cannot read must
+    equal ``unit`` as written, unless the UnitId states ``unit``."""
+    if unit is None or information is None:
+        return None
+    stated = _stated_units(information)
+    confirmed = False
+    unreadable = []
+    for how, text in stated:
+        try:
+            parse_unit(text)
+        except UnitError:
+            if text != unit.strip():
+                unreadable.append(how)
+            continue
+        if not same_unit(text, unit):
+            return f"EngineeringUnits {how}, not {unit!r}"
+        confirmed = True
+    if unreadable and not confirmed:
+        return f"EngineeringUnits {unreadable[0]}, which is no unit the bridge knows, not {unit!r}"
     return None
 
 
@@ -240,6 +348,11 @@ class PlantConnection:
         self.timeout = timeout
         self.client: Any = None
         self._variant_types: list[Any] = []
+        #: Of each read node, as :meth:`check_nodes` found them: its data type, its
+        #: EngineeringUnits property (``None``: none) and its binding's unit.
+        self.read_types: list[NodeType] = []
+        self.unit_nodes: list[Any] = []
+        self.units: list[str | None] = []
 
     async def connect(self) -> None:
         """Opens a session; a server that offers no endpoint for the bridge's security is
@@ -320,9 +433,10 @@ class PlantConnection:
         written: Sequence[tuple[str, str]],
         units: Sequence[str | None],
     ) -> None:
-        """Checks that every bound node exists and is a variable, that the written ones
-        hold a Float or Double, and that a node's EngineeringUnits (where it has them)
-        state the map's unit.
+        """Checks that every bound node exists and is a scalar variable, that the read ones
+        declare a numeric data type and the written ones Float or Double, and that a node's
+        EngineeringUnits (where it has them) state the map's unit. Remembers each read
+        node's data type and EngineeringUnits, which :meth:`read` checks again.
 
         Args:
             read: ``(binding, node id)`` of the nodes read.
@@ -331,8 +445,9 @@ class PlantConnection:
                 not stated).
 
         Raises:
-            NodeIdError: naming the binding and the node the server does not have, or
-                that it holds no number the bridge can write.
+            NodeIdError: naming the binding and the node the server does not have, that
+                is not a scalar variable, or whose data type the bridge cannot read (or
+                write).
             UnitMismatchError: naming the node whose EngineeringUnits differ.
         """
         from asyncua import ua
@@ -351,11 +466,29 @@ class PlantConnection:
                     f"{binding}: node {quote(node)} is a {ua.NodeClass(result.Value.Value).name}, "
                     "not a variable with a value"
                 )
-        write_nodes = [self.client.get_node(node) for _, node in written]
-        types = await self.client.read_attributes(write_nodes, ua.AttributeIds.DataType)
+        types = await self.client.read_attributes(nodes, ua.AttributeIds.DataType)
+        ranks = await self.client.read_attributes(nodes, ua.AttributeIds.ValueRank)
         self._variant_types = []
-        for (binding, node), result in zip(written, types, strict=True):
-            data_type = result.Value.Value
+        self.read_types = []
+        for index, ((binding, node), result, rank) in enumerate(
+            zip(bindings, types, ranks, strict=True)
+        ):
+            data_type = result.Value.Value if result.StatusCode.is_good() else None
+            value_rank = rank.Value.Value if rank.StatusCode.is_good() else None
+            if isinstance(value_rank, int) and value_rank >= 0:
+                raise NodeIdError(
+                    f"{binding}: node {quote(node)} holds an array (ValueRank {value_rank}); "
+                    "the bridge reads and writes one number per node"
+                )
+            if index < len(read):
+                declared = NodeType.of(data_type)
+                if declared is None:
+                    raise NodeIdError(
+                        f"{binding}: node {quote(node)} declares data type {data_type}, not a "
+                        "number; the bridge reads Double, Float or integer nodes"
+                    )
+                self.read_types.append(declared)
+                continue
             variant = {
                 ua.NodeId(ua.ObjectIds.Double): ua.VariantType.Double,
                 ua.NodeId(ua.ObjectIds.Float): ua.VariantType.Float,
@@ -366,29 +499,53 @@ class PlantConnection:
                     "writes Float or Double"
                 )
             self._variant_types.append(variant)
-        for (binding, node), unit in zip(bindings, units, strict=True):
-            await self._check_unit(binding, node, unit)
+        self.units = list(units[: len(read)])
+        self.unit_nodes = []
+        for index, ((binding, node), unit) in enumerate(zip(bindings, units, strict=True)):
+            found = await self._check_unit(binding, node, unit)
+            if index < len(read):
+                self.unit_nodes.append(found)
 
-    async def _check_unit(self, binding: str, node: str, unit: str | None) -> None:
+    async def _check_unit(self, binding: str, node: str, unit: str | None) -> Any:
+        """The node's EngineeringUnits property (``None``: it has none), checked against
+        the binding's unit."""
         from asyncua import ua
 
         try:
             prop = await self.client.get_node(node).get_child("0:EngineeringUnits")
             information = await prop.read_value()
         except ua.UaError:
-            return  # no EngineeringUnits property: the map's word stands
-        stated = getattr(getattr(information, "DisplayName", None), "Text", None)
-        if stated and unit is not None and stated.strip() != unit:
+            return None  # no EngineeringUnits property: the map's word stands
+        wrong = judge_units(information, unit)
+        if wrong is not None:
             raise UnitMismatchError(
-                f"{binding}: node {quote(node)} states EngineeringUnits {stated!r}, the map "
-                f"and the task {unit!r}"
+                f"{binding}: node {quote(node)} states {wrong} (the map's unit for the node; "
+                "the units are compared by the units library: °C is degC)"
             )
+        return prop
 
     async def read(self, nodes: Sequence[Any]) -> list[Any]:
         """The ``DataValue`` of each node (one request)."""
         from asyncua import ua
 
         return await self.client.read_attributes(nodes, ua.AttributeIds.Value)
+
+    async def read_with_units(self, nodes: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """The ``DataValue`` of each read node and of its EngineeringUnits property as
+        :meth:`check_nodes` found it (``None`` where it has none), in one request."""
+        from asyncua import ua
+
+        properties = [(i, prop) for i, prop in enumerate(self.unit_nodes) if prop is not None]
+        parameters = ua.ReadParameters()
+        parameters.NodesToRead = [
+            ua.ReadValueId(NodeId=node.nodeid, AttributeId=ua.AttributeIds.Value)
+            for node in [*nodes, *(prop for _, prop in properties)]
+        ]
+        results = await self.client.uaclient.read(parameters)
+        units: list[Any] = [None] * len(nodes)
+        for (i, _), result in zip(properties, results[len(nodes) :], strict=True):
+            units[i] = result
+        return list(results[: len(nodes)]), units
 
     async def write(self, nodes: Sequence[Any], values: Sequence[float]) -> list[Any]:
         """Writes ``values`` (one request); the status code of each write."""

@@ -18,11 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from neorl_industrial.core.units import Conversion
 from neorl_industrial.integration.plant_floor.errors import (
     BridgeError,
     ClosedLoopRefused,
     MapError,
     PolicyTaskError,
+    UnitMismatchError,
 )
 from neorl_industrial.integration.plant_floor.mapping import PlantMap, check_map, load_map
 
@@ -46,6 +48,9 @@ class BridgePlan:
     period: float
     stale_after: float
     task_file: str | None = None
+    #: Node unit into task unit, of each binding that converts (``observations.<name>``,
+    #: ``actions.<name>``).
+    conversions: dict[str, Conversion] = dataclasses.field(default_factory=dict)
 
     @property
     def closed_loop(self) -> bool:
@@ -66,6 +71,21 @@ class BridgePlan:
     @property
     def action_high(self) -> np.ndarray:
         return np.asarray(self.task.action_high, np.float64)
+
+    @property
+    def rate_limits(self) -> np.ndarray:
+        """Per action, the largest change per decision its rate limits allow, in the
+        task's unit (``inf``: none)."""
+        compiled = self.check.compiled
+        limits = np.full(len(self.action_names), np.inf)
+        for k, j in enumerate(compiled.rate_index):
+            limits[j] = min(limits[j], float(np.asarray(compiled.rate_limit)[k]))
+        return limits
+
+    def converter(self, binding: str) -> Conversion | None:
+        """The conversion of ``binding`` (``observations.<name>`` or ``actions.<name>``),
+        node unit into task unit; ``None``: the same unit."""
+        return self.conversions.get(binding)
 
     def fallback(self, observation: np.ndarray, prev_action: np.ndarray) -> np.ndarray:
         """The task's fallback for a tick whose readings cannot be trusted: the server's
@@ -107,6 +127,20 @@ class BridgePlan:
             "sampling_period": self.period,
             "stale_after": self.stale_after,
             "on_fault": self.plant_map.on_fault,
+            "conversions": {
+                binding: {
+                    "from": found.source,
+                    "to": found.target,
+                    "scale": found.scale,
+                    "offset": found.offset,
+                }
+                for binding, found in self.conversions.items()
+            },
+            "rate_limits": {
+                name: float(limit)
+                for name, limit in zip(self.action_names, self.rate_limits.tolist(), strict=True)
+                if np.isfinite(limit)
+            },
         }
 
 
@@ -223,10 +257,12 @@ def prepare(
         )
     enforced, served = trust.check(artifact)
     try:
-        check_map(plant_map, served, where)
+        conversions = check_map(plant_map, served, where)
     except MapError as error:
         if task is not None:
             raise
+        if isinstance(error, UnitMismatchError):
+            raise UnitMismatchError(f"{error} (the units of the policy's task)") from None
         raise PolicyTaskError(
             f"{model}: the policy's task does not fit the map {where}: {error}"
         ) from None
@@ -246,4 +282,5 @@ def prepare(
         period=period,
         stale_after=plant_map.stale_limit(period),
         task_file=None if task_file is None else str(task_file),
+        conversions=conversions,
     )

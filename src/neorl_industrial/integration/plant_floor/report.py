@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from neorl_industrial.core.units import same_unit
 from neorl_industrial.integration.plant_floor.ticklog import TickLogError, read_tick_log
 
 if TYPE_CHECKING:
@@ -297,8 +298,18 @@ def load_plant_model(path: str | Path, task: dict[str, Any], log: str | Path) ->
     differences = []
     for field in ("observation_names", "action_names", "observation_units", "action_units"):
         theirs = task.get(field)
-        if theirs is not None and list(getattr(mine, field)) != list(theirs):
-            differences.append(f"{field} {list(getattr(mine, field))} vs {list(theirs)}")
+        if theirs is None:
+            continue
+        ours = list(getattr(mine, field))
+        if field.endswith("units"):
+            # Units are compared as units (degC is °C), not as written.
+            same = len(ours) == len(theirs) and all(
+                same_unit(a, b) for a, b in zip(ours, theirs, strict=True)
+            )
+        else:
+            same = ours == list(theirs)
+        if not same:
+            differences.append(f"{field} {ours} vs {list(theirs)}")
     if differences:
         raise PlantModelError(
             f"plant model {path}: task {mine.name!r} is not the task of the log {log} "
@@ -488,6 +499,12 @@ def build_report(
         span = high[i] - low[i]
         default = TOLERANCE_SHARE * span if math.isfinite(span) else math.nan
         tolerance = float(tolerances.get(name, default))
+        limit = span if math.isfinite(span) else math.inf
+        if name in tolerances and not (math.isfinite(tolerance) and 0.0 <= tolerance <= limit):
+            raise ValueError(
+                f"tolerance {name}={tolerance!r}: outside the allowed range [0, {limit:g}] "
+                "(the action's range)"
+            )
         array = np.asarray(pairs[name], np.float64).reshape(-1, 3)
         series[name] = array
         actions.append(_agreement(name, task["action_units"][i], tolerance, array))
