@@ -9,6 +9,12 @@ fidelity on held-out episodes, in the plant's units); the second is the report o
 model knows the plant, every candidate against the current operation with its interval,
 the recommendation, and why. Every number is an estimate and is labelled as one. Any
 plant's files work; nothing here is particular to the mixing tank.
+
+What is compared with what: every candidate, run closed loop in the plant model, against
+today's operation, the operators' behaviour cloned and run closed loop in the same model
+from the same starting states. Before that comparison counts, the model must reproduce
+the operators' own logged returns on the held-out episodes (the calibration check); when
+it does not, the page says so and the answer is to keep the current operation.
 """
 
 from __future__ import annotations
@@ -84,14 +90,22 @@ def candidates_section(verdict: dict) -> list[str]:
         "## The candidates against the operators (estimates)",
         "",
         f"Discounted return from {verdict['evidence']['starts']} starting states of the "
-        f"held-out episodes (higher is better), with its {level} interval; the operators' "
-        "own actions are replayed in the same model, so each difference is paired start by "
-        "start.",
+        f"held-out episodes (higher is better), with its {level} interval. Today's "
+        "operation is the operators' behaviour cloned and run closed loop in the same model "
+        "from the same states, so each difference is paired start by start; a candidate's "
+        "estimate is lowered, and the operators' raised, by the model's uncertainty, and "
+        "every interval of improvement is widened by the model's error on the operators "
+        "(the calibration check).",
         "",
         "| " + " | ".join(header) + " |",
         "|---" * len(header) + "|",
     ]
-    row = ["the operators (logged)", _interval(operators["discounted_return"])]
+    calibration = verdict.get("calibration")
+    if calibration:  # the data: what the operators achieved from the same states
+        row = ["the operators (logged)", _interval(calibration["logged"])]
+        row += ["-"] * (len(header) - 2)
+        lines.append("| " + " | ".join(row) + " |")
+    row = ["the operators (cloned, in the model)", _interval(operators["discounted_return"])]
     row += ["-"] * len(deciding)
     row += [f"{c['value']['upper']:.2f}" for c in limited]
     row += ["-"]
@@ -132,21 +146,28 @@ def _why_candidate(candidate: dict, verdict: dict) -> list[str]:
     limits = verdict["evidence"].get("cost_limits", {})
     for cost in estimates["model"]["costs"]:
         limit = limits.get(cost["channel"])
-        if cost["evidence"] == "insufficient evidence":
-            said.append(
-                f"too few {cost['channel']} events were held out ({cost['events']}) to "
-                "estimate that cost at all"
-            )
-        elif cost["within_limit"] is False:
+        if cost["within_limit"] is False:
             said.append(
                 f"it may break the {cost['channel']} limit ({limit:g} per episode): up to "
                 f"{cost['value']['upper']:.2f} times what the limit allows"
+            )
+        if cost.get("event_bound") is not None:
+            said.append(
+                f"the operators tripped {cost['channel']} on {cost['events']} held-out steps, "
+                "too rarely for the model to learn it: its bound includes the exact "
+                f"({level}) upper bound of that rate, {cost['event_bound']:.3g} per episode"
             )
     share = estimates["model"].get("outside_data_share")
     if share:
         said.append(
             f"on {share:.0%} of its steps it takes the plant where the log never went, "
             "where the model can only extrapolate (the estimate was charged for it)"
+        )
+    physics = estimates["model"].get("outside_physics_share")
+    if physics:
+        said.append(
+            f"on {physics:.0%} of its steps the model predicted values outside the physical "
+            "ranges: they were clipped onto them and charged, not trusted"
         )
     return said
 
@@ -155,11 +176,22 @@ def why_section(verdict: dict) -> list[str]:
     """Why the answer is what it is, from the evidence."""
     settings, evidence = verdict["settings"], verdict["evidence"]
     lines = ["## Why", ""]
-    if evidence["start_episodes"] < settings["min_episodes"]:
+    calibration = verdict.get("calibration") or {}
+    if calibration.get("status") == "too small":
+        lines.append(
+            f"- The log is too short to recommend anything: {calibration['reason']}. The "
+            "model cannot be checked against today's operation, so no estimate can be trusted."
+        )
+    elif evidence["start_episodes"] < settings["min_episodes"]:
         lines.append(
             f"- The log is too short to recommend anything: the candidates could be checked "
             f"on {evidence['start_episodes']} held-out episode(s), and an interval over "
             f"whole episodes needs at least {settings['min_episodes']}. Log more episodes."
+        )
+    elif calibration.get("status") == "failed":
+        lines.append(
+            f"- Keep the current operation: {calibration['reason']}. A model that misses "
+            "today's operation cannot say what another policy would do."
         )
     for candidate in verdict["candidates"]:
         said = _why_candidate(candidate, verdict)
@@ -175,7 +207,7 @@ def why_section(verdict: dict) -> list[str]:
         lines.append(
             f"- In the held-out log the operators had {cost['channel']} on {events} steps in "
             f"{episodes} episodes ({events / episodes:.3g} per episode, limit {limit:g}), "
-            f"while the model, replaying their own actions, estimates "
+            f"while the model, running their cloned behaviour, estimates "
             f"{cost['value']['value']:.2f} [{cost['value']['lower']:.2f}, "
             f"{cost['value']['upper']:.2f}] of the limit: it under-predicts this cost, so "
             "its estimates of it for the candidates are likely low as well."
@@ -189,6 +221,69 @@ def why_section(verdict: dict) -> list[str]:
         "operation.",
     ]
     return lines
+
+
+def calibration_section(verdict: dict) -> list[str]:
+    """Does the model reproduce today's operation? The operators' clone in the model
+    against their logged returns (and costs) from the same starts."""
+    calibration = verdict.get("calibration")
+    if not calibration:
+        return ["## Does the model reproduce today's operation?", "", "Not checked."]
+    estimated, logged, error = calibration["estimated"], calibration["logged"], calibration["error"]
+    status = {
+        "passed": "**Yes**",
+        "failed": "**No**",
+        "too small": "**Cannot tell**: too few held-out episodes",
+    }[calibration["status"]]
+    lines = [
+        "## Does the model reproduce today's operation?",
+        "",
+        f"{status}. The operators' behaviour, cloned and run in the model from the starting "
+        f"states of {calibration['episodes']} held-out episodes ({calibration['transitions']:,} "
+        "transitions), against what the log shows they achieved from the same states:",
+        "",
+        "| | discounted return |",
+        "|---|---|",
+        f"| estimated by the model | {_interval(estimated, '.4g')} |",
+        f"| logged (data) | {logged['value']:.4g} |",
+        f"| the model's error | {_interval(error, '+.3g')} (passes within "
+        f"±{calibration['tolerance']:.3g}) |",
+    ]
+    for cost in calibration["costs"]:
+        lines.append(
+            f"| {cost['channel']} per episode, share of its limit | estimated "
+            f"{cost['estimated']:.2f}, logged {cost['logged']:.2f} |"
+        )
+    lines += [
+        "",
+        "The check passes when the interval of the model's error holds 0 or stays within "
+        "the tolerance; the error's size then widens every interval of improvement below.",
+    ]
+    if calibration.get("closing_passed") is False:
+        lines.append(
+            "The model+fqe estimate misses today's operation (its error "
+            f"{_interval(calibration['closing_error'], '+.3g')}): it is shown, not deciding."
+        )
+    note = (verdict["evidence"].get("physics") or {}).get("note")
+    if note:
+        lines += ["", f"Physical ranges: {note}."]
+    return lines
+
+
+def trust_section() -> list[str]:
+    """When this answer cannot be trusted."""
+    return [
+        "## When this answer cannot be trusted",
+        "",
+        "- The model does not reproduce today's operation (above): then nothing is recommended.",
+        "- The plant has changed since the log (new equipment, other raw material, "
+        "another season): the log, and the model of it, describe the old plant.",
+        "- A candidate spends much of its time where the log never went (its share of "
+        "steps outside the log's range): the model extrapolates there, and the estimate "
+        "was charged for it but cannot be checked.",
+        "- A cost the operators rarely or never tripped rests on an exact bound of how "
+        "rarely they did, not on a model of what causes it.",
+    ]
 
 
 def answer(model_dir: Path, report_path: Path) -> str:
@@ -216,11 +311,15 @@ def answer(model_dir: Path, report_path: Path) -> str:
         f"{evidence['members']} model members. Estimators: {', '.join(verdict['estimators'])} "
         f"({', '.join(verdict['deciding'])} decide).",
         "",
+        *calibration_section(verdict),
+        "",
         *fidelity_section(card),
         "",
         *candidates_section(verdict),
         "",
         *why_section(verdict),
+        "",
+        *trust_section(),
     ]
     return "\n".join(lines) + "\n"
 

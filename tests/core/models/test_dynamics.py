@@ -146,6 +146,34 @@ def test_step_shifts_stacked_frames_and_computes_known_channels():
     assert not np.allclose(other.next_observation[:2], first.next_observation[:2])
 
 
+def test_a_prediction_outside_physics_is_clipped_onto_it_and_reported():
+    # One feature, a learned reward and a learned 0/1 alarm; the networks' output shifted so
+    # that the level falls 3 units a step from 0.5, below its physical floor of 0.
+    layout = DynamicsLayout(observation_size=1, frame_size=1, action_size=1, n_costs=1)
+    dynamics = make_dynamics(DynamicsConfig(hidden=(8,), n_members=2, n_elites=2), layout)
+    params = _params(dynamics, 1, 1, members=2).replace(
+        target_mean=jnp.asarray([-3.0, 50.0, 7.0]), target_std=jnp.full(3, 1e-3)
+    )
+    observation, action = jnp.asarray([0.5]), jnp.asarray([0.0])
+    free = dynamics.step(params, observation, action, jax.random.PRNGKey(0), 0, True)
+    assert float(free.next_observation[0]) < -2.0 and float(free.outside_physics) == 0.0
+    bounded = params.replace(
+        frame_low=jnp.asarray([0.0]),
+        frame_high=jnp.asarray([3.2]),
+        cost_high=jnp.asarray([1.0]),
+        reward_low=jnp.asarray(-2.0),
+        reward_high=jnp.asarray(0.0),
+    )
+    out = dynamics.step(bounded, observation, action, jax.random.PRNGKey(0), 0, True)
+    assert float(out.next_observation[0]) == 0.0  # on the floor, not below it
+    # How far it left, in the feature's spread (obs_std 1): about 2.5 below the floor.
+    assert 2.0 < float(out.outside_physics) < 3.0
+    assert float(out.reward) == 0.0 and float(out.costs[0]) == 1.0  # the data's range
+    checked = dynamics.checked_transition(bounded, observation, action, None, 0, True)
+    np.testing.assert_allclose(checked[0], out.next_observation)
+    np.testing.assert_allclose(checked[4], out.outside_physics, rtol=1e-6)
+
+
 def test_step_vmaps_over_members_and_starts():
     layout = DynamicsLayout(observation_size=2, frame_size=2, action_size=1, n_costs=0)
     dynamics = make_dynamics(DynamicsConfig(hidden=(8,), n_members=3, n_elites=2), layout)

@@ -107,6 +107,20 @@ def test_fit_through_the_cli_saves_card_fidelity_and_plot(plant, capsys):
     temperature = next(r for r in rows if r["name"] == "temperature" and r["step"] == 1)
     assert temperature["unit"] == "degC" and 0.0 <= temperature["coverage"] <= 1.0
     assert temperature["rmse"] < 10.0  # degC: a spread of ~10, a model of 600 updates
+    # The reward, computed from the current (logged) row, is exact one step ahead: its
+    # zero-width interval holds the logged value (within the tolerance it was matched to).
+    reward = next(r for r in rows if r["name"] == "reward" and r["step"] == 1)
+    assert reward["coverage"] == 1.0
+    # Predictions are held to the schema's physical range; without one, to the data's.
+    physics = card["physics"]
+    assert physics["features"]["temperature"] == {"low": 0.0, "high": 500.0, "source": "schema"}
+    pressure = physics["features"]["pressure"]
+    assert pressure["source"] == "data" and 4.0 < pressure["low"] < pressure["high"] < 5.0
+    assert physics["from_data"] == ["pressure"]
+    assert (
+        physics["note"] == "no physical range in the schema for pressure: the data's range is used"
+    )
+    assert physics["cost_high"][1] == 1.0  # the alarm: at most 1 a step
 
     capsys.readouterr()
     assert (

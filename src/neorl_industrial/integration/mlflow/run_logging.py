@@ -65,12 +65,16 @@ def _log_verdict(tracker: Any, verdict: dict[str, Any] | None, key: str, step: i
 def _verdict_tags(verdict: dict[str, Any] | None) -> dict[str, str]:
     if verdict is None:
         return {}
-    return {
+    tags = {
         "verdict.decision": verdict["decision"],
         "verdict.recommended": str(verdict["recommended"]),
         "verdict.estimators": ",".join(verdict["estimators"]),
         "verdict.statement": verdict["statement"][:5000],
     }
+    calibration = verdict.get("calibration")
+    if calibration:  # does the plant model reproduce today's operation?
+        tags["verdict.calibration"] = calibration["status"]
+    return tags
 
 
 def plan_params(plan: RunPlan, agent: Agent, grid: dict[str, list[Any]] | None) -> dict[str, Any]:

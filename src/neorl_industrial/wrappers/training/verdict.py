@@ -1,43 +1,51 @@
-"""The verdict before a policy touches the plant: is a candidate better than the logged
+"""The verdict before a policy touches the plant: is a candidate better than today's
 operation, and within the cost limits? Estimators side by side, each with an interval,
 and a decision that says "keep the current operation" unless the evidence is there.
 
 ``model_verdict(...)`` takes stacked candidate policies, the held-out episodes and a
 fitted :class:`~neorl_industrial.wrappers.models.PlantModel`, and returns one
 :class:`Verdict` (``to_dict()`` is its JSON form, the same in the report, MLflow and the
-command line). Estimators (every number an **estimate**, named by its estimator):
+command line).
+
+What is compared with what: the logged return from each held-out start is data. Where
+the model is needed for a paired comparison, today's operation is the operators'
+behaviour cloned (with their action noise) and run closed loop in the same model members
+from the same starts with the same model noise, never their feedback actions replayed
+open loop. Before any recommendation the model must reproduce the operators' logged
+returns (and limited costs) on the held-out episodes: the calibration check
+(:class:`Calibration`), whose error also widens every improvement interval.
+
+Estimators (every number an **estimate**, named by its estimator):
 
 * ``model``: every candidate rolled out in every elite member of the plant model from the
   held-out starting states, the shield in the loop
   (:mod:`~neorl_industrial.functional.transformations.model_evaluation`), one compiled
-  program over policies × members × starts; the logged operation replayed (its logged
-  actions, open loop) in the same members from the same states with the same noise.
+  program over policies × members × starts; the operators' clone the same way.
   Pessimistic: every step's reward is lowered, and every cost raised, by ``penalty`` ×
   the signal's per-step spread in the data × the step's uncertainty (the members'
-  disagreement in units of each feature's spread, plus how far observation or action
-  lie outside the data's range), and no step's reward counts above the data's highest.
-  A policy that leaves the data is not valued by extrapolation: it pays for it. The
-  logged operation is not penalised (its replay's drift is the model's error).
+  disagreement in units of each feature's spread, how far observation or action lie
+  outside the data's range, and how far a prediction left its physical range before it
+  was clipped onto it); no step's reward counts above the data's highest. The
+  operators' estimate is raised by its own uncertainty (pessimism on the baseline).
 * ``fqe``: Fitted Q Evaluation of every candidate on the held-out episodes, at the same
-  starts; the logged operation by the same estimator: FQE of a behaviour-cloned policy.
-  Shown, not decisive: ``docs/selection.md`` shows FQE alone choosing no better than
-  chance when candidates leave the data.
+  starts; today's operation by FQE of the clone. Shown, not decisive.
 * ``model+fqe``: the pessimistic model rollouts of the first ``close_after`` steps,
   closed by FQE's value of the state reached (``Σ_{t<k} γ^t r̃_t + γ^k Q(s_k, π(s_k))``);
-  the logged operation's first ``k`` steps replay its actions, its tail is FQE's value
-  of the behaviour clone.
+  the clone the same way. Decides only where it reproduces the logged returns itself.
 
 Intervals are percentile bootstraps of the mean over starts (resampled by whole
-episode) and members (or FQE seeds), paired: a candidate's improvement is resampled
-together with the logged operation's value on the same episodes and members.
+episode) and members (or FQE seeds), paired with the clone on the same episodes and
+members, then widened by the model's error on the operators.
 
-The decision: a candidate is recommended only if, by every deciding estimator (``model``,
-and ``model+fqe`` when FQE runs), the lower bound of its improvement over the logged
-operation is above zero, and by ``model`` the upper bound of every limited cost channel
-is within its limit, with enough cost events in the held-out data to estimate a learned
-channel (``min_cost_events``; a channel computed from its expression needs none); among
-those, the one with the highest lower bound of its
-improvement by ``model``. Otherwise: keep the current operation.
+Cost evidence: a channel computed from the predicted observations needs no events; a
+learned channel with fewer than ``min_cost_events`` held-out events adds the exact
+(Clopper-Pearson) upper bound of its event rate to its upper bound.
+
+The decision: a candidate is recommended only if the calibration check passed, by every
+deciding estimator the lower bound of its improvement over today's operation is above
+zero, and by ``model`` the upper bound of every limited cost channel is within its
+limit; among those, the one with the highest lower bound of its improvement by
+``model``. Otherwise: keep the current operation.
 """
 
 from __future__ import annotations
@@ -680,6 +688,9 @@ def model_verdict(
     baseline_optimistic = (
         baseline.discounted_return + penalty * reward_spread * baseline.discounted_uncertainty
     )
+    baseline_pessimistic = (
+        baseline.discounted_return - penalty * reward_spread * baseline.discounted_uncertainty
+    )
     calibration = _calibration(
         baseline=baseline,
         logged_discounted=logged_discounted,
@@ -697,10 +708,20 @@ def model_verdict(
         episode = sums.total_return - penalty * reward_spread * sums.total_uncertainty
         costs = sums.total_costs + penalty * cost_spread * sums.total_uncertainty[..., None]
         boot = bootstrap_means(pessimistic, start_episodes, settings.bootstrap, boot_seed)
-        difference = pessimistic - baseline_optimistic
-        diff_boot = bootstrap_means(difference, start_episodes, settings.bootstrap, boot_seed)
+        # The truth lies between the pessimistic reading (the candidate lowered, the
+        # operators raised, by their uncertainty) and the optimistic one (the reverse);
+        # the model's own estimate is the plain difference.
+        optimistic = sums.discounted_return + penalty * reward_spread * sums.discounted_uncertainty
         improvement = _widened(
-            _interval(difference, diff_boot, settings.level), calibration.model_error
+            _between(
+                sums.discounted_return - baseline.discounted_return,
+                pessimistic - baseline_optimistic,
+                optimistic - baseline_pessimistic,
+                start_episodes,
+                settings,
+                boot_seed,
+            ),
+            calibration.model_error,
         )
         steps_total = np.maximum(sums.steps.sum(axis=(-2, -1)), 1.0)
         return EstimatorResult(
@@ -946,6 +967,23 @@ def _within(gap: Interval, allowed: float) -> bool:
     return gap.lower <= 0.0 <= gap.upper or (gap.lower >= -allowed and gap.upper <= allowed)
 
 
+def _between(
+    plain: np.ndarray,
+    low: np.ndarray,
+    high: np.ndarray,
+    start_episodes: np.ndarray,
+    settings: VerdictSettings,
+    seed: int,
+) -> Interval:
+    """An improvement's interval: ``plain``'s mean, from the lower bound of the
+    pessimistic reading ``low`` to the upper bound of the optimistic one ``high`` (each a
+    bootstrap over episodes and members, the same draws)."""
+    draws = bootstrap_means(np.stack([low, high]), start_episodes, settings.bootstrap, seed)
+    lower = _interval(low, draws[0], settings.level).lower
+    upper = _interval(high, draws[1], settings.level).upper
+    return Interval(float(np.mean(plain)), lower, upper)
+
+
 def _widened(interval: Interval, by: float) -> Interval:
     return Interval(interval.value, interval.lower - by, interval.upper + by)
 
@@ -1138,6 +1176,10 @@ def _fqe_estimators(
         jax.tree.map(lambda x: x[None], baseline), clone_closing[None], penalty=-penalty
     )
     logged_combined, logged_combined_costs = logged_combined[0], logged_combined_costs[0]
+    logged_plain = head(jax.tree.map(lambda x: x[None], baseline), clone_closing[None], 0.0)[0][0]
+    logged_low = head(
+        jax.tree.map(lambda x: x[None], baseline), clone_closing[None], penalty=penalty
+    )[0][0]
     results: list[list[EstimatorResult]] = []
     seed = settings.seed
 
@@ -1166,12 +1208,21 @@ def _fqe_estimators(
         )
         own = jax.tree.map(lambda x, p=p: x[p], candidates)
         combined, combined_costs = head(own, closing[p])
-        difference = combined - logged_combined
+        plain, _ = head(own, closing[p], 0.0)
+        optimistic, _ = head(own, closing[p], -penalty)
+        between = _between(
+            plain - logged_plain,
+            combined - logged_combined,
+            optimistic - logged_low,
+            start_episodes,
+            settings,
+            seed + p,
+        )
         mixed = EstimatorResult(
             estimator="model+fqe",
             discounted_return=interval(combined, seed + p),
             episode_return=None,
-            improvement=_widened(interval(difference, seed + p), combined_error),
+            improvement=_widened(between, combined_error),
             penalty=float(np.mean(penalty * reward_spread * own.head_uncertainty)),
             costs=costs_of(combined_costs, seed + p),
         )
