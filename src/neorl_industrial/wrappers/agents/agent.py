@@ -1115,13 +1115,28 @@ class Agent:
         """The name of the policy :meth:`predict` and :meth:`export` use (None unfitted)."""
         if not self.fitted:
             return None
+        return candidate_id(self.seeds[self.selected], self._configuration_index())
+
+    def _configuration_index(self) -> int | None:
+        """The sweep configuration whose seeds' policies the agent holds (None: not a
+        sweep's agent)."""
+        if self._sweep is None:
+            return None
         selection = self.training.get("selection") or {}
         if selection.get("by") == "candidate":
-            return str(selection["candidate"])
-        configuration = None
-        if self._sweep is not None:
-            configuration = self.training.get("sweep", {}).get("selected")
-        return candidate_id(self.seeds[self.selected], configuration)
+            key = parse_candidate(str(selection["candidate"]))
+            if key is not None:
+                return key[0]
+        return (self.training.get("sweep") or {}).get("selected")
+
+    def _able_runs(self) -> list[int]:
+        """The runs (of ``self.policies``) whose policy can act."""
+        failed, configuration = self._failed(), self._configuration_index()
+        return [
+            run
+            for run, seed in enumerate(self.seeds)
+            if candidate_id(seed, configuration) not in failed
+        ]
 
     def _failed(self) -> dict[str, str]:
         return {row["candidate"]: row["reason"] for row in self.training.get("failed_runs") or ()}
@@ -1468,9 +1483,9 @@ class Agent:
         scored: OffPolicyEvaluator | None = None,
         runs: Sequence[int] | None = None,
     ) -> Verdict:
-        """The verdict on every run's policy (``runs``: those only; see :meth:`_verdict`
-        for ``scored``, reused only when every run is judged)."""
-        runs = list(range(len(self.seeds))) if runs is None else list(runs)
+        """The verdict on every run's policy that can act (``runs``: those only; see
+        :meth:`_verdict` for ``scored``, reused only when every run is judged)."""
+        runs = self._able_runs() if runs is None else list(runs)
         policies = self.policies
         if len(runs) != len(self.seeds):
             rows = jnp.asarray(runs)
