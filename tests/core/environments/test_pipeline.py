@@ -198,6 +198,38 @@ def test_targets_and_initial_flows_follow_the_reference_statistics(pipe):
     np.testing.assert_array_equal(states.target, np.full(8, 50.0))
 
 
+def test_batched_and_presampled_draws_follow_the_reference_statistics(pipe):
+    """A batch draws its randomness in one call, and ``scan_single`` all of an episode's
+    in advance: both keep the reference's switching rate and uniform levels."""
+    env, params, _, _ = pipe
+    n_envs = 256
+    states, _ = env.reset_batch(jax.random.key(7), n_envs, params)
+
+    def one(states, key):
+        states, _ = env.step_env_batch(key, states, jnp.zeros((n_envs, 1)), params)
+        return states, states.target
+
+    _, trace = jax.jit(
+        lambda s: jax.lax.scan(one, s, jax.random.split(jax.random.key(8), EPISODE))
+    )(states)
+    trace = np.asarray(trace)
+    changes = int(np.sum(trace[1:] != trace[:-1]))
+    assert 480 <= changes <= 672  # as in the test above: p = 0.00225, +-4 sigma
+    shares = [np.mean(trace == level) for level in LEVELS]
+    np.testing.assert_allclose(shares, 0.25, atol=0.05)
+    # Presampled: 256,000 steps of one environment, the same band.
+    reset_keys, uniforms = env.presample(jax.random.key(9), n_envs * EPISODE)
+    assert reset_keys.shape[0] == uniforms.shape[0] == n_envs * EPISODE
+    new_target = np.asarray(uniforms[:, 0]) < 0.003
+    assert 575 <= int(new_target.sum()) <= 960  # p = 0.003: mean 768, +-7 sigma
+    levels = np.minimum((np.asarray(uniforms[:, 1]) * 4).astype(int), 3)
+    np.testing.assert_allclose(np.bincount(levels, minlength=4) / levels.size, 0.25, atol=0.005)
+    always = _held(params, 100.0, 110.0).replace(switch_probability=jnp.float32(1.0))
+    state, _ = env.reset_env(KEY, always)
+    after, _ = env.step_from_uniforms(jnp.array([0.5, 0.8]), state, jnp.ones(1), always)
+    assert float(after.target) == 140.0 and float(after.channel[0]) == 101.0
+
+
 def test_costs_separate_a_predictive_controller_from_random_gate_changes(pipe):
     """``flow_off_target`` is 1 while |outlet - target| > 30. A controller that predicts
     the gate flow (the outlet plus the 19 changes still in the channel) and moves at full

@@ -45,6 +45,7 @@ from neorl_industrial.core.environments.pipeline.params import (
     pipeline_params,
 )
 from neorl_industrial.core.safety import ConstraintSpec
+from neorl_industrial.core.utils import random as fast_random
 
 COST_NAMES = ("flow_off_target",)
 ACTION_NAMES = ("gate_change",)
@@ -52,6 +53,8 @@ ACTION_NAMES = ("gate_change",)
 DEFAULT_DELAY = 19
 #: past downstream flows and actions in an observation (the reference's 25 and 25)
 DEFAULT_HISTORY = 25
+#: uniforms a step draws: whether a new target is drawn, and which level
+N_UNIFORMS = 2
 #: the largest change of the gate flow per step
 MAX_GATE_CHANGE = 1.0
 #: NeoRL-2's normalization of episode returns (``neorl2/envs/info.py``): a score is
@@ -252,12 +255,26 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
     def step_env(
         self, key: jax.Array, state: PipelineState, action: jax.Array, params: PipelineParams
     ) -> tuple[PipelineState, TimeStep]:
-        switch_key, target_key = jax.random.split(key)
+        return self.step_from_uniforms(
+            fast_random.uniform(key, (N_UNIFORMS,)), state, action, params
+        )
+
+    def step_from_uniforms(
+        self,
+        uniforms: jax.Array,
+        state: PipelineState,
+        action: jax.Array,
+        params: PipelineParams,
+    ) -> tuple[PipelineState, TimeStep]:
+        """One step with its randomness given: ``uniforms[0]`` decides whether a new target
+        is drawn (below ``switch_probability``), ``uniforms[1]`` picks its level."""
         change, invalid = self.decode_action(action)
         # The reference updates the target before the flow: the reward of step k is
         # against the target observed with it.
-        switch = jax.random.uniform(switch_key) < params.switch_probability
-        target = jnp.where(switch, self.draw_target(target_key, params), state.target)
+        n_levels = params.target_levels.shape[0]
+        level = jnp.minimum((uniforms[1] * n_levels).astype(jnp.int32), n_levels - 1)
+        switch = uniforms[0] < params.switch_probability
+        target = jnp.where(switch, params.target_levels[level], state.target)
         gate = jnp.clip(state.channel[0] + change, 0.0, params.max_flow)
         state = PipelineState(
             channel=jnp.concatenate([gate[None], state.channel[:-1]]),
@@ -276,3 +293,28 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
             info=StepInfo(final_observation=observation, action_invalid=invalid),
         )
         return state, timestep
+
+    # ----- the randomness of many steps, or of a batch, drawn in one call ---------------
+    def presample(self, key: jax.Array, n_steps: int) -> tuple[jax.Array, jax.Array]:
+        uniform_key, reset_key = jax.random.split(key)
+        uniforms = fast_random.uniform(uniform_key, (n_steps, N_UNIFORMS))
+        return jax.random.split(reset_key, n_steps), uniforms
+
+    def step_presampled(
+        self,
+        sample: tuple[jax.Array, jax.Array],
+        state: PipelineState,
+        action: jax.Array,
+        params: PipelineParams,
+    ) -> tuple[PipelineState, TimeStep]:
+        reset_key, uniforms = sample
+        state, timestep = self.step_from_uniforms(uniforms, state, action, params)
+        return self.maybe_reset(reset_key, state, timestep, params)
+
+    def step_env_batch(
+        self, key: jax.Array, states: PipelineState, actions: jax.Array, params: PipelineParams
+    ) -> tuple[PipelineState, TimeStep]:
+        uniforms = fast_random.uniform(key, (actions.shape[0], N_UNIFORMS))
+        return jax.vmap(self.step_from_uniforms, in_axes=(0, 0, 0, None))(
+            uniforms, states, actions, params
+        )
