@@ -23,6 +23,19 @@ behaviour policies as the learning suite generates them):
    ``Agent.evaluate`` runs them, all candidates in one program); the behaviour's true
    return is the dataset's mean episode return.
 
+Study plants (``--datasets fired-heater ph-neutraliser gas-compressor``,
+:mod:`benchmarks.plants`): plants the product was not written for. Their operators'
+controller writes the historian log, which is imported with its schema (a dataset with no
+simulator behind it); the plant model, the candidates (:data:`PLANT_CANDIDATES`, the safe
+algorithms of the plant journey) and the verdict as above; the truth
+(:mod:`benchmarks.plants.truth`) runs every candidate, shield on, and the operators'
+controller closed loop in the plant's simulator: whole episodes (return and cost with 95 %
+intervals, the improvement paired episode by episode) and, from the verdict's own starts
+over its horizon with its discount, the true improvement the verdict's intervals are held
+against. Scored by the issue's targets: recommendations not truly better (the lower end of
+the true improvement's interval at or below 0) or over a limit, power where a candidate is
+clearly better, interval coverage, rank correlation.
+
 Reported per estimator and dataset: Spearman's rank correlation between estimated and
 true returns over the candidates, and regret@1 (the best true return minus that of the
 candidate the estimator ranks first) as a share of the true spread (best minus worst);
@@ -36,6 +49,8 @@ Usage (from the repository root)::
     nice -n 10 python -m benchmarks.verdict_study              # the suite, docs/verdict_study.md
     python -m benchmarks.verdict_study --quick --no-save       # a minutes-long smoke run
     python -m benchmarks.verdict_study --page-from RESULT.json # the page of a saved result
+    python -m benchmarks.verdict_study --datasets fired-heater ph-neutraliser gas-compressor
+    python -m benchmarks.verdict_study --page-from SUITE.json PLANTS.json  # side by side
 """
 
 from __future__ import annotations
@@ -923,6 +938,23 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
         f"up to {results.get('load_average', float('nan')):.1f} at the end of a run).",
         "",
     ]
+    for part in results.get("plant_parts", []):
+        own = part["config"]
+        lines += [
+            f"Study plants ({', '.join(own['datasets'])}; [benchmarks/plants]"
+            f"(../benchmarks/plants)), with their own settings: {own['plant_episodes']} "
+            f"episodes of the operators' log (data seed {own['data_seed']}), "
+            f"{own['holdout']:.0%} held out; candidates "
+            f"{', '.join(label for label, _, _ in PLANT_CANDIDATES)} x {own['seeds']} seeds, "
+            f"({', '.join(map(str, own['hidden']))}) networks, {own['updates']:,} updates; "
+            f"plant model at most {own['model_updates']:,} updates; verdict with "
+            f"{own['starts']} starts at most, horizon {own['horizon']}, FQE "
+            f"{own['fqe_updates']:,} updates x 2 seeds, {own['bootstrap']} bootstrap draws; "
+            f"truth {own['truth_episodes']} episodes per candidate and {own['replicates']} "
+            f"disturbance replicates per verdict start, shield on. Wall time "
+            f"{part['seconds'] / 60:.1f} min.",
+            "",
+        ]
     missing = [spec for spec in DATASETS if spec not in {row["dataset"] for row in rows}]
     if missing:
         lines += [
@@ -1115,7 +1147,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("-t", "--tag", default="untagged")
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument(
-        "--page-from", metavar="RESULT.json", help="rewrite the page of a saved result"
+        "--page-from",
+        nargs="+",
+        metavar="RESULT.json",
+        help="rewrite the page of a saved result (further results: study plants run with "
+        "their own settings, added beside it)",
     )
     parser.add_argument(
         "--merge",
@@ -1255,6 +1291,29 @@ def merge(paths: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     return config, results
 
 
+def beside(paths: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The first saved result with the study plants' rows of the others (run with their
+    own settings, which the page states apart); the summary over all rows.
+
+    Raises:
+        ValueError: for a further result with a row that is not a study plant's.
+    """
+    first = BenchmarkResult.load(paths[0])
+    config, results = dict(first.config), dict(first.results)
+    rows = list(results["datasets"])
+    parts = []
+    for path in paths[1:]:
+        other = BenchmarkResult.load(path)
+        own = other.results["datasets"]
+        suite = [row["dataset"] for row in own if not row.get("plant")]
+        if suite:
+            raise ValueError(f"{path}: {suite} are not study plants; merge them with --merge")
+        rows += own
+        parts.append({"config": other.config, "seconds": other.results["seconds"]})
+    results |= {"datasets": rows, "summary": summary(rows), "plant_parts": parts}
+    return config, results
+
+
 def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """The study with its default settings, for ``python -m benchmarks.run verdict_study``."""
     return run_study(parse_args(["--quick"] if quick else []))
@@ -1263,8 +1322,8 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.page_from:
-        saved = BenchmarkResult.load(args.page_from)
-        write_atomically(args.doc, page(saved.config, saved.results))
+        config, results = beside(args.page_from)
+        write_atomically(args.doc, page(config, results))
         print(f"Wrote {args.doc}")
         return 0
     started = utc_timestamp()

@@ -304,3 +304,38 @@ def test_the_plants_are_scored_against_the_issues_targets():
     assert "IQL-Lag b=1, seed 0: 2 [-1, 5]" in text and "1 of 2 / 2 of 2" in text
     assert "| fired-heater | 100 | 0.10 | - |" in text  # no simulator fidelity for a plant
     assert "IQL-Lag b=1, seed 0: -98 (-100; not truly better)" in text
+
+
+def test_study_plants_of_their_own_settings_go_beside_a_suite_result(tmp_path):
+    from benchmarks.harness import BenchmarkResult
+
+    def saved(rows, config, name):
+        results = {"datasets": rows, "summary": verdict_study.summary(rows), "seconds": 120.0}
+        return BenchmarkResult(
+            name=name,
+            description="",
+            tag="t",
+            timestamp="20260101T000000Z",
+            system={},
+            config=config,
+            results=results,
+        ).save(tmp_path)
+
+    args = verdict_study.parse_args(["--quick"])
+    config = {key: getattr(args, key) for key in verdict_study.CONFIG_KEYS}
+    suite_row = _plant_row(
+        "CSTR-v0:medium", [_plant_candidate("BC, seed 0", 1.0, 0.5, 0.1, (1, 1, 1))]
+    )
+    suite_row["plant"] = False
+    plant_row = _plant_row(
+        "gas-compressor", [_plant_candidate("BC-Safe, seed 0", 1.0, 0.5, 0.1, (1, 1, 1))]
+    )
+    suite = saved([suite_row], config, "suite")
+    plants = saved([plant_row], config | {"updates": 1234, "datasets": ["gas-compressor"]}, "p")
+    merged_config, results = verdict_study.beside([str(suite), str(plants)])
+    assert [row["dataset"] for row in results["datasets"]] == ["CSTR-v0:medium", "gas-compressor"]
+    assert results["summary"]["plants"]["datasets"] == ["gas-compressor"]
+    assert merged_config["updates"] == config["updates"]
+    assert results["plant_parts"][0]["config"]["updates"] == 1234
+    with pytest.raises(ValueError, match="are not study plants"):
+        verdict_study.beside([str(plants), str(suite)])
