@@ -113,6 +113,16 @@ def test_hyperparameters_outside_their_range_are_refused_by_name(name, values, m
     assert str(refused.value).startswith("algorithm.hyperparameters.")
 
 
+def test_a_value_yaml_reads_as_text_is_range_checked_once_it_is_a_number(tmp_path):
+    from neorl_industrial.wrappers.training.config import ConfigError, RunConfig
+
+    config = tmp_path / "run.yaml"
+    config.write_text("algorithm: {name: td3bc-lag}\n")
+    # YAML 1.1 reads 1e308 (no dot) as text; the type check makes it a number.
+    with pytest.raises(ConfigError, match=r"actor_lr: expected a learning rate in \(0, 1\]"):
+        RunConfig.from_files([config], ["algorithm.hyperparameters.actor_lr=1e308"])
+
+
 def test_a_grid_value_and_a_batch_size_outside_their_range_are_refused():
     with pytest.raises(SweepError, match=r"configuration 1 \{'alpha': 1e\+300\}: .*alpha"):
         plan_sweep("td3bc", {"alpha": [2.5, 1e300]}, obs_size=3, action_size=2)

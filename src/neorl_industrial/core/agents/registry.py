@@ -248,6 +248,7 @@ def validate_hyperparameters(
     # Nested settings (a PID's gains) are merged over the algorithm's own defaults, so
     # ``pid: {kp: 0.1}`` changes one gain and keeps the others.
     values = _merge(entry.defaults(), values, "algorithm.hyperparameters")
+    # Before the config's own checks, so that every refusal states the allowed range.
     check_ranges(values, "algorithm.hyperparameters")
     try:
         # Types checked by pydantic against the dataclass's annotations.
@@ -268,6 +269,9 @@ def validate_hyperparameters(
         # A NaN learning rate or α trains silently into NaN parameters; no algorithm
         # reads infinity as a setting either.
         raise HyperparameterError(f"{found[0]}: expected a finite number, got {found[1]}")
+    # Again on the coerced values: YAML reads ``1e308`` (no dot) as text, which the
+    # first check cannot compare and the type check turns into a number.
+    check_ranges(dataclasses.asdict(config), "algorithm.hyperparameters")
     return config
 
 
