@@ -22,6 +22,7 @@ from neorl_industrial.core.agents.networks import (
     WeightInitConfig,
     check_network,
     check_positive,
+    deterministic_act,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
 from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
@@ -102,13 +103,4 @@ def make_bc(config: BCConfig, obs_size: int, action_size: int) -> Algorithm:
         )
         return state, {"bc_loss": loss}
 
-    def act(
-        policy_params: PolicyParams,
-        observation: jax.Array,
-        key: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
-        del key, deterministic  # the policy is deterministic
-        return policy_action(policy_params.actor, policy_params.normalizer(observation))
-
-    return Algorithm(init=init, update=update, act=act)
+    return Algorithm(init=init, update=update, act=deterministic_act(policy_action))

@@ -11,7 +11,8 @@ weight 1, a double-DQN target from a Polyak-averaged target network (tau 0.005).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -92,25 +93,58 @@ def _as_index(actions: jax.Array) -> jax.Array:
     return jnp.reshape(actions, (actions.shape[0],)).astype(jnp.int32)
 
 
+class ScoreModel(NamedTuple):
+    """What both discrete agents are built on: a network of one score per action index
+    (logits or Q-values) and its optimizer.
+
+    Attributes:
+        network: the scores' network.
+        optimizer: Adam at the config's learning rate.
+        init_policy: ``init_policy(key) -> PolicyParams``: fresh scores and the config's
+            observation normalizer.
+        act: the agents' ``act``: the action of the highest score, or one drawn with
+            probabilities ``softmax(scores)``.
+    """
+
+    network: MLP
+    optimizer: optax.GradientTransformation
+    init_policy: Callable[[jax.Array], PolicyParams]
+    act: Callable[..., jax.Array]
+
+
+def make_score_model(
+    config: DiscreteBCConfig | DiscreteCQLConfig, obs_size: int, num_actions: int
+) -> ScoreModel:
+    """The :class:`ScoreModel` of ``config`` for ``num_actions`` action indices."""
+    _check_num_actions(num_actions)
+    network = MLP(hidden=config.hidden, output_size=num_actions, weight_init=config.weight_init)
+
+    def init_policy(key: jax.Array) -> PolicyParams:
+        params = network.init(key, jnp.zeros((obs_size,), jnp.float32))
+        normalizer = ObservationNormalizer.from_config(config, obs_size)
+        return PolicyParams(actor=params, normalizer=normalizer)
+
+    def act(
+        policy_params: PolicyParams,
+        observation: jax.Array,
+        key: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        scores = network.apply(policy_params.actor, policy_params.normalizer(observation))
+        return pick_action(scores, key, deterministic)
+
+    return ScoreModel(network, make_optimizer(config.learning_rate), init_policy, act)
+
+
 def make_discrete_bc(config: DiscreteBCConfig, obs_size: int, num_actions: int) -> Algorithm:
     """Discrete behaviour cloning as ``Algorithm(init, update, act)``; ``act`` returns the
     most likely action index (or a sample from the softmax when not deterministic)."""
-    _check_num_actions(num_actions)
-    network = MLP(
-        hidden=config.hidden,
-        output_size=num_actions,
-        weight_init=config.weight_init,
-    )
-    optimizer = make_optimizer(config.learning_rate)
+    network, optimizer, init_policy, act = make_score_model(config, obs_size, num_actions)
 
     def init(key: jax.Array) -> DiscreteBCState:
-        actor = network.init(key, jnp.zeros((obs_size,), jnp.float32))
+        policy = init_policy(key)
         return DiscreteBCState(
-            policy=PolicyParams(
-                actor=actor, normalizer=ObservationNormalizer.from_config(config, obs_size)
-            ),
-            opt_state=optimizer.init(actor),
-            step=jnp.zeros((), jnp.int32),
+            policy=policy, opt_state=optimizer.init(policy.actor), step=jnp.zeros((), jnp.int32)
         )
 
     def update(state: DiscreteBCState, batch: Any, key: jax.Array):
@@ -131,15 +165,6 @@ def make_discrete_bc(config: DiscreteBCConfig, obs_size: int, num_actions: int) 
             policy=state.policy.replace(actor=actor), opt_state=opt_state, step=state.step + 1
         )
         return new_state, {"bc_loss": loss, "accuracy": accuracy}
-
-    def act(
-        policy_params: PolicyParams,
-        observation: jax.Array,
-        key: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
-        logits = network.apply(policy_params.actor, policy_params.normalizer(observation))
-        return pick_action(logits, key, deterministic)
 
     return Algorithm(init=init, update=update, act=act)
 
@@ -221,22 +246,14 @@ def discrete_cql_loss(
 def make_discrete_cql(config: DiscreteCQLConfig, obs_size: int, num_actions: int) -> Algorithm:
     """Discrete CQL as ``Algorithm(init, update, act)``; ``act`` is greedy in Q (or samples
     from ``softmax(Q)`` when not deterministic)."""
-    _check_num_actions(num_actions)
-    network = MLP(
-        hidden=config.hidden,
-        output_size=num_actions,
-        weight_init=config.weight_init,
-    )
-    optimizer = make_optimizer(config.learning_rate)
+    network, optimizer, init_policy, act = make_score_model(config, obs_size, num_actions)
 
     def init(key: jax.Array) -> DiscreteCQLState:
-        q_params = network.init(key, jnp.zeros((obs_size,), jnp.float32))
+        policy = init_policy(key)
         return DiscreteCQLState(
-            policy=PolicyParams(
-                actor=q_params, normalizer=ObservationNormalizer.from_config(config, obs_size)
-            ),
-            target=q_params,
-            opt_state=optimizer.init(q_params),
+            policy=policy,
+            target=policy.actor,
+            opt_state=optimizer.init(policy.actor),
             step=jnp.zeros((), jnp.int32),
         )
 
@@ -280,14 +297,5 @@ def make_discrete_cql(config: DiscreteCQLConfig, obs_size: int, num_actions: int
             "td_error": jnp.mean(jnp.abs(q_data - targets)),
         }
         return new_state, metrics
-
-    def act(
-        policy_params: PolicyParams,
-        observation: jax.Array,
-        key: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
-        q = network.apply(policy_params.actor, policy_params.normalizer(observation))
-        return pick_action(q, key, deterministic)
 
     return Algorithm(init=init, update=update, act=act)

@@ -533,6 +533,23 @@ class PolicyParams:
     normalizer: ObservationNormalizer
 
 
+def deterministic_act(action: Callable[[Params, jax.Array], jax.Array]) -> Callable[..., jax.Array]:
+    """The ``act(policy_params, observation, key=None, deterministic=True)`` of a
+    deterministic policy ``action(actor_params, normalized_observations)``: the key and
+    ``deterministic`` change nothing."""
+
+    def act(
+        policy_params: PolicyParams,
+        observation: jax.Array,
+        key: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        del key, deterministic  # the policy is deterministic
+        return action(policy_params.actor, policy_params.normalizer(observation))
+
+    return act
+
+
 def polyak_average(online: Params, target: Params, tau: float) -> Params:
     """Moves ``target`` a fraction ``tau`` of the way towards ``online``."""
     return jax.tree.map(lambda o, t: t + tau * (o - t), online, target)

@@ -40,6 +40,7 @@ from neorl_industrial.core.agents.networks import (
     check_network,
     check_positive,
     check_tau,
+    deterministic_act,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
@@ -349,13 +350,4 @@ def make_td3bc(config: TD3BCConfig, obs_size: int, action_size: int) -> Algorith
         new_state = apply_policy_step(state, step)
         return new_state, {"critic_loss": c_loss, "actor_loss": step.loss, "q_mean": jnp.mean(q)}
 
-    def act(
-        policy_params: PolicyParams,
-        observation: jax.Array,
-        key: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
-        del key, deterministic  # the policy is deterministic
-        return networks.act(policy_params.actor, policy_params.normalizer(observation))
-
-    return Algorithm(init=init, update=update, act=act)
+    return Algorithm(init=init, update=update, act=deterministic_act(networks.act))

@@ -3,6 +3,7 @@ the one gradient step they all take."""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -14,28 +15,28 @@ __all__ = ["apply_gradients", "make_optimizer"]
 
 def make_optimizer(
     learning_rate: float | jax.Array,
-    max_grad_norm: float | None = None,
-    weight_decay: float = 0.0,
+    max_grad_norm: float | jax.Array | None = None,
+    weight_decay: float | jax.Array = 0.0,
 ) -> optax.GradientTransformation:
     """Adam at ``learning_rate``, after clipping the gradient's global norm to
-    ``max_grad_norm`` (None: no clipping), with decoupled ``weight_decay`` (AdamW) when it
-    is not 0.
+    ``max_grad_norm`` (None: no clipping), with decoupled ``weight_decay`` (AdamW) unless it
+    is the number 0.
 
-    ``learning_rate`` may be traced (a swept field); ``max_grad_norm`` and ``weight_decay``
-    choose the chain's shape and are Python numbers.
+    Every setting may be traced (a swept field, ADR-0009); numbers are checked here.
 
     Raises:
         ValueError: for a ``max_grad_norm`` that is not positive or a negative
             ``weight_decay``.
     """
-    if max_grad_norm is not None and not max_grad_norm > 0.0:
+    if isinstance(max_grad_norm, numbers.Real) and not max_grad_norm > 0.0:
         raise ValueError(f"max_grad_norm: must be positive or None, got {max_grad_norm}")
-    if not weight_decay >= 0.0:
+    concrete_decay = isinstance(weight_decay, numbers.Real)
+    if concrete_decay and not weight_decay >= 0.0:
         raise ValueError(f"weight_decay: must be >= 0, got {weight_decay}")
-    if weight_decay:
-        optimizer = optax.adamw(learning_rate, weight_decay=weight_decay)
-    else:
+    if concrete_decay and weight_decay == 0.0:
         optimizer = optax.adam(learning_rate)
+    else:
+        optimizer = optax.adamw(learning_rate, weight_decay=weight_decay)
     if max_grad_norm is None:
         return optimizer
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), optimizer)
