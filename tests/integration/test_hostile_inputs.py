@@ -326,3 +326,22 @@ def test_audit_verify_names_a_nested_line_and_a_since_file_beyond_the_log(tmp_pa
     line = refusal(capsys, ["--no-cache", "audit", "verify", str(log), "--since-file", "99"])
     assert "since_file 99: the log holds files 0 to 0, none from file 99 on" in line
     assert "None" not in line
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("NEORL_SERVE_HEADER_TIMEOUT_S", "1e308", "header_timeout_s: Input should be less than"),
+        ("NEORL_SERVE_BODY_TIMEOUT_S", "inf", "body_timeout_s: Input should be less than"),
+        ("NEORL_SERVE_KEEP_ALIVE_S", "1e308", "keep_alive_s: Input should be less than"),
+        ("NEORL_SERVE_AUDIT_WINDOW_S", "1e308", "audit_window_s: Input should be less than"),
+        ("NEORL_SERVE_MAX_BODY_BYTES", "1099511627776", "max_body_bytes: Input should be less"),
+        ("NEORL_SERVE_MAX_CONNECTIONS", "10000000", "max_connections: Input should be less"),
+    ],
+)
+def test_a_server_setting_cannot_switch_a_limit_off(tmp_path, capsys, monkeypatch, variable,
+                                                    value, named):  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # no .env of the working directory
+    monkeypatch.setenv(variable, value)
+    line = refusal(capsys, ["--no-cache", "serve", "--model", "x", "--no-auth"])
+    assert line.startswith("error: settings (NEORL_SERVE_*, flags): ") and named in line, line

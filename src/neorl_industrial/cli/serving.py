@@ -37,7 +37,7 @@ def command_serve(args: argparse.Namespace) -> int:
     if args.allow_unsigned:
         overrides["allow_unsigned"] = True
     _log_to_stderr(args.log_level)
-    settings = ServerSettings(tune_gc=True, **overrides)
+    settings = _settings(ServerSettings, overrides)
     settings.keys()  # API keys first: the cheapest refusal
     if not settings.model:
         raise ValueError("model: no policy to serve; pass --model or set NEORL_SERVE_MODEL")
@@ -83,6 +83,22 @@ def _load_and_serve(args: argparse.Namespace, settings: ServerSettings, trust: A
     uvicorn.run(app, **uvicorn_options(settings), host=args.host, port=args.port,
                 log_level=args.log_level, access_log=False)  # fmt: skip
     return 0
+
+
+def _settings(settings_class: type[ServerSettings], overrides: dict[str, Any]) -> Any:
+    """The server's settings from flags, environment and ``.env``; a wrong one is one
+    line naming the setting and its allowed range (pydantic's own message takes three
+    lines per error)."""
+    from pydantic import ValidationError
+
+    from neorl_industrial.core.utils.messages import validation_lines
+    from neorl_industrial.integration.deployment.settings import SettingsError
+
+    try:
+        return settings_class(tune_gc=True, **overrides)
+    except ValidationError as error:
+        lines = validation_lines(error, settings_class, "settings (NEORL_SERVE_*, flags)")
+        raise SettingsError("; ".join(lines)) from None
 
 
 def _log_to_stderr(level: str) -> None:

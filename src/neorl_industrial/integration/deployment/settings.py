@@ -102,12 +102,12 @@ class ServerSettings(BaseSettings):
     #: Batch sizes compiled at start; requests are padded up to the next one.
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     #: Most observations in one ``/v1/act/batch`` request.
-    max_batch: int = Field(default=256, ge=1)
+    max_batch: int = Field(default=256, ge=1, le=65_536)
     #: How long the micro-batcher waits for requests still being read once one is ready
     #: (ms); a request that is alone never waits.
     max_wait_ms: float = Field(default=1.0, ge=0.0, le=100.0)
     #: Largest request body in bytes.
-    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, le=256 * 1024 * 1024)
     #: Origins allowed by CORS; empty: CORS off.
     cors_origins: list[str] = Field(default_factory=list)
     #: The audit log of overrides (JSON Lines); None: no audit log.
@@ -115,36 +115,36 @@ class ServerSettings(BaseSettings):
     #: fsync the audit log after every write.
     audit_fsync: bool = False
     #: Rotate the audit log before it passes this many bytes (0: never).
-    audit_max_bytes: int = Field(default=100 * 1024 * 1024, ge=0)
+    audit_max_bytes: int = Field(default=100 * 1024 * 1024, ge=0, le=1 << 40)
     #: Rotated audit files kept (audit.jsonl.1 .. .N; older ones move to
     #: audit.jsonl.archive/, never deleted); 0: never rotate.
     audit_backups: int = Field(default=10, ge=0)
     #: Overrides of one key with the same constraints and shield flags within this many
     #: seconds are one full record and one aggregate record (count, times, digest of the
     #: rows); 0: every override in full.
-    audit_window_s: float = Field(default=10.0, ge=0.0)
+    audit_window_s: float = Field(default=10.0, ge=0.0, le=3600.0)
     #: Full audit records per API key per second (burst: ten seconds' worth); past it,
     #: overrides are counted in aggregate records. 0: no limit (needs audit_window_s).
-    audit_key_rate: float = Field(default=10.0, ge=0.0)
+    audit_key_rate: float = Field(default=10.0, ge=0.0, le=1e6)
     #: Seconds a client has to send its request line and headers (``serve``).
-    header_timeout_s: float = Field(default=10.0, gt=0.0)
+    header_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
     #: Seconds a client has to send a request's body once its headers are in, plus one
     #: second per ``body_min_rate`` bytes received (``serve``); then 408 and closed.
-    body_timeout_s: float = Field(default=10.0, gt=0.0)
+    body_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
     #: Bytes per second a body must keep up, on average, past ``body_timeout_s`` (0: the
     #: body deadline is fixed) (``serve``).
-    body_min_rate: float = Field(default=1024.0, ge=0.0)
+    body_min_rate: float = Field(default=1024.0, ge=0.0, le=1e9)
     #: Seconds an idle keep-alive connection stays open (``serve``). Longer than clients
     #: keep theirs (httpx 5 s, aiohttp 15 s, proxies and load balancers 60 s): a server
     #: that closes an idle connection first races the client's next request on it, which
     #: then fails with a read error (idle connections are shed first at the cap anyway).
-    keep_alive_s: float = Field(default=75.0, gt=0.0)
+    keep_alive_s: float = Field(default=75.0, gt=0.0, le=3600.0)
     #: Most open connections (``serve``): past it, the slowest reader is shed; a 503 only
     #: when every connection is answering a request (``/healthz``, ``/readyz`` never). An
     #: open connection costs ~4 KiB, so the cap is set well above what slow clients open.
-    max_connections: int = Field(default=1024, ge=1)
+    max_connections: int = Field(default=1024, ge=1, le=65_536)
     #: Largest request line plus headers in bytes (``serve``).
-    max_header_bytes: int = Field(default=16 * 1024, ge=1024)
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
     #: Once the policy is compiled, move everything alive to the garbage collector's
     #: permanent generation and collect less often: without it, full collections over
     #: JAX's objects put ~100 ms pauses into the latency tail. Process-wide, so the
