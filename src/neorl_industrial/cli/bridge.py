@@ -125,6 +125,14 @@ def command_bridge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (none) to 65535."""
+    port = non_negative_int(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 0 to 65535, got {port}")
+    return port
+
+
 def _tolerance(text: str) -> tuple[str, float]:
     name, sep, value = text.partition("=")
     try:
@@ -285,7 +293,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     bridge.add_argument("--tracking-uri", help="the MLflow store of models:/ URIs")
     bridge.add_argument(
         "--metrics-port",
-        type=non_negative_int,
+        type=_port,
         default=0,
         help="serve Prometheus metrics on this port (0: none)",
     )

@@ -386,6 +386,9 @@ def test_the_report_counts_which_constraints_the_shield_would_override(tmp_path)
     # Tick 4 pairs with the faulty tick 5: its valve reading is unknown, its pump is not.
     assert [a.pairs for a in report.actions] == [3, 4]
     assert report.actions[0].mean == pytest.approx(-2.0)
+    # A tolerance that would count every pair as agreeing is refused, with the range.
+    with pytest.raises(ValueError, match=r"tolerance valve_pct=1e\+308: .* \[0, 100\]"):
+        build_report(tmp_path / "log.jsonl", {"valve_pct": 1e308})
 
 
 def test_the_report_is_logged_on_the_registered_version(shadow_run, root, tmp_path):
