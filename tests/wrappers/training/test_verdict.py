@@ -132,7 +132,7 @@ def plant(tmp_path_factory):
 
 
 def verdict_of(plant, params=CANDIDATES, names=NAMES, limits=(5.0, np.inf), **settings):
-    settings = {"fqe": False, "horizon": 40, "bootstrap": 500} | settings
+    settings = {"fqe": False, "horizon": 40, "bootstrap": 500, "bc_updates": 500} | settings
     return model_verdict(
         act=act,
         policy_params=params,
@@ -323,7 +323,7 @@ def test_a_model_that_does_not_reproduce_todays_operation_carries_no_recommendat
         "Keep the current operation: the plant model does not reproduce today's operation "
         f"(estimated {calibration.estimated.value:.4g}, logged {calibration.logged.value:.4g})"
     )
-    assert all(calibration.reason in c["reasons"] for c in verdict.candidates)
+    assert all(f"calibration: {calibration.reason}" in c["reasons"] for c in verdict.candidates)
 
 
 def test_bad_settings_and_candidates_are_refused(plant):
@@ -344,7 +344,7 @@ def test_starts_from_too_few_episodes_carry_no_recommendation(plant):
         scaler=plant["scaler"],
         cost_limits=(5.0, np.inf),
         cost_names=plant["task"].cost_names,
-        settings=VerdictSettings(fqe=False, horizon=40, bootstrap=200),
+        settings=VerdictSettings(fqe=False, horizon=40, bootstrap=200, bc_updates=500),
     )
     assert verdict.decision == KEEP and verdict.calibration.status == "too small"
     controller = next(c for c in verdict.candidates if c["name"] == "controller")
@@ -352,4 +352,5 @@ def test_starts_from_too_few_episodes_carry_no_recommendation(plant):
         f"the held-out part is too small for the calibration check: {few.n_transitions} "
         "transitions in 2 episode(s), at least 3 episodes needed"
     )
-    assert said in controller["reasons"][0] and said in verdict.statement
+    assert controller["reasons"][0] == f"calibration: {said} (hold out more episodes, or log more)"
+    assert said in verdict.statement

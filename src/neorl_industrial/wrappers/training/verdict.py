@@ -285,8 +285,9 @@ class Calibration:
         error: the model's error, estimated minus logged, paired by start (interval).
         tolerance: the size within which an error passes (a share of the logged return's
             size, in its units).
-        model_error: the largest error the interval allows (``max(|lower|, |upper|)``):
-            every improvement interval is widened by it on both sides.
+        model_error: the largest error the interval allows (``max(|lower|, |upper|)``);
+            every improvement interval is widened on both sides by the same share of the
+            candidate's and the operators' estimated returns (:meth:`allowance`).
         costs: per limited channel: ``{channel, estimated, logged, error, passed}`` per
             episode in units of its limit.
         episodes, transitions: the held-out part the check rests on.
@@ -295,6 +296,7 @@ class Calibration:
         closing_error: ``model+fqe``'s own error on today's operation (its estimate of
             the clone minus the logged return; None without FQE); ``closing_passed``:
             within the tolerance, else ``model+fqe`` is shown and does not decide.
+        size: the logged discounted return's mean size over the starts (``mean |G|``).
     """
 
     status: str
@@ -310,6 +312,25 @@ class Calibration:
     reason: str | None = None
     closing_error: Interval | None = None
     closing_passed: bool | None = None
+    size: float = 1.0
+
+    @staticmethod
+    def error_size(error: Interval) -> float:
+        """The largest error an interval allows: ``max(|lower|, |upper|)``."""
+        return max(abs(error.lower), abs(error.upper))
+
+    @property
+    def model_error_share(self) -> float:
+        """:attr:`model_error` as a share of the logged return's size."""
+        return self.model_error / max(self.size, 1e-12)
+
+    def allowance(self, candidate: np.ndarray, operators: np.ndarray) -> float:
+        """How far an improvement interval is widened on each side: a model that misses
+        the operators by a share ``δ`` of their return may miss the candidate's estimate
+        and the operators' by ``δ`` of each, in opposite directions: ``δ (|candidate| +
+        |operators|)`` (mean sizes of the model's estimates), at least :attr:`model_error`."""
+        size = float(np.mean(np.abs(candidate))) + float(np.mean(np.abs(operators)))
+        return max(self.model_error, self.model_error_share * size)
 
     def sentence(self) -> str:
         """The check in one sentence, with its numbers."""
@@ -721,7 +742,7 @@ def model_verdict(
                 settings,
                 boot_seed,
             ),
-            calibration.model_error,
+            calibration.allowance(sums.discounted_return, baseline.discounted_return),
         )
         steps_total = np.maximum(sums.steps.sum(axis=(-2, -1)), 1.0)
         return EstimatorResult(
@@ -784,7 +805,7 @@ def model_verdict(
             candidates=candidates,
             baseline=baseline,
             clone=clone,
-            model_error=calibration.model_error,
+            calibration=calibration,
             logged_discounted=logged_discounted,
             closing_error=closing_error,
             start_episodes=start_episodes,
@@ -816,7 +837,7 @@ def model_verdict(
     for p, name in enumerate(names):
         reasons = []
         if calibration.status != "passed":
-            reasons.append(calibration.reason)
+            reasons.append(f"calibration: {calibration.reason}")
         for result in results[p]:
             if result.estimator not in deciding:
                 continue
@@ -1038,7 +1059,8 @@ def _calibration(
         logged=logged,
         error=error,
         tolerance=tolerance,
-        model_error=max(abs(error.lower), abs(error.upper)),
+        model_error=Calibration.error_size(error),
+        size=size,
         costs=tuple(costs),
         episodes=episodes,
         transitions=int(heldout.n_transitions),
@@ -1118,7 +1140,7 @@ def _fqe_estimators(
     candidates: RolloutSums,
     baseline: RolloutSums,
     clone: _Clone,
-    model_error: float,
+    calibration: Calibration,
     logged_discounted: np.ndarray,
     closing_error: list[Interval],
     start_episodes: np.ndarray,
@@ -1192,7 +1214,8 @@ def _fqe_estimators(
     # is widened by the larger of the two.
     unpenalised, _ = head(jax.tree.map(lambda x: x[None], baseline), clone_closing[None], 0.0)
     error = interval(unpenalised[0] - logged_discounted[None], seed)
-    combined_error = max(model_error, abs(error.lower), abs(error.upper))
+    own_error = Calibration.error_size(error)
+    share = max(calibration.model_error_share, own_error / calibration.size)
     closing_error.append(error)
 
     for p in range(n_policies):
@@ -1222,7 +1245,14 @@ def _fqe_estimators(
             estimator="model+fqe",
             discounted_return=interval(combined, seed + p),
             episode_return=None,
-            improvement=_widened(between, combined_error),
+            improvement=_widened(
+                between,
+                max(
+                    calibration.model_error,
+                    own_error,
+                    share * (float(np.mean(np.abs(plain))) + float(np.mean(np.abs(logged_plain)))),
+                ),
+            ),
             penalty=float(np.mean(penalty * reward_spread * own.head_uncertainty)),
             costs=costs_of(combined_costs, seed + p),
         )
