@@ -58,16 +58,15 @@ error.
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import Table, progress, rate, ratio, time_best
+from benchmarks.harness import Table, format_number, progress, rate, ratio, time_best
 from benchmarks.harness import evaluate_targets as harness_evaluate_targets
+from benchmarks.peers import process_pairs
 
 NAME = "env_throughput"
 DESCRIPTION = "Environment steps/s: reference Python IB vs JAX scan, vmap batches, Gymnasium"
@@ -80,6 +79,9 @@ HISTORY_ID = "IB-v0"
 COMPILE_N_ENVS = 1000
 #: Number of environments of the Gymnasium ``VectorEnv``.
 VECTOR_NUM_ENVS = 1024
+#: Batch sizes of the process tasks timed against their references (one environment under
+#: ``lax.scan`` besides).
+PAIR_BATCH_SIZES = (64, 4096)
 
 #: Goals recorded with each run: name -> (comparison, threshold, what is compared).
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -94,7 +96,23 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "process_batched_min_ratio": (
         ">=",
         1000.0,
-        "best batched steps/s / pc-gym single-env steps/s, worst pc-gym task",
+        "median over alternated rounds of CPU-time steps/s at 4096 environments / the "
+        "reference's single env, worst process task with a reference",
+    ),
+    "four_tank_4096_ratio": (
+        ">=",
+        1000.0,
+        "FourTank-v0 at 4096 environments / pc-gym (CPU time, median of alternated rounds)",
+    ),
+    "pipeline_4096_ratio": (
+        ">=",
+        1000.0,
+        "Pipeline-v0 at 4096 environments / NeoRL-2 (CPU time, median of alternated rounds)",
+    ),
+    "pipeline_single_ratio": (
+        ">=",
+        20.0,
+        "Pipeline-v0, one env under lax.scan / NeoRL-2 (CPU time, median of alternated rounds)",
     ),
     "step_batch_compile_s": (
         "<",
@@ -117,7 +135,8 @@ class Settings:
     process_ids: tuple[str, ...]
     gym_steps: int
     vector_steps: int
-    pcgym_steps: int
+    rounds: int
+    pair_batch_sizes: tuple[int, ...]
 
     def batched_steps(self, n_envs: int) -> int:
         """Steps per rollout call at ``n_envs``: about 0.3-1 s of work per call."""
@@ -139,7 +158,8 @@ def settings(quick: bool) -> Settings:
             process_ids=process_env_ids(),
             gym_steps=300,
             vector_steps=20,
-            pcgym_steps=60,
+            rounds=3,
+            pair_batch_sizes=PAIR_BATCH_SIZES,
         )
     return Settings(
         quick=False,
@@ -151,7 +171,8 @@ def settings(quick: bool) -> Settings:
         process_ids=process_env_ids(),
         gym_steps=3000,
         vector_steps=200,
-        pcgym_steps=600,
+        rounds=5,
+        pair_batch_sizes=PAIR_BATCH_SIZES,
     )
 
 
@@ -187,13 +208,6 @@ def measure_reference(n_steps: int, repeats: int) -> dict[str, Any]:
     }
 
 
-#: pc-gym's model behind each task ported from it
-PCGYM_MODELS = {"CSTR-v0": "cstr", "FourTank-v0": "four_tank"}
-#: pc-gym's integration methods: its default first (the ratio's reference)
-PCGYM_METHODS = ("casadi", "jax")
-REFERENCE_PYTHON = Path(__file__).resolve().parents[1] / ".venv-reference" / "bin" / "python"
-
-
 def process_env_ids() -> tuple[str, ...]:
     """The registered process tasks (every task but the Industrial Benchmark's ids), in
     registration order."""
@@ -204,28 +218,6 @@ def process_env_ids() -> tuple[str, ...]:
         for env_id, spec in registered_envs().items()
         if spec.factory is not IndustrialBenchmark
     )
-
-
-def measure_pcgym(model: str, n_steps: int, repeats: int, method: str) -> dict[str, Any]:
-    """pc-gym's single-environment steps/s (``benchmarks/pcgym_reference.py`` in a child
-    process that inherits this one's pinning), or an ``error`` entry without pc-gym."""
-    if not REFERENCE_PYTHON.exists():
-        return {
-            "error": "pc-gym not available: run `make reference-env`",
-            "steps_per_s": None,
-        }
-    script = Path(__file__).resolve().parent / "pcgym_reference.py"
-    done = subprocess.run(
-        [str(REFERENCE_PYTHON), str(script), model, str(n_steps), str(repeats), method],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"pc-gym {model} ({method}) failed: {tail[0]}", "steps_per_s": None}
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _batched_row(
@@ -247,36 +239,35 @@ def _batched_row(
     }
 
 
-def measure_process_tasks(cfg: Settings, key: Any) -> dict[str, Any]:
-    """Batched steps/s of every process task at each batch size, with pc-gym's
-    single-environment steps/s beside the tasks ported from it."""
-
+def measure_process_tasks(cfg: Settings) -> dict[str, Any]:
+    """Every process task with a reference against it, alternated in rounds
+    (:mod:`benchmarks.peers.process_pairs`): the trajectory check first, then steps/s and
+    ratios per round; tasks without a reference are listed as such."""
+    worker, why = process_pairs.open_reference()
     tasks: dict[str, Any] = {}
-    for env_id in cfg.process_ids:
-        references: dict[str, Any] = {}
-        model = PCGYM_MODELS.get(env_id)
-        if model is not None:
-            for method in PCGYM_METHODS:
-                progress(f"pc-gym {model} ({method}), {cfg.pcgym_steps} steps")
-                references[method] = measure_pcgym(model, cfg.pcgym_steps, cfg.repeats, method)
-        reference_rate = references.get(PCGYM_METHODS[0], {}).get("steps_per_s")
-        rows = []
-        for n_envs in cfg.batch_sizes:
-            n_steps = cfg.batched_steps(n_envs)
-            progress(f"{env_id} rollout, n_envs={n_envs}, {n_steps} steps")
-            executable, compile_s = _compile(_batched_fn(env_id, n_envs, n_steps), key)
-            rows.append(
-                _batched_row(executable, key, cfg.repeats, n_envs, n_steps, reference_rate)
-                | {"compile_s": compile_s}
+    try:
+        for env_id in cfg.process_ids:
+            pair = process_pairs.PAIRS.get(env_id)
+            if pair is None:
+                tasks[env_id] = {"reference": None}
+                continue
+            if worker is None:
+                tasks[env_id] = {"reference": pair.source, "error": why}
+                continue
+            progress(f"{env_id} against {pair.source}: check, then {cfg.rounds} rounds")
+            tasks[env_id] = process_pairs.measure_pair(
+                pair,
+                worker,
+                cfg.rounds,
+                cfg.pair_batch_sizes,
+                cfg.batched_steps,
+                _scan_fn,
+                _batched_fn,
+                cfg.quick,
             )
-        best_row = max(rows, key=lambda row: row["steps_per_s"] or 0.0)
-        tasks[env_id] = {
-            "reference": {"pcgym_model": model, **references} if model else None,
-            "batched": rows,
-            "best_steps_per_s": best_row["steps_per_s"],
-            "best_n_envs": best_row["n_envs"],
-            "best_ratio": best_row["ratio"],
-        }
+    finally:
+        if worker is not None:
+            worker.close()
     return tasks
 
 
@@ -326,7 +317,6 @@ def measure_compile_fresh(
     """Compile seconds of ``program`` ("step_batch" or "rollout") in fresh processes on all
     CPUs: cold (best of ``repeats`` processes, no cache) and with a warm persistent cache."""
     import os
-    import subprocess
     import tempfile
 
     def child(cache_dir: str) -> float:
@@ -489,8 +479,16 @@ def evaluate_targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "compile_s": summary.get("compile_s"),
         "step_batch_compile_s": summary.get("step_batch_compile_s"),
         "process_batched_min_ratio": summary.get("process_batched_min_ratio"),
+        "four_tank_4096_ratio": _pair_ratio(summary, "FourTank-v0", "x4096"),
+        "pipeline_4096_ratio": _pair_ratio(summary, "Pipeline-v0", "x4096"),
+        "pipeline_single_ratio": _pair_ratio(summary, "Pipeline-v0", "single"),
     }
     return harness_evaluate_targets(values, TARGETS)
+
+
+def _pair_ratio(summary: dict[str, Any], env_id: str, contender: str) -> float | None:
+    """The median CPU-time ratio of ``contender`` in ``env_id``'s alternated rounds."""
+    return summary.get("process_ratios", {}).get(env_id, {}).get(contender)
 
 
 def _summarise(results: dict[str, Any]) -> dict[str, Any]:
@@ -507,12 +505,18 @@ def _summarise(results: dict[str, Any]) -> dict[str, Any]:
         if entry["program"] == "step_batch"
     ]
     scan = results["scan_single"].get(CLASSIC_ID, {})
-    pcgym_ratios = {
-        env_id: task["best_ratio"]
+    # Per process task with a reference: the median CPU-time ratio of each contender.
+    process_ratios = {
+        env_id: {
+            name: entry["ratio_cpu"]["median"]
+            for name, entry in task.get("summary", {}).items()
+            if name != "reference"
+        }
         for env_id, task in results.get("process", {}).items()
-        if env_id in PCGYM_MODELS
+        if task.get("reference")
     }
-    measured = [value for value in pcgym_ratios.values() if value is not None]
+    largest = f"x{max(PAIR_BATCH_SIZES)}"
+    batched = [ratios.get(largest) for ratios in process_ratios.values()]
     return {
         "reference_steps_per_s": results["reference"].get("steps_per_s"),
         "scan_single_steps_per_s": scan.get("steps_per_s"),
@@ -527,11 +531,9 @@ def _summarise(results: dict[str, Any]) -> dict[str, Any]:
         "gymnasium_ratio": results["gymnasium"].get("ratio"),
         "vector_env_steps_per_s": results["vector_env"].get("steps_per_s"),
         "vector_env_ratio": results["vector_env"].get("ratio"),
-        "process_best_ratio": pcgym_ratios,
-        # None when a pc-gym task has no measured reference: a target not measured
-        "process_batched_min_ratio": (
-            min(measured) if measured and len(measured) == len(pcgym_ratios) else None
-        ),
+        "process_ratios": process_ratios,
+        # None when a task with a reference was not measured: a target not measured
+        "process_batched_min_ratio": (min(batched) if batched and None not in batched else None),
     }
 
 
@@ -653,7 +655,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         "gymnasium": gym,
         "vector_env": vector,
         "state_bytes": {env_id: state_bytes(env_id) for env_id in (*cfg.env_ids, *cfg.process_ids)},
-        "process": measure_process_tasks(cfg, key),
+        "process": measure_process_tasks(cfg),
     }
     results["summary"] = _summarise(results)
     results["targets"] = evaluate_targets(results)
@@ -688,11 +690,17 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         "gymnasium": {"env_id": CLASSIC_ID, "n_steps": cfg.gym_steps},
         "process": {
             "env_ids": list(cfg.process_ids),
-            "batch_sizes": list(cfg.batch_sizes),
-            "pcgym_models": {k: v for k, v in PCGYM_MODELS.items() if k in cfg.process_ids},
-            "pcgym_steps": cfg.pcgym_steps,
-            "pcgym_methods": list(PCGYM_METHODS),
-            "ratio_reference": f"pc-gym's {PCGYM_METHODS[0]} integrator",
+            "references": {
+                env_id: process_pairs.PAIRS[env_id].source
+                for env_id in cfg.process_ids
+                if env_id in process_pairs.PAIRS
+            },
+            "rounds": cfg.rounds,
+            "batch_sizes": list(cfg.pair_batch_sizes),
+            "timing": "the reference and the project alternated in every round (the order "
+            "flips each round), one call each; wall and CPU time (the process's own)",
+            "ratio": "project steps/s / reference single-env steps/s, per round",
+            "check": "the reference's episode replayed here before any timing",
         },
         "vector_env": {
             "env_id": CLASSIC_ID,
@@ -777,26 +785,30 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
         compile_table.rows.append([f"{env_id} state bytes per env", size])
 
     process = results.get("process", {})
+    contenders = ["single", *(f"x{n}" for n in config.get("process", {}).get("batch_sizes", []))]
     process_table = Table(
-        "process tasks: batched steps/s, ratio to pc-gym's single env (casadi)",
-        ["task", "reference", "ref steps/s"]
-        + [
-            f"x{n} {c}"
-            for n in config.get("process", {}).get("batch_sizes", [])
-            for c in ("steps/s", "ratio")
-        ],
+        "process tasks against their references, alternated rounds: median [min, max] of "
+        "CPU-time steps/s and of the ratio ours / reference single env",
+        ["task", "reference", "check", "ref steps/s"]
+        + [f"{name} {what}" for name in contenders for what in ("steps/s", "ratio")],
         [],
     )
     for env_id, task in process.items():
-        reference = task.get("reference") or {}
-        for method in PCGYM_METHODS if reference else (None,):
-            entry = reference.get(method, {}) if method else {}
-            label = f"pc-gym {reference.get('pcgym_model')} ({method})" if method else "none"
-            cells: list[Any] = [env_id, entry.get("error") or label, entry.get("steps_per_s")]
-            if method in (None, PCGYM_METHODS[0]):
-                for row in task.get("batched", []):
-                    cells += [row.get("steps_per_s"), row.get("ratio")]
-            process_table.rows.append(cells)
+        summary = task.get("summary", {})
+        check = task.get("check", {})
+        cells: list[Any] = [
+            env_id,
+            task.get("reference") or "none",
+            task.get("error") or ("passed" if check.get("passed") else "-"),
+            _spread_text(summary.get("reference", {}).get("steps_per_s_cpu")),
+        ]
+        for name in contenders:
+            entry = summary.get(name, {})
+            cells += [
+                _spread_text(entry.get("steps_per_s_cpu")),
+                _spread_text(entry.get("ratio_cpu")),
+            ]
+        process_table.rows.append(cells)
 
     targets = Table("targets", ["target", "value", "threshold", "met"], [])
     for name, entry in results.get("targets", {}).items():
@@ -809,3 +821,13 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
             ]
         )
     return [overview, scaling, process_table, compile_table, targets]
+
+
+def _spread_text(spread: dict[str, Any] | None) -> str | None:
+    """``median [min, max]`` of a min/median/max entry, or None without it."""
+    if not spread or spread.get("median") is None:
+        return None
+    return (
+        f"{format_number(spread['median'])} "
+        f"[{format_number(spread['min'])}, {format_number(spread['max'])}]"
+    )
