@@ -33,26 +33,30 @@ What is measured, all in one process on one machine (run it pinned to one core w
   on episode end; and the ``VectorEnv`` from ``gymnasium.make_vec`` with 1024 environments
   (throughput counts every environment's step).
 * **state_bytes** - bytes of one environment's state (``tree_bytes`` of ``env.reset``).
-* **process** - every registered process task (CSTR, four-tank, pipeline, DMSD, ...): the
-  batched rollout at each batch size and, for the tasks ported from pc-gym, pc-gym 0.1.8's
-  own environment stepped one step per Python call with uniform random actions (its
-  default CasADi/CVODES integrator, and its diffrax integrator), run by
-  ``benchmarks/pcgym_reference.py`` in pc-gym's environment (``make reference-env``) as a
-  child process of this one, so under the same pinning. Each task's ``ratio`` is against
-  its own reference's default integrator. NeoRL-2's tasks (pipeline, DMSD) have no
-  installable reference simulator (the registry's ``neorl2`` lacks its reward module), so
-  their rows carry steps/s only.
+* **process** - every registered process task with a reference simulator against it
+  (:mod:`benchmarks.peers.process_pairs`): pc-gym 0.1.8's ``four_tank`` and ``cstr`` (its
+  default CasADi/CVODES integrator, one ODE solve per Python call) and NeoRL-2's Pipeline
+  and DMSD (its own classes, stepped directly). The reference runs in its own environment,
+  built outside the checkout by ``python -m benchmarks.peers.reference_env`` (found through
+  ``NEORL_REFERENCE_PYTHON``, that default place, or the checkout's ``.venv-reference``), as
+  a child process that inherits this one's pinning. Before any timing the reference's own
+  episode under random actions is replayed here and compared within the task's parity
+  tolerance (Pipeline: every observation bit for bit); then the reference and the project
+  (one environment under ``lax.scan``, and batched at 64 and 4096) alternate for
+  ``rounds`` rounds, the order flipping every round, each timed in wall and CPU time; the
+  ratios are per round, reported as min/median/max.
 
 Every policy, ours and the reference's, draws its actions inside the timed loop. Each time
 is the best of several repeats after an untimed warm-up call.
 
 How to read the ratios: every ``ratio`` is ``steps_per_s / reference steps_per_s`` with both
 numbers from the same run (same process, machine, pinning), so ratios from different
-machines can be compared while absolute steps/s cannot. ``ratio`` > 1 means faster than the
-reference. The ``targets`` entry records each goal (batched best ratio >= 400 for
-``IB-classic-v0``, single-environment scan ratio >= 10, batched compile < 2 s for every
-environment id) with its measured value and whether it was met; a miss is data, not an
-error.
+machines can be compared while absolute steps/s cannot. On a shared machine the process
+rows' CPU-time ratios are the ones to read: wall time counts the other users' work too.
+``ratio`` > 1 means faster than the reference. The ``targets`` entry records each goal
+(batched best ratio >= 400 for ``IB-classic-v0``, single-environment scan ratio >= 10,
+batched compile < 2 s for every environment id, the process tasks' ratios) with its
+measured value and whether it was met; a miss is data, not an error.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""pc-gym's single-environment steps/s, the reference of ``env_throughput``'s process rows.
+"""pc-gym's benchmarks of its ``cstr`` and ``four_tank`` models (:data:`BENCHMARKS`,
+:func:`make`), the reference environments of ``env_throughput``'s process rows
+(``benchmarks/peers/process_reference.py`` builds them from here), and on its own a
+best-of-repeats steps/s of one of them.
 
-Runs in pc-gym's own environment (``make reference-env``), started by ``env_throughput``
-as a child process so that it inherits the same CPU pinning::
+Runs in pc-gym's own environment (``python -m benchmarks.peers.reference_env``, or
+``make reference-env``)::
 
     .venv-reference/bin/python benchmarks/pcgym_reference.py cstr 600 3 casadi
 

@@ -2,17 +2,18 @@
 
 The process tasks hold the control input and the disturbances constant over a control
 interval (zero-order hold) and integrate the plant's vector field across it: with diffrax
-at a fixed step (:func:`integrate_interval`) or an adaptive one (:func:`integrate_adaptive`),
-or with an L-stable implicit Runge-Kutta method on a grid graded towards the interval's
-start (:func:`integrate_graded_sdirk`) for a plant whose equation is stiff in part of its
-range and whose stage equations the task solves in closed form.
+at a fixed step (:func:`integrate_interval`), or with an L-stable implicit Runge-Kutta
+method on a grid graded towards the interval's start (:func:`integrate_graded_sdirk`) for a
+plant whose equation is stiff in part of its range and whose stage equations the task
+solves in closed form.
 
 A fixed number of sub-steps keeps the work of every batched copy the same, so a ``vmap`` of
 thousands of plants runs one loop of ``substeps`` iterations; a task chooses ``substeps`` so
 its fixed-step solution stays within its fidelity tolerance of the reference's adaptive
-solver. The adaptive step serves a plant whose equation turns stiff in part of its range, at
-a price under ``vmap``: every plant of a batch runs the step count of the one that needs the
-most. The graded SDIRK grid has the same steps for every plant of a given ``dt``.
+solver. A plant whose equation turns stiff in part of its range (the four-tank near an empty
+tank) needs an implicit method there: an adaptive explicit step would make every plant of a
+``vmap`` batch run the step count of the one that needs the most, while the graded SDIRK
+grid has the same steps for every plant of a given ``dt``.
 """
 
 from __future__ import annotations
@@ -92,53 +93,6 @@ def integrate_interval(
         throw=False,
     )
     return solution.ys[-1]
-
-
-def integrate_adaptive(
-    vector_field: VectorField,
-    state: jax.Array,
-    control: jax.Array,
-    disturbance: jax.Array,
-    params: Any,
-    dt: jax.Array | float,
-    *,
-    rtol: float,
-    atol: float,
-    max_steps: int,
-    solver: diffrax.AbstractSolver | None = None,
-) -> jax.Array:
-    """The state after one control interval of length ``dt``, with the step size controlled
-    to ``rtol`` and ``atol`` (diffrax's PID controller; the solver picks its first step).
-
-    Args:
-        vector_field, state, control, disturbance, params, dt: as :func:`integrate_interval`.
-        rtol, atol: the step controller's relative and absolute tolerances.
-        max_steps: the most solver steps one interval may take (static).
-        solver: a diffrax solver (default: Tsit5).
-
-    Returns:
-        The state at ``t = dt``; NaN where the solver could not finish the interval within
-        ``max_steps`` (a solve stopped early would otherwise return an intermediate state),
-        so the caller flags the interval as diverged.
-    """
-    term = diffrax.ODETerm(
-        lambda _t, y, args: vector_field(y, args[0], args[1], args[2]).astype(y.dtype)
-    )
-    solution = diffrax.diffeqsolve(
-        term,
-        diffrax.Tsit5() if solver is None else solver,
-        t0=jnp.zeros((), state.dtype),
-        t1=jnp.asarray(dt, state.dtype),
-        dt0=None,
-        y0=state,
-        args=(control, disturbance, params),
-        saveat=diffrax.SaveAt(t1=True),
-        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
-        max_steps=max_steps,
-        throw=False,
-    )
-    solved = solution.result == diffrax.RESULTS.successful
-    return jnp.where(solved, solution.ys[-1], jnp.nan)
 
 
 #: Hairer and Wanner's SDIRK4 (Solving Ordinary Differential Equations II, section IV.6,
