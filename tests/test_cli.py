@@ -212,6 +212,7 @@ HELP_COMMANDS = [
     ["sweep"],
     ["evaluate"],
     ["export"],
+    ["verdict"],
     ["bench"],
     ["envs"],
     ["rollout"],

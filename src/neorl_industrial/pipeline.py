@@ -570,18 +570,20 @@ def run_verdict(
 ) -> VerdictOutcome:
     """One verdict over every candidate of ``runs`` (directories ``train`` and ``sweep``
     wrote, or their ``agent/``): every saved seed and every configuration of a sweep,
-    judged together against the logged operation with ``plant_model``
-    (``Agent.judge_together``). The log is ``data`` (with ``schema`` for a plant log),
-    else the first run's own (its ``config.yaml``); the FQE settings are the first run's.
-    Writes ``report.json`` (the verdict, its ranking, the candidate to export and the
-    command that exports it) under ``out`` (default ``verdicts/verdict-<time>``) and,
-    when the first run is tracked and ``track``, an MLflow run.
+    judged together against the logged operation with ``plant_model`` (``judge_together``
+    of :mod:`~neorl_industrial.wrappers.agents.joint_verdict`). The log is ``data`` (with
+    ``schema`` for a plant log), else the first run's own (its ``config.yaml``); the FQE
+    settings are the first run's. Writes ``report.json`` (the verdict, its ranking, the
+    candidate to export and the command that exports it) under ``out`` (default
+    ``verdicts/verdict-<time>``) and, when the first run is tracked and ``track``, an
+    MLflow run.
 
     Raises:
         AgentError: naming the run or path: a directory that is not a run, two runs of one
             name, runs of another task, contract or log, a plant model of another log, an
             output directory that holds files.
     """
+    from neorl_industrial.wrappers.agents.joint_verdict import judge_together
     from neorl_industrial.wrappers.training.config import OPESettings
 
     started = time.perf_counter()
@@ -644,7 +646,7 @@ def run_verdict(
     ope = ope or OPESettings()
     if ope_updates is not None:
         ope = ope.model_copy(update={"updates": ope_updates})
-    joint = Agent.judge_together(agents, dataset, model, card=card, ope=ope, settings=settings)
+    joint = judge_together(agents, dataset, model, card=card, ope=ope, settings=settings)
     best_run, best_candidate = joint.first
     best_dir = located[best_run][0]
     report = {

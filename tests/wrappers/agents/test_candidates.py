@@ -19,6 +19,7 @@ from neorl_industrial.core.models import DynamicsConfig
 from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.agents import Agent, AgentError, OPESettings
 from neorl_industrial.wrappers.agents import agent as agent_module
+from neorl_industrial.wrappers.agents.joint_verdict import judge_together
 from neorl_industrial.wrappers.models import FitSettings, PlantModel
 from neorl_industrial.wrappers.training.selection import verdict_ranking
 from neorl_industrial.wrappers.training.verdict import VerdictSettings
@@ -117,7 +118,7 @@ def test_a_sweep_keeps_every_configuration_and_seed(runs, tmp_path):
 
 
 def test_one_verdict_over_the_candidates_of_a_run_and_a_sweep(runs):
-    joint = Agent.judge_together(
+    joint = judge_together(
         {"bc": runs["fitted"], "bc-sweep": runs["loaded"]},
         runs["dataset"],
         runs["model"],
@@ -140,9 +141,7 @@ def test_one_verdict_over_the_candidates_of_a_run_and_a_sweep(runs):
         "dataset": {**stranger.training["dataset"], "fingerprint": "sha256:" + "0" * 64},
     }
     with pytest.raises(AgentError, match=r"^other: trained on log 'heater-verdict' \(sha256:0"):
-        Agent.judge_together(
-            {"bc": runs["fitted"], "other": stranger}, runs["dataset"], runs["model"]
-        )
+        judge_together({"bc": runs["fitted"], "other": stranger}, runs["dataset"], runs["model"])
 
 
 def test_a_policy_that_cannot_act_is_never_selected(runs, monkeypatch):

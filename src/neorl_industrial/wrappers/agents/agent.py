@@ -1444,32 +1444,6 @@ class Agent:
         self._check_plant_model(plant_model, None, heldout, None)
         return self._judge_runs(heldout, plant_model, ope or OPESettings(), settings)
 
-    @staticmethod
-    def judge_together(
-        agents: Mapping[str, Agent],
-        dataset: Dataset,
-        plant_model: Any,
-        *,
-        card: Any = None,
-        ope: OPESettings | None = None,
-        settings: VerdictSettings | None = None,
-    ) -> Any:
-        """One verdict over every candidate of several runs and sweeps (``{run name:
-        agent}``, e.g. ``Agent.load`` of each run's ``agent/``): every saved seed and
-        every configuration a sweep trained, against the logged operation of the
-        episodes of ``dataset`` none of them trained on; a
-        :class:`~neorl_industrial.wrappers.agents.joint_verdict.JointVerdict` whose
-        ``ranking[0]`` (``"<run>/<candidate>"``) is the one to export
-        (``agents[run].candidate(candidate).export(...)``). See
-        :func:`~neorl_industrial.wrappers.agents.joint_verdict.judge_together`.
-
-        Raises:
-            AgentError: naming the run of another task, safety contract or log.
-        """
-        from neorl_industrial.wrappers.agents.joint_verdict import judge_together
-
-        return judge_together(agents, dataset, plant_model, card=card, ope=ope, settings=settings)
-
     def _run_name(self, run: int) -> str:
         """Run ``run`` as the verdict names it."""
         return f"run {run} (seed {self.seeds[run]})"

@@ -1,7 +1,9 @@
 """One verdict over the candidates of several runs and sweeps: every saved seed and every
 configuration a sweep trained, judged together against the logged operation, one answer.
 
-    from neorl_industrial.wrappers.agents import Agent, judge_together
+    from neorl_industrial.wrappers.agents import Agent
+    from neorl_industrial.wrappers.agents.joint_verdict import judge_together
+
     joint = judge_together(
         {"td3bc-lag": Agent.load("runs/td3bc-lag/agent"),
          "iql-sweep": Agent.load("runs/iql-sweep/agent")},
