@@ -345,3 +345,44 @@ def test_a_server_setting_cannot_switch_a_limit_off(tmp_path, capsys, monkeypatc
     monkeypatch.setenv(variable, value)
     line = refusal(capsys, ["--no-cache", "serve", "--model", "x", "--no-auth"])
     assert line.startswith("error: settings (NEORL_SERVE_*, flags): ") and named in line, line
+
+
+TASK = """\
+name: tank
+observation_names: [level]
+action_names: [valve]
+action_low: [0]
+action_high: [100]
+observation_low: [0]
+observation_high: [10]
+observation_units: [m]
+action_units: ["%"]
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (("action_high: [100]", "action_high: [1e308]"), "action_high of 'valve': 1e+308 is"),
+        (("observation_low: [0]", "observation_low: [-1e300]"), "observation_low of 'level'"),
+        (("[m]", '["m\\e[2J"]'), "the unit of 'level': control character U+001B"),
+        (None, "not a regular file (nothing was read)"),
+    ],
+)
+def test_a_pinned_task_cannot_switch_a_bound_off(tmp_path, change, named):
+    from neorl_industrial.integration.deployment.pin import load_pinned_task
+
+    path = tmp_path / "task.yaml"
+    if change is None:
+        os.mkfifo(path)
+    else:
+        path.write_text(TASK.replace(*change))
+    with pytest.raises(ValueError) as caught:
+        load_pinned_task(path)
+    assert named in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+    assert load_pinned_task(_written(tmp_path / "good.yaml", TASK))[0].action_high == (100.0,)
+
+
+def _written(path, text):
+    path.write_text(text)
+    return path

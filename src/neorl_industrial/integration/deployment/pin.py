@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,8 @@ import numpy as np
 from neorl_industrial.core.safety import CompiledConstraints, ConstraintSpec, satisfies, shield
 from neorl_industrial.core.safety.constraints import observation_valid, violations
 from neorl_industrial.core.safety.shield import BRANCH_MIN_BATCH
+from neorl_industrial.core.utils.limits import check_magnitude, check_text
+from neorl_industrial.core.utils.messages import quote, validation_lines
 
 __all__ = [
     "ServedTask",
@@ -147,6 +151,9 @@ def load_pinned_task(path: str | Path) -> tuple[Task, str]:
 
     path = Path(path)
     try:
+        # A FIFO or a device would block the read (or never end): regular files only.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError(f"pinned_task {path}: not a regular file (nothing was read)")
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         data = read_yaml(path, what="pinned task")
     except (OSError, YamlError) as error:
@@ -158,21 +165,51 @@ def load_pinned_task(path: str | Path) -> tuple[Task, str]:
         )
     if "observation_names" in data or "action_names" in data:
         try:
-            return Task.from_dict(data, f"pinned_task {path}"), digest
+            task = Task.from_dict(data, f"pinned_task {path}")
         except TaskError as error:
-            raise ValueError(str(error)) from None
+            raise ValueError(" ".join(str(error).split())) from None
+        return _sane(task, path), digest
     from pydantic import ValidationError
 
     from neorl_industrial.integration.datasets.card import DatasetCard
 
     try:
         card = DatasetCard.model_validate_json(json.dumps(data))
-        return card.task(), digest
-    except (ValidationError, ValueError, TaskError) as error:
+        task = card.task()
+    except (ValidationError, ValueError, TaskError, RecursionError) as error:
+        details = (
+            "; ".join(validation_lines(error, DatasetCard, ""))
+            if isinstance(error, ValidationError)
+            else " ".join(str(error).split()) or type(error).__name__
+        )
         raise ValueError(
             f"pinned_task {path}: neither a task (observation_names, action_names, "
-            f"action_low, action_high, ...) nor a dataset card that names one: {error}"
+            f"action_low, action_high, ...) nor a dataset card that names one: {details}"
         ) from None
+    return _sane(task, path), digest
+
+
+def _sane(task: Task, path: Path) -> Task:
+    """``task`` if its bounds are within ±1e12 (an observation's side may be open) and its
+    names and units printable: a pinned bound of 1e308 is float32 infinity, no bound."""
+    try:
+        for what in ("action_low", "action_high"):
+            for name, value in zip(task.action_names, getattr(task, what), strict=True):
+                check_magnitude(float(value), f"{what} of {quote(name)}")
+        for what in ("observation_low", "observation_high"):
+            for name, value in zip(task.observation_names, getattr(task, what), strict=True):
+                if math.isfinite(value):
+                    check_magnitude(float(value), f"{what} of {quote(name)}")
+        for name, unit in (
+            *zip(task.observation_names, task.observation_units, strict=True),
+            *zip(task.action_names, task.action_units, strict=True),
+        ):
+            check_text(name, "a name")
+            if unit is not None:
+                check_text(unit, f"the unit of {quote(name)}")
+    except ValueError as error:
+        raise ValueError(f"pinned_task {path}: {error}") from None
+    return task
 
 
 def task_differences(artifact: ServedTask, pinned: ServedTask) -> list[str]:
