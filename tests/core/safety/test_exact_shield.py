@@ -136,6 +136,7 @@ def test_a_hundred_thousand_random_decisions_break_no_keepable_rule():
     verdict = Verdict()
     while verdict.decisions < 100_000:
         judge(decide(random_structure(rng), rng, variants=64, per=64), verdict)
+        print(f"{verdict.decisions} decisions, {verdict.breaks} breaks", flush=True)
     print(
         f"{verdict.decisions} decisions, {verdict.breaks} broke a keepable rule, "
         f"{verdict.thin} broke a rule keepable only by less than 1e-4 of the ranges, "

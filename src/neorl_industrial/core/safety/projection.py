@@ -10,8 +10,9 @@ distance is measured in each action's own range (``width``: the span of its boun
 a valve in % and a pump in m³/h weigh alike, and each rule's row is normalised to unit
 length in that scale, so multiplying a rule by 100 changes nothing.
 
-The method. It starts at the unconstrained minimum (``start``), with no constraint in
-its working set, and repeats: pick the most violated constraint ``p`` (a bound of one
+The method. It starts at the unconstrained minimum (``start``) with the bounds it breaks
+in its working set (the box's nearest point: optimal and dual feasible for that set, as
+the bounds' normals are orthogonal), and repeats: pick the most violated constraint ``p`` (a bound of one
 action, or a rule); move the point along the direction that reduces ``p``'s violation
 while keeping every working constraint at equality, and raise ``p``'s multiplier, until
 either ``p`` holds (a *full step*: ``p`` joins the working set) or the multiplier of a
@@ -207,11 +208,18 @@ def _project_row(
     def running(state):
         return (state[8] == 0) & (state[9] < cap)
 
+    # Every bound the start breaks joins the working set at once: the box's own nearest
+    # point with the violations as multipliers, the optimum for that working set and
+    # dual feasible (the bounds' normals are orthogonal), so the method may start there
+    # instead of adding them one step at a time.
+    fixed = jnp.where(start > high, 1, jnp.where(start < low, -1, 0)).astype(jnp.int32)
+    y = jnp.where(fixed > 0, high, jnp.where(fixed < 0, low, start))
+    u_box = jnp.where(fixed > 0, start - high, jnp.where(fixed < 0, low - start, 0.0))
     state = (
-        start,
-        jnp.zeros(n, jnp.int32),
+        y,
+        fixed,
         jnp.zeros(m, bool),
-        jnp.zeros(n, jnp.float32),
+        u_box.astype(jnp.float32),
         jnp.zeros(m, jnp.float32),
         jnp.zeros(n, jnp.int32),
         jnp.zeros(m, bool),
