@@ -40,6 +40,7 @@ from neorl_industrial.core.agents.networks import (
     check_network,
     check_positive,
     check_tau,
+    make_act,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
 from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
@@ -321,4 +322,4 @@ def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
         }
         return new_state, metrics
 
-    return Algorithm(init=init, update=update, act=sac.act_with(actor, default_deterministic=True))
+    return Algorithm(init=init, update=update, act=make_act(actor.act))

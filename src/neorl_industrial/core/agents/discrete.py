@@ -28,6 +28,7 @@ from neorl_industrial.core.agents.networks import (
     check_network,
     check_positive,
     check_tau,
+    make_act,
     polyak_average,
     stochastic_key,
 )
@@ -124,16 +125,12 @@ def make_score_model(
         normalizer = ObservationNormalizer.from_config(config, obs_size)
         return PolicyParams(actor=params, normalizer=normalizer)
 
-    def act(
-        policy_params: PolicyParams,
-        observation: jax.Array,
-        key: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
-        scores = network.apply(policy_params.actor, policy_params.normalizer(observation))
+    def action(policy: PolicyParams, observation: jax.Array, key, deterministic) -> jax.Array:
+        scores = network.apply(policy.actor, policy.normalizer(observation))
         return pick_action(scores, key, deterministic)
 
-    return ScoreModel(network, make_optimizer(config.learning_rate), init_policy, act)
+    optimizer = make_optimizer(config.learning_rate)
+    return ScoreModel(network, optimizer, init_policy, make_act(action))
 
 
 def make_discrete_bc(config: DiscreteBCConfig, obs_size: int, num_actions: int) -> Algorithm:

@@ -37,6 +37,7 @@ from neorl_industrial.core.agents.networks import (
     check_network,
     check_positive,
     check_tau,
+    make_act,
     polyak_average,
     stochastic_key,
 )
@@ -304,18 +305,11 @@ def make_iql(config: IQLConfig, obs_size: int, action_size: int) -> Algorithm:
         }
         return finish_update(config, state), metrics
 
-    def act(
-        policy_params: PolicyParams,
-        observation: jax.Array,
-        key: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
-        mean, log_std = networks.actor.apply(
-            policy_params.actor, policy_params.normalizer(observation)
-        )
+    def action(policy: PolicyParams, observation: jax.Array, key, deterministic) -> jax.Array:
+        mean, log_std = networks.actor.apply(policy.actor, policy.normalizer(observation))
         if deterministic:
             return mean
         noise = jax.random.normal(stochastic_key(key), mean.shape)
         return jnp.clip(mean + jnp.exp(log_std) * noise, -1.0, 1.0)
 
-    return Algorithm(init=init, update=update, act=act)
+    return Algorithm(init=init, update=update, act=make_act(action))

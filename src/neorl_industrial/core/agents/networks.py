@@ -533,21 +533,31 @@ class PolicyParams:
     normalizer: ObservationNormalizer
 
 
-def deterministic_act(action: Callable[[Params, jax.Array], jax.Array]) -> Callable[..., jax.Array]:
-    """The ``act(policy_params, observation, key=None, deterministic=True)`` of a
-    deterministic policy ``action(actor_params, normalized_observations)``: the key and
-    ``deterministic`` change nothing."""
+def make_act(
+    action: Callable[[PolicyParams, jax.Array, jax.Array | None, bool], jax.Array],
+    deterministic: bool = True,
+) -> Callable[..., jax.Array]:
+    """An algorithm's ``act(policy_params, observation, key=None, deterministic=...)``:
+    ``action(policy_params, raw_observation, key, deterministic)``, with ``deterministic``
+    as the default of ``act``'s own (False for a policy that draws unless asked not to)."""
 
     def act(
         policy_params: PolicyParams,
         observation: jax.Array,
         key: jax.Array | None = None,
-        deterministic: bool = True,
+        deterministic: bool = deterministic,
     ) -> jax.Array:
-        del key, deterministic  # the policy is deterministic
-        return action(policy_params.actor, policy_params.normalizer(observation))
+        return action(policy_params, observation, key, deterministic)
 
     return act
+
+
+def deterministic_act(action: Callable[[Params, jax.Array], jax.Array]) -> Callable[..., jax.Array]:
+    """The ``act`` of a deterministic policy ``action(actor_params, normalized_observations)``:
+    the key and ``deterministic`` change nothing."""
+    return make_act(
+        lambda policy, observation, *_: action(policy.actor, policy.normalizer(observation))
+    )
 
 
 def polyak_average(online: Params, target: Params, tau: float) -> Params:

@@ -31,6 +31,7 @@ from neorl_industrial.core.agents.networks import (
     check_network,
     check_positive,
     check_tau,
+    make_act,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
@@ -268,21 +269,6 @@ def finish_update(
     )
 
 
-def act_with(actor: TanhGaussianActor, default_deterministic: bool) -> Callable[..., jax.Array]:
-    """The ``act`` of an agent whose policy is ``actor``: deterministic (the tanh of the
-    mean) by default when ``default_deterministic``, else a draw."""
-
-    def act(
-        policy_params: PolicyParams,
-        observation: jax.Array,
-        key: jax.Array | None = None,
-        deterministic: bool = default_deterministic,
-    ) -> jax.Array:
-        return actor.act(policy_params, observation, key, deterministic)
-
-    return act
-
-
 # ----- the algorithm -----------------------------------------------------------------
 def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
     """Builds SAC for observations of ``obs_size`` and actions of ``action_size``.
@@ -391,4 +377,5 @@ def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
         }
         return new_state, metrics
 
-    return Algorithm(init=init, update=update, act=act_with(actor, default_deterministic=False))
+    # SAC acts for data generation and online training: a draw unless told otherwise.
+    return Algorithm(init=init, update=update, act=make_act(actor.act, deterministic=False))
