@@ -135,7 +135,7 @@ def test_a_hundred_thousand_random_decisions_break_no_keepable_rule():
     rng = np.random.default_rng(2026)
     verdict = Verdict()
     while verdict.decisions < 100_000:
-        judge(decide(random_structure(rng), rng, variants=64, per=64), verdict)
+        judge(decide(random_structure(rng), rng, variants=64, per=256), verdict)
         print(f"{verdict.decisions} decisions, {verdict.breaks} breaks", flush=True)
     print(
         f"{verdict.decisions} decisions, {verdict.breaks} broke a keepable rule, "
@@ -144,3 +144,34 @@ def test_a_hundred_thousand_random_decisions_break_no_keepable_rule():
     )
     assert verdict.breaks == 0, verdict.examples
     assert verdict.false_infeasible == 0
+
+
+@pytest.mark.slow  # (its compilation alone takes seconds)
+def test_the_projection_alone_agrees_with_highs_at_sixteen_actions_and_six_rules():
+    from scipy.optimize import linprog
+
+    from neorl_industrial.core.safety.projection import iteration_cap, nearest
+
+    rng = np.random.default_rng(3)
+    rows, n, m = 2_000, 16, 6
+    normals = (rng.normal(size=(m, n)) * rng.choice([0.01, 1.0, 100.0], (m, 1))).astype(np.float32)
+    start = rng.uniform(-150.0, 150.0, (rows, n)).astype(np.float32)
+    low = rng.uniform(-100.0, 0.0, (rows, n)).astype(np.float32)
+    high = low + rng.uniform(5.0, 150.0, (rows, n)).astype(np.float32)
+    rhs = (rng.uniform(-1, 1, (rows, m)) * 50 * np.abs(normals).sum(1)).astype(np.float32)
+    width = np.full(n, 100.0, np.float32)
+    x, found, steps = (
+        np.asarray(v) for v in jax.jit(nearest)(start, low, high, normals, rhs, width)
+    )
+    cap = iteration_cap(n, m)
+    assert 0.1 < found.mean() < 0.9
+    # Solvable rows end far below the cap.
+    assert steps[found].max() <= cap // 2
+    for i in range(150):
+        lp = linprog(
+            np.zeros(n), A_ub=normals, b_ub=rhs[i], bounds=list(zip(low[i], high[i], strict=True))
+        )
+        assert (lp.status == 0) == bool(found[i]), i
+        if found[i]:
+            assert np.all(normals.astype(np.float64) @ x[i] <= rhs[i] + 1e-6 * np.abs(rhs[i]))
+            assert np.all(x[i] >= low[i]) and np.all(x[i] <= high[i])

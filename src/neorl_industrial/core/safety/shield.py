@@ -4,18 +4,23 @@
 a :class:`SafetyReport`:
 
 1. an action that is finite and keeps every hard constraint passes untouched, bit for bit;
-2. otherwise it is projected onto the box that the bounds, rate limits and active state
-   limits leave, intersected with the linear half-spaces: the nearest such point, in
-   closed form, for one half-space (several are visited in turn a fixed number of times;
-   a proposal so far outside the box that float32 cannot place the projection's kinks
-   has its box-clipped self projected instead), and used if it keeps every constraint;
-3. otherwise (a NaN or infinite action, a projection that fails, or an invalid
-   observation) the fallback (previous action, a constant or a named safe controller) is
-   moved, priority level by priority level, to keep the highest-priority constraints
-   that can be kept (:func:`_prioritized`); the action bounds always hold;
-4. if it still breaks a constraint (they contradict each other for this observation) the
-   report says ``infeasible``, and ``violated_after`` names what the applied action
-   breaks.
+2. otherwise the nearest action that keeps every hard constraint is applied: the exact
+   projection (:mod:`neorl_industrial.core.safety.projection`, a dual active-set solve)
+   of the proposal onto the box that the bounds, rate limits and active state limits
+   leave, intersected with the linear half-spaces, distances measured in each action's
+   range (the span of its bounds) and each rule normalised, so a rule written 100 times
+   larger gives the same action; a NaN or infinite proposal has the fallback (previous
+   action, a constant or a named safe controller) projected in its place. The projection
+   aims inside each linear constraint by its margin's rounding allowance (see
+   :mod:`neorl_industrial.core.safety.constraints`), so the point it returns passes the
+   conservative check in plant units as in unit ones;
+3. the projection fails only when no action keeps every constraint (or for a broken
+   sensor): then the fallback is projected, priority level by priority level, onto the
+   highest-priority constraints that can be kept together (:func:`_prioritized`); the
+   action bounds always hold;
+4. if the applied action still breaks a constraint it can check (the constraints
+   contradict each other for this observation) the report says ``infeasible``, and
+   ``violated_after`` names what it breaks.
 
 Before any of this, the observation is checked against the plant's physical bounds
 (``CompiledConstraints.observation_low``/``high``, from the task): a feature with a finite
@@ -31,8 +36,9 @@ Linear margins are lower bounds on the exact slack (see
 :mod:`neorl_industrial.core.safety.constraints`): no finite input can make a float32
 cancellation pass an action that breaks a linear constraint.
 
-The choice is a ``lax.cond``; under ``vmap`` it becomes a select, so both branches run —
-they are a few dozen flops per priority level for plant-sized actions.
+The choice is a ``lax.cond``; under ``vmap`` it becomes a select, so both branches run.
+A projection is a ``lax.while_loop`` of a few steps (one per rule it meets, plus one per
+bound it lets go); a batch runs until its slowest row is done.
 """
 
 from __future__ import annotations
@@ -73,15 +79,12 @@ __all__ = [
     "OUT_OF_DISTRIBUTION",
     "OVERRIDDEN",
     "PROJECTED",
-    "PROJECTION_PASSES",
     "SafetyReport",
     "fallback_action",
     "project",
     "shield",
 ]
 
-# Visits of every linear half-space in the projection (one is exact for one half-space).
-PROJECTION_PASSES = 3
 # From this many rows on, a batch branches on whether any row needs a repair.
 BRANCH_MIN_BATCH = 64
 
@@ -385,9 +388,11 @@ def _prioritized(
     the levels above; where they leave nothing in an action's component, the component
     goes to the point of that box nearest to them (the rate limit's full step towards the
     safe side, say), so a higher level is never given up for a lower one. A level's
-    linear constraints (those ``usable``: readable and finite) are added when the
-    projection of ``start`` onto everything kept so far keeps them; otherwise the level
-    is given up (its box too, if its box alone breaks a kept linear constraint).
+    linear constraints (those ``usable``: readable and finite) are added when the exact
+    projection of ``start`` onto everything kept so far and them exists (some action
+    keeps them all); otherwise the level's linear constraints are given up (and its box
+    too, if its box alone leaves nothing with the linear constraints kept so far). The
+    result is the projection of ``start`` onto every constraint kept.
     """
     n_linear = constraints.n_linear
     low, high = bounds_box(constraints)
