@@ -35,8 +35,11 @@ action whose exact slack is below ``-TOLERANCE``. Where the terms dwarf the boun
 precision lost) the margin is very negative: the proposal is repaired against a
 right-hand side that is the smallest it can be, and when that leaves nothing the fallback
 is flagged ``infeasible``. An overflow makes the error bound infinite and the margin
-``-inf`` or NaN: violated. At plant scales the correction is ~1e-6, below ``TOLERANCE``.
-Underflow and flushed subnormals err by less than 1e-37 per term, far below it.
+``-inf`` or NaN: violated. The correction is relative: ~1e-6 on a rule of unit scale,
+~2e-4 on ``heater + cooler <= 120`` with actions near 100, above ``TOLERANCE``; so the
+shield's projection aims inside each rule by it (:func:`row_margin` of the action it
+returns is not negative at any scale). Underflow and flushed subnormals err by less than
+1e-37 per term.
 """
 
 from __future__ import annotations
