@@ -496,19 +496,13 @@ def _pair_ratio(summary: dict[str, Any], env_id: str, contender: str) -> float |
 
 
 def _summarise(results: dict[str, Any]) -> dict[str, Any]:
-    classic_rows = results["batched"].get(CLASSIC_ID, [])
+    classic_rows = results.get("batched", {}).get(CLASSIC_ID, [])
     best_row = max(classic_rows, key=lambda row: row["steps_per_s"] or 0.0, default=None)
-    compile_times = [
-        entry["cold_s"]
-        for entry in results["compile"].get("fresh_process", {}).values()
-        if entry["program"] == "rollout"
-    ]
-    step_compile_times = [
-        entry["cold_s"]
-        for entry in results["compile"].get("fresh_process", {}).values()
-        if entry["program"] == "step_batch"
-    ]
-    scan = results["scan_single"].get(CLASSIC_ID, {})
+    fresh = results.get("compile", {}).get("fresh_process", {}).values()
+    compile_times = [entry["cold_s"] for entry in fresh if entry["program"] == "rollout"]
+    step_compile_times = [entry["cold_s"] for entry in fresh if entry["program"] == "step_batch"]
+    scan = results.get("scan_single", {}).get(CLASSIC_ID, {})
+    gymnasium, vector = results.get("gymnasium", {}), results.get("vector_env", {})
     # Per process task with a reference: the median CPU-time ratio of each contender.
     process_ratios = {
         env_id: {
@@ -522,7 +516,7 @@ def _summarise(results: dict[str, Any]) -> dict[str, Any]:
     largest = f"x{max(PAIR_BATCH_SIZES)}"
     batched = [ratios.get(largest) for ratios in process_ratios.values()]
     return {
-        "reference_steps_per_s": results["reference"].get("steps_per_s"),
+        "reference_steps_per_s": results.get("reference", {}).get("steps_per_s"),
         "scan_single_steps_per_s": scan.get("steps_per_s"),
         "scan_single_ratio": scan.get("ratio"),
         "batched_best_env_id": CLASSIC_ID,
@@ -531,10 +525,10 @@ def _summarise(results: dict[str, Any]) -> dict[str, Any]:
         "batched_best_ratio": best_row["ratio"] if best_row else None,
         "compile_s": max(compile_times) if compile_times else None,
         "step_batch_compile_s": max(step_compile_times) if step_compile_times else None,
-        "gymnasium_steps_per_s": results["gymnasium"].get("steps_per_s"),
-        "gymnasium_ratio": results["gymnasium"].get("ratio"),
-        "vector_env_steps_per_s": results["vector_env"].get("steps_per_s"),
-        "vector_env_ratio": results["vector_env"].get("ratio"),
+        "gymnasium_steps_per_s": gymnasium.get("steps_per_s"),
+        "gymnasium_ratio": gymnasium.get("ratio"),
+        "vector_env_steps_per_s": vector.get("steps_per_s"),
+        "vector_env_ratio": vector.get("ratio"),
         "process_ratios": process_ratios,
         # None when a task with a reference was not measured: a target not measured
         "process_batched_min_ratio": (min(batched) if batched and None not in batched else None),
@@ -692,20 +686,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
             "order": [*cfg.env_ids, f"{CLASSIC_ID} (repeat)", f"{CLASSIC_ID} scan_single"],
         },
         "gymnasium": {"env_id": CLASSIC_ID, "n_steps": cfg.gym_steps},
-        "process": {
-            "env_ids": list(cfg.process_ids),
-            "references": {
-                env_id: process_pairs.PAIRS[env_id].source
-                for env_id in cfg.process_ids
-                if env_id in process_pairs.PAIRS
-            },
-            "rounds": cfg.rounds,
-            "batch_sizes": list(cfg.pair_batch_sizes),
-            "timing": "the reference and the project alternated in every round (the order "
-            "flips each round), one call each; wall and CPU time (the process's own)",
-            "ratio": "project steps/s / reference single-env steps/s, per round",
-            "check": "the reference's episode replayed here before any timing",
-        },
+        "process": _process_config(cfg),
         "vector_env": {
             "env_id": CLASSIC_ID,
             "num_envs": VECTOR_NUM_ENVS,
@@ -714,6 +695,83 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         "targets": {name: {"comparison": c, "threshold": t} for name, (c, t, _) in TARGETS.items()},
     }
     return config, results
+
+
+def _process_config(cfg: Settings) -> dict[str, Any]:
+    return {
+        "env_ids": list(cfg.process_ids),
+        "references": {
+            env_id: process_pairs.PAIRS[env_id].source
+            for env_id in cfg.process_ids
+            if env_id in process_pairs.PAIRS
+        },
+        "rounds": cfg.rounds,
+        "batch_sizes": list(cfg.pair_batch_sizes),
+        "timing": "the reference and the project alternated in every round (the order "
+        "flips each round), one call each; wall and CPU time (the process's own)",
+        "ratio": "project steps/s / reference single-env steps/s, per round",
+        "check": "the reference's episode replayed here before any timing",
+    }
+
+
+def run_process(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The process rows alone (:func:`measure_process_tasks`): the paired comparison with
+    the references, without the Industrial Benchmark's sweep, compile and Gymnasium
+    measurements (minutes instead of most of an hour on a loaded machine)."""
+    import jax
+    import jax.numpy as jnp
+
+    cfg = settings(quick)
+    jax.block_until_ready(jax.jit(lambda x: x + 1)(jnp.zeros(())))
+    results: dict[str, Any] = {"process": measure_process_tasks(cfg)}
+    results["summary"] = _summarise(results)
+    results["targets"] = evaluate_targets(results)
+    config = {
+        "quick": cfg.quick,
+        "part": "process",
+        "process": _process_config(cfg),
+        "targets": {name: {"comparison": c, "threshold": t} for name, (c, t, _) in TARGETS.items()},
+    }
+    return config, results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.env_throughput --process-only [--quick] [-t TAG] [-d TEXT]``:
+    the process rows alone, saved as an ``env_throughput`` result (the whole benchmark:
+    ``python -m benchmarks.run env_throughput``)."""
+    import argparse
+
+    from benchmarks.harness import (
+        DEFAULT_RESULTS_DIR,
+        BenchmarkResult,
+        render_tables,
+        system_info,
+        utc_timestamp,
+    )
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--process-only", action="store_true", required=True)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("-t", "--tag", default="process")
+    parser.add_argument("-d", "--description", default="")
+    args = parser.parse_args(argv)
+    timestamp, system = utc_timestamp(), system_info()
+    start = time.perf_counter()
+    config, results = run_process(args.quick)
+    results["wall_s"] = time.perf_counter() - start
+    result = BenchmarkResult(
+        name=NAME,
+        description=args.description,
+        tag=args.tag,
+        timestamp=timestamp,
+        system=system,
+        config=config,
+        results=results,
+    )
+    path = result.save(DEFAULT_RESULTS_DIR)
+    render_tables(report(config, results))
+    print(path)
+    return 0
 
 
 def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
@@ -835,3 +893,7 @@ def _spread_text(spread: dict[str, Any] | None) -> str | None:
         f"{format_number(spread['median'])} "
         f"[{format_number(spread['min'])}, {format_number(spread['max'])}]"
     )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
