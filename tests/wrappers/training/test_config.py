@@ -75,10 +75,19 @@ def test_errors_name_the_file_and_field(tmp_path):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("algorithm.hyperparameters.alpha=.nan", r"hyperparameters.alpha: expected a finite"),
-        ("algorithm.hyperparameters.actor_lr=.inf", r"hyperparameters.actor_lr: expected a fin"),
+        (
+            "algorithm.hyperparameters.alpha=.nan",
+            r"hyperparameters.alpha: must be positive, got nan",
+        ),
+        (
+            "algorithm.hyperparameters.actor_lr=.inf",
+            r"actor_lr: expected a learning rate in \(0, 1\], got inf",
+        ),
         ("algorithm.hyperparameters.pid={kp: .nan}", r"pid.kp: must be a finite number"),
-        ("algorithm.hyperparameters.critic_lr=-.inf", r"critic_lr: must be positive, got -inf"),
+        (
+            "algorithm.hyperparameters.critic_lr=-.inf",
+            r"critic_lr: expected a learning rate .*got -inf",
+        ),
         ("safety.cost_limits=[10, .inf]", r"safety.cost_limits.1: Input should be a finite"),
         ("evaluation.ope.discount=.nan", r"evaluation.ope.discount"),
         ("name=..", r"name: expected letters.*not starting with '\.', got '\.\.'"),
