@@ -217,9 +217,29 @@ def test_random_api_keys_are_accepted():
 # -- policy artifacts ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def artifact_dir(tmp_path_factory):
-    from tests.wrappers.agents.test_export import Policy
+    """An artifact's files as far as the loader reads before it deserializes anything: a
+    manifest whose own sha256 matches (anyone can recompute it) and the files it lists.
+    Every refusal below comes before a function is deserialized, so no export is needed."""
+    import hashlib
+    import json
 
-    return Policy().export(tmp_path_factory.mktemp("artifact") / "policy")
+    from neorl_industrial.wrappers.agents.artifact import FORMAT, FORMAT_VERSION, _digest
+
+    directory = tmp_path_factory.mktemp("artifact") / "policy"
+    directory.mkdir()
+    files = {}
+    for name, data in (("serve.jaxexport", b"function"), ("constraints.yaml", b"{}\n")):
+        (directory / name).write_bytes(data)
+        files[name] = hashlib.sha256(data).hexdigest()
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "files": files,
+        "functions": [{"file": "serve.jaxexport", "min_batch": 1}],
+    }
+    manifest["manifest_sha256"] = _digest(manifest)
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return directory
 
 
 def _tampered(artifact_dir, tmp_path, change) -> object:
@@ -255,7 +275,7 @@ NESTED = "[" * 100_000 + "]" * 100_000
         (lambda m: m["files"].update({"/etc/passwd": "0" * 64}), "files lists '/etc/passwd'"),
         (lambda m: m["files"].update({"../policy/x": "0" * 64}), "files lists '../policy/x'"),
         (lambda m: m.update(functions={"serve.jaxexport": 1}), "'functions' must list"),
-        (lambda m: m.update(observation_size="six"), "manifest.json: malformed (ValueError"),
+        (lambda m: m["files"].update({"serve.jaxexport": "f" * 63}), "not 64 hex digits"),
     ],
 )  # fmt: skip
 def test_a_tampered_artifact_is_refused_by_name(artifact_dir, tmp_path, change, named):
