@@ -281,33 +281,30 @@ def judge(batch: Batch, verdict: Verdict) -> Verdict:
         infeasible = bool(batch.status[i] & 16)
         if not broken and not out_of_bounds and not infeasible:
             continue
-        levels = sorted({row[0] for row in rows}, reverse=True)
-        robust, kept = set(), set()
-        for level in levels:
-            above = [row for row in rows if row[0] >= level]
-            margin = _max_margin(above, low, high, width)
-            names = {row[3] for row in above}
-            if margin >= ROBUST:
-                robust |= names
-            if margin >= 0.0:
-                kept |= names
-        if out_of_bounds or broken & robust:
+        # Keepability is monotone in the level (fewer rules above a higher one), so the
+        # highest level among the broken rules decides whether any of them was keepable.
+        level_of = {row[3]: row[0] for row in rows}
+        if out_of_bounds:
             verdict.breaks += 1
-            if len(verdict.examples) < 5:
-                verdict.examples.append(
-                    (
-                        batch.specs[batch.variant[i]],
-                        batch.observations[i],
-                        batch.proposals[i],
-                        batch.previous[i],
-                        batch.applied[i],
-                        sorted(broken & robust),
+        elif broken:
+            top = max(level_of[name] for name in broken)
+            margin = _max_margin([row for row in rows if row[0] >= top], low, high, width)
+            if margin >= ROBUST:
+                verdict.breaks += 1
+                if len(verdict.examples) < 5:
+                    verdict.examples.append(
+                        (
+                            batch.specs[batch.variant[i]],
+                            batch.observations[i],
+                            batch.proposals[i],
+                            batch.previous[i],
+                            batch.applied[i],
+                            sorted(broken),
+                        )
                     )
-                )
-        elif broken & kept:
-            verdict.thin += 1
-        every = {row[3] for row in rows}
-        if infeasible and every <= robust:
+            elif margin >= 0.0:
+                verdict.thin += 1
+        if infeasible and _max_margin(rows, low, high, width) >= ROBUST:
             verdict.false_infeasible += 1
     return verdict
 

@@ -116,11 +116,12 @@ def _project_row(
     normals: jax.Array,
     rhs: jax.Array,
     tolerance: jax.Array,
+    active: jax.Array,
     cap: int,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The nearest point in normalised coordinates (unit-length ``normals``), whether it
     was found, and the steps taken. ``rhs`` is ``+inf`` for a rule that is off; a
-    violation up to ``tolerance`` counts as kept."""
+    violation up to ``tolerance`` counts as kept. A row not ``active`` takes no step."""
     n, m = start.shape[0], normals.shape[0]
     inf = jnp.float32(jnp.inf)
     index_n = jnp.arange(n)
@@ -219,6 +220,9 @@ def _project_row(
     fixed = jnp.where(start > high, 1, jnp.where(start < low, -1, 0)).astype(jnp.int32)
     y = jnp.where(fixed > 0, high, jnp.where(fixed < 0, low, start))
     u_box = jnp.where(fixed > 0, start - high, jnp.where(fixed < 0, low - start, 0.0))
+    # A row that keeps every rule once in the box (or is not asked) takes no step, so a
+    # batch none of whose rows needs a rule's repair costs no pass of the loop.
+    worst = jnp.max(normals @ y - rhs) if m else -inf
     state = (
         y,
         fixed,
@@ -228,7 +232,7 @@ def _project_row(
         jnp.zeros(n, jnp.int32),
         jnp.zeros(m, bool),
         jnp.zeros((), jnp.float32),
-        jnp.zeros((), jnp.int32),
+        jnp.where(active & (worst > tolerance), 0, 1).astype(jnp.int32),
         jnp.zeros((), jnp.int32),
     )
     y, fixed, working, *_, status, steps = jax.lax.while_loop(running, body, state)
@@ -252,6 +256,7 @@ def nearest(
     rhs: jax.Array,
     width: jax.Array,
     allowance: jax.Array | None = None,
+    active: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The point of ``{low <= x <= high, normals · x <= rhs - allowance}`` nearest to
     ``start`` in the metric ``Σ ((x_j - start_j) / width_j)²``, and whether there is one.
@@ -269,6 +274,9 @@ def nearest(
         width: ``[n]`` positive: the scale of each action.
         allowance: ``[B, m]`` non-negative, in the rules' units: how far inside each
             rule the point must stay (the caller's rounding allowance); default 0.
+        active: ``[B]`` the rows to solve (default: all); the others take no step and
+            their results mean nothing (a batch none of whose rows is active costs no
+            pass of the loop).
 
     Returns:
         ``(x [B, n], found [B], steps [B])``: ``found`` is false when no point keeps every
@@ -298,8 +306,12 @@ def nearest(
     target = y_rhs - allowance / safe_norms - 2.0 * tolerance[:, None]
     cap = iteration_cap(n, m)
 
-    def one(x0, lo, hi, b, tol):
-        return _project_row(x0, lo, hi, unit, b, tol, cap)
+    active = jnp.ones(start.shape[:1], bool) if active is None else active
 
-    y, found, steps = jax.vmap(one)(y_start, y_low, y_high, target, tolerance)
+    def one(x0, lo, hi, b, tol, on):
+        return _project_row(x0, lo, hi, unit, b, tol, on, cap)
+
+    y, found, steps = jax.vmap(one)(y_start, y_low, y_high, target, tolerance, active)
+    # An empty box (a bound above the other) holds no point.
+    found = found & jnp.all(low <= high, axis=-1)
     return jnp.clip(y * width, low, high), found, steps

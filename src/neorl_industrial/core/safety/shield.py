@@ -216,6 +216,7 @@ def _nearest(
     high: Components,
     limits: Components,
     shape: tuple[int, ...],
+    active: jax.Array | None = None,
 ) -> tuple[Components, jax.Array]:
     """The action in the box ``[low, high]`` that keeps every linear constraint with a
     finite right-hand side in ``limits`` (``+inf``: left out) and is nearest to ``start``
@@ -223,7 +224,8 @@ def _nearest(
 
     Exact (:func:`neorl_industrial.core.safety.projection.nearest`), aimed inside each
     constraint by its margin's rounding allowance, so the margin of the point returned
-    is not negative however large the constraint's numbers.
+    is not negative however large the constraint's numbers. Rows not ``active`` (default:
+    all are) take no step of the solver and their result means nothing.
     """
     n, m = constraints.action_size, constraints.n_linear
     if m == 0:
@@ -380,6 +382,7 @@ def _prioritized(
     previous: Components,
     usable: Components,
     shape: tuple[int, ...],
+    active: jax.Array,
 ) -> Components:
     """``start`` (the fallback) moved to keep the highest-priority constraints that can
     be kept, level by level (the levels are static; this loop is unrolled at trace time).
@@ -406,7 +409,7 @@ def _prioritized(
         box_low: Components, box_high: Components, on: Components, rows: list[int]
     ) -> tuple[Components, jax.Array]:
         limits = [jnp.where(on[r], rhs[r], inf) if r in rows else inf for r in range(n_linear)]
-        trial, found = _nearest(constraints, start, box_low, box_high, limits, shape)
+        trial, found = _nearest(constraints, start, box_low, box_high, limits, shape, active)
         ok = found & _all(
             [~on[r] | (row_margin(constraints, r, rhs[r], trial) >= -TOLERANCE) for r in rows]
         )
@@ -482,14 +485,16 @@ def _decide(
         # no action keeps the rules, and then the fallback cannot either.
         start = [jnp.where(finite, p, f) for p, f in zip(proposed, fallback, strict=True)]
         limits = [jnp.where(ok, r, jnp.inf) for ok, r in zip(usable, rhs, strict=True)]
-        projected, found = _nearest(constraints, start, low, high, limits, shape)
+        projected, found = _nearest(constraints, start, low, high, limits, shape, ~keep)
         # A broken sensor: whatever the proposal, the fallback.
         projected_ok = found & sensible & keeps_all(constraints, observation, projected, previous)
         needs_fallback = ~keep & ~projected_ok
 
         def with_fallback(_):
             return broadcast(
-                _prioritized(constraints, observation, fallback, previous, usable, shape)
+                _prioritized(
+                    constraints, observation, fallback, previous, usable, shape, needs_fallback
+                )
             )
 
         def without_fallback(_):
