@@ -653,6 +653,7 @@ def model_verdict(
         if params.cost_high is None
         else np.asarray(jax.device_get(params.cost_high), np.float64)
     )
+    cost_high = np.where(np.isfinite(cost_high), cost_high, -np.inf)  # unknown: held-out data
     # The size of one event: the channel's range in the data, or 1 (a flag) when it
     # never left its lowest value.
     magnitude = np.maximum(
