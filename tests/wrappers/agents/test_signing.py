@@ -266,6 +266,7 @@ def test_the_export_command_signs_with_the_keys_here_by_default(tmp_path, monkey
 
     class Saved:
         name = "td3bc"
+        selected_candidate = "seed0"
 
         def export(self, out, *, overwrite, signing_key):
             exported.append(signing_key)
