@@ -39,12 +39,14 @@ install: $(VENV)/.installed
 # The reference simulators of the fidelity tests, in an environment of their own (pc-gym
 # pins other versions of torch than the benchmarks' d3rlpy): `make reference-env`, then
 # the slow tests re-record the references live (tests/core/environments/references/), the
-# NMPC oracle (do-mpc) gives the expert references, and env_throughput times pc-gym.
+# NMPC oracle (do-mpc) gives the expert references, and env_throughput times pc-gym and
+# NeoRL-2 (its Pipeline and DMSD; the package without its dependencies, which pin others).
 REFERENCE_VENV := .venv-reference
 
 $(REFERENCE_VENV)/.installed:
 	$(PYTHON) -m venv $(REFERENCE_VENV)
 	$(REFERENCE_VENV)/bin/python -m pip install --quiet "pcgym==0.1.8" "do-mpc==5.1.2"
+	$(REFERENCE_VENV)/bin/python -m pip install --quiet --no-deps "neorl2==0.0.1"
 	touch $@
 
 reference-env: $(REFERENCE_VENV)/.installed
