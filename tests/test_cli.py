@@ -63,6 +63,28 @@ def test_bad_input_is_a_clear_error(capsys):
         cli.main(["rollout", "--env", "IB-v9"])
 
 
+@pytest.mark.parametrize(
+    ("error", "named"),
+    [
+        (IsADirectoryError(21, "Is a directory", "runs/x/policy/.."), "runs/x/policy/.."),
+        (PermissionError(13, "Permission denied", "keys/policy-signing.key"), "keys/policy"),
+        (RecursionError("maximum recursion depth exceeded"), "nested too deeply"),
+    ],
+)
+def test_an_unreadable_or_too_deeply_nested_input_is_one_line_and_exit_2(
+    error, named, monkeypatch, capsys
+):
+    from neorl_industrial.cli import environments
+
+    def broken(_args):
+        raise error
+
+    monkeypatch.setattr(environments, "command_envs", broken)
+    assert cli.main(["--no-cache", "envs"]) == 2
+    printed = capsys.readouterr().err.strip()
+    assert named in printed and len(printed.splitlines()) == 1 and "Traceback" not in printed
+
+
 def test_compilation_cache_goes_where_asked(tmp_path, monkeypatch):
     import jax
 

@@ -69,6 +69,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One line, unwrapped: what is wrong and what to do, greppable in a service's log.
         make_console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
         return 2
+    except (PermissionError, IsADirectoryError, NotADirectoryError) as error:
+        # A path given that cannot be read or written as asked: its name and why, one line.
+        make_console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
+        return 2
+    except RecursionError:
+        # A file nested deeper than any this project writes (JSON, YAML): refused, one line.
+        # The readers of manifests, signatures and logs bound their depth by name; this is
+        # the net under any other reader.
+        make_console(stderr=True).print(
+            "[red]error:[/red] an input is nested too deeply to read (a hostile or broken file)",
+            soft_wrap=True,
+        )
+        return 2
     except ModuleNotFoundError as error:
         # A package of an extra the install lacks: one line naming the extra to install.
         missing = MissingExtraError.from_error(error)
