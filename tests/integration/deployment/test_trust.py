@@ -385,6 +385,8 @@ def test_the_task_pin_covers_names_order_units_and_bounds():
     assert task_differences(task(), pinned) == []
     # Units the artifact does not state pass only where the pin does not state them either.
     assert task_differences(task(), task(observation_units=None)) == []
+    # Units are compared as units: the UNECE display names OPC UA servers send are the same.
+    assert task_differences(task(), task(observation_units=["m", "°C", "m³/h"])) == []
     cases = {
         "observation_names: the same names in another order (position 0: 'inflow_m3h'": task(
             observation_names=["inflow_m3h", "temperature_c", "level_m"]

@@ -35,6 +35,7 @@ import numpy as np
 from neorl_industrial.core.safety import CompiledConstraints, ConstraintSpec, satisfies, shield
 from neorl_industrial.core.safety.constraints import observation_valid, violations
 from neorl_industrial.core.safety.shield import BRANCH_MIN_BATCH
+from neorl_industrial.core.units import same_unit
 from neorl_industrial.core.utils.limits import check_magnitude, check_text
 from neorl_industrial.core.utils.messages import quote, validation_lines
 
@@ -225,7 +226,9 @@ def task_differences(artifact: ServedTask, pinned: ServedTask) -> list[str]:
             getattr(pinned, f"{what}_units"),
         )
         for name, unit_mine, unit_theirs in zip(mine, units_mine, units_theirs, strict=True):
-            if unit_theirs is not None and unit_mine != unit_theirs:
+            # Units by the units library: `°C` pinned against the artifact's `degC` is the
+            # same unit; `degF` is not (the shield's bounds would be in another scale).
+            if unit_theirs is not None and not same_unit(unit_mine, unit_theirs):
                 found.append(
                     f"{what}_units: {name!r} is in {unit_mine!r} in the artifact, "
                     f"{unit_theirs!r} pinned"
