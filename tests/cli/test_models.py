@@ -122,3 +122,22 @@ def test_a_resolved_download_is_removed_when_the_process_ends(tmp_path):
     path = Path(done.stdout.strip())
     assert str(path).startswith(str(tmp_path)) and path.name == "policy"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_model_fit_says_where_the_data_s_range_stands_in_for_physics(capsys):
+    from neorl_industrial.cli.common import make_console
+    from neorl_industrial.cli.plant_model import _report
+
+    card = {
+        "task": {"name": "heater"},
+        "config": {"n_members": 2, "n_elites": 2},
+        "dataset": {"name": "log", "n_transitions": 10, "n_episodes": 2, "fingerprint": "0" * 64},
+        "fit": {"stopped_early": False, "seconds": 1.0, "updates": 100},
+        "signals": {"reward": "computed"},
+        "fidelity": {"episodes": [0], "windows": 1, "level": 0.9, "rows": []},
+        "physics": {"note": "no physical range in the schema for pressure_bar: the data's range"},
+    }
+    _report(make_console(), card, "models/heater")
+    assert "physics: no physical range in the schema for pressure_bar" in capsys.readouterr().out
+    _report(make_console(), {**card, "physics": {"note": None}}, "models/heater")
+    assert "physics:" not in capsys.readouterr().out

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from neorl_industrial.cli.common import make_console, positive_int
@@ -203,6 +204,9 @@ def _report(console: Console, card: dict[str, Any], where: str, measured_now: bo
     )
     for channel, how in card["signals"].items():
         console.print(f"  {channel}: {how}")
+    note = (card.get("physics") or {}).get("note")
+    if note:  # a model saved before predictions were held to physical ranges has none
+        console.print(f"  [yellow]physics:[/yellow] {escape(note)}")
     fidelity = card["fidelity"]
     when = "measured now" if measured_now else "as fitted"
     table = Table(
