@@ -32,6 +32,7 @@ from neorl_industrial.core.models.dynamics import (
     DynamicsParams,
     ModelBatch,
 )
+from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 from neorl_industrial.functional.state_management.dataset import Dataset
 
 __all__ = [
@@ -81,7 +82,7 @@ class FitResult(NamedTuple):
 
 def _optimizer(dynamics: Dynamics) -> optax.GradientTransformation:
     config = dynamics.config
-    return optax.adamw(config.learning_rate, weight_decay=config.weight_decay)
+    return make_optimizer(config.learning_rate, weight_decay=config.weight_decay)
 
 
 def data_statistics(
@@ -217,9 +218,10 @@ def make_fit_chunk(
     def member_update(networks, opt_state, key, indices, stats, train):
         position = jax.random.randint(key, (batch_size,), 0, indices.shape[0])
         batch = model_batch(train, dynamics, indices[position])
-        (loss, _), grads = jax.value_and_grad(dynamics.loss, has_aux=True)(networks, stats, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, networks)
-        return optax.apply_updates(networks, updates), opt_state, loss
+        networks, opt_state, loss, _ = apply_gradients(
+            lambda params: dynamics.loss(params, stats, batch), networks, optimizer, opt_state
+        )
+        return networks, opt_state, loss
 
     update = jax.vmap(
         jax.vmap(member_update, in_axes=(0, 0, 0, 0, None, None)),
