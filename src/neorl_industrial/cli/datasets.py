@@ -45,10 +45,8 @@ def _require_readable(path: str, schema: str | None) -> None:
     schema that is not a regular file: reading a FIFO or a device would block (or never
     end) instead of failing."""
     from neorl_industrial.integration.datasets import DatasetFormatError
-    from neorl_industrial.integration.datasets.plant_schema import (
-        file_kind,
-        require_regular_file,
-    )
+    from neorl_industrial.integration.datasets.plant_schema import require_regular_file
+    from neorl_industrial.wrappers.hostio import file_kind
 
     try:
         mode = os.stat(path).st_mode

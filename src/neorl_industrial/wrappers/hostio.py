@@ -25,6 +25,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -41,6 +42,7 @@ __all__ = [
     "atomic_directory",
     "atomic_file",
     "dump_yaml",
+    "file_kind",
     "fsync_path",
     "json_default",
     "load_yaml_text",
@@ -401,3 +403,20 @@ def read_yaml(path: str | os.PathLike[str], *, what: str = "file") -> Any:
 def dump_yaml(value: Any) -> str:
     """``value`` as block-style YAML, keys in their order."""
     return yaml.safe_dump(to_json_data(value), sort_keys=False)
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` that is not a regular file names, in words (``FIFO``,
+    ``directory``, ``symbolic link``, ...): the one wording of every "not a regular file"
+    refusal."""
+    for test, name in (
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return name
+    return "special file"

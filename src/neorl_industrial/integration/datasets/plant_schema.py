@@ -56,7 +56,7 @@ from neorl_industrial.core.utils.limits import (
 )
 from neorl_industrial.core.utils.messages import validation_lines
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
-from neorl_industrial.wrappers.hostio import YamlError, read_yaml
+from neorl_industrial.wrappers.hostio import YamlError, file_kind, read_yaml
 
 #: The shortest and longest sampling period (seconds) and the largest gap factor.
 MIN_SAMPLING_PERIOD = 1e-6
@@ -299,17 +299,3 @@ def require_regular_file(path: str | os.PathLike[str], what: str) -> None:
             "(nothing was read)",
             path=path,
         )
-
-
-def file_kind(mode: int) -> str:
-    """What a ``st_mode`` names, in words (``FIFO``, ``directory``, ...)."""
-    for test, name in (
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-    ):
-        if test(mode):
-            return name
-    return "special file"

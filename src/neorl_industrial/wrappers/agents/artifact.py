@@ -47,6 +47,7 @@ from neorl_industrial.wrappers.agents.signing import (
     verify_manifest,
 )
 from neorl_industrial.wrappers.constraint_files import constraint_spec_from_text
+from neorl_industrial.wrappers.hostio import file_kind
 
 __all__ = [
     "FORMAT",
@@ -631,23 +632,9 @@ def _check_entries(path: Path) -> None:
         if not entry.is_file(follow_symlinks=False):
             mode = entry.stat(follow_symlinks=False).st_mode
             raise PolicyArtifactError(
-                f"{path / entry.name}: a {_kind(mode)}, not a regular file; a policy artifact "
+                f"{path / entry.name}: a {file_kind(mode)}, not a regular file; a policy artifact "
                 "holds regular files only (nothing was read)"
             )
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISLNK, "symbolic link"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
 
 
 def _read_regular(file: Path) -> bytes:
@@ -677,7 +664,7 @@ def _read_regular(file: Path) -> bytes:
     if not stat.S_ISREG(mode):
         os.close(descriptor)
         raise PolicyArtifactError(
-            f"{file}: a {_kind(mode)}, not a regular file; a policy artifact holds regular "
+            f"{file}: a {file_kind(mode)}, not a regular file; a policy artifact holds regular "
             "files only"
         )
     with os.fdopen(descriptor, "rb") as handle:
