@@ -60,6 +60,7 @@ from neorl_industrial.integration.deployment.schemas import (
 )
 from neorl_industrial.integration.safety import AuditLogError
 from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
+from neorl_industrial.wrappers.agents.readings import decision_inputs
 
 __all__ = ["ActFastPath", "orjson_response", "router"]
 
@@ -93,6 +94,7 @@ async def act(
             given = _by_name(given, spec.action_index, "prev_action")
         prev = _check_rows([given], policy.action_size, "prev_action", "one per action", True)
         _check_bounds(prev, spec, "prev_action", single=True, named=named)
+    observations, prev = _readings(policy, observations, prev, "observation")
     rid = _request_id(request.headers.get("x-request-id"), body.request_id)
     decision = await _decide(serving, request.scope, observations, prev, "observation")
     return orjson_response(_answer_one(serving, policy, observations, decision, rid, _key(request)))
@@ -144,6 +146,7 @@ async def act_batch(
             )
         prev = _check_rows(body.prev_actions, policy.action_size, "prev_actions", "one per action")
         _check_bounds(prev, _spec(policy), "prev_actions")
+    observations, prev = _readings(policy, observations, prev, "observations")
     rid = _request_id(request.headers.get("x-request-id"), body.request_id)
     decision = await _decide(serving, request.scope, observations, prev, "observations")
     ids = [f"{rid}/{row}" for row in range(len(observations))]
@@ -301,6 +304,7 @@ class _Spec:
     """What the input checks need of a policy, computed once per loaded policy."""
 
     observation_index: dict[str, int]
+    observation_names: tuple[str, ...]
     action_index: dict[str, int]
     action_names: tuple[str, ...]
     low: np.ndarray
@@ -324,6 +328,7 @@ def _spec(policy: Any) -> _Spec:
         slack = TOLERANCE * np.maximum(1.0, np.maximum(np.abs(low), np.abs(high)))
         spec = _Spec(
             observation_index={n: i for i, n in enumerate(artifact.observation_names)},
+            observation_names=tuple(artifact.observation_names),
             action_index={n: i for i, n in enumerate(artifact.action_names)},
             action_names=tuple(artifact.action_names),
             low=low,
@@ -386,6 +391,23 @@ def _check_rows(
             where = (field,) if single else (field, row)
             raise _unprocessable(where, f"expected {width} values ({what}), got {len(value)}")
     return np.asarray(values, np.float32).reshape(len(values), width)
+
+
+def _readings(
+    policy: Any, observations: np.ndarray, prev: np.ndarray | None, field: str
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The rows as every entry point hands them to a policy
+    (:func:`~neorl_industrial.wrappers.agents.readings.decision_inputs`: subnormals read as
+    zero; non-finite values, which the schemas refuse first, refused); ``prev`` stays None
+    when unknown, so the batcher groups it with the other unknown ones."""
+    spec = _spec(policy)
+    try:
+        observations, known, _ = decision_inputs(
+            observations, prev, spec.observation_names, spec.action_names
+        )
+    except ValueError as error:
+        raise _unprocessable((field,), str(error)) from None
+    return observations, None if prev is None else known
 
 
 async def _decide(
@@ -581,6 +603,7 @@ class ActFastPath:
             spec = _spec(policy)
             if ((prev < spec.low_tolerated) | (prev > spec.high_tolerated)).any():
                 return None
+        observations, prev = _readings(policy, observations, prev, "observation")
         rid = data.get("request_id")
         if rid is not None and (type(rid) is not str or not _REQUEST_ID.fullmatch(rid)):
             return None

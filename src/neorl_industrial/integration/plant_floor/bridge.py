@@ -60,6 +60,7 @@ from neorl_industrial.integration.plant_floor.opcua import (
 )
 from neorl_industrial.integration.plant_floor.plan import BridgePlan
 from neorl_industrial.integration.plant_floor.ticklog import TickLog, numbers
+from neorl_industrial.wrappers.agents.readings import decision_inputs
 
 __all__ = ["Backoff", "BridgeSummary", "PlantBridge"]
 
@@ -399,6 +400,21 @@ class PlantBridge:
         }
         if not np.array_equal(prev, applied, equal_nan=True):
             record["previous"] = numbers(prev)  # what the shield decided from
+        rows = None
+        if not faults:
+            # As every entry point reads them: subnormals as zero, a reading that is no
+            # finite float32 (a converted value beyond its range) a fault; a NaN position
+            # is unknown (the write is withheld below).
+            try:
+                rows = decision_inputs(
+                    observation,
+                    prev,
+                    plan.observation_names,
+                    plan.action_names,
+                    unknown_positions=True,
+                )
+            except ValueError as error:
+                faults["observation"] = f"not a finite number: {error}"
         if faults:
             for reason in faults.values():
                 self.metrics.faults.labels(_fault_kind(reason)).inc()
@@ -419,9 +435,7 @@ class PlantBridge:
             decision = None
             self._fault_in_closed_loop(f"tick {tick}: {next(iter(faults.values()))}")
         else:
-            decision = plan.loaded.artifact.decide_rows(
-                observation[None].astype(np.float32), prev[None].astype(np.float32)
-            )
+            decision = plan.loaded.artifact.decide_rows(rows[0], rows[1])
             self.summary.decided += 1
             self.metrics.ticks.labels("decided").inc()
             action = np.asarray(decision.action[0], np.float64)
