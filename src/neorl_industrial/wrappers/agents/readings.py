@@ -29,6 +29,7 @@ and refuses nothing (a graph cannot): its host does. The rules:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,7 +91,7 @@ def decision_inputs(
         _finite(obs, "observation", observation_names, single, False, error)
         obs = flush_subnormals(obs)
     if prev_actions is None:
-        return obs, np.full((len(obs), len(action_names)), np.nan, np.float32), single
+        return obs, _unknown(len(obs), len(action_names)), single
     prev, prev_single = _rows(prev_actions, "prev_action", action_names, error)
     if prev_single != single or len(prev) != len(obs):
         expected = [len(action_names)] if single else [len(obs), len(action_names)]
@@ -102,6 +103,15 @@ def decision_inputs(
         _finite(prev, "prev_action", action_names, single, unknown_positions, error)
         prev = flush_subnormals(prev)
     return obs, prev, single
+
+
+@functools.lru_cache(maxsize=32)
+def _unknown(rows: int, width: int) -> np.ndarray:
+    """``[rows, width]`` NaN (previous actions unknown), read-only and shared: most
+    requests send none."""
+    unknown = np.full((rows, width), np.nan, np.float32)
+    unknown.setflags(write=False)
+    return unknown
 
 
 def _unusual(array: np.ndarray) -> bool:
