@@ -411,7 +411,6 @@ class PlantBridge:
                     prev,
                     plan.observation_names,
                     plan.action_names,
-                    unknown_positions=True,
                 )
             except ValueError as error:
                 faults["observation"] = f"not a finite number: {error}"

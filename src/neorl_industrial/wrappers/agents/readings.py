@@ -19,12 +19,12 @@ and refuses nothing (a graph cannot): its host does. The rules:
   bridge counts a faulty tick and applies its fallback, ``predict`` raises). The policy
   never decides on one; the shield's own broken-sensor check (a finite reading outside
   the plant's physical bounds: fallback and ``invalid_observation``) is unchanged.
-* **A previous action is known or not given.** ``None`` (an omitted ``prev_action``)
-  means unknown: the rate limits are left out. A NaN or infinite value in a given
-  previous action is refused by name, so a client cannot switch a rate limit off by
-  sending NaN. The bridge alone, which reads each actuator's position from the plant,
-  passes ``unknown_positions=True``: a NaN there is one actuator whose position the plant
-  did not report, and the bridge writes no rate-limited action to it.
+* **A NaN previous action is unknown**, as an omitted one (``None``) is: the shield
+  leaves that action's rate limit out (a batch may mix rows whose previous action is known
+  with rows at an episode's start). NaN adds nothing to what omitting the previous action
+  already allows; the bridge, which reads each actuator's position from the plant, writes
+  no rate-limited action where it is unknown. An infinite previous action is no position:
+  refused by name.
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ def decision_inputs(
     observation_names: Sequence[str],
     action_names: Sequence[str],
     *,
-    unknown_positions: bool = False,
     error: type[Exception] = ValueError,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """The ``[rows, obs]`` readings and ``[rows, act]`` previous actions a policy decides
@@ -74,17 +73,15 @@ def decision_inputs(
 
     Args:
         observations: ``[obs]`` or ``[rows, obs]`` readings in plant units.
-        prev_actions: ``[act]`` or ``[rows, act]`` like the observations; ``None``:
-            unknown (NaN rows, the shield leaves the rate limits out).
+        prev_actions: ``[act]`` or ``[rows, act]`` like the observations; ``None`` or
+            NaN: unknown (the shield leaves the rate limits out).
         observation_names, action_names: the features' and actions' names, for errors.
-        unknown_positions: a NaN previous action is an actuator whose position is unknown
-            (the bridge, which writes nothing rate-limited to it); otherwise refused.
         error: the exception class raised (a caller's own ``ValueError`` subclass).
 
     Raises:
         error: for values that are not numbers, a shape that does not fit, a reading that
-            is not a finite float32 number, or a given previous action that is not (NaN
-            allowed with ``unknown_positions``), naming the field, row and feature.
+            is not a finite float32 number or an infinite previous action, naming the
+            field, row and feature.
     """
     obs, single = _rows(observations, "observation", observation_names, error)
     if _unusual(obs):
@@ -100,7 +97,7 @@ def decision_inputs(
             f"got {list(np.shape(prev_actions))}"
         )
     if _unusual(prev):
-        _finite(prev, "prev_action", action_names, single, unknown_positions, error)
+        _finite(prev, "prev_action", action_names, single, True, error)
         prev = flush_subnormals(prev)
     return obs, prev, single
 
@@ -169,5 +166,5 @@ def _finite(
     if field == "observation":
         allowed = "a finite float32 number (a broken sensor is the caller's to report)"
     else:
-        allowed = "a finite float32 number (an unknown previous action is omitted, not NaN)"
+        allowed = "a finite float32 number, or NaN where unknown"
     raise error(f"{field}:{where} {names[column]!r} is {array[row, column]}; expected {allowed}")
