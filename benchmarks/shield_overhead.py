@@ -17,8 +17,9 @@ What is measured:
 
 * **repair** - the shield alone on inputs that all need a repair (every proposal breaks
   a rule: the exact projection runs on every row), for the IB spec and the mixing tank's
-  (``examples/mixing-tank/constraints.yaml``), at batch 1 and 1024: the worst case of the
-  served path.
+  (``examples/mixing-tank/constraints.yaml``), at batch 1 and 1024, as the batch shield
+  and as the row-wise shield under ``vmap`` (``-rowwise``: what an exported policy
+  serves below 64 rows): the worst case of the served path.
 
 Before and after a change, in the same run: with ``SHIELD_REFERENCE=<git revision>`` in
 the environment, the shield module of that revision is loaded beside the current one
@@ -177,14 +178,21 @@ def _repair_programs(batch_size: int, reference: Any = None) -> dict[str, Any]:
         ),
     }
     programs: dict[str, Any] = {}
-    for name, (constraints, obs, prev, proposed) in cases.items():
+    # Each spec twice: the batch shield, and the row-wise shield under vmap, which is the
+    # form an exported policy serves below BRANCH_MIN_BATCH rows (a request of one row).
+    forms = {
+        f"{name}{suffix}": (case, rowwise)
+        for name, case in cases.items()
+        for suffix, rowwise in (("", False), ("-rowwise", True))
+    }
+    for name, ((constraints, obs, prev, proposed), rowwise) in forms.items():
         args = [jnp.asarray(a, jnp.float32) for a in (obs, proposed, prev)]
         functions = {"shielded": shield}
         if reference is not None:
             functions["reference"] = reference
         calls, projected = {}, {}
         for label, function in functions.items():
-            fn = jax.jit(function)
+            fn = jax.jit(jax.vmap(function, in_axes=(None, 0, 0, 0)) if rowwise else function)
             _, report = jax.block_until_ready(fn(constraints, *args))
             projected[label] = float(np.mean(np.asarray(report.projected)))
             calls[label] = lambda fn=fn, constraints=constraints, args=args: jax.block_until_ready(
