@@ -304,6 +304,7 @@ def test_the_export_command_passes_the_format(tmp_path, monkeypatch):
 
     class Saved:
         name = "td3bc"
+        selected_candidate = "seed0"
 
         def export(self, out, **options):
             calls.append(options)
