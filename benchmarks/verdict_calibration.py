@@ -17,7 +17,17 @@ verdict (model estimator) over them. Reported:
   correlation of the estimate with the truth;
 * the recommendation, and whether it is truly better.
 
+With ``--trained LABEL,...`` the candidates are instead the study's trained policies
+(``benchmarks.verdict_study.PLANT_CANDIDATES`` by label, two seeds each, trained on the
+training episodes as the study does), and every row carries the diagnosis of its
+interval: the plain paired difference from the operators' clone (bootstrapped, before
+pessimism and allowance), the members' spread of that difference, the candidate's and
+the operators' pessimism (their uncertainty along their own rollouts), the calibration
+allowance, and how often the candidate and the operators left the data's range.
+
     python -m benchmarks.verdict_calibration [--plants fired-heater,...] [--out DIR]
+    python -m benchmarks.verdict_calibration --plants fired-heater --no-mixing-tank \
+        --trained "BC-Safe,TD3BC-Lag,IQL-Lag b=1" --updates 1000 --bc-updates 500
 
 Writes ``benchmarks/results/verdict_calibration-<stamp>.json``.
 """
@@ -134,10 +144,26 @@ def study_plant(name: str, root: Path, args) -> dict:
     task, model = _fit(dataset, card, tuple(args.hidden), args.updates)
     fit_seconds = time.perf_counter() - started
     scaler, held_ids, train, heldout = _split(dataset, model, task)
-    bc_act, bc_params = _clone(train, args.bc_updates)
-    act, params, names = _candidates(bc_act, bc_params, task.action_size)
+    plant = make_plant(name)
+    truth = PlantTruth(plant, folder)
     limits = [task.cost_limits.get(c, np.inf) for c in task.cost_names]
-    settings = VerdictSettings(fqe=False, bootstrap=1000)
+    if args.trained:
+        settings = VerdictSettings(
+            fqe=False, bootstrap=1000, horizon=300, max_starts=50, bc_updates=args.bc_updates
+        )
+        raw = dataset.select_episodes(np.asarray(model.card["dataset"]["train_episodes"]))
+        act, params, names, controllers, first = _trained(
+            [label for label in args.trained.split(",") if label], task, folder, raw, args
+        )
+        # As the study judges them: the held-out part as the agents' contract sees it.
+        heldout = first.training_data(dataset.select_episodes(held_ids))
+        heldout = heldout.replace(actions=scaler.scale(heldout.actions))
+        constraints = first.constraints
+    else:
+        settings = VerdictSettings(fqe=False, bootstrap=1000)
+        bc_act, bc_params = _clone(train, args.bc_updates)
+        act, params, names = _candidates(bc_act, bc_params, task.action_size)
+        controllers, constraints = None, None
     started = time.perf_counter()
     verdict = model_verdict(
         act=act,
@@ -146,18 +172,20 @@ def study_plant(name: str, root: Path, args) -> dict:
         heldout=heldout,
         plant_model=model,
         scaler=scaler,
+        constraints=constraints,
         cost_limits=limits,
         cost_names=task.cost_names,
         settings=settings,
     )
     verdict_seconds = time.perf_counter() - started
 
-    plant = make_plant(name)
-    truth = PlantTruth(plant, folder)
-    starts = verdict_starts(heldout, held_ids, max_starts=settings.max_starts, horizon=1000)
+    starts = verdict_starts(
+        heldout, held_ids, max_starts=settings.max_starts, horizon=settings.horizon
+    )
     operators = truth.at_starts(
         truth.operators(), starts, discount=settings.discount, replicates=args.replicates
     )
+    operators_model = verdict.behaviour["estimates"][0]
     rows = []
     for p, candidate in enumerate(names):
         own = jax.tree.map(lambda leaf, p=p: leaf[p], params)
@@ -167,6 +195,8 @@ def study_plant(name: str, root: Path, args) -> dict:
             del previous
             return np.asarray(scaler.unscale(policy(jnp.asarray(observations))))
 
+        if controllers is not None:
+            controller = truth.controller(controllers[p])
         true = truth.improvement(
             controller,
             starts,
@@ -187,6 +217,19 @@ def study_plant(name: str, root: Path, args) -> dict:
                 "qualifies": entry["qualifies"],
                 "outside_data_share": entry["estimates"][0]["outside_data_share"],
                 "outside_physics_share": entry["estimates"][0]["outside_physics_share"],
+                # What took the interval where it is (the diagnosis).
+                "paired": entry["estimates"][0].get("paired"),
+                "paired_inside": bool(
+                    entry["estimates"][0]["paired"]["lower"]
+                    <= true["improvement"]["value"]
+                    <= entry["estimates"][0]["paired"]["upper"]
+                ),
+                "member_spread": entry["estimates"][0].get("member_spread"),
+                "pessimism": entry["estimates"][0]["penalty"],
+                "operators_pessimism": -operators_model["penalty"],
+                "operators_outside_data_share": operators_model["outside_data_share"],
+                "allowance": entry["estimates"][0].get("allowance"),
+                "truly_better": bool(true["improvement"]["lower"] > 0),
             }
         )
     estimates = [r["estimate"]["value"] for r in rows]
@@ -210,6 +253,44 @@ def study_plant(name: str, root: Path, args) -> dict:
         "statement": verdict.statement,
         "physics_note": verdict.evidence["physics"]["note"],
     }
+
+
+def _trained(labels, task, folder, train, args):
+    """The study's candidates (``PLANT_CANDIDATES`` by label, seeds 0 and 1) trained on
+    the training episodes ``train`` (plant units): ``(act, stacked params, names,
+    controllers, first agent)``, each controller ``(observations, previous) -> plant
+    actions`` with its shield."""
+    from benchmarks.verdict_study import PLANT_CANDIDATES, mixture_act, mixture_params
+    from neorl_industrial.wrappers.agents import Agent
+
+    known = {label: (algorithm, extra) for label, algorithm, extra in PLANT_CANDIDATES}
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        raise SystemExit(f"--trained: unknown candidates {unknown}; known: {sorted(known)}")
+    agents, names, controllers = [], [], []
+    for label in labels:
+        algorithm, extra = known[label]
+        agent = Agent(
+            algorithm, task=task, constraints=folder / "constraints.yaml", hidden=(64, 64), **extra
+        )
+        agent.fit(
+            train,
+            updates=args.updates,
+            seeds=(0, 1),
+            chunk=min(1000, args.updates),
+            evaluate=False,
+        )
+        agents.append(agent)
+        for run, seed in enumerate(agent.seeds):
+            names.append(f"{label}, seed {seed}")
+            controllers.append(
+                lambda observations, previous, agent=agent, run=run: agent.predict(
+                    observations, previous, run=run
+                )
+            )
+    act = mixture_act([agent.policy_algorithm.act for agent in agents])
+    params = mixture_params([agent.policies for agent in agents])
+    return act, params, names, controllers, agents[0]
 
 
 def study_mixing_tank(args) -> dict:
@@ -255,6 +336,12 @@ def main(argv: list[str] | None = None) -> None:
         "--hidden", type=lambda s: [int(x) for x in s.split(",")], default=[128, 128]
     )
     parser.add_argument("--replicates", type=int, default=10)
+    parser.add_argument(
+        "--trained",
+        default="",
+        help="comma-separated study candidates (verdict_study's labels) instead of the "
+        "clone offsets; --updates also sets their training updates",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
     results = []
@@ -267,7 +354,13 @@ def main(argv: list[str] | None = None) -> None:
                 print(
                     f"  {row['name']:>11}: estimate {row['estimate']['value']:+9.2f} "
                     f"[{row['estimate']['lower']:+9.2f}, {row['estimate']['upper']:+9.2f}]  "
-                    f"true {row['true']['value']:+9.2f}  inside {row['inside']}"
+                    f"true {row['true']['value']:+9.2f}  inside {row['inside']}  "
+                    f"paired [{row['paired']['lower']:+9.2f}, {row['paired']['upper']:+9.2f}] "
+                    f"(inside {row['paired_inside']}), member spread "
+                    f"{row['member_spread']:.3g}, pessimism {row['pessimism']:.3g} "
+                    f"(operators {row['operators_pessimism']:.3g}), allowance "
+                    f"{row['allowance']:.3g}, outside the data {row['outside_data_share']:.2f} "
+                    f"(operators {row['operators_outside_data_share']:.2f})"
                 )
     if args.mixing_tank:
         result = study_mixing_tank(args)

@@ -295,6 +295,22 @@ def test_the_improvement_intervals_hold_the_true_improvements(full, plant):
             assert interval["lower"] <= true <= interval["upper"], (name, estimator, true)
 
 
+def test_the_model_interval_says_what_widened_it(full):
+    """The improvement interval is the plain paired difference widened by the pessimism
+    and the calibration allowance; each part is reported, so a lower bound below 0 can
+    be read back to what put it there."""
+    for name in NAMES:
+        model = estimate(full, name, "model")
+        paired, improvement = model["paired"], model["improvement"]
+        assert paired["lower"] <= model["improvement"]["value"] <= paired["upper"]
+        assert paired["value"] == pytest.approx(improvement["value"])
+        assert model["allowance"] >= full.calibration.model_error
+        # Same bootstrap draws: the pessimistic reading lies below the plain difference.
+        assert improvement["lower"] <= paired["lower"] - model["allowance"] + 1e-9
+        assert improvement["upper"] >= paired["upper"] + model["allowance"] - 1e-9
+        assert model["member_spread"] >= 0.0
+
+
 def test_a_model_that_does_not_reproduce_todays_operation_carries_no_recommendation(plant):
     class Drifting:
         """The fitted model with the temperature's change shifted by 2 degC a step."""

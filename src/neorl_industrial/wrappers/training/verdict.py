@@ -258,6 +258,17 @@ class EstimatorResult:
         override_share: share of model steps whose action the shield changed.
         outside_physics_share: share of model steps whose prediction left the physical
             ranges (clipped onto them and charged).
+        paired: ``model`` only: the plain paired difference from the operators' clone
+            (same members, starts and noise), bootstrapped, before the pessimism and the
+            calibration allowance widen it into :attr:`improvement`; with
+            :attr:`penalty` (the candidate's pessimism), the operators' (their
+            ``penalty``) and :attr:`allowance` it says what took the interval's lower
+            bound where it is.
+        allowance: ``model`` only: how far the calibration's error widened the
+            improvement interval on each side (:meth:`Calibration.allowance`).
+        member_spread: ``model`` only: the spread (standard deviation) over the members
+            of the mean paired difference: how far the members disagree on the
+            improvement itself.
     """
 
     estimator: str
@@ -269,6 +280,9 @@ class EstimatorResult:
     outside_data_share: float | None = None
     override_share: float | None = None
     outside_physics_share: float | None = None
+    paired: Interval | None = None
+    allowance: float | None = None
+    member_spread: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -745,6 +759,7 @@ def model_verdict(
         # operators raised, by their uncertainty) and the optimistic one (the reverse);
         # the model's own estimate is the plain difference.
         optimistic = sums.discounted_return + penalty * reward_spread * sums.discounted_uncertainty
+        allowance = calibration.allowance(sums.discounted_return, baseline.discounted_return)
         improvement = _widened(
             _between(
                 sums.discounted_return - baseline.discounted_return,
@@ -754,7 +769,13 @@ def model_verdict(
                 settings,
                 boot_seed,
             ),
-            calibration.allowance(sums.discounted_return, baseline.discounted_return),
+            allowance,
+        )
+        difference = sums.discounted_return - baseline.discounted_return  # [M, N]
+        paired = _interval(
+            difference,
+            bootstrap_means(difference, start_episodes, settings.bootstrap, boot_seed),
+            settings.level,
         )
         steps_total = np.maximum(sums.steps.sum(axis=(-2, -1)), 1.0)
         return EstimatorResult(
@@ -773,6 +794,9 @@ def model_verdict(
             outside_physics_share=float(
                 np.mean(sums.outside_physics_steps.sum((-2, -1)) / steps_total)
             ),
+            paired=paired,
+            allowance=float(allowance),
+            member_spread=float(np.std(difference.mean(axis=-1))),
         )
 
     results: list[list[EstimatorResult]] = [[] for _ in range(n_policies)]
