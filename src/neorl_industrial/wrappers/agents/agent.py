@@ -55,6 +55,7 @@ from neorl_industrial.functional.state_management import (
     with_action_scaling,
 )
 from neorl_industrial.version import __version__
+from neorl_industrial.wrappers.agents.readings import decision_inputs
 from neorl_industrial.wrappers.constraint_files import (
     constraint_spec_from_text,
     constraint_spec_yaml,
@@ -1285,34 +1286,29 @@ class Agent:
     ) -> tuple[np.ndarray, SafetyReport | None]:
         """The action(s), in plant units, for one observation ``[obs]`` or a batch
         ``[b, obs]`` and the shield's report (None with ``shield_actions=False``).
-        ``prev_action`` is the action applied at the previous step (rate limits); None:
-        unknown (the start of an episode), and rate limits are left out.
+        ``prev_action`` is the action applied at the previous step (rate limits); None or
+        NaN: unknown (the start of an episode), and rate limits are left out. Subnormal
+        values are read as zero (see :mod:`~neorl_industrial.wrappers.agents.readings`).
+
+        Raises:
+            AgentError: for a shape that does not fit, a reading that is not a finite
+                float32 number or an infinite previous action, naming the feature.
         """
         self._require_fitted("predict")
-        obs = np.asarray(observation, np.float32)
-        size = self.task.observation_size
-        if obs.ndim not in (1, 2) or obs.shape[-1] != size:
-            raise AgentError(
-                f"observation: expected shape [{size}] or [batch, {size}], got {obs.shape}"
-            )
-        if not np.all(np.isfinite(obs)):
-            raise AgentError("observation: expected finite numbers (got NaN or infinity)")
-        single = obs.ndim == 1
-        batch = obs[None] if single else obs
+        task = self.task
+        # Read as the server and the bridge read them (wrappers.agents.readings):
+        # subnormals as zero, a reading that is not finite refused by name, a NaN previous
+        # action unknown (the shield leaves its rate limit out).
+        batch, prev, single = decision_inputs(
+            observation,
+            None if self.entry.discrete else prev_action,
+            task.observation_names,
+            ("action",) if self.entry.discrete else task.action_names,
+            error=AgentError,
+        )
         if self.entry.discrete:
             actions = np.asarray(self._act_batch(self.policy(run), batch))
             return (actions[0] if single else actions), None
-        action_size = self.task.action_size
-        if prev_action is None:
-            # Unknown: the shield leaves rate limits out (a zero would be a real setting).
-            prev = np.full((batch.shape[0], action_size), np.nan, np.float32)
-        else:
-            prev = np.asarray(prev_action, np.float32).reshape(batch.shape[0], -1)
-            if prev.shape[1] != action_size:
-                raise AgentError(
-                    f"prev_action: expected {action_size} values per observation, "
-                    f"got shape {np.shape(prev_action)}"
-                )
         if not shield_actions:
             actions = np.asarray(self._act_batch(self.policy(run), batch))
             return (actions[0] if single else actions), None
