@@ -187,19 +187,7 @@ def _decide(entries: Entries, entry: str, observation, prev, tick: int = 1):
     return "decided", action[0], int(status[0])
 
 
-#: The graph reads its inputs as given: its hosts flush subnormals before calling it, and
-#: a graph that flushed them itself would disagree with the JAX artifact's own function,
-#: which reads them as given too (docs/onnx.md, parity).
-_GRAPH_AS_GIVEN = pytest.mark.xfail(
-    strict=True, reason="the ONNX graph and the JAX function read a subnormal as given"
-)
-PAIRS = [
-    pytest.param(entry, case, marks=_GRAPH_AS_GIVEN)
-    if (entry, case) == ("onnx", "subnormal_reading")
-    else (entry, case)
-    for entry in ENTRIES
-    for case in CASES
-]
+PAIRS = [(entry, case) for entry in ENTRIES for case in CASES]
 
 
 @pytest.mark.parametrize(("entry", "case"), PAIRS)

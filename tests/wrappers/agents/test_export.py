@@ -309,9 +309,10 @@ def test_bad_exports_are_named_and_leave_nothing(policy, tmp_path):
 
 
 def test_bad_observations_are_named(artifact):
-    with pytest.raises(ValueError, match=r"observation: expected shape \[6\] or \[batch, 6\]"):
+    # The wording of every entry point (wrappers.agents.readings.decision_inputs).
+    with pytest.raises(ValueError, match=r"observation: expected shape \[6\] or \[rows, 6\]"):
         artifact.predict(np.zeros(5))
-    with pytest.raises(ValueError, match=r"observation: expected shape .* got \(0, 6\)"):
+    with pytest.raises(ValueError, match=r"observation: expected shape .* got \[0, 6\]"):
         artifact.predict(np.zeros((0, 6)))
     observations = np.ones((3, 6))
     observations[2, 4] = np.nan

@@ -40,6 +40,7 @@ from neorl_industrial.core.safety.shield import (
     PROJECTED,
 )
 from neorl_industrial.core.utils.messages import quote, shorten
+from neorl_industrial.wrappers.agents.readings import decision_inputs, flush_subnormals
 from neorl_industrial.wrappers.agents.signing import (
     SIGNATURE,
     SigningError,
@@ -366,30 +367,26 @@ class PolicyArtifact:
                 rate limits cannot apply (send it wherever the plant has rate limits).
 
         Raises:
-            ValueError: for an observation or a previous action of the wrong shape or with
-                values that are not finite, naming the field, row and feature.
+            ValueError: for an observation or a previous action of the wrong shape, a
+                reading that is not a finite number or an infinite previous action,
+                naming the field, row and feature (the rules of every entry point:
+                :func:`~neorl_industrial.wrappers.agents.readings.decision_inputs`).
         """
-        observations, single = self._rows(observation, "observation", self.observation_names)
-        rows = len(observations)
-        if prev_action is None:
-            # Unknown: the shield leaves rate limits out (a zero would be a real setting).
-            prev_actions = np.full((rows, self._action_size), np.nan, np.float32)
-        else:
-            prev_actions, prev_single = self._rows(prev_action, "prev_action", self.action_names)
-            if prev_single != single or len(prev_actions) != rows:
-                expected = [self._action_size] if single else [rows, self._action_size]
-                raise ValueError(
-                    f"prev_action: expected the shape {expected} of one action per "
-                    f"observation, got {np.shape(prev_action)}"
-                )
+        observations, prev_actions, single = decision_inputs(
+            observation, prev_action, self.observation_names, self.action_names
+        )
         return self._decide(observations, prev_actions, single)
 
     def decide_rows(self, observations: np.ndarray, prev_actions: np.ndarray) -> PolicyDecision:
         """:meth:`predict` for ``[b, obs]`` float32 rows, unvalidated: a ``NaN`` previous
         action is unknown (no rate limit) row by row. For callers that have checked the
-        rows themselves (a server's routes) or that probe the artifact."""
+        rows themselves (a server's routes) or that probe the artifact. Subnormal values
+        are read as zero here too, as every entry point reads them, so that a probe, the
+        JAX program and the ONNX graph decide on the same numbers."""
         return self._decide(
-            np.asarray(observations, np.float32), np.asarray(prev_actions, np.float32), False
+            flush_subnormals(np.asarray(observations, np.float32)),
+            flush_subnormals(np.asarray(prev_actions, np.float32)),
+            False,
         )
 
     def _decide(
@@ -474,31 +471,6 @@ class PolicyArtifact:
         """Compiles the shapes that ``batch_sizes`` use, so no request pays for it."""
         for size in batch_sizes:
             self.predict(np.zeros((size, self._observation_size), np.float32))
-
-    def _rows(self, values: Any, field: str, names: tuple[str, ...]) -> tuple[np.ndarray, bool]:
-        size = len(names)
-        try:
-            array = np.asarray(values, np.float32)
-        except (TypeError, ValueError) as error:
-            raise ValueError(
-                f"{field}: expected numbers, [{size}] or [batch, {size}]: {error}"
-            ) from None
-        if array.ndim not in (1, 2) or array.shape[-1] != size or array.size == 0:
-            raise ValueError(
-                f"{field}: expected shape [{size}] or [batch, {size}] (batch >= 1) with "
-                f"columns {list(names[:8])}{' ...' if size > 8 else ''}, got {array.shape}"
-            )
-        single = array.ndim == 1
-        array = array.reshape(-1, size)
-        finite = np.isfinite(array)
-        if not finite.all():
-            row, column = (int(i) for i in np.argwhere(~finite)[0])
-            where = "" if single else f" row {row}"
-            raise ValueError(
-                f"{field}:{where} {names[column]!r} is {array[row, column]}; expected a finite "
-                "number (float32)"
-            )
-        return array, single
 
     # ----- description -------------------------------------------------------------------
     @property

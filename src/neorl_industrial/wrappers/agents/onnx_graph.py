@@ -17,9 +17,10 @@ needs only ``onnx``, and a primitive without an ONNX form is a named
 :class:`OnnxExportError`.
 
 Conventions of the graph: opset :data:`OPSET`, float32 in and out, the batch axis a
-``dim_param`` named ``batch`` (any batch size, one graph). ``lax.cond`` is written as both
-branches and a ``Where`` on its predicate (the same results for pure branches; the
-served graph is the shield's row-wise form, which has none).
+``dim_param`` named ``batch`` (any batch size, one graph), subnormal inputs read as zero
+(as every host reads them). ``lax.cond`` is written as both branches and a ``Where`` on
+its predicate (the same results for pure branches; the served graph is the shield's
+row-wise form, which has none).
 """
 
 from __future__ import annotations
@@ -163,10 +164,10 @@ def lower_to_onnx(
         ) from error
     lowering = _Lowering(batch)
     graph_inputs = []
-    for (name, _, _), spec, var in zip(inputs, specs, closed.jaxpr.invars, strict=True):
-        lowering.env[var] = _Value(name, var.aval)
-        graph_inputs.append(_value_info(name, spec.dtype, spec.shape, batch))
     lowering.batch_source = inputs[0][0]
+    for (name, _, _), spec, var in zip(inputs, specs, closed.jaxpr.invars, strict=True):
+        lowering.env[var] = _Value(_flushed(lowering, name, spec.dtype), var.aval)
+        graph_inputs.append(_value_info(name, spec.dtype, spec.shape, batch))
     lowering.batch_size()  # in the main graph, where every branch can read it
     for var, const in zip(closed.jaxpr.constvars, closed.consts, strict=True):
         lowering.env[var] = np.asarray(const)
@@ -200,6 +201,22 @@ def lower_to_onnx(
     except Exception as error:
         raise OnnxExportError(f"the ONNX graph does not check: {error}") from error
     return model
+
+
+def _flushed(lowering: _Lowering, name: str, dtype: Any) -> str:
+    """The input ``name`` with its subnormal elements read as zero (a floating input).
+
+    XLA on CPU flushes subnormals to zero in some fused operations and not in others, and
+    ONNX Runtime never does; the hosts read a subnormal reading as zero before anything
+    checks it (:mod:`neorl_industrial.wrappers.agents.readings`), and so does the graph,
+    so ``-1.4e-45`` on a bound of 0 is a valid reading of 0 on every runtime. NaN and
+    infinity pass unchanged (the shield judges them)."""
+    dtype = np.dtype(dtype)
+    if not np.issubdtype(dtype, np.floating):
+        return name
+    tiny = lowering.constant(np.asarray(np.finfo(dtype).tiny, dtype))
+    small = lowering.node("Less", [lowering.node("Abs", [name]), tiny])
+    return lowering.node("Where", [small, lowering.constant(np.zeros((), dtype)), name])
 
 
 def _value_info(name: str, dtype: Any, shape: tuple, batch: Any) -> onnx.ValueInfoProto:

@@ -2,8 +2,9 @@
 
 ``Agent.predict``, the policy server (``/v1/act``, ``/v1/act/batch``) and the OPC UA
 bridge hand their inputs to :func:`decision_inputs` before anything checks or decides on
-them. The ONNX graph decides on what it is given and refuses nothing (a graph cannot): a
-program that runs it reads its inputs with this function first. The rules:
+them. The ONNX graph refuses nothing (a graph cannot) but flushes subnormal inputs as its
+first operation, and ``PolicyArtifact.decide_rows`` flushes them before its program runs;
+a program that runs the graph reads its inputs with this function first. The rules:
 
 * **Subnormal values are zero.** A float32 value whose magnitude is below the smallest
   normal float32 (``1.18e-38``) but not zero, in a reading or a previous action, is read
