@@ -9,30 +9,20 @@ import contextlib
 import logging
 import math
 import signal
-import sys
 from pathlib import Path
-from typing import Any
 
-from neorl_industrial.cli.common import make_console, non_negative_int, positive_int
-
-
-class _Stderr(logging.StreamHandler):
-    """A handler that writes to whatever ``sys.stderr`` is when it writes (a process that
-    runs the command twice, or replaces its stderr, keeps its messages)."""
-
-    @property
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass
+from neorl_industrial.cli.common import (
+    StderrHandler,
+    make_console,
+    non_negative_int,
+    positive_int,
+)
 
 
 def _log_to_stderr(level: str) -> None:
     log = logging.getLogger("neorl_industrial.bridge")
     if not log.handlers:
-        handler = _Stderr()
+        handler = StderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s: %(name)s: %(message)s"))
         log.addHandler(handler)
         log.propagate = False

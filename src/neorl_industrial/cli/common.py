@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -42,3 +45,17 @@ def agent_dir(value: str) -> Path:
     from neorl_industrial.integration.mlflow.tracking import resolve_tracking_uri
 
     return resolve_agent_dir(value, resolve_tracking_uri())
+
+
+class StderrHandler(logging.StreamHandler):
+    """A log handler that writes to whatever ``sys.stderr`` is when it writes: a process
+    that runs commands more than once, or replaces its stderr (a test's capture, a
+    service manager), keeps its messages instead of writing to a closed stream."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass

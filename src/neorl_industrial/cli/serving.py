@@ -7,7 +7,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from neorl_industrial.cli.common import make_console, positive_int
+from neorl_industrial.cli.common import StderrHandler, make_console, positive_int
 
 if TYPE_CHECKING:
     from neorl_industrial.integration.deployment import ServerSettings
@@ -105,7 +105,7 @@ def _log_to_stderr(level: str) -> None:
     """The server's own log (trust warnings, incidents, reloads) on stderr at ``level``."""
     log = logging.getLogger("neorl_industrial.serve")
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = StderrHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s: %(name)s: %(message)s"))
         log.addHandler(handler)
         log.propagate = False
