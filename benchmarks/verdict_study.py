@@ -751,6 +751,7 @@ KEPT_BY = {
     "cost limit": "a cost may exceed its limit",
     "cost evidence": "too few cost events held out",
     "episodes": "too few held-out episodes",
+    "calibration": "the model does not reproduce the operators",
 }
 
 
@@ -758,6 +759,10 @@ def _reason_kind(reason: str) -> str:
     """The kind (a key of :data:`KEPT_BY`) of one of the verdict's reasons."""
     if reason.startswith("insufficient evidence"):
         return "episodes"
+    if reason.startswith("calibration: "):
+        # The plant model misses the operators' own logged returns or costs (or too few
+        # held-out episodes to check it): nothing it estimates is trusted.
+        return "calibration"
     estimator, _, rest = reason.partition(": ")
     if rest.startswith("cost "):
         return "cost evidence" if "insufficient evidence" in rest else "cost limit"
