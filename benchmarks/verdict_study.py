@@ -73,6 +73,7 @@ from benchmarks.harness import (
     utc_timestamp,
     write_atomically,
 )
+from neorl_industrial.wrappers.agents.joint_verdict import mixture_act, mixture_params
 
 NAME = "verdict_study"
 DESCRIPTION = "Verdict estimators against the simulator's truth over the learning suite"
@@ -127,47 +128,6 @@ def _fidelity_summary(fidelity: dict[str, Any]) -> dict[str, Any]:
     if "outside_data_share" in fidelity:
         out["outside_data_share"] = fidelity["outside_data_share"]
     return out
-
-
-def mixture_params(policies: Sequence[Any]) -> dict[str, Any]:
-    """The candidates of several algorithms as one stack (see :func:`mixture_act`):
-    ``which`` says each candidate's algorithm, ``slots`` holds per algorithm a stack with
-    the candidate's own parameters in its algorithm's slot (the others' first candidate,
-    never used, in the other slots)."""
-    import jax
-    import jax.numpy as jnp
-
-    counts = [int(jax.tree.leaves(stack)[0].shape[0]) for stack in policies]
-    which = np.repeat(np.arange(len(counts)), counts)
-    slots = []
-    for own, stack in enumerate(policies):
-        rows = np.concatenate(
-            [
-                np.arange(n) if group == own else np.zeros(n, np.int64)
-                for group, n in enumerate(counts)
-            ]
-        )
-        slots.append(jax.tree.map(lambda leaf, rows=rows: leaf[jnp.asarray(rows)], stack))
-    return {"which": jnp.asarray(which, jnp.int32), "slots": tuple(slots)}
-
-
-def mixture_act(acts: Sequence[Any]) -> Any:
-    """One ``act`` over the candidates of several algorithms (``acts``, one per
-    algorithm, parameters as :func:`mixture_params` stacks them): each candidate acts
-    with its own algorithm's ``act``, so that all of them are evaluated by one compiled
-    program (under ``vmap`` every algorithm's actor runs and the candidate's is kept)."""
-    import jax
-
-    def act(params: Any, observation: Any, key: Any = None, deterministic: bool = True) -> Any:
-        branches = [
-            lambda slots, observation, own=own, function=function: function(
-                slots[own], observation, key, deterministic=deterministic
-            )
-            for own, function in enumerate(acts)
-        ]
-        return jax.lax.switch(params["which"], branches, params["slots"], observation)
-
-    return act
 
 
 def _ranking(estimates: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
