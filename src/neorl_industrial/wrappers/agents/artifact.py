@@ -377,17 +377,24 @@ class PolicyArtifact:
         )
         return self._decide(observations, prev_actions, single)
 
-    def decide_rows(self, observations: np.ndarray, prev_actions: np.ndarray) -> PolicyDecision:
+    def decide_rows(
+        self, observations: np.ndarray, prev_actions: np.ndarray, *, read: bool = False
+    ) -> PolicyDecision:
         """:meth:`predict` for ``[b, obs]`` float32 rows, unvalidated: a ``NaN`` previous
         action is unknown (no rate limit) row by row. For callers that have checked the
         rows themselves (a server's routes) or that probe the artifact. Subnormal values
         are read as zero here too, as every entry point reads them, so that a probe, the
-        JAX program and the ONNX graph decide on the same numbers."""
-        return self._decide(
-            flush_subnormals(np.asarray(observations, np.float32)),
-            flush_subnormals(np.asarray(prev_actions, np.float32)),
-            False,
-        )
+        JAX program and the ONNX graph decide on the same numbers; ``read``: the rows come
+        from :func:`~neorl_industrial.wrappers.agents.readings.decision_inputs`, which has
+        done that already (the server's hot path skips a second pass)."""
+        observations = np.asarray(observations, np.float32)
+        prev_actions = np.asarray(prev_actions, np.float32)
+        if not read:
+            observations, prev_actions = (
+                flush_subnormals(observations),
+                flush_subnormals(prev_actions),
+            )
+        return self._decide(observations, prev_actions, False)
 
     def _decide(
         self, observations: np.ndarray, prev_actions: np.ndarray, single: bool
