@@ -147,15 +147,34 @@ def _ranking(estimates: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
     }
 
 
+def _fitted_model(label: str, task: Any, dataset: Any, card: Any, args: argparse.Namespace) -> Any:
+    """The study's plant model of ``dataset``, fitted with the study's settings."""
+    from neorl_industrial.core.models import DynamicsConfig
+    from neorl_industrial.wrappers.models import FitSettings, PlantModel
+
+    model = PlantModel(
+        task,
+        DynamicsConfig(**({"hidden": tuple(args.model_hidden)} if args.model_hidden else {})),
+        definitions=card.definitions,
+    )
+    progress(f"{label}: plant model, at most {args.model_updates} updates")
+    model.fit(
+        dataset,
+        FitSettings(
+            max_updates=args.model_updates, holdout=args.holdout, split_seed=args.split_seed
+        ),
+        dataset_name=card.name,
+    )
+    return model
+
+
 def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     """One dataset: the plant model, the candidates, their verdict and their truth."""
     import jax
 
     from neorl_industrial.core.environments import Task
-    from neorl_industrial.core.models import DynamicsConfig
     from neorl_industrial.integration.datasets import generate_dataset
     from neorl_industrial.wrappers.agents import Agent, OPESettings
-    from neorl_industrial.wrappers.models import FitSettings, PlantModel
     from neorl_industrial.wrappers.training.evaluation import Evaluator
     from neorl_industrial.wrappers.training.verdict import (
         VerdictSettings,
@@ -167,20 +186,8 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     progress(f"{spec}: {args.trajectories} trajectories")
     dataset, card = generate_dataset(env_id, quality, args.trajectories, seed=args.data_seed)
     task = Task.from_env(env_id)
-    model = PlantModel(
-        task,
-        DynamicsConfig(**({"hidden": tuple(args.model_hidden)} if args.model_hidden else {})),
-        definitions=card.definitions,
-    )
-    progress(f"{spec}: plant model, at most {args.model_updates} updates")
     model_started = time.perf_counter()
-    model.fit(
-        dataset,
-        FitSettings(
-            max_updates=args.model_updates, holdout=args.holdout, split_seed=args.split_seed
-        ),
-        dataset_name=card.name,
-    )
+    model = _fitted_model(spec, task, dataset, card, args)
     simulator = model.simulator_fidelity(episodes=args.fidelity_episodes)
     model_seconds = time.perf_counter() - model_started
     heldout = dataset.select_episodes(np.asarray(model.card["dataset"]["holdout_episodes"]))
@@ -364,10 +371,8 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     from benchmarks.plants import make_plant, write_plant
     from benchmarks.plants.truth import PlantTruth, mean_interval, verdict_starts
-    from neorl_industrial.core.models import DynamicsConfig
     from neorl_industrial.integration.datasets import load_plant_log
     from neorl_industrial.wrappers.agents import Agent
-    from neorl_industrial.wrappers.models import FitSettings, PlantModel
     from neorl_industrial.wrappers.training.verdict import VerdictSettings, model_verdict
 
     started = time.perf_counter()
@@ -378,20 +383,8 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
     dataset, card = load_plant_log(csv, folder / "schema.yaml")
     task = card.task(dataset)
     constraints = folder / "constraints.yaml"
-    model = PlantModel(
-        task,
-        DynamicsConfig(**({"hidden": tuple(args.model_hidden)} if args.model_hidden else {})),
-        definitions=card.definitions,
-    )
-    progress(f"{name}: plant model, at most {args.model_updates} updates")
     model_started = time.perf_counter()
-    model.fit(
-        dataset,
-        FitSettings(
-            max_updates=args.model_updates, holdout=args.holdout, split_seed=args.split_seed
-        ),
-        dataset_name=card.name,
-    )
+    model = _fitted_model(name, task, dataset, card, args)
     model_seconds = time.perf_counter() - model_started
     holdout_ids = np.asarray(model.card["dataset"]["holdout_episodes"])
     heldout = dataset.select_episodes(holdout_ids)
