@@ -23,8 +23,14 @@ What is measured:
 * Hot reload under load: ``wrk`` at 16 connections while the admin endpoint swaps the
   policy ``reloads`` times: non-2xx responses and socket errors.
 * schemathesis against our OpenAPI schema (``/openapi.json``): server errors (5xx).
+* Before and after a change: with ``SERVING_REFERENCE=<git revision>`` in the environment,
+  that revision's ``src/`` (``git archive``) trains, exports and serves the same way in a
+  scratch store of its own, and its server joins the alternating rounds (``reference``):
+  ours as a share of it by requests per second and by CPU time per request, and what
+  each server's shield did with the measured request (the same body).
 
-Targets: throughput at 16 connections >= 30x MLflow's, p99 at 16 connections <= 10 % of
+Targets: throughput at 16 connections >= 30x MLflow's, and >= 95 % of the reference
+revision's when one is given, p99 at 16 connections <= 10 % of
 MLflow's, throughput >= 70 % of the bare app's at 16 connections and >= 60 % at 1, zero
 soak errors with RSS growth < 10 %, zero failed requests during reloads, zero schemathesis
 server errors.
@@ -70,7 +76,7 @@ ADMIN = secrets.token_urlsafe(32)
 PACED_IN_FLIGHT = 32
 
 
-def _train(workdir: Path, store: str, updates: int) -> None:
+def _train(workdir: Path, store: str, updates: int, env: dict[str, str] | None = None) -> None:
     command = [
         sys.executable, "-m", "neorl_industrial.cli", "run",
         "--set", f"training.updates={updates}", "--set", "training.chunk=250",
@@ -78,7 +84,26 @@ def _train(workdir: Path, store: str, updates: int) -> None:
         "--set", "data.trajectories=5", "--set", f"tracking.uri={store}",
         "--set", "name=served",
     ]  # fmt: skip
-    subprocess.run(command, check=True, cwd=workdir, capture_output=True)
+    subprocess.run(command, check=True, cwd=workdir, capture_output=True, env=env)
+
+
+def _reference_source(revision: str, scratch: Path) -> Path:
+    """``src/`` of ``revision`` unpacked under ``scratch`` (``git archive``)."""
+    archive = subprocess.run(
+        ["git", "archive", revision, "src"], cwd=REPO_ROOT, check=True, capture_output=True
+    ).stdout
+    target = scratch / "reference"
+    target.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target / "src"
+
+
+def _shield_said(url: str, body: str, headers: dict[str, str]) -> dict[str, Any]:
+    """What a server's shield did with ``body``: the response's report flags."""
+    request = urllib.request.Request(url, body.encode(), headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        report = json.loads(response.read())["report"]
+    return {key: report.get(key) for key in ("overridden", "projected", "fallback", "infeasible")}
 
 
 def _lua(path: Path, body: str, headers: dict[str, str]) -> Path:
@@ -243,9 +268,39 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         "mlflow": _lua(scratch / "mlflow.lua", mlflow_body, {"Content-Type": "application/json"}),
     }  # fmt: skip
     scripts["bare"] = scripts["bare_h11"] = scripts["ours"]  # the same request, key and all
+    reference = os.environ.get("SERVING_REFERENCE")
+    if reference:
+        progress(f"training, registering and serving with {reference}")
+        config["reference"] = reference
+        workdir = scratch / "reference-run"
+        workdir.mkdir()
+        reference_store = f"sqlite:///{workdir}/mlflow.db"
+        reference_env = interpreter_environment(
+            MLFLOW_TRACKING_URI=reference_store,
+            PYTHONPATH=str(_reference_source(reference, scratch)),
+        )
+        _train(workdir, reference_store, config["updates"], reference_env)
+        ports["reference"] = free_port()
+        servers["reference"] = subprocess.Popen(
+            [sys.executable, "-m", "neorl_industrial.cli", "serve", "--model", model,
+             "--port", str(ports["reference"]), "--api-keys-file", str(scratch / "keys.yaml"),
+             "--log-level", "warning"],
+            env=reference_env, cwd=workdir, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        urls["reference"] = f"http://127.0.0.1:{ports['reference']}/v1/act"
+        scripts["reference"] = scripts["ours"]
+    order = ("mlflow", "bare", "ours", *(("reference",) if reference else ()), "bare_h11")
     results: dict[str, Any] = {}
     try:
         wait_for_http(f"http://127.0.0.1:{ports['ours']}/readyz", servers["ours"], 600)
+        if reference:
+            url = f"http://127.0.0.1:{ports['reference']}/readyz"
+            wait_for_http(url, servers["reference"], 600)
+            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+            results["shield_said"] = {
+                name: _shield_said(urls[name], ours_body, headers) for name in ("ours", "reference")
+            }
         wait_for_http(f"http://127.0.0.1:{ports['mlflow']}/ping", servers["mlflow"], 600)
         for name in ("bare", "bare_h11"):
             wait_for_http(f"http://127.0.0.1:{ports[name]}/docs", servers[name], 60)
@@ -256,7 +311,7 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         }
         for round_ in range(config["rounds"]):
             for connections in config["connections"]:
-                for name in ("mlflow", "bare", "ours", "bare_h11"):
+                for name in order:
                     progress(f"round {round_ + 1}: {name}, {connections} connection(s)")
                     pid = servers[name].pid
                     cpu = _cpu_seconds(pid)
@@ -290,7 +345,19 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
                 pairs = zip(runs["ours"][c], runs[bare][c], strict=True)
                 cpu = [b["cpu_us_per_request"] / o["cpu_us_per_request"] for o, b in pairs]
                 results[f"ceiling_cpu_share_c{c}" + bare[4:]] = statistics.median(cpu)
-        for name in ("mlflow", "bare", "bare_h11"):
+        if reference:
+            for c in config["connections"]:
+                pairs = list(zip(runs["ours"][c], runs["reference"][c], strict=True))
+                results[f"reference_share_c{c}"] = statistics.median(
+                    o["requests_per_s"] / r["requests_per_s"] for o, r in pairs
+                )
+                results[f"reference_shares_c{c}"] = [
+                    o["requests_per_s"] / r["requests_per_s"] for o, r in pairs
+                ]
+                results[f"reference_cpu_share_c{c}"] = statistics.median(
+                    r["cpu_us_per_request"] / o["cpu_us_per_request"] for o, r in pairs
+                )
+        for name in ("mlflow", "bare", "bare_h11", *(("reference",) if reference else ())):
             servers[name].terminate()
 
         # Soak at a fixed rate: errors and memory.
@@ -370,8 +437,14 @@ def run(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
             "soak_rss_growth": soak["rss_growth"],
             "reload_failed": reload["failed"] + (1 if reload["socket_errors"] else 0),
             "schemathesis_server_errors": fuzz.get("server_errors"),
+            **({"reference_share_c16": results["reference_share_c16"]} if reference else {}),
         },
         {
+            "reference_share_c16": (
+                ">=",
+                0.95,
+                f"req/s at 16 connections vs the server of {reference}",
+            ),
             "throughput_ratio_c16": (">=", 30.0, "req/s at 16 connections vs mlflow models serve"),
             "p99_share_c16": ("<=", 0.10, "p99 at 16 connections as a share of mlflow's"),
             "ceiling_share_c16": (">=", 0.70, "req/s at 16 connections vs the bare FastAPI app"),
@@ -427,7 +500,35 @@ def report(config: dict[str, Any], results: dict[str, Any]) -> list[Table]:
         )  # fmt: skip
     soak, reload, fuzz = results["soak"], results["reload"], results["schemathesis"]
     targets = results["targets"]
+    before = []
+    if config.get("reference"):
+        for c in config["connections"]:
+            ours, theirs = load[f"ours_c{c}"], load[f"reference_c{c}"]
+            before.append(
+                [c, theirs["requests_per_s"], ours["requests_per_s"],
+                 results[f"reference_share_c{c}"], theirs["cpu_us_per_request"],
+                 ours["cpu_us_per_request"], results[f"reference_cpu_share_c{c}"]]
+            )  # fmt: skip
+    tables = []
+    if before:
+        tables.append(
+            Table(
+                f"Ours against the server of {config['reference']} (same command, same "
+                f"request; shield: {json.dumps(results['shield_said'])})",
+                [
+                    "connections",
+                    "reference req/s",
+                    "ours req/s",
+                    "share",
+                    "reference CPU us/req",
+                    "ours CPU us/req",
+                    "share by CPU",
+                ],
+                before,
+            )
+        )
     return [
+        *tables,
         Table(
             "Ours against the framework's ceiling (a bare FastAPI app parsing the same body; "
             "share: median of the rounds' ratios)",

@@ -8,8 +8,9 @@ observation or thousands on the platforms it was lowered for. The layout::
     manifest.json           format version, versions, sizes, names, action bounds,
                             observation bounds, the data's range, constraint names,
                             status bits, outputs, metadata, sha256 of every file
-    serve.jaxexport         any batch size (used below 64 rows, the shield's BRANCH_MIN_BATCH)
-    serve_large.jaxexport   batches of 64 rows or more (the shield branches once per batch)
+    serve.jaxexport         any batch size (used below 64 rows, BRANCH_MIN_BATCH)
+    serve_large.jaxexport   batches of 64 rows or more (the same function, its batch
+                            size bounded; both branch once per batch on the repair)
     constraints.yaml        the constraint spec the shield enforces
     params.msgpack          the policy's parameters by path, for inspection only
     signature.json          (when signed) Ed25519 signature of the manifest (:mod:`.signing`)
@@ -200,12 +201,10 @@ def export_policy(
         raise PolicyArtifactError(str(error)) from None
     _check_act(act, policy_params, observation_size, action_size)
 
-    def serving(rowwise: bool) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]]:
-        # Below BRANCH_MIN_BATCH the shield's batch path selects every row's repair; the
-        # row-wise shield under vmap is the same select and needs no bound on the batch
-        # size. From there on the batch shield branches once for the whole batch.
+    def serving() -> Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]]:
+        # The batch shield branches once for the whole batch: the repair runs only when
+        # some row needs it (the shield under vmap would compute every row's repair).
         guard = functools.partial(shield, compiled)
-        guard = jax.vmap(guard) if rowwise else guard
 
         def serve(observations: jax.Array, prev_actions: jax.Array) -> tuple[jax.Array, ...]:
             proposed = jax.vmap(lambda observation: act(policy_params, observation))(observations)
@@ -220,7 +219,7 @@ def export_policy(
     files: dict[str, bytes] = {}
     functions = []
     for name, min_batch in _FUNCTIONS:
-        function = serving(rowwise=min_batch < BRANCH_MIN_BATCH)
+        function = serving()
         constraints = () if min_batch == 1 else (f"batch >= {min_batch}",)
         (batch,) = jax.export.symbolic_shape("batch", constraints=constraints)
         try:
@@ -239,7 +238,7 @@ def export_policy(
     onnx_entry = None
     if format == "onnx":
         onnx_entry = _onnx_graph(
-            files, serving(rowwise=False), compiled, observation_size, action_size, data_bounds
+            files, serving(), compiled, observation_size, action_size, data_bounds
         )
     files[CONSTRAINTS] = constraint_spec_yaml(spec).encode()
     files[PARAMETERS] = serialization.msgpack_serialize(_parameters_by_path(policy_params))
