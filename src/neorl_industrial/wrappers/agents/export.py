@@ -201,29 +201,25 @@ def export_policy(
         raise PolicyArtifactError(str(error)) from None
     _check_act(act, policy_params, observation_size, action_size)
 
-    def serving() -> Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]]:
-        # The batch shield branches once for the whole batch: the repair runs only when
-        # some row needs it (the shield under vmap would compute every row's repair).
-        guard = functools.partial(shield, compiled)
+    # The batch shield branches once for the whole batch: the repair runs only when some
+    # row needs it (the shield under vmap would compute every row's repair).
+    guard = functools.partial(shield, compiled)
 
-        def serve(observations: jax.Array, prev_actions: jax.Array) -> tuple[jax.Array, ...]:
-            proposed = jax.vmap(lambda observation: act(policy_params, observation))(observations)
-            proposed = jnp.asarray(proposed, jnp.float32)
-            safe, report = guard(observations, proposed, prev_actions)
-            # The report's one margins array (proposed and applied): one output buffer.
-            return safe, proposed, report.status.astype(jnp.int32), report.margins
-
-        return serve
+    def serve(observations: jax.Array, prev_actions: jax.Array) -> tuple[jax.Array, ...]:
+        proposed = jax.vmap(lambda observation: act(policy_params, observation))(observations)
+        proposed = jnp.asarray(proposed, jnp.float32)
+        safe, report = guard(observations, proposed, prev_actions)
+        # The report's one margins array (proposed and applied): one output buffer.
+        return safe, proposed, report.status.astype(jnp.int32), report.margins
 
     platforms = tuple(platforms)
     files: dict[str, bytes] = {}
     functions = []
     for name, min_batch in _FUNCTIONS:
-        function = serving()
         constraints = () if min_batch == 1 else (f"batch >= {min_batch}",)
         (batch,) = jax.export.symbolic_shape("batch", constraints=constraints)
         try:
-            exported = jax.export.export(jax.jit(function), platforms=platforms)(
+            exported = jax.export.export(jax.jit(serve), platforms=platforms)(
                 jax.ShapeDtypeStruct((batch, observation_size), jnp.float32),
                 jax.ShapeDtypeStruct((batch, action_size), jnp.float32),
             )
@@ -237,9 +233,7 @@ def export_policy(
         functions.append({"file": name, "min_batch": min_batch})
     onnx_entry = None
     if format == "onnx":
-        onnx_entry = _onnx_graph(
-            files, serving(), compiled, observation_size, action_size, data_bounds
-        )
+        onnx_entry = _onnx_graph(files, serve, compiled, observation_size, action_size, data_bounds)
     files[CONSTRAINTS] = constraint_spec_yaml(spec).encode()
     files[PARAMETERS] = serialization.msgpack_serialize(_parameters_by_path(policy_params))
 
