@@ -2,7 +2,7 @@
 
 Two measurements of one source tree (``--src``, the repository's ``src`` by default):
 
-* **The walk** (dynamic): a tiny training run (``pipeline.run_training``: TD3BC-Lag on two
+* **The walk** (dynamic): a tiny training run (``cli.run_glue.run_training``: TD3BC-Lag on two
   generated IB episodes, 10 updates, nothing written to MLflow) under a profiler. A
   *hand-off* is a call from a function of one layer to a function of another that
   receives the run's settings: a configuration object (``RunConfig``, one of its
@@ -149,10 +149,15 @@ def _summary(edges: set[tuple[str, str, str, str]], climbs: set[tuple[str, str]]
 def walk(src: Path) -> dict[str, Any]:
     """Runs a tiny training run from ``src`` under the profiler; returns both walks."""
     sys.path.insert(0, str(src))
-    from neorl_industrial import pipeline
+    import neorl_industrial
     from neorl_industrial.wrappers.training import RunConfig
 
-    package = Path(pipeline.__file__).resolve().parent
+    try:  # the command's glue: under cli/ since the run became a function of its plan
+        from neorl_industrial.cli.run_glue import run_training
+    except ImportError:  # an older tree's
+        from neorl_industrial.pipeline import run_training
+
+    package = Path(neorl_industrial.__file__).resolve().parent
     if not package.is_relative_to(src.resolve()):
         raise SystemExit(f"{package}: imported instead of the package under {src}")
     found: dict[str, tuple[set, set]] = {"config": (set(), set()), "cost_limit": (set(), set())}
@@ -201,7 +206,7 @@ def walk(src: Path) -> dict[str, Any]:
         )
         sys.setprofile(profile)
         try:
-            pipeline.run_training(config, export=False)
+            run_training(config, export=False)
         finally:
             sys.setprofile(None)
     return {key: _summary(*value) for key, value in found.items()}

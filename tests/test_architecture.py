@@ -32,8 +32,7 @@ TOP_LEVEL = {
     "extras": "core",
     # Process-wide JAX settings and the distributed runtime: entry points call it.
     "runtime": "wrappers",
-    # A command's run from its config to its results, over every layer.
-    "pipeline": "application",
+    # The command line, with the commands' glue around the run functions.
     "cli": "application",
     "__main__": "application",
 }

@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
+from neorl_industrial.cli.run_glue import plan_run as resolve_run
 from neorl_industrial.integration.datasets import generate_dataset, save_native
-from neorl_industrial.pipeline import plan_run as resolve_run
 from neorl_industrial.wrappers.agents import OPESettings
 from neorl_industrial.wrappers.agents.agent import Agent, AgentError
 from neorl_industrial.wrappers.training import RunConfig
@@ -137,8 +137,8 @@ def test_a_plan_trains_and_refuses_a_second_source_of_settings(small_data):
     )
     agent = Agent.from_config(run, dataset=dataset, card=card)
     result = agent.fit()
-    assert int(result.state.updates[0]) == 10 and agent.training["batch_size"] == 8
-    assert agent.training["dataset"]["name"] == card.name
+    assert int(result.state.updates[0]) == 10 and agent.result.batch_size == 8
+    assert agent.result.dataset["name"] == card.name
     with pytest.raises(AgentError, match=r"updates: a plan carries its settings"):
         agent.fit(agent.plan, updates=20)
     other = RunPlan.create(dataset, algorithm="td3bc-lag", card=card)

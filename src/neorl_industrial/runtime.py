@@ -1,10 +1,11 @@
-"""Process-level JAX settings for the command line and long-running services: the
-compilation cache and the distributed runtime.
+"""Process-level JAX settings for the command line: the compilation cache and the
+distributed runtime.
 
 Libraries should not change global JAX configuration behind a caller's back, so nothing
-here runs on import; entry points (the CLI, the benchmarks, the server) call it. This is
-the one place below the command line that reads environment variables or sets
-``jax.config``; the pure layers (``core``, ``functional``) never do.
+here runs on import: the command line calls it (``cli.entry`` enables the cache, the
+``train`` and ``sweep`` commands start the distributed runtime), as does the test suite's
+setup. It holds the environment variables that name the cache directory and the
+distributed runtime's coordinator; the pure layers (``core``, ``functional``) read none.
 """
 
 from __future__ import annotations

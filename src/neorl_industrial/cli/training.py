@@ -17,7 +17,7 @@ from neorl_industrial.cli.common import agent_dir, make_console, positive_int
 
 
 def command_run(args: argparse.Namespace) -> int:
-    from neorl_industrial.pipeline import main_job_config
+    from neorl_industrial.cli.run_glue import main_job_config
 
     overrides = list(args.set or [])
     if not any(item.startswith("name=") for item in overrides):
@@ -47,7 +47,7 @@ def command_train(args: argparse.Namespace) -> int:
             index, count = initialize_distributed()
         mesh = data_mesh()
         if args.distributed and index:
-            from neorl_industrial.pipeline import run_training
+            from neorl_industrial.cli.run_glue import run_training
 
             run_training(config, resume=args.resume, mesh=mesh)
             print(f"process {index} of {count}: done; process 0 writes and logs the run")
@@ -69,7 +69,7 @@ def command_train(args: argparse.Namespace) -> int:
 
 
 def command_sweep(args: argparse.Namespace) -> int:
-    from neorl_industrial.pipeline import run_sweep
+    from neorl_industrial.cli.run_glue import run_sweep
     from neorl_industrial.wrappers.training import RunConfig
 
     config = RunConfig.from_files(list(args.config or []), list(args.set or []))
@@ -102,7 +102,7 @@ def command_sweep(args: argparse.Namespace) -> int:
     sweep = report["sweep"]
     table_path = outcome.run_dir / "sweep.json"
     table = json.loads(table_path.read_text())
-    console.print(_sweep_table(table, report))
+    console.print(_sweep_table(table, outcome.agent.name))
     console.print(
         escape(
             f"Chosen: configuration {sweep['selected']} {sweep['selected_values']} "
@@ -112,7 +112,7 @@ def command_sweep(args: argparse.Namespace) -> int:
     )
     if table.get("verdict"):
         print_verdict(console, table["verdict"])
-    _print_selection(console, report)
+    _print_selection(console, outcome)
     hindsight = table.get("hindsight")
     if hindsight:
         console.print(
@@ -120,9 +120,9 @@ def command_sweep(args: argparse.Namespace) -> int:
             f"the offline choice {hindsight['regret']:.4g}, rank correlation "
             f"{hindsight['rank_correlation']}."
         )
-    console.print(f"Agent: {report['outputs']['agent']}  (Agent.load)")
-    if report["outputs"]["policy"]:
-        console.print(f"Policy: {report['outputs']['policy']}  (served without training code)")
+    console.print(f"Agent: {outcome.agent_dir}  (Agent.load)")
+    if outcome.policy_dir:
+        console.print(f"Policy: {outcome.policy_dir}  (served without training code)")
     console.print(f"Table: {outcome.run_dir / 'sweep.md'}; report: {outcome.run_dir}/report.json")
     tracking = report.get("tracking")
     if tracking:
@@ -131,9 +131,9 @@ def command_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep_table(table: dict, report: dict) -> Table:
+def _sweep_table(table: dict, algorithm: str) -> Table:
     estimate = "FQE estimate" if table["estimate"] == "fqe" else "simulator"
-    out = Table(title=f"{report['algorithm']}: every configuration ({estimate}, mean over seeds)")
+    out = Table(title=f"{algorithm}: every configuration ({estimate}, mean over seeds)")
     for column in ("#", *table["fields"], "return", "± 95 %", "normalized cost", "within limits"):
         out.add_column(column, justify="right")
     for index, configuration in enumerate(table["configurations"]):
@@ -153,7 +153,7 @@ def _sweep_table(table: dict, report: dict) -> Table:
 def _train_and_report(
     config, *, resume: bool, console: Console, mesh: Any = None, plant_model: Any = None
 ) -> int:
-    from neorl_industrial.pipeline import run_training
+    from neorl_industrial.cli.run_glue import run_training
     from neorl_industrial.wrappers.training import RichProgress
 
     started = time.perf_counter()
@@ -165,13 +165,14 @@ def _train_and_report(
         mesh=mesh,
         plant_model=plant_model,
     )
-    report = outcome.report
-    console.print(_summary_table(report))
-    if report.get("ope_beside_simulator"):
-        console.print(_side_by_side_table(report))
-    if report.get("verdict"):
-        print_verdict(console, report["verdict"])
-    _print_selection(console, report)
+    report, result = outcome.report, outcome.result
+    assert result is not None
+    console.print(_summary_table(report, result))
+    if result.ope:
+        console.print(_side_by_side_table(result.ope))
+    if result.verdict:
+        print_verdict(console, result.verdict)
+    _print_selection(console, outcome)
     data, training = report["data"], report["training"]
     rate = training["updates_per_s"]
     console.print(
@@ -179,19 +180,18 @@ def _train_and_report(
         f"({data['source']}), mean episode return {data['mean_episode_return']:,.0f}."
     )
     console.print(
-        f"Training: {training['updates']:,} updates x {len(training['seeds'])} seeds in "
+        f"Training: {result.updates:,} updates x {len(result.seeds)} seeds in "
         f"{training['seconds']:.1f} s"
         + (f" ({rate:,.0f} updates/s over all seeds after compilation)" if rate else "")
-        + (f", resumed from {training['resumed_from']:,}" if training["resumed_from"] else "")
-        + ("; stopped early" if training["stopped_early"] else "")
+        + (f", resumed from {result.resumed_from:,}" if result.resumed_from else "")
+        + ("; stopped early" if result.stopped_early else "")
         + "."
     )
-    outputs = report["outputs"]
-    console.print(f"Agent: {outputs['agent']}  (Agent.load)")
-    if outputs["policy"]:
-        console.print(f"Policy: {outputs['policy']}  (served without training code)")
-    if outputs["checkpoints"]:
-        console.print(f"Checkpoints: {outputs['checkpoints']}")
+    console.print(f"Agent: {outcome.agent_dir}  (Agent.load)")
+    if outcome.policy_dir:
+        console.print(f"Policy: {outcome.policy_dir}  (served without training code)")
+    if outcome.agent.plan is not None and outcome.agent.plan.checkpoint_dir is not None:
+        console.print(f"Checkpoints: {outcome.agent.plan.checkpoint_dir}")
     console.print(f"Report: {outcome.run_dir / 'report.json'}")
     tracking = report.get("tracking")
     if tracking:
@@ -200,20 +200,21 @@ def _train_and_report(
     return 0
 
 
-def _print_selection(console: Console, report: dict) -> None:
+def _print_selection(console: Console, outcome: Any) -> None:
     """The runs that failed (never selected or exported) and what was selected, how."""
-    for failed in report.get("failed_runs") or ():
+    result, agent = outcome.result, outcome.agent
+    for failed in result.failed_runs:
         console.print(
             escape(f"[failed] {failed['candidate']}: {failed['reason']}; never selected"),
             style="yellow",
         )
-    selection = report.get("selection") or {}
+    selection = result.selection
     if selection.get("by") == "verdict":
         console.print(
             escape(
-                f"Selected {selection['exported']}: the verdict ranks it first "
+                f"Selected {agent.selected_candidate}: the verdict ranks it first "
                 f"({selection['candidate']}); any other: export --candidate NAME "
-                f"({', '.join(report.get('candidates') or [])})"
+                f"({', '.join(agent.candidates)})"
             )
         )
 
@@ -244,9 +245,9 @@ def _print_tracking(console: Console, tracking: dict) -> None:
         console.print(f"  this run:      {links['run']}", soft_wrap=True)
 
 
-def _summary_table(report: dict) -> Table:
-    if report.get("evaluation") == "fqe":
-        return _estimates_table(report)
+def _summary_table(report: dict, result: Any) -> Table:
+    if result.evaluation == "fqe":
+        return _estimates_table(report, result)
     table = Table(title=f"{report['algorithm']} on {report['env']}: best evaluation of each run")
     for column in (
         "run",
@@ -261,7 +262,7 @@ def _summary_table(report: dict) -> Table:
     ):
         table.add_column(column, justify="right")
     references = report["data"].get("references")
-    for i, best in enumerate(report["best"]):
+    for i, best in enumerate(result.best):
         if best is None:
             continue
         metrics = best["metrics"]
@@ -271,8 +272,8 @@ def _summary_table(report: dict) -> Table:
             score = f"{100 * (metrics['return'] - references['random']) / span:.1f}"
         cost = metrics.get("normalized_cost")
         table.add_row(
-            f"{i}{' *' if i == report['selected_run'] else ''}",
-            str(report["training"]["seeds"][i]),
+            f"{i}{' *' if i == result.selected_run else ''}",
+            str(result.seeds[i]),
             f"{best['updates']:,}",
             f"{metrics['return']:,.0f}",
             score,
@@ -289,16 +290,15 @@ def _summary_table(report: dict) -> Table:
     return table
 
 
-def _estimates_table(report: dict) -> Table:
+def _estimates_table(report: dict, result: Any) -> Table:
     """The best runs of a task without a simulator: off-policy estimates."""
     title = f"{report['algorithm']} on {report['task']['name']}: off-policy estimates (FQE)"
     rows = [
-        (i, report["training"]["seeds"][i], best["updates"], best["metrics"])
-        for i, best in enumerate(report["best"])
+        (i, result.seeds[i], best["updates"], best["metrics"])
+        for i, best in enumerate(result.best)
         if best is not None
     ]
-    table = _estimates(title, rows, report["selected_run"])
-    return table
+    return _estimates(title, rows, result.selected_run)
 
 
 def _estimates(title: str, rows: list, selected: int) -> Table:
@@ -325,12 +325,12 @@ def _estimates(title: str, rows: list, selected: int) -> Table:
     return table
 
 
-def _side_by_side_table(report: dict) -> Table:
+def _side_by_side_table(rows: list) -> Table:
     """FQE's estimates next to the simulator's truth for the same policies."""
     table = Table(title="off-policy estimates (FQE, held-out episodes) beside the simulator")
     for column in ("run", "FQE return", "simulated", "error", "FQE cost / limit"):
         table.add_column(column, justify="right")
-    for i, row in enumerate(report["ope_beside_simulator"]):
+    for i, row in enumerate(rows):
         ci = row.get("return_ci")
         cost = row.get("normalized_cost")
         table.add_row(
@@ -542,7 +542,7 @@ def _own_candidate(run: str, candidate: str) -> str:
 
 
 def command_verdict(args: argparse.Namespace) -> int:
-    from neorl_industrial.pipeline import run_verdict
+    from neorl_industrial.cli.verdict_glue import run_verdict
 
     console = make_console()
     console.print(

@@ -291,7 +291,7 @@ def test_an_agent_trains_mopo_with_its_plant_model_and_names_what_it_needs(plant
         dataset, updates=100, chunk=100, batch_size=32, evaluate=False, plant_model=model
     )
     assert np.isfinite(np.asarray(result.history[-1]["metrics"]["critic_loss"])).all()
-    assert "verdict" not in agent.training
+    assert agent.result.verdict is None
     observations = np.asarray(dataset.observations[:5])
     actions = np.asarray(agent.predict(observations))
     assert actions.shape == (5, 1) and ((actions >= 0.0) & (actions <= 100.0)).all()

@@ -98,12 +98,13 @@ def test_data_parallel_training_learns_and_refuses_what_cannot_divide(tank):
 
 
 def test_the_trainer_on_a_mesh_trains_what_train_data_parallel_trains(tank):
-    from neorl_industrial.wrappers.training import Trainer
+    from neorl_industrial.wrappers.training import Trainer, TrainingSection
 
     dataset, _ = tank
     algorithm = _algorithm(dataset)
     mesh = data_mesh(jax.devices()[:1])
-    trainer = Trainer(algorithm, dataset, seeds=(0, 1), batch_size=32, chunk_updates=10, mesh=mesh)
+    training = TrainingSection(seeds=[0, 1], batch_size=32, chunk=10)
+    trainer = Trainer(algorithm, dataset, training, mesh=mesh)
     result = trainer.fit(20)
     # The Trainer splits the data into one shard per device of the mesh.
     state, _ = train_data_parallel(

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from neorl_industrial.cli.run_glue import plan_run
 from neorl_industrial.integration.datasets import load_any, save_native
 from neorl_industrial.integration.mlflow import flatten
 from neorl_industrial.integration.mlflow.run_logging import open_tracker, plan_params
 from neorl_industrial.integration.mlflow.tracking import summary_entries, ui_links
-from neorl_industrial.pipeline import plan_run
-from neorl_industrial.wrappers.agents import Agent
 from neorl_industrial.wrappers.training import RunConfig
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mixing-tank"
@@ -51,8 +50,7 @@ def _plant_config(tmp: Path, data: Path, **sections) -> RunConfig:
 def _open_runs(plan):
     """The tracker of ``plan`` after a training run's first callback, closed: the runs as
     a run that stopped there leaves them."""
-    agent = Agent.from_plan(plan)
-    tracker = open_tracker(plan, agent, None)
+    tracker = open_tracker(plan, None)
     tracker.on_train_begin(types.SimpleNamespace(seeds=list(plan.training.seeds)), 0, 20)
     tracker.sender.wait_idle(60)
     links = tracker.links()
@@ -117,7 +115,7 @@ def test_a_simulator_run_logs_the_simulator_settings_it_uses():
         "tracking": {"registered_model": None},
     }
     plan = plan_run(RunConfig.from_dict(values))
-    params = flatten(plan_params(plan, Agent.from_plan(plan), None))
+    params = flatten(plan_params(plan, None))
     assert params["env.id"] == "IB-classic-v0" and params["env.params.setpoint"] == "30.0"
     assert (params["data.quality"], params["data.trajectories"]) == ("random", "2")
     # The horizon the evaluation uses: the simulator's, when the run leaves it open.
@@ -129,7 +127,7 @@ def test_a_simulator_run_logs_the_simulator_settings_it_uses():
     assert params["tracking.registered_model"] == "ib-policy"
     # Held-out episodes need a few of them (the plan splits them off when it resolves).
     always = plan.config.with_overrides(["evaluation.ope.always=true", "data.trajectories=5"])
-    both = flatten(plan_params(plan_run(always), Agent.from_plan(plan), None))
+    both = flatten(plan_params(plan_run(always), None))
     assert both["evaluation.ope.updates"] == "2000"
 
 
@@ -137,7 +135,7 @@ def test_a_sweeps_parent_leaves_the_swept_values_to_its_configurations():
     values = {"data": {"quality": "random", "trajectories": 2}}
     values["algorithm"] = {"name": "td3bc-lag", "hyperparameters": {"alpha": 2.5, "hidden": [8]}}
     plan = plan_run(RunConfig.from_dict(values))
-    params = flatten(plan_params(plan, Agent.from_plan(plan), {"alpha": [1.0, 4.0]}))
+    params = flatten(plan_params(plan, {"alpha": [1.0, 4.0]}))
     assert "algorithm.hyperparameters.alpha" not in params
     assert params["algorithm.hyperparameters.hidden"] == "[8]"
 

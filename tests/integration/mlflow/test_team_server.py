@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness import free_port, wait_for_http
-from neorl_industrial.pipeline import run_training
+from neorl_industrial.cli.run_glue import run_training
 from neorl_industrial.wrappers.training import RunConfig
 
 SCRIPT = Path(__file__).parents[3] / "deploy" / "mlflow" / "mlflow-server.sh"

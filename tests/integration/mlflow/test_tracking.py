@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks.harness import free_port, interpreter_environment, wait_for_http
 from neorl_industrial import cli
-from neorl_industrial.pipeline import run_training
+from neorl_industrial.cli.run_glue import run_training
 from neorl_industrial.wrappers.training import RunConfig
 
 SMALL_RUN = {

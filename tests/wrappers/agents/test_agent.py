@@ -127,19 +127,19 @@ def test_rewards_are_scaled_as_each_algorithm_s_paper_and_recorded(ib_data):
     returns = np.asarray(ib_data.episode_returns(), np.float64)
     iql = Agent("iql", hidden=(8,))
     iql.fit(ib_data, updates=10, chunk=10, evaluate=False)
-    assert iql.training["reward_scaling"] == "return_range"
+    assert iql.result.reward_scaling == "return_range"
     np.testing.assert_allclose(
-        iql.training["reward_scale"]["scale"], 1000.0 / np.ptp(returns), rtol=1e-6
+        iql.result.reward_scale["scale"], 1000.0 / np.ptp(returns), rtol=1e-6
     )
     td3bc = Agent("td3bc", hidden=(8,))
     td3bc.fit(ib_data, updates=10, chunk=10, evaluate=False)
-    assert td3bc.training["reward_scale"] == {
+    assert td3bc.result.reward_scale == {
         "kind": "std",
         "shift": 0.0,
         "scale": pytest.approx(1.0 / rewards.std()),
     }
     td3bc.fit(ib_data, updates=10, chunk=10, evaluate=False, reward_scaling="standardize")
-    assert td3bc.training["reward_scale"]["shift"] == pytest.approx(-rewards.mean())
+    assert td3bc.result.reward_scale["shift"] == pytest.approx(-rewards.mean())
 
 
 def test_bc_safe_learns_only_from_episodes_within_the_limits():
@@ -149,7 +149,7 @@ def test_bc_safe_learns_only_from_episodes_within_the_limits():
     data = data.replace(costs=jax.numpy.asarray(costs))
     agent = Agent("bc-safe", hidden=(8,), cost_limits=[10.0, 10.0])
     agent.fit(data, updates=10, chunk=10, evaluate=False)
-    assert agent.training["dataset"]["used_episodes"] == 4
+    assert agent.result.dataset["used_episodes"] == 4
     with pytest.raises(AgentError, match="bc-safe"):
         Agent("bc-safe", hidden=(8,), cost_limits=[1.0, 1.0]).fit(
             data.replace(costs=jax.numpy.ones((120, 2))), updates=10, chunk=10
@@ -170,9 +170,9 @@ def test_a_plant_log_trains_risk_averse_quantile_critics_in_plant_units():
     agent = Agent("iql-lag", task=card.task(), hidden=(8,), critic=iqn, cost_critic=iqn)
     agent.fit(dataset, updates=10, chunk=10, evaluate=False, card=card)
     returns = np.asarray(dataset.episode_returns(), np.float64)
-    assert agent.training["reward_scale"]["kind"] == "return_range"
+    assert agent.result.reward_scale["kind"] == "return_range"
     np.testing.assert_allclose(
-        agent.training["reward_scale"]["scale"], 1000.0 / np.ptp(returns), rtol=1e-6
+        agent.result.reward_scale["scale"], 1000.0 / np.ptp(returns), rtol=1e-6
     )
     assert agent.hyperparameters["critic"]["risk"] == "cvar"
     actions = np.asarray(agent.predict(np.asarray(dataset.observations[:4])))
@@ -217,7 +217,7 @@ def test_a_sweep_on_a_plant_log_chooses_a_configuration_without_the_plant(tmp_pa
     overlap = ours["mean"] - ours["ci"] <= other["mean"] + other["ci"]
     assert ("cannot tell them apart" in table["reason"]) == overlap
     assert agent.hyperparameters["alpha"] == chosen["values"]["alpha"]
-    assert agent.training["sweep"] is table and agent.seeds == [0, 1]
+    assert agent.result.sweep is table and agent.seeds == [0, 1]
     actions = np.asarray(agent.predict(np.asarray(dataset.observations[:4])))
     assert actions.shape == (4, 2) and np.all((actions >= 0.0) & (actions <= 100.0))
     loaded = Agent.load(agent.save(tmp_path / "swept"))

@@ -66,7 +66,7 @@ def trained(tmp_path_factory):
 
 def test_a_fit_with_a_plant_model_carries_the_verdict(trained):
     agent = trained["agent"]
-    verdict = agent.training["verdict"]
+    verdict = agent.result.verdict
     assert verdict["kind"] == "estimate" and verdict["estimators"] == ["model"]
     assert [c["name"] for c in verdict["candidates"]] == ["run 0 (seed 0)", "run 1 (seed 1)"]
     assert verdict["evidence"]["heldout_episodes"] == 4  # 20 % of 20 episodes
@@ -89,7 +89,7 @@ def test_a_fit_with_a_plant_model_carries_the_verdict(trained):
     model = [c["estimates"][0]["improvement"] for c in verdict["candidates"]]
     for run in range(2):  # the model's improvement has the truth's sign
         assert np.sign(model[run]["value"]) == np.sign(truth[run])
-    assert len(agent.training["dataset"]["trained_episodes"]) == 16
+    assert len(agent.result.dataset["trained_episodes"]) == 16
 
 
 def test_evaluating_on_the_training_log_leaves_its_training_episodes_out(trained):

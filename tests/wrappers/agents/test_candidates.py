@@ -7,6 +7,7 @@ never selected, and a training in which none can act is refused."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import textwrap
 
@@ -18,9 +19,9 @@ import pytest
 from neorl_industrial.core.models import DynamicsConfig
 from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.agents import Agent, AgentError, OPESettings
-from neorl_industrial.wrappers.agents import agent as agent_module
 from neorl_industrial.wrappers.agents.joint_verdict import judge_together
 from neorl_industrial.wrappers.models import FitSettings, PlantModel
+from neorl_industrial.wrappers.training import context as context_module
 from neorl_industrial.wrappers.training.selection import verdict_ranking
 from neorl_industrial.wrappers.training.verdict import VerdictSettings
 from tests.wrappers.training.test_verdict import SCHEMA, write_log
@@ -71,8 +72,8 @@ def runs(tmp_path_factory):
 
 def test_a_run_with_a_plant_model_keeps_the_verdicts_first(runs):
     agent = runs["fitted"]
-    first = verdict_ranking(agent.training["verdict"])[0]
-    assert agent.training["selection"] == {"by": "verdict", "candidate": first}
+    first = verdict_ranking(agent.result.verdict)[0]
+    assert agent.result.selection == {"by": "verdict", "candidate": first}
     assert first == f"run {agent.selected} (seed {agent.seeds[agent.selected]})"
     assert agent.selected_candidate == f"seed{agent.seeds[agent.selected]}"
     assert agent.candidates == ["seed0", "seed1"]
@@ -136,16 +137,16 @@ def test_one_verdict_over_the_candidates_of_a_run_and_a_sweep(runs):
     assert joint.heldout["episodes"] == 4 and joint.heldout["of"] == 20
     assert json.loads(json.dumps(joint.to_dict()))["first"]["run"] == joint.first[0]
     stranger = copy.copy(runs["fitted"])
-    stranger.training = {
-        **stranger.training,
-        "dataset": {**stranger.training["dataset"], "fingerprint": "sha256:" + "0" * 64},
-    }
+    stranger.result = dataclasses.replace(
+        stranger.result,
+        dataset={**stranger.result.dataset, "fingerprint": "sha256:" + "0" * 64},
+    )
     with pytest.raises(AgentError, match=r"^other: trained on log 'heater-verdict' \(sha256:0"):
         judge_together({"bc": runs["fitted"], "other": stranger}, runs["dataset"], runs["model"])
 
 
 def test_a_policy_that_cannot_act_is_never_selected(runs, monkeypatch):
-    real = agent_module.policy_health
+    real = context_module.policy_health
     poisoned_runs: list[int] = []
 
     def poisoned(act, policies, observations, **options):
@@ -156,13 +157,13 @@ def test_a_policy_that_cannot_act_is_never_selected(runs, monkeypatch):
         )
         return real(act, policies, observations, **options)
 
-    monkeypatch.setattr(agent_module, "policy_health", poisoned)
+    monkeypatch.setattr(context_module, "policy_health", poisoned)
     task, dataset = runs["fitted"].task, runs["dataset"]
     poisoned_runs[:] = [0]
     agent = Agent("bc", task=task, hidden=(16,))
     agent.fit(dataset, updates=100, chunk=100, seeds=(0, 1), evaluate=False)
     assert agent.selected == 1 and agent.candidates == ["seed1"]
-    (failed,) = agent.training["failed_runs"]
+    (failed,) = agent.result.failed_runs
     assert failed["candidate"] == "seed0" and "parameters hold NaN" in failed["reason"]
     with pytest.raises(AgentError, match="candidate seed0: failed"):
         agent.candidate("seed0")

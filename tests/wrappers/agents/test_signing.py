@@ -241,7 +241,7 @@ def test_runs_sign_by_default_with_keys_made_on_first_use(tmp_path, monkeypatch)
 
     from rich.console import Console
 
-    from neorl_industrial.pipeline import _signing_key, main_job_config
+    from neorl_industrial.cli.run_glue import _signing_key, main_job_config
     from neorl_industrial.wrappers.training import RunConfig
 
     monkeypatch.chdir(tmp_path)

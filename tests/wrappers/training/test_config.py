@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from neorl_industrial.cli.run_glue import MAIN_JOB, main_job_config
 from neorl_industrial.core.agents.registry import ALGORITHMS
-from neorl_industrial.pipeline import MAIN_JOB, main_job_config
 from neorl_industrial.wrappers.training import ConfigError, RunConfig
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"

@@ -19,9 +19,12 @@ from neorl_industrial.core.agents.registry import build_algorithm
 from neorl_industrial.core.environments import make
 from neorl_industrial.wrappers.training import (
     CheckpointMismatchError,
+    CheckpointSection,
+    EvaluationSection,
     Evaluator,
     History,
     Trainer,
+    TrainingSection,
     selection_key,
 )
 
@@ -70,11 +73,9 @@ def test_callbacks_evaluations_and_best_policies(ib_data):
     trainer = Trainer(
         algorithm,
         ib_data,
-        seeds=[3, 4],
-        batch_size=32,
-        chunk_updates=50,
+        TrainingSection(seeds=[3, 4], batch_size=32, chunk=50),
+        EvaluationSection(every=100),
         evaluator=_evaluator(algorithm),
-        eval_every=100,
         callbacks=[history],
     )
     result = trainer.fit(200)
@@ -117,11 +118,9 @@ def test_early_stopping_after_patience_evaluations_without_improvement(ib_data):
     trainer = Trainer(
         algorithm,
         ib_data,
-        batch_size=16,
-        chunk_updates=10,
+        TrainingSection(batch_size=16, chunk=10),
+        EvaluationSection(every=10, patience=2),
         evaluator=evaluator,
-        eval_every=10,
-        patience=2,
     )
     result = trainer.fit(100)
     assert result.stopped_early
@@ -132,19 +131,18 @@ def test_early_stopping_after_patience_evaluations_without_improvement(ib_data):
 def test_checkpoints_resume_exactly_and_refuse_other_runs(ib_data, tmp_path):
     algorithm = _algorithm()
     kwargs = dict(
-        seeds=[0, 1],
-        batch_size=32,
-        chunk_updates=50,
+        training=TrainingSection(seeds=[0, 1], batch_size=32, chunk=50),
+        evaluation=EvaluationSection(every=100),
         evaluator=_evaluator(algorithm),
-        eval_every=100,
     )
     uninterrupted = Trainer(algorithm, ib_data, **kwargs).fit(300)
 
-    first = Trainer(algorithm, ib_data, checkpoint_dir=tmp_path, checkpoint_every=100, **kwargs)
+    every_100 = CheckpointSection(every=100)
+    first = Trainer(algorithm, ib_data, checkpoints=every_100, checkpoint_dir=tmp_path, **kwargs)
     partial = first.fit(200)
     assert first.latest_checkpoint() == 200 and int(partial.state.updates[0]) == 200
     resumed = Trainer(
-        algorithm, ib_data, checkpoint_dir=tmp_path, checkpoint_every=100, **kwargs
+        algorithm, ib_data, checkpoints=every_100, checkpoint_dir=tmp_path, **kwargs
     ).fit(300, resume=True)
     assert resumed.resumed_from == 200
     assert _same(resumed.state, uninterrupted.state)
@@ -156,7 +154,7 @@ def test_checkpoints_resume_exactly_and_refuse_other_runs(ib_data, tmp_path):
     # is refused and leaves the checkpoints as they were.
     with pytest.raises(CheckpointMismatchError, match="earlier run"):
         Trainer(algorithm, ib_data, checkpoint_dir=tmp_path, **kwargs).fit(300)
-    other = {**kwargs, "seeds": [0, 1, 2]}
+    other = {**kwargs, "training": TrainingSection(seeds=[0, 1, 2], batch_size=32, chunk=50)}
     with pytest.raises(CheckpointMismatchError, match="differs in seeds"):
         Trainer(algorithm, ib_data, checkpoint_dir=tmp_path, **other).fit(400, resume=True)
     assert Trainer(algorithm, ib_data, checkpoint_dir=tmp_path, **kwargs).latest_checkpoint() == 300
@@ -164,12 +162,12 @@ def test_checkpoints_resume_exactly_and_refuse_other_runs(ib_data, tmp_path):
 
 def test_bad_settings_are_named(ib_data):
     algorithm = _algorithm("bc")
-    with pytest.raises(ValueError, match="eval_every"):
-        Trainer(algorithm, ib_data, chunk_updates=50, eval_every=70)
+    with pytest.raises(ValueError, match=r"evaluation\.every"):
+        Trainer(algorithm, ib_data, TrainingSection(chunk=50), EvaluationSection(every=70))
     with pytest.raises(ValueError, match="seeds"):
-        Trainer(algorithm, ib_data, seeds=[1, 1])
+        Trainer(algorithm, ib_data, TrainingSection(seeds=[1, 1]))
     with pytest.raises(ValueError, match="n_updates"):
-        Trainer(algorithm, ib_data, chunk_updates=50).fit(120)
+        Trainer(algorithm, ib_data, TrainingSection(chunk=50)).fit(120)
 
 
 TRAIN_SCRIPT = textwrap.dedent(
@@ -178,16 +176,19 @@ TRAIN_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from tests.wrappers.conftest import ib_shaped_dataset
     from tests.wrappers.training.test_trainer import _algorithm
-    from neorl_industrial.wrappers.training import Callback, Trainer
+    from neorl_industrial.wrappers.training import (
+        Callback, CheckpointSection, Trainer, TrainingSection,
+    )
 
     class Slow(Callback):
         def on_checkpoint(self, trainer, updates, path):
             print("checkpoint", updates, flush=True)
             time.sleep(0.5)  # leave time to be killed mid-run
 
-    trainer = Trainer(_algorithm(), ib_shaped_dataset(), seeds=[0, 1], batch_size=32,
-                      chunk_updates=50, checkpoint_dir={directory!r}, checkpoint_every=50,
-                      callbacks=[Slow()])
+    trainer = Trainer(_algorithm(), ib_shaped_dataset(),
+                      TrainingSection(seeds=[0, 1], batch_size=32, chunk=50),
+                      checkpoints=CheckpointSection(every=50),
+                      checkpoint_dir={directory!r}, callbacks=[Slow()])
     trainer.fit(400, resume=True)
     print("finished", flush=True)
     """
@@ -217,7 +218,7 @@ def test_resume_after_kill_9_ends_identical_to_an_uninterrupted_run(tmp_path):
 
     data = ib_shaped_dataset()
     algorithm = _algorithm()
-    kwargs = dict(seeds=[0, 1], batch_size=32, chunk_updates=50)
+    kwargs = dict(training=TrainingSection(seeds=[0, 1], batch_size=32, chunk=50))
     survivor = Trainer(algorithm, data, checkpoint_dir=tmp_path / "ckpt", **kwargs)
     killed_at = survivor.latest_checkpoint()
     assert killed_at is not None and 100 <= killed_at < 400

@@ -2,9 +2,10 @@
 plan (what the run uses, not the configuration's defaults), the dataset input, the
 outputs, the registered policy, and a sweep's nested runs per configuration.
 
-The command's glue (:mod:`neorl_industrial.pipeline`) calls these between the plan's
-steps; everything here reads the :class:`~neorl_industrial.wrappers.training.plan.RunPlan`
-(its cost limits from its safety contract) and the trained agent.
+The command's glue (:mod:`neorl_industrial.cli.run_glue`) calls these around the run
+function; everything here reads the :class:`~neorl_industrial.wrappers.training.plan.RunPlan`
+(its cost limits from its safety contract, the configuration it was resolved from) and the
+run's :class:`~neorl_industrial.wrappers.training.run.RunResult`.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from neorl_industrial.wrappers.agents.agent import Agent
 from neorl_industrial.wrappers.hostio import json_default, write_text_atomic
+from neorl_industrial.wrappers.training.context import algorithm_of
 from neorl_industrial.wrappers.training.plan import RunPlan
+from neorl_industrial.wrappers.training.run import RunResult
 from neorl_industrial.wrappers.training.trainer import checkpoint_steps
 
 __all__ = [
@@ -77,7 +79,7 @@ def _verdict_tags(verdict: dict[str, Any] | None) -> dict[str, str]:
     return tags
 
 
-def plan_params(plan: RunPlan, agent: Agent, grid: dict[str, list[Any]] | None) -> dict[str, Any]:
+def plan_params(plan: RunPlan, grid: dict[str, list[Any]] | None = None) -> dict[str, Any]:
     """The settings the run uses, as MLflow params (before flattening): the data it
     generated or read, the simulator and its evaluation only when there is one, the
     off-policy evaluation only when it runs, the registered model's name as resolved;
@@ -156,7 +158,7 @@ def _without_none(values: Any) -> Any:
     return values
 
 
-def _dataset_input(plan: RunPlan, agent: Agent, fingerprint: str) -> dict[str, Any]:
+def _dataset_input(plan: RunPlan, fingerprint: str) -> dict[str, Any]:
     """The training data as the arguments of the ``log_dataset`` operation: named after
     its card, the data's fingerprint as digest, its directory (or how it was generated) as
     source, the task's columns as schema, its sizes as profile."""
@@ -175,7 +177,7 @@ def _dataset_input(plan: RunPlan, agent: Agent, fingerprint: str) -> dict[str, A
         *([f"observation.{name}", "float"] for name in task.observation_names),
         *([f"action.{name}", action] for name in task.action_names),
         ["reward", "float"],
-        *([f"cost.{name}", "float"] for name in agent.cost_names),
+        *([f"cost.{name}", "float"] for name in plan.safety.cost_names),
     ]
     return {
         "name": plan.card.name,
@@ -188,9 +190,9 @@ def _dataset_input(plan: RunPlan, agent: Agent, fingerprint: str) -> dict[str, A
     }
 
 
-def open_tracker(
-    plan: RunPlan, agent: Agent, console: Any, grid: dict[str, list[Any]] | None = None
-) -> Any:
+def open_tracker(plan: RunPlan, console: Any, grid: dict[str, list[Any]] | None = None) -> Any:
+    """The run's MLflow tracker: the plan's params and the run's tags; the dataset
+    input."""
     from neorl_industrial.integration.mlflow import (
         MlflowTracker,
         flatten,
@@ -201,14 +203,14 @@ def open_tracker(
 
     dataset, card, facts, run_dir = plan.dataset, plan.card, plan.facts, plan.run_dir
     tracking = plan.tracking
-    params = flatten(plan_params(plan, agent, grid))
+    params = flatten(plan_params(plan, grid))
     fingerprint = dataset_fingerprint(dataset)
     tags = {
         **system_tags(),
         "env": plan.label,
         "task.kind": plan.task.kind,
         "evaluation": "simulator" if plan.task.has_simulator else "fqe",
-        "algorithm": agent.name,
+        "algorithm": algorithm_of(plan.algorithm.name).name,
         "dataset": card.name,
         "dataset.fingerprint": fingerprint,
         "dataset.source": facts["source"],
@@ -229,17 +231,15 @@ def open_tracker(
         references=(card.random_return, card.expert_return)
         if card.random_return is not None and card.expert_return is not None
         else None,
-        dataset=_dataset_input(plan, agent, fingerprint),
+        dataset=_dataset_input(plan, fingerprint),
     )
 
 
 def log_run(
     tracker: Any,
     plan: RunPlan,
-    agent: Agent,
-    result: Any,
+    result: RunResult,
     report: dict[str, Any],
-    run_dir: Path,
     agent_dir: Path,
     policy_dir: Path | None,
 ) -> dict[str, Any]:
@@ -251,22 +251,23 @@ def log_run(
         safety_plot,
     )
 
-    card = plan.card
-    title = f"{agent.name} on {plan.label} ({plan.name})"
+    card, run_dir, entry = plan.card, plan.run_dir, algorithm_of(plan.algorithm.name)
+    assert run_dir is not None
+    title = f"{entry.name} on {plan.label} ({plan.name})"
     resolved = {
         key: value
-        for key, value in agent.hyperparameters.items()
+        for key, value in (result.hyperparameters or {}).items()
         if key not in ("obs_mean", "obs_std")
     }
-    if agent.entry.safe:  # the algorithm's limits are the contract's
+    if entry.safe:  # the algorithm's limits are the contract's
         resolved["cost_limits"] = plan.safety.limits()
-    resolved["reward_scaling"] = agent.training.get("reward_scale")
+    resolved["reward_scaling"] = result.reward_scale
     tracker.sender.submit("log_batch", "parent", params=flatten({"resolved": resolved}))
     plots = run_dir / "plots"
     learning_curves(
-        result.history, result.evaluations, agent.seeds, plots / "learning_curves.png", title=title
+        result.history, result.evaluations, result.seeds, plots / "learning_curves.png", title=title
     )
-    safety_plot(result.evaluations, agent.seeds, plots / "safety.png", title=title)
+    safety_plot(result.evaluations, result.seeds, plots / "safety.png", title=title)
     for name in ("config.yaml", "dataset.json"):
         tracker.log_artifact(run_dir / name)
     tracker.log_artifact(plots, "plots")
@@ -274,8 +275,8 @@ def log_run(
     if steps:
         tracker.log_artifact(run_dir / "checkpoints" / str(steps[-1]), f"checkpoint/{steps[-1]}")
     tracker.log_artifact(agent_dir, "agent")
-    selected = agent.selected
-    best = dict(result.best[selected]["metrics"]) if result.best[selected] else {}
+    selected, runs_best = result.selected_run, result.best or []
+    best = dict(runs_best[selected]["metrics"]) if runs_best[selected] else {}
     if "return" in best and card.random_return is not None and card.expert_return:
         span = card.expert_return - card.random_return
         best.setdefault("normalized_return", (best["return"] - card.random_return) / span)
@@ -284,19 +285,19 @@ def log_run(
         # Read after the sender is idle: the seeds' runs are created by its thread.
         ids = tracker.sender.run_ids
         return {
-            "seed_run_ids": {str(seed): ids.get(tracker.seed_key(seed)) for seed in agent.seeds}
+            "seed_run_ids": {str(seed): ids.get(tracker.seed_key(seed)) for seed in result.seeds}
         }
 
-    verdict = agent.training.get("verdict")
+    verdict = result.verdict
     _log_verdict(tracker, verdict, "parent", int(plan.training.updates))
-    tags = {"evaluation": agent.training.get("evaluation") or "none", **_verdict_tags(verdict)}
-    return _register_and_close(tracker, plan, agent, policy_dir, report, best, tags, runs)
+    tags = {"evaluation": result.evaluation or "none", **_verdict_tags(verdict)}
+    return _register_and_close(tracker, plan, result, policy_dir, report, best, tags, runs)
 
 
 def _register_and_close(
     tracker: Any,
     plan: RunPlan,
-    agent: Agent,
+    result: RunResult,
     policy_dir: Path | None,
     report: dict[str, Any],
     best: dict[str, Any],
@@ -326,8 +327,8 @@ def _register_and_close(
             version_metrics={key: best.get(key) for key in METRIC_TAGS},
             version_tags={
                 "env": plan.label,
-                "algorithm": agent.name,
-                "seed": agent.seeds[agent.selected],
+                "algorithm": algorithm_of(plan.algorithm.name).name,
+                "seed": result.seeds[result.selected_run],
                 "dataset": card.name,
                 "run_name": plan.name,
                 **version_tags,
@@ -393,8 +394,7 @@ def open_sweep_runs(tracker: Any, plan: RunPlan, grid: dict[str, list[Any]]) -> 
 def log_sweep(
     tracker: Any,
     plan: RunPlan,
-    agent: Agent,
-    table: dict[str, Any],
+    result: RunResult,
     report: dict[str, Any],
     policy_dir: Path | None,
 ) -> dict[str, Any]:
@@ -404,6 +404,7 @@ def log_sweep(
     report's ``tracking`` section."""
     from neorl_industrial.integration.mlflow.tracking import summary_entries
 
+    table = result.sweep or {}
     now = int(time.time() * 1000)
     step = int(plan.training.updates)
     estimated = table["estimate"] == "fqe"
@@ -479,5 +480,5 @@ def log_sweep(
             "configuration_run_ids": {str(i): ids.get(_configuration_key(i)) for i in range(count)}
         }
 
-    best = chosen["runs"][agent.selected]
-    return _register_and_close(tracker, plan, agent, policy_dir, report, best, tags, runs)
+    best = chosen["runs"][result.selected_run]
+    return _register_and_close(tracker, plan, result, policy_dir, report, best, tags, runs)

@@ -1,4 +1,4 @@
-"""``Agent``: an offline agent for people, over the pure core.
+"""``Agent``: an offline agent for people, over the run functions and the pure core.
 
     agent = Agent("td3bc-lag", env="IB-v0", hidden=(64, 64))     # a built-in simulator
     agent = Agent("iql-lag", task=card.task(), constraints="plant-constraints.yaml")
@@ -12,70 +12,41 @@ bounds of observations and actions, cost channels, and a simulator when there is
 its safety contract (the shield's hard constraints from a ``ConstraintSpec``, the task's
 defaults unless given, and the cost limits; :func:`~neorl_industrial.core.safety.resolve_safety`)
 and acts in the plant's units: actions are scaled to the policy's [-1, 1] for training
-and back inside the policy. ``fit`` trains one run per seed at once and evaluates them in
-the simulator, or off policy (FQE on held-out episodes) when the task has none, and keeps
-the best by the safety-aware criterion; ``predict`` uses the best run's policy.
+and back inside the policy. ``fit`` and ``sweep`` build a
+:class:`~neorl_industrial.wrappers.training.plan.RunPlan` and call the run functions
+(:func:`~neorl_industrial.wrappers.training.run.train`,
+:func:`~neorl_industrial.wrappers.training.run.sweep`): one run per seed at once,
+evaluated in the simulator, or off policy (FQE on held-out episodes) when the task has
+none, the best kept by the safety-aware criterion; the run's
+:class:`~neorl_industrial.wrappers.training.run.RunResult` is ``agent.result``, and
+``predict`` uses the selected run's policy.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import serialization
 
-from neorl_industrial.core.agents.registry import (
-    HyperparameterError,
-    algorithm_entry,
-    build_algorithm,
-)
 from neorl_industrial.core.environments import Task, TaskError
-from neorl_industrial.core.safety import (
-    ConstraintSpec,
-    ConstraintSpecError,
-    SafetyContract,
-    shield,
-)
+from neorl_industrial.core.safety import ConstraintSpec, SafetyContract, shield
 from neorl_industrial.core.safety.shield import SafetyReport
-from neorl_industrial.functional.state_management import (
-    ActionScaler,
-    Dataset,
-    RewardScaling,
-    init_train_states,
-    relabel_costs,
-    select_safe_episodes,
-    with_action_scaling,
-)
-from neorl_industrial.version import __version__
+from neorl_industrial.functional.state_management import Dataset
+from neorl_industrial.wrappers.agents import saved_agent
 from neorl_industrial.wrappers.agents.readings import decision_inputs
+from neorl_industrial.wrappers.agents.saved_agent import FORMAT, MANIFEST, POLICIES
 from neorl_industrial.wrappers.constraint_files import (
-    constraint_spec_from_text,
-    constraint_spec_yaml,
     load_constraint_spec,
 )
-from neorl_industrial.wrappers.hostio import (
-    remove_stale_staging,
-    to_json_data,
-    write_directory_atomic,
-)
-from neorl_industrial.wrappers.training import (
-    Callback,
-    Evaluator,
-    Trainer,
-    TrainResult,
-    summarize_runs,
-)
+from neorl_industrial.wrappers.training import Callback, summarize_runs
 from neorl_industrial.wrappers.training.config import AlgorithmSection, OPESettings, RunConfig
-from neorl_industrial.wrappers.training.evaluation import selection_key
-from neorl_industrial.wrappers.training.ope import OffPolicyEvaluator
+from neorl_industrial.wrappers.training.context import PolicyContext, RunError, algorithm_of
 from neorl_industrial.wrappers.training.plan import (
     CONTRACT_FIELDS,
     DEFAULT_ENV,
@@ -89,40 +60,32 @@ from neorl_industrial.wrappers.training.plan import (
     resolve_contract,
     resolve_run,
     resolve_task,
-    saved_contract,
 )
-from neorl_industrial.wrappers.training.record import dataset_record
-from neorl_industrial.wrappers.training.selection import (
-    PolicyHealth,
-    best_evaluated_run,
-    health_observations,
-    policy_health,
-    verdict_ranking,
+from neorl_industrial.wrappers.training.run import (
+    RunResult,
+    SweepCandidates,
+    check_plan_matches,
+    sweep,
+    train,
 )
 from neorl_industrial.wrappers.training.sweep_table import (
     candidate_id,
-    configuration_name,
     parse_candidate,
-    sweep_table,
     with_values,
 )
-from neorl_industrial.wrappers.training.verdict import (
-    FQE_BATCH_SIZE,
-    Verdict,
-    VerdictError,
-    VerdictSettings,
-    episode_digests,
-    merge_verdicts,
-    model_verdict,
-)
+from neorl_industrial.wrappers.training.verdict import Verdict, VerdictSettings
 
-__all__ = ["DEFAULT_ENV", "Agent", "AgentError", "OPESettings", "load_constraint_spec"]
+__all__ = [
+    "DEFAULT_ENV",
+    "FORMAT",
+    "MANIFEST",
+    "POLICIES",
+    "Agent",
+    "AgentError",
+    "OPESettings",
+    "load_constraint_spec",
+]
 
-FORMAT = "neorl-industrial-agent/1"
-MANIFEST = "agent.json"
-POLICIES = "policies.msgpack"
-#: A saved sweep's policies of every configuration × seed, one file per program.
-CANDIDATE_FILE = "candidates-{}.msgpack"
 #: ``sweep``'s keyword settings (``fit`` takes all of ``KEYWORDS``): the ones a sweep's
 #: end-of-training evaluation and its one program use.
 SWEEP_KEYWORDS = (
@@ -141,58 +104,9 @@ SWEEP_KEYWORDS = (
 )
 FIT_KEYWORDS = (*KEYWORDS, *PLAN_KEYWORDS)
 
-
-class AgentError(PlanError):
-    """An agent that cannot do what was asked: names the argument, file or field."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepProgram:
-    """One program of a sweep: its configurations (positions in the grid) and their
-    policies, stacked configuration-major with the seeds inner."""
-
-    configurations: tuple[int, ...]
-    policies: Any
-
-
-@dataclasses.dataclass
-class SweepCandidates:
-    """Every policy a sweep trained (each configuration × seed), kept so that any of
-    them can be judged and exported later (``Agent.candidate``).
-
-    Attributes:
-        fields, points: the swept hyperparameters and each configuration's values.
-        seeds: every configuration's seeds.
-        hyperparameters: what every configuration starts from (observation statistics
-            included); a configuration's own are these with its values set.
-        programs: the policies, one stack per program (None until read from disk).
-        files: where a saved agent keeps each program's stack.
-    """
-
-    fields: list[str]
-    points: list[dict[str, Any]]
-    seeds: list[int]
-    hyperparameters: dict[str, Any]
-    programs: list[SweepProgram | None]
-    files: list[Path] = dataclasses.field(default_factory=list)
-    configurations: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.configurations:
-            self.configurations = [p.configurations for p in self.programs if p is not None]
-
-    def record(self) -> dict[str, Any]:
-        """What the saved agent's manifest holds of it (the policies go to their files)."""
-        return {
-            "fields": self.fields,
-            "points": to_json_data(self.points),
-            "seeds": self.seeds,
-            "hyperparameters": to_json_data(self.hyperparameters),
-            "programs": [
-                {"file": CANDIDATE_FILE.format(number), "configurations": list(configurations)}
-                for number, configurations in enumerate(self.configurations)
-            ],
-        }
+#: An agent that cannot do what was asked (names the argument, file or field): the run
+#: functions' :class:`~neorl_industrial.wrappers.training.context.RunError`.
+AgentError = RunError
 
 
 class CandidateStack(NamedTuple):
@@ -204,23 +118,13 @@ class CandidateStack(NamedTuple):
     hyperparameters: dict[str, Any]
 
 
-class _Prepared(NamedTuple):
-    """Training data and settings, as ``Agent._prepare`` makes them."""
-
-    data: Dataset
-    heldout: Dataset | None
-    ope: OPESettings
-    hyperparameters: dict[str, Any]
-    reward_scale: RewardScaling
-    reward_scaling: str
-
-
 class Agent:
     """An offline agent: fit, predict, evaluate, save, load, export.
 
     Args:
         algorithm: a registered algorithm (``bc``, ``bc-safe``, ``td3bc``, ``td3bc-lag``,
-            ``iql``, ``iql-lag``, ``cql``, ``discrete-bc``, ``discrete-cql``).
+            ``iql``, ``iql-lag``, ``cql``, ``mopo``, ``mopo-bc``, ``mopo-lag``,
+            ``discrete-bc``, ``discrete-cql``).
         env: a registered simulator's id (its task); ignored when ``task`` is given.
             Neither: ``IB-v0``.
         task: the process (a plant's: ``card.task()`` of an imported log).
@@ -243,7 +147,7 @@ class Agent:
         cost_limits: Sequence[float] | None = None,
         **hyperparameters: Any,
     ) -> None:
-        entry = _entry(algorithm)
+        entry = algorithm_of(algorithm)
         if task is None:
             try:
                 task = Task.from_env(env or DEFAULT_ENV, env_params)
@@ -251,63 +155,40 @@ class Agent:
                 raise AgentError(str(error)) from None
         elif env_params:
             raise AgentError("env_params: give them to the task (Task.from_env), not the agent")
-        _check_kind(entry, task)
+        PolicyContext.check_kind(entry, task)
         try:
             spec, safety = resolve_contract(task, constraints, cost_limits, safe=entry.safe)
         except PlanError as error:
             raise AgentError(str(error)) from None
-        self._setup(entry, task, spec, safety, hyperparameters)
+        self._setup(PolicyContext.create(entry, task, spec, safety), hyperparameters)
+        # Checked (and built, to act) at once: the one call into the core's registry.
+        self._build(self.hyperparameters)
 
-    def _setup(
-        self,
-        entry: Any,
-        task: Task,
-        spec: ConstraintSpec,
-        safety: SafetyContract,
-        hyperparameters: Mapping[str, Any],
-    ) -> None:
-        """The agent of a resolved contract: every constructor ends here."""
-        _check_kind(entry, task)
-        self.entry = entry
-        self.task = task
-        self.safety: SafetyContract = safety
-        self.constraint_spec: ConstraintSpec = spec
+    def _setup(self, context: PolicyContext, hyperparameters: Mapping[str, Any]) -> None:
+        """The agent of a resolved contract: every constructor ends here. The algorithm
+        is built when first needed (a run builds its own, once)."""
+        self.context = context
+        self.entry = context.entry
+        self.task = context.task
+        self.safety: SafetyContract = context.safety
+        self.constraint_spec: ConstraintSpec = context.constraint_spec
+        self.scaler = context.scaler
         # The cost limits are the contract's alone: the algorithm's config takes them from
-        # it where it is built (``_build``), never from the hyperparameters.
-        self.hyperparameters = dict(hyperparameters)
-        if (
-            self.entry.safe
-            and "episode_length" in self.entry.fields
-            and task.episode_length is not None
-        ):
-            self.hyperparameters = {"episode_length": int(task.episode_length)}
-            self.hyperparameters.update(hyperparameters)
-        self.scaler: ActionScaler | None = None
-        if not task.discrete and not ActionScaler.is_identity(task.action_low, task.action_high):
-            try:
-                self.scaler = ActionScaler.create(
-                    task.action_low, task.action_high, task.action_names
-                )
-            except ValueError as error:
-                raise AgentError(str(error)) from None
-        self.algorithm: Any = None  # acts in plant units
-        self.policy_algorithm: Any = None  # acts in the policy's [-1, 1]
-        self.config: Any = None
+        # it where it is built, never from the hyperparameters.
+        self.hyperparameters = context.hyperparameters(hyperparameters)
+        self._built: tuple[Any, Any] | None = None  # (acting in [-1, 1], its config)
         self.policies: Any = None  # stacked PolicyParams, one per run
         self.seeds: list[int] = []
         self.selected = 0
-        self.result: TrainResult | None = None
-        self.training: dict[str, Any] = {}
+        #: What the last ``fit`` or ``sweep`` produced (a loaded agent's: as recorded).
+        self.result: RunResult | None = None
         #: The plan ``fit()`` and ``sweep()`` train without data (``from_plan``).
         self.plan: RunPlan | None = None
         #: The configuration a dataset is resolved with (``from_config`` without data).
         self.run_config: RunConfig | None = None
         self._decide: Any = None
-        self._simulator: tuple[Any, Any] | None = None
         #: A sweep's every configuration × seed policy (None for a training run's agent).
-        self._sweep: SweepCandidates | None = None
-        # Checked (and built, to act) at once: the one call into the core's registry.
-        self._build(self.hyperparameters)
+        self.sweep_candidates: SweepCandidates | None = None
 
     @classmethod
     def from_plan(cls, plan: RunPlan) -> Agent:
@@ -316,17 +197,10 @@ class Agent:
         ``fit()`` and ``sweep()`` without data train the plan.
 
         Raises:
-            AgentError: for hyperparameters the algorithm refuses, or data that does not
-                fit the task.
+            AgentError: for data that does not fit the task.
         """
         agent = cls.__new__(cls)
-        agent._setup(
-            _entry(plan.algorithm.name),
-            plan.task,
-            plan.constraint_spec,
-            plan.safety,
-            plan.algorithm.hyperparameters,
-        )
+        agent._setup(PolicyContext.of_plan(plan), plan.algorithm.hyperparameters)
         agent.check_dataset(plan.dataset, plan.card)
         agent.plan = plan
         return agent
@@ -363,14 +237,17 @@ class Agent:
                 return cls.from_plan(resolve_run(config, dataset, card, facts))
             if card is not None:
                 raise AgentError("card: give the dataset with its card (dataset=...)")
-            entry = _entry(config.algorithm.name)
+            entry = algorithm_of(config.algorithm.name)
             task = resolve_task(config)
-            _check_kind(entry, task)
+            PolicyContext.check_kind(entry, task)
             spec, contract = contract_of(config, task)
         except PlanError as error:
             raise AgentError(str(error)) from None
         agent = cls.__new__(cls)
-        agent._setup(entry, task, spec, contract, config.algorithm.hyperparameters)
+        agent._setup(
+            PolicyContext.create(entry, task, spec, contract), config.algorithm.hyperparameters
+        )
+        agent._build(agent.hyperparameters)
         agent.run_config = config
         return agent
 
@@ -395,8 +272,7 @@ class Agent:
     @property
     def cost_limits(self) -> list[float] | None:
         """Episode cost limit per cost channel (None when the task has no channels)."""
-        limits = self.safety.limits()
-        return [float(x) for x in limits] or None
+        return self.context.cost_limits
 
     @property
     def cost_names(self) -> tuple[str, ...]:
@@ -409,94 +285,49 @@ class Agent:
         Raises:
             AgentError: when the task has none.
         """
-        if self._simulator is None:
-            try:
-                self._simulator = self.task.make_simulator()
-            except TaskError as error:
-                raise AgentError(str(error)) from None
-        return self._simulator
+        return self.context.simulator
 
     @property
     def fitted(self) -> bool:
         return self.policies is not None
 
-    def _build(
-        self,
-        hyperparameters: dict[str, Any],
-        plant_model: Any = None,
-        reward_scale: RewardScaling | None = None,
-    ) -> None:
-        """The algorithm of ``hyperparameters``; a model-based one steps ``plant_model``
-        (without one it initialises and acts, as a loaded agent does, but cannot train)."""
-        action_size = self.task.num_actions if self.entry.discrete else self.task.action_size
-        try:
-            if self.entry.model_based and plant_model is not None:
-                from neorl_industrial.wrappers.training.model_based import (
-                    build_model_based,
-                    model_handle,
-                )
+    @property
+    def policy_algorithm(self) -> Any:
+        """The algorithm, acting in the policy's [-1, 1]."""
+        if self._built is None:
+            self._build(self.hyperparameters)
+        assert self._built is not None
+        return self._built[0]
 
-                handle = model_handle(
-                    plant_model, reward_scaling=reward_scale, constraints=self.constraints
-                )
-                self.policy_algorithm, self.config = build_model_based(
-                    self.entry.name,
-                    self.task.observation_size,
-                    action_size,
-                    hyperparameters,
-                    handle,
-                    contract=self.safety,
-                )
-            else:
-                self.policy_algorithm, self.config = build_algorithm(
-                    self.entry.name,
-                    self.task.observation_size,
-                    action_size,
-                    hyperparameters,
-                    contract=self.safety,
-                )
-        except (HyperparameterError, ValueError) as error:
-            raise AgentError(str(error)) from None
-        self.algorithm = with_action_scaling(self.policy_algorithm, self.scaler)
+    @property
+    def config(self) -> Any:
+        """The algorithm's config."""
+        if self._built is None:
+            self._build(self.hyperparameters)
+        assert self._built is not None
+        return self._built[1]
+
+    @property
+    def algorithm(self) -> Any:
+        """The algorithm, acting in plant units."""
+        return self.context.in_plant_units(self.policy_algorithm)
+
+    def _build(self, hyperparameters: Mapping[str, Any], what: str = "") -> None:
+        """The algorithm of ``hyperparameters`` (acting, as a loaded agent does; a
+        model-based one cannot train without its plant model)."""
+        self._built = self.context.build(hyperparameters, what=what)
         self._decide = None
 
     # ----- training -------------------------------------------------------------------
     def check_dataset(self, dataset: Dataset, card: Any = None) -> None:
         """Raises :class:`AgentError` when ``dataset`` (and its card's names) does not fit
         the agent's task."""
-        name = "dataset" if card is None else f"dataset {card.name!r}"
-        names: dict[str, Any] = {}
-        if card is not None:
-            columns = getattr(card, "observation_columns", None)
-            actions = getattr(card, "action_columns", None)
-            names = {
-                "observation_names": [c.name for c in columns] if columns else None,
-                "action_names": [c.name for c in actions] if actions else None,
-                "cost_names": list(getattr(card, "cost_names", []) or []) or None,
-            }
-        try:
-            self.task.check_data(
-                observation_size=dataset.observation_size,
-                action_size=dataset.action_size,
-                discrete=dataset.discrete,
-                n_costs=dataset.n_costs,
-                source=name,
-                **names,
-            )
-        except TaskError as error:
-            raise AgentError(str(error)) from None
-        if self.entry.safe and not self.safety.relabel and dataset.n_costs != self.safety.n_costs:
-            raise AgentError(
-                f"{name}: {dataset.n_costs} cost channels; {self.entry.name} is held to "
-                f"{self.safety.n_costs} ({', '.join(self.safety.cost_names)})"
-            )
+        self.context.check_dataset(dataset, card)
 
     def training_data(self, dataset: Dataset) -> Dataset:
         """``dataset`` as the contract sees it: costs relabelled from the spec's
         definitions when the spec defines other channels than the data has."""
-        if self.safety.relabel and self.safety.constraints.n_costs:
-            return relabel_costs(dataset, self.safety.constraints)
-        return dataset
+        return self.context.training_data(dataset)
 
     def _plan(
         self,
@@ -545,59 +376,8 @@ class Agent:
                     )
             except PlanError as error:
                 raise AgentError(str(error)) from None
-        ours = (self.entry.name, self.task, *contract_record(self.safety)[:2])
-        theirs = (_entry(plan.algorithm.name).name, plan.task, *contract_record(plan.safety)[:2])
-        if ours != theirs:
-            raise AgentError(
-                f"plan: made for {theirs[0]} on {plan.label} with cost limits {theirs[2]}, "
-                f"not this agent ({ours[0]} on {self.task.name}, {ours[2]}); make the plan's "
-                "agent with Agent.from_plan(plan)"
-            )
+        check_plan_matches(plan, self.context)
         return plan
-
-    def _prepare(self, plan: RunPlan) -> _Prepared:
-        """The training data as ``fit`` and ``sweep`` train on it: checked against the
-        task, costs relabelled, the plan's held-out episodes apart for off-policy
-        evaluation, safe episodes selected, observation statistics added to the
-        hyperparameters, rewards scaled and actions scaled to [-1, 1]."""
-        self.check_dataset(plan.dataset, plan.card)
-        # The section checked a given scaling; the algorithm's own is one of them.
-        reward_scaling = plan.training.reward_scaling or self.entry.reward_scaling
-        data = self.training_data(plan.split.train)
-        heldout = None if plan.split.heldout is None else self.training_data(plan.split.heldout)
-        ope = plan.ope
-        if self.entry.select_safe_data:
-            try:
-                data = select_safe_episodes(data, self.cost_limits or [])
-            except ValueError as error:
-                raise AgentError(f"{self.entry.name}: {error}") from None
-        hyperparameters = dict(self.hyperparameters)
-        if (
-            self.entry.safe
-            and "episode_length" in self.entry.fields
-            and "episode_length" not in hyperparameters
-        ):
-            lengths = np.asarray(jax.device_get(data.episode_lengths))
-            hyperparameters["episode_length"] = max(1, round(float(lengths.mean())))
-        if plan.training.normalize_observations:
-            obs_mean, obs_std = data.observation_moments()
-            hyperparameters["obs_mean"] = obs_mean.tolist()
-            hyperparameters["obs_std"] = obs_std.tolist()
-        try:
-            reward_scale = RewardScaling.fit(data, reward_scaling)
-        except ValueError as error:
-            raise AgentError(str(error)) from None
-        data = reward_scale.apply(data)
-        if self.scaler is not None:
-            data = data.replace(actions=self.scaler.scale(data.actions))
-        return _Prepared(
-            data=data,
-            heldout=heldout,
-            ope=ope,
-            hyperparameters=hyperparameters,
-            reward_scale=reward_scale,
-            reward_scaling=reward_scaling,
-        )
 
     def fit(
         self,
@@ -610,9 +390,10 @@ class Agent:
         plant_model: Any = None,
         verdict: VerdictSettings | None = None,
         **settings: Any,
-    ) -> TrainResult:
+    ) -> RunResult:
         """Trains one run per seed on the data (all at once) and keeps each run's best
-        policy.
+        policy: :func:`~neorl_industrial.wrappers.training.run.train` of the plan; the
+        agent then holds its result (``agent.result``) and predicts with its selected run.
 
         ``data``: a :class:`~neorl_industrial.wrappers.training.plan.RunPlan` (its data
         and settings), None (the agent's own plan: ``from_plan``, ``from_config``), or a
@@ -634,7 +415,7 @@ class Agent:
         ``REWARD_SCALINGS`` (``none``, ``std``, ``standardize``, ``return_range``); None
         takes the algorithm's own (IQL's paper scaling, ``std`` for the others). The
         policy's returns are unchanged and costs are never scaled; the scaling used is
-        recorded in ``training["reward_scale"]`` and the exported policy's metadata.
+        recorded in ``result.reward_scale`` and the exported policy's metadata.
         ``progress``: show the rich progress bar the command line shows (and say whether
         the fit is tracked in MLflow: it is when ``callbacks`` holds an ``MlflowTracker``).
         ``mesh``: train data-parallel over a ``"data"`` mesh (``data_mesh()``), one shard
@@ -642,7 +423,7 @@ class Agent:
         :class:`~neorl_industrial.wrappers.training.Trainer`).
         ``plant_model``: a fitted ``PlantModel`` of this dataset and task; with off-policy
         evaluation, every run's policy is then judged against the logged operation on the
-        held-out episodes (``training["verdict"]``, see :meth:`judge`; ``verdict`` its
+        held-out episodes (``result.verdict``, see :meth:`judge`; ``verdict`` its
         settings).
 
         Raises:
@@ -651,122 +432,16 @@ class Agent:
             CheckpointMismatchError: when resuming from another run's checkpoint.
         """
         plan = self._plan(data, settings, FIT_KEYWORDS, "fit")
-        training, evaluation, checkpoints = plan.training, plan.evaluation, plan.checkpoints
-        dataset, card = plan.dataset, plan.card
-        prepared = self._prepare(plan)
-        data, heldout, ope = prepared.data, prepared.heldout, prepared.ope
-        hyperparameters, reward_scale = prepared.hyperparameters, prepared.reward_scale
-        reward_scaling = prepared.reward_scaling
-        if self.entry.model_based and plant_model is None:
-            raise AgentError(
-                f"algorithm {self.entry.name!r} trains on a plant model of this log: pass "
-                "plant_model=PlantModel.load(...) (fit one with `neorl-industrial model fit`)"
-            )
-        judge = plant_model is not None and self._check_plant_model(
-            plant_model, dataset, heldout, card, verdict=not self.entry.model_based
-        )
-        self._build(hyperparameters, plant_model, reward_scale)
-        evaluator: Any = None
-        ope_evaluator = None
-        if heldout is not None:
-            ope_evaluator = self._ope_evaluator(heldout, ope, hyperparameters)
-        if evaluation is not None and self.task.has_simulator:
-            evaluator = self._evaluator(
-                evaluation.episodes, evaluation.horizon, evaluation.shield, evaluation.seed
-            )
-        elif evaluation is not None:
-            evaluator = ope_evaluator
-        if progress:
-            from neorl_industrial.wrappers.training import RichProgress
-
-            bar = RichProgress(metrics=("critic_loss",))
-            if not any(hasattr(callback, "tracking_uri") for callback in callbacks):
-                bar.console.print(
-                    "MLflow: this fit is not tracked (pass callbacks=[MlflowTracker(...)] from "
-                    "neorl_industrial.integration.mlflow, or train with `neorl-industrial train`)"
-                )
-            callbacks = [bar, *callbacks]
-        trainer = Trainer(
-            self.policy_algorithm,
-            data,
-            seeds=training.seeds,
-            batch_size=training.batch_size,
-            chunk_updates=training.chunk,
-            evaluator=evaluator,
-            eval_every=evaluation.every
-            if evaluation is not None and evaluator is not ope_evaluator
-            else 0,
-            patience=None if evaluation is None else evaluation.patience,
-            checkpoint_dir=plan.checkpoint_dir,
-            checkpoint_every=checkpoints.every,
-            keep_checkpoints=checkpoints.keep,
+        result = train(
+            plan,
             callbacks=callbacks,
-            fingerprint={
-                "algorithm": self.entry.name,
-                "config": to_json_data(dataclasses.asdict(self.config)),
-                "task": self.task.to_dict(limits=False),
-                "reward_scaling": reward_scaling,
-                "constraints": self.constraint_spec.to_dict(),
-                "safety": dict(zip(CONTRACT_FIELDS, contract_record(self.safety), strict=True)),
-            },
+            resume=resume,
+            progress=progress,
             mesh=mesh,
+            plant_model=plant_model,
+            verdict=verdict,
         )
-        try:
-            result = trainer.fit(training.updates, resume=resume)
-        except ValueError as error:
-            if type(error) is ValueError:
-                raise AgentError(str(error)) from None
-            raise
-        self.result = result
-        self._sweep = None
-        self.policies = result.best_policies
-        self.seeds = list(trainer.seeds)
-        # The observation statistics are part of the trained agent's configuration.
-        self.hyperparameters = hyperparameters
-        names = [f"seed {seed}" for seed in self.seeds]
-        health = self._health(
-            self.policies,
-            heldout if heldout is not None else self.training_data(plan.split.train),
-            "held-out observations" if heldout is not None else "logged observations",
-        )
-        failed = _failures(health, names)
-        healthy = [run for run in range(len(self.seeds)) if run not in failed]
-        self.selected = best_evaluated_run(result.best, healthy)
-        self.training = {
-            "updates": int(result.state.updates[0]),
-            "seeds": self.seeds,
-            "batch_size": training.batch_size,
-            "reward_scaling": reward_scaling,
-            "reward_scale": reward_scale.to_dict(),
-            "evaluation": None
-            if evaluator is None
-            else ("fqe" if evaluator is ope_evaluator else "simulator"),
-            "dataset": dataset_record(dataset, card, data, heldout)
-            | {"fingerprint": _fingerprint(dataset)},
-            "best": result.best,
-            "summary": result.summary,
-            "selected_run": self.selected,
-            "selection": {"by": "evaluation" if evaluator is not None else "none"},
-            "health": [row.to_dict() for row in health],
-            "failed_runs": _failed_record(failed, self.seeds),
-            "stopped_early": result.stopped_early,
-            "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        if ope_evaluator is not None and evaluation is not None and evaluator is not ope_evaluator:
-            # Beside the simulator: how far the estimates are from the truth.
-            self.training["ope"] = self._side_by_side(
-                ope_evaluator, evaluation.episodes, evaluation.seed
-            )
-        if judge and heldout is not None:
-            judged = self._judge_runs(
-                heldout, plant_model, ope, verdict, scored=ope_evaluator, runs=healthy
-            ).to_dict()
-            self.training["verdict"] = judged
-            # The verdict's first, not the evaluation's: what is exported is what it judged.
-            first = verdict_ranking(judged)[0]
-            self.selected = healthy[[self._run_name(run) for run in healthy].index(first)]
-            self.training["selected_run"] = self.selected
-            self.training["selection"] = {"by": "verdict", "candidate": first}
+        self.adopt(result)
         return result
 
     def sweep(
@@ -779,12 +454,9 @@ class Agent:
         verdict: VerdictSettings | None = None,
         **settings: Any,
     ) -> dict[str, Any]:
-        """Trains every configuration of ``grid`` × ``seeds`` in one program
-        (:func:`~neorl_industrial.functional.transformations.train_sweep`), evaluates every
-        run as :meth:`fit` would at its end (the task's simulator with the shield, or FQE
-        on held-out episodes when there is none), and keeps the best configuration, chosen
-        safety first on its mean over seeds: configurations whose mean episode cost keeps
-        every limit rank above the others, then by return.
+        """Trains every configuration of ``grid`` × ``seeds`` in one program and keeps the
+        best configuration: :func:`~neorl_industrial.wrappers.training.run.sweep` of the
+        plan (which says how the runs are evaluated and chosen).
 
         ``data`` and ``settings`` as for :meth:`fit` (the settings ``updates``, ``seeds``,
         ``batch_size``, ``chunk``, ``eval_episodes``, ``eval_horizon``, ``eval_shield``,
@@ -795,8 +467,8 @@ class Agent:
         ones that set no shape can be swept in one program. ``mesh`` (``runs_mesh()``)
         lays the runs over its devices, across processes after ``initialize_distributed``.
         The agent ends fitted with the chosen configuration's hyperparameters and its
-        seeds' policies (its best seed selected), as after
-        :meth:`fit`; ``training["sweep"]`` holds the table this returns:
+        seeds' policies (its best seed selected), as after :meth:`fit`;
+        ``result.sweep`` holds the table this returns:
         ``{"fields", "configurations": [{"values", "runs", "summary", "within_limits"}],
         "selected", "reason"}``. With ``plant_model`` and off-policy evaluation, every
         configuration's runs are judged against the logged operation on the held-out
@@ -806,310 +478,50 @@ class Agent:
             AgentError: for data that does not fit the agent, a bad grid (unknown or
                 untraceable field, empty, a value the algorithm refuses) or bad settings.
         """
-        from neorl_industrial.functional.transformations.sweep import (
-            SweepError,
-            expand_grid,
-            plan_sweep_groups,
-            train_sweep,
-        )
-
         if self.entry.model_based:
             raise AgentError(
                 f"algorithm {self.entry.name!r} trains on a plant model and is not swept in "
                 "one program; fit each configuration with plant_model= instead"
             )
         plan = self._plan(data, settings, SWEEP_KEYWORDS, "sweep")
-        grid = plan.sweep.hyperparameter_grid() if grid is None else grid
-        if not grid:
-            raise AgentError(
-                "grid: no hyperparameter to sweep; give {name: [values]} (or the config's "
-                "sweep.grid algorithm.hyperparameters.<name>)"
-            )
-        if plan.evaluation is None:
-            raise AgentError("evaluate: a sweep chooses by evaluation; evaluate the runs")
-        training, evaluation = plan.training, plan.evaluation
-        dataset, card, seeds = plan.dataset, plan.card, plan.sweep_seeds
-        prepared = self._prepare(plan)
-        data, hyperparameters = prepared.data, prepared.hyperparameters
-        if plant_model is not None:
-            self._check_plant_model(plant_model, dataset, prepared.heldout, card)
-        verdicts: list[Verdict] = []
-        action_size = self.task.num_actions if self.entry.discrete else self.task.action_size
-        try:
-            groups = plan_sweep_groups(
-                self.entry.name,
-                grid,
-                seeds=seeds,
-                obs_size=self.task.observation_size,
-                action_size=action_size,
-                hyperparameters=hyperparameters,
-                contract=self.safety,
-            )
-        except SweepError as error:
-            raise AgentError(str(error)) from None
-        if prepared.heldout is None and not self.task.has_simulator:
-            raise AgentError(
-                f"{self.entry.name}: a sweep chooses by evaluation, and {self.task.name} has "
-                "neither a simulator nor held-out episodes for off-policy evaluation"
-            )
-        points = expand_grid(grid)
-        n_seeds = len(groups[0].plan.seeds)
-        seeds = list(groups[0].plan.seeds)
-        # Per configuration (the grid's order): its runs' evaluations and its policies.
-        metrics: list[Any] = [None] * (len(points) * n_seeds)
-        truth: list[Any] = [None] * (len(points) * n_seeds)
-        health: list[Any] = [None] * (len(points) * n_seeds)
-        programs: list[SweepProgram] = []
-        estimate = "fqe" if prepared.heldout is not None else "simulator"
-        checked = (
-            prepared.heldout
-            if prepared.heldout is not None
-            else self.training_data(plan.split.train)
-        )
-        source = "held-out observations" if prepared.heldout is not None else "logged observations"
-        updates_done = 0
-        for group in groups:
-            # Each group is one program: the values no program can trace are fixed in it.
-            try:
-                result = train_sweep(
-                    group.plan,
-                    data,
-                    n_updates=training.updates,
-                    chunk_updates=training.chunk,
-                    batch_size=training.batch_size,
-                    mesh=mesh,
-                )
-            except SweepError as error:
-                raise AgentError(str(error)) from None
-            except ValueError as error:
-                if type(error) is ValueError:
-                    raise AgentError(str(error)) from None
-                raise
-            updates_done = int(result.state.updates[0])
-            group_hyperparameters = with_values(hyperparameters, group.fixed)
-            self._build(group_hyperparameters)
-            simulator = None
-            if self.task.has_simulator:
-                simulator = self._evaluator(
-                    evaluation.episodes, evaluation.horizon, evaluation.shield, evaluation.seed
-                )
-            policies = result.state.agent.policy
-            names = [configuration_name(index, seed) for index in group.indices for seed in seeds]
-            if prepared.heldout is not None:
-                # Off policy, as on a plant: with a simulator too when ope.always, which
-                # then says how good the offline choice was.
-                evaluator = self._ope_evaluator(
-                    prepared.heldout, prepared.ope, group_hyperparameters
-                )
-                own = evaluator(policies, training.updates)
-                simulated = None if simulator is None else simulator(policies, training.updates)
-            else:
-                evaluator = None
-                own, simulated = simulator(policies, training.updates), None
-            group_health = self._health(policies, checked, source)
-            able = [run for run, row in enumerate(group_health) if row.failure is None]
-            if plant_model is not None and prepared.heldout is not None and able:
-                judged = policies
-                if len(able) != len(names):
-                    rows = jnp.asarray(able)
-                    judged = jax.tree.map(lambda leaf, rows=rows: leaf[rows], policies)
-                verdicts.append(
-                    self._verdict(
-                        prepared.heldout,
-                        plant_model,
-                        judged,
-                        [names[run] for run in able],
-                        prepared.ope,
-                        verdict,
-                        group_hyperparameters,
-                        scored=evaluator if len(able) == len(names) else None,
-                    )
-                )
-            for position, index in enumerate(group.indices):
-                runs = slice(position * n_seeds, (position + 1) * n_seeds)
-                target = slice(index * n_seeds, (index + 1) * n_seeds)
-                metrics[target] = own[runs]
-                health[target] = group_health[runs]
-                if simulated is not None:
-                    truth[target] = simulated[runs]
-            programs.append(
-                SweepProgram(configurations=tuple(group.indices), policies=jax.device_get(policies))
-            )
-        all_names = [
-            configuration_name(index, seed) for index in range(len(points)) for seed in seeds
-        ]
-        failed = _failures(health, all_names)
-        merged = merge_verdicts(verdicts).to_dict() if verdicts else None
-        table = sweep_table(
-            points,
-            metrics,
-            seeds,
-            truth=truth if estimate == "fqe" and self.task.has_simulator else None,
-            verdict=merged,
-            programs=len(groups),
-            estimate=estimate,
-            failed=failed,
-        )
-        chosen = table["selected"]
-        able_seeds = [
-            number for number in range(n_seeds) if chosen * n_seeds + number not in failed
-        ]
-        selected = max(
-            able_seeds, key=lambda number: selection_key(metrics[chosen * n_seeds + number])
-        )
-        selection: dict[str, Any] = {"by": "evaluation"}
-        if merged is not None:
-            # The verdict's first, not the table's: what is exported is what it judged.
-            first = verdict_ranking(merged)[0]
-            run = all_names.index(first)
-            chosen, selected = divmod(run, n_seeds)
-            table["selected"] = chosen
-            table["reason"] = (
-                f"the verdict ranks {first} first"
-                + (" and recommends it" if merged["recommended"] == first else "")
-                + f" (the evaluation's choice: {table['reason']})"
-            )
-            selection = {"by": "verdict", "candidate": first}
-        # The agent becomes the chosen configuration's, as if fitted with it.
-        chosen_hyperparameters = with_values(hyperparameters, points[chosen])
-        self._build(chosen_hyperparameters)
-        program = next(p for p in programs if chosen in p.configurations)
-        start = program.configurations.index(chosen) * n_seeds
-        self.policies = jax.tree.map(
-            lambda leaf: jnp.asarray(leaf[start : start + n_seeds]), program.policies
-        )
-        self.seeds = seeds
-        self.selected = selected
-        self.hyperparameters = chosen_hyperparameters
-        self.result = None
-        record = dataset_record(dataset, card, data, prepared.heldout)
-        self.training = {
-            "updates": updates_done,
-            "seeds": self.seeds,
-            "batch_size": training.batch_size,
-            "reward_scaling": prepared.reward_scaling,
-            "reward_scale": prepared.reward_scale.to_dict(),
-            "evaluation": estimate,
-            "dataset": record | {"fingerprint": _fingerprint(dataset)},
-            "selected_run": self.selected,
-            "selection": selection,
-            "failed_runs": [
-                {"candidate": candidate_id(seeds[run % n_seeds], run // n_seeds), "reason": why}
-                for run, why in sorted(failed.items())
-            ],
-            "sweep": table,
-            "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        self._sweep = SweepCandidates(
-            fields=list(grid),
-            points=[dict(point) for point in points],
-            seeds=seeds,
-            hyperparameters=hyperparameters,
-            programs=programs,
-        )
-        return table
+        result = sweep(plan, grid, mesh=mesh, plant_model=plant_model, verdict=verdict)
+        self.adopt(result)
+        assert result.sweep is not None
+        return result.sweep
 
-    def _side_by_side(
-        self, ope_evaluator: OffPolicyEvaluator, episodes: int, seed: int
-    ) -> list[dict[str, Any]]:
-        """FQE's estimates of every run's final choice next to the simulator's discounted
-        return and costs of the same (shielded) policy from the reset distribution."""
-        from neorl_industrial.functional.transformations.evaluation import discounted_values
-
-        rows = ope_evaluator(self.policies, 0)
-        env, params = self.simulator
-        horizon = int(params.horizon)
-        scaler = self.scaler
-        for run, row in enumerate(rows):
-            act = ope_evaluator.policy_function(self.policy(run))
-
-            def policy(observations: jax.Array, act: Any = act) -> jax.Array:
-                actions = act(observations)
-                return actions if scaler is None else scaler.unscale(actions)
-
-            returns, costs = jax.jit(
-                lambda key, policy=policy: discounted_values(
-                    key, env, params, policy, episodes, horizon, ope_evaluator.discount
-                )
-            )(jax.random.PRNGKey(seed))
-            simulated = float(np.mean(np.asarray(returns)))
-            row["simulated_return"] = simulated
-            row["relative_error"] = (row["return"] - simulated) / max(abs(simulated), 1e-9)
-            row["simulated_cost_value"] = dict(
-                zip(env.cost_names, np.asarray(costs).mean(0).tolist(), strict=True)
-            )
-        return rows
-
-    def _evaluator(
-        self, episodes: int, horizon: int | None, shield_actions: bool, seed: int
-    ) -> Evaluator:
-        env, params = self.simulator
-        limits = self.cost_limits
-        if limits is not None and (len(limits) != env.n_costs or not all(np.isfinite(limits))):
-            limits = None  # a contract of other channels than the simulator's cost vector
-        return Evaluator(
-            self.algorithm,
-            env,
-            params,
-            episodes=episodes,
-            horizon=int(horizon or params.horizon),
-            constraints=self.constraints,
-            shield=shield_actions,
-            cost_limits=limits,
-            cost_names=env.cost_names,
-            seed=seed,
-        )
-
-    def _ope_evaluator(
-        self,
-        heldout: Dataset,
-        ope: OPESettings,
-        hyperparameters: dict[str, Any],
-        algorithm: Any = None,
-    ) -> OffPolicyEvaluator:
-        if self.scaler is not None:
-            heldout = heldout.replace(actions=self.scaler.scale(heldout.actions))
-        limits = self.cost_limits
-        lengths = np.asarray(jax.device_get(heldout.episode_lengths))
-        episode_length = int(
-            hyperparameters.get("episode_length")
-            or self.task.episode_length
-            or max(1, round(float(lengths.mean())))
-        )
-        return OffPolicyEvaluator(
-            self.policy_algorithm if algorithm is None else algorithm,
-            heldout,
-            scaler=self.scaler,
-            constraints=self.constraints,
-            cost_limits=limits if heldout.n_costs == len(limits or []) else None,
-            cost_names=self.cost_names,
-            episode_length=episode_length,
-            updates=ope.updates,
-            seeds=tuple(ope.seeds),
-            hidden=tuple(ope.hidden),
-            discount=ope.discount,
-        )
+    def adopt(self, result: RunResult) -> None:
+        """Holds ``result``'s policies, algorithm and record (what ``fit`` and ``sweep``
+        end with)."""
+        self.result = result
+        self.sweep_candidates = result.candidates
+        self.policies = result.policies
+        self.seeds = list(result.seeds)
+        self.selected = result.selected_run
+        # The observation statistics are part of the trained agent's configuration.
+        if result.hyperparameters is not None:
+            self.hyperparameters = dict(result.hyperparameters)
+        self._built = (result.algorithm, result.config) if result.algorithm is not None else None
+        self._decide = None
 
     def _require_fitted(self, what: str) -> None:
         if not self.fitted:
             raise AgentError(f"{what}: the agent has no policy yet; fit or load it first")
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """What the agent's result records (``{}`` before fitting): the saved agent's and
+        the exported policy's ``training`` entry."""
+        return {} if self.result is None else self.result.record()
 
     # ----- candidates ------------------------------------------------------------------
     @property
     def candidates(self) -> list[str]:
         """Every policy this agent holds that can act, by name: ``seed<s>`` for a
         training run's seeds, ``config<c>-seed<s>`` for a sweep's every configuration ×
-        seed (the failed ones, ``training["failed_runs"]``, are left out)."""
-        failed = self._failed()
-        if self._sweep is None:
-            names = [candidate_id(seed) for seed in self.seeds]
-        else:
-            names = [
-                candidate_id(seed, index)
-                for index in range(len(self._sweep.points))
-                for seed in self._sweep.seeds
-            ]
-        return [name for name in names if name not in failed]
+        seed (the failed ones, ``result.failed_runs``, are left out)."""
+        sweep = self.sweep_candidates
+        names = [candidate_id(seed) for seed in self.seeds] if sweep is None else sweep.names()
+        return [name for name in names if name not in self._failed()]
 
     @property
     def selected_candidate(self) -> str | None:
@@ -1121,14 +533,13 @@ class Agent:
     def _configuration_index(self) -> int | None:
         """The sweep configuration whose seeds' policies the agent holds (None: not a
         sweep's agent)."""
-        if self._sweep is None:
+        if self.sweep_candidates is None or self.result is None:
             return None
-        selection = self.training.get("selection") or {}
-        if selection.get("by") == "candidate":
-            key = parse_candidate(str(selection["candidate"]))
-            if key is not None:
-                return key[0]
-        return (self.training.get("sweep") or {}).get("selected")
+        selection = self.result.selection
+        key = parse_candidate(str(selection.get("candidate")))
+        if selection.get("by") == "candidate" and key is not None:
+            return key[0]
+        return (self.result.sweep or {}).get("selected")
 
     def _able_runs(self) -> list[int]:
         """The runs (of ``self.policies``) whose policy can act."""
@@ -1140,7 +551,7 @@ class Agent:
         ]
 
     def _failed(self) -> dict[str, str]:
-        return {row["candidate"]: row["reason"] for row in self.training.get("failed_runs") or ()}
+        return {} if self.result is None else self.result.failed
 
     def candidate(self, name: str) -> Agent:
         """A copy of this agent that predicts with and exports candidate ``name`` (see
@@ -1166,9 +577,8 @@ class Agent:
                 "act is never exported"
             )
         other = copy.copy(self)
-        other.training = dict(self.training)
         other._decide = None
-        sweep = self._sweep
+        sweep = self.sweep_candidates
         if sweep is None or configuration is None:
             if sweep is not None or configuration is not None or seed not in self.seeds:
                 raise AgentError(f"candidate: no {canonical!r} in this agent; known: {known}")
@@ -1176,21 +586,18 @@ class Agent:
         else:
             if not 0 <= configuration < len(sweep.points) or seed not in sweep.seeds:
                 raise AgentError(f"candidate: no {canonical!r} in this agent; known: {known}")
-            hyperparameters = with_values(sweep.hyperparameters, sweep.points[configuration])
-            other._build(hyperparameters)
-            other.hyperparameters = hyperparameters
-            number = next(
-                n for n, inside in enumerate(sweep.configurations) if configuration in inside
-            )
-            start = sweep.configurations[number].index(configuration) * len(sweep.seeds)
-            policies = self._program(number)
-            other.policies = jax.tree.map(
-                lambda leaf: jnp.asarray(leaf[start : start + len(sweep.seeds)]), policies
-            )
+            other.hyperparameters = with_values(sweep.hyperparameters, sweep.points[configuration])
+            other._build(other.hyperparameters)
+            other.policies = sweep.seeds_of(configuration, self.context)
             other.seeds = list(sweep.seeds)
             other.selected = sweep.seeds.index(seed)
-        other.training["selected_run"] = other.selected
-        other.training["selection"] = {"by": "candidate", "candidate": canonical}
+        other.result = dataclasses.replace(
+            self.result or RunResult(),
+            selected_run=other.selected,
+            selection={"by": "candidate", "candidate": canonical},
+            policies=other.policies,
+            hyperparameters=other.hyperparameters,
+        )
         return other
 
     def candidate_stacks(self) -> list[CandidateStack]:
@@ -1198,24 +605,20 @@ class Agent:
         run's seeds; each program of a sweep): what a verdict over them evaluates."""
         self._require_fitted("candidate_stacks")
         failed = self._failed()
-        sweep = self._sweep
+        sweep = self.sweep_candidates
         if sweep is None:
-            stacks = [
-                CandidateStack(
-                    [candidate_id(seed) for seed in self.seeds],
-                    self.policies,
-                    self.policy_algorithm,
-                    self.hyperparameters,
-                )
-            ]
+            names = [candidate_id(seed) for seed in self.seeds]
+            stack = CandidateStack(
+                names, self.policies, self.policy_algorithm, self.hyperparameters
+            )
+            stacks = [stack]
         else:
             stacks = []
             for number, configurations in enumerate(sweep.configurations):
-                hyperparameters, algorithm = self._configuration(configurations[0])
+                hyperparameters, algorithm = sweep.configuration(configurations[0], self.context)
                 names = [candidate_id(seed, c) for c in configurations for seed in sweep.seeds]
-                stacks.append(
-                    CandidateStack(names, self._program(number), algorithm, hyperparameters)
-                )
+                policies = sweep.program(number, self.context)
+                stacks.append(CandidateStack(names, policies, algorithm, hyperparameters))
         kept = []
         for stack in stacks:
             able = [row for row, name in enumerate(stack.names) if name not in failed]
@@ -1227,45 +630,6 @@ class Agent:
                 policies = jax.tree.map(lambda leaf, rows=rows: jnp.asarray(leaf)[rows], policies)
             kept.append(stack._replace(names=[stack.names[row] for row in able], policies=policies))
         return kept
-
-    def _configuration(self, index: int) -> tuple[dict[str, Any], Any]:
-        """``(hyperparameters, algorithm)`` of a sweep's configuration ``index``."""
-        sweep = self._sweep
-        assert sweep is not None
-        hyperparameters = with_values(sweep.hyperparameters, sweep.points[index])
-        try:
-            algorithm, _ = build_algorithm(
-                self.entry.name,
-                self.task.observation_size,
-                self.task.num_actions if self.entry.discrete else self.task.action_size,
-                hyperparameters,
-                contract=self.safety,
-            )
-        except (HyperparameterError, ValueError) as error:
-            raise AgentError(f"configuration {index} of the sweep: {error}") from None
-        return hyperparameters, algorithm
-
-    def _program(self, number: int) -> Any:
-        """The stacked policies of a sweep's program ``number`` (read from the saved
-        agent the first time)."""
-        sweep = self._sweep
-        assert sweep is not None
-        program = sweep.programs[number]
-        if program is not None:
-            return program.policies
-        configurations = sweep.configurations[number]
-        _, algorithm = self._configuration(configurations[0])
-        runs = list(range(len(configurations) * len(sweep.seeds)))
-        template = jax.eval_shape(lambda: init_train_states(algorithm, runs).agent.policy)
-        path = sweep.files[number]
-        try:
-            policies = serialization.from_bytes(template, path.read_bytes())
-        except FileNotFoundError:
-            raise AgentError(f"{path}: missing") from None
-        except (ValueError, KeyError, TypeError) as error:
-            raise AgentError(f"{path}: does not match the saved sweep ({error})") from None
-        sweep.programs[number] = SweepProgram(configurations, policies)
-        return policies
 
     # ----- acting ----------------------------------------------------------------------
     def policy(self, run: int | None = None) -> Any:
@@ -1358,7 +722,9 @@ class Agent:
                 f"evaluate: task {self.task.name!r} has no simulator; use "
                 "evaluate_offline(dataset) for FQE estimates from logged data"
             )
-        evaluator = self._evaluator(episodes, horizon, shield_actions, seed)
+        evaluator = self.context.simulator_evaluator(
+            self.algorithm, episodes, horizon, shield_actions, seed
+        )
         runs = evaluator(self.policies, 0)
         return {"runs": runs, "summary": summarize_runs(runs), "selected_run": self.selected}
 
@@ -1391,7 +757,7 @@ class Agent:
             raise AgentError("evaluate_offline: FQE evaluates continuous-action policies")
         self.check_dataset(dataset)
         ope = ope or OPESettings()
-        evaluation, left_out = self._unseen_episodes(dataset)
+        evaluation, left_out = (self.result or RunResult()).unseen_episodes(dataset)
         on_training = left_out == dataset.n_episodes
         if on_training and plant_model is not None:
             raise AgentError(
@@ -1401,8 +767,12 @@ class Agent:
                 "it did not train on, or log more)"
             )
         if plant_model is not None:
-            self._check_plant_model(plant_model, dataset, evaluation, None, name=dataset_name)
-        evaluator = self._ope_evaluator(self.training_data(evaluation), ope, self.hyperparameters)
+            self.context.check_plant_model(
+                plant_model, dataset, evaluation, None, name=dataset_name
+            )
+        evaluator = self.context.ope_evaluator(
+            self.policy_algorithm, self.training_data(evaluation), ope, self.hyperparameters
+        )
         runs = evaluator(self.policies, 0)
         result = {
             "runs": runs,
@@ -1437,12 +807,8 @@ class Agent:
             AgentError: before fitting, for a plant model of another task, or bad input.
         """
         self._require_fitted("judge")
-        self._check_plant_model(plant_model, None, heldout, None)
+        self.context.check_plant_model(plant_model, None, heldout, None)
         return self._judge_runs(heldout, plant_model, ope or OPESettings(), settings)
-
-    def _run_name(self, run: int) -> str:
-        """Run ``run`` as the verdict names it."""
-        return f"run {run} (seed {self.seeds[run]})"
 
     def _judge_runs(
         self,
@@ -1450,194 +816,32 @@ class Agent:
         plant_model: Any,
         ope: OPESettings,
         settings: VerdictSettings | None,
-        scored: OffPolicyEvaluator | None = None,
-        runs: Sequence[int] | None = None,
+        scored: Any = None,
     ) -> Verdict:
-        """The verdict on every run's policy that can act (``runs``: those only; see
-        :meth:`_verdict` for ``scored``, reused only when every run is judged)."""
-        runs = self._able_runs() if runs is None else list(runs)
+        """The verdict on every run's policy that can act (``scored``: an evaluator that
+        has just scored them all, whose FQEs are reused)."""
+        runs = self._able_runs()
         policies = self.policies
         if len(runs) != len(self.seeds):
             rows = jnp.asarray(runs)
             policies = jax.tree.map(lambda leaf: leaf[rows], policies)
             scored = None
-        return self._verdict(
+        return self.context.verdict(
+            self.policy_algorithm,
             heldout,
             plant_model,
             policies,
-            [self._run_name(run) for run in runs],
+            [f"run {run} (seed {self.seeds[run]})" for run in runs],
             ope,
             settings,
             self.hyperparameters,
             scored=scored,
         )
 
-    def _health(self, policies: Any, data: Dataset, source: str) -> list[PolicyHealth]:
-        """:func:`~neorl_industrial.wrappers.training.selection.policy_health` of
-        ``policies`` on ``data``'s observations (``source`` says which they are; its
-        actions in plant units are the logged ones)."""
-        discrete = self.entry.discrete
-        observations = health_observations(data.transition_observations())
-        actions = health_observations(jnp.asarray(data.actions).reshape(data.n_transitions, -1))
-        return policy_health(
-            self.policy_algorithm.act,
-            policies,
-            observations,
-            logged_actions=None if discrete else actions,
-            source=source,
-            scaler=None if discrete else self.scaler,
-            constraints=None if discrete else self.constraints,
-        )
-
-    def _verdict(
-        self,
-        heldout: Dataset,
-        plant_model: Any,
-        policies: Any,
-        names: Sequence[str],
-        ope: OPESettings,
-        settings: VerdictSettings | None,
-        hyperparameters: dict[str, Any],
-        scored: OffPolicyEvaluator | None = None,
-        algorithm: Any = None,
-    ) -> Verdict:
-        """The verdict on ``policies`` (of ``algorithm``, default: the agent's);
-        ``scored``: an evaluator that has just scored them, whose FQEs are reused when
-        they are the ones the verdict would fit."""
-        algorithm = self.policy_algorithm if algorithm is None else algorithm
-        evaluator = self._ope_evaluator(
-            self.training_data(heldout), ope, hyperparameters, algorithm
-        )
-        settings = settings or VerdictSettings(
-            discount=ope.discount,
-            fqe_updates=ope.updates,
-            fqe_seeds=tuple(ope.seeds),
-            fqe_hidden=tuple(ope.hidden),
-        )
-        fitted = None if scored is None else scored.fitted
-        reuse = (
-            fitted is not None
-            and settings.fqe
-            and fitted.fits(
-                policies,
-                evaluator.dataset,
-                updates=settings.fqe_updates,
-                seeds=settings.fqe_seeds,
-                hidden=settings.fqe_hidden,
-                discount=settings.discount,
-                batch_size=FQE_BATCH_SIZE,
-            )
-        )
-        try:
-            return model_verdict(
-                act=algorithm.act,
-                policy_params=policies,
-                names=names,
-                heldout=evaluator.dataset,
-                plant_model=plant_model,
-                scaler=self.scaler,
-                constraints=self.constraints,
-                cost_limits=evaluator.cost_limits,
-                cost_names=self.cost_names,
-                episode_length=evaluator.episode_length,
-                fqe_act=evaluator.actions,
-                settings=settings,
-                fqe_values=fitted.values if reuse else None,
-            )
-        except VerdictError as error:
-            raise AgentError(str(error)) from None
-
-    def _unseen_episodes(self, dataset: Dataset) -> tuple[Dataset, int]:
-        """``dataset`` without the episodes the agent was trained on (recognised by their
-        content), and how many those were; all of ``dataset`` when every episode trained
-        it (the count then equals its episodes)."""
-        trained = set((self.training.get("dataset") or {}).get("trained_episodes") or ())
-        if not trained:
-            return dataset, 0
-        digests = episode_digests(dataset)
-        unseen = np.asarray([i for i, d in enumerate(digests) if d not in trained], np.int64)
-        left_out = len(digests) - len(unseen)
-        if left_out == 0 or not len(unseen):
-            return dataset, left_out
-        return dataset.select_episodes(unseen), left_out
-
-    def _check_plant_model(
-        self,
-        plant_model: Any,
-        dataset: Dataset | None,
-        heldout: Dataset | None,
-        card: Any,
-        *,
-        name: str | None = None,
-        verdict: bool = True,
-    ) -> bool:
-        """Refuses a plant model of another task or dataset (by name and fingerprint),
-        not fitted, or fitted on episodes the evaluation holds out. ``verdict`` false (a
-        model-based agent's own model): a fit without held-out episodes is fine, and a
-        verdict is made only when the model never saw the held-out ones.
-
-        Returns:
-            Whether the model may judge policies on ``heldout``."""
-        from neorl_industrial.wrappers.models import PlantModelError
-
-        name = name or ("dataset" if card is None else f"dataset {card.name!r}")
-        if self.entry.discrete:
-            raise AgentError(f"plant_model: {self.entry.name} acts on discrete actions")
-        if not getattr(plant_model, "fitted", False):
-            raise AgentError("plant_model: not fitted; fit one first (neorl-industrial model fit)")
-        try:
-            plant_model.check_task(self.task, name=name)
-            if dataset is not None:
-                plant_model.check_same_data(dataset, name=name, task=self.task)
-        except PlantModelError as error:
-            raise AgentError(f"plant_model: {error}") from None
-        if dataset is None:
-            return True
-        fitted_on = plant_model.card["dataset"]["train_episodes"]
-        if heldout is None and not verdict:
-            return False
-        if heldout is None:
-            raise AgentError(
-                "plant_model: a verdict is made on held-out episodes, and this fit holds none "
-                "out (a task with a simulator: ope=OPESettings(always=True); or evaluate=True)"
-            )
-        digests = episode_digests(dataset)
-        model_trained = {digests[i] for i in fitted_on}
-        overlap = sum(d in model_trained for d in episode_digests(heldout))
-        if overlap and not verdict:
-            return False
-        if overlap:
-            raise AgentError(
-                f"plant_model: fitted on {overlap} of the {heldout.n_episodes} episodes the "
-                "evaluation holds out, so it would judge policies on what it memorised; fit "
-                "it with the same held-out share and split seed as the evaluation (model fit "
-                "--holdout/--split-seed, ope.holdout/ope.split_seed)"
-            )
-        return True
-
     # ----- files -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
         """What :meth:`save` writes next to the parameters."""
-        return {
-            "format": FORMAT,
-            "neorl_industrial": __version__,
-            "jax": jax.__version__,
-            "algorithm": self.entry.name,
-            "hyperparameters": to_json_data(self.hyperparameters),
-            "task": self.task.to_dict(limits=False),
-            "env": {"id": self.task.env_id, "params": dict(self.task.env_params)},
-            "observation_size": self.task.observation_size,
-            "action_size": self.task.action_size,
-            "observation_names": list(self.task.observation_names),
-            "action_names": list(self.task.action_names),
-            "constraints": constraint_spec_yaml(self.constraint_spec),
-            # The safety contract as resolved (``load`` takes it back as it is).
-            **dict(zip(CONTRACT_FIELDS, contract_record(self.safety), strict=True)),
-            "seeds": self.seeds,
-            "selected_run": self.selected,
-            "training": to_json_data(self.training),
-            "sweep_candidates": None if self._sweep is None else self._sweep.record(),
-        }
+        return saved_agent.manifest(self)
 
     def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
         """Writes the agent to the directory ``path`` atomically: ``agent.json`` (task,
@@ -1649,25 +853,7 @@ class Agent:
                 (nothing is written then).
         """
         self._require_fitted("save")
-        manifest = json.dumps(self.manifest(), indent=2, allow_nan=False)
-        policies = serialization.to_bytes(jax.device_get(self.policies))
-        files = {MANIFEST: manifest.encode(), POLICIES: policies}
-        if self._sweep is not None:
-            for number in range(len(self._sweep.configurations)):
-                stack = jax.device_get(self._program(number))
-                files[CANDIDATE_FILE.format(number)] = serialization.to_bytes(stack)
-        # Staging directories of saves killed mid-write (an hour old or more) go first.
-        remove_stale_staging(Path(path).absolute().parent)
-        try:
-            return write_directory_atomic(
-                path,
-                files,
-                marker=MANIFEST,
-                what="a saved agent",
-                overwrite=overwrite,
-            )
-        except FileExistsError as error:
-            raise AgentError(str(error)) from None
+        return saved_agent.save(self, path, overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | Path) -> Agent:
@@ -1676,65 +862,10 @@ class Agent:
         Raises:
             AgentError: naming the file that is missing, unreadable or of another format.
         """
-        path = Path(path)
-        manifest_path = path / MANIFEST
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except FileNotFoundError:
-            raise AgentError(f"{manifest_path}: missing; {path} is not a saved agent") from None
-        except json.JSONDecodeError as error:
-            raise AgentError(f"{manifest_path}: not valid JSON ({error})") from None
-        if manifest.get("format") != FORMAT:
-            raise AgentError(
-                f"{manifest_path}: format {manifest.get('format')!r}; this version reads {FORMAT!r}"
-            )
-        # Agents saved before the contract was saved on its own kept the limits among the
-        # hyperparameters too; the contract below is their one holder.
-        hyperparameters = {
-            key: value for key, value in manifest["hyperparameters"].items() if key != "cost_limits"
-        }
-        entry = _entry(manifest["algorithm"])
-        try:
-            if manifest.get("task") is not None:
-                task = Task.from_dict(manifest["task"], f"{manifest_path}: task")
-            else:
-                task = Task.from_env(manifest["env"]["id"], manifest["env"]["params"])
-            spec = constraint_spec_from_text(manifest["constraints"], str(manifest_path))
-            contract = saved_contract(manifest, task, spec)
-        except (TaskError, ConstraintSpecError) as error:
-            raise AgentError(str(error)) from None
-        except ValueError as error:
-            raise AgentError(f"{manifest_path}: {error}") from None
+        manifest, context, hyperparameters = saved_agent.read_manifest(Path(path))
         agent = cls.__new__(cls)
-        agent._setup(entry, task, spec, contract, hyperparameters)
-        agent.seeds = [int(seed) for seed in manifest["seeds"]]
-        # The policies' structure, shapes and dtypes only: traced, neither compiled nor run.
-        template = jax.eval_shape(
-            lambda: init_train_states(agent.policy_algorithm, agent.seeds).agent.policy
-        )
-        try:
-            policies = serialization.from_bytes(template, (path / POLICIES).read_bytes())
-        except FileNotFoundError:
-            raise AgentError(f"{path / POLICIES}: missing") from None
-        except (ValueError, KeyError, TypeError) as error:
-            raise AgentError(
-                f"{path / POLICIES}: does not match the saved configuration ({error})"
-            ) from None
-        agent.policies = jax.tree.map(jnp.asarray, policies)
-        agent.selected = int(manifest["selected_run"])
-        agent.training = manifest.get("training", {})
-        saved = manifest.get("sweep_candidates")
-        if saved:
-            programs = saved["programs"]
-            agent._sweep = SweepCandidates(
-                fields=list(saved["fields"]),
-                points=[dict(point) for point in saved["points"]],
-                seeds=[int(seed) for seed in saved["seeds"]],
-                hyperparameters=dict(saved["hyperparameters"]),
-                programs=[None] * len(programs),
-                files=[path / program["file"] for program in programs],
-                configurations=[tuple(program["configurations"]) for program in programs],
-            )
+        agent._setup(context, hyperparameters)
+        saved_agent.restore(agent, Path(path), manifest)
         return agent
 
     def export(
@@ -1785,56 +916,9 @@ class Agent:
                 "seed": self.seeds[self.selected],
                 "candidate": self.selected_candidate,
                 **dict(zip(CONTRACT_FIELDS[:2], contract_record(self.safety)[:2], strict=True)),
-                "training": to_json_data(self.training),
+                "training": self.record,
             },
             overwrite=overwrite,
             signing_key=signing_key,
             format=format,
-        )
-
-
-def _failures(health: Sequence[PolicyHealth], names: Sequence[str]) -> dict[int, str]:
-    """``{run: why}`` of the runs whose policy cannot act.
-
-    Raises:
-        AgentError: when no run's policy can act, naming the first and how many.
-    """
-    failed = {run: row.failure for run, row in enumerate(health) if row.failure is not None}
-    if failed and len(failed) == len(health):
-        first = min(failed)
-        others = len(failed) - 1
-        raise AgentError(
-            f"training: no policy can act, none is kept: {names[first]}: {failed[first]}"
-            + (f" (and the other {others} runs likewise)" if others else "")
-        )
-    return {run: str(why) for run, why in failed.items()}
-
-
-def _failed_record(failed: Mapping[int, str], seeds: Sequence[int]) -> list[dict[str, Any]]:
-    return [
-        {"candidate": candidate_id(seeds[run]), "reason": why}
-        for run, why in sorted(failed.items())
-    ]
-
-
-def _fingerprint(dataset: Dataset) -> str:
-    """The log's digest (a plant model records the same of the data it was fitted on)."""
-    from neorl_industrial.wrappers.models.plant_model import dataset_fingerprint
-
-    return dataset_fingerprint(dataset)
-
-
-def _entry(algorithm: str) -> Any:
-    try:
-        return algorithm_entry(algorithm)
-    except HyperparameterError as error:
-        raise AgentError(str(error)) from None
-
-
-def _check_kind(entry: Any, task: Task) -> None:
-    if entry.discrete != task.discrete:
-        kind = "discrete" if entry.discrete else "continuous"
-        raise AgentError(
-            f"algorithm: {entry.name} needs {kind} actions; task {task.name} has "
-            f"{'discrete' if task.discrete else 'continuous'} ones"
         )

@@ -162,7 +162,7 @@ def judge_together(
         agent = agents[label]
         _check_same_kind(label, agent, first_label, first)
         agent.check_dataset(dataset, card)
-        record = agent.training.get("dataset") or {}
+        record = {} if agent.result is None else agent.result.dataset
         _check_same_log(label, record, fingerprint, digests, log)
         trained |= set(record.get("trained_episodes") or ())
     model_fit = {int(i) for i in plant_model.card["dataset"]["train_episodes"]}
@@ -180,7 +180,7 @@ def judge_together(
             "fit --holdout/--split-seed)"
         )
     heldout = dataset.select_episodes(np.asarray(heldout_ids, np.int64))
-    first._check_plant_model(plant_model, dataset, heldout, card)
+    first.context.check_plant_model(plant_model, dataset, heldout, card)
 
     stacks: list[CandidateStack] = []
     runs: dict[str, dict[str, Any]] = {}
@@ -190,7 +190,7 @@ def judge_together(
         runs[label] = {
             "algorithm": agent.name,
             "candidates": [name for stack in own for name in stack.names],
-            "failed": list(agent.training.get("failed_runs") or ()),
+            "failed": [] if agent.result is None else list(agent.result.failed_runs),
             "selected": agent.selected_candidate,
         }
         stacks += [stack._replace(names=[f"{label}/{n}" for n in stack.names]) for stack in own]
@@ -202,7 +202,8 @@ def judge_together(
     else:
         algorithm = _Mixture(mixture_act([stack.algorithm.act for stack in stacks]))
         policies = mixture_params([stack.policies for stack in stacks])
-    verdict = first._verdict(
+    verdict = first.context.verdict(
+        algorithm,
         heldout,
         plant_model,
         policies,
@@ -210,7 +211,6 @@ def judge_together(
         ope or OPESettings(),
         settings,
         stacks[0].hyperparameters,
-        algorithm=algorithm,
     )
     return JointVerdict(
         verdict=verdict,

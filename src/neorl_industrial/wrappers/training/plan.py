@@ -159,7 +159,9 @@ class RunPlan:
         run_dir: where the run writes; None for a fit from Python.
         checkpoint_dir: where the Trainer writes checkpoints (None: it writes none).
         config: the configuration this plan was resolved from (None when built in
-            Python); written as the run's ``config.yaml`` and read for nothing else.
+            Python): written as the run's ``config.yaml``, and read by the MLflow record
+            for what the plan does not hold (the data section, the safety section as
+            given beside the resolved contract).
     """
 
     name: str
@@ -363,7 +365,10 @@ def resolve_task(config: RunConfig, dataset: Dataset | None = None, card: Any = 
 
 def contract_of(config: RunConfig, task: Task) -> tuple[ConstraintSpec, SafetyContract]:
     """The constraint spec and safety contract of ``config``'s algorithm on ``task``: the
-    one place a configuration's ``safety`` section (its cost limits) is read.
+    one place a configuration's ``safety`` section is resolved into a contract (by
+    :func:`resolve_contract`, which makes every contract, from a configuration, an
+    ``Agent``'s arguments or ``RunPlan.create``'s). The MLflow record logs the section as
+    given beside the resolved limits; every other reader takes the contract.
 
     Raises:
         PlanError: as :func:`resolve_contract`, or for an unknown algorithm.

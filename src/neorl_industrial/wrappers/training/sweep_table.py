@@ -20,6 +20,7 @@ __all__ = [
     "configuration_name",
     "offline_choice_quality",
     "parse_candidate",
+    "sweep_markdown",
     "sweep_table",
     "with_values",
 ]
@@ -195,3 +196,48 @@ def offline_choice_quality(
         "regret": float(true_returns[best] - true_returns[chosen]),
         "rank_correlation": correlation,
     }
+
+
+def sweep_markdown(table: dict[str, Any], title: str) -> str:
+    """The sweep's table as a markdown page (an MLflow artifact and ``sweep.md``)."""
+    fields, chosen = table["fields"], table["selected"]
+    has_cost = any("normalized_cost" in c["summary"] for c in table["configurations"])
+    head = [*fields, "return (mean ± 95 %)"] + (["normalized cost", "within limits"] * has_cost)
+    lines = [
+        f"# {title}",
+        "",
+        f"{len(table['configurations'])} configurations × seeds {table['seeds']}, trained as "
+        + (
+            "one program"
+            if table.get("programs", 1) == 1
+            else f"{table['programs']} programs (one per value of the fields no program traces)"
+        )
+        + f"; each run evaluated by {table['estimate']}. Chosen: configuration "
+        f"{chosen} ({table['reason']}).",
+        "",
+        "| # | " + " | ".join(head) + " |",
+        "|" + "---|" * (len(head) + 1),
+    ]
+    for index, configuration in enumerate(table["configurations"]):
+        summary = configuration["summary"]
+        ret = summary["return"]
+        cells = [str(configuration["values"][field]) for field in fields]
+        cells.append(f"{ret['mean']:.4g} ± {ret['ci'] or 0.0:.3g}")
+        if has_cost:
+            cost = summary.get("normalized_cost")
+            cells.append("—" if cost is None else f"{cost['mean']:.3g}")
+            cells.append("yes" if configuration["within_limits"] else "no")
+        mark = f"**{index}**" if index == chosen else str(index)
+        lines.append(f"| {mark} | " + " | ".join(cells) + " |")
+    hindsight = table.get("hindsight")
+    if hindsight:
+        correlation = hindsight["rank_correlation"]
+        lines += [
+            "",
+            "In hindsight (the simulator's returns of the same policies): the best "
+            f"configuration is {hindsight['best_in_hindsight']}, the offline choice's regret "
+            f"{hindsight['regret']:.4g}, the rank correlation of estimated and true returns "
+            + ("undefined (a constant side)" if correlation is None else f"{correlation:.2f}")
+            + ".",
+        ]
+    return "\n".join(lines) + "\n"

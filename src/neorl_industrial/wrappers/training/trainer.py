@@ -43,7 +43,12 @@ from neorl_industrial.functional.transformations.offline import make_train_chunk
 from neorl_industrial.functional.transformations.sweep import to_host
 from neorl_industrial.wrappers.hostio import to_json_data
 from neorl_industrial.wrappers.training.callbacks import Callback
-from neorl_industrial.wrappers.training.config import check_updates
+from neorl_industrial.wrappers.training.config import (
+    CheckpointSection,
+    EvaluationSection,
+    TrainingSection,
+    check_updates,
+)
 from neorl_industrial.wrappers.training.evaluation import (
     Evaluator,
     selection_key,
@@ -113,16 +118,18 @@ class Trainer:
     Args:
         algorithm: the agent (its ``init`` fixes the networks).
         dataset: the training data, on the device.
-        seeds: one run per seed.
-        batch_size: transitions per update.
-        chunk_updates: updates per compiled call.
+        training: the training section: one run per ``seeds``, ``batch_size``
+            transitions per update, ``chunk`` updates per compiled call, ``updates`` in
+            all (unless ``fit`` is given another count).
+        evaluation: the evaluation section: evaluate every ``every`` updates (a multiple
+            of the chunk; 0: at the end only) and stop when no run improved for
+            ``patience`` evaluations (None: never). None, or no ``evaluator``: the runs
+            are not evaluated.
+        checkpoints: the checkpoint section: a checkpoint every ``every`` updates (0:
+            only at the end), the newest ``keep`` kept. Written only with
+            ``checkpoint_dir``.
         evaluator: evaluates the runs' policies; None: no evaluation.
-        eval_every: updates between evaluations (a multiple of ``chunk_updates``; 0: at
-            the end only). Ignored without an evaluator.
-        patience: stop when no run improved for this many evaluations (None: never).
         checkpoint_dir: where checkpoints go (None: none).
-        checkpoint_every: updates between checkpoints (0: only at the end).
-        keep_checkpoints: newest checkpoints kept.
         callbacks: called on the host between chunks.
         fingerprint: what identifies the run's configuration (JSON-serializable); a
             checkpoint of another configuration or dataset is refused on resume.
@@ -137,40 +144,39 @@ class Trainer:
         self,
         algorithm: Algorithm,
         dataset: Dataset,
+        training: TrainingSection | None = None,
+        evaluation: EvaluationSection | None = None,
+        checkpoints: CheckpointSection | None = None,
         *,
-        seeds: Sequence[int] = (0,),
-        batch_size: int = 256,
-        chunk_updates: int = 1000,
         evaluator: Evaluator | None = None,
-        eval_every: int = 0,
-        patience: int | None = None,
         checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = 0,
-        keep_checkpoints: int = 2,
         callbacks: Sequence[Callback] = (),
         fingerprint: dict[str, Any] | None = None,
         mesh: Any = None,
     ) -> None:
-        for name, value in (("batch_size", batch_size), ("chunk_updates", chunk_updates)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-        for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
-            check_updates(value, chunk_updates, name, "chunk_updates", allow_zero=True)
-        if not seeds or len(set(seeds)) != len(seeds):
-            raise ValueError(f"seeds: expected distinct seeds, got {list(seeds)}")
-        if patience is not None and patience < 1:
-            raise ValueError(f"patience: expected a positive integer or None, got {patience}")
+        training = training or TrainingSection()
+        checkpoints = checkpoints or CheckpointSection()
+        batch_size, chunk_updates = training.batch_size, training.chunk
+        eval_every = 0 if evaluation is None else evaluation.every
+        check_updates(
+            eval_every, chunk_updates, "evaluation.every", "training.chunk", allow_zero=True
+        )
+        check_updates(
+            checkpoints.every, chunk_updates, "checkpoints.every", "training.chunk", allow_zero=True
+        )
+        self.training = training
+        self.n_updates = training.updates
         self.algorithm = algorithm
         self.dataset = dataset
-        self.seeds = [int(seed) for seed in seeds]
+        self.seeds = [int(seed) for seed in training.seeds]
         self.batch_size = batch_size
         self.chunk_updates = chunk_updates
         self.evaluator = evaluator
         self.eval_every = eval_every
-        self.patience = patience
+        self.patience = None if evaluation is None else evaluation.patience
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir).absolute()
-        self.checkpoint_every = checkpoint_every
-        self.keep_checkpoints = keep_checkpoints
+        self.checkpoint_every = checkpoints.every
+        self.keep_checkpoints = checkpoints.keep
         self.callbacks = list(callbacks)
         self.fingerprint = {
             **(fingerprint or {}),
@@ -258,11 +264,12 @@ class Trainer:
         return restored["state"], restored["best"], record
 
     # ----- training --------------------------------------------------------------------
-    def fit(self, n_updates: int, *, resume: bool = False) -> TrainResult:
+    def fit(self, n_updates: int | None = None, *, resume: bool = False) -> TrainResult:
         """Trains every run to ``n_updates`` updates in total.
 
         Args:
-            n_updates: total updates per run (a multiple of ``chunk_updates``).
+            n_updates: total updates per run (a multiple of the chunk); None: the
+                training section's ``updates``.
             resume: continue from the newest checkpoint in ``checkpoint_dir`` when there is
                 one (otherwise start fresh).
 
@@ -270,7 +277,8 @@ class Trainer:
             CheckpointMismatchError: when resuming from a checkpoint of another
                 configuration or dataset.
         """
-        check_updates(n_updates, self.chunk_updates, "n_updates", "chunk_updates")
+        n_updates = self.n_updates if n_updates is None else n_updates
+        check_updates(n_updates, self.chunk_updates, "n_updates", "training.chunk")
         state = init_train_states(self.algorithm, self.seeds)
         best_policies = state.agent.policy
         record: dict[str, Any] = {
