@@ -515,6 +515,8 @@ def _summarise(results: dict[str, Any]) -> dict[str, Any]:
     }
     largest = f"x{max(PAIR_BATCH_SIZES)}"
     batched = [ratios.get(largest) for ratios in process_ratios.values()]
+    if not set(process_pairs.PAIRS) <= set(process_ratios):
+        batched = []  # a run of some tasks (--tasks) measures no worst task
     return {
         "reference_steps_per_s": results.get("reference", {}).get("steps_per_s"),
         "scan_single_steps_per_s": scan.get("steps_per_s"),
@@ -714,14 +716,24 @@ def _process_config(cfg: Settings) -> dict[str, Any]:
     }
 
 
-def run_process(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_process(
+    quick: bool = False, tasks: tuple[str, ...] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The process rows alone (:func:`measure_process_tasks`): the paired comparison with
     the references, without the Industrial Benchmark's sweep, compile and Gymnasium
-    measurements (minutes instead of most of an hour on a loaded machine)."""
+    measurements (minutes instead of most of an hour on a loaded machine); ``tasks``
+    limits them to those registered ids (all of them by default)."""
     import jax
     import jax.numpy as jnp
 
     cfg = settings(quick)
+    if tasks is not None:
+        unknown = sorted(set(tasks) - set(cfg.process_ids))
+        if unknown or not tasks:
+            raise ValueError(
+                f"tasks: expected ids among {list(cfg.process_ids)}, got {list(tasks)}"
+            )
+        cfg = dataclasses.replace(cfg, process_ids=tuple(tasks))
     jax.block_until_ready(jax.jit(lambda x: x + 1)(jnp.zeros(())))
     results: dict[str, Any] = {"process": measure_process_tasks(cfg)}
     results["summary"] = _summarise(results)
@@ -736,9 +748,10 @@ def run_process(quick: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m benchmarks.env_throughput --process-only [--quick] [-t TAG] [-d TEXT]``:
-    the process rows alone, saved as an ``env_throughput`` result (the whole benchmark:
-    ``python -m benchmarks.run env_throughput``)."""
+    """``python -m benchmarks.env_throughput --process-only [--quick] [--tasks ID,...]
+    [-t TAG] [-d TEXT]``: the process rows alone (``--tasks``: only those), saved as an
+    ``env_throughput`` result (the whole benchmark: ``python -m benchmarks.run
+    env_throughput``)."""
     import argparse
 
     from benchmarks.harness import (
@@ -752,12 +765,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--process-only", action="store_true", required=True)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--tasks",
+        default=None,
+        help="comma-separated process task ids to run (default: every one with a reference)",
+    )
     parser.add_argument("-t", "--tag", default="process")
     parser.add_argument("-d", "--description", default="")
     args = parser.parse_args(argv)
     timestamp, system = utc_timestamp(), system_info()
     start = time.perf_counter()
-    config, results = run_process(args.quick)
+    tasks = None if args.tasks is None else tuple(t.strip() for t in args.tasks.split(",") if t)
+    config, results = run_process(args.quick, tasks)
     results["wall_s"] = time.perf_counter() - start
     result = BenchmarkResult(
         name=NAME,

@@ -29,6 +29,8 @@ from neorl_industrial.core.environments.pipeline import (
     DEFAULT_EPISODE_COST_LIMIT,
     REFERENCE_SCORES,
     Pipeline,
+    PipelineBatchState,
+    PipelineState,
     normalized_score,
 )
 from neorl_industrial.wrappers.constraint_files import load_constraint_spec
@@ -228,6 +230,40 @@ def test_batched_and_presampled_draws_follow_the_reference_statistics(pipe):
     state, _ = env.reset_env(KEY, always)
     after, _ = env.step_from_uniforms(jnp.array([0.5, 0.8]), state, jnp.ones(1), always)
     assert float(after.target) == 140.0 and float(after.channel[0]) == 101.0
+
+
+@pytest.mark.parametrize("auto_reset", [True, False])
+def test_batch_rings_step_as_the_shift_registers_bit_for_bit(auto_reset):
+    """``reset_batch``'s time-major rings (one row written per step, shared cursors,
+    resets that leave the rings alone) against the per-environment shift registers
+    (stacked ``PipelineState``, stepped one by one): 240 steps, more than five turns of
+    the 45-slot flow ring and nine of the 25-slot change ring, through episodes of 70
+    steps, frequent target draws and invalid actions. Observations, final observations,
+    rewards, costs, flags and the state's channel and histories agree bit for bit."""
+    env, params = make("Pipeline-v0", horizon=70, auto_reset=auto_reset)
+    params = params.replace(switch_probability=jnp.float32(0.05))
+    n_envs, key = 12, jax.random.key(3)
+    rings, first = env.reset_batch(key, n_envs, params)
+    assert isinstance(rings, PipelineBatchState)
+    stacked, expected_first = jax.vmap(env.reset_env, in_axes=(0, None))(
+        jax.random.split(key, n_envs), params
+    )
+    assert isinstance(stacked, PipelineState)
+    np.testing.assert_array_equal(first.observation, expected_first.observation)
+    step = jax.jit(env.step_batch)
+    actions = np.random.default_rng(0).uniform(-1.5, 1.5, (240, n_envs, 1)).astype(np.float32)
+    actions[::37, 3] = np.nan
+    for index, action in enumerate(actions):
+        step_key = jax.random.fold_in(key, index)
+        rings, ours = step(step_key, rings, jnp.asarray(action), params)
+        stacked, theirs = step(step_key, stacked, jnp.asarray(action), params)
+        for got, want in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+            np.testing.assert_array_equal(got, want, err_msg=f"step {index}")
+        for field in ("channel", "downstream_history", "action_history", "target", "time"):
+            np.testing.assert_array_equal(
+                getattr(rings, field), getattr(stacked, field), err_msg=f"{field}, step {index}"
+            )
+    assert int(rings.time.max()) == (240 % 70 if auto_reset else 240)
 
 
 def test_costs_separate_a_predictive_controller_from_random_gate_changes(pipe):

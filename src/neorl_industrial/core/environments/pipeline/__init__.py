@@ -7,7 +7,9 @@ from neorl_industrial.core.environments.pipeline.env import (
     DEFAULT_HISTORY,
     REFERENCE_SCORES,
     Pipeline,
+    PipelineBatchState,
     PipelineState,
+    next_target,
     normalized_score,
 )
 from neorl_industrial.core.environments.pipeline.params import (
@@ -28,8 +30,10 @@ __all__ = [
     "REFERENCE_SCORES",
     "SAMPLE_INITIAL_TARGET",
     "Pipeline",
+    "PipelineBatchState",
     "PipelineParams",
     "PipelineState",
+    "next_target",
     "normalized_score",
     "pipeline_params",
 ]

@@ -25,10 +25,17 @@ flagged (``info.action_invalid``) and leaves the gate unchanged (recorded as 0 i
 action history). The reference has no costs; here a step whose outlet is more than
 ``cost_band`` (30) from the target costs 1 (``flow_off_target``). The reference names no
 unit for its flows.
+
+Batches. ``reset_batch`` returns a :class:`PipelineBatchState`: the same quantities with
+the flows and the gate changes in time-major rings, so that a step writes one row of each
+instead of shifting 70 slots of every environment, and an observation is a block copy of
+ring rows (``step_batch`` and ``step_env_batch`` give bit for bit what the shift registers
+give, and still accept stacked :class:`PipelineState`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -46,6 +53,7 @@ from neorl_industrial.core.environments.pipeline.params import (
 )
 from neorl_industrial.core.safety import ConstraintSpec
 from neorl_industrial.core.utils import random as fast_random
+from neorl_industrial.core.utils import tree_where
 
 COST_NAMES = ("flow_off_target",)
 ACTION_NAMES = ("gate_change",)
@@ -60,6 +68,21 @@ MAX_GATE_CHANGE = 1.0
 #: NeoRL-2's normalization of episode returns (``neorl2/envs/info.py``): a score is
 #: ``100 (return - min) / (max - min)``.
 REFERENCE_SCORES = {"min": -296.0, "max": 751.0}
+
+
+def next_target(
+    switch_uniform: jax.Array, level_uniform: jax.Array, target: jax.Array, params: PipelineParams
+) -> jax.Array:
+    """The target after a step's draw: a level picked by ``level_uniform`` when
+    ``switch_uniform`` is below ``switch_probability``, else ``target`` (elementwise; the
+    level is selected by comparisons, not an indexed load, so a batch stays vectorized)."""
+    levels = params.target_levels
+    n_levels = levels.shape[-1]
+    index = jnp.minimum((level_uniform * n_levels).astype(jnp.int32), n_levels - 1)
+    drawn = levels[..., 0]
+    for level in range(1, n_levels):
+        drawn = jnp.where(index == level, levels[..., level], drawn)
+    return jnp.where(switch_uniform < params.switch_probability, drawn, target)
 
 
 def normalized_score(episode_return: float) -> float:
@@ -77,6 +100,85 @@ class PipelineState:
     action_history: jax.Array  # [history] gate changes applied, newest (current) first
     target: jax.Array  # the current target flow
     time: jax.Array  # int32 steps since reset
+
+
+@struct.dataclass
+class PipelineBatchState:
+    """A batch of pipelines stepped together (what :meth:`Pipeline.reset_batch` returns).
+
+    The same quantities as a :class:`PipelineState` per environment, laid out for a batch:
+    the gate flows and the gate changes are rings, time-major (a row per age, a column per
+    environment), each written twice (rows ``i`` and ``i + size``) so that any window of
+    ages is a block of consecutive rows. A step writes one row of each ring and moves the
+    shared cursors instead of shifting every slot of every environment, and a reset writes
+    no ring: a value older than the episode (age >= ``time``) reads as the initial flow,
+    or as no change. The properties give the per-environment arrays of
+    :class:`PipelineState`, batch-major.
+    """
+
+    flows: jax.Array  # [2 (delay + history + 1), n_envs] gate flows, the newest at flow_cursor
+    changes: jax.Array  # [2 history, n_envs] gate changes applied, the newest at change_cursor
+    flow_cursor: jax.Array  # int32 row of the newest gate flow, in [0, delay + history + 1)
+    change_cursor: jax.Array  # int32 row of the newest gate change, in [0, history)
+    gate: jax.Array  # [n_envs] the gate flow (the newest valid flow)
+    initial_flow: jax.Array  # [n_envs] the flow in the whole channel at reset
+    target: jax.Array  # [n_envs] the current target flows
+    time: jax.Array  # [n_envs] int32 steps since reset
+
+    @property
+    def history(self) -> int:
+        return self.changes.shape[-2] // 2
+
+    @property
+    def delay(self) -> int:
+        return self.flows.shape[-2] // 2 - self.history - 1
+
+    def flow_rows(self, first: int, count: int, mask: bool = True) -> jax.Array:
+        """``[count, n_envs]``: the flows of ages ``first .. first + count - 1`` (with
+        ``mask=False`` as stored: right only where every such age is within the episode)."""
+        rows = _rows(self.flows, self.flow_cursor + first, count)
+        if not mask:
+            return rows
+        return jnp.where(self._valid(first, count), rows, self.initial_flow[..., None, :])
+
+    def change_rows(self, count: int, mask: bool = True) -> jax.Array:
+        """``[count, n_envs]``: the gate changes of ages ``0 .. count - 1`` (``mask`` as
+        for :meth:`flow_rows`)."""
+        rows = _rows(self.changes, self.change_cursor, count)
+        if not mask:
+            return rows
+        return jnp.where(self._valid(0, count), rows, 0.0)
+
+    def _valid(self, first: int, count: int) -> jax.Array:
+        ages = jnp.arange(first, first + count, dtype=jnp.int32)[:, None]
+        return ages < self.time[..., None, :]
+
+    @property
+    def channel(self) -> jax.Array:
+        """``[n_envs, delay + 1]``: the flows in the channel, the gate's first."""
+        return jnp.swapaxes(self.flow_rows(0, self.delay + 1), -1, -2)
+
+    @property
+    def downstream_history(self) -> jax.Array:
+        """``[n_envs, history]``: past downstream flows, newest first."""
+        return jnp.swapaxes(self.flow_rows(self.delay + 1, self.history), -1, -2)
+
+    @property
+    def action_history(self) -> jax.Array:
+        """``[n_envs, history]``: gate changes applied, newest (current) first."""
+        return jnp.swapaxes(self.change_rows(self.history), -1, -2)
+
+
+def _rows(ring: jax.Array, first: jax.Array, count: int) -> jax.Array:
+    """``ring[..., first : first + count, :]`` for a traced ``first`` (within bounds): a
+    gather of whole rows, which XLA's CPU backend copies as blocks, where a dynamic slice
+    fused into the observation is computed element by element (several times slower)."""
+    indices = first[..., None] + jnp.arange(count, dtype=jnp.int32)
+    if ring.ndim == 2:
+        return jnp.take(
+            ring, indices, axis=0, mode="clip", unique_indices=True, indices_are_sorted=True
+        )
+    return jax.vmap(_rows, in_axes=(0, 0, None))(ring, first, count)
 
 
 class Pipeline(Environment[PipelineState, PipelineParams]):
@@ -271,10 +373,7 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
         change, invalid = self.decode_action(action)
         # The reference updates the target before the flow: the reward of step k is
         # against the target observed with it.
-        n_levels = params.target_levels.shape[0]
-        level = jnp.minimum((uniforms[1] * n_levels).astype(jnp.int32), n_levels - 1)
-        switch = uniforms[0] < params.switch_probability
-        target = jnp.where(switch, params.target_levels[level], state.target)
+        target = next_target(uniforms[0], uniforms[1], state.target, params)
         gate = jnp.clip(state.channel[0] + change, 0.0, params.max_flow)
         state = PipelineState(
             channel=jnp.concatenate([gate[None], state.channel[:-1]]),
@@ -311,10 +410,167 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
         state, timestep = self.step_from_uniforms(uniforms, state, action, params)
         return self.maybe_reset(reset_key, state, timestep, params)
 
-    def step_env_batch(
-        self, key: jax.Array, states: PipelineState, actions: jax.Array, params: PipelineParams
-    ) -> tuple[PipelineState, TimeStep]:
-        uniforms = fast_random.uniform(key, (actions.shape[0], N_UNIFORMS))
-        return jax.vmap(self.step_from_uniforms, in_axes=(0, 0, 0, None))(
-            uniforms, states, actions, params
+    # ----- batches: time-major rings (PipelineBatchState) --------------------------------
+    def reset_batch(
+        self, key: jax.Array, n_envs: int, params: PipelineParams | None = None
+    ) -> tuple[PipelineBatchState, TimeStep]:
+        """Resets ``n_envs`` copies (the draws of ``reset_env`` with the keys
+        ``split(key, n_envs)``) into a :class:`PipelineBatchState`."""
+        states, timesteps = super().reset_batch(key, n_envs, params)
+        n_flows, n_changes = self.delay + self.history + 1, self.history
+        initial_flow = states.channel[:, 0]
+        batch = PipelineBatchState(
+            flows=jnp.broadcast_to(initial_flow, (2 * n_flows, n_envs)),
+            changes=jnp.zeros((2 * n_changes, n_envs), jnp.float32),
+            flow_cursor=jnp.zeros((), jnp.int32),
+            change_cursor=jnp.zeros((), jnp.int32),
+            gate=initial_flow,
+            initial_flow=initial_flow,
+            target=states.target,
+            time=states.time,
         )
+        return batch, timesteps
+
+    def step_env_batch(
+        self,
+        key: jax.Array,
+        states: PipelineBatchState | PipelineState,
+        actions: jax.Array,
+        params: PipelineParams,
+    ) -> tuple[PipelineBatchState | PipelineState, TimeStep]:
+        """Steps a batch without auto-reset: one threefry call draws every environment's
+        uniforms; a :class:`PipelineBatchState` writes one row of each ring, stacked
+        :class:`PipelineState` are stepped one by one (``vmap``)."""
+        uniforms = fast_random.uniform(key, (actions.shape[0], N_UNIFORMS))
+        if isinstance(states, PipelineState):
+            return jax.vmap(self.step_from_uniforms, in_axes=(0, 0, 0, None))(
+                uniforms, states, actions, params
+            )
+        states, timestep = self._advance(uniforms, states, actions, params)
+        observation = self.observe_batch(states)
+        info = timestep.info.replace(final_observation=observation)
+        return states, timestep.replace(observation=observation, info=info)
+
+    def _advance(
+        self,
+        uniforms: jax.Array,
+        states: PipelineBatchState,
+        actions: jax.Array,
+        params: PipelineParams,
+    ) -> tuple[PipelineBatchState, TimeStep]:
+        """A batch's step without its observation (``observation`` and
+        ``final_observation`` are left None): one row written in each ring, and the
+        reward and cost from the outlet's row alone."""
+        change, invalid = jax.vmap(self.decode_action)(actions)
+        target = next_target(uniforms[:, 0], uniforms[:, 1], states.target, params)
+        gate = jnp.clip(states.gate + change, 0.0, params.max_flow)
+        n_flows, n_changes = self.delay + self.history + 1, self.history
+        flow_cursor = jnp.where(states.flow_cursor == 0, n_flows, states.flow_cursor) - 1
+        change_cursor = jnp.where(states.change_cursor == 0, n_changes, states.change_cursor) - 1
+        flows, changes = states.flows, states.changes
+        for offset in (0, n_flows):
+            flows = jax.lax.dynamic_update_index_in_dim(flows, gate, flow_cursor + offset, 0)
+        for offset in (0, n_changes):
+            changes = jax.lax.dynamic_update_index_in_dim(
+                changes, change, change_cursor + offset, 0
+            )
+        states = states.replace(
+            flows=flows,
+            changes=changes,
+            flow_cursor=flow_cursor,
+            change_cursor=change_cursor,
+            gate=gate,
+            target=target,
+            time=states.time + 1,
+        )
+        error = jnp.abs(states.flow_rows(self.delay, 1)[0] - target)
+        timestep = TimeStep(
+            observation=None,
+            reward=(jnp.square(0.01 * (params.max_flow - error)) - 3.0).astype(jnp.float32),
+            cost=(error > params.cost_band).astype(jnp.float32)[:, None],
+            terminated=jnp.zeros(states.time.shape, jnp.bool_),
+            truncated=states.time >= params.horizon,
+            info=StepInfo(final_observation=None, action_invalid=invalid),
+        )
+        return states, timestep
+
+    def observe_batch(self, states: PipelineBatchState) -> jax.Array:
+        """``[n_envs, observation_size]``: :meth:`observe` of every environment, built
+        time-major from the rings' windows and transposed once. Ages before an episode's
+        start are replaced only while some environment has them in its observation (the
+        first ``delay + history + 1`` steps of an episode)."""
+
+        def build(mask: bool) -> Callable[[PipelineBatchState], jax.Array]:
+            def observation(states: PipelineBatchState) -> jax.Array:
+                flows = states.flow_rows(self.delay, self.history + 1, mask)
+                changes = states.change_rows(self.history, mask)
+                rows = [flows[:1], states.target[None], flows[1:], changes]
+                return jnp.concatenate(rows, axis=0).T
+
+            return observation
+
+        young = jnp.any(states.time <= self.delay + self.history)
+        return jax.lax.cond(young, build(True), build(False), states)
+
+    def step_batch(
+        self,
+        key: jax.Array,
+        states: PipelineBatchState | PipelineState,
+        actions: jax.Array,
+        params: PipelineParams | None = None,
+    ) -> tuple[PipelineBatchState | PipelineState, TimeStep]:
+        """:meth:`Environment.step_batch` for either layout. A finished environment of a
+        :class:`PipelineBatchState` restarts without touching the rings (its time, gate,
+        initial flow and target are reset, and its observation, built after the reset,
+        is the new episode's first); ``info.final_observation`` is built only where it is
+        used."""
+        if isinstance(states, PipelineState):
+            return self._step_batch_stacked(key, states, actions, params)
+        if not self.auto_reset:
+            return super().step_batch(key, states, actions, params)
+        params = self.default_params() if params is None else params
+        step_key, reset_key = jax.random.split(key)
+        uniforms = fast_random.uniform(step_key, (actions.shape[0], N_UNIFORMS))
+        stepped, timestep = self._advance(uniforms, states, actions, params)
+        done = timestep.done
+
+        def restart(small):
+            gate, initial_flow, target, time = small
+            fresh, _ = super(Pipeline, self).reset_batch(reset_key, done.shape[0], params)
+            flow = fresh.channel[:, 0]
+            return (
+                jnp.where(done, flow, gate),
+                jnp.where(done, flow, initial_flow),
+                jnp.where(done, fresh.target, target),
+                jnp.where(done, 0, time),
+            )
+
+        small = (stepped.gate, stepped.initial_flow, stepped.target, stepped.time)
+        gate, initial_flow, target, time = jax.lax.cond(
+            jnp.any(done), restart, lambda small: small, small
+        )
+        states = stepped.replace(gate=gate, initial_flow=initial_flow, target=target, time=time)
+        observation = self.observe_batch(states)
+        final = jnp.where(done[:, None], self.observe_batch(stepped), observation)
+        info = timestep.info.replace(final_observation=final)
+        return states, timestep.replace(observation=observation, info=info)
+
+    def _step_batch_stacked(
+        self, key: jax.Array, states: PipelineState, actions: jax.Array, params: Any
+    ) -> tuple[PipelineState, TimeStep]:
+        """:meth:`Environment.step_batch` for stacked :class:`PipelineState`, restarting
+        from :meth:`Environment.reset_batch` (stacked, as ``reset_env`` draws them)."""
+        params = self.default_params() if params is None else params
+        step_key, reset_key = jax.random.split(key)
+        states, timesteps = self.step_env_batch(step_key, states, actions, params)
+        if not self.auto_reset:
+            return states, timesteps
+        done = timesteps.done
+
+        def restart(operands):
+            states, timesteps = operands
+            fresh, first = super(Pipeline, self).reset_batch(reset_key, done.shape[0], params)
+            observation = jnp.where(done[:, None], first.observation, timesteps.observation)
+            return tree_where(done, fresh, states), timesteps.replace(observation=observation)
+
+        return jax.lax.cond(jnp.any(done), restart, lambda operands: operands, (states, timesteps))
