@@ -551,7 +551,11 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
         )
         states = stepped.replace(gate=gate, initial_flow=initial_flow, target=target, time=time)
         observation = self.observe_batch(states)
-        final = jnp.where(done[:, None], self.observe_batch(stepped), observation)
+        final = jax.lax.cond(
+            jnp.any(done),
+            lambda: jnp.where(done[:, None], self.observe_batch(stepped), observation),
+            lambda: observation,
+        )
         info = timestep.info.replace(final_observation=final)
         return states, timestep.replace(observation=observation, info=info)
 
