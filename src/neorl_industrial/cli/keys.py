@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from neorl_industrial.cli.common import make_console
 
@@ -37,3 +39,41 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--out", required=True, help="the directory of the key pair")
     generate.add_argument("--overwrite", action="store_true", help="replace an existing pair")
     generate.set_defaults(handler=command_keys_generate)
+
+
+def signing_key(config: Any, console: Any) -> Path | None:
+    """The private key that signs a run's policy (``config.export``: made first when
+    asked), or None.
+
+    Raises:
+        AgentError: for a key directory without a private key and ``create_keys`` off.
+    """
+    from neorl_industrial.wrappers.agents.agent import AgentError
+    from neorl_industrial.wrappers.agents.signing import PRIVATE_KEY, generate_key_pair
+
+    section = config.export
+    if section.signing_keys is None:
+        if console is not None:
+            console.print(
+                "[yellow]warning:[/yellow] export.signing_keys is null: the policy is exported "
+                "unsigned; servers that require signatures refuse it and the registry never "
+                "promotes it"
+            )
+        return None
+    key = Path(section.signing_keys) / PRIVATE_KEY
+    if not key.exists():
+        if not section.create_keys:
+            raise AgentError(
+                f"export.signing_keys: no {PRIVATE_KEY} in {section.signing_keys}; make one "
+                f"with `neorl-industrial keys generate --out {section.signing_keys}`"
+            )
+        try:
+            generate_key_pair(section.signing_keys)
+        except FileExistsError:
+            return key  # another run made the pair meanwhile; it signs with that one
+        if console is not None:
+            console.print(
+                f"Made a policy-signing key pair in {section.signing_keys}/ (the private key "
+                "is readable by you only; servers trust the .pub)"
+            )
+    return key

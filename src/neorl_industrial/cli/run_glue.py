@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from neorl_industrial.cli.keys import signing_key
 from neorl_industrial.extras import MissingExtraError, require
 from neorl_industrial.integration.mlflow.run_logging import write_report
 from neorl_industrial.wrappers.agents.agent import Agent, AgentError
@@ -44,7 +45,13 @@ from neorl_industrial.wrappers.training.plan import (
     data_facts,
     resolve_run,
 )
-from neorl_industrial.wrappers.training.run import Prepared, RunResult, prepare, sweep, train
+from neorl_industrial.wrappers.training.run import (
+    Prepared,
+    RunResult,
+    prepare_config,
+    sweep,
+    train,
+)
 from neorl_industrial.wrappers.training.sweep_table import sweep_markdown
 from neorl_industrial.wrappers.training.trainer import checkpoint_steps
 
@@ -52,10 +59,10 @@ __all__ = [
     "MAIN_JOB",
     "RunFolder",
     "RunOutcome",
-    "agent_of",
     "load_data",
     "main_job_config",
     "plan_run",
+    "prepare_run",
     "run_sweep",
     "run_training",
 ]
@@ -147,6 +154,21 @@ class RunFolder:
                 "(--set name=...), or remove the directory first (nothing was changed)"
             )
 
+    def write_sweep(self, table: dict[str, Any], title: str, console: Any) -> None:
+        """A sweep's table as ``sweep.json``, ``sweep.md`` and ``plots/sweep.png`` (the
+        plot with the ``track`` extra)."""
+        write_text_atomic(self.sweep_table, json.dumps(table, indent=2, default=json_default))
+        write_text_atomic(self.sweep_page, sweep_markdown(table, title))
+        try:
+            require("track")  # matplotlib, which draws the plot, comes with tracking
+        except MissingExtraError as missing:
+            if console is not None:
+                console.print(f"[yellow]warning:[/yellow] plots/sweep.png not drawn: {missing}")
+        else:
+            from neorl_industrial.integration.mlflow.plots import sweep_plot
+
+            sweep_plot(table, self.plots / "sweep.png", title=title)
+
     def outputs(self, exported: Path | None, **more: Any) -> dict[str, Any]:
         """The report's ``outputs`` section."""
         return {
@@ -168,26 +190,38 @@ class RunOutcome:
     agent_dir: Path
     policy_dir: Path | None
     result: RunResult | None = None
-
-
-def agent_of(config: RunConfig) -> Agent:
-    """The run's agent (``Agent.from_plan`` of :func:`plan_run`); ``agent.plan`` is the
-    run's :class:`~neorl_industrial.wrappers.training.plan.RunPlan`.
-
-    Raises:
-        AgentError: as :func:`plan_run`.
-    """
-    return Agent.from_plan(plan_run(config))
+    plan: RunPlan | None = None
 
 
 def plan_run(config: RunConfig) -> RunPlan:
     """The run's plan: reads or generates the run's data and resolves ``config`` with it.
 
     Raises:
+        AgentError: as :func:`prepare_run`.
+    """
+    try:
+        return resolve_run(config, *_data(config))
+    except ValueError as error:
+        raise AgentError(str(error)) from None
+
+
+def prepare_run(config: RunConfig) -> Prepared:
+    """The run's plan with its data prepared for training (checked against the task,
+    before anything is written).
+
+    Raises:
         AgentError: naming the field: an unreadable dataset (``data.path``), a dataset
             whose card disagrees with the run, a constraint spec or cost limits that do
-            not fit the task.
+            not fit the task, data the algorithm cannot train on.
     """
+    try:
+        return prepare_config(config, *_data(config))
+    except ValueError as error:
+        raise AgentError(str(error)) from None
+
+
+def _data(config: RunConfig) -> tuple[Any, Any, dict[str, Any]]:
+    """``(dataset, card, facts)`` of the run (:func:`load_data`), read errors named."""
     from neorl_industrial.integration.datasets import DatasetFormatError
 
     try:
@@ -196,10 +230,7 @@ def plan_run(config: RunConfig) -> RunPlan:
         raise AgentError(f"data.path: {error}") from None
     except ValueError as error:
         raise AgentError(str(error)) from None
-    try:
-        return resolve_run(config, dataset, card, facts)
-    except ValueError as error:
-        raise AgentError(str(error)) from None
+    return dataset, card, facts
 
 
 def load_data(config: RunConfig) -> tuple[Any, dict[str, Any], Any]:
@@ -256,7 +287,7 @@ class _Run:
         agent.save(self.folder.agent, overwrite=overwrite)
         if not export or agent.entry.discrete:
             return None
-        key = _signing_key(self.config, self.console)
+        key = signing_key(self.config, self.console)
         return agent.export(self.folder.policy, overwrite=overwrite, signing_key=key)
 
     def end(
@@ -279,7 +310,14 @@ class _Run:
     ) -> RunOutcome:
         folder = self.folder
         return RunOutcome(
-            self.config, agent, report, folder.root, folder.agent, exported, result=result
+            self.config,
+            agent,
+            report,
+            folder.root,
+            folder.agent,
+            exported,
+            result=result,
+            plan=self.plan,
         )
 
 
@@ -296,8 +334,8 @@ def _start(
     folder = RunFolder(config.run_dir)
     folder.check_fresh(config, resume=resume, sweep=grid is not None)
     started = time.perf_counter()
-    plan = plan_run(config)
-    prepared = prepare(plan)  # the data checked before anything is written
+    prepared = prepare_run(config)
+    plan = prepared.plan
     model = _plant_model(plant_model, plan)
     leader = jax.process_index() == 0
     tracker = None
@@ -315,13 +353,6 @@ def _start(
             if grid is not None:
                 open_sweep_runs(tracker, plan, grid)
     return _Run(config, plan, prepared, folder, model, tracker, console, started, leader)
-
-
-def _agent(plan: RunPlan, result: RunResult) -> Agent:
-    """The person's agent of the plan's trained ``result``."""
-    agent = Agent.from_plan(plan)
-    agent.adopt(result)
-    return agent
 
 
 # ----- train ------------------------------------------------------------------------------
@@ -360,7 +391,7 @@ def run_training(
             run.prepared, callbacks=every, resume=resume, mesh=mesh, plant_model=run.plant_model
         )
     fit_seconds = time.perf_counter() - fit_started
-    agent = _agent(plan, result)
+    agent = Agent.from_result(result)
     if not run.leader:
         report = {
             "name": config.name,
@@ -499,26 +530,34 @@ def run_sweep(
         "reason": table["reason"],
         "seconds": fit_seconds,
     }
-    agent = _agent(plan, result)
+    agent = Agent.from_result(result)
     if not run.leader:
         report = {"name": config.name, "process": jax.process_index(), "sweep": sweep_report}
         return run.outcome(agent, result, report, None)
     folder = run.folder
-    title = f"Sweep of {agent.name} on {plan.label} ({config.name})"
-    write_text_atomic(folder.sweep_table, json.dumps(table, indent=2, default=json_default))
-    write_text_atomic(folder.sweep_page, sweep_markdown(table, title))
-    try:
-        require("track")  # matplotlib, which draws the plot, comes with tracking
-    except MissingExtraError as missing:
-        if console is not None:
-            console.print(f"[yellow]warning:[/yellow] plots/sweep.png not drawn: {missing}")
-    else:
-        from neorl_industrial.integration.mlflow.plots import sweep_plot
-
-        sweep_plot(table, folder.plots / "sweep.png", title=title)
+    folder.write_sweep(table, f"Sweep of {agent.name} on {plan.label} ({config.name})", console)
     exported = run.save(agent, export=export)
-    report = {
-        "name": config.name,
+    report = _sweep_report(run, agent, result, sweep_report, exported)
+
+    def log() -> dict[str, Any]:
+        from neorl_industrial.integration.mlflow.run_logging import log_sweep
+
+        return log_sweep(run.tracker, plan, result, report, exported)
+
+    return run.end(agent, result, report, exported, log)
+
+
+def _sweep_report(
+    run: _Run,
+    agent: Agent,
+    result: RunResult,
+    sweep_report: dict[str, Any],
+    exported: Path | None,
+) -> dict[str, Any]:
+    """A sweep's ``report.json`` (before its ``seconds`` and ``tracking``)."""
+    plan, folder, table = run.plan, run.folder, result.sweep or {}
+    return {
+        "name": plan.name,
         "algorithm": agent.name,
         "env": plan.task.env_id,
         "evaluation": table["estimate"],
@@ -537,13 +576,6 @@ def run_sweep(
         "cost_limits": plan.safety.limits() or None,
         "outputs": folder.outputs(exported, sweep=str(folder.sweep_table)),
     }
-
-    def log() -> dict[str, Any]:
-        from neorl_industrial.integration.mlflow.run_logging import log_sweep
-
-        return log_sweep(run.tracker, plan, result, report, exported)
-
-    return run.end(agent, result, report, exported, log)
 
 
 def _plant_model(path: str | Path | None, plan: RunPlan) -> Any:
@@ -570,35 +602,3 @@ def _plant_model(path: str | Path | None, plan: RunPlan) -> Any:
         )
     except PlantModelError as error:
         raise AgentError(f"plant_model: {error}") from None
-
-
-def _signing_key(config: RunConfig, console: Any) -> Path | None:
-    """The private key that signs the run's policy (made first when asked), or None."""
-    from neorl_industrial.wrappers.agents.signing import PRIVATE_KEY, generate_key_pair
-
-    section = config.export
-    if section.signing_keys is None:
-        if console is not None:
-            console.print(
-                "[yellow]warning:[/yellow] export.signing_keys is null: the policy is exported "
-                "unsigned; servers that require signatures refuse it and the registry never "
-                "promotes it"
-            )
-        return None
-    key = Path(section.signing_keys) / PRIVATE_KEY
-    if not key.exists():
-        if not section.create_keys:
-            raise AgentError(
-                f"export.signing_keys: no {PRIVATE_KEY} in {section.signing_keys}; make one "
-                f"with `neorl-industrial keys generate --out {section.signing_keys}`"
-            )
-        try:
-            generate_key_pair(section.signing_keys)
-        except FileExistsError:
-            return key  # another run made the pair meanwhile; it signs with that one
-        if console is not None:
-            console.print(
-                f"Made a policy-signing key pair in {section.signing_keys}/ (the private key "
-                "is readable by you only; servers trust the .pub)"
-            )
-    return key

@@ -190,8 +190,8 @@ def _train_and_report(
     console.print(f"Agent: {outcome.agent_dir}  (Agent.load)")
     if outcome.policy_dir:
         console.print(f"Policy: {outcome.policy_dir}  (served without training code)")
-    if outcome.agent.plan is not None and outcome.agent.plan.checkpoint_dir is not None:
-        console.print(f"Checkpoints: {outcome.agent.plan.checkpoint_dir}")
+    if outcome.plan is not None and outcome.plan.checkpoint_dir is not None:
+        console.print(f"Checkpoints: {outcome.plan.checkpoint_dir}")
     console.print(f"Report: {outcome.run_dir / 'report.json'}")
     tracking = report.get("tracking")
     if tracking:

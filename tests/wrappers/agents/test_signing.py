@@ -162,7 +162,7 @@ def test_the_keys_command_generates_a_pair(tmp_path):
     assert fingerprint in result.stdout
 
 
-def test_the_export_command_takes_a_signing_key():
+def test_the_export_command_takes_asigning_key():
     from neorl_industrial.cli.entry import build_parser
 
     args = build_parser().parse_args(["export", "agent", "--out", "policy", "--sign-key", "k.pem"])
@@ -241,19 +241,20 @@ def test_runs_sign_by_default_with_keys_made_on_first_use(tmp_path, monkeypatch)
 
     from rich.console import Console
 
-    from neorl_industrial.cli.run_glue import _signing_key, main_job_config
+    from neorl_industrial.cli.keys import signing_key
+    from neorl_industrial.cli.run_glue import main_job_config
     from neorl_industrial.wrappers.training import RunConfig
 
     monkeypatch.chdir(tmp_path)
     config = RunConfig.from_dict({"env": {"id": "IB-v0"}}, source="test")
     assert config.export.signing_keys == "keys" and config.export.create_keys
-    key = _signing_key(config, None)
+    key = signing_key(config, None)
     assert key == Path("keys") / PRIVATE_KEY and (tmp_path / "keys" / PUBLIC_KEY).is_file()
-    assert _signing_key(config, None) == key  # the same pair next time
+    assert signing_key(config, None) == key  # the same pair next time
     assert main_job_config().export.signing_keys == "keys"
     unsigned = config.with_overrides(["export.signing_keys=null"])
     output = io.StringIO()
-    assert _signing_key(unsigned, Console(file=output, width=200)) is None
+    assert signing_key(unsigned, Console(file=output, width=200)) is None
     assert "exported unsigned" in output.getvalue()
 
 

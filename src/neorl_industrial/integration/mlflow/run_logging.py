@@ -391,6 +391,53 @@ def open_sweep_runs(tracker: Any, plan: RunPlan, grid: dict[str, list[Any]]) -> 
     tracker.log_dataset("parent")
 
 
+def _log_configuration(
+    tracker: Any,
+    plan: RunPlan,
+    table: dict[str, Any],
+    index: int,
+    configuration: dict[str, Any],
+    step: int,
+    now: int,
+) -> None:
+    """A sweep configuration's nested run: the plan's params with its values, the
+    evaluation's settings as params and its results as metrics, the dataset input."""
+    from neorl_industrial.integration.mlflow.tracking import summary_entries
+
+    estimated = table["estimate"] == "fqe"
+    prefix = "ope/" if estimated else "eval/"
+    key = _configuration_key(index)
+    values = configuration["values"]
+    tracker.sender.submit(
+        "create_run",
+        key,
+        name=f"{plan.name}/" + ",".join(f"{k}={v}" for k, v in values.items()),
+        tags={
+            **tracker.tags,
+            "configuration": str(index),
+            "selected": str(index == table["selected"]).lower(),
+            "within_limits": str(configuration["within_limits"]).lower(),
+        },
+        parent="parent",
+        experiment=tracker.experiment,
+        time=now,
+    )
+    results, settings = summary_entries(configuration["summary"], prefix, estimated=estimated)
+    tracker.sender.submit(
+        "log_batch",
+        key,
+        params={
+            **tracker.params,
+            **{f"algorithm.hyperparameters.{k}": str(v) for k, v in values.items()},
+            "training.seeds": json.dumps(table["seeds"]),
+            **settings,
+        },
+        metrics=[(name, value, step, now) for name, value in results.items()],
+    )
+    tracker.log_dataset(key)
+    tracker.sender.submit("end_run", key, status="FINISHED", time=now)
+
+
 def log_sweep(
     tracker: Any,
     plan: RunPlan,
@@ -402,44 +449,11 @@ def log_sweep(
     evaluation's settings as params and its results as metrics, the dataset input), the
     table, the chosen policy registered with the reason; then the flush. Returns the
     report's ``tracking`` section."""
-    from neorl_industrial.integration.mlflow.tracking import summary_entries
-
     table = result.sweep or {}
     now = int(time.time() * 1000)
     step = int(plan.training.updates)
-    estimated = table["estimate"] == "fqe"
-    prefix = "ope/" if estimated else "eval/"
     for index, configuration in enumerate(table["configurations"]):
-        key = _configuration_key(index)
-        values = configuration["values"]
-        tracker.sender.submit(
-            "create_run",
-            key,
-            name=f"{plan.name}/" + ",".join(f"{k}={v}" for k, v in values.items()),
-            tags={
-                **tracker.tags,
-                "configuration": str(index),
-                "selected": str(index == table["selected"]).lower(),
-                "within_limits": str(configuration["within_limits"]).lower(),
-            },
-            parent="parent",
-            experiment=tracker.experiment,
-            time=now,
-        )
-        results, settings = summary_entries(configuration["summary"], prefix, estimated=estimated)
-        tracker.sender.submit(
-            "log_batch",
-            key,
-            params={
-                **tracker.params,
-                **{f"algorithm.hyperparameters.{k}": str(v) for k, v in values.items()},
-                "training.seeds": json.dumps(table["seeds"]),
-                **settings,
-            },
-            metrics=[(name, value, step, now) for name, value in results.items()],
-        )
-        tracker.log_dataset(key)
-        tracker.sender.submit("end_run", key, status="FINISHED", time=now)
+        _log_configuration(tracker, plan, table, index, configuration, step, now)
     chosen = table["configurations"][table["selected"]]
     tracker.sender.submit(
         "log_batch",

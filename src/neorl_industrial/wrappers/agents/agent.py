@@ -64,7 +64,6 @@ from neorl_industrial.wrappers.training.plan import (
 from neorl_industrial.wrappers.training.run import (
     RunResult,
     SweepCandidates,
-    check_plan_matches,
     sweep,
     train,
 )
@@ -203,6 +202,21 @@ class Agent:
         agent._setup(PolicyContext.of_plan(plan), plan.algorithm.hyperparameters)
         agent.check_dataset(plan.dataset, plan.card)
         agent.plan = plan
+        return agent
+
+    @classmethod
+    def from_result(cls, result: RunResult) -> Agent:
+        """The agent of a run's ``result`` (``train(plan)``, ``sweep(plan)``): its
+        algorithm, task and contract, fitted with the result's policies.
+
+        Raises:
+            AgentError: for a result read back from a record (it holds no policies).
+        """
+        if result.context is None or result.policies is None:
+            raise AgentError("result: a recorded result holds no policies; Agent.load the run")
+        agent = cls.__new__(cls)
+        agent._setup(result.context, result.hyperparameters or {})
+        agent.adopt(result)
         return agent
 
     @classmethod
@@ -376,7 +390,7 @@ class Agent:
                     )
             except PlanError as error:
                 raise AgentError(str(error)) from None
-        check_plan_matches(plan, self.context)
+        self.context.check_plan(plan)
         return plan
 
     def fit(

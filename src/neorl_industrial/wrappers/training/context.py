@@ -33,12 +33,14 @@ from neorl_industrial.functional.state_management import (
     Dataset,
     RewardScaling,
     relabel_costs,
+    select_safe_episodes,
     with_action_scaling,
 )
 from neorl_industrial.wrappers.training.config import OPESettings
 from neorl_industrial.wrappers.training.evaluation import Evaluator
 from neorl_industrial.wrappers.training.ope import OffPolicyEvaluator
-from neorl_industrial.wrappers.training.plan import PlanError, RunPlan
+from neorl_industrial.wrappers.training.plan import PlanError, RunPlan, contract_record
+from neorl_industrial.wrappers.training.record import dataset_record
 from neorl_industrial.wrappers.training.selection import (
     PolicyHealth,
     health_observations,
@@ -53,7 +55,7 @@ from neorl_industrial.wrappers.training.verdict import (
     model_verdict,
 )
 
-__all__ = ["PolicyContext", "RunError", "algorithm_of"]
+__all__ = ["PolicyContext", "Prepared", "RunError", "algorithm_of", "prepare"]
 
 
 class RunError(PlanError):
@@ -127,6 +129,19 @@ class PolicyContext:
         return cls.create(
             algorithm_of(plan.algorithm.name), plan.task, plan.constraint_spec, plan.safety
         )
+
+    def check_plan(self, plan: RunPlan) -> None:
+        """Raises :class:`RunError` when ``plan`` is not of this algorithm, task and
+        contract (an agent asked to train another agent's plan)."""
+        ours = (self.entry.name, self.task, *contract_record(self.safety)[:2])
+        name = algorithm_of(plan.algorithm.name).name
+        theirs = (name, plan.task, *contract_record(plan.safety)[:2])
+        if ours != theirs:
+            raise RunError(
+                f"plan: made for {theirs[0]} on {plan.label} with cost limits {theirs[2]}, "
+                f"not this agent ({ours[0]} on {self.task.name}, {ours[2]}); make the plan's "
+                "agent with Agent.from_plan(plan)"
+            )
 
     # ----- what the contract says -------------------------------------------------------
     @property
@@ -445,3 +460,81 @@ class PolicyContext:
                 "--holdout/--split-seed, ope.holdout/ope.split_seed)"
             )
         return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """The training data and settings, as :func:`prepare` makes them from a plan."""
+
+    plan: RunPlan
+    context: PolicyContext
+    data: Any
+    heldout: Any
+    hyperparameters: dict[str, Any]
+    reward_scale: RewardScaling
+    reward_scaling: str
+
+    @property
+    def checked(self) -> tuple[Any, str]:
+        """The observations every policy's health is checked on, and what they are."""
+        if self.heldout is not None:
+            return self.heldout, "held-out observations"
+        return self.context.training_data(self.plan.split.train), "logged observations"
+
+    def record(self) -> dict[str, Any]:
+        """The recorded fields every run of these data and settings shares."""
+        plan = self.plan
+        return {
+            "batch_size": plan.training.batch_size,
+            "reward_scaling": self.reward_scaling,
+            "reward_scale": self.reward_scale.to_dict(),
+            "dataset": dataset_record(plan.dataset, plan.card, self.data, self.heldout)
+            | {"fingerprint": _fingerprint(plan.dataset)},
+        }
+
+
+def prepare(plan: RunPlan, context: PolicyContext | None = None) -> Prepared:
+    """The training data as :func:`train` and :func:`sweep` train on it: checked against
+    the task, costs relabelled, the plan's held-out episodes apart for off-policy
+    evaluation, safe episodes selected, observation statistics added to the
+    hyperparameters, rewards scaled and actions scaled to [-1, 1].
+
+    Raises:
+        RunError: for data that does not fit the task or the contract.
+    """
+    context = PolicyContext.of_plan(plan) if context is None else context
+    entry = context.entry
+    context.check_dataset(plan.dataset, plan.card)
+    # The section checked a given scaling; the algorithm's own is one of them.
+    reward_scaling = plan.training.reward_scaling or entry.reward_scaling
+    data = context.training_data(plan.split.train)
+    split = plan.split.heldout
+    heldout = None if split is None else context.training_data(split)
+    if entry.select_safe_data:
+        try:
+            data = select_safe_episodes(data, context.cost_limits or [])
+        except ValueError as error:
+            raise RunError(f"{entry.name}: {error}") from None
+    hyperparameters = context.hyperparameters(plan.algorithm.hyperparameters)
+    if entry.safe and "episode_length" in entry.fields and "episode_length" not in hyperparameters:
+        lengths = np.asarray(jax.device_get(data.episode_lengths))
+        hyperparameters["episode_length"] = max(1, round(float(lengths.mean())))
+    if plan.training.normalize_observations:
+        obs_mean, obs_std = data.observation_moments()
+        hyperparameters["obs_mean"] = obs_mean.tolist()
+        hyperparameters["obs_std"] = obs_std.tolist()
+    try:
+        reward_scale = RewardScaling.fit(data, reward_scaling)
+    except ValueError as error:
+        raise RunError(str(error)) from None
+    data = reward_scale.apply(data)
+    if context.scaler is not None:
+        data = data.replace(actions=context.scaler.scale(data.actions))
+    return Prepared(plan, context, data, heldout, hyperparameters, reward_scale, reward_scaling)
+
+
+def _fingerprint(dataset: Any) -> str:
+    """The log's digest (a plant model records the same of the data it was fitted on)."""
+    from neorl_industrial.wrappers.models.plant_model import dataset_fingerprint
+
+    return dataset_fingerprint(dataset)

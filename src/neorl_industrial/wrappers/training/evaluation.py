@@ -17,9 +17,19 @@ from scipy import stats as scipy_stats
 
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.core.environments.base import Environment
-from neorl_industrial.functional.transformations.evaluation import evaluate, per_policy_metrics
+from neorl_industrial.functional.transformations.evaluation import (
+    discounted_values,
+    evaluate,
+    per_policy_metrics,
+)
 
-__all__ = ["Evaluator", "mean_confidence_interval", "selection_key", "summarize_runs"]
+__all__ = [
+    "Evaluator",
+    "mean_confidence_interval",
+    "ope_beside_simulator",
+    "selection_key",
+    "summarize_runs",
+]
 
 
 def selection_key(metrics: dict[str, Any]) -> tuple[float, float]:
@@ -134,3 +144,40 @@ class Evaluator:
                 row["normalized_cost"] = row["normalized_cost_cvar"] = None
                 row.pop("normalized_cost_per_channel", None)
         return rows
+
+
+def ope_beside_simulator(
+    ope_evaluator: Any,
+    policies: Any,
+    simulator: tuple[Any, Any],
+    scaler: Any,
+    episodes: int,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """FQE's estimates of every run's policy (``policies``, stacked) next to the
+    simulator's discounted return and costs of the same (shielded) policy from the reset
+    distribution: how far the off-policy estimates are from the truth. ``scaler`` maps
+    the policy's [-1, 1] to plant units (None: the identity)."""
+    rows = ope_evaluator(policies, 0)
+    env, params = simulator
+    horizon = int(params.horizon)
+    for run, row in enumerate(rows):
+        policy_params = jax.tree.map(lambda leaf, run=run: leaf[run], policies)
+        act = ope_evaluator.policy_function(policy_params)
+
+        def policy(observations: jax.Array, act: Any = act) -> jax.Array:
+            actions = act(observations)
+            return actions if scaler is None else scaler.unscale(actions)
+
+        returns, costs = jax.jit(
+            lambda key, policy=policy: discounted_values(
+                key, env, params, policy, episodes, horizon, ope_evaluator.discount
+            )
+        )(jax.random.PRNGKey(seed))
+        simulated = float(np.mean(np.asarray(returns)))
+        row["simulated_return"] = simulated
+        row["relative_error"] = (row["return"] - simulated) / max(abs(simulated), 1e-9)
+        row["simulated_cost_value"] = dict(
+            zip(env.cost_names, np.asarray(costs).mean(0).tolist(), strict=True)
+        )
+    return rows

@@ -21,20 +21,29 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from neorl_industrial.functional.state_management import RewardScaling, select_safe_episodes
 from neorl_industrial.wrappers.hostio import to_json_data
 from neorl_industrial.wrappers.training.callbacks import Callback
-from neorl_industrial.wrappers.training.context import PolicyContext, RunError, algorithm_of
-from neorl_industrial.wrappers.training.evaluation import selection_key
-from neorl_industrial.wrappers.training.plan import CONTRACT_FIELDS, RunPlan, contract_record
-from neorl_industrial.wrappers.training.record import dataset_record
+from neorl_industrial.wrappers.training.config import RunConfig
+from neorl_industrial.wrappers.training.context import PolicyContext, Prepared, RunError, prepare
+from neorl_industrial.wrappers.training.evaluation import ope_beside_simulator, selection_key
+from neorl_industrial.wrappers.training.plan import (
+    CONTRACT_FIELDS,
+    RunPlan,
+    contract_record,
+    resolve_run,
+)
+from neorl_industrial.wrappers.training.results import (
+    CANDIDATE_FILE,
+    RunResult,
+    SweepCandidates,
+    SweepProgram,
+    SweepResult,
+)
 from neorl_industrial.wrappers.training.selection import (
     PolicyHealth,
     best_evaluated_run,
@@ -46,11 +55,10 @@ from neorl_industrial.wrappers.training.sweep_table import (
     sweep_table,
     with_values,
 )
-from neorl_industrial.wrappers.training.trainer import Trainer, TrainResult
+from neorl_industrial.wrappers.training.trainer import Trainer
 from neorl_industrial.wrappers.training.verdict import (
     Verdict,
     VerdictSettings,
-    episode_digests,
     merge_verdicts,
 )
 
@@ -62,355 +70,23 @@ __all__ = [
     "SweepCandidates",
     "SweepProgram",
     "SweepResult",
-    "check_plan_matches",
     "prepare",
+    "prepare_config",
     "sweep",
     "train",
 ]
 
-#: A saved sweep's policies of every configuration × seed, one file per program.
-CANDIDATE_FILE = "candidates-{}.msgpack"
-#: The recorded fields a run has only sometimes (left out of the record when None).
-_OPTIONAL = ("best", "summary", "health", "stopped_early", "ope", "verdict", "sweep")
 
-
-@dataclasses.dataclass(frozen=True)
-class SweepProgram:
-    """One program of a sweep: its configurations (positions in the grid) and their
-    policies, stacked configuration-major with the seeds inner."""
-
-    configurations: tuple[int, ...]
-    policies: Any
-
-
-@dataclasses.dataclass
-class SweepCandidates:
-    """Every policy a sweep trained (each configuration × seed), kept so that any of
-    them can be judged and exported later (``Agent.candidate``).
-
-    Attributes:
-        fields, points: the swept hyperparameters and each configuration's values.
-        seeds: every configuration's seeds.
-        hyperparameters: what every configuration starts from (observation statistics
-            included); a configuration's own are these with its values set.
-        programs: the policies, one stack per program (None until read from disk).
-        files: where a saved agent keeps each program's stack.
-    """
-
-    fields: list[str]
-    points: list[dict[str, Any]]
-    seeds: list[int]
-    hyperparameters: dict[str, Any]
-    programs: list[SweepProgram | None]
-    files: list[Path] = dataclasses.field(default_factory=list)
-    configurations: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.configurations:
-            self.configurations = [p.configurations for p in self.programs if p is not None]
-
-    def names(self) -> list[str]:
-        """Every candidate's name, configuration-major: ``config<c>-seed<s>``."""
-        return [
-            candidate_id(seed, index) for index in range(len(self.points)) for seed in self.seeds
-        ]
-
-    def configuration(self, index: int, context: PolicyContext) -> tuple[dict[str, Any], Any]:
-        """``(hyperparameters, algorithm)`` of configuration ``index``.
-
-        Raises:
-            RunError: for values the algorithm refuses (naming the configuration).
-        """
-        hyperparameters = with_values(self.hyperparameters, self.points[index])
-        algorithm, _ = context.build(hyperparameters, what=f"configuration {index} of the sweep: ")
-        return hyperparameters, algorithm
-
-    def program(self, number: int, context: PolicyContext) -> Any:
-        """The stacked policies of program ``number`` (read from the saved agent's file
-        the first time).
-
-        Raises:
-            RunError: naming a file that is missing or does not match.
-        """
-        from flax import serialization
-
-        from neorl_industrial.functional.state_management import init_train_states
-
-        program = self.programs[number]
-        if program is not None:
-            return program.policies
-        configurations = self.configurations[number]
-        _, algorithm = self.configuration(configurations[0], context)
-        runs = list(range(len(configurations) * len(self.seeds)))
-        template = jax.eval_shape(lambda: init_train_states(algorithm, runs).agent.policy)
-        path = self.files[number]
-        try:
-            policies = serialization.from_bytes(template, path.read_bytes())
-        except FileNotFoundError:
-            raise RunError(f"{path}: missing") from None
-        except (ValueError, KeyError, TypeError) as error:
-            raise RunError(f"{path}: does not match the saved sweep ({error})") from None
-        self.programs[number] = SweepProgram(configurations, policies)
-        return policies
-
-    def seeds_of(self, configuration: int, context: PolicyContext) -> Any:
-        """The policies of ``configuration``'s seeds, stacked."""
-        number = next(n for n, inside in enumerate(self.configurations) if configuration in inside)
-        start = self.configurations[number].index(configuration) * len(self.seeds)
-        policies = self.program(number, context)
-        return jax.tree.map(
-            lambda leaf: jnp.asarray(leaf[start : start + len(self.seeds)]), policies
-        )
-
-    def record(self) -> dict[str, Any]:
-        """What the saved agent's manifest holds of it (the policies go to their files)."""
-        return {
-            "fields": self.fields,
-            "points": to_json_data(self.points),
-            "seeds": self.seeds,
-            "hyperparameters": to_json_data(self.hyperparameters),
-            "programs": [
-                {"file": CANDIDATE_FILE.format(number), "configurations": list(configurations)}
-                for number, configurations in enumerate(self.configurations)
-            ],
-        }
-
-
-#: The metadata of a result's fields that are products, not part of its record.
-_PRODUCT = {"product": True}
-
-
-@dataclasses.dataclass(frozen=True)
-class RunResult:
-    """What a training run produced.
-
-    Recorded (the saved agent's and the exported policy's ``training`` entry):
-
-    Attributes:
-        updates: updates every run made.
-        seeds: one run per seed.
-        batch_size: transitions per update.
-        reward_scaling, reward_scale: how rewards were scaled for training (the kind, and
-            its fitted shift and scale).
-        evaluation: ``"simulator"``, ``"fqe"`` (off policy, held-out episodes) or None.
-        dataset: the data's name and sizes and the digests of the episodes trained on
-            (:func:`~neorl_industrial.wrappers.training.record.dataset_record`).
-        selected_run: the run whose policy is kept for predicting and exporting.
-        selection: how it was chosen: ``{"by": "evaluation" | "verdict" | "candidate" |
-            "none", ...}``.
-        failed_runs: the runs whose policy cannot act, and why.
-        finished: when the run ended (UTC, ISO 8601).
-        best: per run, the updates and metrics of its best evaluation (a training run).
-        summary: mean and 95 % interval over runs of the best evaluations' metrics.
-        health: per run, whether its policy acts (finite actions, within bounds).
-        stopped_early: patience ran out before the last update (a training run).
-        ope: FQE's estimates beside the simulator's truth (``ope.always`` with a
-            simulator).
-        verdict: the verdict on the runs against the logged operation (with a plant
-            model).
-        sweep: a sweep's table (:func:`~neorl_industrial.wrappers.training.sweep_table
-            .sweep_table`).
-
-    Not recorded (the run's products; None for a result read back from a record):
-
-    Attributes:
-        policies: every run's kept policy, stacked on a leading run axis.
-        hyperparameters: what the algorithm was built with (observation statistics
-            included).
-        algorithm, config: the algorithm (acting in the policy's [-1, 1]) and its config.
-        trained: the Trainer's result (its state, history and evaluations).
-        candidates: a sweep's every configuration × seed policy.
-    """
-
-    updates: int = 0
-    seeds: list[int] = dataclasses.field(default_factory=list)
-    batch_size: int | None = None
-    reward_scaling: str | None = None
-    reward_scale: dict[str, Any] | None = None
-    evaluation: str | None = None
-    dataset: dict[str, Any] = dataclasses.field(default_factory=dict)
-    selected_run: int = 0
-    selection: dict[str, Any] = dataclasses.field(default_factory=dict)
-    failed_runs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    finished: str | None = None
-    best: list[dict[str, Any] | None] | None = None
-    summary: dict[str, Any] | None = None
-    health: list[dict[str, Any]] | None = None
-    stopped_early: bool | None = None
-    ope: list[dict[str, Any]] | None = None
-    verdict: dict[str, Any] | None = None
-    sweep: dict[str, Any] | None = None
-    policies: Any = dataclasses.field(default=None, repr=False, compare=False, metadata=_PRODUCT)
-    hyperparameters: dict[str, Any] | None = dataclasses.field(
-        default=None, repr=False, compare=False, metadata=_PRODUCT
-    )
-    algorithm: Any = dataclasses.field(default=None, repr=False, compare=False, metadata=_PRODUCT)
-    config: Any = dataclasses.field(default=None, repr=False, compare=False, metadata=_PRODUCT)
-    trained: TrainResult | None = dataclasses.field(
-        default=None, repr=False, compare=False, metadata=_PRODUCT
-    )
-    candidates: SweepCandidates | None = dataclasses.field(
-        default=None, repr=False, compare=False, metadata=_PRODUCT
-    )
-
-    # ----- the record -------------------------------------------------------------------
-    def record(self) -> dict[str, Any]:
-        """The recorded fields as a dictionary (JSON data): what a saved agent keeps."""
-        record = {}
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.metadata.get("product") or (field.name in _OPTIONAL and value is None):
-                continue
-            record[field.name] = value
-        return to_json_data(record)
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> RunResult:
-        """The result a saved agent recorded (its products are not in it)."""
-        names = {
-            field.name for field in dataclasses.fields(cls) if not field.metadata.get("product")
-        }
-        kind = SweepResult if record.get("sweep") is not None else RunResult
-        return kind(**{key: value for key, value in record.items() if key in names})
-
-    # ----- the Trainer's, for a training run --------------------------------------------
-    @property
-    def state(self) -> Any:
-        """The runs' final train state (None unless trained in this process)."""
-        return None if self.trained is None else self.trained.state
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        """Per chunk: updates, seconds, updates per second, mean metrics per run."""
-        return [] if self.trained is None else self.trained.history
-
-    @property
-    def evaluations(self) -> list[dict[str, Any]]:
-        """Per evaluation: updates and the metrics of every run."""
-        return [] if self.trained is None else self.trained.evaluations
-
-    @property
-    def resumed_from(self) -> int | None:
-        """Updates of the checkpoint the training resumed from, or None."""
-        return None if self.trained is None else self.trained.resumed_from
-
-    @property
-    def best_policies(self) -> Any:
-        return self.policies
-
-    @property
-    def best_run(self) -> int:
-        """Index of the run whose best evaluation ranks first (0 without evaluations)."""
-        scored = [(selection_key(b["metrics"]), i) for i, b in enumerate(self.best or ()) if b]
-        return max(scored)[1] if scored else 0
-
-    @property
-    def trained_episodes(self) -> set[str]:
-        """Digests of the episodes the runs were trained on."""
-        return set(self.dataset.get("trained_episodes") or ())
-
-    def unseen_episodes(self, dataset: Any) -> tuple[Any, int]:
-        """``dataset`` without the episodes the runs were trained on (recognised by their
-        content), and how many those were; all of ``dataset`` when every episode trained
-        them (the count then equals its episodes)."""
-        trained = self.trained_episodes
-        if not trained:
-            return dataset, 0
-        digests = episode_digests(dataset)
-        unseen = np.asarray([i for i, d in enumerate(digests) if d not in trained], np.int64)
-        left_out = len(digests) - len(unseen)
-        if left_out == 0 or not len(unseen):
-            return dataset, left_out
-        return dataset.select_episodes(unseen), left_out
-
-    @property
-    def failed(self) -> dict[str, str]:
-        """``{candidate: why}`` of the runs whose policy cannot act."""
-        return {row["candidate"]: row["reason"] for row in self.failed_runs}
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepResult(RunResult):
-    """What a sweep produced: a :class:`RunResult` of the chosen configuration (its
-    seeds' policies, its hyperparameters), with the sweep's table (``sweep``) and every
-    configuration × seed policy (``candidates``)."""
-
-    @property
-    def table(self) -> dict[str, Any]:
-        """The sweep's table: ``{"fields", "configurations", "selected", "reason", ...}``."""
-        assert self.sweep is not None
-        return self.sweep
-
-
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-    """The training data and settings, as :func:`prepare` makes them from a plan."""
-
-    plan: RunPlan
-    context: PolicyContext
-    data: Any
-    heldout: Any
-    hyperparameters: dict[str, Any]
-    reward_scale: RewardScaling
-    reward_scaling: str
-
-    @property
-    def checked(self) -> tuple[Any, str]:
-        """The observations every policy's health is checked on, and what they are."""
-        if self.heldout is not None:
-            return self.heldout, "held-out observations"
-        return self.context.training_data(self.plan.split.train), "logged observations"
-
-    def record(self) -> dict[str, Any]:
-        """The recorded fields every run of these data and settings shares."""
-        plan = self.plan
-        return {
-            "batch_size": plan.training.batch_size,
-            "reward_scaling": self.reward_scaling,
-            "reward_scale": self.reward_scale.to_dict(),
-            "dataset": dataset_record(plan.dataset, plan.card, self.data, self.heldout)
-            | {"fingerprint": _fingerprint(plan.dataset)},
-        }
-
-
-def prepare(plan: RunPlan, context: PolicyContext | None = None) -> Prepared:
-    """The training data as :func:`train` and :func:`sweep` train on it: checked against
-    the task, costs relabelled, the plan's held-out episodes apart for off-policy
-    evaluation, safe episodes selected, observation statistics added to the
-    hyperparameters, rewards scaled and actions scaled to [-1, 1].
+def prepare_config(
+    config: RunConfig, dataset: Any, card: Any, facts: Mapping[str, Any] | None = None
+) -> Prepared:
+    """``config`` resolved with its data (:func:`~neorl_industrial.wrappers.training.plan
+    .resolve_run`) and the data prepared (:func:`prepare`): what the command trains.
 
     Raises:
-        RunError: for data that does not fit the task or the contract.
+        PlanError: naming the field, as ``resolve_run`` and ``prepare``.
     """
-    context = PolicyContext.of_plan(plan) if context is None else context
-    entry = context.entry
-    context.check_dataset(plan.dataset, plan.card)
-    # The section checked a given scaling; the algorithm's own is one of them.
-    reward_scaling = plan.training.reward_scaling or entry.reward_scaling
-    data = context.training_data(plan.split.train)
-    split = plan.split.heldout
-    heldout = None if split is None else context.training_data(split)
-    if entry.select_safe_data:
-        try:
-            data = select_safe_episodes(data, context.cost_limits or [])
-        except ValueError as error:
-            raise RunError(f"{entry.name}: {error}") from None
-    hyperparameters = context.hyperparameters(plan.algorithm.hyperparameters)
-    if entry.safe and "episode_length" in entry.fields and "episode_length" not in hyperparameters:
-        lengths = np.asarray(jax.device_get(data.episode_lengths))
-        hyperparameters["episode_length"] = max(1, round(float(lengths.mean())))
-    if plan.training.normalize_observations:
-        obs_mean, obs_std = data.observation_moments()
-        hyperparameters["obs_mean"] = obs_mean.tolist()
-        hyperparameters["obs_std"] = obs_std.tolist()
-    try:
-        reward_scale = RewardScaling.fit(data, reward_scaling)
-    except ValueError as error:
-        raise RunError(str(error)) from None
-    data = reward_scale.apply(data)
-    if context.scaler is not None:
-        data = data.replace(actions=context.scaler.scale(data.actions))
-    return Prepared(plan, context, data, heldout, hyperparameters, reward_scale, reward_scaling)
+    return prepare(resolve_run(config, dataset, card, facts))
 
 
 # ----- one training run ------------------------------------------------------------------
@@ -445,54 +121,13 @@ def train(
         CheckpointMismatchError: when resuming from another run's checkpoint.
     """
     prepared = plan if isinstance(plan, Prepared) else prepare(plan)
-    plan, context, heldout = prepared.plan, prepared.context, prepared.heldout
-    entry, evaluation = context.entry, plan.evaluation
-    if entry.model_based and plant_model is None:
-        raise RunError(
-            f"algorithm {entry.name!r} trains on a plant model of this log: pass "
-            "plant_model=PlantModel.load(...) (fit one with `neorl-industrial model fit`)"
-        )
-    judge = plant_model is not None and context.check_plant_model(
-        plant_model, plan.dataset, heldout, plan.card, verdict=not entry.model_based
-    )
-    hyperparameters = prepared.hyperparameters
+    plan, context, evaluation = prepared.plan, prepared.context, prepared.plan.evaluation
+    judge = _judges(prepared, plant_model)
     # The one build of the run's algorithm.
-    algorithm, config = context.build(hyperparameters, plant_model, prepared.reward_scale)
-    ope_evaluator = None
-    if heldout is not None:
-        ope_evaluator = context.ope_evaluator(algorithm, heldout, plan.ope, hyperparameters)
-    evaluator: Any = ope_evaluator
-    if evaluation is not None and context.task.has_simulator:
-        evaluator = context.simulator_evaluator(
-            context.in_plant_units(algorithm),
-            evaluation.episodes,
-            evaluation.horizon,
-            evaluation.shield,
-            evaluation.seed,
-        )
-    elif evaluation is None:
-        evaluator = None
-    if evaluation is not None and evaluator is ope_evaluator:
-        evaluation = evaluation.model_copy(update={"every": 0})  # FQE scores at the end
-    trainer = Trainer(
-        algorithm,
-        prepared.data,
-        plan.training,
-        evaluation,
-        plan.checkpoints,
-        evaluator=evaluator,
-        checkpoint_dir=plan.checkpoint_dir,
-        callbacks=_with_progress(callbacks) if progress else callbacks,
-        fingerprint={
-            "algorithm": entry.name,
-            "config": to_json_data(dataclasses.asdict(config)),
-            "task": context.task.to_dict(limits=False),
-            "reward_scaling": prepared.reward_scaling,
-            "constraints": context.constraint_spec.to_dict(),
-            "safety": dict(zip(CONTRACT_FIELDS, contract_record(context.safety), strict=True)),
-        },
-        mesh=mesh,
-    )
+    algorithm, config = context.build(prepared.hyperparameters, plant_model, prepared.reward_scale)
+    evaluator, ope_evaluator = _evaluators(prepared, algorithm)
+    callbacks = _with_progress(callbacks) if progress else callbacks
+    trainer = _trainer(prepared, algorithm, config, evaluator, ope_evaluator, callbacks, mesh)
     try:
         trained = trainer.fit(plan.training.updates, resume=resume)
     except ValueError as error:
@@ -500,20 +135,46 @@ def train(
             raise RunError(str(error)) from None
         raise
     seeds = list(trainer.seeds)
-    names = [f"seed {seed}" for seed in seeds]
     health = context.health(algorithm, trained.best_policies, *prepared.checked)
-    failed = _failures(health, names)
+    failed = _failures(health, [f"seed {seed}" for seed in seeds])
     healthy = [run for run in range(len(seeds)) if run not in failed]
-    result = RunResult(
+    kind = None if evaluator is None else ("fqe" if evaluator is ope_evaluator else "simulator")
+    result = _result(prepared, trained, (algorithm, config), health, failed, kind)
+    if ope_evaluator is not None and evaluation is not None and evaluator is not ope_evaluator:
+        # Beside the simulator: how far the estimates are from the truth.
+        rows = ope_beside_simulator(
+            ope_evaluator,
+            result.policies,
+            context.simulator,
+            context.scaler,
+            evaluation.episodes,
+            evaluation.seed,
+        )
+        result = dataclasses.replace(result, ope=rows)
+    if judge:
+        result = _judged(result, prepared, plant_model, verdict, ope_evaluator, healthy)
+    return result
+
+
+def _result(
+    prepared: Prepared,
+    trained: Any,
+    built: tuple[Any, Any],
+    health: list[Any],
+    failed: dict[int, str],
+    evaluation: str | None,
+) -> RunResult:
+    """The result of a trained run, the evaluation's best run that can act selected."""
+    seeds = [int(seed) for seed in prepared.plan.training.seeds]
+    healthy = [run for run in range(len(seeds)) if run not in failed]
+    return RunResult(
         updates=int(trained.state.updates[0]),
         seeds=seeds,
-        evaluation=None
-        if evaluator is None
-        else ("fqe" if evaluator is ope_evaluator else "simulator"),
+        evaluation=evaluation,
         best=trained.best,
         summary=trained.summary,
         selected_run=best_evaluated_run(trained.best, healthy),
-        selection={"by": "evaluation" if evaluator is not None else "none"},
+        selection={"by": "evaluation" if evaluation is not None else "none"},
         health=[row.to_dict() for row in health],
         failed_runs=[
             {"candidate": candidate_id(seeds[run]), "reason": why}
@@ -522,43 +183,131 @@ def train(
         stopped_early=trained.stopped_early,
         finished=datetime.now(UTC).isoformat(timespec="seconds"),
         policies=trained.best_policies,
-        hyperparameters=hyperparameters,
-        algorithm=algorithm,
-        config=config,
+        hyperparameters=prepared.hyperparameters,
+        algorithm=built[0],
+        config=built[1],
         trained=trained,
+        context=prepared.context,
         **prepared.record(),
     )
-    if ope_evaluator is not None and evaluation is not None and evaluator is not ope_evaluator:
-        # Beside the simulator: how far the estimates are from the truth.
-        result = dataclasses.replace(
-            result, ope=_side_by_side(result, context, ope_evaluator, evaluation)
+
+
+def _judges(prepared: Prepared, plant_model: Any) -> bool:
+    """Whether ``plant_model`` judges the runs (a model-based algorithm's own model does
+    only when it never saw the held-out episodes).
+
+    Raises:
+        RunError: for a model-based algorithm without its model, or a model of another
+            task or dataset, or fitted on held-out episodes.
+    """
+    plan, entry = prepared.plan, prepared.context.entry
+    if entry.model_based and plant_model is None:
+        raise RunError(
+            f"algorithm {entry.name!r} trains on a plant model of this log: pass "
+            "plant_model=PlantModel.load(...) (fit one with `neorl-industrial model fit`)"
         )
-    if judge and heldout is not None:
-        policies = trained.best_policies
-        if len(healthy) != len(seeds):
-            rows = jnp.asarray(healthy)
-            policies = jax.tree.map(lambda leaf: leaf[rows], policies)
-        judged = context.verdict(
-            algorithm,
-            heldout,
-            plant_model,
-            policies,
-            [f"run {run} (seed {seeds[run]})" for run in healthy],
-            plan.ope,
-            verdict,
-            hyperparameters,
-            scored=ope_evaluator if len(healthy) == len(seeds) else None,
-        ).to_dict()
-        # The verdict's first, not the evaluation's: what is exported is what it judged.
-        first = verdict_ranking(judged)[0]
-        selected = healthy[[f"run {run} (seed {seeds[run]})" for run in healthy].index(first)]
-        result = dataclasses.replace(
-            result,
-            verdict=judged,
-            selected_run=selected,
-            selection={"by": "verdict", "candidate": first},
+    if plant_model is None:
+        return False
+    judges = prepared.context.check_plant_model(
+        plant_model, plan.dataset, prepared.heldout, plan.card, verdict=not entry.model_based
+    )
+    return judges and prepared.heldout is not None
+
+
+def _evaluators(prepared: Prepared, algorithm: Any) -> tuple[Any, Any]:
+    """``(evaluator, ope_evaluator)`` of a training run: the one that scores the runs
+    while they train (the simulator's, else FQE's on the held-out episodes, else None),
+    and FQE's when there are held-out episodes."""
+    plan, context, heldout = prepared.plan, prepared.context, prepared.heldout
+    evaluation = plan.evaluation
+    ope_evaluator = None
+    if heldout is not None:
+        ope_evaluator = context.ope_evaluator(
+            algorithm, heldout, plan.ope, prepared.hyperparameters
         )
-    return result
+    if evaluation is None:
+        return None, ope_evaluator
+    if not context.task.has_simulator:
+        return ope_evaluator, ope_evaluator
+    evaluator = context.simulator_evaluator(
+        context.in_plant_units(algorithm),
+        evaluation.episodes,
+        evaluation.horizon,
+        evaluation.shield,
+        evaluation.seed,
+    )
+    return evaluator, ope_evaluator
+
+
+def _trainer(
+    prepared: Prepared,
+    algorithm: Any,
+    config: Any,
+    evaluator: Any,
+    ope_evaluator: Any,
+    callbacks: Sequence[Callback],
+    mesh: Any,
+) -> Trainer:
+    """The Trainer of the plan's sections; its fingerprint names what a checkpoint must
+    have been written by."""
+    plan, context = prepared.plan, prepared.context
+    evaluation = plan.evaluation
+    if evaluation is not None and evaluator is ope_evaluator:
+        evaluation = evaluation.model_copy(update={"every": 0})  # FQE scores at the end
+    return Trainer(
+        algorithm,
+        prepared.data,
+        plan.training,
+        evaluation,
+        plan.checkpoints,
+        evaluator=evaluator,
+        checkpoint_dir=plan.checkpoint_dir,
+        callbacks=callbacks,
+        fingerprint={
+            "algorithm": context.entry.name,
+            "config": to_json_data(dataclasses.asdict(config)),
+            "task": context.task.to_dict(limits=False),
+            "reward_scaling": prepared.reward_scaling,
+            "constraints": context.constraint_spec.to_dict(),
+            "safety": dict(zip(CONTRACT_FIELDS, contract_record(context.safety), strict=True)),
+        },
+        mesh=mesh,
+    )
+
+
+def _judged(
+    result: RunResult,
+    prepared: Prepared,
+    plant_model: Any,
+    settings: VerdictSettings | None,
+    scored: Any,
+    healthy: list[int],
+) -> RunResult:
+    """``result`` with the verdict on its runs that can act, and the verdict's first
+    selected (what is exported is what it judged)."""
+    seeds, policies = result.seeds, result.policies
+    if len(healthy) != len(seeds):
+        rows = jnp.asarray(healthy)
+        policies = jax.tree.map(lambda leaf: leaf[rows], policies)
+    names = [f"run {run} (seed {seeds[run]})" for run in healthy]
+    judged = prepared.context.verdict(
+        result.algorithm,
+        prepared.heldout,
+        plant_model,
+        policies,
+        names,
+        prepared.plan.ope,
+        settings,
+        prepared.hyperparameters,
+        scored=scored if len(healthy) == len(seeds) else None,
+    ).to_dict()
+    first = verdict_ranking(judged)[0]
+    return dataclasses.replace(
+        result,
+        verdict=judged,
+        selected_run=healthy[names.index(first)],
+        selection={"by": "verdict", "candidate": first},
+    )
 
 
 def _with_progress(callbacks: Sequence[Callback]) -> list[Callback]:
@@ -573,39 +322,6 @@ def _with_progress(callbacks: Sequence[Callback]) -> list[Callback]:
             "neorl_industrial.integration.mlflow, or train with `neorl-industrial train`)"
         )
     return [bar, *callbacks]
-
-
-def _side_by_side(
-    result: RunResult, context: PolicyContext, ope_evaluator: Any, evaluation: Any
-) -> list[dict[str, Any]]:
-    """FQE's estimates of every run's final choice next to the simulator's discounted
-    return and costs of the same (shielded) policy from the reset distribution."""
-    from neorl_industrial.functional.transformations.evaluation import discounted_values
-
-    rows = ope_evaluator(result.policies, 0)
-    env, params = context.simulator
-    horizon = int(params.horizon)
-    scaler = context.scaler
-    for run, row in enumerate(rows):
-        policy_params = jax.tree.map(lambda leaf, run=run: leaf[run], result.policies)
-        act = ope_evaluator.policy_function(policy_params)
-
-        def policy(observations: jax.Array, act: Any = act) -> jax.Array:
-            actions = act(observations)
-            return actions if scaler is None else scaler.unscale(actions)
-
-        returns, costs = jax.jit(
-            lambda key, policy=policy: discounted_values(
-                key, env, params, policy, evaluation.episodes, horizon, ope_evaluator.discount
-            )
-        )(jax.random.PRNGKey(evaluation.seed))
-        simulated = float(np.mean(np.asarray(returns)))
-        row["simulated_return"] = simulated
-        row["relative_error"] = (row["return"] - simulated) / max(abs(simulated), 1e-9)
-        row["simulated_cost_value"] = dict(
-            zip(env.cost_names, np.asarray(costs).mean(0).tolist(), strict=True)
-        )
-    return rows
 
 
 def _failures(health: Sequence[PolicyHealth], names: Sequence[str]) -> dict[int, str]:
@@ -623,13 +339,6 @@ def _failures(health: Sequence[PolicyHealth], names: Sequence[str]) -> dict[int,
             + (f" (and the other {others} runs likewise)" if others else "")
         )
     return {run: str(why) for run, why in failed.items()}
-
-
-def _fingerprint(dataset: Any) -> str:
-    """The log's digest (a plant model records the same of the data it was fitted on)."""
-    from neorl_industrial.wrappers.models.plant_model import dataset_fingerprint
-
-    return dataset_fingerprint(dataset)
 
 
 # ----- a sweep ---------------------------------------------------------------------------
@@ -875,6 +584,7 @@ class _SweepRuns:
             hyperparameters=hyperparameters,
             algorithm=algorithm,
             config=config,
+            context=context,
             candidates=SweepCandidates(
                 fields=fields,
                 points=[dict(point) for point in self.points],
@@ -882,17 +592,4 @@ class _SweepRuns:
                 hyperparameters=prepared.hyperparameters,
                 programs=list(self.programs),
             ),
-        )
-
-
-def check_plan_matches(plan: RunPlan, context: PolicyContext) -> None:
-    """Raises :class:`RunError` when ``plan`` is not of ``context``'s algorithm, task and
-    contract (an agent asked to train another agent's plan)."""
-    ours = (context.entry.name, context.task, *contract_record(context.safety)[:2])
-    theirs = (algorithm_of(plan.algorithm.name).name, plan.task, *contract_record(plan.safety)[:2])
-    if ours != theirs:
-        raise RunError(
-            f"plan: made for {theirs[0]} on {plan.label} with cost limits {theirs[2]}, "
-            f"not this agent ({ours[0]} on {context.task.name}, {ours[2]}); make the plan's "
-            "agent with Agent.from_plan(plan)"
         )

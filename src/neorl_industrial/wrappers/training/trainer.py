@@ -279,32 +279,7 @@ class Trainer:
         """
         n_updates = self.n_updates if n_updates is None else n_updates
         check_updates(n_updates, self.chunk_updates, "n_updates", "training.chunk")
-        state = init_train_states(self.algorithm, self.seeds)
-        best_policies = state.agent.policy
-        record: dict[str, Any] = {
-            "history": [],
-            "evaluations": [],
-            "best": [None] * len(self.seeds),
-            "since_improvement": 0,
-        }
-        resumed_from = None
-        if resume and self.latest_checkpoint() is not None:
-            state, best_policies, saved = self._restore(state)
-            record.update({key: saved[key] for key in record})
-            resumed_from = int(state.updates[0])
-        elif self.checkpoint_dir is not None and self.latest_checkpoint() is not None:
-            raise CheckpointMismatchError(
-                f"{self.checkpoint_dir}: holds checkpoints of an earlier run; resume it "
-                "(--resume, or resume=True from Python) or choose an empty directory (nothing was "
-                "overwritten)"
-            )
-        record["fingerprint"] = self.fingerprint
-        # The chunk donates its input; a fresh state may hold one buffer twice (a target
-        # network starts as its online network), so every leaf gets its own copy.
-        state = jax.tree.map(jnp.copy, state)
-        best_policies = jax.tree.map(jnp.copy, best_policies)
-        if self.mesh is not None:
-            state = replicate(state, self.mesh)
+        state, best_policies, record, resumed_from = self._begin(resume)
         for callback in self.callbacks:
             callback.on_train_begin(self, int(state.updates[0]), n_updates)
 
@@ -362,6 +337,42 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_train_end(self, result)
         return result
+
+    def _begin(self, resume: bool) -> tuple[TrainState, Any, dict[str, Any], int | None]:
+        """``(state, best policies, record, resumed from)`` a fit starts from: fresh, or
+        the newest checkpoint's when resuming.
+
+        Raises:
+            CheckpointMismatchError: for a checkpoint of another configuration or dataset,
+                or checkpoints of an earlier run when not resuming.
+        """
+        state = init_train_states(self.algorithm, self.seeds)
+        best_policies = state.agent.policy
+        record: dict[str, Any] = {
+            "history": [],
+            "evaluations": [],
+            "best": [None] * len(self.seeds),
+            "since_improvement": 0,
+        }
+        resumed_from = None
+        if resume and self.latest_checkpoint() is not None:
+            state, best_policies, saved = self._restore(state)
+            record.update({key: saved[key] for key in record})
+            resumed_from = int(state.updates[0])
+        elif self.checkpoint_dir is not None and self.latest_checkpoint() is not None:
+            raise CheckpointMismatchError(
+                f"{self.checkpoint_dir}: holds checkpoints of an earlier run; resume it "
+                "(--resume, or resume=True from Python) or choose an empty directory (nothing was "
+                "overwritten)"
+            )
+        record["fingerprint"] = self.fingerprint
+        # The chunk donates its input; a fresh state may hold one buffer twice (a target
+        # network starts as its online network), so every leaf gets its own copy.
+        state = jax.tree.map(jnp.copy, state)
+        best_policies = jax.tree.map(jnp.copy, best_policies)
+        if self.mesh is not None:
+            state = replicate(state, self.mesh)
+        return state, best_policies, record, resumed_from
 
     def _local(self, state: TrainState) -> TrainState:
         """The state on this process's device (a data-parallel run's is replicated over
