@@ -38,25 +38,22 @@ from neorl_industrial.core.environments import Task, TaskError
 from neorl_industrial.core.safety import ConstraintSpec, SafetyContract, shield
 from neorl_industrial.core.safety.shield import SafetyReport
 from neorl_industrial.functional.state_management import Dataset
-from neorl_industrial.wrappers.agents import saved_agent
+from neorl_industrial.wrappers.agents import offline, saved_agent
 from neorl_industrial.wrappers.agents.readings import decision_inputs
 from neorl_industrial.wrappers.agents.saved_agent import FORMAT, MANIFEST, POLICIES
 from neorl_industrial.wrappers.constraint_files import (
     load_constraint_spec,
 )
 from neorl_industrial.wrappers.training import Callback, summarize_runs
-from neorl_industrial.wrappers.training.config import AlgorithmSection, OPESettings, RunConfig
+from neorl_industrial.wrappers.training.config import OPESettings, RunConfig
 from neorl_industrial.wrappers.training.context import PolicyContext, RunError, algorithm_of
 from neorl_industrial.wrappers.training.plan import (
-    CONTRACT_FIELDS,
     DEFAULT_ENV,
     KEYWORDS,
     PLAN_KEYWORDS,
     PlanError,
     RunPlan,
     contract_of,
-    contract_record,
-    plan_settings,
     resolve_contract,
     resolve_run,
     resolve_task,
@@ -350,48 +347,15 @@ class Agent:
         allowed: Sequence[str],
         what: str,
     ) -> RunPlan:
-        """The plan ``fit``/``sweep`` train: ``data`` when it is one, the agent's own
-        (``from_plan``) without data, else one built for ``data`` from the agent's
-        configuration (``from_config``) or from the keyword ``settings``."""
-        if data is None:
-            if self.plan is None:
-                raise AgentError(
-                    f"{what}: no data; pass a dataset or a RunPlan (an agent of "
-                    "Agent.from_config(config, dataset=...) trains its own)"
-                )
-            data = self.plan
-        if isinstance(data, RunPlan):
-            if settings:
-                raise AgentError(
-                    f"{', '.join(sorted(settings))}: a plan carries its settings; set them in "
-                    "the plan (RunPlan.create, or the run's configuration) or pass a dataset"
-                )
-            plan = data
-        else:
-            try:
-                if self.run_config is not None:
-                    extra = sorted(set(settings) - {"card"})
-                    if extra:
-                        raise AgentError(
-                            f"{', '.join(extra)}: this agent's settings come from its "
-                            "configuration; change them there (RunConfig.with_overrides)"
-                        )
-                    plan = resolve_run(self.run_config, data, settings.get("card"))
-                else:
-                    plan = RunPlan.create(
-                        data,
-                        algorithm=AlgorithmSection.model_construct(
-                            name=self.entry.name, hyperparameters=dict(self.hyperparameters)
-                        ),
-                        task=self.task,
-                        constraints=self.constraint_spec,
-                        safety=self.safety,
-                        **plan_settings(settings, allowed=allowed),
-                    )
-            except PlanError as error:
-                raise AgentError(str(error)) from None
-        self.context.check_plan(plan)
-        return plan
+        """The plan ``fit``/``sweep`` train (:meth:`PolicyContext.plan_for`)."""
+        return self.context.plan_for(
+            self.plan if data is None else data,
+            settings,
+            allowed,
+            hyperparameters=self.hyperparameters,
+            run_config=self.run_config,
+            what=what,
+        )
 
     def fit(
         self,
@@ -555,7 +519,7 @@ class Agent:
             return key[0]
         return (self.result.sweep or {}).get("selected")
 
-    def _able_runs(self) -> list[int]:
+    def able_runs(self) -> list[int]:
         """The runs (of ``self.policies``) whose policy can act."""
         failed, configuration = self._failed(), self._configuration_index()
         return [
@@ -767,41 +731,7 @@ class Agent:
                 training episodes only, or a plant model of another task or dataset.
         """
         self._require_fitted("evaluate_offline")
-        if self.entry.discrete:
-            raise AgentError("evaluate_offline: FQE evaluates continuous-action policies")
-        self.check_dataset(dataset)
-        ope = ope or OPESettings()
-        evaluation, left_out = (self.result or RunResult()).unseen_episodes(dataset)
-        on_training = left_out == dataset.n_episodes
-        if on_training and plant_model is not None:
-            raise AgentError(
-                f"{dataset_name}: all {left_out} of its episodes trained this agent; a "
-                "verdict on them would measure memory, not the plant. Give episodes it was "
-                "not trained on (the run's held-out episodes are those of its training log "
-                "it did not train on, or log more)"
-            )
-        if plant_model is not None:
-            self.context.check_plant_model(
-                plant_model, dataset, evaluation, None, name=dataset_name
-            )
-        evaluator = self.context.ope_evaluator(
-            self.policy_algorithm, self.training_data(evaluation), ope, self.hyperparameters
-        )
-        runs = evaluator(self.policies, 0)
-        result = {
-            "runs": runs,
-            "summary": summarize_runs(runs),
-            "selected_run": self.selected,
-            "estimate": "fqe",
-            "evaluated_episodes": evaluation.n_episodes,
-            "left_out_training_episodes": 0 if on_training else left_out,
-            "on_training_episodes": on_training,
-        }
-        if plant_model is not None:
-            result["verdict"] = self._judge_runs(
-                evaluation, plant_model, ope, verdict, scored=evaluator
-            ).to_dict()
-        return result
+        return offline.evaluate_offline(self, dataset, ope, plant_model, verdict, dataset_name)
 
     def judge(
         self,
@@ -822,35 +752,7 @@ class Agent:
         """
         self._require_fitted("judge")
         self.context.check_plant_model(plant_model, None, heldout, None)
-        return self._judge_runs(heldout, plant_model, ope or OPESettings(), settings)
-
-    def _judge_runs(
-        self,
-        heldout: Dataset,
-        plant_model: Any,
-        ope: OPESettings,
-        settings: VerdictSettings | None,
-        scored: Any = None,
-    ) -> Verdict:
-        """The verdict on every run's policy that can act (``scored``: an evaluator that
-        has just scored them all, whose FQEs are reused)."""
-        runs = self._able_runs()
-        policies = self.policies
-        if len(runs) != len(self.seeds):
-            rows = jnp.asarray(runs)
-            policies = jax.tree.map(lambda leaf: leaf[rows], policies)
-            scored = None
-        return self.context.verdict(
-            self.policy_algorithm,
-            heldout,
-            plant_model,
-            policies,
-            [f"run {run} (seed {self.seeds[run]})" for run in runs],
-            ope,
-            settings,
-            self.hyperparameters,
-            scored=scored,
-        )
+        return offline.judge_runs(self, heldout, plant_model, ope or OPESettings(), settings)
 
     # ----- files -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
@@ -903,36 +805,6 @@ class Agent:
                 "export: exported artifacts serve continuous actions through the shield; "
                 f"{self.entry.name} acts on discrete ones"
             )
-        from neorl_industrial.wrappers.agents.export import export_policy
-
-        act = self.algorithm.act
-        task = self.task
-        return export_policy(
-            path,
-            act=lambda policy, observation: act(policy, observation, None, deterministic=True),
-            policy_params=self.policy(),
-            observation_size=task.observation_size,
-            action_size=task.action_size,
-            constraints_spec=self.constraint_spec,
-            observation_names=list(task.observation_names),
-            action_names=list(task.action_names),
-            action_low=np.asarray(task.action_low, np.float32),
-            action_high=np.asarray(task.action_high, np.float32),
-            observation_bounds=(task.observation_low, task.observation_high),
-            observation_units=task.observation_units,
-            action_units=task.action_units,
-            # The data's range (a plant log's observed columns): flagged, not enforced.
-            data_bounds=None if task.data_low is None else (task.data_low, task.data_high),
-            metadata={
-                "algorithm": self.entry.name,
-                "env": task.env_id,
-                "task": task.to_dict(limits=False),
-                "seed": self.seeds[self.selected],
-                "candidate": self.selected_candidate,
-                **dict(zip(CONTRACT_FIELDS[:2], contract_record(self.safety)[:2], strict=True)),
-                "training": self.record,
-            },
-            overwrite=overwrite,
-            signing_key=signing_key,
-            format=format,
+        return saved_agent.export(
+            self, path, overwrite=overwrite, signing_key=signing_key, format=format
         )

@@ -1,7 +1,8 @@
-"""A saved agent's files: ``agent.json`` (the manifest: task, algorithm and
-hyperparameters, constraint spec, the safety contract as resolved, versions, the run's
-record) and the policies' msgpack files (every run's policy; a sweep's every configuration
-× seed, one file per program). :meth:`Agent.save` and :meth:`Agent.load` call these."""
+"""An agent's files: the exported policy (:func:`export`), and the saved agent:
+``agent.json`` (the manifest: task, algorithm and hyperparameters, constraint spec, the
+safety contract as resolved, versions, the run's record) and the policies' msgpack files
+(every run's policy; a sweep's every configuration × seed, one file per program).
+``Agent.export``, ``Agent.save`` and ``Agent.load`` call these."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import serialization
 
 from neorl_industrial.core.environments import Task, TaskError
@@ -34,7 +36,16 @@ from neorl_industrial.wrappers.training.plan import (
 )
 from neorl_industrial.wrappers.training.run import CANDIDATE_FILE, RunResult, SweepCandidates
 
-__all__ = ["FORMAT", "MANIFEST", "POLICIES", "manifest", "read_manifest", "restore", "save"]
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "POLICIES",
+    "export",
+    "manifest",
+    "read_manifest",
+    "restore",
+    "save",
+]
 
 FORMAT = "neorl-industrial-agent/1"
 MANIFEST = "agent.json"
@@ -166,3 +177,49 @@ def restore(agent: Any, path: Path, saved: dict[str, Any]) -> None:
             files=[path / program["file"] for program in programs],
             configurations=[tuple(program["configurations"]) for program in programs],
         )
+
+
+def export(
+    agent: Any,
+    path: str | Path,
+    *,
+    overwrite: bool = False,
+    signing_key: Any = None,
+    format: str = "jax",
+) -> Path:
+    """The exported policy of fitted, continuous-action ``agent`` (``Agent.export``):
+    its selected run's policy with the task's names, units and bounds, the constraint
+    spec, and the run's record as metadata."""
+    from neorl_industrial.wrappers.agents.export import export_policy
+
+    act = agent.algorithm.act
+    task = agent.task
+    return export_policy(
+        path,
+        act=lambda policy, observation: act(policy, observation, None, deterministic=True),
+        policy_params=agent.policy(),
+        observation_size=task.observation_size,
+        action_size=task.action_size,
+        constraints_spec=agent.constraint_spec,
+        observation_names=list(task.observation_names),
+        action_names=list(task.action_names),
+        action_low=np.asarray(task.action_low, np.float32),
+        action_high=np.asarray(task.action_high, np.float32),
+        observation_bounds=(task.observation_low, task.observation_high),
+        observation_units=task.observation_units,
+        action_units=task.action_units,
+        # The data's range (a plant log's observed columns): flagged, not enforced.
+        data_bounds=None if task.data_low is None else (task.data_low, task.data_high),
+        metadata={
+            "algorithm": agent.entry.name,
+            "env": task.env_id,
+            "task": task.to_dict(limits=False),
+            "seed": agent.seeds[agent.selected],
+            "candidate": agent.selected_candidate,
+            **dict(zip(CONTRACT_FIELDS[:2], contract_record(agent.safety)[:2], strict=True)),
+            "training": agent.record,
+        },
+        overwrite=overwrite,
+        signing_key=signing_key,
+        format=format,
+    )

@@ -33,14 +33,18 @@ from neorl_industrial.functional.state_management import (
     Dataset,
     RewardScaling,
     relabel_costs,
-    select_safe_episodes,
     with_action_scaling,
 )
-from neorl_industrial.wrappers.training.config import OPESettings
+from neorl_industrial.wrappers.training.config import AlgorithmSection, OPESettings, RunConfig
 from neorl_industrial.wrappers.training.evaluation import Evaluator
 from neorl_industrial.wrappers.training.ope import OffPolicyEvaluator
-from neorl_industrial.wrappers.training.plan import PlanError, RunPlan, contract_record
-from neorl_industrial.wrappers.training.record import dataset_record
+from neorl_industrial.wrappers.training.plan import (
+    PlanError,
+    RunPlan,
+    contract_record,
+    plan_settings,
+    resolve_run,
+)
 from neorl_industrial.wrappers.training.selection import (
     PolicyHealth,
     health_observations,
@@ -55,7 +59,7 @@ from neorl_industrial.wrappers.training.verdict import (
     model_verdict,
 )
 
-__all__ = ["PolicyContext", "Prepared", "RunError", "algorithm_of", "prepare"]
+__all__ = ["PolicyContext", "RunError", "algorithm_of"]
 
 
 class RunError(PlanError):
@@ -142,6 +146,62 @@ class PolicyContext:
                 f"not this agent ({ours[0]} on {self.task.name}, {ours[2]}); make the plan's "
                 "agent with Agent.from_plan(plan)"
             )
+
+    def plan_for(
+        self,
+        data: RunPlan | Dataset | None,
+        settings: Mapping[str, Any],
+        allowed: Sequence[str],
+        *,
+        hyperparameters: Mapping[str, Any],
+        run_config: RunConfig | None = None,
+        what: str = "fit",
+    ) -> RunPlan:
+        """The plan an agent of this context trains: ``data`` when it is one (without
+        ``settings``), else one built for the dataset ``data`` from ``run_config`` (whose
+        settings are the configuration's) or from the keyword ``settings`` (``allowed``
+        of them; see :func:`~neorl_industrial.wrappers.training.plan.plan_settings`).
+
+        Raises:
+            RunError: for no data, settings beside a plan or a configuration, settings
+                the configuration's fields refuse, or a plan of another agent.
+        """
+        if data is None:
+            raise RunError(
+                f"{what}: no data; pass a dataset or a RunPlan (an agent of "
+                "Agent.from_config(config, dataset=...) trains its own)"
+            )
+        if isinstance(data, RunPlan):
+            if settings:
+                raise RunError(
+                    f"{', '.join(sorted(settings))}: a plan carries its settings; set them in "
+                    "the plan (RunPlan.create, or the run's configuration) or pass a dataset"
+                )
+            plan = data
+        elif run_config is not None:
+            extra = sorted(set(settings) - {"card"})
+            if extra:
+                raise RunError(
+                    f"{', '.join(extra)}: this agent's settings come from its "
+                    "configuration; change them there (RunConfig.with_overrides)"
+                )
+            plan = _planned(resolve_run, run_config, data, settings.get("card"))
+        else:
+            algorithm = AlgorithmSection.model_construct(
+                name=self.entry.name, hyperparameters=dict(hyperparameters)
+            )
+            created = _planned(plan_settings, settings, allowed=allowed)
+            plan = _planned(
+                RunPlan.create,
+                data,
+                algorithm=algorithm,
+                task=self.task,
+                constraints=self.constraint_spec,
+                safety=self.safety,
+                **created,
+            )
+        self.check_plan(plan)
+        return plan
 
     # ----- what the contract says -------------------------------------------------------
     @property
@@ -462,79 +522,11 @@ class PolicyContext:
         return True
 
 
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-    """The training data and settings, as :func:`prepare` makes them from a plan."""
-
-    plan: RunPlan
-    context: PolicyContext
-    data: Any
-    heldout: Any
-    hyperparameters: dict[str, Any]
-    reward_scale: RewardScaling
-    reward_scaling: str
-
-    @property
-    def checked(self) -> tuple[Any, str]:
-        """The observations every policy's health is checked on, and what they are."""
-        if self.heldout is not None:
-            return self.heldout, "held-out observations"
-        return self.context.training_data(self.plan.split.train), "logged observations"
-
-    def record(self) -> dict[str, Any]:
-        """The recorded fields every run of these data and settings shares."""
-        plan = self.plan
-        return {
-            "batch_size": plan.training.batch_size,
-            "reward_scaling": self.reward_scaling,
-            "reward_scale": self.reward_scale.to_dict(),
-            "dataset": dataset_record(plan.dataset, plan.card, self.data, self.heldout)
-            | {"fingerprint": _fingerprint(plan.dataset)},
-        }
-
-
-def prepare(plan: RunPlan, context: PolicyContext | None = None) -> Prepared:
-    """The training data as :func:`train` and :func:`sweep` train on it: checked against
-    the task, costs relabelled, the plan's held-out episodes apart for off-policy
-    evaluation, safe episodes selected, observation statistics added to the
-    hyperparameters, rewards scaled and actions scaled to [-1, 1].
-
-    Raises:
-        RunError: for data that does not fit the task or the contract.
-    """
-    context = PolicyContext.of_plan(plan) if context is None else context
-    entry = context.entry
-    context.check_dataset(plan.dataset, plan.card)
-    # The section checked a given scaling; the algorithm's own is one of them.
-    reward_scaling = plan.training.reward_scaling or entry.reward_scaling
-    data = context.training_data(plan.split.train)
-    split = plan.split.heldout
-    heldout = None if split is None else context.training_data(split)
-    if entry.select_safe_data:
-        try:
-            data = select_safe_episodes(data, context.cost_limits or [])
-        except ValueError as error:
-            raise RunError(f"{entry.name}: {error}") from None
-    hyperparameters = context.hyperparameters(plan.algorithm.hyperparameters)
-    if entry.safe and "episode_length" in entry.fields and "episode_length" not in hyperparameters:
-        lengths = np.asarray(jax.device_get(data.episode_lengths))
-        hyperparameters["episode_length"] = max(1, round(float(lengths.mean())))
-    if plan.training.normalize_observations:
-        obs_mean, obs_std = data.observation_moments()
-        hyperparameters["obs_mean"] = obs_mean.tolist()
-        hyperparameters["obs_std"] = obs_std.tolist()
+def _planned(make: Any, *args: Any, **kwargs: Any) -> Any:
+    """``make(*args, **kwargs)``, its :class:`PlanError` raised as a :class:`RunError`."""
     try:
-        reward_scale = RewardScaling.fit(data, reward_scaling)
-    except ValueError as error:
+        return make(*args, **kwargs)
+    except RunError:
+        raise
+    except PlanError as error:
         raise RunError(str(error)) from None
-    data = reward_scale.apply(data)
-    if context.scaler is not None:
-        data = data.replace(actions=context.scaler.scale(data.actions))
-    return Prepared(plan, context, data, heldout, hyperparameters, reward_scale, reward_scaling)
-
-
-def _fingerprint(dataset: Any) -> str:
-    """The log's digest (a plant model records the same of the data it was fitted on)."""
-    from neorl_industrial.wrappers.models.plant_model import dataset_fingerprint
-
-    return dataset_fingerprint(dataset)

@@ -10,7 +10,7 @@ that trained.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,19 @@ import numpy as np
 from neorl_industrial.wrappers.hostio import to_json_data
 from neorl_industrial.wrappers.training.context import PolicyContext, RunError
 from neorl_industrial.wrappers.training.evaluation import selection_key
+from neorl_industrial.wrappers.training.selection import PolicyHealth
 from neorl_industrial.wrappers.training.sweep_table import candidate_id, with_values
 from neorl_industrial.wrappers.training.trainer import TrainResult
 from neorl_industrial.wrappers.training.verdict import episode_digests
 
-__all__ = ["CANDIDATE_FILE", "RunResult", "SweepCandidates", "SweepProgram", "SweepResult"]
+__all__ = [
+    "CANDIDATE_FILE",
+    "RunResult",
+    "SweepCandidates",
+    "SweepProgram",
+    "SweepResult",
+    "failed_runs",
+]
 
 #: A saved sweep's policies of every configuration × seed, one file per program.
 CANDIDATE_FILE = "candidates-{}.msgpack"
@@ -303,3 +311,20 @@ class SweepResult(RunResult):
         """The sweep's table: ``{"fields", "configurations", "selected", "reason", ...}``."""
         assert self.sweep is not None
         return self.sweep
+
+
+def failed_runs(health: Sequence[PolicyHealth], names: Sequence[str]) -> dict[int, str]:
+    """``{run: why}`` of the runs whose policy cannot act.
+
+    Raises:
+        RunError: when no run's policy can act, naming the first and how many.
+    """
+    failed = {run: row.failure for run, row in enumerate(health) if row.failure is not None}
+    if failed and len(failed) == len(health):
+        first = min(failed)
+        others = len(failed) - 1
+        raise RunError(
+            f"training: no policy can act, none is kept: {names[first]}: {failed[first]}"
+            + (f" (and the other {others} runs likewise)" if others else "")
+        )
+    return {run: str(why) for run, why in failed.items()}

@@ -25,41 +25,40 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from neorl_industrial.functional.state_management import RewardScaling, select_safe_episodes
 from neorl_industrial.wrappers.hostio import to_json_data
 from neorl_industrial.wrappers.training.callbacks import Callback
 from neorl_industrial.wrappers.training.config import RunConfig
-from neorl_industrial.wrappers.training.context import PolicyContext, Prepared, RunError, prepare
-from neorl_industrial.wrappers.training.evaluation import ope_beside_simulator, selection_key
+from neorl_industrial.wrappers.training.context import PolicyContext, RunError
+from neorl_industrial.wrappers.training.evaluation import ope_beside_simulator
 from neorl_industrial.wrappers.training.plan import (
     CONTRACT_FIELDS,
     RunPlan,
     contract_record,
     resolve_run,
 )
+from neorl_industrial.wrappers.training.record import dataset_record
 from neorl_industrial.wrappers.training.results import (
     CANDIDATE_FILE,
     RunResult,
     SweepCandidates,
     SweepProgram,
     SweepResult,
+    failed_runs,
 )
 from neorl_industrial.wrappers.training.selection import (
-    PolicyHealth,
     best_evaluated_run,
     verdict_ranking,
 )
+from neorl_industrial.wrappers.training.sweep_runs import SweepRuns
 from neorl_industrial.wrappers.training.sweep_table import (
     candidate_id,
-    configuration_name,
-    sweep_table,
-    with_values,
 )
 from neorl_industrial.wrappers.training.trainer import Trainer
 from neorl_industrial.wrappers.training.verdict import (
-    Verdict,
     VerdictSettings,
-    merge_verdicts,
 )
 
 __all__ = [
@@ -75,6 +74,84 @@ __all__ = [
     "sweep",
     "train",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """The training data and settings, as :func:`prepare` makes them from a plan."""
+
+    plan: RunPlan
+    context: PolicyContext
+    data: Any
+    heldout: Any
+    hyperparameters: dict[str, Any]
+    reward_scale: RewardScaling
+    reward_scaling: str
+
+    @property
+    def checked(self) -> tuple[Any, str]:
+        """The observations every policy's health is checked on, and what they are."""
+        if self.heldout is not None:
+            return self.heldout, "held-out observations"
+        return self.context.training_data(self.plan.split.train), "logged observations"
+
+    def record(self) -> dict[str, Any]:
+        """The recorded fields every run of these data and settings shares."""
+        plan = self.plan
+        return {
+            "batch_size": plan.training.batch_size,
+            "reward_scaling": self.reward_scaling,
+            "reward_scale": self.reward_scale.to_dict(),
+            "dataset": dataset_record(plan.dataset, plan.card, self.data, self.heldout)
+            | {"fingerprint": _fingerprint(plan.dataset)},
+        }
+
+
+def prepare(plan: RunPlan, context: PolicyContext | None = None) -> Prepared:
+    """The training data as :func:`train` and :func:`sweep` train on it: checked against
+    the task, costs relabelled, the plan's held-out episodes apart for off-policy
+    evaluation, safe episodes selected, observation statistics added to the
+    hyperparameters, rewards scaled and actions scaled to [-1, 1].
+
+    Raises:
+        RunError: for data that does not fit the task or the contract.
+    """
+    context = PolicyContext.of_plan(plan) if context is None else context
+    entry = context.entry
+    context.check_dataset(plan.dataset, plan.card)
+    # The section checked a given scaling; the algorithm's own is one of them.
+    reward_scaling = plan.training.reward_scaling or entry.reward_scaling
+    data = context.training_data(plan.split.train)
+    split = plan.split.heldout
+    heldout = None if split is None else context.training_data(split)
+    if entry.select_safe_data:
+        try:
+            data = select_safe_episodes(data, context.cost_limits or [])
+        except ValueError as error:
+            raise RunError(f"{entry.name}: {error}") from None
+    hyperparameters = context.hyperparameters(plan.algorithm.hyperparameters)
+    if entry.safe and "episode_length" in entry.fields and "episode_length" not in hyperparameters:
+        lengths = np.asarray(jax.device_get(data.episode_lengths))
+        hyperparameters["episode_length"] = max(1, round(float(lengths.mean())))
+    if plan.training.normalize_observations:
+        obs_mean, obs_std = data.observation_moments()
+        hyperparameters["obs_mean"] = obs_mean.tolist()
+        hyperparameters["obs_std"] = obs_std.tolist()
+    try:
+        reward_scale = RewardScaling.fit(data, reward_scaling)
+    except ValueError as error:
+        raise RunError(str(error)) from None
+    data = reward_scale.apply(data)
+    if context.scaler is not None:
+        data = data.replace(actions=context.scaler.scale(data.actions))
+    return Prepared(plan, context, data, heldout, hyperparameters, reward_scale, reward_scaling)
+
+
+def _fingerprint(dataset: Any) -> str:
+    """The log's digest (a plant model records the same of the data it was fitted on)."""
+    from neorl_industrial.wrappers.models.plant_model import dataset_fingerprint
+
+    return dataset_fingerprint(dataset)
 
 
 def prepare_config(
@@ -136,7 +213,7 @@ def train(
         raise
     seeds = list(trainer.seeds)
     health = context.health(algorithm, trained.best_policies, *prepared.checked)
-    failed = _failures(health, [f"seed {seed}" for seed in seeds])
+    failed = failed_runs(health, [f"seed {seed}" for seed in seeds])
     healthy = [run for run in range(len(seeds)) if run not in failed]
     kind = None if evaluator is None else ("fqe" if evaluator is ope_evaluator else "simulator")
     result = _result(prepared, trained, (algorithm, config), health, failed, kind)
@@ -324,23 +401,6 @@ def _with_progress(callbacks: Sequence[Callback]) -> list[Callback]:
     return [bar, *callbacks]
 
 
-def _failures(health: Sequence[PolicyHealth], names: Sequence[str]) -> dict[int, str]:
-    """``{run: why}`` of the runs whose policy cannot act.
-
-    Raises:
-        RunError: when no run's policy can act, naming the first and how many.
-    """
-    failed = {run: row.failure for run, row in enumerate(health) if row.failure is not None}
-    if failed and len(failed) == len(health):
-        first = min(failed)
-        others = len(failed) - 1
-        raise RunError(
-            f"training: no policy can act, none is kept: {names[first]}: {failed[first]}"
-            + (f" (and the other {others} runs likewise)" if others else "")
-        )
-    return {run: str(why) for run, why in failed.items()}
-
-
 # ----- a sweep ---------------------------------------------------------------------------
 def sweep(
     plan: RunPlan | Prepared,
@@ -409,187 +469,7 @@ def sweep(
             "neither a simulator nor held-out episodes for off-policy evaluation"
         )
     points = expand_grid(grid)
-    runs = _SweepRuns(prepared, points, list(groups[0].plan.seeds), plant_model, verdict)
+    runs = SweepRuns(prepared, points, list(groups[0].plan.seeds), plant_model, verdict)
     for group in groups:
         runs.train_group(group, mesh)
     return runs.result(list(grid), len(groups))
-
-
-class _SweepRuns:
-    """A sweep's runs as its programs train and evaluate them, in the grid's order."""
-
-    def __init__(
-        self,
-        prepared: Prepared,
-        points: list[dict[str, Any]],
-        seeds: list[int],
-        plant_model: Any,
-        verdict: VerdictSettings | None,
-    ) -> None:
-        self.prepared, self.points, self.seeds = prepared, points, seeds
-        self.plant_model, self.verdict_settings = plant_model, verdict
-        size = len(points) * len(seeds)
-        self.metrics: list[Any] = [None] * size
-        self.truth: list[Any] = [None] * size
-        self.health: list[Any] = [None] * size
-        self.programs: list[SweepProgram] = []
-        self.verdicts: list[Verdict] = []
-        self.updates = 0
-
-    def train_group(self, group: Any, mesh: Any) -> None:
-        """Trains and evaluates one program's configurations × seeds."""
-        from neorl_industrial.functional.transformations.sweep import SweepError, train_sweep
-
-        prepared, context = self.prepared, self.prepared.context
-        plan, heldout, seeds = prepared.plan, prepared.heldout, self.seeds
-        training, evaluation = plan.training, plan.evaluation
-        assert evaluation is not None
-        # Each group is one program: the values no program can trace are fixed in it.
-        try:
-            trained = train_sweep(
-                group.plan,
-                prepared.data,
-                n_updates=training.updates,
-                chunk_updates=training.chunk,
-                batch_size=training.batch_size,
-                mesh=mesh,
-            )
-        except SweepError as error:
-            raise RunError(str(error)) from None
-        except ValueError as error:
-            if type(error) is ValueError:
-                raise RunError(str(error)) from None
-            raise
-        self.updates = int(trained.state.updates[0])
-        hyperparameters = with_values(prepared.hyperparameters, group.fixed)
-        algorithm, _ = context.build(hyperparameters)
-        simulator = None
-        if context.task.has_simulator:
-            simulator = context.simulator_evaluator(
-                context.in_plant_units(algorithm),
-                evaluation.episodes,
-                evaluation.horizon,
-                evaluation.shield,
-                evaluation.seed,
-            )
-        policies = trained.state.agent.policy
-        names = [configuration_name(index, seed) for index in group.indices for seed in seeds]
-        evaluator = None
-        if heldout is not None:
-            # Off policy, as on a plant: with a simulator too when ope.always, which
-            # then says how good the offline choice was.
-            evaluator = context.ope_evaluator(algorithm, heldout, plan.ope, hyperparameters)
-            own = evaluator(policies, training.updates)
-            simulated = None if simulator is None else simulator(policies, training.updates)
-        else:
-            assert simulator is not None
-            own, simulated = simulator(policies, training.updates), None
-        health = context.health(algorithm, policies, *prepared.checked)
-        able = [run for run, row in enumerate(health) if row.failure is None]
-        if self.plant_model is not None and heldout is not None and able:
-            judged = policies
-            if len(able) != len(names):
-                rows = jnp.asarray(able)
-                judged = jax.tree.map(lambda leaf, rows=rows: leaf[rows], policies)
-            self.verdicts.append(
-                context.verdict(
-                    algorithm,
-                    heldout,
-                    self.plant_model,
-                    judged,
-                    [names[run] for run in able],
-                    plan.ope,
-                    self.verdict_settings,
-                    hyperparameters,
-                    scored=evaluator if len(able) == len(names) else None,
-                )
-            )
-        n_seeds = len(seeds)
-        for position, index in enumerate(group.indices):
-            runs = slice(position * n_seeds, (position + 1) * n_seeds)
-            target = slice(index * n_seeds, (index + 1) * n_seeds)
-            self.metrics[target] = own[runs]
-            self.health[target] = health[runs]
-            if simulated is not None:
-                self.truth[target] = simulated[runs]
-        self.programs.append(
-            SweepProgram(configurations=tuple(group.indices), policies=jax.device_get(policies))
-        )
-
-    def result(self, fields: list[str], n_programs: int) -> SweepResult:
-        """The table, the choice and the chosen configuration's result."""
-        prepared, context, seeds = self.prepared, self.prepared.context, self.seeds
-        n_seeds, metrics = len(seeds), self.metrics
-        estimate = "fqe" if prepared.heldout is not None else "simulator"
-        all_names = [
-            configuration_name(index, seed) for index in range(len(self.points)) for seed in seeds
-        ]
-        failed = _failures(self.health, all_names)
-        merged = merge_verdicts(self.verdicts).to_dict() if self.verdicts else None
-        table = sweep_table(
-            self.points,
-            metrics,
-            seeds,
-            truth=self.truth if estimate == "fqe" and context.task.has_simulator else None,
-            verdict=merged,
-            programs=n_programs,
-            estimate=estimate,
-            failed=failed,
-        )
-        chosen = table["selected"]
-        able_seeds = [
-            number for number in range(n_seeds) if chosen * n_seeds + number not in failed
-        ]
-        selected = max(
-            able_seeds, key=lambda number: selection_key(metrics[chosen * n_seeds + number])
-        )
-        selection: dict[str, Any] = {"by": "evaluation"}
-        if merged is not None:
-            # The verdict's first, not the table's: what is exported is what it judged.
-            first = verdict_ranking(merged)[0]
-            chosen, selected = divmod(all_names.index(first), n_seeds)
-            table["selected"] = chosen
-            table["reason"] = (
-                f"the verdict ranks {first} first"
-                + (" and recommends it" if merged["recommended"] == first else "")
-                + f" (the evaluation's choice: {table['reason']})"
-            )
-            selection = {"by": "verdict", "candidate": first}
-        # The result is the chosen configuration's, as if fitted with it.
-        hyperparameters = with_values(prepared.hyperparameters, self.points[chosen])
-        algorithm, config = context.build(hyperparameters)
-        program = next(p for p in self.programs if chosen in p.configurations)
-        start = program.configurations.index(chosen) * n_seeds
-        policies = jax.tree.map(
-            lambda leaf: jnp.asarray(leaf[start : start + n_seeds]), program.policies
-        )
-        record = prepared.record()
-        return SweepResult(
-            updates=self.updates,
-            seeds=seeds,
-            batch_size=record["batch_size"],
-            reward_scaling=record["reward_scaling"],
-            reward_scale=record["reward_scale"],
-            evaluation=estimate,
-            dataset=record["dataset"],
-            selected_run=selected,
-            selection=selection,
-            failed_runs=[
-                {"candidate": candidate_id(seeds[run % n_seeds], run // n_seeds), "reason": why}
-                for run, why in sorted(failed.items())
-            ],
-            sweep=table,
-            finished=datetime.now(UTC).isoformat(timespec="seconds"),
-            policies=policies,
-            hyperparameters=hyperparameters,
-            algorithm=algorithm,
-            config=config,
-            context=context,
-            candidates=SweepCandidates(
-                fields=fields,
-                points=[dict(point) for point in self.points],
-                seeds=seeds,
-                hyperparameters=prepared.hyperparameters,
-                programs=list(self.programs),
-            ),
-        )
