@@ -20,37 +20,21 @@ __all__ = ["RunFolder"]
 
 @dataclasses.dataclass(frozen=True)
 class RunFolder:
-    """Where a run's outputs go, under its directory ``root``."""
+    """Where a run's outputs go, under its directory ``root`` (:meth:`of`)."""
 
     root: Path
+    agent: Path
+    policy: Path
+    checkpoints: Path
+    plots: Path
+    sweep_table: Path
+    sweep_page: Path
+    report: Path
 
-    @property
-    def agent(self) -> Path:
-        return self.root / "agent"
-
-    @property
-    def policy(self) -> Path:
-        return self.root / "policy"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def plots(self) -> Path:
-        return self.root / "plots"
-
-    @property
-    def sweep_table(self) -> Path:
-        return self.root / "sweep.json"
-
-    @property
-    def sweep_page(self) -> Path:
-        return self.root / "sweep.md"
-
-    @property
-    def report(self) -> Path:
-        return self.root / "report.json"
+    @classmethod
+    def of(cls, root: Path) -> RunFolder:
+        names = ("agent", "policy", "checkpoints", "plots", "sweep.json", "sweep.md")
+        return cls(root, *(root / name for name in names), root / "report.json")
 
     def check_fresh(self, config: RunConfig, *, resume: bool, sweep: bool = False) -> None:
         """Refuses to write over an earlier run (unless resuming it), and a resume that

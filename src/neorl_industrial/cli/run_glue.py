@@ -238,7 +238,7 @@ def _start(
 ) -> _Run:
     """Checks the run's folder, resolves the plan, loads the plant model, writes the
     configuration and the data's card, and opens the MLflow run (on process 0 only)."""
-    folder = RunFolder(config.run_dir)
+    folder = RunFolder.of(config.run_dir)
     folder.check_fresh(config, resume=resume, sweep=grid is not None)
     started = time.perf_counter()
     prepared = prepare_run(config)

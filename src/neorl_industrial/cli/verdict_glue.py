@@ -49,6 +49,70 @@ def _saved_run(path: str | Path) -> tuple[Path, Path]:
     )
 
 
+def _located(runs: list[str | Path]) -> dict[str, tuple[Path, Path]]:
+    """``{run name: (run directory, saved agent)}`` of ``runs``.
+
+    Raises:
+        AgentError: for a path that is not a run, or two runs of one name.
+    """
+    located: dict[str, tuple[Path, Path]] = {}
+    for path in runs:
+        run_dir, saved = _saved_run(path)
+        label = run_dir.absolute().name
+        if label in located:
+            raise AgentError(
+                f"{path}: a second run named {label!r} (the other is {located[label][0]}); "
+                "one verdict names candidates by their run's name: give runs of distinct names"
+            )
+        located[label] = (run_dir, saved)
+    return located
+
+
+def _log(
+    data: str | None, schema: str | None, config: RunConfig | None, run_dir: Path
+) -> tuple[Any, Any, str]:
+    """``(dataset, card, source)`` of the log the runs are judged on: ``data`` (with
+    ``schema``), else the first run's own (``config``, its ``config.yaml``).
+
+    Raises:
+        AgentError: naming the file that cannot be read, or the missing ``config.yaml``.
+    """
+    from neorl_industrial.integration.datasets import DatasetFormatError, load_any
+
+    if data is not None:
+        try:
+            dataset, card = load_any(data, schema=schema)
+        except (DatasetFormatError, FileNotFoundError) as error:
+            raise AgentError(f"--data: {error}") from None
+        return dataset, card, str(data)
+    if config is None:
+        raise AgentError(
+            f"{run_dir}: no config.yaml to read the runs' log from; give it "
+            "(--data DATASET [--schema S])"
+        )
+    try:
+        dataset, facts, card = load_data(config)
+    except (DatasetFormatError, FileNotFoundError) as error:
+        raise AgentError(f"{run_dir}/config.yaml: data.path: {error}") from None
+    return dataset, card, facts["source"]
+
+
+def _out_dir(out: str | Path | None) -> Path:
+    """Where the verdict is written (default ``verdicts/verdict-<time>``).
+
+    Raises:
+        AgentError: for a directory that holds files already.
+    """
+    out_dir = (
+        Path(out)
+        if out is not None
+        else Path("verdicts") / time.strftime("verdict-%Y%m%dT%H%M%SZ", time.gmtime())
+    )
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise AgentError(f"{out_dir}: holds files already; give another --out (nothing written)")
+    return out_dir
+
+
 def run_verdict(
     runs: list[str | Path],
     plant_model: str | Path,
@@ -82,51 +146,16 @@ def run_verdict(
     started = time.perf_counter()
     if not runs:
         raise AgentError("runs: give at least one run's directory")
-    located: dict[str, tuple[Path, Path]] = {}
-    for path in runs:
-        run_dir, saved = _saved_run(path)
-        label = run_dir.absolute().name
-        if label in located:
-            raise AgentError(
-                f"{path}: a second run named {label!r} (the other is {located[label][0]}); "
-                "one verdict names candidates by their run's name: give runs of distinct names"
-            )
-        located[label] = (run_dir, saved)
+    located = _located(runs)
     configs = {
         label: RunConfig.from_yaml(run_dir / "config.yaml")
         for label, (run_dir, _) in located.items()
         if (run_dir / "config.yaml").is_file()
     }
     first = next(iter(located))
-    if data is not None:
-        from neorl_industrial.integration.datasets import DatasetFormatError, load_any
-
-        try:
-            dataset, card = load_any(data, schema=schema)
-        except (DatasetFormatError, FileNotFoundError) as error:
-            raise AgentError(f"--data: {error}") from None
-        source = str(data)
-    elif first in configs:
-        from neorl_industrial.integration.datasets import DatasetFormatError
-
-        try:
-            dataset, facts, card = load_data(configs[first])
-        except (DatasetFormatError, FileNotFoundError) as error:
-            raise AgentError(f"{located[first][0]}/config.yaml: data.path: {error}") from None
-        source = facts["source"]
-    else:
-        raise AgentError(
-            f"{located[first][0]}: no config.yaml to read the runs' log from; give it "
-            "(--data DATASET [--schema S])"
-        )
+    dataset, card, source = _log(data, schema, configs.get(first), located[first][0])
     agents = {label: Agent.load(saved) for label, (_, saved) in located.items()}
-    out_dir = (
-        Path(out)
-        if out is not None
-        else Path("verdicts") / time.strftime("verdict-%Y%m%dT%H%M%SZ", time.gmtime())
-    )
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise AgentError(f"{out_dir}: holds files already; give another --out (nothing written)")
+    out_dir = _out_dir(out)
     from neorl_industrial.wrappers.models import PlantModel, PlantModelError
 
     try:

@@ -28,10 +28,9 @@ import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from neorl_industrial.core.environments import Task, TaskError
@@ -58,12 +57,8 @@ from neorl_industrial.wrappers.training.plan import (
     resolve_run,
     resolve_task,
 )
-from neorl_industrial.wrappers.training.run import (
-    RunResult,
-    SweepCandidates,
-    sweep,
-    train,
-)
+from neorl_industrial.wrappers.training.results import CandidateStack, RunResult, SweepCandidates
+from neorl_industrial.wrappers.training.run import sweep, train
 from neorl_industrial.wrappers.training.sweep_table import (
     candidate_id,
     parse_candidate,
@@ -78,6 +73,7 @@ __all__ = [
     "POLICIES",
     "Agent",
     "AgentError",
+    "CandidateStack",
     "OPESettings",
     "load_constraint_spec",
 ]
@@ -103,15 +99,6 @@ FIT_KEYWORDS = (*KEYWORDS, *PLAN_KEYWORDS)
 #: An agent that cannot do what was asked (names the argument, file or field): the run
 #: functions' :class:`~neorl_industrial.wrappers.training.context.RunError`.
 AgentError = RunError
-
-
-class CandidateStack(NamedTuple):
-    """Candidates of one algorithm, their policies stacked on a leading axis."""
-
-    names: list[str]
-    policies: Any
-    algorithm: Any  # acts in the policy's [-1, 1]
-    hyperparameters: dict[str, Any]
 
 
 class Agent:
@@ -304,19 +291,19 @@ class Agent:
 
     @property
     def policy_algorithm(self) -> Any:
-        """The algorithm, acting in the policy's [-1, 1]."""
-        if self._built is None:
-            self._build(self.hyperparameters)
-        assert self._built is not None
-        return self._built[0]
+        """The algorithm, acting in the policy's [-1, 1] (built when first needed)."""
+        return self._algorithm_and_config()[0]
 
     @property
     def config(self) -> Any:
         """The algorithm's config."""
+        return self._algorithm_and_config()[1]
+
+    def _algorithm_and_config(self) -> tuple[Any, Any]:
         if self._built is None:
             self._build(self.hyperparameters)
         assert self._built is not None
-        return self._built[1]
+        return self._built
 
     @property
     def algorithm(self) -> Any:
@@ -597,17 +584,7 @@ class Agent:
                 names = [candidate_id(seed, c) for c in configurations for seed in sweep.seeds]
                 policies = sweep.program(number, self.context)
                 stacks.append(CandidateStack(names, policies, algorithm, hyperparameters))
-        kept = []
-        for stack in stacks:
-            able = [row for row, name in enumerate(stack.names) if name not in failed]
-            if not able:
-                continue
-            policies = stack.policies
-            if len(able) != len(stack.names):
-                rows = jnp.asarray(able)
-                policies = jax.tree.map(lambda leaf, rows=rows: jnp.asarray(leaf)[rows], policies)
-            kept.append(stack._replace(names=[stack.names[row] for row in able], policies=policies))
-        return kept
+        return [kept for stack in stacks if (kept := stack.able(failed)) is not None]
 
     # ----- acting ----------------------------------------------------------------------
     def policy(self, run: int | None = None) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,12 +28,34 @@ from neorl_industrial.wrappers.training.verdict import episode_digests
 
 __all__ = [
     "CANDIDATE_FILE",
+    "CandidateStack",
     "RunResult",
     "SweepCandidates",
     "SweepProgram",
     "SweepResult",
     "failed_runs",
 ]
+
+
+class CandidateStack(NamedTuple):
+    """Candidates of one algorithm, their policies stacked on a leading axis."""
+
+    names: list[str]
+    policies: Any
+    algorithm: Any  # acts in the policy's [-1, 1]
+    hyperparameters: dict[str, Any]
+
+    def able(self, failed: Mapping[str, str]) -> CandidateStack | None:
+        """This stack without the ``failed`` candidates (None when none is left)."""
+        able = [row for row, name in enumerate(self.names) if name not in failed]
+        if not able:
+            return None
+        if len(able) == len(self.names):
+            return self
+        rows = jnp.asarray(able)
+        policies = jax.tree.map(lambda leaf: jnp.asarray(leaf)[rows], self.policies)
+        return self._replace(names=[self.names[row] for row in able], policies=policies)
+
 
 #: A saved sweep's policies of every configuration × seed, one file per program.
 CANDIDATE_FILE = "candidates-{}.msgpack"
