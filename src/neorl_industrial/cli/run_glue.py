@@ -350,7 +350,7 @@ def _training_report(
         "data": plan.facts,
         "training": {
             "updates": result.updates,
-            "seeds": list(plan.training.seeds),
+            "seeds": list(result.seeds),
             "seconds": fit_seconds,
             "first_chunk_seconds": chunks[0]["seconds"] if chunks else None,
             "updates_per_s": float(np.mean([entry["updates_per_s"] for entry in steady]))

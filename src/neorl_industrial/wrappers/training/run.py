@@ -198,7 +198,7 @@ def train(
         CheckpointMismatchError: when resuming from another run's checkpoint.
     """
     prepared = plan if isinstance(plan, Prepared) else prepare(plan)
-    plan, context, evaluation = prepared.plan, prepared.context, prepared.plan.evaluation
+    context, evaluation = prepared.context, prepared.plan.evaluation
     judge = _judges(prepared, plant_model)
     # The one build of the run's algorithm.
     algorithm, config = context.build(prepared.hyperparameters, plant_model, prepared.reward_scale)
@@ -206,7 +206,7 @@ def train(
     callbacks = _with_progress(callbacks) if progress else callbacks
     trainer = _trainer(prepared, algorithm, config, evaluator, ope_evaluator, callbacks, mesh)
     try:
-        trained = trainer.fit(plan.training.updates, resume=resume)
+        trained = trainer.fit(resume=resume)  # the training section's updates
     except ValueError as error:
         if type(error) is ValueError:
             raise RunError(str(error)) from None
@@ -216,7 +216,7 @@ def train(
     failed = failed_runs(health, [f"seed {seed}" for seed in seeds])
     healthy = [run for run in range(len(seeds)) if run not in failed]
     kind = None if evaluator is None else ("fqe" if evaluator is ope_evaluator else "simulator")
-    result = _result(prepared, trained, (algorithm, config), health, failed, kind)
+    result = _result(prepared, trained, seeds, (algorithm, config), health, failed, kind)
     if ope_evaluator is not None and evaluation is not None and evaluator is not ope_evaluator:
         # Beside the simulator: how far the estimates are from the truth.
         rows = ope_beside_simulator(
@@ -236,13 +236,13 @@ def train(
 def _result(
     prepared: Prepared,
     trained: Any,
+    seeds: list[int],
     built: tuple[Any, Any],
     health: list[Any],
     failed: dict[int, str],
     evaluation: str | None,
 ) -> RunResult:
     """The result of a trained run, the evaluation's best run that can act selected."""
-    seeds = [int(seed) for seed in prepared.plan.training.seeds]
     healthy = [run for run in range(len(seeds)) if run not in failed]
     return RunResult(
         updates=int(trained.state.updates[0]),
