@@ -436,18 +436,12 @@ def _add_run_and_train(commands: argparse._SubParsersAction) -> None:
         help="train data-parallel over this process's devices: one shard of whole episodes "
         "per device, gradients averaged across them",
     )
-    train.add_argument(
-        "--distributed",
-        action="store_true",
-        help="one of several processes of JAX's distributed runtime (as for sweep): the data "
-        "is split over every process's devices and gradients averaged across them; "
-        "process 0 writes the outputs and logs to MLflow",
-    )
-    train.add_argument(
-        "--plant-model",
-        metavar="DIR",
-        help="a plant model of the run's log (model fit): every run is judged against the "
-        "logged operation on the held-out episodes (report.json's verdict, MLflow)",
+    _add_distributed_and_model(
+        train,
+        "(as for sweep): the data is split over every process's devices and gradients "
+        "averaged across them; process 0 writes the outputs and logs to MLflow",
+        "every run is judged against the logged operation on the held-out episodes "
+        "(report.json's verdict, MLflow)",
     )
     train.set_defaults(handler=command_train)
 
@@ -476,21 +470,33 @@ def _add_sweep(commands: argparse._SubParsersAction) -> None:
         help="values of one swept setting, e.g. algorithm.hyperparameters.alpha=[1,2.5,5] "
         "or training.seeds=[0,1,2,3,4]; repeat for a grid",
     )
-    sweep.add_argument(
-        "--distributed",
-        action="store_true",
-        help="one of several processes of JAX's distributed runtime (the coordinator from "
-        "NEORL_INDUSTRIAL_COORDINATOR=host:port, NEORL_INDUSTRIAL_NUM_PROCESSES and "
-        "NEORL_INDUSTRIAL_PROCESS_ID or JOB_COMPLETION_INDEX): the runs are laid over every "
-        "process's devices; process 0 writes the outputs and logs to MLflow",
-    )
-    sweep.add_argument(
-        "--plant-model",
-        metavar="DIR",
-        help="a plant model of the run's log (model fit): every configuration's runs are "
-        "judged against the logged operation on the held-out episodes",
+    _add_distributed_and_model(
+        sweep,
+        "(the coordinator from NEORL_INDUSTRIAL_COORDINATOR=host:port, "
+        "NEORL_INDUSTRIAL_NUM_PROCESSES and NEORL_INDUSTRIAL_PROCESS_ID or "
+        "JOB_COMPLETION_INDEX): the runs are laid over every process's devices; process 0 "
+        "writes the outputs and logs to MLflow",
+        "every configuration's runs are judged against the logged operation on the "
+        "held-out episodes",
     )
     sweep.set_defaults(handler=command_sweep)
+
+
+def _add_distributed_and_model(
+    parser: argparse.ArgumentParser, distributed: str, judged: str
+) -> None:
+    """``--distributed`` (``distributed`` says how) and ``--plant-model`` (``judged``
+    says what it judges) of ``train`` and ``sweep``."""
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help=f"one of several processes of JAX's distributed runtime {distributed}",
+    )
+    parser.add_argument(
+        "--plant-model",
+        metavar="DIR",
+        help=f"a plant model of the run's log (model fit): {judged}",
+    )
 
 
 def _add_evaluate(commands: argparse._SubParsersAction) -> None:
