@@ -40,11 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     from neorl_industrial.integration.datasets import generate_dataset
     from neorl_industrial.wrappers.models import FitSettings, PlantModel
-    from neorl_industrial.wrappers.training.verdict import (
-        VerdictSettings,
+    from neorl_industrial.wrappers.training.verdict import VerdictSettings, evaluation_starts
+    from neorl_industrial.wrappers.training.verdict_fqe import (
         _behaviour_clone,
         _operators_policy,
-        evaluation_starts,
     )
 
     dataset, card = generate_dataset("IB-v0", "medium", 25, seed=0)

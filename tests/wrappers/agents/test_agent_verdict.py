@@ -178,7 +178,7 @@ def test_the_verdict_reuses_the_fqes_the_evaluation_just_fitted(trained, monkeyp
     evaluation fitted (same episodes, policies and settings) and fits only the logged
     operation's: the same verdict as fitting them again, one FQE fit fewer."""
     from neorl_industrial.wrappers.training import ope as ope_module
-    from neorl_industrial.wrappers.training import verdict as verdict_module
+    from neorl_industrial.wrappers.training import verdict_fqe as verdict_module
 
     agent, ope = trained["agent"], trained["ope"]
     settings = VerdictSettings(
@@ -202,11 +202,11 @@ def test_the_verdict_reuses_the_fqes_the_evaluation_just_fitted(trained, monkeyp
     result = agent.evaluate_offline(
         trained["dataset"], ope, plant_model=trained["model"], verdict=settings
     )
-    assert fits == ["ope", "verdict"]  # the candidates' FQEs once, the clone's once
+    assert fits == ["ope", "verdict_fqe"]  # the candidates' FQEs once, the clone's once
     fits.clear()
     heldout = trained["dataset"].select_episodes(_heldout(trained))
     again = agent.judge(heldout, trained["model"], ope=ope, settings=settings).to_dict()
-    assert fits == ["verdict", "verdict"]  # judged alone: both fitted
+    assert fits == ["verdict_fqe", "verdict_fqe"]  # judged alone: both fitted
     reused = result["verdict"]
     assert reused["estimators"] == ["model", "fqe", "model+fqe"]
     for mine, theirs in zip(reused["candidates"], again["candidates"], strict=True):

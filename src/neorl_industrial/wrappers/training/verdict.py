@@ -51,28 +51,56 @@ limit; among those, the one with the highest lower bound of its improvement by
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.stats
 
-from neorl_industrial.core.agents.bc import BCConfig, make_bc
 from neorl_industrial.core.agents.cost import per_step_cost_threshold
-from neorl_industrial.core.agents.fqe import FQEConfig
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.functional.transformations.model_evaluation import (
     RolloutSums,
     make_policy_rollouts,
 )
-from neorl_industrial.functional.transformations.offline import train_offline
-from neorl_industrial.functional.transformations.ope import fitted_q_evaluation_values
+from neorl_industrial.wrappers.training.verdict_evidence import (
+    _between,
+    _calibration,
+    _interval,
+    _rate_upper_bound,
+    _spread,
+    _widened,
+    _within,
+    bootstrap_means,
+    cost_events,
+    episode_digests,
+    evaluation_starts,
+)
+from neorl_industrial.wrappers.training.verdict_fqe import (
+    _behaviour_clone,
+    _fqe_estimators,
+    _operators_policy,
+)
+from neorl_industrial.wrappers.training.verdict_results import (
+    BASELINE_HOW,
+    COST_DECIDING,
+    DECIDING,
+    EXACT_BOUND,
+    FQE_BATCH_SIZE,
+    KEEP,
+    Calibration,
+    CostEstimate,
+    EstimatorResult,
+    Interval,
+    Verdict,
+    VerdictError,
+    VerdictSettings,
+    verdict_metrics,
+)
 
 __all__ = [
+    "FQE_BATCH_SIZE",
     "KEEP",
     "Calibration",
     "CostEstimate",
@@ -88,431 +116,6 @@ __all__ = [
     "model_verdict",
     "verdict_metrics",
 ]
-
-#: The answer when no candidate has the evidence.
-KEEP = "keep the current operation"
-#: A learned cost channel with too few events held out for the model to learn it: its
-#: estimate adds the exact upper bound of the event rate the operators showed.
-EXACT_BOUND = "exact bound"
-#: How today's operation is estimated where the model is needed.
-BASELINE_HOW = (
-    "the operators' behaviour cloned (behaviour cloning on the held-out episodes, with "
-    "their action noise) and run closed loop in the same model members from the same "
-    "starts with the same model noise, the shield in the loop (model; its return raised by "
-    "its own uncertainty: pessimism); FQE of the clone (fqe, and model+fqe's tail). The "
-    "logged return from each start is data: the calibration check holds the model's "
-    "estimate of the clone against it"
-)
-#: The estimators whose agreement a recommendation needs.
-DECIDING = ("model", "model+fqe")
-#: Transitions per FQE update (the off-policy evaluator's default too).
-FQE_BATCH_SIZE = 256
-#: The estimator whose cost estimates a recommendation needs within the limits: the whole
-#: rollout in the model (a channel computed from the predicted observations needs no cost
-#: events in the data; FQE's tail of ``model+fqe`` learns every channel from them).
-COST_DECIDING = "model"
-
-
-class VerdictError(ValueError):
-    """Evaluation that cannot be done as asked: names what and why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class VerdictSettings:
-    """How candidates are estimated and decided on.
-
-    Attributes:
-        horizon: model steps per rollout at most (each start's episode length caps it).
-        max_starts: starting states at most (every held-out episode's first state first).
-        close_after: ``k`` model steps before ``model+fqe`` closes with FQE's value.
-        penalty: ``λ`` of the pessimism (0: none; see the module docstring).
-        disagreement_every: model steps between measurements of the members'
-            disagreement (each makes every member predict; 1: every step).
-        discount: γ of the discounted estimates.
-        level: of the intervals (the decision uses its lower and upper bounds).
-        bootstrap: resamples of the intervals.
-        min_cost_events: held-out steps with a cost above the channel's minimum below
-            which a learned channel's estimate is "insufficient evidence".
-        min_episodes: held-out episodes the starts come from below which no interval
-            (a resample of whole episodes) can carry a recommendation.
-        deterministic: follow each member's mean instead of sampling its noise.
-        seed: the model noise's and the bootstrap's seed.
-        model_seed: which of the plant model's ensembles (its fit's seeds) is used.
-        fqe: run the FQE estimators (FQE and the behaviour clone train; slower).
-        fqe_updates, fqe_seeds, fqe_hidden: FQE's updates per seed, seeds and widths.
-        bc_updates: updates of the behaviour clone (the operators' policy in the model).
-        operator_noise: the clone acts with the operators' action noise (the spread of
-            their logged actions around the clone's) instead of its mean action.
-        calibration_tolerance: the calibration check passes when the interval of the
-            model's error on today's operation (estimated minus logged, paired by start)
-            holds 0 or lies within this share of the logged return's size (and, for a
-            limited cost, of its limit).
-    """
-
-    horizon: int = 1000
-    max_starts: int = 100
-    close_after: int = 20
-    penalty: float = 1.0
-    disagreement_every: int = 10
-    discount: float = 0.99
-    level: float = 0.95
-    bootstrap: int = 2000
-    min_cost_events: int = 10
-    min_episodes: int = 3
-    deterministic: bool = False
-    seed: int = 0
-    model_seed: int = 0
-    fqe: bool = True
-    fqe_updates: int = 2000
-    fqe_seeds: tuple[int, ...] = (0, 1)
-    fqe_hidden: tuple[int, ...] = (64, 64)
-    bc_updates: int = 2000
-    operator_noise: bool = True
-    calibration_tolerance: float = 0.1
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "fqe_seeds", tuple(int(s) for s in self.fqe_seeds))
-        object.__setattr__(self, "fqe_hidden", tuple(int(s) for s in self.fqe_hidden))
-        for name in (
-            "horizon",
-            "max_starts",
-            "close_after",
-            "disagreement_every",
-            "bootstrap",
-            "fqe_updates",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise VerdictError(f"{name}: expected a positive integer, got {value!r}")
-        if not self.penalty >= 0:
-            raise VerdictError(f"penalty: expected a number >= 0, got {self.penalty}")
-        if not 0.0 < self.discount <= 1.0:
-            raise VerdictError(f"discount: expected a number in (0, 1], got {self.discount}")
-        if not 0.5 < self.level < 1.0:
-            raise VerdictError(f"level: expected a share in (0.5, 1), got {self.level}")
-        if not self.calibration_tolerance >= 0:
-            raise VerdictError(
-                f"calibration_tolerance: expected a share >= 0, got {self.calibration_tolerance}"
-            )
-        if self.fqe and not self.fqe_seeds:
-            raise VerdictError("fqe_seeds: expected at least one FQE seed")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {
-            "fqe_seeds": list(self.fqe_seeds),
-            "fqe_hidden": list(self.fqe_hidden),
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Interval:
-    """An estimate and its interval (``level``, percentile bootstrap)."""
-
-    value: float
-    lower: float
-    upper: float
-
-
-@dataclasses.dataclass(frozen=True)
-class CostEstimate:
-    """One cost channel of one candidate by one estimator.
-
-    Attributes:
-        channel: the cost channel's name.
-        value: the estimate over an episode in units of its limit (``<= 1``: within);
-            None when the channel has no finite limit (then ``raw`` alone).
-        raw: the estimated discounted (``fqe``, ``model+fqe``) or per-episode (``model``)
-            cost in the channel's units.
-        evidence: ``"sufficient"``, ``"computed"`` (a known expression of the predicted
-            observations) or ``"exact bound"`` (a learned channel with fewer than
-            ``min_cost_events`` events held out: the upper bound adds ``event_bound``).
-        events: held-out steps with a cost above the channel's minimum.
-        within_limit: the upper bound within the limit (None: no finite limit).
-        event_bound: per episode, the exact (Clopper-Pearson) upper bound of the
-            channel's event rate in the held-out steps times an event's size and the
-            episode length, added to the upper bound (``model`` only; None otherwise).
-    """
-
-    channel: str
-    value: Interval | None
-    raw: Interval
-    evidence: str
-    events: int
-    within_limit: bool | None
-    event_bound: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class EstimatorResult:
-    """One candidate (or the logged operation) by one estimator.
-
-    Attributes:
-        estimator: ``model``, ``fqe`` or ``model+fqe``.
-        discounted_return: estimated discounted return from a start (γ of the settings).
-        episode_return: the undiscounted return over the rollout (``model`` only).
-        improvement: paired difference from the logged operation's discounted return by
-            the same estimator (None for the logged operation itself).
-        penalty: mean discounted return the pessimism subtracted (0 for ``fqe``).
-        costs: one entry per cost channel.
-        outside_data_share: share of model steps outside the data's range.
-        override_share: share of model steps whose action the shield changed.
-        outside_physics_share: share of model steps whose prediction left the physical
-            ranges (clipped onto them and charged).
-        paired: ``model`` only: the plain paired difference from the operators' clone
-            (same members, starts and noise), bootstrapped, before the pessimism and the
-            calibration allowance widen it into :attr:`improvement`; with
-            :attr:`penalty` (the candidate's pessimism), the operators' (their
-            ``penalty``) and :attr:`allowance` it says what took the interval's lower
-            bound where it is.
-        allowance: ``model`` only: how far the calibration's error widened the
-            improvement interval on each side (:meth:`Calibration.allowance`).
-        member_spread: ``model`` only: the spread (standard deviation) over the members
-            of the mean paired difference: how far the members disagree on the
-            improvement itself.
-    """
-
-    estimator: str
-    discounted_return: Interval
-    episode_return: Interval | None
-    improvement: Interval | None
-    penalty: float
-    costs: tuple[CostEstimate, ...]
-    outside_data_share: float | None = None
-    override_share: float | None = None
-    outside_physics_share: float | None = None
-    paired: Interval | None = None
-    allowance: float | None = None
-    member_spread: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Calibration:
-    """Does the plant model reproduce today's operation? The operators' clone run closed
-    loop in the model against the logged returns (and costs) from the same starts of the
-    held-out episodes; no recommendation unless it passes.
-
-    Attributes:
-        status: ``"passed"``, ``"failed"`` or ``"too small"`` (too few held-out
-            episodes for the check).
-        estimated: the model's (unpenalised) estimate of today's discounted return.
-        logged: the logged discounted return from the same starts (data).
-        error: the model's error, estimated minus logged, paired by start (interval).
-        tolerance: the size within which an error passes (a share of the logged return's
-            size, in its units).
-        model_error: the largest error the interval allows (``max(|lower|, |upper|)``);
-            every improvement interval is widened on both sides by the same share of the
-            candidate's and the operators' estimated returns (:meth:`allowance`).
-        costs: per limited channel: ``{channel, estimated, logged, error, passed}`` per
-            episode in units of its limit; the largest under-prediction the error's
-            interval allows (``-lower``) is added to every ``model`` upper bound of the
-            channel.
-        episodes, transitions: the held-out part the check rests on.
-        min_episodes: episodes the check needs.
-        reason: why it did not pass, in one sentence (None when it passed).
-        closing_error: ``model+fqe``'s own error on today's operation (its estimate of
-            the clone minus the logged return; None without FQE); ``closing_passed``:
-            within the tolerance, else ``model+fqe`` is shown and does not decide.
-        size: the logged discounted return's mean size over the starts (``mean |G|``).
-    """
-
-    status: str
-    estimated: Interval
-    logged: Interval
-    error: Interval
-    tolerance: float
-    model_error: float
-    costs: tuple[dict[str, Any], ...]
-    episodes: int
-    transitions: int
-    min_episodes: int
-    reason: str | None = None
-    closing_error: Interval | None = None
-    closing_passed: bool | None = None
-    size: float = 1.0
-
-    @staticmethod
-    def error_size(error: Interval) -> float:
-        """The largest error an interval allows: ``max(|lower|, |upper|)``."""
-        return max(abs(error.lower), abs(error.upper))
-
-    @property
-    def model_error_share(self) -> float:
-        """:attr:`model_error` as a share of the logged return's size."""
-        return self.model_error / max(self.size, 1e-12)
-
-    def allowance(self, candidate: np.ndarray, operators: np.ndarray) -> float:
-        """How far an improvement interval is widened on each side: a model that misses
-        the operators by a share ``δ`` of their return may miss the candidate's estimate
-        and the operators' by ``δ`` of each, in opposite directions: ``δ (|candidate| +
-        |operators|)`` (mean sizes of the model's estimates), at least :attr:`model_error`."""
-        size = float(np.mean(np.abs(candidate))) + float(np.mean(np.abs(operators)))
-        return max(self.model_error, self.model_error_share * size)
-
-    def sentence(self) -> str:
-        """The check in one sentence, with its numbers."""
-        verdicts = {"passed": "passed", "failed": "failed", "too small": "not possible"}
-        return (
-            f"Calibration {verdicts[self.status]}: the plant model estimates today's "
-            f"operation at {self.estimated.value:.4g} [{self.estimated.lower:.4g}, "
-            f"{self.estimated.upper:.4g}] against a logged {self.logged.value:.4g} "
-            f"(discounted return, {self.episodes} held-out episodes; error "
-            f"{self.error.value:+.3g} [{self.error.lower:+.3g}, {self.error.upper:+.3g}], "
-            f"tolerance {self.tolerance:.3g})."
-            + (
-                f" model+fqe does not reproduce it (error {self.closing_error.value:+.3g} "
-                f"[{self.closing_error.lower:+.3g}, {self.closing_error.upper:+.3g}]): shown, "
-                "not deciding."
-                if self.closing_passed is False
-                else ""
-            )
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """The answer, with its evidence (labelled as estimates, estimators named).
-
-    Attributes:
-        decision: ``"recommend"`` or :data:`KEEP`.
-        recommended: the recommended candidate's name, or None.
-        statement: the answer in one plain sentence.
-        candidates: per candidate: its name, whether it qualifies, why not, warnings
-            (the model asked to predict outside its data's range), and its estimates by
-            every estimator.
-        behaviour: the logged operation's estimates by every estimator and its logged
-            discounted return from the same starts.
-        evidence: what the estimates rest on (held-out episodes, starts, members,
-            horizon, cost events per channel, the plant model's dataset).
-        estimators: the estimators reported; ``deciding``: those a recommendation needs.
-        settings: :class:`VerdictSettings` as a dict.
-        calibration: the model against today's logged operation (:class:`Calibration`).
-    """
-
-    decision: str
-    recommended: str | None
-    statement: str
-    candidates: tuple[dict[str, Any], ...]
-    behaviour: dict[str, Any]
-    evidence: dict[str, Any]
-    estimators: tuple[str, ...]
-    deciding: tuple[str, ...]
-    settings: dict[str, Any]
-    calibration: Calibration | None = None
-    kind: str = "estimate"
-
-    def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
-
-    def metrics(self) -> dict[str, float]:
-        """Flat numeric metrics for tracking (see :func:`verdict_metrics`)."""
-        return verdict_metrics(self.to_dict())
-
-
-def verdict_metrics(verdict: dict[str, Any]) -> dict[str, float]:
-    """A verdict's (``Verdict.to_dict()``) numbers as flat metrics with names MLflow
-    accepts: ``verdict/recommend`` (1 or 0), ``verdict/recommended_candidate`` (its
-    position, -1 for none) and per candidate ``i`` and estimator (``model``, ``fqe``,
-    ``model_fqe``) the improvement over the logged operation and its bounds; the
-    calibration check as ``verdict/calibration/{passed,estimated,logged,error_lower,
-    error_upper}``."""
-    names = [candidate["name"] for candidate in verdict["candidates"]]
-    out = {
-        "verdict/recommend": float(verdict["decision"] == "recommend"),
-        "verdict/recommended_candidate": float(
-            names.index(verdict["recommended"]) if verdict["recommended"] in names else -1
-        ),
-    }
-    calibration = verdict.get("calibration")
-    if calibration:
-        out["verdict/calibration/passed"] = float(calibration["status"] == "passed")
-        out["verdict/calibration/estimated"] = calibration["estimated"]["value"]
-        out["verdict/calibration/logged"] = calibration["logged"]["value"]
-        out["verdict/calibration/error_lower"] = calibration["error"]["lower"]
-        out["verdict/calibration/error_upper"] = calibration["error"]["upper"]
-    for index, candidate in enumerate(verdict["candidates"]):
-        for result in candidate["estimates"]:
-            improvement = result["improvement"]
-            if improvement is None:
-                continue
-            estimator = re.sub(r"[^A-Za-z0-9_]", "_", result["estimator"])
-            base = f"verdict/candidate_{index}/{estimator}/improvement"
-            out[base] = improvement["value"]
-            out[f"{base}_lower"] = improvement["lower"]
-            out[f"{base}_upper"] = improvement["upper"]
-    return out
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-# ----- data -------------------------------------------------------------------------
-def episode_digests(dataset: Dataset) -> list[str]:
-    """A short digest (16 hex) of every episode's observations, actions and rewards:
-    equal for the same episode however its log was cut or loaded."""
-    digests = []
-    for episode in dataset.to_episodes():
-        digest = hashlib.sha256()
-        for name in ("observations", "actions", "rewards"):
-            array = np.ascontiguousarray(np.asarray(episode[name], np.float32))
-            digest.update(f"{name}:{array.shape};".encode())
-            digest.update(array.tobytes())
-        digests.append(digest.hexdigest()[:16])
-    return digests
-
-
-def evaluation_starts(dataset: Dataset, max_starts: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(transitions, episodes)`` where rollouts start: every episode's first
-    transition (evenly chosen when there are more than ``max_starts``), then, when there
-    are fewer episodes than ``max_starts``, transitions evenly spread over the others
-    (each followed for the rest of its episode)."""
-    starts = np.asarray(jax.device_get(dataset.episode_starts), np.int64)
-    episode_id = np.asarray(jax.device_get(dataset.episode_id), np.int64)
-    if len(starts) >= max_starts:
-        chosen = starts[np.linspace(0, len(starts) - 1, max_starts).round().astype(np.int64)]
-    else:
-        others = np.setdiff1d(np.arange(dataset.n_transitions), starts)
-        extra = min(max_starts - len(starts), len(others))
-        picked = others[np.linspace(0, len(others) - 1, extra).round().astype(np.int64)]
-        chosen = np.concatenate([starts, picked if extra else others[:0]])
-    chosen = np.unique(chosen)
-    return chosen, episode_id[chosen]
-
-
-def cost_events(dataset: Dataset) -> np.ndarray:
-    """``[n_costs]`` steps whose cost lies above the channel's minimum in ``dataset``."""
-    costs = np.asarray(jax.device_get(dataset.costs), np.float64).reshape(dataset.n_transitions, -1)
-    if costs.size == 0:
-        return np.zeros(costs.shape[1], np.int64)
-    return (costs > costs.min(axis=0) + 1e-9).sum(axis=0)
-
-
-# ----- intervals --------------------------------------------------------------------
-def bootstrap_means(values: np.ndarray, episodes: np.ndarray, draws: int, seed: int) -> np.ndarray:
-    """``[..., draws]`` bootstrap means of ``values [..., A, N]`` over a resample of the
-    ``A`` members (or seeds) and of the ``N`` starts by whole episode (``episodes [N]``:
-    each start's episode; a resampled episode brings all its starts)."""
-    rng = np.random.default_rng(seed)
-    n_groups = values.shape[-2]
-    labels, group_of_start = np.unique(episodes, return_inverse=True)
-    member_weights = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), draws)
-    episode_counts = rng.multinomial(len(labels), np.full(len(labels), 1.0 / len(labels)), draws)
-    start_weights = episode_counts[:, group_of_start].astype(np.float64)  # [draws, N]
-    total = member_weights.sum(axis=1) * start_weights.sum(axis=1)
-    sums = np.einsum("...an,ba,bn->...b", values, member_weights, start_weights)
-    return sums / np.maximum(total, 1e-12)
-
-
-def _interval(values: np.ndarray, boot: np.ndarray, level: float) -> Interval:
-    tail = (1.0 - level) / 2.0 * 100.0
-    low, high = np.percentile(boot, [tail, 100.0 - tail])
-    return Interval(float(np.mean(values)), float(low), float(high))
 
 
 # ----- the verdict ------------------------------------------------------------------
@@ -562,274 +165,55 @@ def model_verdict(
     settings = settings or VerdictSettings()
     n_policies = int(jax.tree.leaves(policy_params)[0].shape[0])
     names = [str(name) for name in names]
-    if len(names) != n_policies:
-        raise VerdictError(f"names: {len(names)} names for {n_policies} candidates")
-    if not getattr(plant_model, "fitted", False):
-        raise VerdictError("plant_model: not fitted; fit one (neorl-industrial model fit)")
-    dynamics = plant_model.dynamics
-    layout = dynamics.layout
-    if (layout.observation_size, layout.action_size, layout.n_costs) != (
-        heldout.observation_size,
-        heldout.action_size,
-        heldout.n_costs,
-    ):
-        raise VerdictError(
-            f"plant_model: predicts {layout.observation_size} observations, "
-            f"{layout.action_size} actions and {layout.n_costs} cost channels; the held-out "
-            f"data has {heldout.observation_size}, {heldout.action_size} and {heldout.n_costs}"
-        )
-    if heldout.n_transitions == 0:
-        raise VerdictError("heldout: no held-out transitions to evaluate on")
+    _check_inputs(names, n_policies, plant_model, heldout)
     params = plant_model.params(settings.model_seed)
     n_costs = heldout.n_costs
     cost_names = list(cost_names) or [f"cost_{i}" for i in range(n_costs)]
     limits = np.full(n_costs, np.inf) if cost_limits is None else np.asarray(cost_limits, float)
     lengths_all = np.asarray(jax.device_get(heldout.episode_lengths), np.int64)
     episode_length = int(episode_length or max(1, round(float(lengths_all.mean()))))
-
-    # Starts, their lengths and their logged returns.
-    start_rows, start_episodes = evaluation_starts(heldout, settings.max_starts)
-    steps_to_end = np.asarray(jax.device_get(heldout.steps_to_end), np.int64)[start_rows]
-    horizon = int(min(settings.horizon, steps_to_end.max()))
-    lengths = np.minimum(steps_to_end, horizon)
-    first = heldout.observations_at(heldout.observation_index[jnp.asarray(start_rows)])
-    rewards = np.asarray(jax.device_get(heldout.rewards), np.float64)
-    logged_discounted = np.array(
-        [
-            np.sum(rewards[row : row + length] * settings.discount ** np.arange(length))
-            for row, length in zip(start_rows, lengths, strict=True)
-        ]
-    )
+    starts = _starts_of(heldout, settings)
 
     # One program over policies x members x starts; the operators cloned and run closed
     # loop in the same members from the same states with the same model noise.
-    close = settings.close_after if settings.fqe else 0
-    options = dict(
-        horizon=horizon,
-        discount=settings.discount,
-        close_after=min(close, horizon) if close else 0,
-        deterministic=settings.deterministic,
-        disagreement_every=settings.disagreement_every if settings.penalty > 0 else 0,
-        reward_cap=float(rewards.max()) if settings.penalty > 0 else None,
-    )
-    rollouts = jax.jit(
-        make_policy_rollouts(dynamics, act, constraints=constraints, scaler=scaler, **options)
-    )
-    clone = _behaviour_clone(heldout, settings)
-    operators = _operators_policy(clone, heldout, settings.operator_noise)
-    baseline_rollouts = jax.jit(
-        make_policy_rollouts(
-            dynamics,
-            operators.act,
-            constraints=constraints,
-            scaler=scaler,
-            stochastic_policy=settings.operator_noise,
-            **options,
-        )
-    )
-    key = jax.random.PRNGKey(settings.seed)
-    lengths_j = jnp.asarray(lengths, jnp.int32)
-    candidates: RolloutSums = jax.device_get(rollouts(policy_params, params, first, lengths_j, key))
-    baseline: RolloutSums = jax.device_get(
-        baseline_rollouts(operators.params, params, first, lengths_j, key)
-    )
-    candidates = jax.tree.map(lambda x: np.asarray(x, np.float64), candidates)
-    baseline = jax.tree.map(lambda x: np.asarray(x[0], np.float64), baseline)
-
-    reward_spread = _spread(rewards)
-    cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
-    cost_spread = np.array([_spread(cost_matrix[:, i]) for i in range(n_costs)])
-    logged_costs = (
-        np.stack(
-            [
-                cost_matrix[row : row + length].sum(axis=0)
-                for row, length in zip(start_rows, lengths, strict=True)
-            ]
-        )
-        if n_costs
-        else np.zeros((len(start_rows), 0))
-    )
-    events = cost_events(heldout)
-    known = set(layout.known.cost_indices)
-    per_step_limit = limits / episode_length  # spread evenly over an episode
-    threshold = np.array(
-        [
-            per_step_cost_threshold(float(limit), settings.discount, episode_length)
-            if np.isfinite(limit)
-            else np.inf
-            for limit in limits
-        ]
-    )
-    penalty = settings.penalty
-    cost_low = np.asarray(jax.device_get(params.cost_low), np.float64)
-    cost_high = (
-        np.full(n_costs, -np.inf)
-        if params.cost_high is None
-        else np.asarray(jax.device_get(params.cost_high), np.float64)
-    )
-    cost_high = np.where(np.isfinite(cost_high), cost_high, -np.inf)  # unknown: held-out data
-    # The size of one event: the channel's range in the data, or 1 (a flag) when it
-    # never left its lowest value.
-    magnitude = np.maximum(
-        np.maximum(cost_high, cost_matrix.max(axis=0, initial=-np.inf)) - cost_low, 0.0
-    )
-    magnitude = np.where(magnitude > 1e-9, magnitude, 1.0)
-    event_rate = np.array(
-        [
-            _rate_upper_bound(int(events[c]), heldout.n_transitions, settings.level)
-            for c in range(n_costs)
-        ]
-    )
-
-    def evidence(channel: int, computed: bool) -> str:
-        if computed and channel in known:
-            return "computed"
-        return "sufficient" if events[channel] >= settings.min_cost_events else EXACT_BOUND
-
-    under_predicted: dict[str, float] = {}  # per limited channel, from the calibration
-
-    def costs_of(values: np.ndarray, scale: np.ndarray, boot_seed: int, computed: bool):
-        """``values [..., A, N, C]`` cost per start; ``scale [N, C]`` the limit's share.
-        A learned channel with fewer than ``min_cost_events`` events held out (by the
-        ``model``, ``computed``) adds the exact upper bound of its event rate (see
-        :func:`_rate_upper_bound`): what the model cannot have learned from so few
-        events is bounded by how rarely the operators tripped it."""
-        entries = []
-        for c in range(n_costs):
-            raw = values[..., c]
-            raw_boot = bootstrap_means(raw, start_episodes, settings.bootstrap, boot_seed)
-            how = evidence(c, computed)
-            value = within = bound = None
-            if how == EXACT_BOUND and computed:
-                bound = float(event_rate[c] * magnitude[c] * episode_length)
-            if np.isfinite(limits[c]):
-                normalized = raw / scale[:, c]
-                boot = bootstrap_means(normalized, start_episodes, settings.bootstrap, boot_seed)
-                value = _interval(normalized, boot, settings.level)
-                if bound is not None:
-                    value = dataclasses.replace(value, upper=value.upper + bound / limits[c])
-                if computed:
-                    # As much as the model under-predicted the operators' own cost.
-                    allowance = under_predicted.get(cost_names[c], 0.0)
-                    value = dataclasses.replace(value, upper=value.upper + allowance)
-                within = bool(value.upper <= 1.0)
-            entries.append(
-                CostEstimate(
-                    channel=cost_names[c],
-                    value=value,
-                    raw=_interval(raw, raw_boot, settings.level),
-                    evidence=how,
-                    events=int(events[c]),
-                    within_limit=within,
-                    event_bound=bound,
-                )
-            )
-        return tuple(entries)
-
-    scale = np.maximum(per_step_limit[None, :] * lengths[:, None], 1e-12)
-    # Pessimism on every estimate that can be wrong: the candidates' returns are lowered
-    # by their uncertainty, the operators' model estimate raised by its own.
-    baseline_optimistic = (
-        baseline.discounted_return + penalty * reward_spread * baseline.discounted_uncertainty
-    )
-    baseline_pessimistic = (
-        baseline.discounted_return - penalty * reward_spread * baseline.discounted_uncertainty
-    )
+    candidates, baseline, clone = _rollouts(
+        plant_model.dynamics, act, policy_params, params, starts, heldout, constraints, scaler,
+        settings,
+    )  # fmt: skip
+    # The limit's share over each start's steps (spread evenly over an episode).
+    scale = np.maximum((limits / episode_length)[None, :] * starts.lengths[:, None], 1e-12)
     calibration = _calibration(
         baseline=baseline,
-        logged_discounted=logged_discounted,
-        logged_costs=logged_costs,
+        logged_discounted=starts.logged_discounted,
+        logged_costs=starts.logged_costs,
         scale=scale,
         limits=limits,
         cost_names=cost_names,
-        start_episodes=start_episodes,
+        start_episodes=starts.episodes,
         heldout=heldout,
         settings=settings,
     )
-    under_predicted.update(
-        {cost["channel"]: max(0.0, -cost["error"]["lower"]) for cost in calibration.costs}
-    )
-
-    def model_result(sums, boot_seed: int) -> EstimatorResult:
-        pessimistic = sums.discounted_return - penalty * reward_spread * sums.discounted_uncertainty
-        episode = sums.total_return - penalty * reward_spread * sums.total_uncertainty
-        costs = sums.total_costs + penalty * cost_spread * sums.total_uncertainty[..., None]
-        boot = bootstrap_means(pessimistic, start_episodes, settings.bootstrap, boot_seed)
-        # The truth lies between the pessimistic reading (the candidate lowered, the
-        # operators raised, by their uncertainty) and the optimistic one (the reverse);
-        # the model's own estimate is the plain difference.
-        optimistic = sums.discounted_return + penalty * reward_spread * sums.discounted_uncertainty
-        allowance = calibration.allowance(sums.discounted_return, baseline.discounted_return)
-        improvement = _widened(
-            _between(
-                sums.discounted_return - baseline.discounted_return,
-                pessimistic - baseline_optimistic,
-                optimistic - baseline_pessimistic,
-                start_episodes,
-                settings,
-                boot_seed,
-            ),
-            allowance,
-        )
-        difference = sums.discounted_return - baseline.discounted_return  # [M, N]
-        paired = _interval(
-            difference,
-            bootstrap_means(difference, start_episodes, settings.bootstrap, boot_seed),
-            settings.level,
-        )
-        steps_total = np.maximum(sums.steps.sum(axis=(-2, -1)), 1.0)
-        return EstimatorResult(
-            estimator="model",
-            discounted_return=_interval(pessimistic, boot, settings.level),
-            episode_return=_interval(
-                episode,
-                bootstrap_means(episode, start_episodes, settings.bootstrap, boot_seed),
-                settings.level,
-            ),
-            improvement=improvement,
-            penalty=float(np.mean(sums.discounted_return - pessimistic)),
-            costs=costs_of(costs, scale, boot_seed, computed=True),
-            outside_data_share=float(np.mean(sums.outside_data_steps.sum((-2, -1)) / steps_total)),
-            override_share=float(np.mean(sums.overridden_steps.sum((-2, -1)) / steps_total)),
-            outside_physics_share=float(
-                np.mean(sums.outside_physics_steps.sum((-2, -1)) / steps_total)
-            ),
-            paired=paired,
-            allowance=float(allowance),
-            member_spread=float(np.std(difference.mean(axis=-1))),
-        )
-
-    results: list[list[EstimatorResult]] = [[] for _ in range(n_policies)]
-    for p in range(n_policies):
-        own = jax.tree.map(lambda x, p=p: x[p], candidates)
-        results[p].append(model_result(own, settings.seed + p))
-    steps_total = max(float(baseline.steps.sum()), 1.0)
-    baseline_boot = bootstrap_means(
-        baseline_optimistic, start_episodes, settings.bootstrap, settings.seed
-    )
-    behaviour_results = [
-        EstimatorResult(
-            estimator="model",
-            discounted_return=_interval(baseline_optimistic, baseline_boot, settings.level),
-            episode_return=_interval(
-                baseline.total_return,
-                bootstrap_means(
-                    baseline.total_return, start_episodes, settings.bootstrap, settings.seed
-                ),
-                settings.level,
-            ),
-            improvement=None,
-            penalty=-float(np.mean(baseline_optimistic - baseline.discounted_return)),
-            costs=costs_of(baseline.total_costs, scale, settings.seed, computed=True),
-            outside_data_share=float(baseline.outside_data_steps.sum() / steps_total),
-            override_share=float(baseline.overridden_steps.sum() / steps_total),
-            outside_physics_share=float(baseline.outside_physics_steps.sum() / steps_total),
-        )
+    costs = _cost_reader(
+        heldout, params, plant_model.dynamics.layout, cost_names, limits, episode_length,
+        starts, calibration, settings,
+    )  # fmt: skip
+    reading = _ModelReading.of(heldout, baseline, starts, costs, scale, calibration, settings)
+    results = [
+        [reading.candidate(jax.tree.map(lambda x, p=p: x[p], candidates), settings.seed + p)]
+        for p in range(n_policies)
     ]
-    discounted_threshold = threshold
+    behaviour_results = [reading.operators()]
     closing_error: list[Interval] = []
 
     if settings.fqe:
+        threshold = np.array(
+            [
+                per_step_cost_threshold(float(limit), settings.discount, episode_length)
+                if np.isfinite(limit)
+                else np.inf
+                for limit in limits
+            ]
+        )
         fqe_results, fqe_behaviour = _fqe_estimators(
             act=act,
             fqe_act=fqe_act,
@@ -837,19 +221,19 @@ def model_verdict(
             policy_params=policy_params,
             heldout=heldout,
             settings=settings,
-            first=first,
+            first=starts.first,
             candidates=candidates,
             baseline=baseline,
             clone=clone,
             calibration=calibration,
-            logged_discounted=logged_discounted,
+            logged_discounted=starts.logged_discounted,
             closing_error=closing_error,
-            start_episodes=start_episodes,
-            reward_spread=reward_spread,
-            cost_spread=cost_spread,
-            costs_of=lambda values, seed: costs_of(
+            start_episodes=starts.episodes,
+            reward_spread=reading.reward_spread,
+            cost_spread=reading.cost_spread,
+            costs_of=lambda values, seed: costs(
                 values,
-                np.broadcast_to(discounted_threshold, (len(start_rows), n_costs)),
+                np.broadcast_to(threshold, (len(starts.rows), n_costs)),
                 seed,
                 computed=False,
             ),
@@ -869,60 +253,11 @@ def model_verdict(
         )
         if not passed:
             deciding = tuple(name for name in deciding if name != "model+fqe")
-    table = []
-    for p, name in enumerate(names):
-        reasons = []
-        if calibration.status != "passed":
-            reasons.append(f"calibration: {calibration.reason}")
-        for result in results[p]:
-            if result.estimator not in deciding:
-                continue
-            if result.improvement.lower <= 0.0:
-                reasons.append(
-                    f"{result.estimator}: the lower {settings.level:.0%} bound of the "
-                    f"improvement over today's operation is {result.improvement.lower:.4g}, "
-                    "not above 0"
-                )
-            if result.estimator != COST_DECIDING:
-                continue
-            for cost in result.costs:
-                if cost.within_limit is False:
-                    bound = (
-                        f", with the exact bound of its event rate ({cost.events} events in "
-                        f"{heldout.n_transitions} held-out steps)"
-                        if cost.event_bound is not None
-                        else ""
-                    )
-                    reasons.append(
-                        f"{result.estimator}: cost {cost.channel!r} may exceed its limit (upper "
-                        f"bound {cost.value.upper:.3g} of the limit{bound})"
-                    )
-        model = results[p][0]
-        warnings = []
-        if model.outside_data_share:
-            warnings.append(
-                f"the plant model was asked to predict outside the range of its data on "
-                f"{model.outside_data_share:.1%} of this candidate's steps: those steps are "
-                "penalised (pessimism), not trusted"
-            )
-        if model.outside_physics_share:
-            warnings.append(
-                f"the plant model predicted values outside the physical ranges on "
-                f"{model.outside_physics_share:.1%} of this candidate's steps: they were "
-                "clipped onto the ranges and charged (pessimism)"
-            )
-        table.append(
-            {
-                "name": name,
-                "qualifies": not reasons,
-                "reasons": reasons,
-                "warnings": warnings,
-                "estimates": [dataclasses.asdict(r) for r in results[p]],
-            }
-        )
+    table = [
+        _candidate_row(name, results[p], deciding, calibration, settings, heldout.n_transitions)
+        for p, name in enumerate(names)
+    ]
     decision, chosen, statement = _decide(table, deciding, settings.level, calibration)
-    card = getattr(plant_model, "card", {}) or {}
-    physics = card.get("physics") or {}
     return Verdict(
         decision=decision,
         recommended=chosen,
@@ -930,36 +265,463 @@ def model_verdict(
         candidates=tuple(table),
         behaviour={
             "how": BASELINE_HOW,
-            "logged_discounted_return": float(np.mean(logged_discounted)),
+            "logged_discounted_return": float(np.mean(starts.logged_discounted)),
             "estimates": [dataclasses.asdict(r) for r in behaviour_results],
         },
-        evidence={
-            "heldout_episodes": int(heldout.n_episodes),
-            "heldout_transitions": int(heldout.n_transitions),
-            "starts": len(start_rows),
-            "start_episodes": len(np.unique(start_episodes)),
-            "members": int(params.n_members),
-            "horizon": horizon,
-            "episode_length": episode_length,
-            "cost_events": {cost_names[i]: int(events[i]) for i in range(n_costs)},
-            "cost_limits": {
-                cost_names[i]: (float(limits[i]) if np.isfinite(limits[i]) else None)
-                for i in range(n_costs)
-            },
-            "plant_model": {
-                "dataset": (card.get("dataset") or {}).get("name"),
-                "fingerprint": (card.get("dataset") or {}).get("fingerprint"),
-            },
-            "physics": {
-                "ranges": physics.get("features"),
-                "note": physics.get("note"),
-            },
-        },
+        evidence=_evidence_of(
+            heldout, starts, params, episode_length, costs, getattr(plant_model, "card", {})
+        ),
         estimators=estimators,
         deciding=deciding,
         settings=settings.to_dict(),
         calibration=calibration,
     )
+
+
+def _check_inputs(names: list[str], n_policies: int, plant_model: Any, heldout: Dataset) -> None:
+    """Refuses, naming what is wrong, candidates and a plant model the verdict cannot
+    judge with these held-out episodes."""
+    if len(names) != n_policies:
+        raise VerdictError(f"names: {len(names)} names for {n_policies} candidates")
+    if not getattr(plant_model, "fitted", False):
+        raise VerdictError("plant_model: not fitted; fit one (neorl-industrial model fit)")
+    layout = plant_model.dynamics.layout
+    if (layout.observation_size, layout.action_size, layout.n_costs) != (
+        heldout.observation_size,
+        heldout.action_size,
+        heldout.n_costs,
+    ):
+        raise VerdictError(
+            f"plant_model: predicts {layout.observation_size} observations, "
+            f"{layout.action_size} actions and {layout.n_costs} cost channels; the held-out "
+            f"data has {heldout.observation_size}, {heldout.action_size} and {heldout.n_costs}"
+        )
+    if heldout.n_transitions == 0:
+        raise VerdictError("heldout: no held-out transitions to evaluate on")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Starts:
+    """The held-out starts a verdict is estimated from, and what the log says of them.
+
+    Attributes:
+        rows: each start's row in the held-out data.
+        episodes: each start's episode (the bootstrap resamples whole episodes).
+        lengths: steps estimated from each start (to its episode's end, at most the
+            horizon).
+        horizon: the longest of them.
+        first: the starts' observations.
+        rewards: every held-out step's reward.
+        logged_discounted: each start's logged discounted return over its length.
+        logged_costs: ``[starts, channels]`` each start's logged cost over its length.
+    """
+
+    rows: np.ndarray
+    episodes: np.ndarray
+    lengths: np.ndarray
+    horizon: int
+    first: jax.Array
+    rewards: np.ndarray
+    logged_discounted: np.ndarray
+    logged_costs: np.ndarray
+
+
+def _starts_of(heldout: Dataset, settings: VerdictSettings) -> _Starts:
+    rows, episodes = evaluation_starts(heldout, settings.max_starts)
+    steps_to_end = np.asarray(jax.device_get(heldout.steps_to_end), np.int64)[rows]
+    horizon = int(min(settings.horizon, steps_to_end.max()))
+    lengths = np.minimum(steps_to_end, horizon)
+    rewards = np.asarray(jax.device_get(heldout.rewards), np.float64)
+    n_costs = heldout.n_costs
+    cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
+    spans = list(zip(rows, lengths, strict=True))
+    return _Starts(
+        rows=rows,
+        episodes=episodes,
+        lengths=lengths,
+        horizon=horizon,
+        first=heldout.observations_at(heldout.observation_index[jnp.asarray(rows)]),
+        rewards=rewards,
+        logged_discounted=np.array(
+            [
+                np.sum(rewards[row : row + length] * settings.discount ** np.arange(length))
+                for row, length in spans
+            ]
+        ),
+        logged_costs=(
+            np.stack([cost_matrix[row : row + length].sum(axis=0) for row, length in spans])
+            if n_costs
+            else np.zeros((len(rows), 0))
+        ),
+    )
+
+
+def _rollouts(
+    dynamics: Any,
+    act: Callable[..., jax.Array],
+    policy_params: Any,
+    params: Any,
+    starts: _Starts,
+    heldout: Dataset,
+    constraints: Any,
+    scaler: Any,
+    settings: VerdictSettings,
+) -> tuple[RolloutSums, RolloutSums, Any]:
+    """Every candidate, and the operators' clone, rolled out in every member from every
+    start (float64 sums; the clone's without the policy axis), and the clone."""
+    close = settings.close_after if settings.fqe else 0
+    options = dict(
+        horizon=starts.horizon,
+        discount=settings.discount,
+        close_after=min(close, starts.horizon) if close else 0,
+        deterministic=settings.deterministic,
+        disagreement_every=settings.disagreement_every if settings.penalty > 0 else 0,
+        reward_cap=float(starts.rewards.max()) if settings.penalty > 0 else None,
+    )
+    rollouts = jax.jit(
+        make_policy_rollouts(dynamics, act, constraints=constraints, scaler=scaler, **options)
+    )
+    clone = _behaviour_clone(heldout, settings)
+    operators = _operators_policy(clone, heldout, settings.operator_noise)
+    baseline_rollouts = jax.jit(
+        make_policy_rollouts(
+            dynamics,
+            operators.act,
+            constraints=constraints,
+            scaler=scaler,
+            stochastic_policy=settings.operator_noise,
+            **options,
+        )
+    )
+    key = jax.random.PRNGKey(settings.seed)
+    lengths = jnp.asarray(starts.lengths, jnp.int32)
+    candidates = jax.device_get(rollouts(policy_params, params, starts.first, lengths, key))
+    baseline = jax.device_get(
+        baseline_rollouts(operators.params, params, starts.first, lengths, key)
+    )
+    return (
+        jax.tree.map(lambda x: np.asarray(x, np.float64), candidates),
+        jax.tree.map(lambda x: np.asarray(x[0], np.float64), baseline),
+        clone,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _CostReader:
+    """Reads estimated costs per start into one :class:`CostEstimate` per channel.
+
+    A learned channel with fewer than ``min_cost_events`` events held out (by the
+    ``model``, ``computed``) adds the exact upper bound of its event rate (see
+    :func:`_rate_upper_bound`): what the model cannot have learned from so few events is
+    bounded by how rarely the operators tripped it. A computed estimate also adds as much
+    as the model under-predicted the operators' own cost (the calibration)."""
+
+    names: tuple[str, ...]
+    limits: np.ndarray
+    events: np.ndarray
+    known: frozenset[int]
+    #: The size of one event: the channel's range in the data, or 1 (a flag) when it
+    #: never left its lowest value.
+    magnitude: np.ndarray
+    event_rate: np.ndarray
+    episode_length: int
+    under_predicted: dict[str, float]
+    start_episodes: np.ndarray
+    settings: VerdictSettings
+
+    def evidence(self, channel: int, computed: bool) -> str:
+        if computed and channel in self.known:
+            return "computed"
+        enough = self.events[channel] >= self.settings.min_cost_events
+        return "sufficient" if enough else EXACT_BOUND
+
+    def __call__(
+        self, values: np.ndarray, scale: np.ndarray, boot_seed: int, computed: bool
+    ) -> tuple[CostEstimate, ...]:
+        """``values [..., A, N, C]`` cost per start; ``scale [N, C]`` the limit's share."""
+        settings = self.settings
+        entries = []
+        for c, channel in enumerate(self.names):
+            raw = values[..., c]
+            raw_boot = bootstrap_means(raw, self.start_episodes, settings.bootstrap, boot_seed)
+            how = self.evidence(c, computed)
+            value = within = bound = None
+            if how == EXACT_BOUND and computed:
+                bound = float(self.event_rate[c] * self.magnitude[c] * self.episode_length)
+            if np.isfinite(self.limits[c]):
+                normalized = raw / scale[:, c]
+                boot = bootstrap_means(
+                    normalized, self.start_episodes, settings.bootstrap, boot_seed
+                )
+                value = _interval(normalized, boot, settings.level)
+                if bound is not None:
+                    value = dataclasses.replace(value, upper=value.upper + bound / self.limits[c])
+                if computed:
+                    allowance = self.under_predicted.get(channel, 0.0)
+                    value = dataclasses.replace(value, upper=value.upper + allowance)
+                within = bool(value.upper <= 1.0)
+            entries.append(
+                CostEstimate(
+                    channel=channel,
+                    value=value,
+                    raw=_interval(raw, raw_boot, settings.level),
+                    evidence=how,
+                    events=int(self.events[c]),
+                    within_limit=within,
+                    event_bound=bound,
+                )
+            )
+        return tuple(entries)
+
+
+def _cost_reader(
+    heldout: Dataset,
+    params: Any,
+    layout: Any,
+    cost_names: list[str],
+    limits: np.ndarray,
+    episode_length: int,
+    starts: _Starts,
+    calibration: Calibration,
+    settings: VerdictSettings,
+) -> _CostReader:
+    n_costs = len(cost_names)
+    events = cost_events(heldout)
+    cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
+    cost_low = np.asarray(jax.device_get(params.cost_low), np.float64)
+    cost_high = (
+        np.full(n_costs, -np.inf)
+        if params.cost_high is None
+        else np.asarray(jax.device_get(params.cost_high), np.float64)
+    )
+    cost_high = np.where(np.isfinite(cost_high), cost_high, -np.inf)  # unknown: held-out data
+    magnitude = np.maximum(
+        np.maximum(cost_high, cost_matrix.max(axis=0, initial=-np.inf)) - cost_low, 0.0
+    )
+    return _CostReader(
+        names=tuple(cost_names),
+        limits=limits,
+        events=events,
+        known=frozenset(layout.known.cost_indices),
+        magnitude=np.where(magnitude > 1e-9, magnitude, 1.0),
+        event_rate=np.array(
+            [
+                _rate_upper_bound(int(events[c]), heldout.n_transitions, settings.level)
+                for c in range(n_costs)
+            ]
+        ),
+        episode_length=episode_length,
+        # Per limited channel, from the calibration.
+        under_predicted={
+            cost["channel"]: max(0.0, -cost["error"]["lower"]) for cost in calibration.costs
+        },
+        start_episodes=starts.episodes,
+        settings=settings,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelReading:
+    """The ``model`` estimator's results from the rollouts' sums.
+
+    Pessimism on every estimate that can be wrong: the candidates' returns are lowered by
+    ``penalty`` x the rewards' spread x their uncertainty, the operators' model estimate
+    raised by its own. The truth lies between the pessimistic reading (the candidate
+    lowered, the operators raised) and the optimistic one (the reverse); the model's own
+    estimate is the plain difference."""
+
+    baseline: RolloutSums
+    starts: _Starts
+    costs: _CostReader
+    scale: np.ndarray
+    calibration: Calibration
+    settings: VerdictSettings
+    #: The per-step spread of the held-out rewards and of each cost channel.
+    reward_spread: float
+    cost_spread: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        heldout: Dataset,
+        baseline: RolloutSums,
+        starts: _Starts,
+        costs: _CostReader,
+        scale: np.ndarray,
+        calibration: Calibration,
+        settings: VerdictSettings,
+    ) -> _ModelReading:
+        n_costs = heldout.n_costs
+        cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
+        return cls(
+            baseline=baseline,
+            starts=starts,
+            costs=costs,
+            scale=scale,
+            calibration=calibration,
+            settings=settings,
+            reward_spread=_spread(starts.rewards),
+            cost_spread=np.array([_spread(cost_matrix[:, i]) for i in range(n_costs)]),
+        )
+
+    def _bootstrap(self, values: np.ndarray, seed: int) -> np.ndarray:
+        settings = self.settings
+        return bootstrap_means(values, self.starts.episodes, settings.bootstrap, seed)
+
+    def _shifted(self, sums: RolloutSums, sign: float) -> np.ndarray:
+        """The discounted return moved by its uncertainty (``sign`` -1: pessimistic)."""
+        uncertainty = self.settings.penalty * self.reward_spread * sums.discounted_uncertainty
+        return sums.discounted_return + sign * uncertainty
+
+    def candidate(self, sums: RolloutSums, boot_seed: int) -> EstimatorResult:
+        settings, baseline, level = self.settings, self.baseline, self.settings.level
+        penalty = settings.penalty
+        pessimistic = self._shifted(sums, -1.0)
+        episode = sums.total_return - penalty * self.reward_spread * sums.total_uncertainty
+        costs = sums.total_costs + penalty * self.cost_spread * sums.total_uncertainty[..., None]
+        allowance = self.calibration.allowance(sums.discounted_return, baseline.discounted_return)
+        improvement = _widened(
+            _between(
+                sums.discounted_return - baseline.discounted_return,
+                pessimistic - self._shifted(baseline, 1.0),
+                self._shifted(sums, 1.0) - self._shifted(baseline, -1.0),
+                self.starts.episodes,
+                settings,
+                boot_seed,
+            ),
+            allowance,
+        )
+        difference = sums.discounted_return - baseline.discounted_return  # [M, N]
+        steps_total = np.maximum(sums.steps.sum(axis=(-2, -1)), 1.0)
+        return EstimatorResult(
+            estimator="model",
+            discounted_return=_interval(
+                pessimistic, self._bootstrap(pessimistic, boot_seed), level
+            ),
+            episode_return=_interval(episode, self._bootstrap(episode, boot_seed), level),
+            improvement=improvement,
+            penalty=float(np.mean(sums.discounted_return - pessimistic)),
+            costs=self.costs(costs, self.scale, boot_seed, computed=True),
+            outside_data_share=float(np.mean(sums.outside_data_steps.sum((-2, -1)) / steps_total)),
+            override_share=float(np.mean(sums.overridden_steps.sum((-2, -1)) / steps_total)),
+            outside_physics_share=float(
+                np.mean(sums.outside_physics_steps.sum((-2, -1)) / steps_total)
+            ),
+            paired=_interval(difference, self._bootstrap(difference, boot_seed), level),
+            allowance=float(allowance),
+            member_spread=float(np.std(difference.mean(axis=-1))),
+        )
+
+    def operators(self) -> EstimatorResult:
+        """Today's operation by the model: the clone's return raised by its uncertainty."""
+        baseline, seed, level = self.baseline, self.settings.seed, self.settings.level
+        optimistic = self._shifted(baseline, 1.0)
+        steps_total = max(float(baseline.steps.sum()), 1.0)
+        return EstimatorResult(
+            estimator="model",
+            discounted_return=_interval(optimistic, self._bootstrap(optimistic, seed), level),
+            episode_return=_interval(
+                baseline.total_return, self._bootstrap(baseline.total_return, seed), level
+            ),
+            improvement=None,
+            penalty=-float(np.mean(optimistic - baseline.discounted_return)),
+            costs=self.costs(baseline.total_costs, self.scale, seed, computed=True),
+            outside_data_share=float(baseline.outside_data_steps.sum() / steps_total),
+            override_share=float(baseline.overridden_steps.sum() / steps_total),
+            outside_physics_share=float(baseline.outside_physics_steps.sum() / steps_total),
+        )
+
+
+def _candidate_row(
+    name: str,
+    results: list[EstimatorResult],
+    deciding: tuple[str, ...],
+    calibration: Calibration,
+    settings: VerdictSettings,
+    heldout_steps: int,
+) -> dict[str, Any]:
+    """One candidate's row of the verdict: whether it qualifies, why not, and warnings."""
+    reasons = []
+    if calibration.status != "passed":
+        reasons.append(f"calibration: {calibration.reason}")
+    for result in results:
+        if result.estimator not in deciding:
+            continue
+        if result.improvement.lower <= 0.0:
+            reasons.append(
+                f"{result.estimator}: the lower {settings.level:.0%} bound of the "
+                f"improvement over today's operation is {result.improvement.lower:.4g}, "
+                "not above 0"
+            )
+        if result.estimator != COST_DECIDING:
+            continue
+        for cost in result.costs:
+            if cost.within_limit is False:
+                bound = (
+                    f", with the exact bound of its event rate ({cost.events} events in "
+                    f"{heldout_steps} held-out steps)"
+                    if cost.event_bound is not None
+                    else ""
+                )
+                reasons.append(
+                    f"{result.estimator}: cost {cost.channel!r} may exceed its limit (upper "
+                    f"bound {cost.value.upper:.3g} of the limit{bound})"
+                )
+    model = results[0]
+    warnings = []
+    if model.outside_data_share:
+        warnings.append(
+            f"the plant model was asked to predict outside the range of its data on "
+            f"{model.outside_data_share:.1%} of this candidate's steps: those steps are "
+            "penalised (pessimism), not trusted"
+        )
+    if model.outside_physics_share:
+        warnings.append(
+            f"the plant model predicted values outside the physical ranges on "
+            f"{model.outside_physics_share:.1%} of this candidate's steps: they were "
+            "clipped onto the ranges and charged (pessimism)"
+        )
+    return {
+        "name": name,
+        "qualifies": not reasons,
+        "reasons": reasons,
+        "warnings": warnings,
+        "estimates": [dataclasses.asdict(r) for r in results],
+    }
+
+
+def _evidence_of(
+    heldout: Dataset,
+    starts: _Starts,
+    params: Any,
+    episode_length: int,
+    costs: _CostReader,
+    card: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What the verdict stood on: the held-out data, its starts and events, the limits,
+    the plant model's data and physical ranges."""
+    card = card or {}
+    physics = card.get("physics") or {}
+    names, limits = costs.names, costs.limits
+    return {
+        "heldout_episodes": int(heldout.n_episodes),
+        "heldout_transitions": int(heldout.n_transitions),
+        "starts": len(starts.rows),
+        "start_episodes": len(np.unique(starts.episodes)),
+        "members": int(params.n_members),
+        "horizon": starts.horizon,
+        "episode_length": episode_length,
+        "cost_events": {name: int(costs.events[i]) for i, name in enumerate(names)},
+        "cost_limits": {
+            name: (float(limits[i]) if np.isfinite(limits[i]) else None)
+            for i, name in enumerate(names)
+        },
+        "plant_model": {
+            "dataset": (card.get("dataset") or {}).get("name"),
+            "fingerprint": (card.get("dataset") or {}).get("fingerprint"),
+        },
+        "physics": {"ranges": physics.get("features"), "note": physics.get("note")},
+    }
 
 
 def _decide(
@@ -1010,128 +772,6 @@ def _calibration_of(data: dict[str, Any]) -> Calibration:
     return Calibration(**(data | intervals | {"costs": tuple(data["costs"])}))
 
 
-def _rate_upper_bound(events: int, steps: int, level: float) -> float:
-    """The exact (Clopper-Pearson) upper bound of a per-step event rate from ``events``
-    in ``steps`` at the upper end of a two-sided ``level`` interval: ``3.7 / steps`` for
-    none at 95 %. 1 without steps."""
-    if steps <= 0 or events >= steps:
-        return 1.0
-    return float(scipy.stats.beta.ppf(1.0 - (1.0 - level) / 2.0, events + 1, steps - events))
-
-
-def _within(gap: Interval, allowed: float) -> bool:
-    """An error interval that holds 0 or lies within ``±allowed``."""
-    return gap.lower <= 0.0 <= gap.upper or (gap.lower >= -allowed and gap.upper <= allowed)
-
-
-def _between(
-    plain: np.ndarray,
-    low: np.ndarray,
-    high: np.ndarray,
-    start_episodes: np.ndarray,
-    settings: VerdictSettings,
-    seed: int,
-) -> Interval:
-    """An improvement's interval: ``plain``'s mean, from the lower bound of the
-    pessimistic reading ``low`` to the upper bound of the optimistic one ``high`` (each a
-    bootstrap over episodes and members, the same draws)."""
-    draws = bootstrap_means(np.stack([low, high]), start_episodes, settings.bootstrap, seed)
-    lower = _interval(low, draws[0], settings.level).lower
-    upper = _interval(high, draws[1], settings.level).upper
-    return Interval(float(np.mean(plain)), lower, upper)
-
-
-def _widened(interval: Interval, by: float) -> Interval:
-    return Interval(interval.value, interval.lower - by, interval.upper + by)
-
-
-def _calibration(
-    *,
-    baseline: RolloutSums,
-    logged_discounted: np.ndarray,
-    logged_costs: np.ndarray,
-    scale: np.ndarray,
-    limits: np.ndarray,
-    cost_names: Sequence[str],
-    start_episodes: np.ndarray,
-    heldout: Dataset,
-    settings: VerdictSettings,
-) -> Calibration:
-    """The operators' clone in the model (``baseline``, ``[M, N]``) against their logged
-    returns and costs from the same starts (see :class:`Calibration`)."""
-    level, draws, seed = settings.level, settings.bootstrap, settings.seed
-    within = _within
-
-    def interval(values: np.ndarray) -> Interval:
-        return _interval(values, bootstrap_means(values, start_episodes, draws, seed), level)
-
-    estimated = interval(baseline.discounted_return)
-    logged = interval(np.asarray(logged_discounted, np.float64)[None])
-    error = interval(baseline.discounted_return - logged_discounted[None])
-    size = float(np.mean(np.abs(logged_discounted)))
-    tolerance = settings.calibration_tolerance * size
-
-    costs = []
-    for c in range(logged_costs.shape[1]):
-        if not np.isfinite(limits[c]):
-            continue
-        model = baseline.total_costs[..., c] / scale[:, c]
-        data = logged_costs[:, c] / scale[:, c]
-        gap = interval(model - data[None])
-        # A model that over-predicts a cost is conservative; one that under-predicts it
-        # would let a candidate through that breaks the limit.
-        costs.append(
-            {
-                "channel": cost_names[c],
-                "estimated": float(np.mean(model)),
-                "logged": float(np.mean(data)),
-                "error": dataclasses.asdict(gap),
-                "passed": bool(gap.upper >= -settings.calibration_tolerance),
-            }
-        )
-    episodes = len(np.unique(start_episodes))
-    common = dict(
-        estimated=estimated,
-        logged=logged,
-        error=error,
-        tolerance=tolerance,
-        model_error=Calibration.error_size(error),
-        size=size,
-        costs=tuple(costs),
-        episodes=episodes,
-        transitions=int(heldout.n_transitions),
-        min_episodes=settings.min_episodes,
-    )
-    if episodes < settings.min_episodes:
-        return Calibration(
-            status="too small",
-            reason=(
-                f"the held-out part is too small for the calibration check: "
-                f"{heldout.n_transitions} transitions in {episodes} episode(s), at least "
-                f"{settings.min_episodes} episodes needed (hold out more episodes, or log more)"
-            ),
-            **common,
-        )
-    failed = [c["channel"] for c in costs if not c["passed"]]
-    if not within(error, tolerance) or failed:
-        what = (
-            f"estimated {estimated.value:.4g}, logged {logged.value:.4g}"
-            if not within(error, tolerance)
-            else "; ".join(
-                f"{c['channel']} estimated {c['estimated']:.3g}, logged {c['logged']:.3g} "
-                "of its limit"
-                for c in costs
-                if not c["passed"]
-            )
-        )
-        return Calibration(
-            status="failed",
-            reason=f"the plant model does not reproduce today's operation ({what})",
-            **common,
-        )
-    return Calibration(status="passed", **common)
-
-
 def merge_verdicts(verdicts: Sequence[Verdict]) -> Verdict:
     """One verdict over the candidates of several (the programs of a sweep, judged on the
     same held-out episodes with the same settings): their candidates together, decided
@@ -1156,221 +796,3 @@ def merge_verdicts(verdicts: Sequence[Verdict]) -> Verdict:
     return dataclasses.replace(
         first, candidates=tuple(table), decision=decision, recommended=chosen, statement=statement
     )
-
-
-def _spread(values: np.ndarray) -> float:
-    spread = float(np.std(values)) if np.size(values) else 0.0
-    return spread if spread > 1e-9 else 0.0
-
-
-def _fqe_estimators(
-    *,
-    act,
-    fqe_act,
-    fqe_values,
-    policy_params,
-    heldout: Dataset,
-    settings: VerdictSettings,
-    first: jax.Array,
-    candidates: RolloutSums,
-    baseline: RolloutSums,
-    clone: _Clone,
-    calibration: Calibration,
-    logged_discounted: np.ndarray,
-    closing_error: list[Interval],
-    start_episodes: np.ndarray,
-    reward_spread: float,
-    cost_spread: np.ndarray,
-    costs_of: Callable[[np.ndarray, int], tuple[CostEstimate, ...]],
-) -> tuple[list[list[EstimatorResult]], list[EstimatorResult]]:
-    """``fqe`` and ``model+fqe`` of every candidate, and of today's operation (the
-    operators' clone: its FQE, and its model rollouts closed by it)."""
-    if fqe_act is None:
-
-        def fqe_act(params: Any, observations: jax.Array) -> jax.Array:
-            return jax.vmap(lambda o: act(params, o, None, deterministic=True))(observations)
-
-    config = FQEConfig(hidden=settings.fqe_hidden, discount=settings.discount)
-    common = dict(
-        n_updates=settings.fqe_updates,
-        seeds=settings.fqe_seeds,
-        config=config,
-        batch_size=FQE_BATCH_SIZE,
-    )
-    values = fqe_values or fitted_q_evaluation_values(heldout, fqe_act, policy_params, **common)
-    clone_params = jax.tree.map(lambda leaf: leaf[None], clone.params)
-
-    def clone_act(params: Any, observations: jax.Array) -> jax.Array:
-        return jax.vmap(lambda o: clone.act(params, o, None, deterministic=True))(observations)
-
-    clone_values = fitted_q_evaluation_values(heldout, clone_act, clone_params, **common)
-    n_policies = candidates.discounted_return.shape[0]
-    starts = jnp.broadcast_to(first, (n_policies, *first.shape))
-    # At the starts, and closing at the states the model reached after k steps.
-    at_starts, closing = _values_at(  # [P, S, N, 1 + C], [P, S, M, N, 1 + C]
-        values, starts, jnp.asarray(candidates.closing_observation, jnp.float32)
-    )
-    clone_at_starts, clone_closing = _values_at(
-        clone_values, first[None], jnp.asarray(baseline.closing_observation, jnp.float32)[None]
-    )
-    clone_at_starts, clone_closing = clone_at_starts[0], clone_closing[0]
-    penalty = settings.penalty
-
-    def head(
-        sums: RolloutSums, tail: np.ndarray, penalty: float = settings.penalty
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``model+fqe`` return ``[..., M, N]`` and discounted costs ``[..., M, N, C]``."""
-        tail = tail.mean(axis=-4)  # over FQE seeds
-        weight = sums.closing_weight
-        value = sums.head_return - penalty * reward_spread * sums.head_uncertainty
-        value = value + weight * tail[..., 0]
-        costs = sums.head_costs + penalty * cost_spread * sums.head_uncertainty[..., None]
-        costs = costs + weight[..., None] * tail[..., 1:]
-        return value, costs
-
-    # The operators' estimate is raised by its uncertainty (pessimism on the baseline).
-    logged_combined, logged_combined_costs = head(
-        jax.tree.map(lambda x: x[None], baseline), clone_closing[None], penalty=-penalty
-    )
-    logged_combined, logged_combined_costs = logged_combined[0], logged_combined_costs[0]
-    logged_plain = head(jax.tree.map(lambda x: x[None], baseline), clone_closing[None], 0.0)[0][0]
-    logged_low = head(
-        jax.tree.map(lambda x: x[None], baseline), clone_closing[None], penalty=penalty
-    )[0][0]
-    results: list[list[EstimatorResult]] = []
-    seed = settings.seed
-
-    def interval(values: np.ndarray, draw_seed: int) -> Interval:
-        draws = bootstrap_means(values, start_episodes, settings.bootstrap, draw_seed)
-        return _interval(values, draws, settings.level)
-
-    # model+fqe's own error on today's operation (its unpenalised estimate of the clone
-    # against the logged returns), as the model's calibration: its improvement interval
-    # is widened by the larger of the two.
-    unpenalised, _ = head(jax.tree.map(lambda x: x[None], baseline), clone_closing[None], 0.0)
-    error = interval(unpenalised[0] - logged_discounted[None], seed)
-    own_error = Calibration.error_size(error)
-    share = max(calibration.model_error_share, own_error / calibration.size)
-    closing_error.append(error)
-
-    for p in range(n_policies):
-        fqe_returns = at_starts[p, ..., 0]  # [S, N]
-        difference = fqe_returns - clone_at_starts[..., 0]
-        fqe = EstimatorResult(
-            estimator="fqe",
-            discounted_return=interval(fqe_returns, seed + p),
-            episode_return=None,
-            improvement=interval(difference, seed + p),
-            penalty=0.0,
-            costs=costs_of(at_starts[p, ..., 1:], seed + p),
-        )
-        own = jax.tree.map(lambda x, p=p: x[p], candidates)
-        combined, combined_costs = head(own, closing[p])
-        plain, _ = head(own, closing[p], 0.0)
-        optimistic, _ = head(own, closing[p], -penalty)
-        between = _between(
-            plain - logged_plain,
-            combined - logged_combined,
-            optimistic - logged_low,
-            start_episodes,
-            settings,
-            seed + p,
-        )
-        mixed = EstimatorResult(
-            estimator="model+fqe",
-            discounted_return=interval(combined, seed + p),
-            episode_return=None,
-            improvement=_widened(
-                between,
-                max(
-                    calibration.model_error,
-                    own_error,
-                    share * (float(np.mean(np.abs(plain))) + float(np.mean(np.abs(logged_plain)))),
-                ),
-            ),
-            penalty=float(np.mean(penalty * reward_spread * own.head_uncertainty)),
-            costs=costs_of(combined_costs, seed + p),
-        )
-        results.append([fqe, mixed])
-    behaviour = [
-        EstimatorResult(
-            estimator="fqe",
-            discounted_return=interval(clone_at_starts[..., 0], seed),
-            episode_return=None,
-            improvement=None,
-            penalty=0.0,
-            costs=costs_of(clone_at_starts[..., 1:], seed),
-        ),
-        EstimatorResult(
-            estimator="model+fqe",
-            discounted_return=interval(logged_combined, seed),
-            episode_return=None,
-            improvement=None,
-            penalty=0.0,
-            costs=costs_of(logged_combined_costs, seed),
-        ),
-    ]
-    return results, behaviour
-
-
-def _values_at(values: Callable[[Any], np.ndarray], *observations: jax.Array) -> list[np.ndarray]:
-    """``values`` (of ``fitted_q_evaluation_values``) at several sets of observations
-    ``[P, ..., obs]`` in one call: one compiled program (the policy and its shield inside
-    traced once) instead of one per shape. Each result is ``[P, n_seeds, ..., 1 + C]``."""
-    flat = [jnp.reshape(o, (o.shape[0], -1, o.shape[-1])) for o in observations]
-    joined = values(jnp.concatenate(flat, axis=1))  # [P, n_seeds, K, 1 + C]
-    bounds = np.cumsum([f.shape[1] for f in flat])[:-1]
-    return [
-        part.reshape(*part.shape[:2], *o.shape[1:-1], part.shape[-1])
-        for part, o in zip(np.split(joined, bounds, axis=2), observations, strict=True)
-    ]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Clone:
-    act: Callable[..., jax.Array]
-    params: Any
-
-
-def _operators_policy(clone: _Clone, heldout: Dataset, noise: bool) -> _Clone:
-    """Today's operation as a policy for the model: the clone's action plus, with
-    ``noise``, Gaussian noise of the spread of the logged actions around it (per action,
-    in [-1, 1]; operators do not repeat the same move from the same state), clipped to
-    [-1, 1]. Its parameters carry a leading policy axis of 1."""
-    observations = heldout.transition_observations()
-    mean = jax.vmap(lambda o: clone.act(clone.params, o, None, deterministic=True))(observations)
-    residual = np.asarray(jax.device_get(heldout.actions - mean), np.float64)
-    spread = residual.reshape(heldout.n_transitions, -1).std(axis=0) if noise else 0.0
-    params = {
-        "clone": clone.params,
-        "noise": jnp.asarray(np.broadcast_to(spread, (heldout.action_size,)), jnp.float32),
-    }
-
-    def act(params: Any, observation: jax.Array, key: Any = None, deterministic: bool = True):
-        action = clone.act(params["clone"], observation, None, deterministic=True)
-        if deterministic or key is None:
-            return action
-        drawn = params["noise"] * jax.random.normal(key, action.shape, action.dtype)
-        return jnp.clip(action + drawn, -1.0, 1.0)
-
-    return _Clone(act=act, params=jax.tree.map(lambda leaf: leaf[None], params))
-
-
-def _behaviour_clone(heldout: Dataset, settings: VerdictSettings) -> _Clone:
-    """A behaviour-cloned policy of the held-out episodes (actions in [-1, 1])."""
-    obs_mean, obs_std = heldout.observation_moments()
-    config = BCConfig(
-        hidden=settings.fqe_hidden,
-        obs_mean=tuple(float(x) for x in obs_mean),
-        obs_std=tuple(float(x) for x in obs_std),
-    )
-    bc = make_bc(config, heldout.observation_size, heldout.action_size)
-    state, _ = train_offline(
-        bc,
-        heldout,
-        seeds=(settings.seed,),
-        n_updates=settings.bc_updates,
-        chunk_updates=min(1000, settings.bc_updates),
-        batch_size=256,
-    )
-    return _Clone(act=bc.act, params=jax.tree.map(lambda leaf: leaf[0], state.agent.policy))
