@@ -55,38 +55,31 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from neorl_industrial.core.agents.cost import per_step_cost_threshold
 from neorl_industrial.functional.state_management import Dataset
-from neorl_industrial.functional.transformations.model_evaluation import (
-    RolloutSums,
-    make_policy_rollouts,
-)
 from neorl_industrial.wrappers.training.verdict_evidence import (
-    _between,
     _calibration,
-    _interval,
-    _rate_upper_bound,
-    _spread,
-    _widened,
     _within,
     bootstrap_means,
-    cost_events,
     episode_digests,
     evaluation_starts,
 )
 from neorl_industrial.wrappers.training.verdict_fqe import (
-    _behaviour_clone,
     _fqe_estimators,
-    _operators_policy,
+)
+from neorl_industrial.wrappers.training.verdict_model import (
+    _cost_reader,
+    _CostReader,
+    _ModelReading,
+    _rollouts,
+    _Starts,
+    _starts_of,
 )
 from neorl_industrial.wrappers.training.verdict_results import (
     BASELINE_HOW,
     COST_DECIDING,
     DECIDING,
-    EXACT_BOUND,
     FQE_BATCH_SIZE,
     KEEP,
     Calibration,
@@ -206,14 +199,6 @@ def model_verdict(
     closing_error: list[Interval] = []
 
     if settings.fqe:
-        threshold = np.array(
-            [
-                per_step_cost_threshold(float(limit), settings.discount, episode_length)
-                if np.isfinite(limit)
-                else np.inf
-                for limit in limits
-            ]
-        )
         fqe_results, fqe_behaviour = _fqe_estimators(
             act=act,
             fqe_act=fqe_act,
@@ -232,10 +217,7 @@ def model_verdict(
             reward_spread=reading.reward_spread,
             cost_spread=reading.cost_spread,
             costs_of=lambda values, seed: costs(
-                values,
-                np.broadcast_to(threshold, (len(starts.rows), n_costs)),
-                seed,
-                computed=False,
+                values, costs.discounted_scale(len(starts.rows)), seed, computed=False
             ),
         )
         for p in range(n_policies):
@@ -243,16 +225,7 @@ def model_verdict(
         behaviour_results.extend(fqe_behaviour)
 
     estimators = tuple(result.estimator for result in behaviour_results)
-    deciding = tuple(name for name in DECIDING if name in estimators)
-    if closing_error:
-        # model+fqe decides only where it reproduces today's operation itself (its FQE
-        # tail measures what the log cannot check otherwise); else it is shown.
-        passed = _within(closing_error[0], calibration.tolerance)
-        calibration = dataclasses.replace(
-            calibration, closing_error=closing_error[0], closing_passed=passed
-        )
-        if not passed:
-            deciding = tuple(name for name in deciding if name != "model+fqe")
+    deciding, calibration = _deciding(estimators, closing_error, calibration)
     table = [
         _candidate_row(name, results[p], deciding, calibration, settings, heldout.n_transitions)
         for p, name in enumerate(names)
@@ -300,336 +273,22 @@ def _check_inputs(names: list[str], n_policies: int, plant_model: Any, heldout: 
         raise VerdictError("heldout: no held-out transitions to evaluate on")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Starts:
-    """The held-out starts a verdict is estimated from, and what the log says of them.
+def _deciding(
+    estimators: tuple[str, ...], closing_error: list[Interval], calibration: Calibration
+) -> tuple[tuple[str, ...], Calibration]:
+    """The estimators that decide, and the calibration with ``model+fqe``'s own check.
 
-    Attributes:
-        rows: each start's row in the held-out data.
-        episodes: each start's episode (the bootstrap resamples whole episodes).
-        lengths: steps estimated from each start (to its episode's end, at most the
-            horizon).
-        horizon: the longest of them.
-        first: the starts' observations.
-        rewards: every held-out step's reward.
-        logged_discounted: each start's logged discounted return over its length.
-        logged_costs: ``[starts, channels]`` each start's logged cost over its length.
-    """
-
-    rows: np.ndarray
-    episodes: np.ndarray
-    lengths: np.ndarray
-    horizon: int
-    first: jax.Array
-    rewards: np.ndarray
-    logged_discounted: np.ndarray
-    logged_costs: np.ndarray
-
-
-def _starts_of(heldout: Dataset, settings: VerdictSettings) -> _Starts:
-    rows, episodes = evaluation_starts(heldout, settings.max_starts)
-    steps_to_end = np.asarray(jax.device_get(heldout.steps_to_end), np.int64)[rows]
-    horizon = int(min(settings.horizon, steps_to_end.max()))
-    lengths = np.minimum(steps_to_end, horizon)
-    rewards = np.asarray(jax.device_get(heldout.rewards), np.float64)
-    n_costs = heldout.n_costs
-    cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
-    spans = list(zip(rows, lengths, strict=True))
-    return _Starts(
-        rows=rows,
-        episodes=episodes,
-        lengths=lengths,
-        horizon=horizon,
-        first=heldout.observations_at(heldout.observation_index[jnp.asarray(rows)]),
-        rewards=rewards,
-        logged_discounted=np.array(
-            [
-                np.sum(rewards[row : row + length] * settings.discount ** np.arange(length))
-                for row, length in spans
-            ]
-        ),
-        logged_costs=(
-            np.stack([cost_matrix[row : row + length].sum(axis=0) for row, length in spans])
-            if n_costs
-            else np.zeros((len(rows), 0))
-        ),
-    )
-
-
-def _rollouts(
-    dynamics: Any,
-    act: Callable[..., jax.Array],
-    policy_params: Any,
-    params: Any,
-    starts: _Starts,
-    heldout: Dataset,
-    constraints: Any,
-    scaler: Any,
-    settings: VerdictSettings,
-) -> tuple[RolloutSums, RolloutSums, Any]:
-    """Every candidate, and the operators' clone, rolled out in every member from every
-    start (float64 sums; the clone's without the policy axis), and the clone."""
-    close = settings.close_after if settings.fqe else 0
-    options = dict(
-        horizon=starts.horizon,
-        discount=settings.discount,
-        close_after=min(close, starts.horizon) if close else 0,
-        deterministic=settings.deterministic,
-        disagreement_every=settings.disagreement_every if settings.penalty > 0 else 0,
-        reward_cap=float(starts.rewards.max()) if settings.penalty > 0 else None,
-    )
-    rollouts = jax.jit(
-        make_policy_rollouts(dynamics, act, constraints=constraints, scaler=scaler, **options)
-    )
-    clone = _behaviour_clone(heldout, settings)
-    operators = _operators_policy(clone, heldout, settings.operator_noise)
-    baseline_rollouts = jax.jit(
-        make_policy_rollouts(
-            dynamics,
-            operators.act,
-            constraints=constraints,
-            scaler=scaler,
-            stochastic_policy=settings.operator_noise,
-            **options,
+    ``model+fqe`` decides only where it reproduces today's operation itself (its FQE tail
+    measures what the log cannot check otherwise); else it is shown."""
+    deciding = tuple(name for name in DECIDING if name in estimators)
+    if closing_error:
+        passed = _within(closing_error[0], calibration.tolerance)
+        calibration = dataclasses.replace(
+            calibration, closing_error=closing_error[0], closing_passed=passed
         )
-    )
-    key = jax.random.PRNGKey(settings.seed)
-    lengths = jnp.asarray(starts.lengths, jnp.int32)
-    candidates = jax.device_get(rollouts(policy_params, params, starts.first, lengths, key))
-    baseline = jax.device_get(
-        baseline_rollouts(operators.params, params, starts.first, lengths, key)
-    )
-    return (
-        jax.tree.map(lambda x: np.asarray(x, np.float64), candidates),
-        jax.tree.map(lambda x: np.asarray(x[0], np.float64), baseline),
-        clone,
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class _CostReader:
-    """Reads estimated costs per start into one :class:`CostEstimate` per channel.
-
-    A learned channel with fewer than ``min_cost_events`` events held out (by the
-    ``model``, ``computed``) adds the exact upper bound of its event rate (see
-    :func:`_rate_upper_bound`): what the model cannot have learned from so few events is
-    bounded by how rarely the operators tripped it. A computed estimate also adds as much
-    as the model under-predicted the operators' own cost (the calibration)."""
-
-    names: tuple[str, ...]
-    limits: np.ndarray
-    events: np.ndarray
-    known: frozenset[int]
-    #: The size of one event: the channel's range in the data, or 1 (a flag) when it
-    #: never left its lowest value.
-    magnitude: np.ndarray
-    event_rate: np.ndarray
-    episode_length: int
-    under_predicted: dict[str, float]
-    start_episodes: np.ndarray
-    settings: VerdictSettings
-
-    def evidence(self, channel: int, computed: bool) -> str:
-        if computed and channel in self.known:
-            return "computed"
-        enough = self.events[channel] >= self.settings.min_cost_events
-        return "sufficient" if enough else EXACT_BOUND
-
-    def __call__(
-        self, values: np.ndarray, scale: np.ndarray, boot_seed: int, computed: bool
-    ) -> tuple[CostEstimate, ...]:
-        """``values [..., A, N, C]`` cost per start; ``scale [N, C]`` the limit's share."""
-        settings = self.settings
-        entries = []
-        for c, channel in enumerate(self.names):
-            raw = values[..., c]
-            raw_boot = bootstrap_means(raw, self.start_episodes, settings.bootstrap, boot_seed)
-            how = self.evidence(c, computed)
-            value = within = bound = None
-            if how == EXACT_BOUND and computed:
-                bound = float(self.event_rate[c] * self.magnitude[c] * self.episode_length)
-            if np.isfinite(self.limits[c]):
-                normalized = raw / scale[:, c]
-                boot = bootstrap_means(
-                    normalized, self.start_episodes, settings.bootstrap, boot_seed
-                )
-                value = _interval(normalized, boot, settings.level)
-                if bound is not None:
-                    value = dataclasses.replace(value, upper=value.upper + bound / self.limits[c])
-                if computed:
-                    allowance = self.under_predicted.get(channel, 0.0)
-                    value = dataclasses.replace(value, upper=value.upper + allowance)
-                within = bool(value.upper <= 1.0)
-            entries.append(
-                CostEstimate(
-                    channel=channel,
-                    value=value,
-                    raw=_interval(raw, raw_boot, settings.level),
-                    evidence=how,
-                    events=int(self.events[c]),
-                    within_limit=within,
-                    event_bound=bound,
-                )
-            )
-        return tuple(entries)
-
-
-def _cost_reader(
-    heldout: Dataset,
-    params: Any,
-    layout: Any,
-    cost_names: list[str],
-    limits: np.ndarray,
-    episode_length: int,
-    starts: _Starts,
-    calibration: Calibration,
-    settings: VerdictSettings,
-) -> _CostReader:
-    n_costs = len(cost_names)
-    events = cost_events(heldout)
-    cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
-    cost_low = np.asarray(jax.device_get(params.cost_low), np.float64)
-    cost_high = (
-        np.full(n_costs, -np.inf)
-        if params.cost_high is None
-        else np.asarray(jax.device_get(params.cost_high), np.float64)
-    )
-    cost_high = np.where(np.isfinite(cost_high), cost_high, -np.inf)  # unknown: held-out data
-    magnitude = np.maximum(
-        np.maximum(cost_high, cost_matrix.max(axis=0, initial=-np.inf)) - cost_low, 0.0
-    )
-    return _CostReader(
-        names=tuple(cost_names),
-        limits=limits,
-        events=events,
-        known=frozenset(layout.known.cost_indices),
-        magnitude=np.where(magnitude > 1e-9, magnitude, 1.0),
-        event_rate=np.array(
-            [
-                _rate_upper_bound(int(events[c]), heldout.n_transitions, settings.level)
-                for c in range(n_costs)
-            ]
-        ),
-        episode_length=episode_length,
-        # Per limited channel, from the calibration.
-        under_predicted={
-            cost["channel"]: max(0.0, -cost["error"]["lower"]) for cost in calibration.costs
-        },
-        start_episodes=starts.episodes,
-        settings=settings,
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class _ModelReading:
-    """The ``model`` estimator's results from the rollouts' sums.
-
-    Pessimism on every estimate that can be wrong: the candidates' returns are lowered by
-    ``penalty`` x the rewards' spread x their uncertainty, the operators' model estimate
-    raised by its own. The truth lies between the pessimistic reading (the candidate
-    lowered, the operators raised) and the optimistic one (the reverse); the model's own
-    estimate is the plain difference."""
-
-    baseline: RolloutSums
-    starts: _Starts
-    costs: _CostReader
-    scale: np.ndarray
-    calibration: Calibration
-    settings: VerdictSettings
-    #: The per-step spread of the held-out rewards and of each cost channel.
-    reward_spread: float
-    cost_spread: np.ndarray
-
-    @classmethod
-    def of(
-        cls,
-        heldout: Dataset,
-        baseline: RolloutSums,
-        starts: _Starts,
-        costs: _CostReader,
-        scale: np.ndarray,
-        calibration: Calibration,
-        settings: VerdictSettings,
-    ) -> _ModelReading:
-        n_costs = heldout.n_costs
-        cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
-        return cls(
-            baseline=baseline,
-            starts=starts,
-            costs=costs,
-            scale=scale,
-            calibration=calibration,
-            settings=settings,
-            reward_spread=_spread(starts.rewards),
-            cost_spread=np.array([_spread(cost_matrix[:, i]) for i in range(n_costs)]),
-        )
-
-    def _bootstrap(self, values: np.ndarray, seed: int) -> np.ndarray:
-        settings = self.settings
-        return bootstrap_means(values, self.starts.episodes, settings.bootstrap, seed)
-
-    def _shifted(self, sums: RolloutSums, sign: float) -> np.ndarray:
-        """The discounted return moved by its uncertainty (``sign`` -1: pessimistic)."""
-        uncertainty = self.settings.penalty * self.reward_spread * sums.discounted_uncertainty
-        return sums.discounted_return + sign * uncertainty
-
-    def candidate(self, sums: RolloutSums, boot_seed: int) -> EstimatorResult:
-        settings, baseline, level = self.settings, self.baseline, self.settings.level
-        penalty = settings.penalty
-        pessimistic = self._shifted(sums, -1.0)
-        episode = sums.total_return - penalty * self.reward_spread * sums.total_uncertainty
-        costs = sums.total_costs + penalty * self.cost_spread * sums.total_uncertainty[..., None]
-        allowance = self.calibration.allowance(sums.discounted_return, baseline.discounted_return)
-        improvement = _widened(
-            _between(
-                sums.discounted_return - baseline.discounted_return,
-                pessimistic - self._shifted(baseline, 1.0),
-                self._shifted(sums, 1.0) - self._shifted(baseline, -1.0),
-                self.starts.episodes,
-                settings,
-                boot_seed,
-            ),
-            allowance,
-        )
-        difference = sums.discounted_return - baseline.discounted_return  # [M, N]
-        steps_total = np.maximum(sums.steps.sum(axis=(-2, -1)), 1.0)
-        return EstimatorResult(
-            estimator="model",
-            discounted_return=_interval(
-                pessimistic, self._bootstrap(pessimistic, boot_seed), level
-            ),
-            episode_return=_interval(episode, self._bootstrap(episode, boot_seed), level),
-            improvement=improvement,
-            penalty=float(np.mean(sums.discounted_return - pessimistic)),
-            costs=self.costs(costs, self.scale, boot_seed, computed=True),
-            outside_data_share=float(np.mean(sums.outside_data_steps.sum((-2, -1)) / steps_total)),
-            override_share=float(np.mean(sums.overridden_steps.sum((-2, -1)) / steps_total)),
-            outside_physics_share=float(
-                np.mean(sums.outside_physics_steps.sum((-2, -1)) / steps_total)
-            ),
-            paired=_interval(difference, self._bootstrap(difference, boot_seed), level),
-            allowance=float(allowance),
-            member_spread=float(np.std(difference.mean(axis=-1))),
-        )
-
-    def operators(self) -> EstimatorResult:
-        """Today's operation by the model: the clone's return raised by its uncertainty."""
-        baseline, seed, level = self.baseline, self.settings.seed, self.settings.level
-        optimistic = self._shifted(baseline, 1.0)
-        steps_total = max(float(baseline.steps.sum()), 1.0)
-        return EstimatorResult(
-            estimator="model",
-            discounted_return=_interval(optimistic, self._bootstrap(optimistic, seed), level),
-            episode_return=_interval(
-                baseline.total_return, self._bootstrap(baseline.total_return, seed), level
-            ),
-            improvement=None,
-            penalty=-float(np.mean(optimistic - baseline.discounted_return)),
-            costs=self.costs(baseline.total_costs, self.scale, seed, computed=True),
-            outside_data_share=float(baseline.outside_data_steps.sum() / steps_total),
-            override_share=float(baseline.overridden_steps.sum() / steps_total),
-            outside_physics_share=float(baseline.outside_physics_steps.sum() / steps_total),
-        )
+        if not passed:
+            deciding = tuple(name for name in deciding if name != "model+fqe")
+    return deciding, calibration
 
 
 def _candidate_row(
