@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from neorl_industrial.runtime import default_cache_dir
+from neorl_industrial.cli.runtime import default_cache_dir
 
 #: XLA:CPU's lowest backend optimization and its older fusion code generator: the suite's
 #: small programs compile faster. Compiling is about two thirds of the suite's time; the

@@ -31,7 +31,7 @@ import tempfile
 
 from hypothesis import settings
 
-from neorl_industrial.runtime import CACHE_ENV, enable_compilation_cache
+from neorl_industrial.cli.runtime import CACHE_ENV, enable_compilation_cache
 from tests.compile_flags import suite_cache_dir
 
 _cache_dir = suite_cache_dir()

@@ -30,8 +30,6 @@ TOP_LEVEL = {
     # The distribution's version and its extras: read by every layer, import none.
     "version": "core",
     "extras": "core",
-    # Process-wide JAX settings and the distributed runtime: entry points call it.
-    "runtime": "wrappers",
     # The command line, with the commands' glue around the run functions.
     "cli": "application",
     "__main__": "application",
@@ -253,7 +251,7 @@ def _pure_modules():
 @pytest.mark.parametrize("module", _pure_modules())
 def test_the_pure_layers_touch_no_process_state(module):
     """No environment variables and no global JAX settings below the wrappers: those are
-    the process's, set by its entry point (``neorl_industrial.runtime``)."""
+    the process's, set by its entry point (``neorl_industrial.cli.runtime``)."""
     for node in ast.walk(ast.parse(MODULES[module].read_text())):
         where = f"{MODULES[module].relative_to(PACKAGE)}:{getattr(node, 'lineno', '?')}"
         if isinstance(node, ast.Attribute):

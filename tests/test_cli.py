@@ -88,7 +88,7 @@ def test_an_unreadable_or_too_deeply_nested_input_is_one_line_and_exit_2(
 def test_compilation_cache_goes_where_asked(tmp_path, monkeypatch):
     import jax
 
-    from neorl_industrial.runtime import CACHE_ENV, default_cache_dir, enable_compilation_cache
+    from neorl_industrial.cli.runtime import CACHE_ENV, default_cache_dir, enable_compilation_cache
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     assert default_cache_dir() == tmp_path / "cache"

@@ -23,6 +23,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from neorl_industrial.cli.runtime import default_cache_dir
 from neorl_industrial.extras import (
     EXTRAS,
     MissingExtraError,
@@ -31,7 +32,6 @@ from neorl_industrial.extras import (
     optional_imports,
     require,
 )
-from neorl_industrial.runtime import default_cache_dir
 from tests.compile_flags import with_fast_compile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,7 +221,7 @@ CHILD = FINDER + textwrap.dedent(
     """
     import contextlib, io, tempfile
 
-    from neorl_industrial.runtime import enable_compilation_cache
+    from neorl_industrial.cli.runtime import enable_compilation_cache
     if os.environ["CACHE"]:
         enable_compilation_cache(os.environ["CACHE"], min_compile_seconds=0.0)
 

@@ -20,8 +20,8 @@ from neorl_industrial.cli import (
     training,
 )
 from neorl_industrial.cli.common import make_console
+from neorl_industrial.cli.runtime import enable_compilation_cache
 from neorl_industrial.extras import MissingExtraError
-from neorl_industrial.runtime import enable_compilation_cache
 
 # In the order the help lists the commands.
 _COMMAND_GROUPS = (

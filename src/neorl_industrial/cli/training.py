@@ -52,7 +52,7 @@ def command_train(args: argparse.Namespace) -> int:
         from neorl_industrial.functional.transformations.data_parallel import data_mesh
 
         if args.distributed:
-            from neorl_industrial.runtime import initialize_distributed
+            from neorl_industrial.cli.runtime import initialize_distributed
 
             index, count = initialize_distributed()
         mesh = data_mesh()
@@ -86,8 +86,8 @@ def command_sweep(args: argparse.Namespace) -> int:
     config = config.with_grid(list(args.grid or []))
     mesh = None
     if args.distributed:
+        from neorl_industrial.cli.runtime import initialize_distributed
         from neorl_industrial.functional.transformations.sweep import runs_mesh
-        from neorl_industrial.runtime import initialize_distributed
 
         index, count = initialize_distributed()
         mesh = runs_mesh()

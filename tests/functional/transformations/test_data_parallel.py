@@ -228,7 +228,7 @@ import jax, numpy as np
 from neorl_industrial.core.agents.registry import build_algorithm
 from neorl_industrial.functional.transformations.data_parallel import (
     data_mesh, observation_moments, shard_dataset, train_data_parallel)
-from neorl_industrial.runtime import initialize_distributed
+from neorl_industrial.cli.runtime import initialize_distributed
 from neorl_industrial.integration.datasets import load_native_shards
 
 index, count = initialize_distributed(timeout_s=60)

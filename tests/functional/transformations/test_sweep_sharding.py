@@ -75,7 +75,7 @@ DISTRIBUTED = (
 import json, sys
 import jax, numpy as np
 from neorl_industrial.functional.transformations.sweep import plan_sweep, runs_mesh, train_sweep
-from neorl_industrial.runtime import initialize_distributed
+from neorl_industrial.cli.runtime import initialize_distributed
 
 index, count = initialize_distributed(timeout_s=60)
 out = sys.argv[2]
@@ -133,7 +133,7 @@ def test_two_processes_on_loopback_train_the_sweep_one_process_trains(tmp_path):
 
 def test_a_process_that_cannot_reach_the_coordinator_names_the_address():
     script = (
-        "from neorl_industrial.runtime import initialize_distributed, DistributedError\n"
+        "from neorl_industrial.cli.runtime import initialize_distributed, DistributedError\n"
         "try:\n    initialize_distributed(timeout_s=3)\n"
         "except DistributedError as error:\n    print(error)\n"
     )
