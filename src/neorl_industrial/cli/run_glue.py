@@ -366,7 +366,7 @@ def _training_report(
         "best": result.best,
         "summary": result.summary,
         **_selection(agent, result),
-        "cost_limits": safety.limits() or None,
+        "cost_limits": safety.limit_record(),
         "cost_limit_sources": list(safety.limit_sources),
         "constraints": list(safety.constraints.names),
         "outputs": run.folder.outputs(
@@ -480,7 +480,7 @@ def _sweep_report(
         },
         "verdict": table.get("verdict"),
         **_selection(agent, result),
-        "cost_limits": plan.safety.limits() or None,
+        "cost_limits": plan.safety.limit_record(),
         "outputs": folder.outputs(exported, sweep=str(folder.sweep_table)),
     }
 

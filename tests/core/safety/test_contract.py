@@ -80,3 +80,16 @@ def test_a_spec_redefining_a_channel_relabels_and_the_tasks_own_does_not():
         }
     )
     assert resolve_safety(task, stricter).relabel
+
+
+def test_a_channel_without_a_limit_is_recorded_as_null_not_infinity():
+    """One record form for the limits (report.json, MLflow, a saved agent): JSON has no
+    infinity."""
+    import json
+
+    two = plant(cost_names=("alarm", "trip"), cost_limits={"alarm": 12.0})
+    contract = resolve_safety(two)
+    assert contract.limits() == [12.0, float("inf")]  # for the computation
+    assert contract.limit_record() == [12.0, None]
+    assert json.loads(json.dumps(contract.limit_record(), allow_nan=False)) == [12.0, None]
+    assert resolve_safety(plant(cost_names=(), cost_limits={})).limit_record() is None

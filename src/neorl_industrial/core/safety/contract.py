@@ -91,8 +91,14 @@ class SafetyContract:
         return len(self.cost_names)
 
     def limits(self) -> list[float]:
-        """The episode cost limits on the host."""
+        """The episode cost limits on the host (``inf``: the channel has no limit)."""
         return np.asarray(self.cost_limits, np.float64).reshape(-1).tolist()
+
+    def limit_record(self) -> list[float | None] | None:
+        """The limits as a record holds them (report.json, MLflow, a saved agent): JSON
+        has no infinity, so a channel without a limit is null; a task without cost
+        channels has None."""
+        return [limit if math.isfinite(limit) else None for limit in self.limits()] or None
 
 
 def resolve_safety(

@@ -116,7 +116,7 @@ def plan_params(plan: RunPlan, grid: dict[str, list[Any]] | None = None) -> dict
         params["evaluation"] = evaluation
     params["safety"] = {
         **config.safety.model_dump(mode="json"),
-        "cost_limits.resolved": plan.safety.limits(),
+        "cost_limits.resolved": plan.safety.limit_record(),
         "constraints.names": list(plan.safety.constraints.names),
     }
     checkpoints = plan.checkpoints
@@ -260,7 +260,7 @@ def log_run(
         if key not in ("obs_mean", "obs_std")
     }
     if entry.safe:  # the algorithm's limits are the contract's
-        resolved["cost_limits"] = plan.safety.limits()
+        resolved["cost_limits"] = plan.safety.limit_record()
     resolved["reward_scaling"] = result.reward_scale
     tracker.sender.submit("log_batch", "parent", params=flatten({"resolved": resolved}))
     plots = run_dir / "plots"

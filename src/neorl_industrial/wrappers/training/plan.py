@@ -580,15 +580,8 @@ def contract_record(contract: SafetyContract) -> tuple[Any, ...]:
     a saved agent, its export and its checkpoints keep of it. JSON has no infinity: a
     channel without a limit is null; a task without cost channels has limits None."""
     return (
-        finite_or_none(contract.limits() or None),
+        contract.limit_record(),
         list(contract.cost_names),
         contract.relabel,
         list(contract.limit_sources),
     )
-
-
-def finite_or_none(values: Sequence[float] | None) -> list[float | None] | None:
-    """``values`` with every infinite entry as None (JSON's null)."""
-    if values is None:
-        return None
-    return [float(value) if np.isfinite(value) else None for value in values]
