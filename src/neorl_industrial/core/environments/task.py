@@ -259,6 +259,28 @@ class Task:
         )
 
     # ----- data -----------------------------------------------------------------------
+    def check_dataset(self, dataset: Any, *, source: str = "dataset", card: Any = None) -> None:
+        """:meth:`check_data` of a dataset's shapes (anything with ``observation_size``,
+        ``action_size``, ``discrete`` and ``n_costs``) and, given its card, of the card's
+        column and cost names."""
+        names: dict[str, Any] = {}
+        if card is not None:
+            columns = getattr(card, "observation_columns", None)
+            actions = getattr(card, "action_columns", None)
+            names = {
+                "observation_names": [c.name for c in columns] if columns else None,
+                "action_names": [c.name for c in actions] if actions else None,
+                "cost_names": list(getattr(card, "cost_names", []) or []) or None,
+            }
+        self.check_data(
+            observation_size=dataset.observation_size,
+            action_size=dataset.action_size,
+            discrete=dataset.discrete,
+            n_costs=dataset.n_costs,
+            source=source,
+            **names,
+        )
+
     def check_data(
         self,
         *,

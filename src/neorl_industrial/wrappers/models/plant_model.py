@@ -256,13 +256,7 @@ class PlantModel:
         """Raises :class:`PlantModelError` when ``dataset`` does not fit the model's task
         (shapes and cost channels), naming the difference."""
         try:
-            self.task.check_data(
-                observation_size=dataset.observation_size,
-                action_size=dataset.action_size,
-                discrete=dataset.discrete,
-                n_costs=dataset.n_costs,
-                source=name,
-            )
+            self.task.check_dataset(dataset, source=name)
         except TaskError as error:
             raise PlantModelError(str(error)) from None
 

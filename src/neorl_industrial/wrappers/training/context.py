@@ -297,24 +297,8 @@ class PolicyContext:
         """Raises :class:`RunError` when ``dataset`` (and its card's names) does not fit
         the task or the contract."""
         name = "dataset" if card is None else f"dataset {card.name!r}"
-        names: dict[str, Any] = {}
-        if card is not None:
-            columns = getattr(card, "observation_columns", None)
-            actions = getattr(card, "action_columns", None)
-            names = {
-                "observation_names": [c.name for c in columns] if columns else None,
-                "action_names": [c.name for c in actions] if actions else None,
-                "cost_names": list(getattr(card, "cost_names", []) or []) or None,
-            }
         try:
-            self.task.check_data(
-                observation_size=dataset.observation_size,
-                action_size=dataset.action_size,
-                discrete=dataset.discrete,
-                n_costs=dataset.n_costs,
-                source=name,
-                **names,
-            )
+            self.task.check_dataset(dataset, source=name, card=card)
         except TaskError as error:
             raise RunError(str(error)) from None
         if self.entry.safe and not self.safety.relabel and dataset.n_costs != self.safety.n_costs:
