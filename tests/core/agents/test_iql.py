@@ -93,3 +93,34 @@ def test_stochastic_actions_need_a_key_and_config_errors_name_the_field():
     assert action.shape == (ACT,) and np.all(np.abs(action) <= 1.0)
     with pytest.raises(ValueError, match="expectile"):
         IQLConfig(expectile=1.0)
+
+
+def _layers(params):
+    """``(kernel, bias)`` of every dense layer in ``params``."""
+    leaves = {
+        jax.tree_util.keystr(path): leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+    }
+    return [
+        (leaf, leaves[path.replace("kernel", "bias")])
+        for path, leaf in leaves.items()
+        if "kernel" in path
+    ]
+
+
+def test_networks_start_from_pytorch_s_layers_unless_told_otherwise():
+    """IQL's actor, value and critics start as d3rlpy's and CORL's (weights and biases
+    uniform in ±1/sqrt(fan_in)); on Pipeline-v0 flax's LeCun normal scattered the seeds."""
+    assert IQLConfig().weight_init == "uniform"
+    state = make_iql(IQLConfig(hidden=(32, 32)), OBS, ACT).init(jax.random.PRNGKey(0))
+    every = _layers((state.policy.actor, state.value, state.critic))
+    assert len(every) == 3 + 3 + 3
+    for kernel, bias in every:  # the critics' kernels are [members, fan_in, width]
+        bound = 1.0 / np.sqrt(kernel.shape[-2]) + 1e-6
+        assert np.max(np.abs(kernel)) <= bound and np.max(np.abs(bias)) <= bound
+        assert np.all(bias != 0.0)  # drawn, not flax's zeros
+    np.testing.assert_array_equal(state.policy.actor["params"]["log_std"], 0.0)
+    lecun = make_iql(IQLConfig(hidden=(32, 32), weight_init="lecun"), OBS, ACT)
+    lecun_state = lecun.init(jax.random.PRNGKey(0))
+    layers = _layers((lecun_state.policy.actor, lecun_state.value, lecun_state.critic))
+    assert all(not bias.any() for _, bias in layers)
