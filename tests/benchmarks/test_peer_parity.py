@@ -221,8 +221,8 @@ def test_initialization_is_a_difference_only_where_ours_is_not_pytorchs():
     assert peer_parity.initialization_differences("uniform") == []
     # BC starts from flax's LeCun normal.
     assert _spec("bc")[1].differences[0] == text
-    # TD3+BC, CQL and the discrete agents start from PyTorch's scale unless told otherwise.
-    for name in ("td3bc", "cql", "discrete-bc", "discrete-cql"):
+    # TD3+BC, IQL, CQL and the discrete agents start from PyTorch's scale unless told otherwise.
+    for name in ("td3bc", "iql", "cql", "discrete-bc", "discrete-cql"):
         assert not any(t.startswith("Initialization") for t in _spec(name)[1].differences)
         changed = _spec(name, weight_init="lecun")[1]
         assert changed.differences[0] == text

@@ -78,7 +78,8 @@ def layers_of(params) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def test_cql_starts_from_pytorch_s_default_layers_and_refuses_an_unknown_one():
     """CQL's networks start as CORL's and d3rlpy's (weights and biases uniform in
-    ±1/sqrt(fan_in)); IQL keeps flax's LeCun normal and zero biases by default."""
+    ±1/sqrt(fan_in)); IQL with weight_init='lecun' starts from flax's LeCun normal and
+    zero biases."""
     from neorl_industrial.core.agents import IQLConfig, make_iql
 
     cql = make_cql(CQLConfig(hidden=(64, 64)), 12, 2).init(jax.random.PRNGKey(0))
@@ -88,7 +89,9 @@ def test_cql_starts_from_pytorch_s_default_layers_and_refuses_an_unknown_one():
         bound = 1.0 / np.sqrt(kernel.shape[-2]) + 1e-6
         assert np.max(np.abs(kernel)) <= bound and np.max(np.abs(bias)) <= bound
         assert np.std(bias) > bound / 4  # uniform: spread over the bound, not zero
-    iql = make_iql(IQLConfig(hidden=(64, 64)), 12, 2).init(jax.random.PRNGKey(0))
+    iql = make_iql(IQLConfig(hidden=(64, 64), weight_init="lecun"), 12, 2).init(
+        jax.random.PRNGKey(0)
+    )
     first, _ = layers_of(iql.policy.actor)[0]
     assert first.shape == (12, 64)
     assert np.max(np.abs(first)) > 1.0 / np.sqrt(12)  # LeCun normal's tails
