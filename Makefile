@@ -23,20 +23,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Installs leave byte-compiling to the first import: pip would compile every installed
-# module (JAX, SciPy, MLflow, ...: 40 of an install's 60 s on the 2-core machine), where a
-# run imports a fraction of them once.
-PIP_NO_COMPILE := --no-compile
-
 # Every extra (pyproject.toml): the main job tracks in MLflow, and the README's commands
 # import plant logs and serve. `pip install -e .` alone is the core (train and evaluate
 # from Python); see the README's installation section for the extras by use.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(PIP_NO_COMPILE) -e ".[all]"
+	$(BIN)/python -m pip install --quiet -e ".[all]"
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(PIP_NO_COMPILE) -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
