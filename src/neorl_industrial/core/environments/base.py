@@ -9,6 +9,7 @@ arguments of ``jax.jit``.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import jax
@@ -257,6 +258,19 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
     ) -> tuple[StateT, TimeStep]:
         """Steps a batch of environments sharing ``params``, with the same semantics as
         :meth:`step` for each of them."""
+        return self._step_batch_restarting(self.reset_batch, key, states, actions, params)
+
+    def _step_batch_restarting(
+        self,
+        reset_batch: Callable[..., tuple[StateT, TimeStep]],
+        key: jax.Array,
+        states: StateT,
+        actions: jax.Array,
+        params: ParamsT | None,
+    ) -> tuple[StateT, TimeStep]:
+        """:meth:`step_batch`, finished environments restarted from ``reset_batch(key,
+        n_envs, params)`` (an environment with another batch layout passes the stacked
+        one's)."""
         params = self.default_params() if params is None else params
         step_key, reset_key = jax.random.split(key)
         states, timesteps = self.step_env_batch(step_key, states, actions, params)
@@ -267,7 +281,7 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
 
         def restart(operands):
             states, timesteps = operands
-            reset_states, reset_timesteps = self.reset_batch(reset_key, n_envs, params)
+            reset_states, reset_timesteps = reset_batch(reset_key, n_envs, params)
             states = tree_where(done, reset_states, states)
             observation = tree_where(done, reset_timesteps.observation, timesteps.observation)
             return states, timesteps.replace(observation=observation)

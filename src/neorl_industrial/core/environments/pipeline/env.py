@@ -53,7 +53,6 @@ from neorl_industrial.core.environments.pipeline.params import (
 )
 from neorl_industrial.core.safety import ConstraintSpec
 from neorl_industrial.core.utils import random as fast_random
-from neorl_industrial.core.utils import tree_where
 
 COST_NAMES = ("flow_off_target",)
 ACTION_NAMES = ("gate_change",)
@@ -525,7 +524,8 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
         is the new episode's first); ``info.final_observation`` is built only where it is
         used."""
         if isinstance(states, PipelineState):
-            return self._step_batch_stacked(key, states, actions, params)
+            stacked_reset = super().reset_batch
+            return self._step_batch_restarting(stacked_reset, key, states, actions, params)
         if not self.auto_reset:
             return super().step_batch(key, states, actions, params)
         params = self.default_params() if params is None else params
@@ -558,23 +558,3 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
         )
         info = timestep.info.replace(final_observation=final)
         return states, timestep.replace(observation=observation, info=info)
-
-    def _step_batch_stacked(
-        self, key: jax.Array, states: PipelineState, actions: jax.Array, params: Any
-    ) -> tuple[PipelineState, TimeStep]:
-        """:meth:`Environment.step_batch` for stacked :class:`PipelineState`, restarting
-        from :meth:`Environment.reset_batch` (stacked, as ``reset_env`` draws them)."""
-        params = self.default_params() if params is None else params
-        step_key, reset_key = jax.random.split(key)
-        states, timesteps = self.step_env_batch(step_key, states, actions, params)
-        if not self.auto_reset:
-            return states, timesteps
-        done = timesteps.done
-
-        def restart(operands):
-            states, timesteps = operands
-            fresh, first = super(Pipeline, self).reset_batch(reset_key, done.shape[0], params)
-            observation = jnp.where(done[:, None], first.observation, timesteps.observation)
-            return tree_where(done, fresh, states), timesteps.replace(observation=observation)
-
-        return jax.lax.cond(jnp.any(done), restart, lambda operands: operands, (states, timesteps))
