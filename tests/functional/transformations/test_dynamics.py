@@ -11,6 +11,7 @@ import pytest
 from neorl_industrial.core.models import DynamicsConfig, DynamicsLayout, make_dynamics
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.functional.transformations.dynamics import (
+    bootstrap_indices,
     coverage,
     data_statistics,
     fidelity_table,
@@ -167,3 +168,19 @@ def test_fit_refuses_bad_settings_by_name(fitted):
         fit_ensemble(dynamics, stats, holdout, holdout, chunk_updates=0)
     with pytest.raises(ValueError, match="seeds"):
         fit_ensemble(dynamics, stats, holdout, holdout, seeds=())
+
+
+def test_members_train_on_bootstrapped_episodes_not_transitions():
+    # 8 episodes of 25 transitions: each member draws only from the episodes it resampled,
+    # an episode drawn k times weighing k times; members see different episode sets.
+    episode_id = np.repeat(np.arange(8), 25)
+    indices = np.asarray(bootstrap_indices(episode_id, 2, 5, seed=3))
+    assert indices.shape == (2, 5, 200) and indices.min() >= 0 and indices.max() < 200
+    seen = [frozenset(np.unique(episode_id[member]).tolist()) for member in indices.reshape(10, -1)]
+    # a bootstrap of 8 episodes leaves out about 8 (1 - 1/8)^8 = 2.6 of them per member
+    assert all(len(episodes) < 8 for episodes in seen)
+    assert len(set(seen)) > 1
+    # the same seed draws the same indices; a single episode is a bootstrap of its steps
+    assert np.array_equal(indices, np.asarray(bootstrap_indices(episode_id, 2, 5, seed=3)))
+    single = np.asarray(bootstrap_indices(np.zeros(50, np.int32), 1, 3, seed=0))
+    assert single.shape == (1, 3, 50) and len(np.unique(single[0, 0])) < 50

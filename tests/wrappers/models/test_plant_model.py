@@ -198,9 +198,10 @@ def test_a_question_outside_the_data_is_answered_flagged_and_named(plant):
     below = model.outside_data(np.asarray([[350.0, 4.5]]), np.asarray([[logged.min() - 5.0]]))
     assert [(f.name, f.side) for f in below] == [("valve", "below")]
     assert below[0].bound == pytest.approx(logged.min(), abs=1e-3)
-    # A rollout driven far past the data: its own predicted states leave it, and it says so.
+    # A rollout driven far past the data (the burner shut, below anything logged): its own
+    # predicted states leave the data, and it says so.
     with pytest.warns(OutsideDataWarning) as caught:
-        model.rollout(np.asarray([[350.0, 4.5]]), np.full((1, 20, 1), 100.0), deterministic=True)
+        model.rollout(np.asarray([[350.0, 4.5]]), np.full((1, 20, 1), 0.0), deterministic=True)
     message = str(caught[0].message)
     assert "rollout: the predicted states leave the range" in message
     assert "predicted states)" in message and "temperature" in message

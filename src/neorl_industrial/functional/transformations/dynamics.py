@@ -2,9 +2,10 @@
 
 Every member of every seed trains at once: the update is ``vmap`` over members and seeds
 of one member's Adam step on its own batch, and ``lax.scan`` fuses a chunk of updates.
-Each member draws its batches from its own bootstrap of the training transitions
-(indices precomputed on the host, as the dataset's own), so members differ by data as well
-as by initialization. After every chunk the members are scored on held-out episodes
+Each member draws its batches from its own bootstrap of the training *episodes* (indices
+precomputed on the host, as the dataset's own), so members differ by data as well as by
+initialization, and disagree where the episodes they saw do not settle the answer.
+After every chunk the members are scored on held-out episodes
 (mean squared error of the normalized prediction) and each member keeps its best
 parameters; training stops when no member improved by more than 1 % for ``patience``
 chunks (MBPO's rule), and each seed keeps its ``n_elites`` best members.
@@ -196,13 +197,32 @@ def init_ensemble(dynamics: Dynamics, seeds: Sequence[int]) -> EnsembleTrainStat
     )
 
 
-def bootstrap_indices(n_transitions: int, n_seeds: int, n_members: int, seed: int) -> jax.Array:
-    """``[S, M, N]`` transitions each member trains on: a bootstrap (drawn with
-    replacement) of the ``N`` training transitions per member and seed, on the host."""
+def bootstrap_indices(episode_id: np.ndarray, n_seeds: int, n_members: int, seed: int) -> jax.Array:
+    """``[S, M, N]`` transitions each member trains on, drawn on the host from a bootstrap
+    of the training *episodes*: each member and seed resamples the ``E`` episodes with
+    replacement and draws its ``N`` transitions from the episodes it drew (an episode drawn
+    twice weighs twice). Transitions of one episode are not independent, so a member fitted
+    on its own resample of transitions sees every episode and agrees with its siblings
+    where they all extrapolate; members fitted on different episodes disagree there, and
+    their spread carries the fit's uncertainty into every interval built on them. With a
+    single episode it is a bootstrap of that episode's transitions."""
+    episode_id = np.asarray(episode_id)
+    n_transitions = int(episode_id.shape[0])
     rng = np.random.default_rng(seed)
-    return jnp.asarray(
-        rng.integers(0, n_transitions, (n_seeds, n_members, n_transitions)), jnp.int32
-    )
+    _, episode_of = np.unique(episode_id, return_inverse=True)
+    n_episodes = int(episode_of.max()) + 1 if n_transitions else 0
+    out = np.empty((n_seeds, n_members, n_transitions), np.int64)
+    for s in range(n_seeds):
+        for m in range(n_members):
+            if n_episodes < 2:
+                out[s, m] = rng.integers(0, n_transitions, n_transitions)
+                continue
+            weight = rng.multinomial(n_episodes, np.full(n_episodes, 1.0 / n_episodes))
+            per_transition = weight[episode_of].astype(np.float64)
+            out[s, m] = rng.choice(
+                n_transitions, n_transitions, p=per_transition / per_transition.sum()
+            )
+    return jnp.asarray(out, jnp.int32)
 
 
 def make_fit_chunk(
@@ -314,7 +334,7 @@ def fit_ensemble(
     started = time.perf_counter()
     state = init_ensemble(dynamics, seeds)
     bootstrap = bootstrap_indices(
-        train.n_transitions, len(seeds), dynamics.config.n_members, int(seeds[0])
+        np.asarray(train.episode_id), len(seeds), dynamics.config.n_members, int(seeds[0])
     )
     held = holdout_batch(holdout, dynamics)
     chunk = jax.jit(make_fit_chunk(dynamics, batch_size, chunk_updates), donate_argnums=0)
