@@ -22,6 +22,7 @@ observation: jit it, vmap it over starts, members and policies, scan it over a h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -262,7 +263,7 @@ class StepOutput(NamedTuple):
 
 
 class Dynamics(NamedTuple):
-    """The model as pure functions (closing over config and layout).
+    """The model as pure functions (bound to config and layout).
 
     Attributes:
         init: ``init(key) -> networks`` of one member (vmap over keys for an ensemble).
@@ -327,6 +328,222 @@ def out_of_distribution(
     return jnp.maximum(obs_excess, action_excess)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Model:
+    """The static part of a :class:`Dynamics`: one member's network and the layout. The
+    module's pure functions take it first; :func:`make_dynamics` binds it."""
+
+    network: GaussianDynamicsNetwork
+    layout: DynamicsLayout
+
+
+def _init(model: _Model, key: jax.Array) -> Any:
+    return model.network.init(key, jnp.zeros((model.layout.input_size,), jnp.float32))
+
+
+def _predict(
+    model: _Model,
+    networks: Any,
+    params: DynamicsParams,
+    observations: jax.Array,
+    actions: jax.Array,
+) -> MemberPrediction:
+    normalized = (observations - params.obs_mean) / params.obs_std
+    inputs = jnp.concatenate([normalized, actions], axis=-1)
+    mean, log_std, logit = model.network.apply(networks, inputs)
+    if not model.layout.terminals:
+        logit = jnp.zeros_like(logit)
+    return MemberPrediction(mean=mean, log_std=log_std, logit=logit)
+
+
+def _targets(
+    layout: DynamicsLayout,
+    observations: Any,
+    actions: Any,
+    next_observations: Any,
+    rewards: Any,
+    costs: Any,
+) -> Any:
+    del actions  # the targets are changes and signals; actions are inputs only
+    xp = jnp if isinstance(observations, jax.Array) else np
+    frame = layout.frame_size
+    parts = [next_observations[..., :frame] - observations[..., :frame]]
+    if layout.learned_reward:
+        parts.append(rewards[..., None])
+    if layout.learned_costs:
+        parts.append(costs[..., list(layout.learned_costs)])
+    return xp.concatenate([xp.asarray(part, xp.float32) for part in parts], axis=-1)
+
+
+def _loss(
+    model: _Model, networks: Any, params: DynamicsParams, batch: ModelBatch
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    prediction = _predict(model, networks, params, batch.observations, batch.actions)
+    normalized = (batch.targets - params.target_mean) / params.target_std
+    weight = 1.0 - params.target_fixed.astype(normalized.dtype)
+    count = jnp.maximum(jnp.sum(weight), 1.0) * normalized.shape[0]
+    nll = jnp.sum(gaussian_nll(prediction.mean, prediction.log_std, normalized) * weight)
+    nll = nll / count
+    mse = jnp.sum(jnp.square(prediction.mean - normalized) * weight) / count
+    total = nll
+    metrics = {"nll": nll, "mse": mse}
+    if model.layout.terminals:
+        bce = jnp.mean(
+            optax.sigmoid_binary_cross_entropy(
+                prediction.logit, batch.terminals.astype(jnp.float32)
+            )
+        )
+        total = total + bce
+        metrics["termination_bce"] = bce
+    return total, metrics
+
+
+def _followed(
+    mean: jax.Array, log_std: jax.Array, key: jax.Array, deterministic: bool
+) -> jax.Array:
+    """The normalized prediction a step follows: the member's mean, or a draw from its
+    Gaussian."""
+    if deterministic:
+        return mean
+    return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+
+
+def _to_target(params: DynamicsParams, normalized: jax.Array) -> jax.Array:
+    """Raw targets of normalized predictions; constant targets at their mean."""
+    raw = normalized * params.target_std + params.target_mean
+    return jnp.where(params.target_fixed, params.target_mean, raw)
+
+
+def _next_observation(
+    layout: DynamicsLayout, params: DynamicsParams, observation: jax.Array, target: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The next observation from raw targets, the new frame clipped onto its physical
+    range, and how far the frame left that range (in spreads)."""
+    frame = layout.frame_size
+    new_frame = observation[:frame] + target[:frame]
+    excess = jnp.zeros((), observation.dtype)
+    if params.frame_low is not None:
+        clipped = jnp.clip(new_frame, params.frame_low, params.frame_high)
+        excess = jnp.max(jnp.abs(new_frame - clipped) / params.obs_std[:frame])
+        new_frame = clipped
+    next_observation = jnp.concatenate([new_frame, observation[: layout.observation_size - frame]])
+    return next_observation, excess
+
+
+def _signals(
+    layout: DynamicsLayout,
+    params: DynamicsParams,
+    observation: jax.Array,
+    action: jax.Array,
+    next_observation: jax.Array,
+    target: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Reward and costs of one transition: known channels computed (on the action in
+    plant units), a learned reward and learned costs from raw targets, kept inside the
+    data's range."""
+    plant_action = params.action_low + (action + 1.0) * 0.5 * (
+        params.action_high - params.action_low
+    )
+    known = layout.known.evaluate(observation, plant_action, next_observation)
+    if layout.learned_reward:
+        reward = target[layout.frame_size]
+        if params.reward_low is not None:
+            reward = jnp.clip(reward, params.reward_low, params.reward_high)
+    else:
+        reward = known["reward"]
+    cost_start = layout.frame_size + int(layout.learned_reward)
+    costs = jnp.zeros((layout.n_costs,), observation.dtype)
+    for slot, column in enumerate(layout.learned_costs):
+        value = jnp.maximum(target[cost_start + slot], params.cost_low[column])
+        if params.cost_high is not None:
+            value = jnp.minimum(value, params.cost_high[column])
+        costs = costs.at[column].set(value)
+    for signal in layout.known.signals:
+        if signal.index is not None:
+            costs = costs.at[signal.index].set(known[signal.channel])
+    return jnp.asarray(reward, observation.dtype), costs
+
+
+def _outcome(
+    layout: DynamicsLayout,
+    params: DynamicsParams,
+    observation: jax.Array,
+    action: jax.Array,
+    normalized: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Next observation, reward, costs and the physics excess of the followed normalized
+    prediction."""
+    target = _to_target(params, normalized)
+    next_observation, excess = _next_observation(layout, params, observation, target)
+    reward, costs = _signals(layout, params, observation, action, next_observation, target)
+    return next_observation, reward, costs, excess
+
+
+def _checked_transition(
+    model: _Model,
+    params: DynamicsParams,
+    observation: jax.Array,
+    action: jax.Array,
+    key: jax.Array,
+    member: Any,
+    deterministic: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    networks = jax.tree.map(lambda leaf: leaf[member], params.networks)
+    prediction = _predict(model, networks, params, observation, action)
+    normalized = _followed(prediction.mean, prediction.log_std, key, deterministic)
+    next_observation, reward, costs, excess = _outcome(
+        model.layout, params, observation, action, normalized
+    )
+    done = (prediction.logit > 0.0) & model.layout.terminals
+    return next_observation, reward, costs, done, excess
+
+
+def _transition(
+    model: _Model, params: DynamicsParams, *args: Any, **kwargs: Any
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`_checked_transition` without the physics excess (same arguments)."""
+    return _checked_transition(model, params, *args, **kwargs)[:4]
+
+
+def _step(
+    model: _Model,
+    params: DynamicsParams,
+    observation: jax.Array,
+    action: jax.Array,
+    key: jax.Array,
+    member: Any = None,
+    deterministic: bool = False,
+) -> StepOutput:
+    predictions = jax.vmap(functools.partial(_predict, model), in_axes=(0, None, None, None))(
+        params.networks, params, observation, action
+    )  # [members, target_size]
+    member_key, noise_key = jax.random.split(key)
+    if member is None:
+        member = jax.random.randint(member_key, (), 0, params.n_members)
+    normalized = _followed(
+        predictions.mean[member], predictions.log_std[member], noise_key, deterministic
+    )
+    next_observation, reward, costs, excess = _outcome(
+        model.layout, params, observation, action, normalized
+    )
+    frame = model.layout.frame_size
+    member_means = jnp.where(
+        params.target_fixed[:frame],
+        0.0,
+        predictions.mean[:, :frame] * params.target_std[:frame],
+    )
+    done = (predictions.logit[member] > 0.0) & model.layout.terminals
+    return StepOutput(
+        next_observation=next_observation,
+        reward=reward,
+        costs=costs,
+        done=done,
+        member_std=jnp.std(member_means, axis=0),
+        out_of_distribution=out_of_distribution(params, observation, action),
+        outside_physics=excess,
+    )
+
+
 def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
     """The ensemble's pure functions for ``config`` and ``layout``."""
     network = GaussianDynamicsNetwork(
@@ -337,177 +554,15 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
         min_log_std=config.min_log_std,
         max_log_std=config.max_log_std,
     )
-    frame = layout.frame_size
-    reward_slot = frame if layout.learned_reward else None
-    cost_start = frame + int(layout.learned_reward)
-    learned_costs = layout.learned_costs
-
-    def init(key: jax.Array) -> Any:
-        return network.init(key, jnp.zeros((layout.input_size,), jnp.float32))
-
-    def predict(
-        networks: Any, params: DynamicsParams, observations: jax.Array, actions: jax.Array
-    ) -> MemberPrediction:
-        normalized = (observations - params.obs_mean) / params.obs_std
-        inputs = jnp.concatenate([normalized, actions], axis=-1)
-        mean, log_std, logit = network.apply(networks, inputs)
-        if not layout.terminals:
-            logit = jnp.zeros_like(logit)
-        return MemberPrediction(mean=mean, log_std=log_std, logit=logit)
-
-    def targets(
-        observations: Any, actions: Any, next_observations: Any, rewards: Any, costs: Any
-    ) -> Any:
-        del actions  # the targets are changes and signals; actions are inputs only
-        xp = jnp if isinstance(observations, jax.Array) else np
-        parts = [next_observations[..., :frame] - observations[..., :frame]]
-        if layout.learned_reward:
-            parts.append(rewards[..., None])
-        if learned_costs:
-            parts.append(costs[..., list(learned_costs)])
-        return xp.concatenate([xp.asarray(part, xp.float32) for part in parts], axis=-1)
-
-    def loss(
-        networks: Any, params: DynamicsParams, batch: ModelBatch
-    ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        prediction = predict(networks, params, batch.observations, batch.actions)
-        normalized = (batch.targets - params.target_mean) / params.target_std
-        weight = 1.0 - params.target_fixed.astype(normalized.dtype)
-        count = jnp.maximum(jnp.sum(weight), 1.0) * normalized.shape[0]
-        nll = jnp.sum(gaussian_nll(prediction.mean, prediction.log_std, normalized) * weight)
-        nll = nll / count
-        mse = jnp.sum(jnp.square(prediction.mean - normalized) * weight) / count
-        total = nll
-        metrics = {"nll": nll, "mse": mse}
-        if layout.terminals:
-            bce = jnp.mean(
-                optax.sigmoid_binary_cross_entropy(
-                    prediction.logit, batch.terminals.astype(jnp.float32)
-                )
-            )
-            total = total + bce
-            metrics["termination_bce"] = bce
-        return total, metrics
-
-    def to_target(params: DynamicsParams, normalized: jax.Array) -> jax.Array:
-        """Raw targets of normalized predictions; constant targets at their mean."""
-        raw = normalized * params.target_std + params.target_mean
-        return jnp.where(params.target_fixed, params.target_mean, raw)
-
-    def assemble(
-        params: DynamicsParams,
-        observation: jax.Array,
-        action: jax.Array,
-        target: jax.Array,
-    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-        """Next observation, reward, costs and the physics excess of one transition from
-        raw targets: the new frame clipped onto its physical range, a learned reward and
-        learned costs onto the data's range (the excess: how far the frame left, in
-        spreads)."""
-        new_frame = observation[:frame] + target[:frame]
-        excess = jnp.zeros((), observation.dtype)
-        if params.frame_low is not None:
-            clipped = jnp.clip(new_frame, params.frame_low, params.frame_high)
-            excess = jnp.max(jnp.abs(new_frame - clipped) / params.obs_std[:frame])
-            new_frame = clipped
-        next_observation = jnp.concatenate(
-            [new_frame, observation[: layout.observation_size - frame]]
-        )
-        plant_action = params.action_low + (action + 1.0) * 0.5 * (
-            params.action_high - params.action_low
-        )
-        known = layout.known.evaluate(observation, plant_action, next_observation)
-        if reward_slot is not None:
-            reward = target[reward_slot]
-            if params.reward_low is not None:
-                reward = jnp.clip(reward, params.reward_low, params.reward_high)
-        else:
-            reward = known["reward"]
-        costs = jnp.zeros((layout.n_costs,), observation.dtype)
-        for slot, column in enumerate(learned_costs):
-            value = jnp.maximum(target[cost_start + slot], params.cost_low[column])
-            if params.cost_high is not None:
-                value = jnp.minimum(value, params.cost_high[column])
-            costs = costs.at[column].set(value)
-        for signal in layout.known.signals:
-            if signal.index is not None:
-                costs = costs.at[signal.index].set(known[signal.channel])
-        return next_observation, jnp.asarray(reward, observation.dtype), costs, excess
-
-    def checked_transition(
-        params: DynamicsParams,
-        observation: jax.Array,
-        action: jax.Array,
-        key: jax.Array,
-        member: Any,
-        deterministic: bool = False,
-    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
-        networks = jax.tree.map(lambda leaf: leaf[member], params.networks)
-        prediction = predict(networks, params, observation, action)
-        mean = prediction.mean
-        if not deterministic:
-            mean = mean + jnp.exp(prediction.log_std) * jax.random.normal(
-                key, mean.shape, mean.dtype
-            )
-        target = to_target(params, mean)
-        next_observation, reward, costs, excess = assemble(params, observation, action, target)
-        done = (prediction.logit > 0.0) & layout.terminals
-        return next_observation, reward, costs, done, excess
-
-    def transition(
-        params: DynamicsParams,
-        observation: jax.Array,
-        action: jax.Array,
-        key: jax.Array,
-        member: Any,
-        deterministic: bool = False,
-    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-        return checked_transition(params, observation, action, key, member, deterministic)[:4]
-
-    def step(
-        params: DynamicsParams,
-        observation: jax.Array,
-        action: jax.Array,
-        key: jax.Array,
-        member: Any = None,
-        deterministic: bool = False,
-    ) -> StepOutput:
-        predictions = jax.vmap(predict, in_axes=(0, None, None, None))(
-            params.networks, params, observation, action
-        )  # [members, target_size]
-        member_key, noise_key = jax.random.split(key)
-        if member is None:
-            member = jax.random.randint(member_key, (), 0, params.n_members)
-        mean = predictions.mean[member]
-        if not deterministic:
-            std = jnp.exp(predictions.log_std[member])
-            mean = mean + std * jax.random.normal(noise_key, mean.shape, mean.dtype)
-        target = to_target(params, mean)
-        next_observation, reward, costs, excess = assemble(params, observation, action, target)
-        member_means = jnp.where(
-            params.target_fixed[:frame],
-            0.0,
-            predictions.mean[:, :frame] * params.target_std[:frame],
-        )
-        done = (predictions.logit[member] > 0.0) & layout.terminals
-        return StepOutput(
-            next_observation=next_observation,
-            reward=reward,
-            costs=costs,
-            done=done,
-            member_std=jnp.std(member_means, axis=0),
-            out_of_distribution=out_of_distribution(params, observation, action),
-            outside_physics=excess,
-        )
-
+    model = _Model(network=network, layout=layout)
     return Dynamics(
         config=config,
         layout=layout,
-        init=init,
-        predict=predict,
-        loss=loss,
-        step=step,
-        transition=transition,
-        targets=targets,
-        checked_transition=checked_transition,
+        init=functools.partial(_init, model),
+        predict=functools.partial(_predict, model),
+        loss=functools.partial(_loss, model),
+        step=functools.partial(_step, model),
+        transition=functools.partial(_transition, model),
+        targets=functools.partial(_targets, layout),
+        checked_transition=functools.partial(_checked_transition, model),
     )
