@@ -66,7 +66,9 @@ from neorl_industrial.wrappers.training.verdict_evidence import (
     evaluation_starts,
 )
 from neorl_industrial.wrappers.training.verdict_fqe import (
+    FqePolicies,
     _fqe_estimators,
+    _Head,
 )
 from neorl_industrial.wrappers.training.verdict_model import (
     _cost_reader,
@@ -197,32 +199,23 @@ def model_verdict(
     ]
     behaviour_results = [reading.operators()]
     closing_error: list[Interval] = []
-
     if settings.fqe:
-        fqe_results, fqe_behaviour = _fqe_estimators(
-            act=act,
-            fqe_act=fqe_act,
-            fqe_values=fqe_values,
-            policy_params=policy_params,
-            heldout=heldout,
-            settings=settings,
-            first=starts.first,
-            candidates=candidates,
-            baseline=baseline,
-            clone=clone,
-            calibration=calibration,
-            logged_discounted=starts.logged_discounted,
-            closing_error=closing_error,
-            start_episodes=starts.episodes,
-            reward_spread=reading.reward_spread,
-            cost_spread=reading.cost_spread,
-            costs_of=lambda values, seed: costs(
+        fqe = _fqe_estimators(
+            FqePolicies(act, policy_params, fqe_act, fqe_values),
+            heldout,
+            settings,
+            starts,
+            (candidates, baseline, clone),
+            calibration,
+            _Head(reading.reward_spread, reading.cost_spread, settings.penalty),
+            lambda values, seed: costs(
                 values, costs.discounted_scale(len(starts.rows)), seed, computed=False
             ),
         )
         for p in range(n_policies):
-            results[p].extend(fqe_results[p])
-        behaviour_results.extend(fqe_behaviour)
+            results[p].extend(fqe.candidates[p])
+        behaviour_results.extend(fqe.behaviour)
+        closing_error.append(fqe.closing_error)
 
     estimators = tuple(result.estimator for result in behaviour_results)
     deciding, calibration = _deciding(estimators, closing_error, calibration)

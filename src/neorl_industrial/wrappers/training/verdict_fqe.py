@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,154 +36,221 @@ from neorl_industrial.wrappers.training.verdict_results import (
 )
 
 
-def _fqe_estimators(
-    *,
-    act,
-    fqe_act,
-    fqe_values,
-    policy_params,
-    heldout: Dataset,
-    settings: VerdictSettings,
-    first: jax.Array,
-    candidates: RolloutSums,
-    baseline: RolloutSums,
-    clone: _Clone,
-    calibration: Calibration,
-    logged_discounted: np.ndarray,
-    closing_error: list[Interval],
-    start_episodes: np.ndarray,
-    reward_spread: float,
-    cost_spread: np.ndarray,
-    costs_of: Callable[[np.ndarray, int], tuple[CostEstimate, ...]],
-) -> tuple[list[list[EstimatorResult]], list[EstimatorResult]]:
-    """``fqe`` and ``model+fqe`` of every candidate, and of today's operation (the
-    operators' clone: its FQE, and its model rollouts closed by it)."""
+class FqePolicies(NamedTuple):
+    """The candidates as the FQE estimators read them.
+
+    Attributes:
+        act: ``act(policy_params, observation, key, deterministic=True)`` of one
+            observation (an ``Algorithm.act``).
+        policy_params: the candidates' parameters stacked on a leading axis.
+        fqe_act: ``fqe_act(params, observations [B, obs])`` shielded as the off-policy
+            evaluator scores them (None: ``act`` batched).
+        fqe_values: the candidates' FQE already fitted on the held-out episodes (None:
+            fitted here).
+    """
+
+    act: Callable[..., jax.Array]
+    policy_params: Any
+    fqe_act: Callable[..., jax.Array] | None = None
+    fqe_values: Callable[[Any], np.ndarray] | None = None
+
+
+class FqeResults(NamedTuple):
+    """Per candidate its ``fqe`` and ``model+fqe`` results, today's operation's, and
+    ``model+fqe``'s own error on today's operation (its calibration)."""
+
+    candidates: list[list[EstimatorResult]]
+    behaviour: list[EstimatorResult]
+    closing_error: Interval
+
+
+@dataclasses.dataclass(frozen=True)
+class _Head:
+    """``model+fqe``: the model's return over its first steps, closed by FQE's value at
+    the state the model reached, each step paying ``penalty`` spreads of its
+    uncertainty (a negative penalty raises the estimate: the operators' pessimism)."""
+
+    reward_spread: float
+    cost_spread: np.ndarray
+    penalty: float
+
+    def __call__(
+        self, sums: RolloutSums, tail: np.ndarray, penalty: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``[..., M, N]`` and discounted costs ``[..., M, N, C]``."""
+        penalty = self.penalty if penalty is None else penalty
+        tail = tail.mean(axis=-4)  # over FQE seeds
+        weight = sums.closing_weight
+        value = sums.head_return - penalty * self.reward_spread * sums.head_uncertainty
+        value = value + weight * tail[..., 0]
+        costs = sums.head_costs + penalty * self.cost_spread * sums.head_uncertainty[..., None]
+        costs = costs + weight[..., None] * tail[..., 1:]
+        return value, costs
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelFqe:
+    """``model+fqe`` of a candidate against today's operation: the paired difference
+    between the candidate's reading and the operators' (the candidate lowered and the
+    operators raised by their uncertainty for the lower bound, the reverse for the upper),
+    widened by the larger of the model's and its own error on today's operation.
+
+    Attributes:
+        head: the reading.
+        plain, raised, lowered: the operators' reading ``[M, N]`` without pessimism,
+            raised by it, lowered by it.
+        calibration: the model's calibration check.
+        own_error: ``model+fqe``'s own error on today's operation.
+    """
+
+    head: _Head
+    plain: np.ndarray
+    raised: np.ndarray
+    lowered: np.ndarray
+    calibration: Calibration
+    own_error: float
+    settings: VerdictSettings
+    start_episodes: np.ndarray
+    costs_of: Callable[[np.ndarray, int], tuple[CostEstimate, ...]]
+
+    def candidate(self, own: RolloutSums, tail: np.ndarray, seed: int) -> EstimatorResult:
+        """The candidate's estimate from its rollouts ``own`` closed by ``tail``."""
+        combined, combined_costs = self.head(own, tail)
+        plain, _ = self.head(own, tail, 0.0)
+        optimistic, _ = self.head(own, tail, -self.head.penalty)
+        between = _between(
+            plain - self.plain,
+            combined - self.raised,
+            optimistic - self.lowered,
+            self.start_episodes,
+            self.settings,
+            seed,
+        )
+        share = max(self.calibration.model_error_share, self.own_error / self.calibration.size)
+        scale = float(np.mean(np.abs(plain))) + float(np.mean(np.abs(self.plain)))
+        draws = bootstrap_means(combined, self.start_episodes, self.settings.bootstrap, seed)
+        return EstimatorResult(
+            estimator="model+fqe",
+            discounted_return=_interval(combined, draws, self.settings.level),
+            episode_return=None,
+            improvement=_widened(
+                between, max(self.calibration.model_error, self.own_error, share * scale)
+            ),
+            penalty=float(
+                np.mean(self.head.penalty * self.head.reward_spread * own.head_uncertainty)
+            ),
+            costs=self.costs_of(combined_costs, seed),
+        )
+
+
+def _fitted_fqe(
+    policies: FqePolicies, clone: _Clone, heldout: Dataset, settings: VerdictSettings
+) -> tuple[Callable[[Any], np.ndarray], Callable[[Any], np.ndarray]]:
+    """The candidates' FQE value functions (fitted here unless given) and the clone's."""
+    act = policies.act
+    fqe_act = policies.fqe_act
     if fqe_act is None:
 
         def fqe_act(params: Any, observations: jax.Array) -> jax.Array:
             return jax.vmap(lambda o: act(params, o, None, deterministic=True))(observations)
 
-    config = FQEConfig(hidden=settings.fqe_hidden, discount=settings.discount)
     common = dict(
         n_updates=settings.fqe_updates,
         seeds=settings.fqe_seeds,
-        config=config,
+        config=FQEConfig(hidden=settings.fqe_hidden, discount=settings.discount),
         batch_size=FQE_BATCH_SIZE,
     )
-    values = fqe_values or fitted_q_evaluation_values(heldout, fqe_act, policy_params, **common)
-    clone_params = jax.tree.map(lambda leaf: leaf[None], clone.params)
+    values = policies.fqe_values or fitted_q_evaluation_values(
+        heldout, fqe_act, policies.policy_params, **common
+    )
 
     def clone_act(params: Any, observations: jax.Array) -> jax.Array:
         return jax.vmap(lambda o: clone.act(params, o, None, deterministic=True))(observations)
 
-    clone_values = fitted_q_evaluation_values(heldout, clone_act, clone_params, **common)
+    clone_params = jax.tree.map(lambda leaf: leaf[None], clone.params)
+    return values, fitted_q_evaluation_values(heldout, clone_act, clone_params, **common)
+
+
+def _fqe_estimators(
+    policies: FqePolicies,
+    heldout: Dataset,
+    settings: VerdictSettings,
+    starts: Any,
+    rollouts: tuple[RolloutSums, RolloutSums, _Clone],
+    calibration: Calibration,
+    head: _Head,
+    costs_of: Callable[[np.ndarray, int], tuple[CostEstimate, ...]],
+) -> FqeResults:
+    """``fqe`` and ``model+fqe`` of every candidate, and of today's operation (the
+    operators' clone: its FQE, and its model rollouts closed by it).
+
+    ``starts`` is the verdict's held-out starts (``first``, ``episodes``,
+    ``logged_discounted``); ``rollouts`` the candidates', the clone's and the clone."""
+    candidates, baseline, clone = rollouts
+    values, clone_values = _fitted_fqe(policies, clone, heldout, settings)
     n_policies = candidates.discounted_return.shape[0]
-    starts = jnp.broadcast_to(first, (n_policies, *first.shape))
+    first = starts.first
     # At the starts, and closing at the states the model reached after k steps.
     at_starts, closing = _values_at(  # [P, S, N, 1 + C], [P, S, M, N, 1 + C]
-        values, starts, jnp.asarray(candidates.closing_observation, jnp.float32)
+        values,
+        jnp.broadcast_to(first, (n_policies, *first.shape)),
+        jnp.asarray(candidates.closing_observation, jnp.float32),
     )
     clone_at_starts, clone_closing = _values_at(
         clone_values, first[None], jnp.asarray(baseline.closing_observation, jnp.float32)[None]
     )
     clone_at_starts, clone_closing = clone_at_starts[0], clone_closing[0]
-    penalty = settings.penalty
-
-    def head(
-        sums: RolloutSums, tail: np.ndarray, penalty: float = settings.penalty
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``model+fqe`` return ``[..., M, N]`` and discounted costs ``[..., M, N, C]``."""
-        tail = tail.mean(axis=-4)  # over FQE seeds
-        weight = sums.closing_weight
-        value = sums.head_return - penalty * reward_spread * sums.head_uncertainty
-        value = value + weight * tail[..., 0]
-        costs = sums.head_costs + penalty * cost_spread * sums.head_uncertainty[..., None]
-        costs = costs + weight[..., None] * tail[..., 1:]
-        return value, costs
-
+    operators = jax.tree.map(lambda x: x[None], baseline)
     # The operators' estimate is raised by its uncertainty (pessimism on the baseline).
-    logged_combined, logged_combined_costs = head(
-        jax.tree.map(lambda x: x[None], baseline), clone_closing[None], penalty=-penalty
-    )
-    logged_combined, logged_combined_costs = logged_combined[0], logged_combined_costs[0]
-    logged_plain = head(jax.tree.map(lambda x: x[None], baseline), clone_closing[None], 0.0)[0][0]
-    logged_low = head(
-        jax.tree.map(lambda x: x[None], baseline), clone_closing[None], penalty=penalty
-    )[0][0]
-    results: list[list[EstimatorResult]] = []
-    seed = settings.seed
+    raised, raised_costs = (x[0] for x in head(operators, clone_closing[None], -head.penalty))
+    plain = head(operators, clone_closing[None], 0.0)[0][0]
+    lowered = head(operators, clone_closing[None])[0][0]
 
     def interval(values: np.ndarray, draw_seed: int) -> Interval:
-        draws = bootstrap_means(values, start_episodes, settings.bootstrap, draw_seed)
+        draws = bootstrap_means(values, starts.episodes, settings.bootstrap, draw_seed)
         return _interval(values, draws, settings.level)
 
     # model+fqe's own error on today's operation (its unpenalised estimate of the clone
     # against the logged returns), as the model's calibration: its improvement interval
     # is widened by the larger of the two.
-    unpenalised, _ = head(jax.tree.map(lambda x: x[None], baseline), clone_closing[None], 0.0)
-    error = interval(unpenalised[0] - logged_discounted[None], seed)
-    own_error = Calibration.error_size(error)
-    share = max(calibration.model_error_share, own_error / calibration.size)
-    closing_error.append(error)
-
+    error = interval(plain - starts.logged_discounted[None], settings.seed)
+    mixed = _ModelFqe(
+        head, plain, raised, lowered, calibration, Calibration.error_size(error), settings,
+        starts.episodes, costs_of,
+    )  # fmt: skip
+    results = []
     for p in range(n_policies):
+        seed = settings.seed + p
         fqe_returns = at_starts[p, ..., 0]  # [S, N]
-        difference = fqe_returns - clone_at_starts[..., 0]
         fqe = EstimatorResult(
             estimator="fqe",
-            discounted_return=interval(fqe_returns, seed + p),
+            discounted_return=interval(fqe_returns, seed),
             episode_return=None,
-            improvement=interval(difference, seed + p),
+            improvement=interval(fqe_returns - clone_at_starts[..., 0], seed),
             penalty=0.0,
-            costs=costs_of(at_starts[p, ..., 1:], seed + p),
+            costs=costs_of(at_starts[p, ..., 1:], seed),
         )
         own = jax.tree.map(lambda x, p=p: x[p], candidates)
-        combined, combined_costs = head(own, closing[p])
-        plain, _ = head(own, closing[p], 0.0)
-        optimistic, _ = head(own, closing[p], -penalty)
-        between = _between(
-            plain - logged_plain,
-            combined - logged_combined,
-            optimistic - logged_low,
-            start_episodes,
-            settings,
-            seed + p,
-        )
-        mixed = EstimatorResult(
-            estimator="model+fqe",
-            discounted_return=interval(combined, seed + p),
-            episode_return=None,
-            improvement=_widened(
-                between,
-                max(
-                    calibration.model_error,
-                    own_error,
-                    share * (float(np.mean(np.abs(plain))) + float(np.mean(np.abs(logged_plain)))),
-                ),
-            ),
-            penalty=float(np.mean(penalty * reward_spread * own.head_uncertainty)),
-            costs=costs_of(combined_costs, seed + p),
-        )
-        results.append([fqe, mixed])
+        results.append([fqe, mixed.candidate(own, closing[p], seed)])
     behaviour = [
         EstimatorResult(
             estimator="fqe",
-            discounted_return=interval(clone_at_starts[..., 0], seed),
+            discounted_return=interval(clone_at_starts[..., 0], settings.seed),
             episode_return=None,
             improvement=None,
             penalty=0.0,
-            costs=costs_of(clone_at_starts[..., 1:], seed),
+            costs=costs_of(clone_at_starts[..., 1:], settings.seed),
         ),
         EstimatorResult(
             estimator="model+fqe",
-            discounted_return=interval(logged_combined, seed),
+            discounted_return=interval(raised, settings.seed),
             episode_return=None,
             improvement=None,
             penalty=0.0,
-            costs=costs_of(logged_combined_costs, seed),
+            costs=costs_of(raised_costs, settings.seed),
         ),
     ]
-    return results, behaviour
+    return FqeResults(results, behaviour, error)
 
 
 def _values_at(values: Callable[[Any], np.ndarray], *observations: jax.Array) -> list[np.ndarray]:
