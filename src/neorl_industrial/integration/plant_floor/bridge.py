@@ -59,6 +59,8 @@ from neorl_industrial.integration.plant_floor.opcua import (
     judge_units,
 )
 from neorl_industrial.integration.plant_floor.plan import BridgePlan
+from neorl_industrial.integration.plant_floor.positions import ActuatorPositions
+from neorl_industrial.integration.plant_floor.tick import Tick, fault_kind
 from neorl_industrial.integration.plant_floor.ticklog import TickLog, numbers
 from neorl_industrial.wrappers.agents.readings import decision_inputs
 
@@ -121,23 +123,6 @@ class BridgeSummary:
     handed_back: bool = False
 
 
-def _fault_kind(reason: str) -> str:
-    if reason.startswith("status"):
-        return "bad_quality"
-    if reason.startswith(("stale", "source timestamp", "no timestamp")):
-        return "stale"
-    if reason.startswith("data type"):
-        return "data_type"
-    if reason.startswith("EngineeringUnits"):
-        return "unit"
-    return "not_a_number"
-
-
-#: How far a written value may lie beyond a rate limit's band, as a share of the action's
-#: range: the shield computes in float32.
-_RATE_SLACK = 1e-5
-
-
 class PlantBridge:
     """Runs a :class:`~.plan.BridgePlan` against an OPC UA server.
 
@@ -188,14 +173,7 @@ class PlantBridge:
         self.fsync = fsync
         self.summary = BridgeSummary()
         self._handed_back = False
-        n_act = len(plan.action_names)
-        # Where each actuator may be: the last position the plant reported (and when, on
-        # the loop's clock), the values written since (their span, ``low``..``high``)
-        # and the last of them, which stands in for a position that cannot be read.
-        self._reported_at = np.full(n_act, -np.inf)
-        self._low = np.full(n_act, np.nan)
-        self._high = np.full(n_act, np.nan)
-        self._held = np.full(n_act, np.nan)
+        self._positions = ActuatorPositions(plan)
         self._audit: Any = None
         self._log: TickLog | None = None
         bindings = plan.plant_map
@@ -371,14 +349,35 @@ class PlantBridge:
 
     # ----- one tick ---------------------------------------------------------------------
     async def _tick(self, tick: int) -> None:
-        plan = self.plan
+        """Reads, decides (the shielded policy, or the fallback on a faulty tick) and, in
+        closed loop, writes what the checks let through; the tick log gets its record."""
         started = time.perf_counter()
+        state = await self._read(tick)
+        self._decide(state)
+        await self._act(state)
+        self.metrics.latency.observe(time.perf_counter() - started)
+        self.metrics.last_tick.set(time.time())
+
+    async def _read(self, tick: int) -> Tick:
+        """Reads the observations and the applied actions and judges each reading; the
+        tick's record starts with what was read."""
         values, units = await asyncio.wait_for(
             self.connection.read_with_units(self._read_nodes), self.request_timeout
         )
         read_at = asyncio.get_running_loop().time()
+        readings, faults = self._judge_readings(values, units)
+        n_obs = len(self.plan.observation_names)
+        observation, applied = readings[:n_obs], readings[n_obs:]
+        prev = self._previous(applied, read_at)
+        return Tick.read(tick, observation, applied, prev, faults)
+
+    def _judge_readings(
+        self, values: list[Any], units: list[Any]
+    ) -> tuple[np.ndarray, dict[str, str]]:
+        """Each reading in the task's unit (NaN where it is faulty) and why each faulty
+        one is, by the label of its node."""
+        plan = self.plan
         now = dt.datetime.now(dt.UTC)
-        n_obs = len(plan.observation_names)
         readings = np.full(len(values), np.nan)
         faults: dict[str, str] = {}
         types = self.connection.read_types
@@ -390,101 +389,74 @@ class PlantBridge:
                 readings[i] = self._converters[i](float(value.Value.Value))
             else:
                 faults[label] = reason
-        observation, applied = readings[:n_obs], readings[n_obs:]
-        prev = self._previous(applied, read_at)
-        record: dict[str, Any] = {
-            "kind": "tick",
-            "tick": tick,
-            "observation": numbers(observation),
-            "applied": numbers(applied),
-        }
-        if not np.array_equal(prev, applied, equal_nan=True):
-            record["previous"] = numbers(prev)  # what the shield decided from
+        return readings, faults
+
+    def _decide(self, state: Tick) -> None:
+        """The shielded policy's action, or the task's fallback on a faulty tick."""
+        plan = self.plan
         rows = None
-        if not faults:
+        if not state.faults:
             # As every entry point reads them: subnormals as zero, a reading that is no
             # finite float32 (a converted value beyond its range) a fault; a NaN position
-            # is unknown (the write is withheld below).
+            # is unknown (the write is withheld later).
             try:
                 rows = decision_inputs(
-                    observation,
-                    prev,
+                    state.observation,
+                    state.prev,
                     plan.observation_names,
                     plan.action_names,
                 )
             except ValueError as error:
-                faults["observation"] = f"not a finite number: {error}"
-        if faults:
-            for reason in faults.values():
-                self.metrics.faults.labels(_fault_kind(reason)).inc()
-            self.metrics.ticks.labels("fault").inc()
-            self.metrics.fallbacks.inc()
-            self.summary.faulty += 1
-            action = plan.fallback(observation, prev)
-            log.warning("tick %d: %s", tick, "; ".join(f"{k}: {v}" for k, v in faults.items()))
-            record.update(
-                faults=faults,
-                proposed=numbers(np.full(len(plan.action_names), np.nan)),
-                action=numbers(action),
-                overridden=True,
-                fallback=True,
-                violated=[],
-                flags={"fallback": True},
-            )
-            decision = None
-            self._fault_in_closed_loop(f"tick {tick}: {next(iter(faults.values()))}")
+                state.faults["observation"] = f"not a finite number: {error}"
+        if state.faults:
+            self._fall_back(state)
         else:
-            decision = plan.loaded.artifact.decide_rows(rows[0], rows[1])
-            self.summary.decided += 1
-            self.metrics.ticks.labels("decided").inc()
-            action = np.asarray(decision.action[0], np.float64)
-            violated = list(decision.violated[0])
-            flags = {
-                name: bool(getattr(decision, name)[0])
-                for name in (
-                    "projected",
-                    "fallback",
-                    "invalid",
-                    "infeasible",
-                    "invalid_observation",
-                    "out_of_distribution",
-                    "incident",
-                )
-            }
-            overridden = bool(decision.overridden[0])
-            if overridden:
-                for name in violated:
-                    self.metrics.overrides.labels(name).inc()
-            if flags["fallback"]:
-                self.metrics.fallbacks.inc()
-            record.update(
-                faults={},
-                proposed=numbers(decision.proposed[0]),
-                action=numbers(action),
-                overridden=overridden,
-                fallback=flags["fallback"],
-                violated=violated,
-                violated_after=None
-                if decision.violated_after is None
-                else list(decision.violated_after[0]),
-                flags=flags,
-            )
+            self._decided(state, rows)
+
+    def _fall_back(self, state: Tick) -> None:
+        """A faulty tick: counted, logged, and its action the task's fallback."""
+        plan, faults = self.plan, state.faults
+        for reason in faults.values():
+            self.metrics.faults.labels(fault_kind(reason)).inc()
+        self.metrics.ticks.labels("fault").inc()
+        self.metrics.fallbacks.inc()
+        self.summary.faulty += 1
+        action = plan.fallback(state.observation, state.prev)
+        log.warning("tick %d: %s", state.number, "; ".join(f"{k}: {v}" for k, v in faults.items()))
+        state.fell_back(action)
+        self._fault_in_closed_loop(f"tick {state.number}: {next(iter(faults.values()))}")
+
+    def _decided(self, state: Tick, rows: Any) -> None:
+        """The shielded policy's decision on the tick's readings (``rows``: the decision's
+        inputs), counted and recorded."""
+        decision = self.plan.loaded.artifact.decide_rows(rows[0], rows[1])
+        self.summary.decided += 1
+        self.metrics.ticks.labels("decided").inc()
+        violated, flags, overridden = state.decided(decision)
+        if overridden:
+            for name in violated:
+                self.metrics.overrides.labels(name).inc()
+        if flags["fallback"]:
+            self.metrics.fallbacks.inc()
+
+    async def _act(self, state: Tick) -> None:
+        """In closed loop, writes the action the checks let through (or withholds it);
+        the tick's record goes to the tick log either way."""
+        record = state.record
         record["written"] = False
-        withheld = self._withhold(action, prev)
+        withheld = self._withhold(state.action, state.prev)
         if withheld is not None:
             record["withheld"] = withheld  # in shadow mode too: what closed loop would do
         try:
             # A faulty tick with hand_back has handed back above: nothing is written.
-            if plan.closed_loop and not self._handed_back and self._safe(tick, action, record):
+            if self.plan.closed_loop and not self._handed_back and self._safe(state):
                 if withheld is not None:
-                    self._withheld(tick, observation, action, record, withheld)
+                    self._withheld(state, withheld)
                 else:
-                    await self._write(tick, action, observation, decision, record)
+                    await self._write(state)
         finally:  # a write cut by a lost connection is logged too
             record["handed_back"] = self._handed_back
             self._log.write(record)
-        self.metrics.latency.observe(time.perf_counter() - started)
-        self.metrics.last_tick.set(time.time())
 
     def _judge_unit(self, value: Any, unit: str | None) -> str | None:
         """Why a node's EngineeringUnits, read with its value, are not its binding's unit
@@ -495,60 +467,19 @@ class PlantBridge:
         return judge_units(value.Value.Value if value.Value is not None else None, unit)
 
     def _previous(self, applied: np.ndarray, read_at: float) -> np.ndarray:
-        """The previous action the shield decides from: each position the plant reports
-        now; where it cannot be read, the last value written since it last did, else that
-        last position if reported within ``stale_after``; else unknown (NaN)."""
-        known = np.isfinite(applied)
-        self._reported_at[known] = read_at
-        self._low[known] = self._high[known] = self._held[known] = applied[known]
-        # A position last reported longer ago than a reading stays fresh is not known:
-        # the plant's own control may have moved the actuator since.
-        lost = read_at - self._reported_at > self.plan.stale_after
-        self._low[lost] = self._high[lost] = self._held[lost] = np.nan
-        return self._held.copy()
+        """The previous action the shield decides from (:meth:`.ActuatorPositions.previous`)."""
+        return self._positions.previous(applied, read_at)
 
     def _withhold(self, action: np.ndarray, prev: np.ndarray) -> dict[str, Any] | None:
-        """Why the tick's action must not be written (``None``: it may be): an actuator
-        whose position is not known, or a value outside a rate limit's band from a
-        position the actuator may be at."""
-        plan = self.plan
-        names = plan.action_names
-        unknown = [n for n, p in zip(names, prev.tolist(), strict=True) if not np.isfinite(p)]
-        if unknown:
-            return {
-                "reason": "position_unknown",
-                "actions": unknown,
-                "detail": "no position reported (or written) to move from; the plant's own "
-                "control keeps the actuators",
-            }
-        limits = plan.rate_limits
-        slack = _RATE_SLACK * np.maximum(1.0, np.abs(plan.action_high - plan.action_low))
-        slack = np.where(np.isfinite(slack), slack, _RATE_SLACK)
-        low = self._high - limits - slack  # within the limit of the highest position...
-        high = self._low + limits + slack  # ...and of the lowest
-        # A value that is not finite is the bounds' guard's (:meth:`_safe`).
-        limited = np.isfinite(limits) & np.isfinite(action)
-        beyond = limited & ~((action >= low) & (action <= high))
-        if beyond.any():
-            return {
-                "reason": "rate_limit",
-                "actions": [n for n, b in zip(names, beyond.tolist(), strict=True) if b],
-                "detail": "; ".join(
-                    f"{names[j]} {action[j]:.6g} outside [{low[j]:.6g}, {high[j]:.6g}] "
-                    f"(rate limit {limits[j]:g} from {self._low[j]:.6g}..{self._high[j]:.6g})"
-                    for j in np.flatnonzero(beyond)
-                ),
-            }
-        return None
+        """Why the tick's action must not be written (:meth:`.ActuatorPositions.withhold`;
+        ``None``: it may be)."""
+        return self._positions.withhold(action, prev)
 
-    def _withheld(
-        self,
-        tick: int,
-        observation: np.ndarray,
-        action: np.ndarray,
-        record: dict[str, Any],
-        withheld: dict[str, Any],
-    ) -> None:
+    def _sent(self, action: np.ndarray) -> None:
+        """The actuators may now be anywhere between where they were and ``action``."""
+        self._positions.sent(action)
+
+    def _withheld(self, state: Tick, withheld: dict[str, Any]) -> None:
         """A closed-loop tick that writes nothing: logged, counted and audited; a value
         beyond a rate limit is a fault (the shield keeps them), an unknown position not."""
         reason = withheld["reason"]
@@ -556,20 +487,20 @@ class PlantBridge:
         self.metrics.withheld.labels(reason).inc()
         log.warning(
             "tick %d: not written (%s: %s): %s",
-            tick,
+            state.number,
             reason,
             ", ".join(withheld["actions"]),
             withheld["detail"],
         )
-        record["write_status"] = []
-        self._audit_write(tick, observation, action, record, {}, outcome="withheld")
+        state.record["write_status"] = []
+        self._audit_write(state, {}, outcome="withheld")
         if reason == "rate_limit":
-            self._fault_in_closed_loop(f"tick {tick}: {withheld['detail']}")
+            self._fault_in_closed_loop(f"tick {state.number}: {withheld['detail']}")
 
-    def _safe(self, tick: int, action: np.ndarray, record: dict[str, Any]) -> bool:
+    def _safe(self, state: Tick) -> bool:
         """False, logged and counted, for an action not finite or outside the task's
         bounds: never written."""
-        plan = self.plan
+        plan, action = self.plan, state.action
         low, high = plan.action_low, plan.action_high
         safe = np.isfinite(action) & (action >= low) & (action <= high)
         if safe.all():
@@ -577,30 +508,19 @@ class PlantBridge:
         self.summary.blocked_writes += 1
         self.metrics.faults.labels("unsafe_value").inc()
         names = [n for n, ok in zip(plan.action_names, safe.tolist(), strict=True) if not ok]
-        log.error("tick %d: not written: %s not finite or out of bounds", tick, names)
-        record["blocked"] = names
-        self._fault_in_closed_loop(f"tick {tick}: an unsafe value for {names}")
+        log.error("tick %d: not written: %s not finite or out of bounds", state.number, names)
+        state.record["blocked"] = names
+        self._fault_in_closed_loop(f"tick {state.number}: an unsafe value for {names}")
         return False
 
-    def _sent(self, action: np.ndarray) -> None:
-        """The actuators may now be anywhere between where they were and ``action``."""
-        self._low = np.fmin(self._low, action)
-        self._high = np.fmax(self._high, action)
-        self._held = action.copy()
-
-    async def _write(
-        self,
-        tick: int,
-        action: np.ndarray,
-        observation: np.ndarray,
-        decision: Any,
-        record: dict[str, Any],
-    ) -> None:
-        plan = self.plan
+    async def _write(self, state: Tick) -> None:
+        """Writes the tick's action (the override audited first, as the policy server
+        writes it) and audits the write with the server's answer."""
+        plan, tick, action, record = self.plan, state.number, state.action, state.record
+        decision = state.decision
         if decision is not None and bool(decision.overridden[0]):
-            # The override, as the policy server writes it.
             self._audit.write_overrides(
-                observation[None],
+                state.observation[None],
                 decision.proposed,
                 decision.action,
                 decision,
@@ -621,7 +541,7 @@ class PlantBridge:
             # a lost connection; the actuators may be on their way to it.
             self._sent(action)
             record["write_status"] = [f"unknown: {type(error).__name__}"] * len(plan.action_names)
-            self._audit_write(tick, observation, action, record, {}, outcome="unknown")
+            self._audit_write(state, {}, outcome="unknown")
             raise
         refused = {
             f"actions.{name}.write": status.name
@@ -634,9 +554,7 @@ class PlantBridge:
             record["node_values"] = numbers(np.asarray(values))  # in the nodes' units
         if not refused:
             self._sent(action)
-        self._audit_write(
-            tick, observation, action, record, refused, outcome="refused" if refused else "written"
-        )
+        self._audit_write(state, refused, outcome="refused" if refused else "written")
         if refused:
             self.summary.refused_writes += 1
             self.metrics.writes.labels("refused").inc()
@@ -647,40 +565,13 @@ class PlantBridge:
         self.summary.writes += 1
         self.metrics.writes.labels("ok").inc()
 
-    def _audit_write(
-        self,
-        tick: int,
-        observation: np.ndarray,
-        action: np.ndarray,
-        record: dict[str, Any],
-        refused: dict[str, str],
-        *,
-        outcome: str,
-    ) -> None:
+    def _audit_write(self, state: Tick, refused: dict[str, str], *, outcome: str) -> None:
         """One ``write`` record in the audit log: what was written where, from what, with
         the server's answer (``outcome``: written, refused, unknown when the connection
         was lost during the write, or withheld when the bridge wrote nothing, and why),
         under the policy version that decided."""
-        audit = self._audit
-        entry = {
-            "kind": "write",
-            "request_id": f"tick-{tick}",
-            "endpoint": self.connection.endpoint,
-            "nodes": list(self._write_ids),
-            "observation": numbers(observation),
-            "proposed": record["proposed"],
-            "written": numbers(action),
-            "outcome": outcome,
-            "withheld": record.get("withheld"),
-            "node_values": record.get("node_values"),
-            "status": record["write_status"],
-            "refused": refused,
-            "overridden": bool(record["overridden"]),
-            "fallback": bool(record["fallback"]),
-            "violated": list(record["violated"]),
-            "faults": dict(record["faults"]),
-        }
-        audit.append(entry, self.plan.loaded.version)
+        entry = state.write_entry(self.connection.endpoint, self._write_ids, refused, outcome)
+        self._audit.append(entry, self.plan.loaded.version)
 
 
 class _Same:
