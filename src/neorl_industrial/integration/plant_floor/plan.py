@@ -154,6 +154,116 @@ def _task_of(path: Path, where: str) -> Any:
     return task
 
 
+def _map_and_task(map_path: Path, task_file: str | Path | None) -> tuple[PlantMap, Any, Any]:
+    """The map, the task file (default: the map's ``task``) and the task read from it
+    (``None`` without one), checked against the map."""
+    from neorl_industrial.integration.deployment.pin import ServedTask
+
+    plant_map = load_map(map_path)
+    where = str(map_path)
+    if task_file is None and plant_map.task is not None:
+        task_file = map_path.parent / plant_map.task
+    task = None
+    if task_file is not None:
+        task = _task_of(Path(task_file), where)
+        check_map(plant_map, ServedTask.of_task(task), f"{where} (task {task_file})")
+    return plant_map, task_file, task
+
+
+def _refuse_unsigned(model: str) -> None:
+    """Refuses closed loop for a local policy directory without a signature, before it is
+    loaded."""
+    from neorl_industrial.wrappers.agents.signing import SIGNATURE
+
+    local = Path(model)
+    if (
+        not model.startswith(("models:/", "runs:/"))
+        and local.is_dir()
+        and not (local / SIGNATURE).is_file()
+    ):
+        raise ClosedLoopRefused(
+            f"{model}: unsigned (no {SIGNATURE}); closed loop writes to the plant and "
+            "runs only a policy signed by a trusted key (export it with --sign-key), "
+            "whatever --allow-unsigned says; shadow mode can run it"
+        )
+
+
+def _trust(
+    trusted_keys: list[Path] | None,
+    pinned_constraints: str | Path | None,
+    task_file: Any,
+    *,
+    allow_unsigned: bool,
+    closed_loop: bool,
+) -> Any:
+    """The ``PolicyTrust`` the policy is loaded under: the keys named, else ``serve``'s
+    default key; closed loop needs one."""
+    from neorl_industrial.integration.deployment.policy import PolicyTrust
+    from neorl_industrial.integration.deployment.settings import (
+        DEFAULT_TRUSTED_KEY,
+        SettingsError,
+    )
+
+    keys = list(trusted_keys or [])
+    if not keys and DEFAULT_TRUSTED_KEY.is_file():
+        keys = [DEFAULT_TRUSTED_KEY]
+    if closed_loop and not keys:
+        raise ClosedLoopRefused(
+            "closed loop: no trusted key to verify the policy's signature with (--trusted-key, "
+            "or keys/policy-signing.pub in the working directory)"
+        )
+    try:
+        # The task pinned as ``serve`` pins it: a policy for another task is refused
+        # right after its files are verified, before its function is probed or compiled.
+        return PolicyTrust.from_files(
+            keys, pinned_constraints, task_file, allow_unsigned=allow_unsigned
+        )
+    except SettingsError as error:
+        raise BridgeError(str(error).replace("NEORL_SERVE_TRUSTED_KEYS", "--trusted-key")) from None
+
+
+def _load(model: str, tracking_uri: str | None, trust: Any, *, closed_loop: bool) -> Any:
+    """The policy, loaded by the server's loader under ``trust``; in closed loop only one
+    whose signature a trusted key verifies."""
+    from neorl_industrial.integration.deployment.policy import load_policy_source
+    from neorl_industrial.wrappers.agents.artifact import PolicyArtifactError
+
+    try:
+        loaded = load_policy_source(model, tracking_uri, [1], trust=trust)
+    except PolicyArtifactError as error:
+        if "pinned task" in str(error):
+            raise PolicyTaskError(
+                f"{model}: exported for another task than the map's: {error}"
+            ) from None
+        if closed_loop and "unsigned" in str(error):
+            raise ClosedLoopRefused(f"closed loop: {error}") from None
+        raise
+    signature = loaded.artifact.signature or {}
+    if closed_loop and not signature.get("verified"):
+        raise ClosedLoopRefused(
+            f"{model}: closed loop runs only a policy whose signature a trusted key verifies; "
+            f"this one's: {signature or 'none'}"
+        )
+    return loaded
+
+
+def _conversions(
+    plant_map: PlantMap, served: Any, where: str, model: str, task: Any
+) -> dict[str, Conversion]:
+    """The map checked against the task the policy is served for, and its conversions;
+    without a task file, a misfit is the policy's."""
+    try:
+        return check_map(plant_map, served, where)
+    except MapError as error:
+        if task is not None:
+            raise
+        if isinstance(error, UnitMismatchError):
+            raise UnitMismatchError(f"{error} (the units of the policy's task)") from None
+        raise PolicyTaskError(
+            f"{model}: the policy's task does not fit the map {where}: {error}"
+        ) from None
+
+
 def prepare(
     model: str,
     map_path: str | Path,
@@ -186,86 +296,30 @@ def prepare(
         ClosedLoopRefused: closed loop without a verified signature by a trusted key.
         PolicyArtifactError, SettingsError: the policy or the trust settings, as ``serve``.
     """
-    from neorl_industrial.integration.deployment.pin import ServedTask, ServerCheck
-    from neorl_industrial.integration.deployment.policy import PolicyTrust, load_policy_source
-    from neorl_industrial.integration.deployment.settings import (
-        DEFAULT_TRUSTED_KEY,
-        SettingsError,
-    )
-    from neorl_industrial.wrappers.agents.artifact import PolicyArtifactError
-    from neorl_industrial.wrappers.agents.signing import SIGNATURE
+    from neorl_industrial.integration.deployment.pin import ServerCheck
 
     if mode not in MODES:
         raise BridgeError(f"mode {mode!r}: expected one of {list(MODES)}")
     closed_loop = mode == "closed-loop"
     map_path = Path(map_path)
-    plant_map = load_map(map_path)
     where = str(map_path)
-    if task_file is None and plant_map.task is not None:
-        task_file = map_path.parent / plant_map.task
-    task = None
-    if task_file is not None:
-        task = _task_of(Path(task_file), where)
-        check_map(plant_map, ServedTask.of_task(task), f"{where} (task {task_file})")
+    plant_map, task_file, task = _map_and_task(map_path, task_file)
     if closed_loop:
         if allow_unsigned:
             log.warning("--allow-unsigned is ignored in closed loop: a signed policy is required")
         allow_unsigned = False
-        local = Path(model)
-        if (
-            not model.startswith(("models:/", "runs:/"))
-            and local.is_dir()
-            and not (local / SIGNATURE).is_file()
-        ):
-            raise ClosedLoopRefused(
-                f"{model}: unsigned (no {SIGNATURE}); closed loop writes to the plant and "
-                "runs only a policy signed by a trusted key (export it with --sign-key), "
-                "whatever --allow-unsigned says; shadow mode can run it"
-            )
-    keys = list(trusted_keys or [])
-    if not keys and DEFAULT_TRUSTED_KEY.is_file():
-        keys = [DEFAULT_TRUSTED_KEY]
-    if closed_loop and not keys:
-        raise ClosedLoopRefused(
-            "closed loop: no trusted key to verify the policy's signature with (--trusted-key, "
-            "or keys/policy-signing.pub in the working directory)"
-        )
-    try:
-        # The task pinned as ``serve`` pins it: a policy for another task is refused
-        # right after its files are verified, before its function is probed or compiled.
-        trust = PolicyTrust.from_files(
-            keys, pinned_constraints, task_file, allow_unsigned=allow_unsigned
-        )
-    except SettingsError as error:
-        raise BridgeError(str(error).replace("NEORL_SERVE_TRUSTED_KEYS", "--trusted-key")) from None
-    try:
-        loaded = load_policy_source(model, tracking_uri, [1], trust=trust)
-    except PolicyArtifactError as error:
-        if "pinned task" in str(error):
-            raise PolicyTaskError(
-                f"{model}: exported for another task than the map's: {error}"
-            ) from None
-        if closed_loop and "unsigned" in str(error):
-            raise ClosedLoopRefused(f"closed loop: {error}") from None
-        raise
+        _refuse_unsigned(model)
+    trust = _trust(
+        trusted_keys,
+        pinned_constraints,
+        task_file,
+        allow_unsigned=allow_unsigned,
+        closed_loop=closed_loop,
+    )
+    loaded = _load(model, tracking_uri, trust, closed_loop=closed_loop)
     artifact = loaded.artifact
-    signature = artifact.signature or {}
-    if closed_loop and not signature.get("verified"):
-        raise ClosedLoopRefused(
-            f"{model}: closed loop runs only a policy whose signature a trusted key verifies; "
-            f"this one's: {signature or 'none'}"
-        )
     enforced, served = trust.check(artifact)
-    try:
-        conversions = check_map(plant_map, served, where)
-    except MapError as error:
-        if task is not None:
-            raise
-        if isinstance(error, UnitMismatchError):
-            raise UnitMismatchError(f"{error} (the units of the policy's task)") from None
-        raise PolicyTaskError(
-            f"{model}: the policy's task does not fit the map {where}: {error}"
-        ) from None
+    conversions = _conversions(plant_map, served, where, model, task)
     task_period = None if task is None else task.sampling_period
     if task_period is None:
         task_period = (artifact.metadata.get("task") or {}).get("sampling_period")
