@@ -142,60 +142,11 @@ def judge_together(
             no episode held out from every candidate and the model, or a run name with a
             ``/``.
     """
-    if not agents:
-        raise AgentError("agents: no run to judge")
-    labels = list(agents)
-    for label in labels:
-        if "/" in label or not label.strip():
-            raise AgentError(f"run name {label!r}: expected a name without '/'")
-        if not agents[label].fitted:
-            raise AgentError(f"{label}: the agent has no policy yet; fit or load it first")
-        if agents[label].entry.discrete:
-            raise AgentError(f"{label}: {agents[label].name} acts on discrete actions")
-    first_label = labels[0]
-    first = agents[first_label]
-    log = "dataset" if card is None else f"dataset {card.name!r}"
-    fingerprint = _fingerprint(dataset)
-    digests = episode_digests(dataset)
-    trained: set[str] = set()
-    for label in labels:
-        agent = agents[label]
-        _check_same_kind(label, agent, first_label, first)
-        agent.check_dataset(dataset, card)
-        record = {} if agent.result is None else agent.result.dataset
-        _check_same_log(label, record, fingerprint, digests, log)
-        trained |= set(record.get("trained_episodes") or ())
-    model_fit = {int(i) for i in plant_model.card["dataset"]["train_episodes"]}
-    heldout_ids = [
-        episode
-        for episode, digest in enumerate(digests)
-        if digest not in trained and episode not in model_fit
-    ]
-    if not heldout_ids:
-        raise AgentError(
-            f"{log}: none of its {len(digests)} episodes is held out from every run and the "
-            f"plant model ({len(trained & set(digests))} trained a candidate, "
-            f"{len(model_fit)} fitted the model); train every run and fit the model with the "
-            "same held-out share and split seed (evaluation.ope.holdout/split_seed, model "
-            "fit --holdout/--split-seed)"
-        )
-    heldout = dataset.select_episodes(np.asarray(heldout_ids, np.int64))
+    _check_runs(agents)
+    first = next(iter(agents.values()))
+    heldout, held = _heldout_from_every_run(agents, dataset, plant_model, card)
     first.context.check_plant_model(plant_model, dataset, heldout, card)
-
-    stacks: list[CandidateStack] = []
-    runs: dict[str, dict[str, Any]] = {}
-    for label in labels:
-        agent = agents[label]
-        own = agent.candidate_stacks()
-        runs[label] = {
-            "algorithm": agent.name,
-            "candidates": [name for stack in own for name in stack.names],
-            "failed": [] if agent.result is None else list(agent.result.failed_runs),
-            "selected": agent.selected_candidate,
-        }
-        stacks += [stack._replace(names=[f"{label}/{n}" for n in stack.names]) for stack in own]
-    if not stacks:
-        raise AgentError("agents: every candidate failed; none can be judged")
+    stacks, runs = _candidates_of(agents)
     names = [name for stack in stacks for name in stack.names]
     if len(stacks) == 1:
         algorithm, policies = stacks[0].algorithm, stacks[0].policies
@@ -216,14 +167,83 @@ def judge_together(
         verdict=verdict,
         ranking=verdict_ranking(verdict.to_dict()),
         runs=runs,
-        heldout={
-            "log": None if card is None else card.name,
-            "fingerprint": fingerprint,
-            "episodes": len(heldout_ids),
-            "of": len(digests),
-            "transitions": heldout.n_transitions,
-        },
+        heldout={"log": None if card is None else card.name, **held},
     )
+
+
+def _check_runs(agents: Mapping[str, Agent]) -> None:
+    """Refuses, naming the run, no runs, a run name with a ``/``, an agent without a
+    policy or one acting on discrete actions."""
+    if not agents:
+        raise AgentError("agents: no run to judge")
+    for label, agent in agents.items():
+        if "/" in label or not label.strip():
+            raise AgentError(f"run name {label!r}: expected a name without '/'")
+        if not agent.fitted:
+            raise AgentError(f"{label}: the agent has no policy yet; fit or load it first")
+        if agent.entry.discrete:
+            raise AgentError(f"{label}: {agent.name} acts on discrete actions")
+
+
+def _heldout_from_every_run(
+    agents: Mapping[str, Agent], dataset: Dataset, plant_model: Any, card: Any
+) -> tuple[Dataset, dict[str, Any]]:
+    """The episodes of ``dataset`` no run trained on and the plant model was not fitted
+    on, and their record (fingerprint, counts), after checking that every run is of the
+    first's kind and was trained on this log."""
+    first_label, first = next(iter(agents.items()))
+    log = "dataset" if card is None else f"dataset {card.name!r}"
+    fingerprint = _fingerprint(dataset)
+    digests = episode_digests(dataset)
+    trained: set[str] = set()
+    for label, agent in agents.items():
+        _check_same_kind(label, agent, first_label, first)
+        agent.check_dataset(dataset, card)
+        record = {} if agent.result is None else agent.result.dataset
+        _check_same_log(label, record, fingerprint, digests, log)
+        trained |= set(record.get("trained_episodes") or ())
+    model_fit = {int(i) for i in plant_model.card["dataset"]["train_episodes"]}
+    heldout_ids = [
+        episode
+        for episode, digest in enumerate(digests)
+        if digest not in trained and episode not in model_fit
+    ]
+    if not heldout_ids:
+        raise AgentError(
+            f"{log}: none of its {len(digests)} episodes is held out from every run and the "
+            f"plant model ({len(trained & set(digests))} trained a candidate, "
+            f"{len(model_fit)} fitted the model); train every run and fit the model with the "
+            "same held-out share and split seed (evaluation.ope.holdout/split_seed, model "
+            "fit --holdout/--split-seed)"
+        )
+    heldout = dataset.select_episodes(np.asarray(heldout_ids, np.int64))
+    return heldout, {
+        "fingerprint": fingerprint,
+        "episodes": len(heldout_ids),
+        "of": len(digests),
+        "transitions": heldout.n_transitions,
+    }
+
+
+def _candidates_of(
+    agents: Mapping[str, Agent],
+) -> tuple[list[CandidateStack], dict[str, dict[str, Any]]]:
+    """Every run's candidate stacks, their names prefixed by the run's, and each run's
+    record (algorithm, candidates, failed runs, its own selection)."""
+    stacks: list[CandidateStack] = []
+    runs: dict[str, dict[str, Any]] = {}
+    for label, agent in agents.items():
+        own = agent.candidate_stacks()
+        runs[label] = {
+            "algorithm": agent.name,
+            "candidates": [name for stack in own for name in stack.names],
+            "failed": [] if agent.result is None else list(agent.result.failed_runs),
+            "selected": agent.selected_candidate,
+        }
+        stacks += [stack._replace(names=[f"{label}/{n}" for n in stack.names]) for stack in own]
+    if not stacks:
+        raise AgentError("agents: every candidate failed; none can be judged")
+    return stacks, runs
 
 
 def _fingerprint(dataset: Dataset) -> str:

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -161,47 +161,83 @@ def model_verdict(
     n_policies = int(jax.tree.leaves(policy_params)[0].shape[0])
     names = [str(name) for name in names]
     _check_inputs(names, n_policies, plant_model, heldout)
-    params = plant_model.params(settings.model_seed)
     n_costs = heldout.n_costs
-    cost_names = list(cost_names) or [f"cost_{i}" for i in range(n_costs)]
-    limits = np.full(n_costs, np.inf) if cost_limits is None else np.asarray(cost_limits, float)
-    lengths_all = np.asarray(jax.device_get(heldout.episode_lengths), np.int64)
-    episode_length = int(episode_length or max(1, round(float(lengths_all.mean()))))
-    starts = _starts_of(heldout, settings)
+    lengths = np.asarray(jax.device_get(heldout.episode_lengths), np.int64)
+    case = _Case(
+        heldout=heldout,
+        plant_model=plant_model,
+        params=plant_model.params(settings.model_seed),
+        starts=_starts_of(heldout, settings),
+        cost_names=list(cost_names) or [f"cost_{i}" for i in range(n_costs)],
+        limits=np.full(n_costs, np.inf) if cost_limits is None else np.asarray(cost_limits, float),
+        episode_length=int(episode_length or max(1, round(float(lengths.mean())))),
+        settings=settings,
+    )
+    policies = FqePolicies(act, policy_params, fqe_act, fqe_values)
+    return _verdict_of(case, names, _estimate(case, policies, constraints, scaler))
 
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    """What a verdict judges the candidates with: the held-out log and its starts, the
+    plant model's members, the cost channels and their episode limits."""
+
+    heldout: Dataset
+    plant_model: Any
+    params: Any
+    starts: _Starts
+    cost_names: list[str]
+    limits: np.ndarray
+    episode_length: int
+    settings: VerdictSettings
+
+
+class _Estimates(NamedTuple):
+    """Every estimator's result per candidate and for today's operation, the calibration
+    check, ``model+fqe``'s own error on today's operation, and the cost reader."""
+
+    candidates: list[list[EstimatorResult]]
+    behaviour: list[EstimatorResult]
+    calibration: Calibration
+    closing_error: list[Interval]
+    costs: _CostReader
+
+
+def _estimate(case: _Case, policies: FqePolicies, constraints: Any, scaler: Any) -> _Estimates:
+    """Every candidate and today's operation estimated by every estimator."""
+    settings, starts, heldout = case.settings, case.starts, case.heldout
     # One program over policies x members x starts; the operators cloned and run closed
     # loop in the same members from the same states with the same model noise.
     candidates, baseline, clone = _rollouts(
-        plant_model.dynamics, act, policy_params, params, starts, heldout, constraints, scaler,
-        settings,
+        case.plant_model.dynamics, policies.act, policies.policy_params, case.params, starts,
+        heldout, constraints, scaler, settings,
     )  # fmt: skip
     # The limit's share over each start's steps (spread evenly over an episode).
-    scale = np.maximum((limits / episode_length)[None, :] * starts.lengths[:, None], 1e-12)
+    limits = case.limits
+    scale = np.maximum((limits / case.episode_length)[None, :] * starts.lengths[:, None], 1e-12)
     calibration = _calibration(
         baseline=baseline,
-        logged_discounted=starts.logged_discounted,
-        logged_costs=starts.logged_costs,
+        starts=starts,
         scale=scale,
         limits=limits,
-        cost_names=cost_names,
-        start_episodes=starts.episodes,
+        cost_names=case.cost_names,
         heldout=heldout,
         settings=settings,
     )
     costs = _cost_reader(
-        heldout, params, plant_model.dynamics.layout, cost_names, limits, episode_length,
-        starts, calibration, settings,
+        heldout, case.params, case.plant_model.dynamics.layout, case.cost_names, limits,
+        case.episode_length, starts, calibration, settings,
     )  # fmt: skip
     reading = _ModelReading.of(heldout, baseline, starts, costs, scale, calibration, settings)
+    n_policies = candidates.discounted_return.shape[0]
     results = [
         [reading.candidate(jax.tree.map(lambda x, p=p: x[p], candidates), settings.seed + p)]
         for p in range(n_policies)
     ]
-    behaviour_results = [reading.operators()]
-    closing_error: list[Interval] = []
+    estimates = _Estimates(results, [reading.operators()], calibration, [], costs)
     if settings.fqe:
         fqe = _fqe_estimators(
-            FqePolicies(act, policy_params, fqe_act, fqe_values),
+            policies,
             heldout,
             settings,
             starts,
@@ -214,13 +250,25 @@ def model_verdict(
         )
         for p in range(n_policies):
             results[p].extend(fqe.candidates[p])
-        behaviour_results.extend(fqe.behaviour)
-        closing_error.append(fqe.closing_error)
+        estimates.behaviour.extend(fqe.behaviour)
+        estimates.closing_error.append(fqe.closing_error)
+    return estimates
 
-    estimators = tuple(result.estimator for result in behaviour_results)
-    deciding, calibration = _deciding(estimators, closing_error, calibration)
+
+def _verdict_of(case: _Case, names: list[str], estimates: _Estimates) -> Verdict:
+    """The decision over the candidates' estimates, with its evidence."""
+    settings, starts = case.settings, case.starts
+    estimators = tuple(result.estimator for result in estimates.behaviour)
+    deciding, calibration = _deciding(estimators, estimates.closing_error, estimates.calibration)
     table = [
-        _candidate_row(name, results[p], deciding, calibration, settings, heldout.n_transitions)
+        _candidate_row(
+            name,
+            estimates.candidates[p],
+            deciding,
+            calibration,
+            settings,
+            case.heldout.n_transitions,
+        )
         for p, name in enumerate(names)
     ]
     decision, chosen, statement = _decide(table, deciding, settings.level, calibration)
@@ -232,10 +280,15 @@ def model_verdict(
         behaviour={
             "how": BASELINE_HOW,
             "logged_discounted_return": float(np.mean(starts.logged_discounted)),
-            "estimates": [dataclasses.asdict(r) for r in behaviour_results],
+            "estimates": [dataclasses.asdict(r) for r in estimates.behaviour],
         },
         evidence=_evidence_of(
-            heldout, starts, params, episode_length, costs, getattr(plant_model, "card", {})
+            case.heldout,
+            starts,
+            case.params,
+            case.episode_length,
+            estimates.costs,
+            getattr(case.plant_model, "card", {}),
         ),
         estimators=estimators,
         deciding=deciding,

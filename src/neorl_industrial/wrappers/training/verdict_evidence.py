@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -124,29 +125,56 @@ def _widened(interval: Interval, by: float) -> Interval:
 def _calibration(
     *,
     baseline: RolloutSums,
-    logged_discounted: np.ndarray,
-    logged_costs: np.ndarray,
+    starts: Any,
     scale: np.ndarray,
     limits: np.ndarray,
     cost_names: Sequence[str],
-    start_episodes: np.ndarray,
     heldout: Dataset,
     settings: VerdictSettings,
 ) -> Calibration:
     """The operators' clone in the model (``baseline``, ``[M, N]``) against their logged
-    returns and costs from the same starts (see :class:`Calibration`)."""
-    level, draws, seed = settings.level, settings.bootstrap, settings.seed
-    within = _within
+    returns and costs from the same ``starts`` (the verdict's: ``logged_discounted``,
+    ``logged_costs``, ``episodes``; see :class:`Calibration`)."""
+    logged_discounted = starts.logged_discounted
 
     def interval(values: np.ndarray) -> Interval:
-        return _interval(values, bootstrap_means(values, start_episodes, draws, seed), level)
+        draws = bootstrap_means(values, starts.episodes, settings.bootstrap, settings.seed)
+        return _interval(values, draws, settings.level)
 
-    estimated = interval(baseline.discounted_return)
-    logged = interval(np.asarray(logged_discounted, np.float64)[None])
     error = interval(baseline.discounted_return - logged_discounted[None])
     size = float(np.mean(np.abs(logged_discounted)))
-    tolerance = settings.calibration_tolerance * size
+    common = dict(
+        estimated=interval(baseline.discounted_return),
+        logged=interval(np.asarray(logged_discounted, np.float64)[None]),
+        error=error,
+        tolerance=settings.calibration_tolerance * size,
+        model_error=Calibration.error_size(error),
+        size=size,
+        costs=tuple(
+            _cost_calibration(baseline, starts, scale, limits, cost_names, interval, settings)
+        ),
+        episodes=len(np.unique(starts.episodes)),
+        transitions=int(heldout.n_transitions),
+        min_episodes=settings.min_episodes,
+    )
+    status, reason = _calibration_status(common, settings)
+    return Calibration(status=status, reason=reason, **common)
 
+
+def _cost_calibration(
+    baseline: RolloutSums,
+    starts: Any,
+    scale: np.ndarray,
+    limits: np.ndarray,
+    cost_names: Sequence[str],
+    interval: Callable[[np.ndarray], Interval],
+    settings: VerdictSettings,
+) -> list[dict[str, Any]]:
+    """Per limited cost channel: the clone's cost in the model against the logged one, in
+    limits. A model that over-predicts a cost is conservative; one that under-predicts it
+    would let a candidate through that breaks the limit (``passed`` is False below
+    the settings' ``calibration_tolerance``, in limits)."""
+    logged_costs, tolerance = starts.logged_costs, settings.calibration_tolerance
     costs = []
     for c in range(logged_costs.shape[1]):
         if not np.isfinite(limits[c]):
@@ -154,58 +182,42 @@ def _calibration(
         model = baseline.total_costs[..., c] / scale[:, c]
         data = logged_costs[:, c] / scale[:, c]
         gap = interval(model - data[None])
-        # A model that over-predicts a cost is conservative; one that under-predicts it
-        # would let a candidate through that breaks the limit.
         costs.append(
             {
                 "channel": cost_names[c],
                 "estimated": float(np.mean(model)),
                 "logged": float(np.mean(data)),
                 "error": dataclasses.asdict(gap),
-                "passed": bool(gap.upper >= -settings.calibration_tolerance),
+                "passed": bool(gap.upper >= -tolerance),
             }
         )
-    episodes = len(np.unique(start_episodes))
-    common = dict(
-        estimated=estimated,
-        logged=logged,
-        error=error,
-        tolerance=tolerance,
-        model_error=Calibration.error_size(error),
-        size=size,
-        costs=tuple(costs),
-        episodes=episodes,
-        transitions=int(heldout.n_transitions),
-        min_episodes=settings.min_episodes,
-    )
+    return costs
+
+
+def _calibration_status(
+    common: dict[str, Any], settings: VerdictSettings
+) -> tuple[str, str | None]:
+    """``(status, reason)`` of a calibration check: too small, failed or passed (no
+    reason)."""
+    episodes, transitions = common["episodes"], common["transitions"]
     if episodes < settings.min_episodes:
-        return Calibration(
-            status="too small",
-            reason=(
-                f"the held-out part is too small for the calibration check: "
-                f"{heldout.n_transitions} transitions in {episodes} episode(s), at least "
-                f"{settings.min_episodes} episodes needed (hold out more episodes, or log more)"
-            ),
-            **common,
+        return "too small", (
+            f"the held-out part is too small for the calibration check: "
+            f"{transitions} transitions in {episodes} episode(s), at least "
+            f"{settings.min_episodes} episodes needed (hold out more episodes, or log more)"
         )
-    failed = [c["channel"] for c in costs if not c["passed"]]
-    if not within(error, tolerance) or failed:
-        what = (
-            f"estimated {estimated.value:.4g}, logged {logged.value:.4g}"
-            if not within(error, tolerance)
-            else "; ".join(
-                f"{c['channel']} estimated {c['estimated']:.3g}, logged {c['logged']:.3g} "
-                "of its limit"
-                for c in costs
-                if not c["passed"]
-            )
+    costs = common["costs"]
+    if not _within(common["error"], common["tolerance"]):
+        what = f"estimated {common['estimated'].value:.4g}, logged {common['logged'].value:.4g}"
+    elif any(not c["passed"] for c in costs):
+        what = "; ".join(
+            f"{c['channel']} estimated {c['estimated']:.3g}, logged {c['logged']:.3g} of its limit"
+            for c in costs
+            if not c["passed"]
         )
-        return Calibration(
-            status="failed",
-            reason=f"the plant model does not reproduce today's operation ({what})",
-            **common,
-        )
-    return Calibration(status="passed", **common)
+    else:
+        return "passed", None
+    return "failed", f"the plant model does not reproduce today's operation ({what})"
 
 
 def _spread(values: np.ndarray) -> float:
