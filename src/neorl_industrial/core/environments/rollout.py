@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +77,101 @@ class RolloutResult:
         return self.episode_cost_sum.sum(0) / jnp.maximum(self.episodes.sum(), 1)
 
 
+class RolloutOptions(TypedDict, total=False):
+    """The optional settings of :func:`rollout`, passed as keywords (all static)."""
+
+    #: Also return the per-step :class:`Transitions` (memory grows with
+    #: ``n_steps * n_envs * observation_size``).
+    record: bool
+    #: Compiled hard constraints (``core.safety``). Every proposed action is checked
+    #: against them, with the previous applied action of its environment (zero at the
+    #: start of an episode) for rate limits.
+    constraints: Any
+    #: With ``constraints``, pass every action through the safety shield (the default);
+    #: ``False`` only counts the violations of the proposed actions.
+    shield_actions: bool
+
+
+@struct.dataclass
+class _Totals:
+    """The running sums of a rollout, per environment (part of the scan's carry)."""
+
+    reward: jax.Array  # [n_envs] over all steps
+    cost: jax.Array  # [n_envs, n_costs] over all steps
+    episode_reward: jax.Array  # [n_envs] of the running episode
+    episode_cost: jax.Array  # [n_envs, n_costs] of the running episode
+    episodes: jax.Array  # [n_envs] completed episodes
+    return_sum: jax.Array  # [n_envs] returns of completed episodes
+    cost_sum: jax.Array  # [n_envs, n_costs] costs of completed episodes
+    invalid: jax.Array  # [n_envs] steps whose action was replaced
+
+    @classmethod
+    def zeros(cls, n_envs: int, n_costs: int) -> _Totals:
+        zeros = jnp.zeros((n_envs,), jnp.float32)
+        zero_costs = jnp.zeros((n_envs, n_costs), jnp.float32)
+        counts = jnp.zeros((n_envs,), jnp.int32)
+        return cls(
+            reward=zeros,
+            cost=zero_costs,
+            episode_reward=zeros,
+            episode_cost=zero_costs,
+            episodes=counts,
+            return_sum=zeros,
+            cost_sum=zero_costs,
+            invalid=counts,
+        )
+
+    def after(self, ts: Any, done: jax.Array) -> _Totals:
+        """These sums after the batch step ``ts`` (``done``: its finished environments);
+        finished episodes move into the completed sums, their running sums restart."""
+        episode_reward = self.episode_reward + ts.reward
+        episode_cost = self.episode_cost + ts.cost
+        return _Totals(
+            reward=self.reward + ts.reward,
+            cost=self.cost + ts.cost,
+            episode_reward=jnp.where(done, 0.0, episode_reward),
+            episode_cost=jnp.where(done[:, None], 0.0, episode_cost),
+            episodes=self.episodes + done,
+            return_sum=self.return_sum + jnp.where(done, episode_reward, 0.0),
+            cost_sum=self.cost_sum + jnp.where(done[:, None], episode_cost, 0.0),
+            invalid=self.invalid + ts.info.action_invalid,
+        )
+
+
+@struct.dataclass
+class _SafetyCounts:
+    """The shield's counts so far (part of the scan's carry): the :class:`ShieldStats`
+    and the overrides within each running episode."""
+
+    stats: ShieldStats
+    episode_overrides: jax.Array  # [n_envs] int32
+
+    @classmethod
+    def zeros(cls, n_envs: int, n_hard: int) -> _SafetyCounts:
+        counts = jnp.zeros((n_envs,), jnp.int32)
+        zero_hard = jnp.zeros((n_envs, n_hard), jnp.int32)
+        stats = ShieldStats(
+            decisions=counts,
+            overrides=counts,
+            projections=counts,
+            fallbacks=counts,
+            infeasible=counts,
+            violations=zero_hard,
+            applied_violations=zero_hard,
+            episode_overrides_sum=counts,
+        )
+        return cls(stats=stats, episode_overrides=counts)
+
+    def after_episodes(self, done: jax.Array) -> _SafetyCounts:
+        """These counts after the batch step whose finished environments are ``done``."""
+        episode_overrides = self.episode_overrides
+        stats = self.stats.replace(
+            episode_overrides_sum=self.stats.episode_overrides_sum
+            + jnp.where(done, episode_overrides, 0)
+        )
+        return _SafetyCounts(stats=stats, episode_overrides=jnp.where(done, 0, episode_overrides))
+
+
 def rollout(
     key: jax.Array,
     env: Environment,
@@ -86,15 +181,13 @@ def rollout(
     n_steps: int,
     *,
     policy_params: Any = None,
-    record: bool = False,
-    constraints: Any = None,
-    shield_actions: bool = True,
+    **options: Unpack[RolloutOptions],
 ) -> RolloutResult:
     """Runs ``n_envs`` environments for ``n_steps`` steps each under ``policy``.
 
-    Pure and jit-compatible (``env``, ``policy``, ``n_envs``, ``n_steps``, ``record`` and
-    ``shield_actions`` are static). Environments auto-reset at the end of an episode; the
-    reset is computed only on steps where some environment finishes.
+    Pure and jit-compatible (``env``, ``policy``, ``n_envs``, ``n_steps`` and the static
+    ``options`` are static). Environments auto-reset at the end of an episode; the reset
+    is computed only on steps where some environment finishes.
 
     Args:
         key: PRNG key for resets, environment noise and the policy.
@@ -105,24 +198,17 @@ def rollout(
         n_envs: number of environments stepped together.
         n_steps: number of steps.
         policy_params: passed to ``policy`` unchanged.
-        record: also return the per-step :class:`Transitions` (memory grows with
-            ``n_steps * n_envs * observation_size``).
-        constraints: compiled hard constraints (``core.safety``). Every proposed action is
-            checked against them, with the previous applied action of its environment
-            (zero at the start of an episode) for rate limits.
-        shield_actions: with ``constraints``, pass every action through the safety shield
-            (the default); ``False`` only counts the violations of the proposed actions.
+        **options: :class:`RolloutOptions`: ``record`` (default False), ``constraints``
+            (default None) and ``shield_actions`` (default True).
 
     Returns:
         A :class:`RolloutResult` with per-environment totals, with ``record`` the
         transitions, and with ``constraints`` the :class:`ShieldStats`.
     """
+    record, constraints, shield_actions = _settings(options)
     reset_key, loop_key = jax.random.split(key)
     states, timestep = env.reset_batch(reset_key, n_envs, params)
     batched_policy = jax.vmap(policy, in_axes=(None, 0, 0))
-    zeros = jnp.zeros((n_envs,), jnp.float32)
-    zero_costs = jnp.zeros((n_envs, env.n_costs), jnp.float32)
-    counts = jnp.zeros((n_envs,), jnp.int32)
     guard = _make_guard(constraints, shield_actions)
 
     def one_step(carry, step_key):
@@ -132,99 +218,62 @@ def rollout(
         actions, safety = guard(observation, proposed, prev_action, safety)
         states, ts = env.step_batch(env_key, states, actions, params)
         done = ts.done
-        episode_reward = totals["episode_reward"] + ts.reward
-        episode_cost = totals["episode_cost"] + ts.cost
-        totals = {
-            "reward": totals["reward"] + ts.reward,
-            "cost": totals["cost"] + ts.cost,
-            "episode_reward": jnp.where(done, 0.0, episode_reward),
-            "episode_cost": jnp.where(done[:, None], 0.0, episode_cost),
-            "episodes": totals["episodes"] + done,
-            "return_sum": totals["return_sum"] + jnp.where(done, episode_reward, 0.0),
-            "cost_sum": totals["cost_sum"] + jnp.where(done[:, None], episode_cost, 0.0),
-            "invalid": totals["invalid"] + ts.info.action_invalid,
-        }
+        totals = totals.after(ts, done)
         if safety is not None:
-            episode_overrides = safety["episode_overrides"]
-            safety = {
-                **safety,
-                "episode_overrides": jnp.where(done, 0, episode_overrides),
-                "episode_overrides_sum": safety["episode_overrides_sum"]
-                + jnp.where(done, episode_overrides, 0),
-            }
+            safety = safety.after_episodes(done)
         # A new episode starts from "no previous action".
         prev_action = jnp.where(
             done.reshape((-1,) + (1,) * (actions.ndim - 1)), jnp.zeros_like(actions), actions
         )
-        out = None
-        if record:
-            out = Transitions(
-                observation=observation,
-                action=actions,
-                reward=ts.reward,
-                cost=ts.cost,
-                terminated=ts.terminated,
-                truncated=ts.truncated,
-                next_observation=ts.info.final_observation,
-            )
+        out = _transitions(observation, actions, ts) if record else None
         return (states, ts.observation, prev_action, totals, safety), out
 
-    totals = {
-        "reward": zeros,
-        "cost": zero_costs,
-        "episode_reward": zeros,
-        "episode_cost": zero_costs,
-        "episodes": counts,
-        "return_sum": zeros,
-        "cost_sum": zero_costs,
-        "invalid": counts,
-    }
     safety = None
     if constraints is not None:
-        n_hard = len(constraints.names)
-        zero_hard = jnp.zeros((n_envs, n_hard), jnp.int32)
-        safety = {
-            name: counts
-            for name in (
-                "decisions",
-                "overrides",
-                "projections",
-                "fallbacks",
-                "infeasible",
-                "episode_overrides",
-                "episode_overrides_sum",
-            )
-        }
-        safety.update(violations=zero_hard, applied_violations=zero_hard)
+        safety = _SafetyCounts.zeros(n_envs, len(constraints.names))
     first_action = jnp.zeros((n_envs, *_action_shape(env)), _action_dtype(env))
     (states, observation, _, totals, safety), transitions = jax.lax.scan(
         one_step,
-        (states, timestep.observation, first_action, totals, safety),
+        (states, timestep.observation, first_action, _Totals.zeros(n_envs, env.n_costs), safety),
         jax.random.split(loop_key, n_steps),
     )
-    stats = None
-    if safety is not None:
-        stats = ShieldStats(
-            decisions=safety["decisions"],
-            overrides=safety["overrides"],
-            projections=safety["projections"],
-            fallbacks=safety["fallbacks"],
-            infeasible=safety["infeasible"],
-            violations=safety["violations"],
-            applied_violations=safety["applied_violations"],
-            episode_overrides_sum=safety["episode_overrides_sum"],
-        )
     return RolloutResult(
         final_state=states,
         final_observation=observation,
-        total_reward=totals["reward"],
-        total_cost=totals["cost"],
-        episodes=totals["episodes"],
-        episode_return_sum=totals["return_sum"],
-        episode_cost_sum=totals["cost_sum"],
-        invalid_actions=totals["invalid"],
+        total_reward=totals.reward,
+        total_cost=totals.cost,
+        episodes=totals.episodes,
+        episode_return_sum=totals.return_sum,
+        episode_cost_sum=totals.cost_sum,
+        invalid_actions=totals.invalid,
         transitions=transitions,
-        safety=stats,
+        safety=None if safety is None else safety.stats,
+    )
+
+
+def _settings(options: RolloutOptions) -> tuple[bool, Any, bool]:
+    """``record``, ``constraints`` and ``shield_actions`` of :func:`rollout`'s keywords,
+    defaults filled in; an unknown keyword is refused as a call with it would be."""
+    unknown = sorted(set(options) - set(RolloutOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"rollout() got unexpected keyword arguments {unknown}")
+    return (
+        options.get("record", False),
+        options.get("constraints"),
+        options.get("shield_actions", True),
+    )
+
+
+def _transitions(observation: jax.Array, actions: jax.Array, ts: Any) -> Transitions:
+    """The recorded data of one batch step from ``observation`` under ``actions``."""
+    return Transitions(
+        observation=observation,
+        action=actions,
+        reward=ts.reward,
+        cost=ts.cost,
+        terminated=ts.terminated,
+        truncated=ts.truncated,
+        next_observation=ts.info.final_observation,
     )
 
 
@@ -239,7 +288,7 @@ def _action_dtype(env: Environment) -> Any:
 def _make_guard(constraints: Any, shield_actions: bool) -> Callable:
     """``guard(observation, proposed, prev_action, safety) -> (actions, safety)`` for a
     batch: the identity without constraints; otherwise the shield (or only the check)
-    with its counts accumulated into ``safety``."""
+    with its counts accumulated into ``safety`` (:class:`_SafetyCounts`)."""
     if constraints is None:
         return lambda observation, proposed, prev_action, safety: (proposed, safety)
 
@@ -260,18 +309,18 @@ def _make_guard(constraints: Any, shield_actions: bool) -> Callable:
                 proposed.shape[:1], jnp.bool_
             )
         applied_violations = check(constraints, observation, actions, prev_action)
-        safety = {
-            **safety,
-            "decisions": safety["decisions"] + 1,
-            "overrides": safety["overrides"] + overridden,
-            "projections": safety["projections"] + projected,
-            "fallbacks": safety["fallbacks"] + fallback,
-            "infeasible": safety["infeasible"] + infeasible,
-            "episode_overrides": safety["episode_overrides"] + overridden,
-            "violations": safety["violations"] + proposed_violations,
-            "applied_violations": safety["applied_violations"] + applied_violations,
-        }
-        return actions, safety
+        stats = safety.stats
+        stats = stats.replace(
+            decisions=stats.decisions + 1,
+            overrides=stats.overrides + overridden,
+            projections=stats.projections + projected,
+            fallbacks=stats.fallbacks + fallback,
+            infeasible=stats.infeasible + infeasible,
+            violations=stats.violations + proposed_violations,
+            applied_violations=stats.applied_violations + applied_violations,
+        )
+        episode_overrides = safety.episode_overrides + overridden
+        return actions, _SafetyCounts(stats=stats, episode_overrides=episode_overrides)
 
     return guard
 
