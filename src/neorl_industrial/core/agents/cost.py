@@ -21,6 +21,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, TypeVar
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -43,9 +44,11 @@ __all__ = [
     "LagrangianState",
     "SafetyConfig",
     "check_cost_limits",
+    "check_safe_batch",
     "make_dual_ascent",
     "make_lagrangian",
     "per_step_cost_threshold",
+    "with_channel_metrics",
     "with_cost_limits",
 ]
 
@@ -185,6 +188,24 @@ def make_lagrangian(config: SafetyConfig) -> Lagrangian:
         return state.replace(multiplier=multiplier, opt_state=opt_state)
 
     return Lagrangian(init=init, update=update, thresholds=thresholds)
+
+
+def check_safe_batch(batch: Any, n_costs: int) -> None:
+    """Asserts (at trace time) a safe agent's batch: observations and actions ``[B, ·]``,
+    rewards ``[B]`` and costs ``[B, n_costs]``."""
+    chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
+    chex.assert_shape(batch.costs, (batch.rewards.shape[0], n_costs))
+
+
+def with_channel_metrics(
+    metrics: dict[str, jax.Array], multiplier: jax.Array, cost_value: jax.Array
+) -> dict[str, jax.Array]:
+    """``metrics`` with ``multiplier_{c}`` and ``cost_value_{c}`` of every cost channel
+    ``c`` added (``multiplier`` and ``cost_value`` are ``[n_costs]``)."""
+    for i in range(multiplier.shape[0]):
+        metrics[f"multiplier_{i}"] = multiplier[i]
+        metrics[f"cost_value_{i}"] = cost_value[i]
+    return metrics
 
 
 def with_cost_limits(state: State, cost_limits: Any) -> State:

@@ -16,6 +16,7 @@ maximizing the critics' risk measure (``critic.risk``: CVaR, Wang) of the return
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -176,150 +177,246 @@ def critic_loss(
     return td + jnp.sum(penalty), (td, gap, jnp.mean(q_data))
 
 
+class CQLNetworks(NamedTuple):
+    """The actor, the critics, the optimizers of both, of the temperature and of the
+    penalty's weight, and the entropy the temperature is tuned towards."""
+
+    actor: TanhGaussianActor
+    critics: Critics
+    actor_optimizer: optax.GradientTransformation
+    critic_optimizer: optax.GradientTransformation
+    alpha_optimizer: optax.GradientTransformation
+    alpha_prime_optimizer: optax.GradientTransformation
+    target_entropy: float
+
+
+def make_networks(config: CQLConfig, action_size: int) -> CQLNetworks:
+    """The networks and optimizers of ``config`` for actions of ``action_size``."""
+    return CQLNetworks(
+        actor=TanhGaussianActor(action_size, config.hidden, weight_init=config.weight_init),
+        critics=make_critics(config.critic, config.hidden, 2, weight_init=config.weight_init),
+        actor_optimizer=make_optimizer(config.actor_lr),
+        critic_optimizer=make_optimizer(config.critic_lr),
+        alpha_optimizer=make_optimizer(config.alpha_lr),
+        alpha_prime_optimizer=make_optimizer(config.alpha_prime_lr),
+        target_entropy=-float(action_size),
+    )
+
+
+def init_state(
+    networks: CQLNetworks, config: CQLConfig, obs_size: int, action_size: int, key: jax.Array
+) -> CQLState:
+    """A fresh state: new actor and critics (the targets the same), temperature and
+    penalty weight at 1 (their logs at 0)."""
+    actor_key, critic_key = jax.random.split(key)
+    observation = jnp.zeros((obs_size,), jnp.float32)
+    actor_params = networks.actor.init(actor_key, observation)
+    critic = networks.critics.init(critic_key, obs_size, action_size)
+    normalizer = ObservationNormalizer.from_config(config, obs_size)
+    zero = jnp.zeros((), jnp.float32)
+    return CQLState(
+        policy=PolicyParams(actor=actor_params, normalizer=normalizer),
+        critic=critic,
+        target_critic=critic,
+        log_alpha=zero,
+        log_alpha_prime=zero,
+        actor_opt_state=networks.actor_optimizer.init(actor_params),
+        critic_opt_state=networks.critic_optimizer.init(critic),
+        alpha_opt_state=networks.alpha_optimizer.init(zero),
+        alpha_prime_opt_state=networks.alpha_prime_optimizer.init(zero),
+        step=jnp.zeros((), jnp.int32),
+    )
+
+
+def actor_values(
+    networks: CQLNetworks,
+    config: CQLConfig,
+    state: CQLState,
+    observations: jax.Array,
+    data_actions: jax.Array,
+    actor_params: Any,
+    actions: jax.Array,
+) -> jax.Array:
+    """What the actor maximizes (``sac.actor_step``'s ``values``, with the first five
+    arguments bound): the current critics' risk values of ``actions``; during the warm
+    start (``state.step < config.bc_steps``) the log-likelihood of ``data_actions``."""
+    q = networks.critics.risk_values(state.critic, observations, actions)
+    if config.bc_steps == 0:
+        return q
+    data_log_prob = networks.actor.log_prob(actor_params, observations, data_actions)
+    return jnp.where(state.step < config.bc_steps, data_log_prob[None], q)
+
+
+def bootstrap_targets(
+    networks: CQLNetworks,
+    state: CQLState,
+    actor_params: Any,
+    batch: Any,
+    next_observations: jax.Array,
+    keys: tuple[jax.Array, jax.Array | None],
+) -> jax.Array:
+    """``r + γ`` times the pessimistic target value at the stepped actor's next action
+    (drawn with ``keys[0]``; ``keys[1]`` the fractions quantile critics draw), ``[B, N']``."""
+    next_key, target_key = keys
+    next_actions, _ = networks.actor.sample(actor_params, next_observations, next_key)
+    next_values = networks.critics.target_distribution(
+        state.target_critic, next_observations, next_actions, target_key
+    )  # [2, B, N']
+    return jax.lax.stop_gradient(
+        batch.rewards[:, None] + batch.discounts[:, None] * pessimistic(next_values)
+    )
+
+
+def sample_proposals(
+    actor: TanhGaussianActor,
+    n_actions: int,
+    actor_params: Any,
+    observations: jax.Array,
+    next_observations: jax.Array,
+    keys: tuple[jax.Array, jax.Array, jax.Array],
+) -> Proposals:
+    """The penalty's :class:`Proposals`: ``n_actions`` uniform actions per observation and
+    ``n_actions`` of the policy at ``s`` and at ``s'`` (drawn with the three ``keys``).
+
+    The actor runs once per observation and the critics later project each observation
+    once for all its actions (actions ``[n, B, action_size]``).
+    """
+    random_key, current_key, next_sample_key = keys
+    batch_size, action_size = observations.shape[0], actor.action_size
+    # Log-density of the uniform proposal on [-1, 1]^action_size.
+    uniform_log_density = -action_size * math.log(2.0)
+    random_actions = jax.random.uniform(
+        random_key, (n_actions, batch_size, action_size), minval=-1.0, maxval=1.0
+    )
+    current_actions, current_log_pi = actor.sample_n(
+        actor_params, observations, current_key, n_actions
+    )
+    next_sampled, next_log_pi = actor.sample_n(
+        actor_params, next_observations, next_sample_key, n_actions
+    )
+    return jax.lax.stop_gradient(
+        Proposals(
+            actions=jnp.concatenate([random_actions, current_actions, next_sampled], axis=0),
+            log_densities=jnp.concatenate(
+                [
+                    jnp.full((n_actions, batch_size), uniform_log_density),
+                    current_log_pi,
+                    next_log_pi,
+                ],
+                axis=0,
+            ),
+        )
+    )
+
+
+def alpha_prime_step(
+    networks: CQLNetworks, config: CQLConfig, state: CQLState, gap: jax.Array
+) -> tuple[jax.Array, optax.OptState]:
+    """The Lagrangian variant's step of the penalty's log weight, raising it while the
+    ``gap`` (per critic) exceeds ``config.target_action_gap``; without ``config.lagrange``
+    the state's weight and optimizer state unchanged."""
+    if not config.lagrange:
+        return state.log_alpha_prime, state.alpha_prime_opt_state
+
+    def objective(log_alpha_prime: jax.Array) -> tuple[jax.Array, None]:
+        weight = jnp.clip(jnp.exp(log_alpha_prime), 0.0, 1e6)
+        gaps = jax.lax.stop_gradient(gap - config.target_action_gap)
+        return -jnp.sum(weight * config.cql_alpha * gaps), None
+
+    log_alpha_prime, opt_state, _, _ = apply_gradients(
+        objective,
+        state.log_alpha_prime,
+        networks.alpha_prime_optimizer,
+        state.alpha_prime_opt_state,
+    )
+    return log_alpha_prime, opt_state
+
+
+def cql_update(
+    networks: CQLNetworks, config: CQLConfig, state: CQLState, batch: Any, key: jax.Array
+) -> tuple[CQLState, Metrics]:
+    """One update of CQL: SAC's actor and temperature steps against the current critics,
+    the critics' step on the TD loss plus the penalty, the penalty weight's step, and
+    SAC's target update."""
+    chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
+    policy_key, next_key, random_key, current_key, next_sample_key = jax.random.split(key, 5)
+    normalize = state.policy.normalizer
+    observations = normalize(batch.observations)
+    next_observations = normalize(batch.next_observations)
+
+    # Actor and temperature (SAC's steps), against the current critics; in the warm
+    # start the actor maximizes the data's log-likelihood instead of Q.
+    values = functools.partial(actor_values, networks, config, state, observations, batch.actions)
+    actor_params, actor_opt_state, a_loss, log_pi = sac.actor_step(
+        networks.actor, networks.actor_optimizer, state, observations, policy_key, values
+    )
+    log_alpha, alpha_opt_state, alpha_loss = sac.temperature_step(
+        networks.alpha_optimizer, state, log_pi, networks.target_entropy
+    )
+
+    # Critic: TD towards the target critics, plus the conservative penalty.
+    target_key, fraction_key = (
+        jax.random.split(jax.random.fold_in(key, 1))
+        if networks.critics.distributional
+        else (None, None)
+    )
+    targets = bootstrap_targets(
+        networks, state, actor_params, batch, next_observations, (next_key, target_key)
+    )
+    proposals = sample_proposals(
+        networks.actor,
+        config.n_actions,
+        actor_params,
+        observations,
+        next_observations,
+        (random_key, current_key, next_sample_key),
+    )
+    alpha_prime = jnp.clip(jnp.exp(state.log_alpha_prime), 0.0, 1e6)
+    critic_objective = functools.partial(
+        critic_loss,
+        networks.critics,
+        config,
+        observations=observations,
+        actions=batch.actions,
+        targets=targets,
+        proposals=proposals,
+        alpha_prime=alpha_prime,
+        fraction_key=fraction_key,
+    )
+    critic, critic_opt_state, c_loss, (td_loss, gap, q_mean) = apply_gradients(
+        critic_objective, state.critic, networks.critic_optimizer, state.critic_opt_state
+    )
+    log_alpha_prime, alpha_prime_opt_state = alpha_prime_step(networks, config, state, gap)
+
+    new_state = sac.finish_update(
+        state,
+        config.tau,
+        actor=(actor_params, actor_opt_state),
+        critic=(critic, critic_opt_state),
+        temperature=(log_alpha, alpha_opt_state),
+    ).replace(log_alpha_prime=log_alpha_prime, alpha_prime_opt_state=alpha_prime_opt_state)
+    metrics = {
+        "actor_loss": a_loss,
+        "alpha": jnp.exp(log_alpha),
+        "alpha_loss": alpha_loss,
+        "critic_loss": c_loss,
+        "td_loss": td_loss,
+        "cql_gap": jnp.mean(gap),
+        "alpha_prime": jnp.clip(jnp.exp(log_alpha_prime), 0.0, 1e6),
+        "q_mean": q_mean,
+    }
+    return new_state, metrics
+
+
 def make_cql(config: CQLConfig, obs_size: int, action_size: int) -> Algorithm:
     """CQL as ``Algorithm(init, update, act)``: SAC's actor and temperature steps
     (``sac.py``), and a critic step on the TD loss plus the conservative penalty."""
-    actor = TanhGaussianActor(action_size, config.hidden, weight_init=config.weight_init)
-    critics = make_critics(config.critic, config.hidden, 2, weight_init=config.weight_init)
-    actor_optimizer = make_optimizer(config.actor_lr)
-    critic_optimizer = make_optimizer(config.critic_lr)
-    alpha_optimizer = make_optimizer(config.alpha_lr)
-    alpha_prime_optimizer = make_optimizer(config.alpha_prime_lr)
-    target_entropy = -float(action_size)
-    # Log-density of the uniform proposal on [-1, 1]^action_size.
-    uniform_log_density = -action_size * math.log(2.0)
+    networks = make_networks(config, action_size)
 
     def init(key: jax.Array) -> CQLState:
-        actor_key, critic_key = jax.random.split(key)
-        observation = jnp.zeros((obs_size,), jnp.float32)
-        actor_params = actor.init(actor_key, observation)
-        critic = critics.init(critic_key, obs_size, action_size)
-        normalizer = ObservationNormalizer.from_config(config, obs_size)
-        zero = jnp.zeros((), jnp.float32)
-        return CQLState(
-            policy=PolicyParams(actor=actor_params, normalizer=normalizer),
-            critic=critic,
-            target_critic=critic,
-            log_alpha=zero,
-            log_alpha_prime=zero,
-            actor_opt_state=actor_optimizer.init(actor_params),
-            critic_opt_state=critic_optimizer.init(critic),
-            alpha_opt_state=alpha_optimizer.init(zero),
-            alpha_prime_opt_state=alpha_prime_optimizer.init(zero),
-            step=jnp.zeros((), jnp.int32),
-        )
+        return init_state(networks, config, obs_size, action_size, key)
 
     def update(state: CQLState, batch: Any, key: jax.Array) -> tuple[CQLState, Metrics]:
-        chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
-        policy_key, next_key, random_key, current_key, next_sample_key = jax.random.split(key, 5)
-        normalize = state.policy.normalizer
-        observations = normalize(batch.observations)
-        next_observations = normalize(batch.next_observations)
-        batch_size = observations.shape[0]
+        return cql_update(networks, config, state, batch, key)
 
-        # Actor and temperature (SAC's steps), against the current critics; in the warm
-        # start the actor maximizes the data's log-likelihood instead of Q.
-        def values(actor_params: Any, actions: jax.Array) -> jax.Array:
-            q = critics.risk_values(state.critic, observations, actions)
-            if config.bc_steps == 0:
-                return q
-            data_log_prob = actor.log_prob(actor_params, observations, batch.actions)
-            return jnp.where(state.step < config.bc_steps, data_log_prob[None], q)
-
-        actor_params, actor_opt_state, a_loss, log_pi = sac.actor_step(
-            actor, actor_optimizer, state, observations, policy_key, values
-        )
-        log_alpha, alpha_opt_state, alpha_loss = sac.temperature_step(
-            alpha_optimizer, state, log_pi, target_entropy
-        )
-
-        # Critic: TD towards the target critics, plus the conservative penalty.
-        target_key, fraction_key = (
-            jax.random.split(jax.random.fold_in(key, 1)) if critics.distributional else (None, None)
-        )
-        next_actions, _ = actor.sample(actor_params, next_observations, next_key)
-        next_values = critics.target_distribution(
-            state.target_critic, next_observations, next_actions, target_key
-        )  # [2, B, N']
-        targets = jax.lax.stop_gradient(
-            batch.rewards[:, None] + batch.discounts[:, None] * pessimistic(next_values)
-        )
-
-        # n actions per observation: the actor runs once per observation and the critics
-        # project each observation once for all its actions (actions [n, B, act]).
-        random_actions = jax.random.uniform(
-            random_key, (config.n_actions, batch_size, action_size), minval=-1.0, maxval=1.0
-        )
-        current_actions, current_log_pi = actor.sample_n(
-            actor_params, observations, current_key, config.n_actions
-        )
-        next_sampled, next_log_pi = actor.sample_n(
-            actor_params, next_observations, next_sample_key, config.n_actions
-        )
-        proposals = jax.lax.stop_gradient(
-            Proposals(
-                actions=jnp.concatenate([random_actions, current_actions, next_sampled], axis=0),
-                log_densities=jnp.concatenate(
-                    [
-                        jnp.full((config.n_actions, batch_size), uniform_log_density),
-                        current_log_pi,
-                        next_log_pi,
-                    ],
-                    axis=0,
-                ),
-            )
-        )
-        alpha_prime = jnp.clip(jnp.exp(state.log_alpha_prime), 0.0, 1e6)
-
-        def critic_objective(critic: Any) -> tuple[jax.Array, Any]:
-            return critic_loss(
-                critics,
-                config,
-                critic,
-                observations,
-                batch.actions,
-                targets,
-                proposals,
-                alpha_prime,
-                fraction_key,
-            )
-
-        critic, critic_opt_state, c_loss, (td_loss, gap, q_mean) = apply_gradients(
-            critic_objective, state.critic, critic_optimizer, state.critic_opt_state
-        )
-
-        log_alpha_prime, alpha_prime_opt_state = state.log_alpha_prime, state.alpha_prime_opt_state
-        if config.lagrange:
-
-            def alpha_prime_objective(log_alpha_prime: jax.Array) -> tuple[jax.Array, None]:
-                weight = jnp.clip(jnp.exp(log_alpha_prime), 0.0, 1e6)
-                gaps = jax.lax.stop_gradient(gap - config.target_action_gap)
-                return -jnp.sum(weight * config.cql_alpha * gaps), None
-
-            log_alpha_prime, alpha_prime_opt_state, _, _ = apply_gradients(
-                alpha_prime_objective,
-                state.log_alpha_prime,
-                alpha_prime_optimizer,
-                state.alpha_prime_opt_state,
-            )
-
-        new_state = sac.finish_update(
-            state,
-            config.tau,
-            actor=(actor_params, actor_opt_state),
-            critic=(critic, critic_opt_state),
-            temperature=(log_alpha, alpha_opt_state),
-        ).replace(log_alpha_prime=log_alpha_prime, alpha_prime_opt_state=alpha_prime_opt_state)
-        metrics = {
-            "actor_loss": a_loss,
-            "alpha": jnp.exp(log_alpha),
-            "alpha_loss": alpha_loss,
-            "critic_loss": c_loss,
-            "td_loss": td_loss,
-            "cql_gap": jnp.mean(gap),
-            "alpha_prime": jnp.clip(jnp.exp(log_alpha_prime), 0.0, 1e6),
-            "q_mean": q_mean,
-        }
-        return new_state, metrics
-
-    return Algorithm(init=init, update=update, act=make_act(actor.act))
+    return Algorithm(init=init, update=update, act=make_act(networks.actor.act))

@@ -231,6 +231,91 @@ def check_policy(policy: DeterministicPolicy, obs_size: int, action_size: int) -
         )
 
 
+class FQEParts(NamedTuple):
+    """What an FQE closes over: the critics, their optimizer, the evaluated policy and the
+    sizes it was built for."""
+
+    network: MultiHeadCritics
+    optimizer: optax.GradientTransformation
+    policy: DeterministicPolicy
+    obs_size: int
+    action_size: int
+    n_costs: int
+
+
+def check_batch(parts: FQEParts, batch: Any) -> None:
+    """Asserts (at trace time) the shapes of a batch of ``B`` transitions."""
+    batch_size = batch.rewards.shape[0]
+    chex.assert_shape([batch.observations, batch.next_observations], (batch_size, parts.obs_size))
+    chex.assert_shape(batch.actions, (batch_size, parts.action_size))
+    chex.assert_shape(batch.costs, (batch_size, parts.n_costs))
+    chex.assert_shape([batch.rewards, batch.discounts], (batch_size,))
+
+
+def fqe_targets(parts: FQEParts, state: FQEState, batch: Any) -> jax.Array:
+    """``[B, 1 + n_costs]``: every signal's :func:`fqe_target`, bootstrapped from the
+    target critics at the policy's next action (no gradient)."""
+    next_actions = parts.policy(batch.next_observations)
+    chex.assert_shape(next_actions, (batch.rewards.shape[0], parts.action_size))
+    next_q = parts.network.apply(
+        state.target_critic, state.normalizer(batch.next_observations), next_actions
+    )  # [n_critics, B, n_heads]
+    targets = jax.vmap(fqe_target, in_axes=(0, 0, 0, 1))(
+        batch.rewards, batch.costs, batch.discounts, next_q
+    )
+    return jax.lax.stop_gradient(targets)
+
+
+def fqe_update(
+    parts: FQEParts, config: FQEConfig, state: FQEState, batch: Any
+) -> tuple[FQEState, Metrics]:
+    """One regression step of the critics towards :func:`fqe_targets`; every
+    ``config.target_update_period`` updates the target critics become a copy of them."""
+    check_batch(parts, batch)
+    targets = fqe_targets(parts, state, batch)
+    observations = state.normalizer(batch.observations)
+
+    def objective(critic: Any) -> tuple[jax.Array, jax.Array]:
+        q = parts.network.apply(critic, observations, batch.actions)  # [n_critics, B, n_heads]
+        return jnp.mean(jax.vmap(fqe_loss, in_axes=(1, 0))(q, targets)), q
+
+    critic, opt_state, loss, q = apply_gradients(
+        objective, state.critic, parts.optimizer, state.opt_state
+    )
+    step = state.step + 1
+    copy = step % config.target_update_period == 0
+    target_critic = jax.tree.map(
+        lambda online, target: jnp.where(copy, online, target), critic, state.target_critic
+    )
+    metrics = {
+        "loss": loss,
+        "q_return": jnp.mean(q[..., 0]),
+        "target_return": jnp.mean(targets[:, 0]),
+    }
+    if parts.n_costs:
+        metrics["q_cost"] = jnp.mean(q[..., 1:])
+    new_state = FQEState(
+        critic=critic,
+        target_critic=target_critic,
+        opt_state=opt_state,
+        normalizer=state.normalizer,
+        step=step,
+    )
+    return new_state, metrics
+
+
+def fqe_estimate(parts: FQEParts, state: FQEState, observations: jax.Array) -> jax.Array:
+    """``Q(s, π(s))`` of ``observations[..., obs_size]``, ``[..., 1 + n_costs]``: the
+    critics' mean."""
+    observations = jnp.asarray(observations, jnp.float32)
+    chex.assert_axis_dimension(observations, -1, parts.obs_size)
+    leading = observations.shape[:-1]
+    flat = observations.reshape(-1, parts.obs_size)
+    actions = parts.policy(flat)
+    q = parts.network.apply(state.critic, state.normalizer(flat), actions)
+    return jnp.mean(q, axis=0).reshape(*leading, 1 + parts.n_costs)
+
+
 def make_fqe(
     config: FQEConfig,
     obs_size: int,
@@ -255,9 +340,11 @@ def make_fqe(
     """
     _check_sizes(obs_size, action_size, n_costs)
     check_policy(policy, obs_size, action_size)
-    n_heads = 1 + n_costs
-    network = MultiHeadCritics(hidden=config.hidden, n_heads=n_heads, n_critics=config.n_critics)
+    network = MultiHeadCritics(
+        hidden=config.hidden, n_heads=1 + n_costs, n_critics=config.n_critics
+    )
     optimizer = make_optimizer(config.learning_rate, config.max_grad_norm)
+    parts = FQEParts(network, optimizer, policy, obs_size, action_size, n_costs)
 
     def init(key: jax.Array) -> FQEState:
         critic = network.init(
@@ -273,58 +360,9 @@ def make_fqe(
 
     def update(state: FQEState, batch: Any, key: jax.Array) -> tuple[FQEState, Metrics]:
         del key  # the policy is deterministic and the targets have no noise
-        batch_size = batch.rewards.shape[0]
-        chex.assert_shape([batch.observations, batch.next_observations], (batch_size, obs_size))
-        chex.assert_shape(batch.actions, (batch_size, action_size))
-        chex.assert_shape(batch.costs, (batch_size, n_costs))
-        chex.assert_shape([batch.rewards, batch.discounts], (batch_size,))
-        normalize = state.normalizer
-        next_actions = policy(batch.next_observations)
-        chex.assert_shape(next_actions, (batch_size, action_size))
-        next_q = network.apply(
-            state.target_critic, normalize(batch.next_observations), next_actions
-        )  # [n_critics, B, n_heads]
-        targets = jax.vmap(fqe_target, in_axes=(0, 0, 0, 1))(
-            batch.rewards, batch.costs, batch.discounts, next_q
-        )
-        targets = jax.lax.stop_gradient(targets)
-        observations = normalize(batch.observations)
-
-        def objective(critic: Any) -> tuple[jax.Array, jax.Array]:
-            q = network.apply(critic, observations, batch.actions)  # [n_critics, B, n_heads]
-            return jnp.mean(jax.vmap(fqe_loss, in_axes=(1, 0))(q, targets)), q
-
-        critic, opt_state, loss, q = apply_gradients(
-            objective, state.critic, optimizer, state.opt_state
-        )
-        step = state.step + 1
-        copy = step % config.target_update_period == 0
-        target_critic = jax.tree.map(
-            lambda online, target: jnp.where(copy, online, target), critic, state.target_critic
-        )
-        metrics = {
-            "loss": loss,
-            "q_return": jnp.mean(q[..., 0]),
-            "target_return": jnp.mean(targets[:, 0]),
-        }
-        if n_costs:
-            metrics["q_cost"] = jnp.mean(q[..., 1:])
-        new_state = FQEState(
-            critic=critic,
-            target_critic=target_critic,
-            opt_state=opt_state,
-            normalizer=state.normalizer,
-            step=step,
-        )
-        return new_state, metrics
+        return fqe_update(parts, config, state, batch)
 
     def estimate(state: FQEState, observations: jax.Array) -> jax.Array:
-        observations = jnp.asarray(observations, jnp.float32)
-        chex.assert_axis_dimension(observations, -1, obs_size)
-        leading = observations.shape[:-1]
-        flat = observations.reshape(-1, obs_size)
-        actions = policy(flat)
-        q = network.apply(state.critic, state.normalizer(flat), actions)
-        return jnp.mean(q, axis=0).reshape(*leading, n_heads)
+        return fqe_estimate(parts, state, observations)
 
     return FQE(init=init, update=update, estimate=estimate)

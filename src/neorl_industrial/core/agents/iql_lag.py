@@ -14,14 +14,21 @@ leaves of the state (:func:`~neorl_industrial.core.agents.cost.with_cost_limits`
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from neorl_industrial.core.agents import cost_critics, iql
-from neorl_industrial.core.agents.cost import LagrangianState, SafetyConfig, make_lagrangian
+from neorl_industrial.core.agents.cost import (
+    Lagrangian,
+    LagrangianState,
+    SafetyConfig,
+    check_safe_batch,
+    make_lagrangian,
+    with_channel_metrics,
+)
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
 
 __all__ = ["IQLLagConfig", "IQLLagState", "make_iql_lag"]
@@ -52,88 +59,113 @@ class IQLLagState(iql.IQLState):
     lagrangian: LagrangianState
 
 
+class IQLLagNetworks(NamedTuple):
+    """IQL's networks, the in-sample cost critics and values, and the Lagrangian of the
+    limits."""
+
+    networks: iql.IQLNetworks
+    costs: cost_critics.InSampleCostCritics
+    lagrangian: Lagrangian
+
+
+def make_networks(config: IQLLagConfig, action_size: int) -> IQLLagNetworks:
+    """The networks, in-sample cost critics and Lagrangian of ``config``."""
+    return IQLLagNetworks(
+        networks=iql.make_networks(config, action_size),
+        costs=cost_critics.make_in_sample_cost_critics(
+            config.hidden,
+            len(config.cost_limits),
+            config.value_lr,
+            config.critic_lr,
+            config.cost_expectile,
+            config.cost_critic,
+            config.weight_init,
+        ),
+        lagrangian=make_lagrangian(config),
+    )
+
+
+def iql_lag_update(
+    parts: IQLLagNetworks,
+    config: IQLLagConfig,
+    state: IQLLagState,
+    batch: Batch,
+    key: jax.Array,
+) -> tuple[IQLLagState, Metrics]:
+    """One update of IQL-Lag: IQL's value and critics, the cost values and critics, the
+    actor on the Lagrangian advantage, then the targets and the multipliers' step on the
+    policy's estimated cost value."""
+    networks, costs = parts.networks, parts.costs
+    # Deterministic given the batch, but for the fractions quantile critics draw.
+    critic_key, cost_key = jax.random.split(key)
+    critic_key = critic_key if config.critic.distributional else None
+    cost_key = cost_key if config.cost_critic.distributional else None
+    check_safe_batch(batch, costs.critics.n_costs)
+    normalize = state.policy.normalizer
+    observations = normalize(batch.observations)
+    next_observations = normalize(batch.next_observations)
+
+    state, values = iql.value_and_critic_step(
+        networks, config, state, batch, observations, next_observations, critic_key
+    )
+    cost_state, cost_values = cost_critics.in_sample_step(
+        costs,
+        state.cost_critics,
+        observations,
+        batch.actions,
+        batch.costs,
+        batch.discounts,
+        next_observations,
+        cost_key,
+    )
+    multiplier = state.lagrangian.multiplier
+    advantages = (values.target_q - values.value) - multiplier @ (
+        cost_values.target_q - cost_values.value
+    )
+    state, a_loss, policy_mean = iql.actor_step(
+        networks, config, state, observations, batch.actions, advantages
+    )
+
+    policy_actions = jax.lax.stop_gradient(jnp.clip(policy_mean, -1.0, 1.0))
+    policy_cost = jnp.mean(
+        costs.critics.risk_values(cost_state.critic, observations, policy_actions), axis=(1, 2)
+    )
+    new_state = iql.finish_update(config, state).replace(
+        cost_critics=cost_critics.soft_update(cost_state, config.tau),
+        lagrangian=parts.lagrangian.update(state.lagrangian, policy_cost),
+    )
+    metrics = {
+        "value_loss": values.value_loss,
+        "critic_loss": values.critic_loss,
+        "cost_value_loss": cost_values.value_loss,
+        "cost_critic_loss": cost_values.critic_loss,
+        "actor_loss": a_loss,
+        "advantage_mean": jnp.mean(advantages),
+    }
+    return new_state, with_channel_metrics(metrics, new_state.lagrangian.multiplier, policy_cost)
+
+
 def make_iql_lag(config: IQLLagConfig, obs_size: int, action_size: int) -> Algorithm:
     """IQL-Lag as ``Algorithm(init, update, act)``."""
-    n_costs = len(config.cost_limits)
-    networks = iql.make_networks(config, action_size)
-    costs = cost_critics.make_in_sample_cost_critics(
-        config.hidden,
-        n_costs,
-        config.value_lr,
-        config.critic_lr,
-        config.cost_expectile,
-        config.cost_critic,
-        config.weight_init,
-    )
-    lagrangian = make_lagrangian(config)
+    parts = make_networks(config, action_size)
     base = iql.make_iql(config, obs_size, action_size)  # acting is IQL's
 
     def init(key: jax.Array) -> IQLLagState:
         keys = jax.random.split(key, 5)
         return iql.init_state(
-            networks,
+            parts.networks,
             config,
             obs_size,
             action_size,
             *keys[:3],
             state_type=IQLLagState,
             cost_critics=cost_critics.init_in_sample(
-                costs, keys[3], keys[4], obs_size, action_size
+                parts.costs, keys[3], keys[4], obs_size, action_size
             ),
-            lagrangian=lagrangian.init(),
+            lagrangian=parts.lagrangian.init(),
         )
 
     def update(state: IQLLagState, batch: Batch, key: jax.Array) -> tuple[IQLLagState, Metrics]:
-        # Deterministic given the batch, but for the fractions quantile critics draw.
-        critic_key, cost_key = jax.random.split(key)
-        critic_key = critic_key if config.critic.distributional else None
-        cost_key = cost_key if config.cost_critic.distributional else None
-        chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
-        chex.assert_shape(batch.costs, (batch.rewards.shape[0], n_costs))
-        normalize = state.policy.normalizer
-        observations = normalize(batch.observations)
-        next_observations = normalize(batch.next_observations)
-
-        state, values = iql.value_and_critic_step(
-            networks, config, state, batch, observations, next_observations, critic_key
-        )
-        cost_state, cost_values = cost_critics.in_sample_step(
-            costs,
-            state.cost_critics,
-            observations,
-            batch.actions,
-            batch.costs,
-            batch.discounts,
-            next_observations,
-            cost_key,
-        )
-        multiplier = state.lagrangian.multiplier
-        advantages = (values.target_q - values.value) - multiplier @ (
-            cost_values.target_q - cost_values.value
-        )
-        state, a_loss, policy_mean = iql.actor_step(
-            networks, config, state, observations, batch.actions, advantages
-        )
-
-        policy_actions = jax.lax.stop_gradient(jnp.clip(policy_mean, -1.0, 1.0))
-        policy_cost = jnp.mean(
-            costs.critics.risk_values(cost_state.critic, observations, policy_actions), axis=(1, 2)
-        )
-        new_state = iql.finish_update(config, state).replace(
-            cost_critics=cost_critics.soft_update(cost_state, config.tau),
-            lagrangian=lagrangian.update(state.lagrangian, policy_cost),
-        )
-        metrics = {
-            "value_loss": values.value_loss,
-            "critic_loss": values.critic_loss,
-            "cost_value_loss": cost_values.value_loss,
-            "cost_critic_loss": cost_values.critic_loss,
-            "actor_loss": a_loss,
-            "advantage_mean": jnp.mean(advantages),
-        }
-        for i in range(n_costs):
-            metrics[f"multiplier_{i}"] = new_state.lagrangian.multiplier[i]
-            metrics[f"cost_value_{i}"] = policy_cost[i]
-        return new_state, metrics
+        return iql_lag_update(parts, config, state, batch, key)
 
     return Algorithm(init=init, update=update, act=base.act)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import chex
 import jax
@@ -270,6 +271,145 @@ def finish_update(
 
 
 # ----- the algorithm -----------------------------------------------------------------
+class SACNetworks(NamedTuple):
+    """The actor, the critic ensemble, their optimizers and the temperature's, and the
+    entropy the temperature is tuned towards."""
+
+    actor: TanhGaussianActor
+    critic: CriticEnsemble
+    actor_optimizer: optax.GradientTransformation
+    critic_optimizer: optax.GradientTransformation
+    alpha_optimizer: optax.GradientTransformation
+    target_entropy: float
+
+
+def make_networks(config: SACConfig, action_size: int) -> SACNetworks:
+    """The networks and optimizers of ``config`` for actions of ``action_size``."""
+    target_entropy = (
+        -float(action_size) if config.target_entropy is None else float(config.target_entropy)
+    )
+    return SACNetworks(
+        actor=TanhGaussianActor(action_size, config.hidden, weight_init=config.weight_init),
+        critic=CriticEnsemble(config.hidden, config.n_critics, weight_init=config.weight_init),
+        actor_optimizer=make_optimizer(config.actor_lr, config.max_grad_norm),
+        critic_optimizer=make_optimizer(config.critic_lr, config.max_grad_norm),
+        alpha_optimizer=make_optimizer(config.alpha_lr),
+        target_entropy=target_entropy,
+    )
+
+
+def init_state(
+    networks: SACNetworks, config: SACConfig, obs_size: int, action_size: int, key: jax.Array
+) -> SACState:
+    """A fresh state: new actor and critics, the target critics a copy of the critics,
+    the temperature at ``config.initial_alpha``."""
+    actor_key, critic_key = jax.random.split(key)
+    observation = jnp.zeros((1, obs_size), jnp.float32)
+    action = jnp.zeros((1, action_size), jnp.float32)
+    actor_params = networks.actor.init(actor_key, observation)
+    critic_params = networks.critic.init(critic_key, observation, action)
+    if config.obs_mean is None:
+        normalizer = ObservationNormalizer.identity(obs_size)
+    else:
+        normalizer = ObservationNormalizer.create(config.obs_mean, config.obs_std)
+    log_alpha = jnp.asarray(np.log(config.initial_alpha), jnp.float32)
+    return SACState(
+        policy=PolicyParams(actor=actor_params, normalizer=normalizer),
+        critic=critic_params,
+        # A copy, not an alias: callers may donate the state to a jitted update.
+        target_critic=jax.tree.map(jnp.copy, critic_params),
+        actor_opt_state=networks.actor_optimizer.init(actor_params),
+        critic_opt_state=networks.critic_optimizer.init(critic_params),
+        log_alpha=log_alpha,
+        alpha_opt_state=networks.alpha_optimizer.init(log_alpha),
+        step=jnp.zeros((), jnp.int32),
+    )
+
+
+def critic_step(
+    networks: SACNetworks,
+    state: SACState,
+    transition: tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array],
+    alpha: jax.Array,
+    key: jax.Array,
+) -> tuple[Params, optax.OptState, jax.Array, jax.Array]:
+    """One step of the critics towards the soft value of the next state under the policy
+    (its action drawn with ``key``).
+
+    Args:
+        transition: ``(observations, actions, rewards, discounts, next_observations)``,
+            the observations normalized, rewards scaled and discounts times ``gamma``.
+        alpha: the entropy temperature.
+
+    Returns:
+        ``(critic_params, opt_state, loss, q)``; ``q`` (``[n_critics, B]``) before the step.
+    """
+    observations, actions, rewards, discounts, next_observations = transition
+    next_actions, next_log_probs = networks.actor.sample(state.policy.actor, next_observations, key)
+    next_q = networks.critic.apply(state.target_critic, next_observations, next_actions)
+
+    def objective(critic_params: Params) -> tuple[jax.Array, jax.Array]:
+        q = networks.critic.apply(critic_params, observations, actions)
+        losses = jax.vmap(soft_td_loss, in_axes=(1, 0, 0, 1, 0, None))(
+            q, rewards, discounts, next_q, next_log_probs, alpha
+        )
+        return jnp.mean(losses), q
+
+    return apply_gradients(
+        objective, state.critic, networks.critic_optimizer, state.critic_opt_state
+    )
+
+
+def sac_update(
+    networks: SACNetworks, config: SACConfig, state: SACState, batch: Batch, key: jax.Array
+) -> tuple[SACState, Metrics]:
+    """One update of SAC: the critics, then the actor against the updated critics, then
+    the temperature, then the targets."""
+    next_key, actor_key = jax.random.split(key)
+    normalize = state.policy.normalizer
+    observations = normalize(batch.observations)
+    next_observations = normalize(batch.next_observations)
+    rewards = config.reward_scale * (batch.rewards + config.reward_shift)
+    discounts = config.gamma * batch.discounts
+    alpha = jnp.exp(state.log_alpha)
+
+    # Critics: regress towards the soft value of the next state under the policy.
+    transition = (observations, batch.actions, rewards, discounts, next_observations)
+    critic_params, critic_opt_state, critic_loss_value, q = critic_step(
+        networks, state, transition, alpha, next_key
+    )
+    # Actor: maximize the (freshly updated) critics' value plus entropy.
+    actor_params, actor_opt_state, actor_loss_value, log_probs = actor_step(
+        networks.actor,
+        networks.actor_optimizer,
+        state,
+        observations,
+        actor_key,
+        lambda _, actions: networks.critic.apply(critic_params, observations, actions),
+    )
+    # Temperature: keep the policy's entropy near the target.
+    log_alpha, alpha_opt_state, alpha_loss_value = temperature_step(
+        networks.alpha_optimizer, state, log_probs, networks.target_entropy
+    )
+    new_state = finish_update(
+        state,
+        config.tau,
+        actor=(actor_params, actor_opt_state),
+        critic=(critic_params, critic_opt_state),
+        temperature=(log_alpha, alpha_opt_state),
+    )
+    metrics = {
+        "critic_loss": critic_loss_value,
+        "actor_loss": actor_loss_value,
+        "alpha_loss": alpha_loss_value,
+        "alpha": alpha,
+        "entropy": -jnp.mean(log_probs),
+        "q_mean": jnp.mean(q),
+        "scaled_reward_mean": jnp.mean(rewards),
+    }
+    return new_state, metrics
+
+
 def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
     """Builds SAC for observations of ``obs_size`` and actions of ``action_size``.
 
@@ -285,37 +425,10 @@ def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
         raise ValueError(
             f"obs_mean: has {len(config.obs_mean)} values but observations have {obs_size}"
         )
-    actor = TanhGaussianActor(action_size, config.hidden, weight_init=config.weight_init)
-    critic = CriticEnsemble(config.hidden, config.n_critics, weight_init=config.weight_init)
-    target_entropy = (
-        -float(action_size) if config.target_entropy is None else float(config.target_entropy)
-    )
-    actor_optimizer = make_optimizer(config.actor_lr, config.max_grad_norm)
-    critic_optimizer = make_optimizer(config.critic_lr, config.max_grad_norm)
-    alpha_optimizer = make_optimizer(config.alpha_lr)
+    networks = make_networks(config, action_size)
 
     def init(key: jax.Array) -> SACState:
-        actor_key, critic_key = jax.random.split(key)
-        observation = jnp.zeros((1, obs_size), jnp.float32)
-        action = jnp.zeros((1, action_size), jnp.float32)
-        actor_params = actor.init(actor_key, observation)
-        critic_params = critic.init(critic_key, observation, action)
-        if config.obs_mean is None:
-            normalizer = ObservationNormalizer.identity(obs_size)
-        else:
-            normalizer = ObservationNormalizer.create(config.obs_mean, config.obs_std)
-        log_alpha = jnp.asarray(np.log(config.initial_alpha), jnp.float32)
-        return SACState(
-            policy=PolicyParams(actor=actor_params, normalizer=normalizer),
-            critic=critic_params,
-            # A copy, not an alias: callers may donate the state to a jitted update.
-            target_critic=jax.tree.map(jnp.copy, critic_params),
-            actor_opt_state=actor_optimizer.init(actor_params),
-            critic_opt_state=critic_optimizer.init(critic_params),
-            log_alpha=log_alpha,
-            alpha_opt_state=alpha_optimizer.init(log_alpha),
-            step=jnp.zeros((), jnp.int32),
-        )
+        return init_state(networks, config, obs_size, action_size, key)
 
     def update(state: SACState, batch: Batch, key: jax.Array) -> tuple[SACState, Metrics]:
         batch_size = batch.rewards.shape[0]
@@ -323,59 +436,9 @@ def make_sac(config: SACConfig, obs_size: int, action_size: int) -> Algorithm:
         chex.assert_shape(batch.next_observations, (batch_size, obs_size))
         chex.assert_shape(batch.actions, (batch_size, action_size))
         chex.assert_shape([batch.rewards, batch.discounts], (batch_size,))
-        next_key, actor_key = jax.random.split(key)
-        normalize = state.policy.normalizer
-        observations = normalize(batch.observations)
-        next_observations = normalize(batch.next_observations)
-        rewards = config.reward_scale * (batch.rewards + config.reward_shift)
-        discounts = config.gamma * batch.discounts
-        alpha = jnp.exp(state.log_alpha)
-
-        # Critics: regress towards the soft value of the next state under the policy.
-        next_actions, next_log_probs = actor.sample(state.policy.actor, next_observations, next_key)
-        next_q = critic.apply(state.target_critic, next_observations, next_actions)
-
-        def critic_objective(critic_params: Params) -> tuple[jax.Array, jax.Array]:
-            q = critic.apply(critic_params, observations, batch.actions)
-            losses = jax.vmap(soft_td_loss, in_axes=(1, 0, 0, 1, 0, None))(
-                q, rewards, discounts, next_q, next_log_probs, alpha
-            )
-            return jnp.mean(losses), q
-
-        critic_params, critic_opt_state, critic_loss_value, q = apply_gradients(
-            critic_objective, state.critic, critic_optimizer, state.critic_opt_state
-        )
-
-        # Actor: maximize the (freshly updated) critics' value plus entropy.
-        actor_params, actor_opt_state, actor_loss_value, log_probs = actor_step(
-            actor,
-            actor_optimizer,
-            state,
-            observations,
-            actor_key,
-            lambda _, actions: critic.apply(critic_params, observations, actions),
-        )
-        # Temperature: keep the policy's entropy near the target.
-        log_alpha, alpha_opt_state, alpha_loss_value = temperature_step(
-            alpha_optimizer, state, log_probs, target_entropy
-        )
-        new_state = finish_update(
-            state,
-            config.tau,
-            actor=(actor_params, actor_opt_state),
-            critic=(critic_params, critic_opt_state),
-            temperature=(log_alpha, alpha_opt_state),
-        )
-        metrics = {
-            "critic_loss": critic_loss_value,
-            "actor_loss": actor_loss_value,
-            "alpha_loss": alpha_loss_value,
-            "alpha": alpha,
-            "entropy": -jnp.mean(log_probs),
-            "q_mean": jnp.mean(q),
-            "scaled_reward_mean": jnp.mean(rewards),
-        }
-        return new_state, metrics
+        return sac_update(networks, config, state, batch, key)
 
     # SAC acts for data generation and online training: a draw unless told otherwise.
-    return Algorithm(init=init, update=update, act=make_act(actor.act, deterministic=False))
+    return Algorithm(
+        init=init, update=update, act=make_act(networks.actor.act, deterministic=False)
+    )

@@ -13,17 +13,21 @@ leaves of the state (:func:`~neorl_industrial.core.agents.cost.with_cost_limits`
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Any, NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from neorl_industrial.core.agents import cost_critics, td3bc
 from neorl_industrial.core.agents.cost import (
+    Lagrangian,
     LagrangianState,
     SafetyConfig,
+    check_safe_batch,
     make_lagrangian,
+    with_channel_metrics,
 )
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
 from neorl_industrial.core.optimizers import PIDConfig
@@ -91,111 +95,165 @@ class TD3BCLagState(td3bc.TD3BCState):
     lagrangian: LagrangianState
 
 
+class TD3BCLagNetworks(NamedTuple):
+    """TD3+BC's networks, the cost critics and the Lagrangian of the limits."""
+
+    networks: td3bc.TD3BCNetworks
+    costs: cost_critics.CostCritics
+    lagrangian: Lagrangian
+
+
+def make_networks(config: TD3BCLagConfig, action_size: int) -> TD3BCLagNetworks:
+    """The networks, cost critics and Lagrangian of ``config``."""
+    return TD3BCLagNetworks(
+        networks=td3bc.make_networks(config, action_size),
+        costs=cost_critics.make_cost_critics(
+            config.hidden,
+            len(config.cost_limits),
+            config.cost_critic_lr,
+            config.cost_critic,
+            config.weight_init,
+        ),
+        lagrangian=make_lagrangian(config),
+    )
+
+
+def cost_penalty(
+    costs: cost_critics.CostCritics,
+    cost_critic: Any,
+    observations: jax.Array,
+    multiplier: jax.Array,
+    policy_actions: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The actor's :data:`~neorl_industrial.core.agents.td3bc.Penalty` (with the first four
+    arguments bound): ``sum_c λ_c Q_c(s, π(s))`` (each pair's mean; for quantile critics
+    their risk measure of the cost's upper tail), its magnitude, and the policy's estimated
+    cost value per channel, which the multipliers step on."""
+    qc_policy = jnp.mean(costs.risk_values(cost_critic, observations, policy_actions), 1)
+    scale = multiplier @ jnp.mean(jnp.abs(qc_policy), 1)
+    return multiplier @ qc_policy, scale, jnp.mean(qc_policy, axis=1)
+
+
+def delayed_step(
+    parts: TD3BCLagNetworks,
+    config: TD3BCLagConfig,
+    state: TD3BCLagState,
+    cost_state: cost_critics.CostCriticState,
+    observations: jax.Array,
+    actions: jax.Array,
+) -> tuple[td3bc.PolicyStep, Any, LagrangianState]:
+    """On TD3+BC's delayed schedule: the policy step against the Lagrangian penalty, the
+    cost critics' target update and the multipliers' step on the policy's cost value;
+    otherwise nothing moves (the cost values reported as 0).
+
+    Returns:
+        ``(step, target_cost_critic, lagrangian_state)``; ``step.aux`` is the policy's
+        estimated cost value per channel.
+    """
+    penalty = functools.partial(
+        cost_penalty, parts.costs, cost_state.critic, observations, state.lagrangian.multiplier
+    )
+
+    def improve(_):
+        step = td3bc.policy_step(parts.networks, config, state, observations, actions, penalty)
+        cost_value = jax.lax.stop_gradient(step.aux)
+        return (
+            step,
+            cost_critics.soft_update(cost_state, config.tau).target_critic,
+            parts.lagrangian.update(state.lagrangian, cost_value),
+        )
+
+    def hold(_):
+        aux = jnp.zeros((len(config.cost_limits),), jnp.float32)
+        return td3bc.held_policy_step(state, aux), cost_state.target_critic, state.lagrangian
+
+    return jax.lax.cond(td3bc.is_policy_update(config, state), improve, hold, None)
+
+
+def td3bc_lag_update(
+    parts: TD3BCLagNetworks,
+    config: TD3BCLagConfig,
+    state: TD3BCLagState,
+    batch: Batch,
+    key: jax.Array,
+) -> tuple[TD3BCLagState, Metrics]:
+    """One update of TD3BC-Lag: TD3+BC's critic step, the cost critics' TD step at the
+    target policy's next action, then the delayed policy, target and multiplier steps."""
+    networks, costs = parts.networks, parts.costs
+    check_safe_batch(batch, costs.n_costs)
+    normalize = state.policy.normalizer
+    observations = normalize(batch.observations)
+    next_observations = normalize(batch.next_observations)
+
+    noise_key, critic_key = td3bc.split_for_critics(config, key)
+    target_cost_key, cost_key = (
+        jax.random.split(jax.random.fold_in(key, 1))
+        if config.cost_critic.distributional
+        else (None, None)
+    )
+    next_actions = td3bc.target_actions(networks, config, state, next_observations, noise_key)
+    cost_targets = cost_critics.td_targets(
+        costs,
+        state.cost_critics,
+        batch.costs,
+        batch.discounts,
+        next_observations,
+        next_actions,
+        target_cost_key,
+    )
+    state, c_loss, q = td3bc.critic_step(
+        networks, state, batch, observations, next_observations, next_actions, critic_key
+    )
+    current_actions = jax.lax.stop_gradient(networks.act(state.policy.actor, observations))
+    cost_state, qc_loss, qc = cost_critics.critic_step(
+        costs,
+        state.cost_critics,
+        observations,
+        batch.actions,
+        cost_targets,
+        floor=config.floor,
+        policy_actions=current_actions,
+        key=cost_key,
+    )
+    step, target_cost_critic, lagrangian_state = delayed_step(
+        parts, config, state, cost_state, observations, batch.actions
+    )
+    new_state = td3bc.apply_policy_step(state, step).replace(
+        cost_critics=cost_state.replace(target_critic=target_cost_critic),
+        lagrangian=lagrangian_state,
+    )
+    metrics = {
+        "critic_loss": c_loss,
+        "cost_critic_loss": qc_loss,
+        "actor_loss": step.loss,
+        "q_mean": jnp.mean(q),
+        "qc_mean": jnp.mean(qc),
+    }
+    return new_state, with_channel_metrics(metrics, lagrangian_state.multiplier, step.aux)
+
+
 def make_td3bc_lag(config: TD3BCLagConfig, obs_size: int, action_size: int) -> Algorithm:
     """TD3BC-Lag as ``Algorithm(init, update, act)``."""
-    n_costs = len(config.cost_limits)
-    networks = td3bc.make_networks(config, action_size)
-    costs = cost_critics.make_cost_critics(
-        config.hidden, n_costs, config.cost_critic_lr, config.cost_critic, config.weight_init
-    )
-    lagrangian = make_lagrangian(config)
+    parts = make_networks(config, action_size)
     base = td3bc.make_td3bc(config, obs_size, action_size)  # acting is TD3+BC's
 
     def init(key: jax.Array) -> TD3BCLagState:
         actor_key, critic_key, cost_key = jax.random.split(key, 3)
         return td3bc.init_state(
-            networks,
+            parts.networks,
             config,
             obs_size,
             action_size,
             actor_key,
             critic_key,
             state_type=TD3BCLagState,
-            cost_critics=cost_critics.init_cost_critics(costs, cost_key, obs_size, action_size),
-            lagrangian=lagrangian.init(),
+            cost_critics=cost_critics.init_cost_critics(
+                parts.costs, cost_key, obs_size, action_size
+            ),
+            lagrangian=parts.lagrangian.init(),
         )
 
     def update(state: TD3BCLagState, batch: Batch, key: jax.Array) -> tuple[TD3BCLagState, Metrics]:
-        chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
-        chex.assert_shape(batch.costs, (batch.rewards.shape[0], n_costs))
-        normalize = state.policy.normalizer
-        observations = normalize(batch.observations)
-        next_observations = normalize(batch.next_observations)
-
-        noise_key, critic_key = td3bc.split_for_critics(config, key)
-        target_cost_key, cost_key = (
-            jax.random.split(jax.random.fold_in(key, 1))
-            if config.cost_critic.distributional
-            else (None, None)
-        )
-        next_actions = td3bc.target_actions(networks, config, state, next_observations, noise_key)
-        cost_targets = cost_critics.td_targets(
-            costs,
-            state.cost_critics,
-            batch.costs,
-            batch.discounts,
-            next_observations,
-            next_actions,
-            target_cost_key,
-        )
-        state, c_loss, q = td3bc.critic_step(
-            networks, state, batch, observations, next_observations, next_actions, critic_key
-        )
-        current_actions = jax.lax.stop_gradient(networks.act(state.policy.actor, observations))
-        cost_state, qc_loss, qc = cost_critics.critic_step(
-            costs,
-            state.cost_critics,
-            observations,
-            batch.actions,
-            cost_targets,
-            floor=config.floor,
-            policy_actions=current_actions,
-            key=cost_key,
-        )
-        multiplier = state.lagrangian.multiplier
-
-        def cost_penalty(policy_actions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-            # ``sum_c λ_c Q_c(s, π(s))`` (each pair's mean; for quantile critics their risk
-            # measure of the cost's upper tail), its magnitude, and the policy's estimated
-            # cost value per channel, which the multipliers step on.
-            qc_policy = jnp.mean(
-                costs.risk_values(cost_state.critic, observations, policy_actions), 1
-            )
-            scale = multiplier @ jnp.mean(jnp.abs(qc_policy), 1)
-            return multiplier @ qc_policy, scale, jnp.mean(qc_policy, axis=1)
-
-        def improve(_):
-            step = td3bc.policy_step(
-                networks, config, state, observations, batch.actions, cost_penalty
-            )
-            cost_value = jax.lax.stop_gradient(step.aux)
-            return (
-                step,
-                cost_critics.soft_update(cost_state, config.tau).target_critic,
-                lagrangian.update(state.lagrangian, cost_value),
-            )
-
-        def hold(_):
-            aux = jnp.zeros((n_costs,), jnp.float32)
-            return td3bc.held_policy_step(state, aux), cost_state.target_critic, state.lagrangian
-
-        step, target_cost_critic, lagrangian_state = jax.lax.cond(
-            td3bc.is_policy_update(config, state), improve, hold, None
-        )
-        new_state = td3bc.apply_policy_step(state, step).replace(
-            cost_critics=cost_state.replace(target_critic=target_cost_critic),
-            lagrangian=lagrangian_state,
-        )
-        metrics = {
-            "critic_loss": c_loss,
-            "cost_critic_loss": qc_loss,
-            "actor_loss": step.loss,
-            "q_mean": jnp.mean(q),
-            "qc_mean": jnp.mean(qc),
-        }
-        for i in range(n_costs):
-            metrics[f"multiplier_{i}"] = lagrangian_state.multiplier[i]
-            metrics[f"cost_value_{i}"] = step.aux[i]
-        return new_state, metrics
+        return td3bc_lag_update(parts, config, state, batch, key)
 
     return Algorithm(init=init, update=update, act=base.act)
