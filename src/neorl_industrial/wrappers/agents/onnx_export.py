@@ -354,6 +354,20 @@ def onnx_policy_graph(
         trace_min_batch=trace_min_batch,
     )
     data = model.SerializeToString()
+    parity = _checked_parity(data, reference, probes)
+    return data, _graph_entry(model, observation_size, action_size, n_constraints, parity)
+
+
+def _checked_parity(
+    data: bytes,
+    reference: Callable[[np.ndarray, np.ndarray], Sequence[np.ndarray]],
+    probes: EdgeCases,
+) -> Parity:
+    """The graph ``data`` on ONNX Runtime against ``reference`` on ``probes``.
+
+    Raises:
+        OnnxExportError: for actions apart by more than :data:`REFUSAL_TOLERANCE`.
+    """
     session = runtime_session(data)
     candidate = session.run(
         None, {"observations": probes.observations, "prev_actions": probes.prev_actions}
@@ -370,7 +384,15 @@ def onnx_policy_graph(
             f"{parity.max_action_difference:.3g} (above {REFUSAL_TOLERANCE:g}) on probe rows "
             f"of the class {parity.worst_class!r}; per class: {parity.by_class}"
         )
-    entry = {
+    return parity
+
+
+def _graph_entry(
+    model: Any, observation_size: int, action_size: int, n_constraints: int, parity: Parity
+) -> dict[str, Any]:
+    """The manifest's ``"onnx"`` entry: the graph's file, opset, inputs and outputs (of
+    these sizes) and its parity check."""
+    return {
         "file": ONNX_FILE,
         "opset": OPSET,
         "ir_version": int(model.ir_version),
@@ -395,7 +417,6 @@ def onnx_policy_graph(
             "subnormal_action_mismatches": parity.subnormal_action_mismatches,
         },
     }
-    return data, entry
 
 
 def runtime_session(data: bytes, threads: int = 1) -> Any:
