@@ -10,6 +10,7 @@ import logging
 import math
 import signal
 from pathlib import Path
+from typing import Any
 
 from neorl_industrial.cli.common import (
     StderrHandler,
@@ -31,16 +32,11 @@ def _log_to_stderr(level: str) -> None:
     logging.getLogger("asyncua").setLevel(logging.ERROR)
 
 
-def command_bridge(args: argparse.Namespace) -> int:
-    """Checks the map, the task and the policy (named errors, exit 2) before connecting;
-    then runs until interrupted (or ``--ticks``)."""
-    from neorl_industrial.integration.plant_floor.bridge import PlantBridge
-    from neorl_industrial.integration.plant_floor.metrics import BridgeMetrics
+def _security(args: argparse.Namespace) -> Any:
+    """The OPC UA security the options name (certificates and credentials from files),
+    checked."""
     from neorl_industrial.integration.plant_floor.opcua import Security
-    from neorl_industrial.integration.plant_floor.plan import prepare
 
-    _log_to_stderr(args.log_level)
-    console = make_console(stderr=True)
     security = Security(
         policy=args.security_policy,
         mode=args.security_mode,
@@ -52,13 +48,14 @@ def command_bridge(args: argparse.Namespace) -> int:
         password_file=args.password_file,
     )
     security.check()
-    closed_loop = args.mode == "closed-loop"
-    if args.allow_unsigned and not closed_loop:
-        console.print(
-            "[yellow]warning:[/yellow] --allow-unsigned: an unsigned policy may run in shadow "
-            "mode (development only; closed loop never runs one)"
-        )
-    plan = prepare(
+    return security
+
+
+def _prepare(args: argparse.Namespace) -> Any:
+    """The checked plan of the map, the task and the policy the options name."""
+    from neorl_industrial.integration.plant_floor.plan import prepare
+
+    return prepare(
         args.model,
         args.map,
         mode=args.mode,
@@ -68,6 +65,46 @@ def command_bridge(args: argparse.Namespace) -> int:
         pinned_constraints=args.pinned_constraints,
         tracking_uri=args.tracking_uri,
     )
+
+
+def _run_until_stopped(bridge: Any, ticks: int | None, console: Any) -> None:
+    """Runs ``bridge`` until SIGINT or SIGTERM (or ``ticks``) and prints its summary."""
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, stop.set)
+        summary = await bridge.run(stop, ticks=ticks)
+        console.print(
+            f"stopped after {summary.ticks} ticks: {summary.decided} decided, "
+            f"{summary.faulty} faulty, {summary.missed} missed, {summary.writes} written, "
+            f"{summary.refused_writes} refused, {summary.withheld_writes} withheld, "
+            f"{summary.disconnections} lost connection(s), "
+            f"{summary.reconnects} reconnection(s)"
+            + (", handed back to the operators" if summary.handed_back else "")
+        )
+
+    asyncio.run(run())
+
+
+def command_bridge(args: argparse.Namespace) -> int:
+    """Checks the map, the task and the policy (named errors, exit 2) before connecting;
+    then runs until interrupted (or ``--ticks``)."""
+    from neorl_industrial.integration.plant_floor.bridge import PlantBridge
+    from neorl_industrial.integration.plant_floor.metrics import BridgeMetrics
+
+    _log_to_stderr(args.log_level)
+    console = make_console(stderr=True)
+    security = _security(args)
+    closed_loop = args.mode == "closed-loop"
+    if args.allow_unsigned and not closed_loop:
+        console.print(
+            "[yellow]warning:[/yellow] --allow-unsigned: an unsigned policy may run in shadow "
+            "mode (development only; closed loop never runs one)"
+        )
+    plan = _prepare(args)
     metrics = BridgeMetrics(plan.loaded.names)
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_host)
@@ -91,25 +128,8 @@ def command_bridge(args: argparse.Namespace) -> int:
             else ""
         )
     )
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, stop.set)
-        summary = await bridge.run(stop, ticks=args.ticks)
-        console.print(
-            f"stopped after {summary.ticks} ticks: {summary.decided} decided, "
-            f"{summary.faulty} faulty, {summary.missed} missed, {summary.writes} written, "
-            f"{summary.refused_writes} refused, {summary.withheld_writes} withheld, "
-            f"{summary.disconnections} lost connection(s), "
-            f"{summary.reconnects} reconnection(s)"
-            + (", handed back to the operators" if summary.handed_back else "")
-        )
-
     try:
-        asyncio.run(run())
+        _run_until_stopped(bridge, args.ticks, console)
     finally:
         metrics.close()
     return 0
@@ -136,15 +156,12 @@ def _tolerance(text: str) -> tuple[str, float]:
     return name, number
 
 
-def command_shadow_report(args: argparse.Namespace) -> int:
-    from rich.markup import escape
+def _agreement_table(report: Any) -> Any:
+    """The report's agreement with the operators, per action, as a table."""
     from rich.table import Table
 
-    from neorl_industrial.integration.plant_floor.report import log_to_mlflow, shadow_report
+    from neorl_industrial.integration.plant_floor.effect import format_cell
 
-    out = args.out or args.log.with_name(f"{args.log.stem}-report")
-    report = shadow_report(args.log, out, dict(args.tolerance or []), args.plant_model)
-    console = make_console()
     table = Table(title=f"agreement with the operators ({report.decided} decided ticks)")
     for column in (
         "action",
@@ -159,13 +176,16 @@ def command_shadow_report(args: argparse.Namespace) -> int:
     ):
         table.add_column(column, justify="left" if column in ("action", "unit") else "right")
     for a in report.actions:
-        cells = [
-            "-" if v is None else f"{v:.4g}"
-            for v in (a.mean, a.median, a.p05, a.p95, a.mean_absolute)
-        ]
+        cells = [format_cell(v) for v in (a.mean, a.median, a.p05, a.p95, a.mean_absolute)]
         share = "-" if a.within_tolerance is None else f"{100 * a.within_tolerance:.1f} %"
         table.add_row(a.name, a.unit or "-", str(a.pairs), *cells, f"{share} (±{a.tolerance:g})")
-    console.print(table)
+    return table
+
+
+def _print_overrides(console: Any, report: Any) -> None:
+    """What the shield would have overridden: per constraint, then the totals."""
+    from rich.table import Table
+
     overrides = Table(title="what the shield would have overridden")
     overrides.add_column("constraint the proposal broke")
     overrides.add_column("ticks", justify="right")
@@ -177,39 +197,59 @@ def command_shadow_report(args: argparse.Namespace) -> int:
         f"overridden: {report.overridden} of {report.decided} decided ticks ({rate}); "
         f"faulty ticks: {report.faulty}; missed: {report.missed}"
     )
+
+
+def _print_effect(console: Any, report: Any) -> None:
+    """The estimated effect of following the policy (or why there is none)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from neorl_industrial.integration.plant_floor.effect import format_interval
+
     effect = report.effect
     if effect is None:
         console.print(f"estimated effect of following the policy: {escape(report.plant_effect)}")
-    else:
-        level = f"{100 * effect.confidence:g} %"
-        estimate = Table(
-            title=escape(
-                f"estimated effect of following the policy ({effect.estimator}; "
-                f"{effect.model}, {effect.ticks} ticks, {effect.members} members)"
-            )
+        return
+    level = f"{100 * effect.confidence:g} %"
+    estimate = Table(
+        title=escape(
+            f"estimated effect of following the policy ({effect.estimator}; "
+            f"{effect.model}, {effect.ticks} ticks, {effect.members} members)"
         )
-        for column in ("channel", "operators", "policy", "policy - operators"):
-            estimate.add_column(column, justify="left" if column == "channel" else "right")
-        estimate.add_column(f"{level} interval (ticks)", justify="right")
-        estimate.add_column("member range", justify="right")
-        estimate.add_column("reading")
-        for c in effect.channels:
-            cells = (
-                c.name,
-                f"{c.operators:.4g}",
-                f"{c.policy:.4g}",
-                f"{c.difference:+.4g}",
-                "-" if c.interval is None else f"[{c.interval[0]:+.4g}, {c.interval[1]:+.4g}]",
-                f"[{c.member_range[0]:+.4g}, {c.member_range[1]:+.4g}]",
-                c.reading,
-            )
-            estimate.add_row(*map(escape, cells))
-        console.print(estimate)
-        share = f"{100 * effect.out_of_distribution:.1f} %"
-        console.print(
-            f"out of the model's data: {share} of the ticks"
-            + ("" if effect.reliable else "; the estimate is unreliable")
+    )
+    for column in ("channel", "operators", "policy", "policy - operators"):
+        estimate.add_column(column, justify="left" if column == "channel" else "right")
+    estimate.add_column(f"{level} interval (ticks)", justify="right")
+    estimate.add_column("member range", justify="right")
+    estimate.add_column("reading")
+    for c in effect.channels:
+        cells = (
+            c.name,
+            f"{c.operators:.4g}",
+            f"{c.policy:.4g}",
+            f"{c.difference:+.4g}",
+            format_interval(c.interval),
+            format_interval(c.member_range),
+            c.reading,
         )
+        estimate.add_row(*map(escape, cells))
+    console.print(estimate)
+    share = f"{100 * effect.out_of_distribution:.1f} %"
+    console.print(
+        f"out of the model's data: {share} of the ticks"
+        + ("" if effect.reliable else "; the estimate is unreliable")
+    )
+
+
+def command_shadow_report(args: argparse.Namespace) -> int:
+    from neorl_industrial.integration.plant_floor.report import log_to_mlflow, shadow_report
+
+    out = args.out or args.log.with_name(f"{args.log.stem}-report")
+    report = shadow_report(args.log, out, dict(args.tolerance or []), args.plant_model)
+    console = make_console()
+    console.print(_agreement_table(report))
+    _print_overrides(console, report)
+    _print_effect(console, report)
     console.print(f"wrote {out}/report.md, report.json, pairs.csv and plots")
     if args.model or (report.policy.get("registry") or {}).get("version"):
         logged = log_to_mlflow(report, out, args.model, args.tracking_uri)
@@ -220,14 +260,9 @@ def command_shadow_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(commands: argparse._SubParsersAction) -> None:
-    """Adds ``bridge`` and ``shadow-report`` to the command line."""
-    bridge = commands.add_parser(
-        "bridge",
-        help="run a policy against a plant over OPC UA, in shadow or closed loop",
-        # No abbreviations: --password would be taken for --password-file.
-        allow_abbrev=False,
-    )
+def _add_policy_options(bridge: argparse.ArgumentParser) -> None:
+    """What the bridge runs and where it logs: the policy, the plant, the map, the mode,
+    the task, the trust and the logs."""
     bridge.add_argument(
         "--model", required=True, help="an exported policy directory or models:/name@alias"
     )
@@ -281,6 +316,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         help="shadow mode only: run an unsigned policy (development only)",
     )
     bridge.add_argument("--tracking-uri", help="the MLflow store of models:/ URIs")
+
+
+def _add_loop_options(bridge: argparse.ArgumentParser) -> None:
+    """The metrics endpoint and how long the bridge runs."""
     bridge.add_argument(
         "--metrics-port",
         type=_port,
@@ -289,6 +328,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     bridge.add_argument("--metrics-host", default="127.0.0.1")
     bridge.add_argument("--ticks", type=positive_int, help="stop after this many ticks")
+
+
+def _add_security_options(bridge: argparse.ArgumentParser) -> None:
+    """OPC UA security: the policy and mode, certificates and credentials (from files)."""
     security = bridge.add_argument_group("security (secrets from files, never this line)")
     security.add_argument(
         "--security-policy", choices=("Basic256Sha256", "Aes128Sha256RsaOaep", "Aes256Sha256RsaPss")
@@ -306,10 +349,24 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     security.add_argument("--username-file", type=Path)
     security.add_argument("--password-file", type=Path)
+
+
+def _add_bridge_parser(commands: argparse._SubParsersAction) -> None:
+    bridge = commands.add_parser(
+        "bridge",
+        help="run a policy against a plant over OPC UA, in shadow or closed loop",
+        # No abbreviations: --password would be taken for --password-file.
+        allow_abbrev=False,
+    )
+    _add_policy_options(bridge)
+    _add_loop_options(bridge)
+    _add_security_options(bridge)
     bridge.add_argument("--fsync", action="store_true", help="sync the tick log every tick")
     bridge.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
     bridge.set_defaults(handler=command_bridge)
 
+
+def _add_report_parser(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser(
         "shadow-report",
         help="agreement with the operators and the shield's overrides of a "
@@ -338,3 +395,9 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     report.add_argument("--tracking-uri", help="the MLflow store")
     report.set_defaults(handler=command_shadow_report)
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    """Adds ``bridge`` and ``shadow-report`` to the command line."""
+    _add_bridge_parser(commands)
+    _add_report_parser(commands)

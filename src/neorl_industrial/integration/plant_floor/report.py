@@ -40,11 +40,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from neorl_industrial.core.units import same_unit
+from neorl_industrial.integration.plant_floor.effect import (
+    BOOTSTRAP_RESAMPLES,  # noqa: F401  (re-exported with the report)
+    CONFIDENCE,  # noqa: F401
+    ESTIMATOR,
+    OOD_UNRELIABLE,  # noqa: F401
+    ChannelEffect,
+    PlantEffect,
+    estimate_effect,
+    format_cell,
+    format_interval,
+    load_plant_model,
+)
 from neorl_industrial.integration.plant_floor.ticklog import TickLogError, read_tick_log
 
 if TYPE_CHECKING:
-    from neorl_industrial.core.models.dynamics import Dynamics
     from neorl_industrial.wrappers.models import PlantModel
 
 __all__ = [
@@ -62,13 +72,6 @@ __all__ = [
 
 #: What the report says about the policy's effect while no plant model is given.
 NO_PLANT_MODEL = "not available: no plant model (--plant-model DIR)"
-#: How the effect is estimated.
-ESTIMATOR = "plant model, one step ahead"
-#: Above this share of ticks outside the model's data, the estimate is called unreliable.
-OOD_UNRELIABLE = 0.2
-#: Bootstrap resamples of the ticks, and the interval's confidence level.
-BOOTSTRAP_RESAMPLES = 2000
-CONFIDENCE = 0.95
 #: The default agreement tolerance, as a share of an action's range.
 TOLERANCE_SHARE = 0.05
 
@@ -89,99 +92,6 @@ class ActionAgreement:
     p95: float | None = None
     mean_absolute: float | None = None
     within_tolerance: float | None = None
-
-
-@dataclasses.dataclass
-class ChannelEffect:
-    """The estimated effect on one channel (reward or a cost) of the next step."""
-
-    name: str
-    #: mean over ticks of the members' mean prediction, under each action.
-    policy: float
-    operators: float
-    #: policy minus operators: the mean over ticks of the member-mean difference.
-    difference: float
-    #: a bootstrap interval over ticks of that mean (None for fewer than two ticks).
-    interval: list[float] | None
-    #: the lowest and highest of the members' own mean differences.
-    member_range: list[float]
-    reading: str
-
-
-@dataclasses.dataclass
-class PlantEffect:
-    """What a plant model estimates following the policy would have changed."""
-
-    estimator: str
-    model: str
-    task: str
-    members: int
-    ticks: int
-    channels: list[ChannelEffect]
-    #: share of ticks whose observation or either action lies outside the model's data.
-    out_of_distribution: float
-    reliable: bool
-    confidence: float
-    #: the model card's held-out fidelity of the channels one step ahead.
-    fidelity: list[dict[str, Any]]
-
-    def headline(self) -> str:
-        """One line: the first channel's difference and interval, and the reliability."""
-        if not self.channels:
-            return f"{ESTIMATOR}: no tick with an observation and both actions"
-        first = self.channels[0]
-        text = (
-            f"{first.name} {first.difference:+.4g} (policy - operators; "
-            f"{_interval(first.interval)}, members {_interval(first.member_range)}) "
-            f"[{self.estimator}, {self.ticks} ticks]"
-        )
-        if not self.reliable:
-            text += f"; unreliable: {100 * self.out_of_distribution:.0f} % of ticks out of data"
-        return text
-
-    def markdown(self) -> list[str]:
-        level = f"{100 * self.confidence:g} %"
-        lines = [
-            f"An estimate, not a measurement. Estimator: {self.estimator}, with the plant model "
-            f"`{self.model}` (task {self.task}, {self.members} members) on {self.ticks} "
-            "paired ticks (the logged observation; the operators' applied action and the "
-            "policy's shielded action).",
-            "",
-            f"| channel | operators | policy | policy - operators | {level} interval (ticks) "
-            "| member range | reading |",
-            "|---|---:|---:|---:|---:|---:|---|",
-        ]
-        for c in self.channels:
-            lines.append(
-                f"| {c.name} | {c.operators:.4g} | {c.policy:.4g} | {c.difference:+.4g} | "
-                f"{_interval(c.interval)} | {_interval(c.member_range)} | {c.reading} |"
-            )
-        share = f"{100 * self.out_of_distribution:.1f} %"
-        lines += [
-            "",
-            f"Out of the model's data: {share} of the ticks"
-            + (
-                "."
-                if self.reliable
-                else f" (more than {100 * OOD_UNRELIABLE:g} %): the estimate is unreliable."
-            ),
-        ]
-        if self.fidelity:
-            lines += [
-                "",
-                "The model's held-out fidelity one step ahead (its card):",
-                "",
-                "| channel | RMSE | relative RMSE | 90 % interval coverage |",
-                "|---|---:|---:|---:|",
-            ]
-            for row in self.fidelity:
-                cells = [_cell(row.get(k)) for k in ("rmse", "relative_rmse", "coverage")]
-                lines.append(f"| {row['name']} | {' | '.join(cells)} |")
-        return lines
-
-
-def _interval(pair: list[float] | None) -> str:
-    return "-" if pair is None else f"[{pair[0]:+.4g}, {pair[1]:+.4g}]"
 
 
 @dataclasses.dataclass
@@ -229,7 +139,7 @@ class ShadowReport:
             "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for a in self.actions:
-            cells = [_cell(v) for v in (a.mean, a.median, a.p05, a.p95, a.mean_absolute)]
+            cells = [format_cell(v) for v in (a.mean, a.median, a.p05, a.p95, a.mean_absolute)]
             share = "-" if a.within_tolerance is None else f"{100 * a.within_tolerance:.1f} %"
             lines.append(
                 f"| {a.name} | {a.unit or '-'} | {a.pairs} | {' | '.join(cells)} | "
@@ -256,10 +166,6 @@ class ShadowReport:
         return "\n".join(lines)
 
 
-def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
-
-
 def _agreement(name: str, unit: str | None, tolerance: float, pairs: np.ndarray) -> ActionAgreement:
     found = ActionAgreement(name, unit, len(pairs), tolerance)
     if len(pairs):
@@ -272,170 +178,114 @@ def _agreement(name: str, unit: str | None, tolerance: float, pairs: np.ndarray)
     return found
 
 
-def _fidelity(card: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = (card.get("fidelity") or {}).get("rows") or []
-    return [row for row in rows if row.get("kind") == "signal" and row.get("step") == 1]
-
-
-def load_plant_model(path: str | Path, task: dict[str, Any], log: str | Path) -> PlantModel:
-    """The plant model saved at ``path``, refused unless it is of the log's task: the
-    same observation and action names (and units, where the log states them).
+def _read_log(
+    path: str | Path, tolerances: dict[str, float]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The last header of the log at ``path`` and its records.
 
     Raises:
-        PlantModelError: naming the model's and the log's task where they differ, or the
-            model's file that is missing or unreadable.
+        TickLogError: for a log that cannot be read, or stretches for other tasks.
+        ValueError: for a tolerance naming an action the task lacks.
     """
-    from neorl_industrial.wrappers.models import PlantModel, PlantModelError
+    headers, records = read_tick_log(path)
+    header = headers[-1]
+    names = list(header["task"]["action_names"])
+    for other in headers[:-1]:
+        if other["task"]["action_names"] != names:
+            raise TickLogError(
+                f"{path}: stretches for other tasks (actions {other['task']['action_names']} "
+                f"and {names}); report one task's log at a time"
+            )
+    unknown = sorted(set(tolerances) - set(names))
+    if unknown:
+        raise ValueError(f"tolerance: {unknown} not among the task's actions {names}")
+    return header, records
 
-    missing = [key for key in ("observation_names", "action_names") if not task.get(key)]
-    if missing:
-        raise PlantModelError(
-            f"{log}: its header's task names no {' and no '.join(missing)}; the plant model "
-            f"{path} cannot be matched to it"
-        )
-    model = PlantModel.load(path)
-    mine = model.task
-    differences = []
-    for field in ("observation_names", "action_names", "observation_units", "action_units"):
-        theirs = task.get(field)
-        if theirs is None:
+
+def _pair(
+    ticks: list[dict[str, Any]], decided: list[dict[str, Any]], names: list[str]
+) -> tuple[dict[str, list[tuple[float, float, float]]], list[tuple[list[float], ...]]]:
+    """Each decided tick the bridge did not write paired with the next tick: per action,
+    ``(tick, policy, operators)`` where both are finite; and the ``(observation,
+    operators' action, policy's action)`` of the ticks where all of them are."""
+    pairs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+    by_tick = {(r["header"], r["tick"]): r for r in ticks}
+    states: list[tuple[list[float], ...]] = []
+    for record in decided:
+        if record.get("written"):
             continue
-        ours = list(getattr(mine, field))
-        if field.endswith("units"):
-            # Units are compared as units (degC is °C), not as written.
-            same = len(ours) == len(theirs) and all(
-                same_unit(a, b) for a, b in zip(ours, theirs, strict=True)
+        following = by_tick.get((record["header"], record["tick"] + 1))
+        if following is None:
+            continue
+        state = [
+            [_float(v) for v in record.get(key) or []] for key in ("observation", "action")
+        ] + [[_float(v) for v in following.get("applied") or []]]
+        if all(len(part) and all(map(math.isfinite, part)) for part in state):
+            states.append((state[0], state[2], state[1]))
+        for i, name in enumerate(names):
+            policy, operators = _float(record["action"][i]), _float(following["applied"][i])
+            if math.isfinite(policy) and math.isfinite(operators):
+                pairs[name].append((float(record["tick"]), policy, operators))
+    return pairs, states
+
+
+def _agreements(
+    task: dict[str, Any],
+    tolerances: dict[str, float],
+    pairs: dict[str, list[tuple[float, float, float]]],
+) -> tuple[list[ActionAgreement], dict[str, np.ndarray]]:
+    """Per action, its agreement with the operators and its pairs as an array.
+
+    Raises:
+        ValueError: for a tolerance outside the action's range.
+    """
+    low = np.asarray(task["action_low"], np.float64)
+    high = np.asarray(task["action_high"], np.float64)
+    actions = []
+    series = {}
+    for i, name in enumerate(task["action_names"]):
+        span = high[i] - low[i]
+        default = TOLERANCE_SHARE * span if math.isfinite(span) else math.nan
+        tolerance = float(tolerances.get(name, default))
+        limit = span if math.isfinite(span) else math.inf
+        if name in tolerances and not (math.isfinite(tolerance) and 0.0 <= tolerance <= limit):
+            raise ValueError(
+                f"tolerance {name}={tolerance!r}: outside the allowed range [0, {limit:g}] "
+                "(the action's range)"
             )
-        else:
-            same = ours == list(theirs)
-        if not same:
-            differences.append(f"{field} {ours} vs {list(theirs)}")
-    if differences:
-        raise PlantModelError(
-            f"plant model {path}: task {mine.name!r} is not the task of the log {log} "
-            f"({'; '.join(differences)}); fit a plant model on this plant's data"
-        )
-    return model
+        array = np.asarray(pairs[name], np.float64).reshape(-1, 3)
+        series[name] = array
+        actions.append(_agreement(name, task["action_units"][i], tolerance, array))
+    return actions, series
 
 
-def _effect_program(dynamics: Dynamics) -> Any:
-    """Compiled: the reward, costs and out-of-distribution measure of every member's
-    deterministic one-step prediction, ``[actions, members, ticks, ...]`` for observations
-    ``[ticks, obs]`` and actions ``[actions, ticks, act]`` in [-1, 1]. Each member's is
-    ``transition`` of that member alone: the numbers of ``step`` with ``member`` and
-    ``deterministic``, one network evaluated instead of all."""
-    import jax
-    import jax.numpy as jnp
-
-    from neorl_industrial.core.models.dynamics import out_of_distribution
-
-    def one(params, member, observation, action):
-        _, reward, costs, _ = dynamics.transition(
-            params, observation, action, jax.random.PRNGKey(0), member, True
-        )
-        return reward, costs
-
-    @jax.jit
-    def program(params, observations, actions):
-        over_ticks = jax.vmap(one, in_axes=(None, None, 0, 0))
-        over_members = jax.vmap(over_ticks, in_axes=(None, 0, None, None))
-        over_actions = jax.vmap(over_members, in_axes=(None, None, None, 0))
-        rewards, costs = over_actions(params, jnp.arange(params.n_members), observations, actions)
-        ood = jax.vmap(
-            jax.vmap(out_of_distribution, in_axes=(None, 0, 0)), in_axes=(None, None, 0)
-        )(params, observations, actions)
-        return rewards, costs, ood
-
-    return program
+def _overrides(decided: list[dict[str, Any]], constraints: list[str]) -> tuple[int, dict[str, int]]:
+    """The decided ticks the shield overrode, and per constraint the overridden ticks
+    whose proposal broke it (the task's constraints first, in their order)."""
+    counts: Counter[str] = Counter()
+    for record in decided:
+        if record.get("overridden"):
+            counts.update(record.get("violated") or [])
+    overridden = sum(bool(r.get("overridden")) for r in decided)
+    order = [name for name in constraints if counts[name]]
+    order += sorted(name for name in counts if name not in order)
+    return overridden, {name: counts[name] for name in order}
 
 
-def _reading(interval: list[float] | None, member_range: list[float]) -> str:
-    """One line: whether the intervals (over ticks and over members) contain 0."""
-    low = min(member_range[0], interval[0] if interval else member_range[0])
-    high = max(member_range[1], interval[1] if interval else member_range[1])
-    if low <= 0.0 <= high:
-        return "an interval contains 0: the model cannot tell them apart"
-    side = "higher" if low > 0 else "lower"
-    return f"{side} under the policy (both intervals {'above' if low > 0 else 'below'} 0)"
-
-
-def estimate_effect(
+def _effect(
     model: PlantModel,
-    model_dir: str | Path,
-    observations: np.ndarray,
-    operators: np.ndarray,
-    policy: np.ndarray,
-    *,
-    seed: int = 0,
+    plant_model: str | Path,
+    task: dict[str, Any],
+    states: list[tuple[list[float], ...]],
 ) -> PlantEffect:
-    """The plant model's one-step estimate of following ``policy`` instead of
-    ``operators`` (both ``[ticks, act]`` in plant units) from ``observations``
-    ``[ticks, obs]`` (see the module docstring)."""
-    from scipy.stats import bootstrap
-
-    task = model.task
-    low = np.asarray(task.action_low, np.float64)
-    high = np.asarray(task.action_high, np.float64)
-    actions = np.stack([operators, policy]).astype(np.float64)
-    if model.scaler is not None:
-        # As the model maps plant units: not clipped, so the out-of-distribution measure
-        # sees an action outside its bounds.
-        actions = 2.0 * (actions - low) / (high - low) - 1.0
-    params = model.params(seed)
-    members = params.n_members
-    ticks = len(observations)
-    channels: list[ChannelEffect] = []
-    share = 0.0
-    if ticks:
-        rewards, costs, ood = (
-            np.asarray(x, np.float64)
-            for x in _effect_program(model.dynamics)(
-                params, np.asarray(observations, np.float32), np.asarray(actions, np.float32)
-            )
-        )
-        share = float(np.mean(np.max(ood, axis=0) > 0.0))
-        values = {"reward": rewards} | {
-            name: costs[..., i] for i, name in enumerate(task.cost_names)
-        }
-        for name, value in values.items():  # [2 (operators, policy), members, ticks]
-            difference = value[1] - value[0]
-            per_tick = difference.mean(axis=0)
-            per_member = difference.mean(axis=1)
-            interval = None
-            if ticks > 1:
-                found = bootstrap(
-                    (per_tick,),
-                    np.mean,
-                    n_resamples=BOOTSTRAP_RESAMPLES,
-                    confidence_level=CONFIDENCE,
-                    method="percentile",
-                    rng=np.random.default_rng(seed),
-                ).confidence_interval
-                interval = [float(found.low), float(found.high)]
-            member_range = [float(per_member.min()), float(per_member.max())]
-            channels.append(
-                ChannelEffect(
-                    name=name,
-                    policy=float(value[1].mean()),
-                    operators=float(value[0].mean()),
-                    difference=float(per_tick.mean()),
-                    interval=interval,
-                    member_range=member_range,
-                    reading=_reading(interval, member_range),
-                )
-            )
-    return PlantEffect(
-        estimator=ESTIMATOR,
-        model=str(model_dir),
-        task=task.name,
-        members=members,
-        ticks=ticks,
-        channels=channels,
-        out_of_distribution=share,
-        reliable=share <= OOD_UNRELIABLE,
-        confidence=CONFIDENCE,
-        fidelity=_fidelity(model.card),
+    """The plant model's estimate over the paired ticks' ``states``."""
+    names = task["action_names"]
+    sizes = (len(task["observation_names"]), len(names), len(names))
+    observations, operators, policy = (
+        np.asarray([s[i] for s in states], np.float64).reshape(len(states), size)
+        for i, size in enumerate(sizes)
     )
+    return estimate_effect(model, plant_model, observations, operators, policy)
 
 
 def build_report(
@@ -455,74 +305,17 @@ def build_report(
         PlantModelError: for a plant model of another task (named), or one that cannot be
             read.
     """
-    headers, records = read_tick_log(path)
-    header = headers[-1]
-    task = header["task"]
-    names = list(task["action_names"])
-    for other in headers[:-1]:
-        if other["task"]["action_names"] != names:
-            raise TickLogError(
-                f"{path}: stretches for other tasks (actions {other['task']['action_names']} "
-                f"and {names}); report one task's log at a time"
-            )
     tolerances = dict(tolerances or {})
-    unknown = sorted(set(tolerances) - set(names))
-    if unknown:
-        raise ValueError(f"tolerance: {unknown} not among the task's actions {names}")
+    header, records = _read_log(path, tolerances)
+    task = header["task"]
     model = None if plant_model is None else load_plant_model(plant_model, task, path)
-    low = np.asarray(task["action_low"], np.float64)
-    high = np.asarray(task["action_high"], np.float64)
     ticks = [r for r in records if r["kind"] == "tick"]
     events = [r for r in records if r["kind"] == "event"]
     decided = [r for r in ticks if not r.get("faults")]
-    pairs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
-    by_tick = {(r["header"], r["tick"]): r for r in ticks}
-    states: list[tuple[list[float], list[float], list[float]]] = []
-    for record in decided:
-        if record.get("written"):
-            continue
-        following = by_tick.get((record["header"], record["tick"] + 1))
-        if following is None:
-            continue
-        state = [
-            [_float(v) for v in record.get(key) or []] for key in ("observation", "action")
-        ] + [[_float(v) for v in following.get("applied") or []]]
-        if all(len(part) and all(map(math.isfinite, part)) for part in state):
-            states.append((state[0], state[2], state[1]))
-        for i, name in enumerate(names):
-            policy, operators = _float(record["action"][i]), _float(following["applied"][i])
-            if math.isfinite(policy) and math.isfinite(operators):
-                pairs[name].append((float(record["tick"]), policy, operators))
-    actions = []
-    series = {}
-    for i, name in enumerate(names):
-        span = high[i] - low[i]
-        default = TOLERANCE_SHARE * span if math.isfinite(span) else math.nan
-        tolerance = float(tolerances.get(name, default))
-        limit = span if math.isfinite(span) else math.inf
-        if name in tolerances and not (math.isfinite(tolerance) and 0.0 <= tolerance <= limit):
-            raise ValueError(
-                f"tolerance {name}={tolerance!r}: outside the allowed range [0, {limit:g}] "
-                "(the action's range)"
-            )
-        array = np.asarray(pairs[name], np.float64).reshape(-1, 3)
-        series[name] = array
-        actions.append(_agreement(name, task["action_units"][i], tolerance, array))
-    counts: Counter[str] = Counter()
-    for record in decided:
-        if record.get("overridden"):
-            counts.update(record.get("violated") or [])
-    overridden = sum(bool(r.get("overridden")) for r in decided)
-    order = [name for name in header.get("constraints", []) if counts[name]]
-    order += sorted(name for name in counts if name not in order)
-    effect = None
-    if model is not None:
-        sizes = (len(task["observation_names"]), len(names), len(names))
-        observations, operators, policy = (
-            np.asarray([s[i] for s in states], np.float64).reshape(len(states), size)
-            for i, size in enumerate(sizes)
-        )
-        effect = estimate_effect(model, plant_model, observations, operators, policy)
+    pairs, states = _pair(ticks, decided, list(task["action_names"]))
+    actions, series = _agreements(task, tolerances, pairs)
+    overridden, by_constraint = _overrides(decided, header.get("constraints", []))
+    effect = None if model is None else _effect(model, plant_model, task, states)
     return ShadowReport(
         log=str(path),
         mode=str(header.get("mode")),
@@ -535,7 +328,7 @@ def build_report(
         actions=actions,
         overridden=overridden,
         override_rate=overridden / len(decided) if decided else None,
-        by_constraint={name: counts[name] for name in order},
+        by_constraint=by_constraint,
         fallbacks=sum(bool((r.get("flags") or {}).get("fallback")) for r in decided),
         incidents=sum(bool((r.get("flags") or {}).get("incident")) for r in decided),
         series=series,
@@ -655,7 +448,7 @@ def log_to_mlflow(
         "shadow_report.log": Path(report.log).name,
         "shadow_report.ticks": str(report.ticks),
         "shadow_report.decided": str(report.decided),
-        "shadow_report.override_rate": _cell(report.override_rate),
+        "shadow_report.override_rate": format_cell(report.override_rate),
         "shadow_report.plant_effect": report.plant_effect,
     }
     if uri:
@@ -663,14 +456,16 @@ def log_to_mlflow(
     if report.effect is not None:
         effect = report.effect
         tags["shadow_report.effect.estimator"] = effect.estimator
-        tags["shadow_report.effect.out_of_distribution"] = _cell(effect.out_of_distribution)
+        tags["shadow_report.effect.out_of_distribution"] = format_cell(effect.out_of_distribution)
         for channel in effect.channels:
             tags[f"shadow_report.effect.{channel.name}"] = (
-                f"{channel.difference:+.4g} {_interval(channel.interval)}"
+                f"{channel.difference:+.4g} {format_interval(channel.interval)}"
             )
     for agreement in report.actions:
-        tags[f"shadow_report.within_tolerance.{agreement.name}"] = _cell(agreement.within_tolerance)
-        tags[f"shadow_report.mean_absolute.{agreement.name}"] = _cell(agreement.mean_absolute)
+        tags[f"shadow_report.within_tolerance.{agreement.name}"] = format_cell(
+            agreement.within_tolerance
+        )
+        tags[f"shadow_report.mean_absolute.{agreement.name}"] = format_cell(agreement.mean_absolute)
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
     return {"name": name, "version": version, "run_id": run_id, "artifacts": uri}
