@@ -185,10 +185,7 @@ class AuditLog(ChainWriter):
         "folded_rows",
         "rate_limited_rows",
         "aggregates",
-        "archived_files",
-        "archived_records",
-        "gaps",
-        "torn_bytes",
+        *ChainWriter._COUNTS[1:],
     )
 
     def __init__(
