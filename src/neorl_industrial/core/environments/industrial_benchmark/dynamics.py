@@ -10,6 +10,7 @@ one key (:func:`noise_from_uniforms`) is what makes batched rollouts fast.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -213,6 +214,89 @@ def _update_setpoint(state: IBState, noise: IBNoise, stationary: bool) -> IBStat
     )
 
 
+class _Fatigue(NamedTuple):
+    """The fatigue part of a step's state (the :class:`IBState` fields of that name)."""
+
+    fatigue: jax.Array
+    basic_fatigue: jax.Array
+    hidden_velocity: jax.Array
+    hidden_gain: jax.Array
+    effective_velocity: jax.Array
+    effective_gain: jax.Array
+
+
+def _operating_point(
+    state: IBState, action: jax.Array, setpoint: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Velocity, gain and shift after ``action`` (clipped to [-1, 1] as in the
+    reference), and the effective shift the goldstone dynamics see."""
+    delta = jnp.clip(action.astype(state.velocity.dtype), -1.0, 1.0)
+    velocity = jnp.clip(state.velocity + VELOCITY_STEP * delta[0], 0.0, 100.0)
+    gain = jnp.clip(state.gain + GAIN_STEP * delta[1], 0.0, 100.0)
+    shift = jnp.clip(state.shift + SHIFT_STEP * delta[2], 0.0, 100.0)
+    effective_shift = jnp.clip(
+        GS_SCALE * shift / 100.0 - GS_SETPOINT_DEPENDENCY * setpoint - GS_BOUND, -GS_BOUND, GS_BOUND
+    )
+    return velocity, gain, shift, effective_shift
+
+
+def _fatigue_noise(
+    exponential: jax.Array, bernoulli_uniform: jax.Array, uniform: jax.Array, effective: jax.Array
+) -> jax.Array:
+    """The noise driving one hidden fatigue variable (velocity or gain): a squashed
+    exponential, raised towards 1 with probability ``effective``."""
+    noise = 2.0 * (1.0 / (1.0 + jnp.exp(-exponential)) - 0.5)
+    bernoulli = bernoulli_uniform < jnp.clip(effective, 0.001, 0.999)
+    return noise + jnp.where(bernoulli, (1.0 - noise) * uniform * effective, 0.0)
+
+
+def _fatigue(
+    state: IBState, noise: IBNoise, velocity: jax.Array, gain: jax.Array, setpoint: jax.Array
+) -> _Fatigue:
+    """Fatigue: hidden velocity and gain driven by noise, amplified when they run away."""
+    effective_velocity, effective_gain = effective_action(velocity, gain, setpoint)
+    noise_gain = _fatigue_noise(
+        noise.gain_exponential, noise.gain_bernoulli_uniform, noise.gain_uniform, effective_gain
+    )
+    noise_velocity = _fatigue_noise(
+        noise.velocity_exponential,
+        noise.velocity_bernoulli_uniform,
+        noise.velocity_uniform,
+        effective_velocity,
+    )
+    hidden_gain = _hidden_fatigue(effective_gain, state.hidden_gain, noise_gain)
+    hidden_velocity = _hidden_fatigue(effective_velocity, state.hidden_velocity, noise_velocity)
+    saturated = jnp.maximum(hidden_velocity, hidden_gain) == FATIGUE_AMPLIFICATION_MAX
+    alpha = jnp.where(
+        saturated,
+        1.0 / (1.0 + jnp.exp(-noise.alpha_normal.astype(state.velocity.dtype))),
+        jnp.maximum(noise_velocity, noise_gain),
+    )
+    basic_fatigue = jnp.maximum(0.0, 30000.0 / (5.0 * velocity + 100.0) - 0.01 * gain * gain)
+    return _Fatigue(
+        fatigue=basic_fatigue * (1.0 + 2.0 * alpha) / 3.0,
+        basic_fatigue=basic_fatigue,
+        hidden_velocity=hidden_velocity,
+        hidden_gain=hidden_gain,
+        effective_velocity=effective_velocity,
+        effective_gain=effective_gain,
+    )
+
+
+def _operational_cost(
+    state: IBState, velocity: jax.Array, gain: jax.Array, setpoint: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The operational cost's history, its current value and the delayed cost that
+    enters consumption (a convolution over the history)."""
+    current_cost = jnp.exp(
+        (COST_SETPOINT * setpoint + COST_GAIN * gain + COST_VELOCITY * velocity) / 100.0
+    )
+    shifted = jnp.concatenate([state.operational_cost_history[1:], current_cost[None]])
+    history = jnp.where(state.fresh, jnp.full_like(shifted, current_cost), shifted)
+    kernel = jnp.asarray(OPERATIONAL_COST_KERNEL, state.velocity.dtype)
+    return history, current_cost, jnp.dot(history, kernel)
+
+
 def transition(
     state: IBState, action: jax.Array, noise: IBNoise, *, stationary: bool = True
 ) -> IBState:
@@ -230,51 +314,9 @@ def transition(
     dtype = state.velocity.dtype
     state = _update_setpoint(state, noise, stationary)
     setpoint = state.setpoint
-
-    # Apply the action to the operating point.
-    delta = jnp.clip(action.astype(dtype), -1.0, 1.0)
-    velocity = jnp.clip(state.velocity + VELOCITY_STEP * delta[0], 0.0, 100.0)
-    gain = jnp.clip(state.gain + GAIN_STEP * delta[1], 0.0, 100.0)
-    shift = jnp.clip(state.shift + SHIFT_STEP * delta[2], 0.0, 100.0)
-    effective_shift = jnp.clip(
-        GS_SCALE * shift / 100.0 - GS_SETPOINT_DEPENDENCY * setpoint - GS_BOUND, -GS_BOUND, GS_BOUND
-    )
-
-    # Fatigue: hidden velocity and gain driven by noise, amplified when they run away.
-    effective_velocity, effective_gain = effective_action(velocity, gain, setpoint)
-    noise_gain = 2.0 * (1.0 / (1.0 + jnp.exp(-noise.gain_exponential)) - 0.5)
-    noise_velocity = 2.0 * (1.0 / (1.0 + jnp.exp(-noise.velocity_exponential)) - 0.5)
-    bernoulli_gain = noise.gain_bernoulli_uniform < jnp.clip(effective_gain, 0.001, 0.999)
-    bernoulli_velocity = noise.velocity_bernoulli_uniform < jnp.clip(
-        effective_velocity, 0.001, 0.999
-    )
-    noise_gain = noise_gain + jnp.where(
-        bernoulli_gain, (1.0 - noise_gain) * noise.gain_uniform * effective_gain, 0.0
-    )
-    noise_velocity = noise_velocity + jnp.where(
-        bernoulli_velocity,
-        (1.0 - noise_velocity) * noise.velocity_uniform * effective_velocity,
-        0.0,
-    )
-    hidden_gain = _hidden_fatigue(effective_gain, state.hidden_gain, noise_gain)
-    hidden_velocity = _hidden_fatigue(effective_velocity, state.hidden_velocity, noise_velocity)
-    saturated = jnp.maximum(hidden_velocity, hidden_gain) == FATIGUE_AMPLIFICATION_MAX
-    alpha = jnp.where(
-        saturated,
-        1.0 / (1.0 + jnp.exp(-noise.alpha_normal.astype(dtype))),
-        jnp.maximum(noise_velocity, noise_gain),
-    )
-    basic_fatigue = jnp.maximum(0.0, 30000.0 / (5.0 * velocity + 100.0) - 0.01 * gain * gain)
-    fatigue = basic_fatigue * (1.0 + 2.0 * alpha) / 3.0
-
-    # Operational cost enters consumption with a delay (a convolution over its history).
-    current_cost = jnp.exp(
-        (COST_SETPOINT * setpoint + COST_GAIN * gain + COST_VELOCITY * velocity) / 100.0
-    )
-    shifted = jnp.concatenate([state.operational_cost_history[1:], current_cost[None]])
-    history = jnp.where(state.fresh, jnp.full_like(shifted, current_cost), shifted)
-    kernel = jnp.asarray(OPERATIONAL_COST_KERNEL, dtype)
-    operational_cost = jnp.dot(history, kernel)
+    velocity, gain, shift, effective_shift = _operating_point(state, action, setpoint)
+    fatigue = _fatigue(state, noise, velocity, gain, setpoint)
+    history, current_cost, operational_cost = _operational_cost(state, velocity, gain, setpoint)
 
     # Mis-calibration from the goldstone dynamics.
     domain, phi_idx, system_response = goldstone.transition(
@@ -291,14 +333,9 @@ def transition(
         velocity=velocity,
         gain=gain,
         shift=shift,
-        fatigue=fatigue,
         consumption=consumption,
         effective_shift=effective_shift,
-        basic_fatigue=basic_fatigue,
-        hidden_velocity=hidden_velocity,
-        hidden_gain=hidden_gain,
-        effective_velocity=effective_velocity,
-        effective_gain=effective_gain,
+        **fatigue._asdict(),
         operational_cost_history=history,
         current_operational_cost=current_cost,
         operational_cost=operational_cost,
