@@ -55,7 +55,9 @@ class Policy:
             action_high=self.env.action_high,
             metadata={"algorithm": "td3bc", "config": {"hidden": [32, 32]}, "return": 0.5},
         )
-        return export_policy(path, **{**arguments, **overrides})
+        from neorl_industrial.wrappers.agents.export import PolicyExport
+
+        return export_policy(path, PolicyExport.from_arguments(**{**arguments, **overrides}))
 
     def _act_and_shield(self, observations: jax.Array, prev_actions: jax.Array):
         act = lambda o: self.algorithm.act(self.params, o)  # noqa: E731

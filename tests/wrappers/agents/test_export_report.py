@@ -79,7 +79,9 @@ def export_plant_policy(path: Path, task, spec: ConstraintSpec, **overrides) -> 
         data_bounds=(task.data_low, task.data_high),
         platforms=("cpu",),
     )
-    return export_policy(path, **{**arguments, **overrides})
+    from neorl_industrial.wrappers.agents.export import PolicyExport
+
+    return export_policy(path, PolicyExport.from_arguments(**{**arguments, **overrides}))
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flax import serialization
 
-from neorl_industrial.core.safety import ConstraintSpec, shield
+from neorl_industrial.core.safety import CompiledConstraints, ConstraintSpec, shield
 from neorl_industrial.core.safety.shield import (
     BRANCH_MIN_BATCH,
 )
@@ -74,9 +75,13 @@ __all__ = [
     "FORMAT",
     "FORMATS",
     "FORMAT_VERSION",
+    "ExportOptions",
     "PolicyArtifact",
     "PolicyArtifactError",
     "PolicyDecision",
+    "PolicyExport",
+    "PolicyInterface",
+    "PolicyProgram",
     "export_policy",
 ]
 
@@ -86,54 +91,33 @@ __all__ = [
 FORMATS = ("jax", "onnx")
 
 
-# ----- export ------------------------------------------------------------------------
-def export_policy(
-    path: str | os.PathLike[str],
-    *,
-    act: Callable[[Any, jax.Array], jax.Array],
-    policy_params: Any,
-    observation_size: int,
-    action_size: int,
-    action_low: Sequence[float] | np.ndarray,
-    action_high: Sequence[float] | np.ndarray,
-    constraints_spec: ConstraintSpec | None = None,
-    observation_names: Sequence[str] | None = None,
-    action_names: Sequence[str] | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-    platforms: Sequence[str] = ("cpu", "cuda"),
-    signing_key: str | os.PathLike[str] | Ed25519PrivateKey | None = None,
-    format: str = "jax",
-    observation_bounds: tuple[Sequence[float], Sequence[float]] | None = None,
-    observation_units: Sequence[str | None] | None = None,
-    action_units: Sequence[str | None] | None = None,
-    data_bounds: tuple[Sequence[float], Sequence[float]] | None = None,
-) -> Path:
-    """Writes a self-contained policy artifact directory (see the module docstring).
+# ----- what is exported --------------------------------------------------------------
+@dataclass(frozen=True)
+class PolicyProgram:
+    """The policy to serve.
 
-    Args:
-        path: the directory to create (atomically: it appears complete or not at all).
+    Attributes:
         act: ``act(policy_params, observation) -> action``, a pure deterministic JAX
             function of one ``[observation_size]`` observation.
         policy_params: what ``act`` reads; baked into the serialized function.
+    """
+
+    act: Callable[[Any, jax.Array], jax.Array]
+    policy_params: Any
+
+
+@dataclass(frozen=True)
+class PolicyInterface:
+    """The task the exported function is built for: sizes, names, units and bounds. The
+    manifest records it, and a server compares it with the task it pins.
+
+    Attributes:
         observation_size: length of an observation.
         action_size: length of an action.
         action_low: ``[action_size]`` the plant's action bounds, low ...
         action_high: ... and high. They bound every action the spec leaves unbounded.
-        constraints_spec: the hard constraints the shield enforces; ``None``: the action
-            bounds alone, with the hold-previous fallback.
         observation_names: names of the features (default ``observation_i``).
         action_names: names of the actions (default ``action_i``).
-        metadata: JSON data stored in the manifest (algorithm, config, training summary).
-        overwrite: replace an existing artifact at ``path``.
-        platforms: the platforms the function is lowered for.
-        signing_key: an Ed25519 private key (object or PEM file) that signs the
-            manifest into ``signature.json``; ``None``: unsigned.
-        format: ``"jax"``, the serialized JAX functions; ``"onnx"``, those and
-            ``policy.onnx``, the same function as one ONNX graph (opset 18, any batch
-            size), checked against the JAX function on the shield's edge cases before it
-            is written (:mod:`.onnx_export`). The manifest lists it and its sha256 like
-            every other file, so a signature covers it.
         observation_bounds: ``(low, high)`` physical bounds per feature (``±inf`` where
             unknown): the shield sends the fallback for an observation outside them.
         observation_units: the unit of each feature (``None``: not stated).
@@ -142,14 +126,114 @@ def export_policy(
             from (``±inf`` where not checked; a task's ``data_low``/``data_high``): an
             observation outside it is flagged ``out_of_distribution`` and decided as any
             other. ``None``: nothing is flagged.
+    """
+
+    observation_size: int
+    action_size: int
+    action_low: Sequence[float] | np.ndarray
+    action_high: Sequence[float] | np.ndarray
+    observation_names: Sequence[str] | None = None
+    action_names: Sequence[str] | None = None
+    observation_bounds: tuple[Sequence[float], Sequence[float]] | None = None
+    observation_units: Sequence[str | None] | None = None
+    action_units: Sequence[str | None] | None = None
+    data_bounds: tuple[Sequence[float], Sequence[float]] | None = None
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """How the artifact is written.
+
+    Attributes:
+        overwrite: replace an existing artifact at the path.
+        platforms: the platforms the function is lowered for.
+        signing_key: an Ed25519 private key (object or PEM file) that signs the
+            manifest into ``signature.json``; ``None``: unsigned.
+        format: ``"jax"``, the serialized JAX functions; ``"onnx"``, those and
+            ``policy.onnx``, the same function as one ONNX graph (opset 18, any batch
+            size), checked against the JAX function on the shield's edge cases before it
+            is written (:mod:`.onnx_export`). The manifest lists it and its sha256 like
+            every other file, so a signature covers it.
+    """
+
+    overwrite: bool = False
+    platforms: Sequence[str] = ("cpu", "cuda")
+    signing_key: str | os.PathLike[str] | Ed25519PrivateKey | None = None
+    format: str = "jax"
+
+
+@dataclass(frozen=True)
+class PolicyExport:
+    """Everything :func:`export_policy` writes: the policy, its task, the hard
+    constraints, the metadata and how to write them.
+
+    Attributes:
+        policy: the policy's function and parameters.
+        interface: the task's sizes, names, units and bounds.
+        constraints_spec: the hard constraints the shield enforces; ``None``: the action
+            bounds alone, with the hold-previous fallback.
+        metadata: JSON data stored in the manifest (algorithm, config, training summary).
+        options: overwrite, platforms, signing and format.
+    """
+
+    policy: PolicyProgram
+    interface: PolicyInterface
+    constraints_spec: ConstraintSpec | None = None
+    metadata: Mapping[str, Any] | None = None
+    options: ExportOptions = ExportOptions()
+
+    @classmethod
+    def from_arguments(cls, **arguments: Any) -> PolicyExport:
+        """The export of ``export_policy``'s keyword arguments, one per field of the
+        groups (``act=..., observation_size=..., format=...``).
+
+        Raises:
+            TypeError: for an argument no group has, or a required one missing.
+        """
+        groups = {}
+        for group in (PolicyProgram, PolicyInterface, ExportOptions):
+            names = [field.name for field in fields(group) if field.name in arguments]
+            groups[group] = group(**{name: arguments.pop(name) for name in names})
+        return cls(
+            groups[PolicyProgram],
+            groups[PolicyInterface],
+            options=groups[ExportOptions],
+            **arguments,
+        )
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """An export's arguments as validated: what the serialized function and the manifest
+    are built from."""
+
+    interface: PolicyInterface  # sizes as ints, names as tuples, units as lists or None
+    low: np.ndarray
+    high: np.ndarray
+    spec: ConstraintSpec  # with the action bounds on every action it leaves unbounded
+    compiled: CompiledConstraints
+    metadata: dict[str, Any]
+    signing_key: Ed25519PrivateKey | None
+    platforms: tuple[str, ...]
+
+
+# ----- export ------------------------------------------------------------------------
+def export_policy(
+    path: str | os.PathLike[str], export: PolicyExport | None = None, **arguments: Any
+) -> Path:
+    """Writes a self-contained policy artifact directory (see the module docstring).
+
+    Args:
+        path: the directory to create (atomically: it appears complete or not at all).
+        export: what to write (:class:`PolicyExport`).
+        **arguments: instead of ``export``, its fields one by one, as
+            :meth:`PolicyExport.from_arguments` takes them (``act``, ``policy_params``,
+            ``observation_size``, ..., ``format``).
 
     Every call returns the action, the proposal, the shield's status bits and its
     ``[batch, 2, n_constraints]`` margins (of the proposed action, then of the applied
     one), read by :class:`~.artifact.PolicyArtifact` as ``PolicyDecision.margin`` and
     ``applied_margin``.
-
-    The manifest records the task the function was built for (names in order, units,
-    action and observation bounds), which a server compares with the task it pins.
 
     Returns:
         ``path``.
@@ -161,46 +245,107 @@ def export_policy(
             whose actions differ from the JAX function's.
         ConstraintSpecError: for a spec that does not fit these names and sizes.
         FileExistsError: if ``path`` exists and ``overwrite`` is false.
+        TypeError: for both ``export`` and ``arguments``, or arguments it does not take.
     """
+    if export is None:
+        export = PolicyExport.from_arguments(**arguments)
+    elif arguments:
+        raise TypeError(f"export_policy: pass export or its fields, not both: {sorted(arguments)}")
     target = Path(path)
-    if format not in FORMATS:
-        raise PolicyArtifactError(f"format: expected one of {list(FORMATS)}, got {format!r}")
-    if target.exists() and not overwrite:
+    checked = _checked(target, export)
+    serve = _serving_function(export.policy, checked.compiled)
+    files, functions, calling_convention = _serialized(serve, checked)
+    onnx = export.options.format == "onnx"
+    onnx_entry = _onnx_graph(files, serve, checked) if onnx else None
+    files[CONSTRAINTS] = constraint_spec_yaml(checked.spec).encode()
+    files[PARAMETERS] = serialization.msgpack_serialize(
+        _parameters_by_path(export.policy.policy_params)
+    )
+    manifest = _manifest(checked, files, functions, _versions(calling_convention, onnx=onnx))
+    if onnx_entry is not None:
+        manifest["onnx"] = onnx_entry
+    manifest["files"] = {
+        name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())
+    }
+    manifest["manifest_sha256"] = _digest(manifest)
+    files[MANIFEST] = json.dumps(manifest, indent=2, allow_nan=False).encode()
+    if checked.signing_key is not None:
+        signature = sign_manifest(manifest, checked.signing_key)
+        files[SIGNATURE] = json.dumps(signature, indent=2).encode()
+    # Staging directories of exports killed mid-write (an hour old or more) go first.
+    remove_stale_staging(target.absolute().parent)
+    write_directory_atomic(
+        target, files, marker=MANIFEST, what="a policy artifact", overwrite=export.options.overwrite
+    )
+    return target
+
+
+def _checked(target: Path, export: PolicyExport) -> _Checked:
+    """``export`` validated, in the order the errors are reported: format, target,
+    signing key, sizes, names, action bounds, units, constraints, metadata, ``act``.
+
+    Raises:
+        PolicyArtifactError, ConstraintSpecError, FileExistsError: as
+        :func:`export_policy` lists them.
+    """
+    options, given = export.options, export.interface
+    if options.format not in FORMATS:
+        raise PolicyArtifactError(
+            f"format: expected one of {list(FORMATS)}, got {options.format!r}"
+        )
+    if target.exists() and not options.overwrite:
         raise FileExistsError(f"{target}: already exists; pass overwrite=True to replace it")
-    if signing_key is not None:
+    signing_key = None
+    if options.signing_key is not None:
         try:
-            signing_key = load_private_key(signing_key)
+            signing_key = load_private_key(options.signing_key)
         except SigningError as error:
             raise PolicyArtifactError(f"signing_key: {error}") from None
-    observation_size = _positive_int(observation_size, "observation_size")
-    action_size = _positive_int(action_size, "action_size")
-    observation_names = _names(observation_names, observation_size, "observation")
-    action_names = _names(action_names, action_size, "action")
-    low = _bound(action_low, action_size, "action_low")
-    high = _bound(action_high, action_size, "action_high")
+    observation_size = _positive_int(given.observation_size, "observation_size")
+    action_size = _positive_int(given.action_size, "action_size")
+    observation_names = _names(given.observation_names, observation_size, "observation")
+    action_names = _names(given.action_names, action_size, "action")
+    low = _bound(given.action_low, action_size, "action_low")
+    high = _bound(given.action_high, action_size, "action_high")
     if np.any(low > high):
         column = int(np.argmax(low > high))
         raise PolicyArtifactError(
             f"action_low: {low[column]} is above action_high {high[column]} "
             f"for action {action_names[column]!r}"
         )
-    observation_units = _units(observation_units, observation_size, "observation")
-    action_units = _units(action_units, action_size, "action")
-    spec = _effective_spec(constraints_spec, action_names, low, high)
+    interface = replace(
+        given,
+        observation_size=observation_size,
+        action_size=action_size,
+        observation_names=observation_names,
+        action_names=action_names,
+        observation_units=_units(given.observation_units, observation_size, "observation"),
+        action_units=_units(given.action_units, action_size, "action"),
+    )
+    spec = _effective_spec(export.constraints_spec, action_names, low, high)
     compiled = spec.compile(
         observation_size,
         action_size,
         observation_names,
         action_names,
-        observation_bounds=observation_bounds,
-        data_bounds=data_bounds,
+        observation_bounds=given.observation_bounds,
+        data_bounds=given.data_bounds,
     )
     try:
-        metadata = to_json_data(dict(metadata or {}), where="metadata", strict=True)
+        metadata = to_json_data(dict(export.metadata or {}), where="metadata", strict=True)
     except ValueError as error:
         raise PolicyArtifactError(str(error)) from None
-    _check_act(act, policy_params, observation_size, action_size)
+    _check_act(export.policy.act, export.policy.policy_params, observation_size, action_size)
+    platforms = tuple(options.platforms)
+    return _Checked(interface, low, high, spec, compiled, metadata, signing_key, platforms)
 
+
+def _serving_function(
+    policy: PolicyProgram, compiled: CompiledConstraints
+) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]]:
+    """``serve(observations, prev_actions) -> (action, proposed, status, margins)``: the
+    policy on every row, behind the shield."""
+    act, policy_params = policy.act, policy.policy_params
     # The batch shield branches once for the whole batch: the repair runs only when some
     # row needs it (the shield under vmap would compute every row's repair).
     guard = functools.partial(shield, compiled)
@@ -212,7 +357,17 @@ def export_policy(
         # The report's one margins array (proposed and applied): one output buffer.
         return safe, proposed, report.status.astype(jnp.int32), report.margins
 
-    platforms = tuple(platforms)
+    return serve
+
+
+def _serialized(
+    serve: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]], checked: _Checked
+) -> tuple[dict[str, bytes], list[dict[str, Any]], int]:
+    """``serve`` serialized with :mod:`jax.export`, once per entry of ``_FUNCTIONS``:
+    ``(files, their manifest entries, the calling convention version)``."""
+    platforms = checked.platforms
+    observation_size = checked.interface.observation_size
+    action_size = checked.interface.action_size
     files: dict[str, bytes] = {}
     functions = []
     for name, min_batch in _FUNCTIONS:
@@ -231,34 +386,40 @@ def export_policy(
                 f"{name}: cannot export the policy for platforms {list(platforms)}: {error}"
             ) from error
         functions.append({"file": name, "min_batch": min_batch})
-    onnx_entry = None
-    if format == "onnx":
-        onnx_entry = _onnx_graph(files, serve, compiled, observation_size, action_size, data_bounds)
-    files[CONSTRAINTS] = constraint_spec_yaml(spec).encode()
-    files[PARAMETERS] = serialization.msgpack_serialize(_parameters_by_path(policy_params))
+    return files, functions, exported.calling_convention_version
 
-    manifest: dict[str, Any] = {
+
+def _manifest(
+    checked: _Checked,
+    files: Mapping[str, bytes],
+    functions: list[dict[str, Any]],
+    versions: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest of ``files`` up to its ``onnx``, ``files`` and digest entries."""
+    interface, compiled = checked.interface, checked.compiled
+    data_range = compiled.checks_data_range
+    return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "versions": _versions(exported.calling_convention_version, onnx=format == "onnx"),
-        "platforms": list(platforms),
-        "observation_size": observation_size,
-        "action_size": action_size,
-        "observation_names": list(observation_names),
-        "action_names": list(action_names),
-        "action_low": low.tolist(),
-        "action_high": high.tolist(),
+        "versions": versions,
+        "platforms": list(checked.platforms),
+        "observation_size": interface.observation_size,
+        "action_size": interface.action_size,
+        "observation_names": list(interface.observation_names),
+        "action_names": list(interface.action_names),
+        "action_low": checked.low.tolist(),
+        "action_high": checked.high.tolist(),
         "observation_low": _finite_or_none(compiled.observation_low),
         "observation_high": _finite_or_none(compiled.observation_high),
         # The range the shield flags observations outside of (null: no range given).
-        "data_low": _finite_or_none(compiled.data_low) if compiled.checks_data_range else None,
-        "data_high": _finite_or_none(compiled.data_high) if compiled.checks_data_range else None,
-        "observation_units": observation_units,
-        "action_units": action_units,
+        "data_low": _finite_or_none(compiled.data_low) if data_range else None,
+        "data_high": _finite_or_none(compiled.data_high) if data_range else None,
+        "observation_units": interface.observation_units,
+        "action_units": interface.action_units,
         "constraints": {
             "file": CONSTRAINTS,
-            "name": spec.name,
+            "name": checked.spec.name,
             "names": list(compiled.names),
             "fallback": compiled.fallback_kind,
         },
@@ -266,21 +427,8 @@ def export_policy(
         "functions": functions,
         "inputs": ["observations [batch, observation_size]", "prev_actions [batch, action_size]"],
         "outputs": list(OUTPUTS),
-        "metadata": metadata,
-        **({"onnx": onnx_entry} if onnx_entry is not None else {}),
-        "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
+        "metadata": checked.metadata,
     }
-    manifest["manifest_sha256"] = _digest(manifest)
-    files[MANIFEST] = json.dumps(manifest, indent=2, allow_nan=False).encode()
-    if signing_key is not None:
-        signature = sign_manifest(manifest, signing_key)
-        files[SIGNATURE] = json.dumps(signature, indent=2).encode()
-    # Staging directories of exports killed mid-write (an hour old or more) go first.
-    remove_stale_staging(target.absolute().parent)
-    write_directory_atomic(
-        target, files, marker=MANIFEST, what="a policy artifact", overwrite=overwrite
-    )
-    return target
 
 
 def _positive_int(value: Any, field: str) -> int:
@@ -380,10 +528,7 @@ def _parameters_by_path(policy_params: Any) -> dict[str, np.ndarray]:
 def _onnx_graph(
     files: dict[str, bytes],
     function: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]],
-    compiled: Any,
-    observation_size: int,
-    action_size: int,
-    data_bounds: tuple[Sequence[float], Sequence[float]] | None,
+    checked: _Checked,
 ) -> dict[str, Any]:
     """Adds ``policy.onnx`` (``function`` as one ONNX graph, checked against the
     serialized JAX function on the shield's edge cases) to ``files``; its manifest entry."""
@@ -397,6 +542,7 @@ def _onnx_graph(
 
     # The function the JAX artifact serves batches of BRANCH_MIN_BATCH rows or more with
     # (it branches once per batch, which ONNX's If keeps): compared on more rows than that.
+    compiled, data_bounds = checked.compiled, checked.interface.data_bounds
     large = jax.export.deserialize(bytearray(files[_FUNCTIONS[-1][0]]))
     reference = jax.jit(large.call)
     probes = edge_case_inputs(
@@ -406,8 +552,8 @@ def _onnx_graph(
     )
     data, entry = onnx_policy_graph(
         function,
-        observation_size,
-        action_size,
+        checked.interface.observation_size,
+        checked.interface.action_size,
         compiled.n_hard,
         trace_min_batch=BRANCH_MIN_BATCH,
         reference=lambda obs, prev: jax.device_get(reference(obs, prev)),

@@ -187,39 +187,56 @@ def export(
     signing_key: Any = None,
     format: str = "jax",
 ) -> Path:
-    """The exported policy of fitted, continuous-action ``agent`` (``Agent.export``):
-    its selected run's policy with the task's names, units and bounds, the constraint
-    spec, and the run's record as metadata."""
-    from neorl_industrial.wrappers.agents.export import export_policy
+    """The exported policy of fitted ``agent`` (``Agent.export``): its selected run's
+    policy with the task's names, units and bounds, the constraint spec, and the run's
+    record as metadata.
+
+    Raises:
+        RunError: for an agent that acts on discrete actions.
+    """
+    if agent.entry.discrete:
+        raise RunError(
+            "export: exported artifacts serve continuous actions through the shield; "
+            f"{agent.entry.name} acts on discrete ones"
+        )
+    from neorl_industrial.wrappers.agents.export import (
+        ExportOptions,
+        PolicyExport,
+        PolicyInterface,
+        PolicyProgram,
+        export_policy,
+    )
 
     act = agent.algorithm.act
     task = agent.task
-    return export_policy(
-        path,
-        act=lambda policy, observation: act(policy, observation, None, deterministic=True),
-        policy_params=agent.policy(),
+    interface = PolicyInterface(
         observation_size=task.observation_size,
         action_size=task.action_size,
-        constraints_spec=agent.constraint_spec,
-        observation_names=list(task.observation_names),
-        action_names=list(task.action_names),
         action_low=np.asarray(task.action_low, np.float32),
         action_high=np.asarray(task.action_high, np.float32),
+        observation_names=list(task.observation_names),
+        action_names=list(task.action_names),
         observation_bounds=(task.observation_low, task.observation_high),
         observation_units=task.observation_units,
         action_units=task.action_units,
         # The data's range (a plant log's observed columns): flagged, not enforced.
         data_bounds=None if task.data_low is None else (task.data_low, task.data_high),
-        metadata={
-            "algorithm": agent.entry.name,
-            "env": task.env_id,
-            "task": task.to_dict(limits=False),
-            "seed": agent.seeds[agent.selected],
-            "candidate": agent.selected_candidate,
-            **dict(zip(CONTRACT_FIELDS[:2], contract_record(agent.safety)[:2], strict=True)),
-            "training": agent.record,
-        },
-        overwrite=overwrite,
-        signing_key=signing_key,
-        format=format,
+    )
+    metadata = {
+        "algorithm": agent.entry.name,
+        "env": task.env_id,
+        "task": task.to_dict(limits=False),
+        "seed": agent.seeds[agent.selected],
+        "candidate": agent.selected_candidate,
+        **dict(zip(CONTRACT_FIELDS[:2], contract_record(agent.safety)[:2], strict=True)),
+        "training": agent.record,
+    }
+    policy = PolicyProgram(
+        act=lambda policy, observation: act(policy, observation, None, deterministic=True),
+        policy_params=agent.policy(),
+    )
+    options = ExportOptions(overwrite=overwrite, signing_key=signing_key, format=format)
+    return export_policy(
+        path,
+        PolicyExport(policy, interface, agent.constraint_spec, metadata, options),
     )
