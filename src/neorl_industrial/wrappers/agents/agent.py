@@ -24,8 +24,6 @@ none, the best kept by the safety-aware criterion; the run's
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,37 +31,33 @@ from typing import Any
 import jax
 import numpy as np
 
-from neorl_industrial.core.environments import Task, TaskError
-from neorl_industrial.core.safety import ConstraintSpec, SafetyContract, shield
+from neorl_industrial.core.environments import Task
+from neorl_industrial.core.safety import ConstraintSpec, SafetyContract
 from neorl_industrial.core.safety.shield import SafetyReport
 from neorl_industrial.functional.state_management import Dataset
-from neorl_industrial.wrappers.agents import offline, saved_agent
-from neorl_industrial.wrappers.agents.readings import decision_inputs
+from neorl_industrial.wrappers.agents import acting, offline, saved_agent
+from neorl_industrial.wrappers.agents.agent_candidates import CandidateSelection
+from neorl_industrial.wrappers.agents.agent_context import (
+    context_of_arguments,
+    context_of_config,
+    run_config_of,
+    run_plan,
+)
 from neorl_industrial.wrappers.agents.saved_agent import FORMAT, MANIFEST, POLICIES
 from neorl_industrial.wrappers.constraint_files import (
     load_constraint_spec,
 )
-from neorl_industrial.wrappers.training import Callback, summarize_runs
+from neorl_industrial.wrappers.training import Callback
 from neorl_industrial.wrappers.training.config import OPESettings, RunConfig
-from neorl_industrial.wrappers.training.context import PolicyContext, RunError, algorithm_of
+from neorl_industrial.wrappers.training.context import PolicyContext, RunError
 from neorl_industrial.wrappers.training.plan import (
     DEFAULT_ENV,
-    KEYWORDS,
-    PLAN_KEYWORDS,
     PlanError,
     RunPlan,
-    contract_of,
-    resolve_contract,
     resolve_run,
-    resolve_task,
 )
 from neorl_industrial.wrappers.training.results import CandidateStack, RunResult, SweepCandidates
 from neorl_industrial.wrappers.training.run import sweep, train
-from neorl_industrial.wrappers.training.sweep_table import (
-    candidate_id,
-    parse_candidate,
-    with_values,
-)
 from neorl_industrial.wrappers.training.verdict import Verdict, VerdictSettings
 
 __all__ = [
@@ -78,30 +72,12 @@ __all__ = [
     "load_constraint_spec",
 ]
 
-#: ``sweep``'s keyword settings (``fit`` takes all of ``KEYWORDS``): the ones a sweep's
-#: end-of-training evaluation and its one program use.
-SWEEP_KEYWORDS = (
-    "updates",
-    "seeds",
-    "batch_size",
-    "chunk",
-    "eval_episodes",
-    "eval_horizon",
-    "eval_shield",
-    "eval_seed",
-    "normalize_observations",
-    "reward_scaling",
-    "ope",
-    "card",
-)
-FIT_KEYWORDS = (*KEYWORDS, *PLAN_KEYWORDS)
-
 #: An agent that cannot do what was asked (names the argument, file or field): the run
 #: functions' :class:`~neorl_industrial.wrappers.training.context.RunError`.
 AgentError = RunError
 
 
-class Agent:
+class Agent(CandidateSelection):
     """An offline agent: fit, predict, evaluate, save, load, export.
 
     Args:
@@ -130,20 +106,8 @@ class Agent:
         cost_limits: Sequence[float] | None = None,
         **hyperparameters: Any,
     ) -> None:
-        entry = algorithm_of(algorithm)
-        if task is None:
-            try:
-                task = Task.from_env(env or DEFAULT_ENV, env_params)
-            except TaskError as error:
-                raise AgentError(str(error)) from None
-        elif env_params:
-            raise AgentError("env_params: give them to the task (Task.from_env), not the agent")
-        PolicyContext.check_kind(entry, task)
-        try:
-            spec, safety = resolve_contract(task, constraints, cost_limits, safe=entry.safe)
-        except PlanError as error:
-            raise AgentError(str(error)) from None
-        self._setup(PolicyContext.create(entry, task, spec, safety), hyperparameters)
+        context = context_of_arguments(algorithm, env, task, env_params, constraints, cost_limits)
+        self._setup(context, hyperparameters)
         # Checked (and built, to act) at once: the one call into the core's registry.
         self._build(self.hyperparameters)
 
@@ -226,25 +190,16 @@ class Agent:
                 not fit, or ``data.path`` without its data (read it first, e.g. with
                 ``neorl_industrial.integration.datasets.load_any``).
         """
-        if isinstance(config, Mapping):
-            config = RunConfig.from_dict(dict(config))
-        elif not isinstance(config, RunConfig):
-            config = RunConfig.from_yaml(config)
-        try:
-            if dataset is not None:
+        config = run_config_of(config)
+        if dataset is not None:
+            try:
                 return cls.from_plan(resolve_run(config, dataset, card, facts))
-            if card is not None:
-                raise AgentError("card: give the dataset with its card (dataset=...)")
-            entry = algorithm_of(config.algorithm.name)
-            task = resolve_task(config)
-            PolicyContext.check_kind(entry, task)
-            spec, contract = contract_of(config, task)
-        except PlanError as error:
-            raise AgentError(str(error)) from None
+            except PlanError as error:
+                raise AgentError(str(error)) from None
+        if card is not None:
+            raise AgentError("card: give the dataset with its card (dataset=...)")
         agent = cls.__new__(cls)
-        agent._setup(
-            PolicyContext.create(entry, task, spec, contract), config.algorithm.hyperparameters
-        )
+        agent._setup(context_of_config(config), config.algorithm.hyperparameters)
         agent._build(agent.hyperparameters)
         agent.run_config = config
         return agent
@@ -327,23 +282,6 @@ class Agent:
         definitions when the spec defines other channels than the data has."""
         return self.context.training_data(dataset)
 
-    def _plan(
-        self,
-        data: RunPlan | Dataset | None,
-        settings: dict[str, Any],
-        allowed: Sequence[str],
-        what: str,
-    ) -> RunPlan:
-        """The plan ``fit``/``sweep`` train (:meth:`PolicyContext.plan_for`)."""
-        return self.context.plan_for(
-            self.plan if data is None else data,
-            settings,
-            allowed,
-            hyperparameters=self.hyperparameters,
-            run_config=self.run_config,
-            what=what,
-        )
-
     def fit(
         self,
         data: RunPlan | Dataset | None = None,
@@ -396,7 +334,7 @@ class Agent:
                 model of another task or dataset, or fitted on held-out episodes.
             CheckpointMismatchError: when resuming from another run's checkpoint.
         """
-        plan = self._plan(data, settings, FIT_KEYWORDS, "fit")
+        plan = run_plan(self, data, settings, "fit")
         result = train(
             plan,
             callbacks=callbacks,
@@ -448,7 +386,7 @@ class Agent:
                 f"algorithm {self.entry.name!r} trains on a plant model and is not swept in "
                 "one program; fit each configuration with plant_model= instead"
             )
-        plan = self._plan(data, settings, SWEEP_KEYWORDS, "sweep")
+        plan = run_plan(self, data, settings, "sweep")
         result = sweep(plan, grid, mesh=mesh, plant_model=plant_model, verdict=verdict)
         self.adopt(result)
         assert result.sweep is not None
@@ -478,114 +416,6 @@ class Agent:
         the exported policy's ``training`` entry."""
         return {} if self.result is None else self.result.record()
 
-    # ----- candidates ------------------------------------------------------------------
-    @property
-    def candidates(self) -> list[str]:
-        """Every policy this agent holds that can act, by name: ``seed<s>`` for a
-        training run's seeds, ``config<c>-seed<s>`` for a sweep's every configuration ×
-        seed (the failed ones, ``result.failed_runs``, are left out)."""
-        sweep = self.sweep_candidates
-        names = [candidate_id(seed) for seed in self.seeds] if sweep is None else sweep.names()
-        return [name for name in names if name not in self._failed()]
-
-    @property
-    def selected_candidate(self) -> str | None:
-        """The name of the policy :meth:`predict` and :meth:`export` use (None unfitted)."""
-        if not self.fitted:
-            return None
-        return candidate_id(self.seeds[self.selected], self._configuration_index())
-
-    def _configuration_index(self) -> int | None:
-        """The sweep configuration whose seeds' policies the agent holds (None: not a
-        sweep's agent)."""
-        if self.sweep_candidates is None or self.result is None:
-            return None
-        selection = self.result.selection
-        key = parse_candidate(str(selection.get("candidate")))
-        if selection.get("by") == "candidate" and key is not None:
-            return key[0]
-        return (self.result.sweep or {}).get("selected")
-
-    def able_runs(self) -> list[int]:
-        """The runs (of ``self.policies``) whose policy can act."""
-        failed, configuration = self._failed(), self._configuration_index()
-        return [
-            run
-            for run, seed in enumerate(self.seeds)
-            if candidate_id(seed, configuration) not in failed
-        ]
-
-    def _failed(self) -> dict[str, str]:
-        return {} if self.result is None else self.result.failed
-
-    def candidate(self, name: str) -> Agent:
-        """A copy of this agent that predicts with and exports candidate ``name`` (see
-        :attr:`candidates`; the names a run's own verdict gives, ``run 1 (seed 1)`` and
-        ``configuration 3 (seed 0)``, are taken too): a sweep's other configuration
-        comes with its own hyperparameters and seeds.
-
-        Raises:
-            AgentError: for a name this agent does not hold, or a candidate that failed
-                (its policy cannot act).
-        """
-        self._require_fitted("candidate")
-        key = parse_candidate(name)
-        known = ", ".join(self.candidates)
-        failed = self._failed()
-        if key is None:
-            raise AgentError(f"candidate: {name!r} is not a candidate's name; known: {known}")
-        configuration, seed = key
-        canonical = candidate_id(seed, configuration)
-        if canonical in failed:
-            raise AgentError(
-                f"candidate {canonical}: failed ({failed[canonical]}); a policy that cannot "
-                "act is never exported"
-            )
-        other = copy.copy(self)
-        other._decide = None
-        sweep = self.sweep_candidates
-        if sweep is None or configuration is None:
-            if sweep is not None or configuration is not None or seed not in self.seeds:
-                raise AgentError(f"candidate: no {canonical!r} in this agent; known: {known}")
-            other.selected = self.seeds.index(seed)
-        else:
-            if not 0 <= configuration < len(sweep.points) or seed not in sweep.seeds:
-                raise AgentError(f"candidate: no {canonical!r} in this agent; known: {known}")
-            other.hyperparameters = with_values(sweep.hyperparameters, sweep.points[configuration])
-            other._build(other.hyperparameters)
-            other.policies = sweep.seeds_of(configuration, self.context)
-            other.seeds = list(sweep.seeds)
-            other.selected = sweep.seeds.index(seed)
-        other.result = dataclasses.replace(
-            self.result or RunResult(),
-            selected_run=other.selected,
-            selection={"by": "candidate", "candidate": canonical},
-            policies=other.policies,
-            hyperparameters=other.hyperparameters,
-        )
-        return other
-
-    def candidate_stacks(self) -> list[CandidateStack]:
-        """Every candidate that can act, as stacks of one algorithm each (a training
-        run's seeds; each program of a sweep): what a verdict over them evaluates."""
-        self._require_fitted("candidate_stacks")
-        failed = self._failed()
-        sweep = self.sweep_candidates
-        if sweep is None:
-            names = [candidate_id(seed) for seed in self.seeds]
-            stack = CandidateStack(
-                names, self.policies, self.policy_algorithm, self.hyperparameters
-            )
-            stacks = [stack]
-        else:
-            stacks = []
-            for number, configurations in enumerate(sweep.configurations):
-                hyperparameters, algorithm = sweep.configuration(configurations[0], self.context)
-                names = [candidate_id(seed, c) for c in configurations for seed in sweep.seeds]
-                policies = sweep.program(number, self.context)
-                stacks.append(CandidateStack(names, policies, algorithm, hyperparameters))
-        return [kept for stack in stacks if (kept := stack.able(failed)) is not None]
-
     # ----- acting ----------------------------------------------------------------------
     def policy(self, run: int | None = None) -> Any:
         """The policy parameters of ``run`` (default: the selected, best run)."""
@@ -614,37 +444,7 @@ class Agent:
                 float32 number or an infinite previous action, naming the feature.
         """
         self._require_fitted("predict")
-        task = self.task
-        # Read as the server and the bridge read them (wrappers.agents.readings):
-        # subnormals as zero, a reading that is not finite refused by name, a NaN previous
-        # action unknown (the shield leaves its rate limit out).
-        batch, prev, single = decision_inputs(
-            observation,
-            None if self.entry.discrete else prev_action,
-            task.observation_names,
-            ("action",) if self.entry.discrete else task.action_names,
-            error=AgentError,
-        )
-        if self.entry.discrete:
-            actions = np.asarray(self._act_batch(self.policy(run), batch))
-            return (actions[0] if single else actions), None
-        if not shield_actions:
-            actions = np.asarray(self._act_batch(self.policy(run), batch))
-            return (actions[0] if single else actions), None
-        if self._decide is None:
-            act, constraints = self.algorithm.act, self.constraints
-
-            def decide(policy: Any, observations: jax.Array, previous: jax.Array) -> Any:
-                proposed = jax.vmap(lambda o: act(policy, o, None, deterministic=True))(
-                    observations
-                )
-                return shield(constraints, observations, proposed, previous)
-
-            self._decide = jax.jit(decide)
-        safe, report = jax.device_get(self._decide(self.policy(run), batch, prev))
-        if single:
-            return np.asarray(safe[0]), jax.tree.map(lambda leaf: leaf[0], report)
-        return np.asarray(safe), report
+        return acting.decide(self, observation, prev_action, run, shield_actions)
 
     def _act_batch(self, policy: Any, batch: np.ndarray) -> jax.Array:
         act = self.algorithm.act
@@ -672,16 +472,7 @@ class Agent:
             AgentError: when the task has no simulator (use :meth:`evaluate_offline`).
         """
         self._require_fitted("evaluate")
-        if not self.task.has_simulator:
-            raise AgentError(
-                f"evaluate: task {self.task.name!r} has no simulator; use "
-                "evaluate_offline(dataset) for FQE estimates from logged data"
-            )
-        evaluator = self.context.simulator_evaluator(
-            self.algorithm, episodes, horizon, shield_actions, seed
-        )
-        runs = evaluator(self.policies, 0)
-        return {"runs": runs, "summary": summarize_runs(runs), "selected_run": self.selected}
+        return acting.evaluate_in_simulator(self, episodes, horizon, shield_actions, seed)
 
     def evaluate_offline(
         self,
@@ -777,11 +568,6 @@ class Agent:
         adds ``policy.onnx``, the same function as one ONNX graph for edge runtimes (the
         ``onnx`` extra; see :mod:`.onnx_export`)."""
         self._require_fitted("export")
-        if self.entry.discrete:
-            raise AgentError(
-                "export: exported artifacts serve continuous actions through the shield; "
-                f"{self.entry.name} acts on discrete ones"
-            )
         return saved_agent.export(
             self, path, overwrite=overwrite, signing_key=signing_key, format=format
         )
