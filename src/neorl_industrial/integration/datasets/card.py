@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -199,74 +199,22 @@ class DatasetCard(BaseModel):
         try:
             if self.observation_columns is None and has_simulator:
                 return Task.from_env(self.env_id, self.env_params)
+            observations = _observation_columns(self, dataset)
             sizes = self.sizes
-            if self.observation_columns is not None:
-                observation_names = [c.name for c in self.observation_columns]
-                units = [c.unit for c in self.observation_columns]
-                observation_low = [
-                    -np.inf if c.bounds is None else c.bounds[0] for c in self.observation_columns
-                ]
-                observation_high = [
-                    np.inf if c.bounds is None else c.bounds[1] for c in self.observation_columns
-                ]
-                spans = [c.observed for c in self.observation_columns]
-                data_low = (
-                    None
-                    if all(s is None for s in spans)
-                    else [-np.inf if s is None else s[0] for s in spans]
-                )
-                data_high = (
-                    None if data_low is None else [np.inf if s is None else s[1] for s in spans]
-                )
-            else:
-                size = sizes.observation_size if sizes else _size(dataset, "observation_size")
-                observation_names = [f"observation_{i}" for i in range(size)]
-                units, observation_low, observation_high = None, None, None
-                data_low, data_high = None, None
             discrete = bool(sizes.discrete) if sizes else bool(dataset and dataset.discrete)
-            action_units = None
-            if self.action_columns is not None:
-                action_names = [c.name for c in self.action_columns]
-                action_units = [c.unit for c in self.action_columns]
-                bounds = [c.bounds for c in self.action_columns]
-                if any(b is None for b in bounds):
-                    if dataset is None:
-                        raise ValueError(
-                            "action_columns: every action needs bounds (or pass the data "
-                            "to fit them)"
-                        )
-                    bounds = _fitted_bounds(dataset)
-                action_low = [b[0] for b in bounds]
-                action_high = [b[1] for b in bounds]
-            elif discrete:
-                action_names, action_low, action_high = ["action"], [0.0], [1.0]
-            else:
-                if dataset is None:
-                    raise ValueError(
-                        "action_columns: the card has no action bounds; pass the dataset to "
-                        "fit them from the logged actions"
-                    )
-                bounds = _fitted_bounds(dataset)
-                action_names = [f"action_{i}" for i in range(len(bounds))]
-                action_low = [b[0] for b in bounds]
-                action_high = [b[1] for b in bounds]
-            num_actions = None
-            if discrete:
-                if dataset is None:
-                    raise ValueError("a discrete dataset's task needs the data (action count)")
-                num_actions = int(np.asarray(dataset.actions).max()) + 1
+            actions = _action_columns(self, dataset, discrete)
             return Task.create(
                 name=name or self.name,
-                observation_names=tuple(observation_names),
-                action_names=tuple(action_names),
-                action_low=tuple(action_low),
-                action_high=tuple(action_high),
-                observation_low=None if observation_low is None else tuple(observation_low),
-                observation_high=None if observation_high is None else tuple(observation_high),
-                data_low=None if data_low is None else tuple(data_low),
-                data_high=None if data_high is None else tuple(data_high),
-                observation_units=None if units is None else tuple(units),
-                action_units=None if action_units is None else tuple(action_units),
+                observation_names=observations.names,
+                action_names=actions.names,
+                action_low=actions.low,
+                action_high=actions.high,
+                observation_low=observations.low,
+                observation_high=observations.high,
+                data_low=observations.data_low,
+                data_high=observations.data_high,
+                observation_units=observations.units,
+                action_units=actions.units,
                 cost_names=tuple(self.cost_names),
                 cost_definitions={
                     key: value for key, value in self.definitions.items() if key != "reward"
@@ -274,7 +222,7 @@ class DatasetCard(BaseModel):
                 cost_limits=dict(self.cost_limits),
                 sampling_period=self.sampling_period,
                 discrete=discrete,
-                num_actions=num_actions,
+                num_actions=_num_actions(dataset) if discrete else None,
                 env_id=self.env_id if has_simulator else None,
                 env_params=dict(self.env_params) if has_simulator else {},
             )
@@ -303,6 +251,82 @@ class DatasetCard(BaseModel):
             return cls.model_validate_json(text)
         except ValidationError as error:
             raise DatasetFormatError(f"invalid dataset card\n{error}", path=path) from error
+
+
+class _Columns(NamedTuple):
+    """One side of a task (observations or actions) as :meth:`Task.create` takes it:
+    names, then units, physical ranges and the data's ranges where known (else None)."""
+
+    names: tuple[str, ...]
+    units: tuple[str | None, ...] | None = None
+    low: tuple[float, ...] | None = None
+    high: tuple[float, ...] | None = None
+    data_low: tuple[float, ...] | None = None
+    data_high: tuple[float, ...] | None = None
+
+
+def _observation_columns(card: DatasetCard, dataset: Dataset | None) -> _Columns:
+    """The card's observation columns (unbounded where a column gives no bounds; the
+    data's ranges where any column records one), or generic names for the observation
+    size of the card or ``dataset``."""
+    columns = card.observation_columns
+    if columns is None:
+        sizes = card.sizes
+        size = sizes.observation_size if sizes else _size(dataset, "observation_size")
+        return _Columns(names=tuple(f"observation_{i}" for i in range(size)))
+    spans = [c.observed for c in columns]
+    observed = any(s is not None for s in spans)
+    return _Columns(
+        names=tuple(c.name for c in columns),
+        units=tuple(c.unit for c in columns),
+        low=tuple(-np.inf if c.bounds is None else c.bounds[0] for c in columns),
+        high=tuple(np.inf if c.bounds is None else c.bounds[1] for c in columns),
+        data_low=tuple(-np.inf if s is None else s[0] for s in spans) if observed else None,
+        data_high=tuple(np.inf if s is None else s[1] for s in spans) if observed else None,
+    )
+
+
+def _action_columns(card: DatasetCard, dataset: Dataset | None, discrete: bool) -> _Columns:
+    """The card's action columns (bounds fitted to ``dataset`` when any column has
+    none), one action in [0, 1] for discrete data, or generic names with fitted bounds.
+
+    Raises:
+        ValueError: when bounds must be fitted and there is no ``dataset``.
+    """
+    units = None
+    if card.action_columns is not None:
+        names = [c.name for c in card.action_columns]
+        units = tuple(c.unit for c in card.action_columns)
+        bounds = [c.bounds for c in card.action_columns]
+        if any(b is None for b in bounds):
+            if dataset is None:
+                raise ValueError(
+                    "action_columns: every action needs bounds (or pass the data to fit them)"
+                )
+            bounds = _fitted_bounds(dataset)
+    elif discrete:
+        return _Columns(names=("action",), low=(0.0,), high=(1.0,))
+    else:
+        if dataset is None:
+            raise ValueError(
+                "action_columns: the card has no action bounds; pass the dataset to "
+                "fit them from the logged actions"
+            )
+        bounds = _fitted_bounds(dataset)
+        names = [f"action_{i}" for i in range(len(bounds))]
+    return _Columns(
+        names=tuple(names),
+        units=units,
+        low=tuple(b[0] for b in bounds),
+        high=tuple(b[1] for b in bounds),
+    )
+
+
+def _num_actions(dataset: Dataset | None) -> int:
+    """The action count of discrete data: one more than the largest logged action."""
+    if dataset is None:
+        raise ValueError("a discrete dataset's task needs the data (action count)")
+    return int(np.asarray(dataset.actions).max()) + 1
 
 
 def _size(dataset: Dataset | None, attribute: str) -> int:
