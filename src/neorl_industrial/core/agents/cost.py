@@ -42,6 +42,7 @@ __all__ = [
     "MULTIPLIERS",
     "Lagrangian",
     "LagrangianState",
+    "SafeNetworks",
     "SafetyConfig",
     "check_cost_limits",
     "check_safe_batch",
@@ -156,6 +157,15 @@ class Lagrangian(NamedTuple):
     init: Callable[[], LagrangianState]
     update: Callable[[LagrangianState, jax.Array], LagrangianState]
     thresholds: Callable[[LagrangianState], jax.Array]
+
+
+class SafeNetworks(NamedTuple):
+    """What a Lagrangian agent's update closes over: its base agent's networks (TD3+BC's,
+    IQL's), its cost critics and the :class:`Lagrangian` of its limits."""
+
+    networks: Any
+    costs: Any
+    lagrangian: Lagrangian
 
 
 def make_dual_ascent(config: SafetyConfig) -> tuple[optax.GradientTransformation, float]:

@@ -14,28 +14,19 @@ leaves of the state (:func:`~neorl_industrial.core.agents.cost.with_cost_limits`
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from neorl_industrial.core.agents import cost_critics, iql
-from neorl_industrial.core.agents.cost import (
-    Lagrangian,
-    LagrangianState,
-    SafetyConfig,
-    check_safe_batch,
-    make_lagrangian,
-    with_channel_metrics,
-)
+from neorl_industrial.core.agents import cost, cost_critics, iql
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
 
 __all__ = ["IQLLagConfig", "IQLLagState", "make_iql_lag"]
 
 
 @dataclasses.dataclass(frozen=True)
-class IQLLagConfig(iql.IQLConfig, SafetyConfig):
+class IQLLagConfig(iql.IQLConfig, cost.SafetyConfig):
     """Hyperparameters of IQL-Lag: IQL's (CORL defaults), the safety ones
     (:class:`SafetyConfig`, with OSRL's PID gains), and ``cost_expectile``, the expectile
     of the cost value (the cost critics and values learn at IQL's ``critic_lr`` and
@@ -45,7 +36,7 @@ class IQLLagConfig(iql.IQLConfig, SafetyConfig):
 
     def __post_init__(self) -> None:
         iql.IQLConfig.__post_init__(self)
-        SafetyConfig.__post_init__(self)
+        cost.SafetyConfig.__post_init__(self)
         if not 0.0 < self.cost_expectile < 1.0:
             raise ValueError(f"cost_expectile: must lie in (0, 1), got {self.cost_expectile}")
 
@@ -56,21 +47,12 @@ class IQLLagState(iql.IQLState):
     multipliers)."""
 
     cost_critics: cost_critics.InSampleCostState
-    lagrangian: LagrangianState
+    lagrangian: cost.LagrangianState
 
 
-class IQLLagNetworks(NamedTuple):
-    """IQL's networks, the in-sample cost critics and values, and the Lagrangian of the
-    limits."""
-
-    networks: iql.IQLNetworks
-    costs: cost_critics.InSampleCostCritics
-    lagrangian: Lagrangian
-
-
-def make_networks(config: IQLLagConfig, action_size: int) -> IQLLagNetworks:
+def make_networks(config: IQLLagConfig, action_size: int) -> cost.SafeNetworks:
     """The networks, in-sample cost critics and Lagrangian of ``config``."""
-    return IQLLagNetworks(
+    return cost.SafeNetworks(
         networks=iql.make_networks(config, action_size),
         costs=cost_critics.make_in_sample_cost_critics(
             config.hidden,
@@ -81,12 +63,12 @@ def make_networks(config: IQLLagConfig, action_size: int) -> IQLLagNetworks:
             config.cost_critic,
             config.weight_init,
         ),
-        lagrangian=make_lagrangian(config),
+        lagrangian=cost.make_lagrangian(config),
     )
 
 
 def iql_lag_update(
-    parts: IQLLagNetworks,
+    parts: cost.SafeNetworks,
     config: IQLLagConfig,
     state: IQLLagState,
     batch: Batch,
@@ -100,7 +82,7 @@ def iql_lag_update(
     critic_key, cost_key = jax.random.split(key)
     critic_key = critic_key if config.critic.distributional else None
     cost_key = cost_key if config.cost_critic.distributional else None
-    check_safe_batch(batch, costs.critics.n_costs)
+    cost.check_safe_batch(batch, costs.critics.n_costs)
     normalize = state.policy.normalizer
     observations = normalize(batch.observations)
     next_observations = normalize(batch.next_observations)
@@ -142,7 +124,9 @@ def iql_lag_update(
         "actor_loss": a_loss,
         "advantage_mean": jnp.mean(advantages),
     }
-    return new_state, with_channel_metrics(metrics, new_state.lagrangian.multiplier, policy_cost)
+    return new_state, cost.with_channel_metrics(
+        metrics, new_state.lagrangian.multiplier, policy_cost
+    )
 
 
 def make_iql_lag(config: IQLLagConfig, obs_size: int, action_size: int) -> Algorithm:

@@ -14,21 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from neorl_industrial.core.agents import cost_critics, td3bc
-from neorl_industrial.core.agents.cost import (
-    Lagrangian,
-    LagrangianState,
-    SafetyConfig,
-    check_safe_batch,
-    make_lagrangian,
-    with_channel_metrics,
-)
+from neorl_industrial.core.agents import cost, cost_critics, td3bc
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
 from neorl_industrial.core.optimizers import PIDConfig
 
@@ -36,7 +28,7 @@ __all__ = ["TD3BCLagConfig", "TD3BCLagState", "make_td3bc_lag"]
 
 
 @dataclasses.dataclass(frozen=True)
-class TD3BCLagConfig(td3bc.TD3BCConfig, SafetyConfig):
+class TD3BCLagConfig(td3bc.TD3BCConfig, cost.SafetyConfig):
     """Hyperparameters of TD3BC-Lag: TD3+BC's, the safety ones (:class:`SafetyConfig`:
     ``cost_limits``, ``discount``, ``episode_length``, ``multiplier``, ``pid``,
     ``gradient``), and:
@@ -64,7 +56,7 @@ class TD3BCLagConfig(td3bc.TD3BCConfig, SafetyConfig):
 
     def __post_init__(self) -> None:
         td3bc.TD3BCConfig.__post_init__(self)
-        SafetyConfig.__post_init__(self)
+        cost.SafetyConfig.__post_init__(self)
         if not self.cost_critic_lr > 0.0:
             raise ValueError(f"cost_critic_lr: must be positive, got {self.cost_critic_lr}")
         if self.cost_floor is None:
@@ -92,20 +84,12 @@ class TD3BCLagState(td3bc.TD3BCState):
     """TD3+BC's state, the cost critics' and the Lagrangian's (limits and multipliers)."""
 
     cost_critics: cost_critics.CostCriticState
-    lagrangian: LagrangianState
+    lagrangian: cost.LagrangianState
 
 
-class TD3BCLagNetworks(NamedTuple):
-    """TD3+BC's networks, the cost critics and the Lagrangian of the limits."""
-
-    networks: td3bc.TD3BCNetworks
-    costs: cost_critics.CostCritics
-    lagrangian: Lagrangian
-
-
-def make_networks(config: TD3BCLagConfig, action_size: int) -> TD3BCLagNetworks:
+def make_networks(config: TD3BCLagConfig, action_size: int) -> cost.SafeNetworks:
     """The networks, cost critics and Lagrangian of ``config``."""
-    return TD3BCLagNetworks(
+    return cost.SafeNetworks(
         networks=td3bc.make_networks(config, action_size),
         costs=cost_critics.make_cost_critics(
             config.hidden,
@@ -114,7 +98,7 @@ def make_networks(config: TD3BCLagConfig, action_size: int) -> TD3BCLagNetworks:
             config.cost_critic,
             config.weight_init,
         ),
-        lagrangian=make_lagrangian(config),
+        lagrangian=cost.make_lagrangian(config),
     )
 
 
@@ -135,13 +119,13 @@ def cost_penalty(
 
 
 def delayed_step(
-    parts: TD3BCLagNetworks,
+    parts: cost.SafeNetworks,
     config: TD3BCLagConfig,
     state: TD3BCLagState,
     cost_state: cost_critics.CostCriticState,
     observations: jax.Array,
     actions: jax.Array,
-) -> tuple[td3bc.PolicyStep, Any, LagrangianState]:
+) -> tuple[td3bc.PolicyStep, Any, cost.LagrangianState]:
     """On TD3+BC's delayed schedule: the policy step against the Lagrangian penalty, the
     cost critics' target update and the multipliers' step on the policy's cost value;
     otherwise nothing moves (the cost values reported as 0).
@@ -171,7 +155,7 @@ def delayed_step(
 
 
 def td3bc_lag_update(
-    parts: TD3BCLagNetworks,
+    parts: cost.SafeNetworks,
     config: TD3BCLagConfig,
     state: TD3BCLagState,
     batch: Batch,
@@ -180,7 +164,7 @@ def td3bc_lag_update(
     """One update of TD3BC-Lag: TD3+BC's critic step, the cost critics' TD step at the
     target policy's next action, then the delayed policy, target and multiplier steps."""
     networks, costs = parts.networks, parts.costs
-    check_safe_batch(batch, costs.n_costs)
+    cost.check_safe_batch(batch, costs.n_costs)
     normalize = state.policy.normalizer
     observations = normalize(batch.observations)
     next_observations = normalize(batch.next_observations)
@@ -229,7 +213,7 @@ def td3bc_lag_update(
         "q_mean": jnp.mean(q),
         "qc_mean": jnp.mean(qc),
     }
-    return new_state, with_channel_metrics(metrics, lagrangian_state.multiplier, step.aux)
+    return new_state, cost.with_channel_metrics(metrics, lagrangian_state.multiplier, step.aux)
 
 
 def make_td3bc_lag(config: TD3BCLagConfig, obs_size: int, action_size: int) -> Algorithm:
