@@ -60,8 +60,12 @@ from neorl_industrial.integration.safety.audit_aggregate import (
     Group,
     aggregate_entry,
 )
-from neorl_industrial.integration.safety.audit_chain import ChainCheck, ChainState, check_chain
-from neorl_industrial.integration.safety.audit_chain import verify_file as _verify_file
+from neorl_industrial.integration.safety.audit_chain import (
+    ChainCheck,
+    ChainState,
+    check_chain,
+    verify_file,
+)
 from neorl_industrial.integration.safety.audit_files import claim, release_claim
 from neorl_industrial.integration.safety.audit_files import take_lock as _take_lock  # noqa: F401
 from neorl_industrial.integration.safety.audit_records import (
@@ -434,7 +438,7 @@ class AuditLog(ChainWriter):
             checked before the first bad one, message naming its line number)``.
         """
         state = ChainState(previous_hash, 0 if previous_hash == GENESIS else None)
-        message = _verify_file(Path(path), state, expect_header=None)
+        message = verify_file(Path(path), state, expect_header=None)
         return message is None, state.records, message
 
     @staticmethod
