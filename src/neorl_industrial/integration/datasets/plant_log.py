@@ -19,10 +19,9 @@ pyarrow number them). Values quoted in errors are cut to a readable length.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,6 @@ from neorl_industrial.extras import optional_imports
 with optional_imports():  # the 'plant' extra
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.csv as pcsv
-    import pyarrow.parquet as pq
 
 from neorl_industrial.core.utils.messages import quote, shorten
 from neorl_industrial.functional.state_management import Dataset
@@ -46,24 +43,19 @@ from neorl_industrial.integration.datasets.plant_schema import (
     load_plant_schema,
     require_regular_file,
 )
-
-_MISSING_HINT = (
-    "to drop such rows instead, set 'missing: drop' (or 'missing: split', which also starts "
-    "a new episode there) in the schema, or import with --missing drop|split"
+from neorl_industrial.integration.datasets.plant_table import (
+    CSV_SUFFIXES,
+    MISSING_HINT,
+    PARQUET_SUFFIXES,
+    column_names,
+    first_null,
+    numeric_values,
+    read_table,
 )
+
 # Nanoseconds since 1970 in 64 bits: about 292 years either side.
 _MAX_EPOCH_SECONDS = 9.2e9
 _TIME_RANGE = "1678-01-01 to 2261-12-31, what nanoseconds since 1970 in 64 bits hold"
-_ENCODING_HINT = "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 in.csv > out.csv)"
-CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst")
-PARQUET_SUFFIXES = (".parquet", ".pq")
-# pyarrow names a column by its index and no row: "In CSV column #2: CSV conversion
-# error to double: invalid value 'abc'".
-_CSV_CONVERSION = re.compile(
-    r"In CSV column #(?P<index>\d+): (?:Row #\d+: )?CSV conversion error to "
-    r"(?P<kind>[^:]+): (?P<detail>.*)",
-    re.DOTALL,
-)
 
 
 def is_table(path: str | os.PathLike[str]) -> bool:
@@ -96,22 +88,12 @@ def load_plant_log(
     """
     table_path, schema_path = Path(table_path), Path(schema_path)
     require_regular_file(table_path, "plant log")
-    schema = load_plant_schema(schema_path)
-    if missing is not None:
-        if missing not in ("error", "drop", "split"):
-            raise DatasetFormatError(
-                f"missing: expected 'error', 'drop' or 'split', got {missing!r}", path=schema_path
-            )
-        schema = schema.model_copy(update={"missing": missing})
-    available = _column_names(table_path)
-    definitions = {"reward": _resolve(schema.reward, "reward", available, schema_path)}
-    for cost in schema.costs:
-        definitions[f"costs '{cost.name}'"] = _resolve(
-            cost.definition, f"costs '{cost.name}'", available, schema_path
-        )
+    schema = _with_missing(load_plant_schema(schema_path), missing, schema_path)
+    available = column_names(table_path)
+    definitions = _definitions(schema, available, schema_path)
     numeric = _numeric_columns(schema, definitions)
     _require_columns(table_path, schema_path, schema, numeric, available)
-    table = _read_table(table_path, schema, numeric)
+    table = read_table(table_path, schema, numeric)
     physical = {
         spec.column: spec.physical_range
         for spec in schema.observations
@@ -122,7 +104,7 @@ def load_plant_log(
         table, dropped, breaks = _drop_missing(
             table, list(numeric), schema.missing == "split", physical
         )
-    values = {column: _numeric(table, column, table_path) for column in numeric}
+    values = {column: numeric_values(table, column, table_path) for column in numeric}
     log = _LogSegments(table, schema, table_path, breaks)
     for column, bounds in physical.items():
         _check_physical(values[column], column, bounds, table_path)
@@ -137,20 +119,14 @@ def load_plant_log(
     observations = np.stack([values[s.column] for s in schema.observations], axis=1)
     actions = np.stack([values[s.column] for s in schema.actions], axis=1)
     costs = [signals[f"costs '{cost.name}'"] for cost in schema.costs]
-    cost_matrix = np.stack(costs, axis=1) if costs else None
-    episodes = []
-    for start, stop in log.segments:
-        steps = slice(start + offset, stop - 1 + offset)
-        episodes.append(
-            {
-                "observations": observations[start:stop],
-                "actions": actions[start : stop - 1],
-                "rewards": signals["reward"][steps],
-                "costs": None if cost_matrix is None else cost_matrix[steps],
-                "terminated": bool(log.terminal[stop - 1]),
-                "first_row": start,
-            }
-        )
+    episodes = _episodes(
+        log,
+        observations,
+        actions,
+        signals["reward"],
+        np.stack(costs, axis=1) if costs else None,
+        offset,
+    )
     try:
         dataset = Dataset.from_episodes(episodes, name=str(table_path))
     except ValueError as error:
@@ -165,6 +141,55 @@ def load_plant_log(
     if dropped:
         card = card.model_copy(update={"dropped_rows": dropped, "missing": schema.missing})
     return dataset, card
+
+
+def _with_missing(schema: PlantLogSchema, missing: str | None, schema_path: Path) -> PlantLogSchema:
+    """``schema`` with its ``missing`` policy overridden by ``missing`` (None: kept)."""
+    if missing is None:
+        return schema
+    if missing not in ("error", "drop", "split"):
+        raise DatasetFormatError(
+            f"missing: expected 'error', 'drop' or 'split', got {missing!r}", path=schema_path
+        )
+    return schema.model_copy(update={"missing": missing})
+
+
+def _definitions(
+    schema: PlantLogSchema, available: list[str], schema_path: Path
+) -> dict[str, str | Expression]:
+    """The reward's and every cost's definition, by the field that holds it."""
+    definitions = {"reward": _resolve(schema.reward, "reward", available, schema_path)}
+    for cost in schema.costs:
+        definitions[f"costs '{cost.name}'"] = _resolve(
+            cost.definition, f"costs '{cost.name}'", available, schema_path
+        )
+    return definitions
+
+
+def _episodes(
+    log: _LogSegments,
+    observations: np.ndarray,
+    actions: np.ndarray,
+    rewards: np.ndarray,
+    costs: np.ndarray | None,
+    offset: int,
+) -> list[dict[str, Any]]:
+    """One episode per segment of ``log``: its rows' observations, the actions of all
+    rows but the last, and reward and costs of the rows ``offset`` later."""
+    episodes = []
+    for start, stop in log.segments:
+        steps = slice(start + offset, stop - 1 + offset)
+        episodes.append(
+            {
+                "observations": observations[start:stop],
+                "actions": actions[start : stop - 1],
+                "rewards": rewards[steps],
+                "costs": None if costs is None else costs[steps],
+                "terminated": bool(log.terminal[stop - 1]),
+                "first_row": start,
+            }
+        )
+    return episodes
 
 
 def _drop_missing(
@@ -199,38 +224,6 @@ def _drop_missing(
         after_dropped[1:] = bad[:-1]
         breaks = (after_dropped & kept)[kept]
     return table.filter(pa.array(kept)), int(bad.sum()), breaks
-
-
-# ----- columns -------------------------------------------------------------------------
-def _column_names(path: Path) -> list[str]:
-    try:
-        if path.name.lower().endswith(PARQUET_SUFFIXES):
-            return list(pq.read_schema(path).names)
-        if path.name.lower().endswith(CSV_SUFFIXES):
-            with pcsv.open_csv(path) as reader:
-                return list(reader.schema.names)
-    except FileNotFoundError:
-        raise DatasetFormatError("file not found", path=path) from None
-    except UnicodeDecodeError as error:
-        raise _encoding_error(path, error, "header") from None
-    except pa.ArrowInvalid as error:
-        # Opening a CSV parses its first block: a malformed row there fails here.
-        raise _csv_error(path, error, names=[]) from error
-    except (pa.ArrowException, OSError) as error:
-        raise DatasetFormatError(f"unreadable table: {shorten(str(error))}", path=path) from error
-    raise DatasetFormatError(
-        f"unknown table type; expected one of {CSV_SUFFIXES + PARQUET_SUFFIXES}", path=path
-    )
-
-
-def _encoding_error(path: Path, error: UnicodeDecodeError, where: str) -> DatasetFormatError:
-    """The file is not UTF-8: name the byte and its position, and how to convert."""
-    byte = error.object[error.start : error.start + 1].hex()
-    return DatasetFormatError(
-        f"the {where} is not UTF-8 text (byte 0x{byte} at position {error.start} of a "
-        f"block; Latin-1 or Windows-1252, perhaps): {_ENCODING_HINT}",
-        path=path,
-    )
 
 
 def _resolve(text: str, field: str, available: list[str], schema_path: Path) -> str | Expression:
@@ -282,175 +275,47 @@ def _require_columns(
             )
 
 
-def _read_table(path: Path, schema: PlantLogSchema, numeric: dict[str, str]) -> pa.Table:
-    columns = list(dict.fromkeys([*numeric, schema.timestamp]))
-    columns += [c for c in (schema.episode, schema.terminal) if c is not None and c not in columns]
-    try:
-        if path.name.lower().endswith(PARQUET_SUFFIXES):
-            return pq.read_table(path, columns=columns)
-        # Declared types: inference from the first block would make an integer-looking
-        # start of a float column fail later in the file.
-        types = {column: pa.float64() for column in numeric}
-        if schema.episode is not None:
-            types[schema.episode] = pa.string()
-        options = pcsv.ConvertOptions(include_columns=columns, column_types=types)
-        return pcsv.read_csv(path, convert_options=options)
-    except UnicodeDecodeError as error:
-        raise _encoding_error(path, error, "file") from None
-    except pa.ArrowInvalid as error:
-        raise _csv_error(path, error) from error
-    except (pa.ArrowException, OSError) as error:
-        raise DatasetFormatError(f"unreadable table: {shorten(str(error))}", path=path) from error
-
-
-def _csv_error(
-    path: Path, error: pa.ArrowInvalid, names: list[str] | None = None
-) -> DatasetFormatError:
-    """pyarrow's CSV error as one that names the column by name and the data row
-    (``names``: the file's columns, read from it when not given)."""
-    conversion = _CSV_CONVERSION.match(str(error))
-    if conversion is not None:
-        names = _column_names(path) if names is None else names
-        index = int(conversion["index"])
-        if index < len(names):
-            column, kind = names[index], conversion["kind"].strip()
-            expected = "a number" if kind in ("double", "float") else kind
-            return DatasetFormatError(
-                f"{shorten(conversion['detail'].strip())}, expected {expected}",
-                path=path,
-                column=column,
-                row=_first_unconvertible(path, column, kind),
-            )
-    if str(error).startswith("CSV parse error"):
-        malformed = _first_malformed_row(path)
-        if malformed is not None:
-            return DatasetFormatError(
-                f"{malformed.actual_columns} field(s) where the header has "
-                f"{malformed.expected_columns}: {quote(malformed.text)}",
-                path=path,
-                row=None if malformed.number is None else malformed.number - 2,
-            )
-    return DatasetFormatError(f"unreadable table: {shorten(str(error))}", path=path)
-
-
-def _first_unconvertible(path: Path, column: str, kind: str) -> int | None:
-    """The first data row of ``column`` that does not convert to ``kind`` (a pyarrow
-    type name), read again as text; None if that cannot be told."""
-    try:
-        target = pa.type_for_alias(kind)
-        options = pcsv.ConvertOptions(
-            include_columns=[column], column_types={column: pa.string()}, strings_can_be_null=True
-        )
-        text = pcsv.read_csv(path, convert_options=options).column(column)
-    except (pa.ArrowException, OSError, ValueError):
-        return None
-    # The CSV reader trims blanks around a number; a cast does not.
-    return _first_failing_cast(pc.utf8_trim_whitespace(text), target)
-
-
-def _first_failing_cast(values: pa.ChunkedArray, target: pa.DataType) -> int | None:
-    """The first index of ``values`` that does not cast to ``target``, by bisecting over
-    prefixes (a few casts, however long the column)."""
-
-    def casts(stop: int) -> bool:
-        try:
-            pc.cast(values.slice(0, stop), target)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return False
-        return True
-
-    if casts(len(values)):
-        return None
-    good, bad = 0, len(values)
-    while bad - good > 1:
-        middle = (good + bad) // 2
-        if casts(middle):
-            good = middle
-        else:
-            bad = middle
-    return bad - 1
-
-
-def _first_malformed_row(path: Path) -> Any:
-    """pyarrow's description (``InvalidRow``) of the first row with the wrong number of
-    fields; its ``number`` counts lines from 1, header included."""
-    found = []
-
-    def keep(row: Any) -> str:
-        found.append(row)
-        return "error"
-
-    with contextlib.suppress(pa.ArrowException, OSError):
-        pcsv.read_csv(
-            path,
-            read_options=pcsv.ReadOptions(use_threads=False),  # numbers rows
-            parse_options=pcsv.ParseOptions(invalid_row_handler=keep),
-        )
-    return found[0] if found else None
-
-
-def _first_null(array: pa.ChunkedArray) -> int | None:
-    if array.null_count == 0:
-        return None
-    return int(np.flatnonzero(pc.is_null(array).to_numpy())[0])
-
-
-def _numeric(table: pa.Table, column: str, path: Path) -> np.ndarray:
-    array = table.column(column)
-    kind = array.type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        row = _first_failing_cast(pc.utf8_trim_whitespace(array), pa.float64())
-        if row is not None:
-            raise DatasetFormatError(
-                f"{quote(array[row].as_py())} is not a number", path=path, column=column, row=row
-            )
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
-        raise DatasetFormatError(f"holds {kind}, expected numbers", path=path, column=column)
-    row = _first_null(array)
-    if row is not None:
-        raise DatasetFormatError(
-            f"missing value (empty, NA or NaN); {_MISSING_HINT}", path=path, column=column, row=row
-        )
-    values = array.to_numpy().astype(np.float64)
-    finite = np.isfinite(values)
-    if not finite.all():
-        row = int(np.argmin(finite))
-        raise DatasetFormatError(
-            f"{values[row]} is not a finite number; {_MISSING_HINT}",
-            path=path,
-            column=column,
-            row=row,
-        )
-    return values
-
-
 def _check_physical(
     values: np.ndarray, column: str, bounds: tuple[float, float], path: Path
 ) -> None:
     low, high = bounds
-    outside = (values < low) | (values > high)
-    if outside.any():
-        row = int(np.argmax(outside))
-        raise DatasetFormatError(
-            f"reading {values[row]} is outside the sensor's physical range [{low}, {high}] "
-            f"(an invalid reading); {_MISSING_HINT}",
-            path=path,
-            column=column,
-            row=row,
-        )
+    _check_range(
+        values,
+        bounds,
+        lambda value: (
+            f"reading {value} is outside the sensor's physical range [{low}, {high}] "
+            f"(an invalid reading); {MISSING_HINT}"
+        ),
+        path,
+        column,
+    )
 
 
 def _check_bounds(values: np.ndarray, column: str, bounds: tuple[float, float], path: Path) -> None:
     low, high = bounds
+    _check_range(
+        values,
+        bounds,
+        lambda value: f"action {value} is outside the declared bounds [{low}, {high}]",
+        path,
+        column,
+    )
+
+
+def _check_range(
+    values: np.ndarray,
+    bounds: tuple[float, float],
+    problem: Callable[[Any], str],
+    path: Path,
+    column: str,
+) -> None:
+    """Refuses the first of ``values`` outside ``bounds`` (inclusive), naming column and
+    row; ``problem(value)`` says what is wrong with it."""
+    low, high = bounds
     outside = (values < low) | (values > high)
     if outside.any():
         row = int(np.argmax(outside))
-        raise DatasetFormatError(
-            f"action {values[row]} is outside the declared bounds [{low}, {high}]",
-            path=path,
-            column=column,
-            row=row,
-        )
+        raise DatasetFormatError(problem(values[row]), path=path, column=column, row=row)
 
 
 def _evaluate(
@@ -513,7 +378,7 @@ class _LogSegments:
         starts[1:] |= steps > limit_ns
         self.terminal = np.zeros(self.n_rows, bool)
         if schema.terminal is not None:
-            self.terminal = _numeric(table, schema.terminal, path) != 0
+            self.terminal = numeric_values(table, schema.terminal, path) != 0
             starts[1:] |= self.terminal[:-1]
         first = np.flatnonzero(starts)
         stops = np.append(first[1:], self.n_rows)
@@ -543,7 +408,7 @@ class _LogSegments:
 
 
 def _episode_changes(ids: pa.ChunkedArray, column: str, path: Path) -> np.ndarray:
-    row = _first_null(ids)
+    row = first_null(ids)
     if row is not None:
         raise DatasetFormatError("missing episode id", path=path, column=column, row=row)
     values = ids.to_numpy()
@@ -566,7 +431,7 @@ def _episode_changes(ids: pa.ChunkedArray, column: str, path: Path) -> np.ndarra
 def _nanoseconds(stamps: pa.ChunkedArray, column: str, path: Path) -> np.ndarray:
     """Timestamps as int64 nanoseconds (ISO, date or timestamp types), or numeric seconds
     scaled to nanoseconds."""
-    row = _first_null(stamps)
+    row = first_null(stamps)
     if row is not None:
         raise DatasetFormatError("missing timestamp", path=path, column=column, row=row)
     kind = stamps.type
@@ -577,16 +442,16 @@ def _nanoseconds(stamps: pa.ChunkedArray, column: str, path: Path) -> np.ndarray
             raise DatasetFormatError(
                 f"{seconds[row]} is not finite", path=path, column=column, row=row
             )
-        outside = np.abs(seconds) > _MAX_EPOCH_SECONDS
-        if outside.any():
-            row = int(np.argmax(outside))
-            raise DatasetFormatError(
-                f"{seconds[row]} s is outside the allowed range [-{_MAX_EPOCH_SECONDS:g}, "
-                f"{_MAX_EPOCH_SECONDS:g}] s ({_TIME_RANGE})",
-                path=path,
-                column=column,
-                row=row,
-            )
+        _check_range(
+            seconds,
+            (-_MAX_EPOCH_SECONDS, _MAX_EPOCH_SECONDS),
+            lambda value: (
+                f"{value} s is outside the allowed range [-{_MAX_EPOCH_SECONDS:g}, "
+                f"{_MAX_EPOCH_SECONDS:g}] s ({_TIME_RANGE})"
+            ),
+            path,
+            column,
+        )
         return np.round(seconds * 1e9).astype(np.int64)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         stamps = _parse_iso(stamps, column, path)
