@@ -13,7 +13,6 @@ signature covers it through the manifest.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,12 +22,13 @@ import jax
 import numpy as np
 
 from neorl_industrial.wrappers.agents.artifact import (
+    ArtifactFiles,
     Guard,
     PolicyArtifact,
     PolicyArtifactError,
     PolicyDecision,
-    _read_regular,
 )
+from neorl_industrial.wrappers.agents.artifact_files import verified_file
 
 __all__ = ["RUNTIMES", "OnnxPolicyArtifact", "load_artifact"]
 
@@ -42,11 +42,7 @@ class OnnxPolicyArtifact(PolicyArtifact):
 
     def __init__(
         self,
-        path: Path,
-        manifest: dict[str, Any],
-        functions: list,
-        spec_text: str,
-        signature: dict[str, Any] | None = None,
+        files: ArtifactFiles,
         guard: Guard | None = None,
         on_incident: Callable[[PolicyDecision], None] | None = None,
         *,
@@ -55,7 +51,7 @@ class OnnxPolicyArtifact(PolicyArtifact):
         self._session = session
         # The guard's check of the served actions, jitted once per padded batch size.
         self._accepts = None if guard is None else jax.jit(guard.accepts)
-        super().__init__(path, manifest, functions, spec_text, signature, guard, on_incident)
+        super().__init__(files, guard, on_incident)
 
     @classmethod
     def load(
@@ -99,28 +95,14 @@ class OnnxPolicyArtifact(PolicyArtifact):
         if Path(name).name != name or digest is None:
             raise PolicyArtifactError(f"{base.path / 'manifest.json'}: lists no sha256 for {name}")
         file = base.path / name
-        try:
-            data = _read_regular(file)
-        except FileNotFoundError:
-            raise PolicyArtifactError(f"{file}: missing from the policy artifact") from None
         # The bytes ONNX Runtime gets are the bytes checked here (read once).
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise PolicyArtifactError(f"{file}: corrupt (sha256 differs from the manifest's)")
+        data = verified_file(base.path, name, digest)
         try:
             session = runtime_session(data, threads)
         except OnnxExportError as error:
             raise PolicyArtifactError(f"{file}: {error}") from None
         _check_graph_interface(file, session, manifest)
-        return cls(
-            base.path,
-            manifest,
-            base._exported,
-            base._spec_text,
-            base._signature,
-            guard,
-            on_incident,
-            session=session,
-        )
+        return cls(base._files, guard, on_incident, session=session)
 
     def _runtime_arguments(self) -> dict[str, Any]:
         """A copy with another guard (:meth:`with_guard`) serves on the same session."""

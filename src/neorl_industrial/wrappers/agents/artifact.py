@@ -12,8 +12,7 @@ import functools
 import hashlib
 import json
 import os
-import stat
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,34 +38,33 @@ from neorl_industrial.core.safety.shield import (
     OVERRIDDEN,
     PROJECTED,
 )
-from neorl_industrial.core.utils.messages import quote, shorten
-from neorl_industrial.wrappers.agents.readings import decision_inputs, flush_subnormals
-from neorl_industrial.wrappers.agents.signing import (
-    SIGNATURE,
-    SigningError,
-    load_public_keys,
-    verify_manifest,
+from neorl_industrial.core.utils.messages import shorten
+from neorl_industrial.wrappers.agents.artifact_files import (
+    CONSTRAINTS,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    PARAMETERS,
+    ArtifactFiles,
+    PolicyArtifactError,
+    _read_regular,
+    read_artifact_files,
 )
+from neorl_industrial.wrappers.agents.artifact_files import (
+    _digest as _digest,  # the manifest's digest, imported from here too
+)
+from neorl_industrial.wrappers.agents.readings import decision_inputs, flush_subnormals
 from neorl_industrial.wrappers.constraint_files import constraint_spec_from_text
-from neorl_industrial.wrappers.hostio import file_kind
 
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "ArtifactFiles",
     "PolicyArtifact",
     "PolicyArtifactError",
     "PolicyDecision",
 ]
 
-FORMAT = "neorl_industrial.policy"
-# 2: the functions return the proposed and applied margins as one ``[batch, 2, n_hard]``
-# output ("margins"); 1: the proposed margins alone ("margin"), still read (what the
-# applied action breaks is then unknown).
-FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (1, 2)
-MANIFEST = "manifest.json"
-CONSTRAINTS = "constraints.yaml"
-PARAMETERS = "params.msgpack"
 OUTPUTS = ("action", "proposed", "status", "margins")
 STATUS_BITS = {
     "overridden": OVERRIDDEN,
@@ -100,16 +98,6 @@ class Guard(Protocol):
         """For rows not accepted: the action to serve and ``[rows]`` bool, whether it
         differs from the artifact's (an incident). On the host, rarely."""
         ...
-
-
-class PolicyArtifactError(ValueError):
-    """An artifact that cannot be written or loaded; the message names the file or field."""
-
-
-def _digest(manifest: Mapping[str, Any]) -> str:
-    body = {key: value for key, value in manifest.items() if key != "manifest_sha256"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # ----- loading and serving -----------------------------------------------------------
@@ -196,22 +184,19 @@ class PolicyArtifact:
 
     def __init__(
         self,
-        path: Path,
-        manifest: dict[str, Any],
-        functions: list,
-        spec_text: str,
-        signature: dict[str, Any] | None = None,
+        files: ArtifactFiles,
         guard: Guard | None = None,
         on_incident: Callable[[PolicyDecision], None] | None = None,
     ):
+        self._files = files
+        path, manifest, functions = files.path, files.manifest, files.functions
         self._path = path
-        self._signature = signature
+        self._signature = files.signature
         self._manifest = manifest
-        self._spec_text = spec_text
+        self._spec_text = files.spec_text
         self._traced: list[int] = []
         self._guard = guard
         self._on_incident = on_incident
-        self._exported = list(functions)
         # Largest first, so a batch takes the first function whose minimum it reaches.
         self._functions = sorted(
             ((entry["min_batch"], self._compiled(exported)) for entry, exported in functions),
@@ -257,37 +242,9 @@ class PolicyArtifact:
                 by a key not trusted, or one that does not match the manifest.
         """
         path = Path(path)
-        _check_entries(path)
-        manifest = _read_manifest(path)
-        signature = _checked_signature(path, manifest, trusted_keys, require_signature)
-        digests = manifest["files"]
-        for name in sorted({entry["file"] for entry in manifest["functions"]} | {CONSTRAINTS}):
-            if name not in digests:
-                raise PolicyArtifactError(f"{path / MANIFEST}: lists no sha256 for {name}")
-        contents = {name: _verified(path, name, digest) for name, digest in digests.items()}
-        platform = jax.default_backend()
-        functions = []
-        for entry in manifest["functions"]:
-            name = entry["file"]
-            try:
-                exported = jax.export.deserialize(bytearray(contents[name]))
-            except Exception as error:
-                raise PolicyArtifactError(
-                    f"{path / name}: cannot deserialize the policy function with jax "
-                    f"{jax.__version__}: {type(error).__name__}: {error}"
-                ) from None
-            if platform not in exported.platforms:
-                raise PolicyArtifactError(
-                    f"{path / name}: lowered for {list(exported.platforms)}, but this machine "
-                    f"runs on {platform!r}; export it again with platforms including {platform!r}"
-                )
-            functions.append((entry, exported))
+        files = read_artifact_files(path, trusted_keys, require_signature)
         try:
-            spec_text = contents[CONSTRAINTS].decode()
-        except UnicodeDecodeError as error:
-            raise PolicyArtifactError(f"{path / CONSTRAINTS}: not UTF-8 text: {error}") from None
-        try:
-            artifact = cls(path, manifest, functions, spec_text, signature, guard, on_incident)
+            artifact = cls(files, guard, on_incident)
         except PolicyArtifactError:
             raise
         except (KeyError, TypeError, ValueError) as error:
@@ -308,16 +265,7 @@ class PolicyArtifact:
     ) -> PolicyArtifact:
         """The same artifact serving through ``guard`` (see :class:`Guard`), compiled anew
         (a runtime subclass keeps what :meth:`_runtime_arguments` hands on)."""
-        return type(self)(
-            self._path,
-            self._manifest,
-            self._exported,
-            self._spec_text,
-            self._signature,
-            guard,
-            on_incident,
-            **self._runtime_arguments(),
-        )
+        return type(self)(self._files, guard, on_incident, **self._runtime_arguments())
 
     def _runtime_arguments(self) -> dict[str, Any]:
         """What a runtime subclass's constructor takes beyond the artifact (none here)."""
@@ -593,194 +541,3 @@ def _bounds(values: Sequence[float | None] | None, missing: float, size: int) ->
     if values is None:
         return np.full(size, missing)
     return np.asarray([missing if v is None else float(v) for v in values], np.float64)
-
-
-def _check_entries(path: Path) -> None:
-    """Refuses an artifact directory holding anything but regular files (a FIFO would
-    block a reader forever, a symlink could point out of the directory, a device could
-    be endless), before a byte of it is read."""
-    try:
-        entries = sorted(os.scandir(path), key=lambda entry: entry.name)
-    except NotADirectoryError:
-        raise PolicyArtifactError(f"{path}: not a directory; a policy artifact is one") from None
-    except FileNotFoundError:
-        raise PolicyArtifactError(f"{path}: no such policy artifact directory") from None
-    except OSError as error:
-        raise PolicyArtifactError(f"{path}: cannot be listed: {error}") from None
-    for entry in entries:
-        if not entry.is_file(follow_symlinks=False):
-            mode = entry.stat(follow_symlinks=False).st_mode
-            raise PolicyArtifactError(
-                f"{path / entry.name}: a {file_kind(mode)}, not a regular file; a policy artifact "
-                "holds regular files only (nothing was read)"
-            )
-
-
-def _read_regular(file: Path) -> bytes:
-    """The bytes of ``file``, opened without following a symlink and without blocking,
-    and read only if it is a regular file (checked on the open descriptor, so nothing can
-    be swapped in between the check and the read).
-
-    Raises:
-        FileNotFoundError: if it is missing.
-        PolicyArtifactError: for anything but a regular file, or an unreadable one.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        descriptor = os.open(file, flags)
-    except FileNotFoundError:
-        raise
-    except OSError as error:
-        if file.is_symlink():
-            raise PolicyArtifactError(
-                f"{file}: a symbolic link, not a regular file; a policy artifact holds "
-                "regular files only"
-            ) from None
-        raise PolicyArtifactError(f"{file}: cannot be read: {error}") from None
-    # Checked on the descriptor before a file object is made of it: Python's open of a
-    # directory raises IsADirectoryError, naming neither the file nor the artifact.
-    mode = os.fstat(descriptor).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(descriptor)
-        raise PolicyArtifactError(
-            f"{file}: a {file_kind(mode)}, not a regular file; a policy artifact holds regular "
-            "files only"
-        )
-    with os.fdopen(descriptor, "rb") as handle:
-        return handle.read()
-
-
-#: The deepest nesting of a manifest or signature read (the exporter writes at most a few
-#: levels); deeper JSON is refused before anything walks it recursively.
-MAX_JSON_DEPTH = 64
-_SHA256_HEX = frozenset("0123456789abcdef")
-
-
-def _read_json(file: Path, data: bytes) -> Any:
-    """``data`` parsed as JSON, refused by name when it is not JSON or nested deeper than
-    :data:`MAX_JSON_DEPTH` (Python's parser would raise RecursionError, and every later
-    walk of it too)."""
-    try:
-        value = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise PolicyArtifactError(f"{file}: cannot be read as JSON: {error}") from None
-    except RecursionError:
-        raise PolicyArtifactError(
-            f"{file}: JSON nested too deeply to read (at most {MAX_JSON_DEPTH} levels)"
-        ) from None
-    # Iterative, so a depth the parser still took cannot overflow a recursive walk later.
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise PolicyArtifactError(
-                f"{file}: JSON nested deeper than {MAX_JSON_DEPTH} levels; not written by "
-                "the exporter"
-            )
-        if isinstance(item, dict):
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
-    return value
-
-
-def _check_files_table(file: Path, manifest: dict[str, Any]) -> None:
-    """The manifest's ``files`` and ``functions`` tables before anything they name is
-    opened: every name a plain file name of the artifact (no ``..``, ``.``, path or
-    absolute path), every digest a SHA-256."""
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        raise PolicyArtifactError(f"{file}: 'files' must map file names to their sha256")
-    for name, digest in files.items():
-        if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
-            raise PolicyArtifactError(
-                f"{file}: files lists {quote(name)}, which is not a file name of the artifact "
-                "(no '.', '..', paths or absolute paths; nothing was read)"
-            )
-        if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= _SHA256_HEX):
-            raise PolicyArtifactError(
-                f"{file}: the sha256 of {quote(name)} is {quote(digest)}, not 64 hex digits"
-            )
-    functions = manifest.get("functions")
-    if not isinstance(functions, list) or not functions:
-        raise PolicyArtifactError(f"{file}: 'functions' must list the serialized functions")
-    for index, entry in enumerate(functions):
-        if not (
-            isinstance(entry, dict)
-            and isinstance(entry.get("file"), str)
-            and isinstance(entry.get("min_batch"), int)
-            and not isinstance(entry.get("min_batch"), bool)
-        ):
-            raise PolicyArtifactError(
-                f"{file}: functions[{index}] must be {{'file': name, 'min_batch': integer}}"
-            )
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    file = path / MANIFEST
-    try:
-        data = _read_regular(file)
-    except FileNotFoundError:
-        raise PolicyArtifactError(f"{file}: missing; {path} is not a policy artifact") from None
-    manifest = _read_json(file, data)
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise PolicyArtifactError(f"{file}: not a {FORMAT} manifest (no 'format': {FORMAT!r})")
-    version = manifest.get("format_version")
-    if isinstance(version, bool) or version not in READABLE_FORMAT_VERSIONS:
-        readable = " and ".join(map(str, READABLE_FORMAT_VERSIONS))
-        raise PolicyArtifactError(
-            f"{file}: format_version {version!r} is unknown; this neorl_industrial reads "
-            f"format_version {readable}"
-        )
-    if manifest.get("manifest_sha256") != _digest(manifest):
-        raise PolicyArtifactError(f"{file}: corrupt (its content does not match its sha256)")
-    _check_files_table(file, manifest)
-    return manifest
-
-
-def _verified(path: Path, name: str, digest: str) -> bytes:
-    file = path / name
-    if Path(name).name != name:
-        raise PolicyArtifactError(f"{path / MANIFEST}: file name {name!r} is not in the artifact")
-    try:
-        data = _read_regular(file)
-    except FileNotFoundError:
-        raise PolicyArtifactError(f"{file}: missing from the policy artifact") from None
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise PolicyArtifactError(f"{file}: corrupt (sha256 differs from the manifest's)")
-    return data
-
-
-def _checked_signature(
-    path: Path,
-    manifest: dict[str, Any],
-    trusted_keys: Iterable[Any] | None,
-    require_signature: bool,
-) -> dict[str, Any] | None:
-    """The artifact's signature, verified against ``trusted_keys`` when they are given."""
-    file = path / SIGNATURE
-    try:
-        data = _read_regular(file)
-    except FileNotFoundError:
-        if require_signature:
-            raise PolicyArtifactError(
-                f"{path}: unsigned (no {SIGNATURE}), but a signature by a trusted key is "
-                "required; export it with a signing key (neorl-industrial export --sign-key)"
-            ) from None
-        return None
-    signature = _read_json(file, data)
-    if not isinstance(signature, dict):
-        raise PolicyArtifactError(f"{file}: expected a JSON object")
-    if trusted_keys is None:
-        if require_signature:
-            raise PolicyArtifactError(
-                f"{file}: a signature is required but no trusted keys were given to verify it"
-            )
-        return {"key_fingerprint": str(signature.get("key_fingerprint")), "verified": False}
-    try:
-        fingerprint = verify_manifest(
-            manifest, signature, load_public_keys(trusted_keys), str(file)
-        )
-    except SigningError as error:
-        raise PolicyArtifactError(str(error)) from None
-    return {"key_fingerprint": fingerprint, "verified": True}
