@@ -29,6 +29,27 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from neorl_industrial.functional.state_management.episode_columns import EpisodeColumns
+from neorl_industrial.functional.state_management.frames import (
+    find_frame_stack,
+    gather_stacked,
+    observation_rows,
+    stored_rows,
+    to_frames,
+)
+
+__all__ = [
+    "Dataset",
+    "episode_range_arrays",
+    "episodes_dataset",
+    "find_frame_stack",
+    "gather_stacked",
+    "observation_rows",
+    "split_episodes",
+    "stored_rows",
+    "to_frames",
+]
+
 
 @struct.dataclass
 class Dataset:
@@ -224,10 +245,10 @@ class Dataset:
         """
         if not episodes:
             raise ValueError(f"{name}: no episodes")
-        columns = _EpisodeColumns(name)
+        columns = EpisodeColumns(name)
         for number, episode in enumerate(episodes):
             columns.add(number, episode)
-        return columns.build()
+        return Dataset.from_arrays(**columns.arrays())
 
     @classmethod
     def from_flat(
@@ -488,98 +509,6 @@ def split_episodes(
     return dataset.select_episodes(train), dataset.select_episodes(validation)
 
 
-class _EpisodeColumns:
-    """Accumulates validated episodes and builds the index arrays once."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.parts: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("observations", "actions", "rewards", "costs", "terminals", "timeouts")
-        }
-        self.lengths: list[int] = []
-        self.obs_size: int | None = None
-        self.action_shape: tuple[int, ...] | None = None
-        self.n_costs: int | None = None
-
-    def _where(self, number: int, episode: dict[str, Any], field: str, row: int | None = None):
-        first_row = episode.get("first_row")
-        if row is not None and first_row is not None:
-            return f"{self.name}: {field} at row {first_row + row} (episode {number})"
-        if row is not None:
-            return f"{self.name}: episode {number}, {field} step {row}"
-        return f"{self.name}: episode {number}, {field}"
-
-    def add(self, number: int, episode: dict[str, Any]) -> None:
-        for field in ("observations", "actions", "rewards"):
-            if episode.get(field) is None:
-                raise ValueError(f"{self._where(number, episode, field)}: missing")
-        observations = np.asarray(episode["observations"], np.float32)
-        rewards = np.asarray(episode["rewards"], np.float32).reshape(-1)
-        length = len(rewards)
-        if length == 0:
-            raise ValueError(f"{self._where(number, episode, 'rewards')}: empty episode")
-        if observations.ndim != 2 or len(observations) != length + 1:
-            raise ValueError(
-                f"{self._where(number, episode, 'observations')}: expected shape "
-                f"[{length + 1}, obs_size] (one more than the {length} steps), "
-                f"got {observations.shape}"
-            )
-        actions = np.asarray(episode["actions"])
-        discrete = np.issubdtype(actions.dtype, np.integer) and actions.ndim == 1
-        actions = actions.astype(np.int32 if discrete else np.float32)
-        if actions.ndim == 1 and not discrete:
-            actions = actions[:, None]
-        if len(actions) != length:
-            raise ValueError(
-                f"{self._where(number, episode, 'actions')}: {len(actions)} rows for {length} steps"
-            )
-        costs = episode.get("costs")
-        costs = (
-            np.zeros((length, 0), np.float32)
-            if costs is None
-            else np.asarray(costs, np.float32).reshape(length, -1)
-        )
-        for field, array in (
-            ("observations", observations),
-            ("actions", actions),
-            ("rewards", rewards),
-            ("costs", costs),
-        ):
-            if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
-                bad = int(np.argwhere(~np.isfinite(array))[0][0])
-                raise ValueError(f"{self._where(number, episode, field, bad)}: NaN or infinite")
-        self._check_consistent(number, "observation size", observations.shape[1], "obs_size")
-        self._check_consistent(number, "action shape", actions.shape[1:], "action_shape")
-        self._check_consistent(number, "number of costs", costs.shape[1], "n_costs")
-        terminated = bool(episode.get("terminated", False))
-        terminals = np.zeros(length, bool)
-        timeouts = np.zeros(length, bool)
-        (terminals if terminated else timeouts)[-1] = True
-        for field, array in (
-            ("observations", observations),
-            ("actions", actions),
-            ("rewards", rewards),
-            ("costs", costs),
-            ("terminals", terminals),
-            ("timeouts", timeouts),
-        ):
-            self.parts[field].append(array)
-        self.lengths.append(length)
-
-    def _check_consistent(self, number: int, what: str, value: Any, attribute: str) -> None:
-        current = getattr(self, attribute)
-        if current is None:
-            setattr(self, attribute, value)
-        elif current != value:
-            raise ValueError(
-                f"{self.name}: episode {number} has {what} {value}, earlier episodes {current}"
-            )
-
-    def build(self) -> Dataset:
-        arrays = {field: np.concatenate(parts) for field, parts in self.parts.items()}
-        return Dataset.from_arrays(**arrays, episode_lengths=np.asarray(self.lengths, np.int32))
-
-
 # ----- contiguous episode ranges (shards) ----------------------------------------------
 def episode_range_arrays(
     arrays: Any, first: int, stop: int, frame_stack: int = 1
@@ -612,93 +541,3 @@ def episodes_dataset(arrays: Any, first: int, stop: int, frame_stack: int = 1) -
     as a :class:`Dataset` stacking ``frame_stack`` frames, as the arrays do."""
     ranged = episode_range_arrays(arrays, first, stop, frame_stack)
     return Dataset.from_arrays(**ranged, frame_stack=frame_stack)
-
-
-# ----- stacked observations ------------------------------------------------------------
-def gather_stacked(frames: Any, rows: Any, frame_stack: int) -> Any:
-    """``[..., frame_stack * F]`` observations ending at stored ``rows`` of ``frames``
-    (``[R, F]``), newest frame first; plain rows when ``frame_stack`` is 1. numpy in,
-    numpy out (memory-mapped files included); otherwise jax."""
-    if frame_stack == 1:
-        return frames[rows]
-    xp = np if isinstance(frames, np.ndarray) else jnp
-    rows = xp.asarray(rows)
-    stacked = frames[rows[..., None] - xp.arange(frame_stack)]
-    return stacked.reshape(*rows.shape, frame_stack * frames.shape[1])
-
-
-def stored_rows(indices: Any, episode: Any, frame_stack: int) -> Any:
-    """Stored row of the observation of transition ``indices`` in episode ``episode``:
-    each earlier episode stored one final observation and ``frame_stack - 1`` history
-    frames more than it has transitions."""
-    return indices + episode * frame_stack + frame_stack - 1
-
-
-def observation_rows(episode_lengths: Any, frame_stack: int) -> np.ndarray:
-    """``[N + E]`` stored row of every observation, episode-major: episode ``e`` stored
-    ``frame_stack - 1`` history frames more than observations before each of its own."""
-    lengths = np.asarray(episode_lengths, np.int64)
-    episode = np.repeat(np.arange(len(lengths)), lengths + 1)
-    return np.arange(len(episode)) + (episode + 1) * (frame_stack - 1)
-
-
-#: Rows compared at once while looking for stacked frames (bounds the temporary memory).
-_FRAME_CHECK_ROWS = 1 << 15
-
-
-def find_frame_stack(observations: Any, episode_lengths: Any) -> int:
-    """How many frames each observation stacks, found in the data: the largest ``H > 1``
-    dividing the observation size such that, within every episode, each observation is the
-    previous one shifted by one frame of ``size / H`` values (newest frame first), compared
-    exactly; 1 when no such ``H`` exists (or episodes are too short to tell).
-
-    ``observations`` is ``[N + E, size]``, episode-major with each final observation, as
-    :meth:`Dataset.from_arrays` takes them. Reads the rows in blocks, so a memory-mapped
-    array is never copied whole.
-    """
-    size = int(observations.shape[1]) if np.ndim(observations) == 2 else 0
-    candidates = [f for f in range(1, size // 2 + 1) if size % f == 0]
-    lengths = np.asarray(episode_lengths, np.int64)
-    # Pairs (row, row + 1) inside one episode: every row but each episode's last.
-    last = np.cumsum(lengths + 1) - 1
-    if not candidates or len(last) == 0 or int(lengths.sum()) < 2:
-        return 1
-    n_rows = int(last[-1]) + 1
-    for frame in candidates:
-        if _shifted_everywhere(observations, n_rows, last, frame):
-            return size // frame
-    return 1
-
-
-def _shifted_everywhere(observations: Any, n_rows: int, last: np.ndarray, frame: int) -> bool:
-    # A small first block rejects most sizes after a few rows.
-    bounds = [0, *range(min(256, n_rows - 1), n_rows - 1, _FRAME_CHECK_ROWS)]
-    for begin, end in zip(bounds, [*bounds[1:], n_rows - 1], strict=True):
-        stop = end + 1
-        block = np.asarray(observations[begin:stop])
-        same = block[1:, frame:] == block[:-1, :-frame]
-        inside = np.ones(len(block) - 1, bool)
-        ends = last[(last >= begin) & (last < stop - 1)] - begin
-        inside[ends] = False
-        if not np.all(same[inside]):
-            return False
-    return True
-
-
-def to_frames(observations: np.ndarray, episode_lengths: Any, frame_stack: int) -> np.ndarray:
-    """``[N + E H, size / H]`` frames of stacked ``[N + E, size]`` observations (see
-    :func:`find_frame_stack`): per episode its first observation's frames, oldest first,
-    then each later observation's newest frame."""
-    lengths = np.asarray(episode_lengths, np.int64)
-    frame = observations.shape[1] // frame_stack
-    firsts = np.cumsum(lengths + 1) - (lengths + 1)  # first observation row of each episode
-    frames = np.empty((int(lengths.sum()) + len(lengths) * frame_stack, frame), np.float32)
-    frame_starts = firsts + np.arange(len(lengths)) * (frame_stack - 1)
-    history = observations[firsts].reshape(len(lengths), frame_stack, frame)[:, ::-1]
-    frames[(frame_starts[:, None] + np.arange(frame_stack)).reshape(-1)] = history.reshape(
-        -1, frame
-    )
-    later = np.ones(len(observations), bool)
-    later[firsts] = False
-    frames[observation_rows(lengths, frame_stack)[later]] = observations[later, :frame]
-    return frames
