@@ -16,6 +16,7 @@ _EXPORTS = {
     "PolicyArtifact": "neorl_industrial.wrappers.agents.artifact",
     "PolicyArtifactError": "neorl_industrial.wrappers.agents.artifact",
     "PolicyDecision": "neorl_industrial.wrappers.agents.artifact",
+    "PolicyExport": "neorl_industrial.wrappers.agents.export",
     "JointVerdict": "neorl_industrial.wrappers.agents.joint_verdict",
     "export_policy": "neorl_industrial.wrappers.agents.export",
     "judge_together": "neorl_industrial.wrappers.agents.joint_verdict",
