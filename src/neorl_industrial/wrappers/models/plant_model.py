@@ -26,9 +26,6 @@ is refused by name when loaded against another task or another dataset.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -38,7 +35,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import serialization
 
 import neorl_industrial
 from neorl_industrial.core.environments import Task, TaskError
@@ -47,28 +43,37 @@ from neorl_industrial.core.models import (
     DynamicsConfig,
     DynamicsLayout,
     DynamicsParams,
-    KnownSignal,
-    KnownSignals,
     make_dynamics,
-    match_row,
-    out_of_distribution,
 )
 from neorl_industrial.core.models.signals import ROWS, computable_rows
 from neorl_industrial.functional.state_management import ActionScaler, Dataset
 from neorl_industrial.functional.transformations.dynamics import (
     OpenLoop,
     data_statistics,
-    fidelity_table,
     fit_ensemble,
-    open_loop,
-    open_loop_windows,
     select_elites,
 )
-from neorl_industrial.wrappers.hostio import (
-    remove_stale_staging,
-    to_json_data,
-    write_directory_atomic,
+from neorl_industrial.wrappers.models.model_data import (
+    FitSettings,
+    dataset_fingerprint,
+    fit_record,
+    known_signals,
+    layout_record,
+    split_episodes,
 )
+from neorl_industrial.wrappers.models.model_fidelity import (
+    LEVEL,
+    open_loop_fidelity,
+    simulator_fidelity,
+)
+from neorl_industrial.wrappers.models.model_files import (
+    FORMAT,
+    PlantModelError,
+    load_model,
+    physical_ranges,
+    save_model,
+)
+from neorl_industrial.wrappers.models.model_programs import predict_program, rollout_program
 from neorl_industrial.wrappers.models.outside_data import (
     OutsideDataWarning,
     OutsideFeature,
@@ -83,86 +88,6 @@ __all__ = [
     "PlantModelError",
     "dataset_fingerprint",
 ]
-
-FORMAT = "neorl-industrial-plant-model/1"
-CARD = "model.json"
-PARAMS = "params.msgpack"
-PLOT = "trajectories.png"
-#: Held-out transitions below which fidelity and early stopping mean nothing.
-MIN_HOLDOUT_TRANSITIONS = 20
-#: Training transitions below which a model is not fitted.
-MIN_TRAIN_TRANSITIONS = 50
-#: The 90 % interval of the calibration check.
-LEVEL = 0.9
-
-
-class PlantModelError(ValueError):
-    """A plant model that cannot be fitted, loaded or used as asked: names what and why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class FitSettings:
-    """How a model is fitted and its fidelity measured.
-
-    Attributes:
-        seeds: one ensemble per seed, all fitted at once (the first is the one used).
-        max_updates: Adam steps per member at most.
-        chunk_updates: steps fused into one compiled call (held-out scoring between).
-        batch_size: transitions per step and member.
-        patience: chunks without a 1 % held-out improvement of any member before stopping.
-        holdout: share of the episodes held out (whole episodes).
-        split_seed: the shuffle of the episodes before the split.
-        horizon: steps of the open-loop fidelity windows (at most the longest held-out
-            episode); the errors are reported at 1, 10 and this many steps.
-        windows: held-out windows the fidelity is measured on, at most.
-        samples: sampled trajectories per member for the interval.
-    """
-
-    seeds: tuple[int, ...] = (0,)
-    max_updates: int = 10_000
-    chunk_updates: int = 500
-    batch_size: int = 256
-    patience: int = 4
-    holdout: float = 0.2
-    split_seed: int = 0
-    horizon: int = 100
-    windows: int = 128
-    samples: int = 8
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "seeds", tuple(int(seed) for seed in self.seeds))
-        if not self.seeds:
-            raise PlantModelError("seeds: expected at least one seed")
-        for name in (
-            "max_updates",
-            "chunk_updates",
-            "batch_size",
-            "patience",
-            "horizon",
-            "windows",
-            "samples",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PlantModelError(f"{name}: expected a positive integer, got {value!r}")
-        if not 0.0 < self.holdout < 1.0:
-            raise PlantModelError(f"holdout: expected a share in (0, 1), got {self.holdout}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"seeds": list(self.seeds)}
-
-
-def dataset_fingerprint(dataset: Dataset) -> str:
-    """``sha256:<hex>`` of a dataset's stored arrays (observations as stored, actions,
-    rewards, costs, flags, episode lengths; dtype and shape of each): equal for the same
-    data however it was loaded, different when any value differs."""
-    digest = hashlib.sha256()
-    digest.update(f"frame_stack={dataset.frame_stack};".encode())
-    for name, array in sorted(dataset.stored_arrays().items()):
-        array = np.ascontiguousarray(array)
-        digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
-        digest.update(array.tobytes())
-    return f"sha256:{digest.hexdigest()}"
 
 
 def _scaler(task: Task) -> ActionScaler | None:
@@ -291,80 +216,6 @@ class PlantModel:
                 f"episodes) that the model was fitted on; fit a model on this dataset"
             )
 
-    def _split(self, dataset: Dataset, settings: FitSettings) -> tuple[np.ndarray, np.ndarray]:
-        """Episode ids ``(train, holdout)``, or a refusal with the numbers."""
-        episodes = dataset.n_episodes
-        lengths = np.asarray(jax.device_get(dataset.episode_lengths))
-        n_holdout = round(episodes * settings.holdout)
-        advice = (
-            "log more episodes (an 'episode' column or time gaps split a log), or change "
-            "the held-out share"
-        )
-        if n_holdout < 1 or n_holdout >= episodes:
-            raise PlantModelError(
-                f"dataset: {dataset.n_transitions} transitions in {episodes} episode(s); a "
-                f"held-out share of {settings.holdout} leaves {n_holdout} episode(s) held out "
-                f"and {episodes - n_holdout} to train on, and both need at least one; {advice}"
-            )
-        order = np.random.default_rng(settings.split_seed).permutation(episodes)
-        holdout, train = np.sort(order[:n_holdout]), np.sort(order[n_holdout:])
-        held, trained = int(lengths[holdout].sum()), int(lengths[train].sum())
-        if held < MIN_HOLDOUT_TRANSITIONS or trained < MIN_TRAIN_TRANSITIONS:
-            raise PlantModelError(
-                f"dataset: {dataset.n_transitions} transitions in {episodes} episodes; the "
-                f"split holds out {held} transitions ({n_holdout} episodes) and trains on "
-                f"{trained}, a model needs at least {MIN_HOLDOUT_TRANSITIONS} held out and "
-                f"{MIN_TRAIN_TRANSITIONS} to train on; {advice}"
-            )
-        return train, holdout
-
-    def _known_signals(self, dataset: Dataset) -> tuple[KnownSignals, dict[str, str]]:
-        """The channels computed from their definitions, and for every channel how the
-        model obtains it (the card's ``signals``)."""
-        names = KnownSignals(
-            observation_names=tuple(self.task.observation_names),
-            action_names=tuple(self.task.action_names),
-        )
-        if not self.definitions:  # nothing to check against the data (no copy of it made)
-            how = {
-                channel: "learned (no definition)" for channel in ("reward", *self.task.cost_names)
-            }
-            return names, how
-        flat = dataset.to_flat()
-        actions = np.asarray(flat["actions"], np.float64).reshape(dataset.n_transitions, -1)
-        columns = {"reward": (None, flat["rewards"])}
-        for index, name in enumerate(self.task.cost_names):
-            columns[name] = (index, flat["costs"][:, index])
-        rows = ROWS if self.reward_row is None else (self.reward_row,)
-        known, how = [], {}
-        for channel, (index, logged) in columns.items():
-            source = self.definitions.get(channel)
-            if source is None:
-                how[channel] = "learned (no definition)"
-                continue
-            possible = computable_rows(source, self.task.observation_names, self.task.action_names)
-            if not any(row in possible for row in rows):
-                how[channel] = f"learned: {source} reads columns the model does not predict" + (
-                    " (actions of the next row)" if possible else ""
-                )
-                continue
-            row = match_row(
-                source,
-                logged,
-                flat["observations"],
-                actions,
-                flat["next_observations"],
-                self.task.observation_names,
-                self.task.action_names,
-                rows,
-            )
-            if row is None:
-                how[channel] = f"learned: {source} does not reproduce the logged values"
-                continue
-            known.append(KnownSignal(channel=channel, index=index, source=source, row=row))
-            how[channel] = f"computed: {source} (on the {row} row)"
-        return dataclasses.replace(names, signals=tuple(known)), how
-
     def _unit_actions(self, dataset: Dataset) -> Dataset:
         if self.scaler is None:
             return dataset
@@ -391,8 +242,8 @@ class PlantModel:
         """
         settings = settings or FitSettings()
         self.check_dataset(dataset, name=dataset_name)
-        train_ids, holdout_ids = self._split(dataset, settings)
-        known, how = self._known_signals(dataset)
+        train_ids, holdout_ids = split_episodes(dataset, settings.holdout, settings.split_seed)
+        known, how = known_signals(self.task, self.definitions, self.reward_row, dataset)
         frame_size = dataset.frame_size
         layout = DynamicsLayout(
             observation_size=dataset.observation_size,
@@ -406,27 +257,16 @@ class PlantModel:
         unit = self._unit_actions(dataset)
         train = unit.select_episodes(train_ids)
         holdout = unit.select_episodes(holdout_ids)
-        low, high = self.task.action_low, self.task.action_high
+        task = self.task
         stats = data_statistics(
-            train,
-            self.dynamics,
-            low,
-            high,
-            self.task.observation_low[:frame_size],
-            self.task.observation_high[:frame_size],
-        )
+            train, self.dynamics, task.action_low, task.action_high,
+            task.observation_low[:frame_size], task.observation_high[:frame_size],
+        )  # fmt: skip
+        options = ("seeds", "max_updates", "chunk_updates", "batch_size", "patience")
         result = fit_ensemble(
-            self.dynamics,
-            stats,
-            train,
-            holdout,
-            seeds=settings.seeds,
-            max_updates=settings.max_updates,
-            chunk_updates=settings.chunk_updates,
-            batch_size=settings.batch_size,
-            patience=settings.patience,
-            callback=callback,
-        )
+            self.dynamics, stats, train, holdout, callback=callback,
+            **{name: getattr(settings, name) for name in options},
+        )  # fmt: skip
         self._params, elites = select_elites(result.state, stats, self.config.n_elites)
         scores = np.asarray(jax.device_get(result.state.best_score))
         self.card = {
@@ -436,15 +276,7 @@ class PlantModel:
             "created": datetime.now(UTC).isoformat(),
             "task": self.task.to_dict(),
             "config": self.config.to_dict(),
-            "layout": {
-                "observation_size": layout.observation_size,
-                "frame_size": layout.frame_size,
-                "frame_stack": layout.frame_stack,
-                "action_size": layout.action_size,
-                "n_costs": layout.n_costs,
-                "terminals": layout.terminals,
-                "known": known.to_dict(),
-            },
+            "layout": layout_record(layout),
             "definitions": dict(self.definitions),
             "reward_row": self.reward_row,
             "signals": how,
@@ -459,21 +291,7 @@ class PlantModel:
                 "holdout_episodes": holdout_ids.tolist(),
                 "holdout_transitions": holdout.n_transitions,
             },
-            "fit": {
-                "seconds": result.seconds,
-                "updates": int(result.history[-1]["updates"]),
-                "stopped_early": result.stopped_early,
-                "elites": elites.tolist(),
-                "holdout_mse": scores.tolist(),
-                "history": [
-                    {"updates": entry["updates"], "seconds": entry["seconds"]}
-                    | {
-                        key: np.mean(value, axis=-1).tolist()
-                        for key, value in entry["metrics"].items()
-                    }
-                    for entry in result.history
-                ],
-            },
+            "fit": fit_record(result, elites, scores),
         }
         self.card["fidelity"] = self.fidelity(dataset, episodes=holdout_ids, checked=True)
         return self.card
@@ -497,60 +315,9 @@ class PlantModel:
             PlantModelError: when no episode is long enough for one window, or (default
                 episodes) ``dataset`` is not the fitted one.
         """
-        self._require_fitted("fidelity")
-        settings = self.card["settings"]
-        if episodes is None:
-            if not checked:
-                self.check_same_data(dataset)
-            episodes = self.card["dataset"]["holdout_episodes"]
-        else:
-            self.check_dataset(dataset)
-        held = self._unit_actions(dataset).select_episodes(np.asarray(episodes, np.int64))
-        longest = int(np.asarray(jax.device_get(held.episode_lengths)).max())
-        horizon = min(int(horizon or settings["horizon"]), longest)
-        starts = open_loop_windows(held, horizon, settings["windows"])
-        run = open_loop(
-            self.dynamics,
-            self.params(seed),
-            held,
-            starts,
-            horizon,
-            jax.random.PRNGKey(seed),
-            n_samples=settings["samples"],
+        return open_loop_fidelity(
+            self, dataset, episodes=episodes, seed=seed, horizon=horizon, checked=checked
         )
-        self._open_loop = run
-        steps = sorted({step for step in (1, 10, horizon) if step <= horizon})
-        frame = self.dynamics.layout.frame_size
-        names = list(self.task.observation_names[:frame])
-        spread = dataset.observation_moments()[1][:frame]  # 0 for a constant feature
-        signal_names = ["reward", *self.task.cost_names]
-        flat_signals = np.concatenate(
-            [
-                np.asarray(jax.device_get(dataset.rewards))[:, None],
-                np.asarray(jax.device_get(dataset.costs)),
-            ],
-            axis=1,
-        )
-        rows = fidelity_table(
-            run,
-            names,
-            spread,
-            signal_names,
-            flat_signals.std(axis=0),
-            steps,
-            LEVEL,
-        )
-        units = dict(zip(self.task.observation_names, self.task.observation_units, strict=True))
-        for row in rows:
-            row["unit"] = units.get(row["name"]) if row["kind"] == "observation" else None
-        return {
-            "episodes": [int(e) for e in episodes],
-            "windows": len(starts),
-            "horizon": horizon,
-            "steps": steps,
-            "level": LEVEL,
-            "rows": rows,
-        }
 
     def simulator_fidelity(
         self, *, episodes: int = 16, seed: int = 0, horizon: int | None = None
@@ -562,34 +329,7 @@ class PlantModel:
         Raises:
             PlantModelError: when the task has no simulator.
         """
-        from neorl_industrial.core.environments.rollout import rollout, uniform_random_policy
-
-        self._require_fitted("simulator_fidelity")
-        try:
-            env, params = self.task.make_simulator()
-        except TaskError as error:
-            raise PlantModelError(str(error)) from None
-        steps = int(horizon or self.card["settings"]["horizon"])
-        result = jax.jit(
-            lambda key: rollout(
-                key, env, params, uniform_random_policy(env), episodes, steps, record=True
-            )
-        )(jax.random.PRNGKey(seed))
-        data = Dataset.from_rollout(result.transitions, name=f"{self.task.name} simulator")
-        held_out_run = self._open_loop  # the plot stays that of the held-out episodes
-        fidelity = self.fidelity(data, episodes=np.arange(data.n_episodes), seed=0)
-        self._open_loop = held_out_run
-        observations = np.asarray(jax.device_get(data.transition_observations()))
-        actions = np.asarray(jax.device_get(data.actions)).reshape(data.n_transitions, -1)
-        with warnings.catch_warnings():  # random actions leave the data by design
-            warnings.simplefilter("ignore", OutsideDataWarning)
-            outside = self.predict(observations, actions)["outside_data"]
-        measured = fidelity | {
-            "source": f"simulator {self.task.env_id}, uniformly random actions",
-            "outside_data_share": float(np.mean(outside)),
-        }
-        self.card["simulator_fidelity"] = measured
-        return measured
+        return simulator_fidelity(self, episodes=episodes, seed=seed, horizon=horizon)
 
     def trajectory_plot(self, *, title: str | None = None) -> bytes:
         """A PNG of the last fidelity run's predicted against logged trajectories."""
@@ -628,7 +368,7 @@ class PlantModel:
         plant_actions = actions
         observations, actions = self._inputs(observations, actions)
         params = self.params(seed)
-        program = self._program(("predict",), lambda: _predict_program(self.dynamics))
+        program = self._program(("predict",), lambda: predict_program(self.dynamics))
         result = program(params, observations, actions)
         self._warn_outside("predict", params, observations, actions, plant_actions)
         return {key: np.asarray(value) for key, value in jax.device_get(result).items()}
@@ -671,7 +411,7 @@ class PlantModel:
         params = self.params(seed)
         program = self._program(
             ("rollout", member, deterministic),
-            lambda: _rollout_program(self.dynamics, member, deterministic),
+            lambda: rollout_program(self.dynamics, member, deterministic),
         )
         result = program(params, observations, unit, jax.random.PRNGKey(key))
         result = {name: np.asarray(value) for name, value in jax.device_get(result).items()}
@@ -799,21 +539,7 @@ class PlantModel:
             PlantModelError: before fitting, or when ``path`` exists and ``overwrite`` is
                 False.
         """
-        self._require_fitted("save")
-        card = json.dumps(to_json_data(self.card), indent=2, allow_nan=False)
-        files = {
-            CARD: card.encode(),
-            PARAMS: serialization.to_bytes(jax.device_get(self._params)),
-        }
-        if plots and self._open_loop is not None:
-            files[PLOT] = self.trajectory_plot()
-        remove_stale_staging(Path(path).absolute().parent)
-        try:
-            return write_directory_atomic(
-                path, files, marker=CARD, what="a saved plant model", overwrite=overwrite
-            )
-        except FileExistsError as error:
-            raise PlantModelError(str(error)) from None
+        return save_model(self, path, overwrite=overwrite, plots=plots)
 
     @classmethod
     def load(
@@ -831,209 +557,4 @@ class PlantModel:
             PlantModelError: naming the file that is missing, unreadable or of another
                 format, or the task or dataset that differs.
         """
-        path = Path(path)
-        card_path = path / CARD
-        try:
-            card = json.loads(card_path.read_text())
-        except FileNotFoundError:
-            raise PlantModelError(
-                f"{card_path}: missing; {path} is not a saved plant model"
-            ) from None
-        except json.JSONDecodeError as error:
-            raise PlantModelError(f"{card_path}: not valid JSON ({error})") from None
-        if not isinstance(card, dict) or card.get("format") != FORMAT:
-            found = card.get("format") if isinstance(card, dict) else None
-            raise PlantModelError(f"{card_path}: format {found!r}; this version reads {FORMAT!r}")
-        try:
-            saved_task = Task.from_dict(card["task"], f"{card_path}: task")
-            config = DynamicsConfig.create(**card["config"])
-            saved = card["layout"]
-            layout = DynamicsLayout(
-                observation_size=int(saved["observation_size"]),
-                frame_size=int(saved["frame_size"]),
-                action_size=int(saved["action_size"]),
-                n_costs=int(saved["n_costs"]),
-                known=KnownSignals.from_dict(saved["known"]),
-                terminals=bool(saved["terminals"]),
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise PlantModelError(f"{card_path}: malformed ({error})") from None
-        model = cls(
-            saved_task,
-            config,
-            definitions=card.get("definitions") or {},
-            reward_row=card.get("reward_row"),
-        )
-        model.dynamics = make_dynamics(config, layout)
-        model.card = card
-        template = _template(model.dynamics, len(card["settings"]["seeds"]), config.n_elites)
-        try:
-            state = serialization.msgpack_restore((path / PARAMS).read_bytes())
-            # Models saved before the physical bounds were kept: the card's bounds.
-            for name, value in _saved_bounds(card, layout).items():
-                state.setdefault(name, value)
-            params = serialization.from_state_dict(template, state)
-        except FileNotFoundError:
-            raise PlantModelError(f"{path / PARAMS}: missing") from None
-        except (ValueError, KeyError, TypeError) as error:
-            raise PlantModelError(
-                f"{path / PARAMS}: does not match the saved configuration ({error})"
-            ) from None
-        model._params = jax.tree.map(jnp.asarray, params)
-        if dataset is not None:
-            model.check_same_data(dataset, name=dataset_name, task=task)
-        elif task is not None:
-            model.check_task(task, name=dataset_name)
-        return model
-
-
-def physical_ranges(task: Task, stats: DynamicsParams) -> dict[str, Any]:
-    """The card's ``physics``: per predicted feature the range a prediction is held to
-    and where it comes from (``schema``, or ``data`` where the schema gives no finite
-    bound: the data's range is used), and the learned signals' ranges from the data."""
-    frame_low = np.asarray(jax.device_get(stats.frame_low), np.float64)
-    frame_high = np.asarray(jax.device_get(stats.frame_high), np.float64)
-    features = {}
-    for i, low in enumerate(frame_low):
-        schema = (task.observation_low[i], task.observation_high[i])
-        sources = ["schema" if np.isfinite(bound) else "data" for bound in schema]
-        features[task.observation_names[i]] = {
-            "low": float(low),
-            "high": float(frame_high[i]),
-            "source": sources[0] if sources[0] == sources[1] else "/".join(sources),
-        }
-    from_data = [name for name, entry in features.items() if "data" in entry["source"]]
-    return {
-        "features": features,
-        "from_data": from_data,
-        "note": (
-            f"no physical range in the schema for {', '.join(from_data)}: the data's range is used"
-            if from_data
-            else None
-        ),
-        "reward": [float(stats.reward_low), float(stats.reward_high)],
-        "cost_high": [float(x) for x in np.asarray(jax.device_get(stats.cost_high))],
-    }
-
-
-def _saved_bounds(card: dict[str, Any], layout: DynamicsLayout) -> dict[str, np.ndarray]:
-    """The bounds of a model saved before they were part of its parameters: the frame's
-    from the card's ``physics`` or, without it, the data's range; learned signals
-    unbounded."""
-    frame = layout.frame_size
-    features = list((card.get("physics") or {}).get("features", {}).values())
-    if len(features) == frame:
-        low = np.asarray([f["low"] for f in features], np.float32)
-        high = np.asarray([f["high"] for f in features], np.float32)
-    else:
-        low = np.full(frame, -np.inf, np.float32)
-        high = np.full(frame, np.inf, np.float32)
-    return {
-        "frame_low": low,
-        "frame_high": high,
-        "cost_high": np.full(layout.n_costs, np.inf, np.float32),
-        "reward_low": np.asarray(-np.inf, np.float32),
-        "reward_high": np.asarray(np.inf, np.float32),
-    }
-
-
-def _template(dynamics: Dynamics, n_seeds: int, n_elites: int) -> DynamicsParams:
-    layout = dynamics.layout
-    keys = jax.random.split(jax.random.PRNGKey(0), n_seeds * n_elites).reshape(
-        n_seeds, n_elites, -1
-    )
-    networks = jax.eval_shape(jax.vmap(jax.vmap(dynamics.init)), keys)
-    networks = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), networks)
-    obs, target, act = layout.observation_size, layout.target_size, layout.action_size
-    zeros = np.zeros
-    return DynamicsParams(
-        networks=networks,
-        obs_mean=zeros(obs, np.float32),
-        obs_std=zeros(obs, np.float32),
-        target_mean=zeros(target, np.float32),
-        target_std=zeros(target, np.float32),
-        target_fixed=zeros(target, bool),
-        cost_low=zeros(layout.n_costs, np.float32),
-        obs_low=zeros(obs, np.float32),
-        obs_high=zeros(obs, np.float32),
-        policy_action_low=zeros(act, np.float32),
-        policy_action_high=zeros(act, np.float32),
-        action_low=zeros(act, np.float32),
-        action_high=zeros(act, np.float32),
-        frame_low=zeros(layout.frame_size, np.float32),
-        frame_high=zeros(layout.frame_size, np.float32),
-        cost_high=zeros(layout.n_costs, np.float32),
-        reward_low=zeros((), np.float32),
-        reward_high=zeros((), np.float32),
-    )
-
-
-def _predict_program(dynamics: Dynamics) -> Callable[..., dict[str, jax.Array]]:
-    """The compiled one-step prediction of a batch of any leading shape."""
-    layout = dynamics.layout
-    frame = layout.frame_size
-
-    @jax.jit
-    def program(params: DynamicsParams, observations: jax.Array, actions: jax.Array):
-        shape = observations.shape[:-1]
-        flat_obs = observations.reshape(-1, observations.shape[-1])
-        flat_act = jnp.broadcast_to(actions, (*shape, actions.shape[-1])).reshape(
-            flat_obs.shape[0], -1
-        )
-        members = jax.vmap(dynamics.predict, in_axes=(0, None, None, None))(
-            params.networks, params, flat_obs, flat_act
-        )  # [E, B, T] normalized
-        variance = jnp.mean(jnp.exp(2.0 * members.log_std), axis=0) + jnp.var(members.mean, axis=0)
-        variance = jnp.where(params.target_fixed, 0.0, variance)
-
-        def member_mean(member: jax.Array) -> tuple[jax.Array, ...]:
-            return jax.vmap(
-                lambda o, a: dynamics.transition(params, o, a, jax.random.PRNGKey(0), member, True)
-            )(flat_obs, flat_act)
-
-        next_obs, rewards, costs, _ = jax.vmap(member_mean)(jnp.arange(params.n_members))
-        ood = out_of_distribution(params, flat_obs, flat_act)
-        result = {
-            "next_observation": jnp.mean(next_obs, axis=0),
-            "next_frame_std": jnp.sqrt(variance[:, :frame]) * params.target_std[:frame],
-            "reward": jnp.mean(rewards, axis=0),
-            "costs": jnp.mean(costs, axis=0),
-            "done_probability": jnp.mean(jax.nn.sigmoid(members.logit), axis=0) * layout.terminals,
-            "member_std": jnp.std(next_obs[..., :frame], axis=0),
-            "out_of_distribution": ood,
-            "outside_data": ood > 0.0,
-        }
-        return jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), result)
-
-    return program
-
-
-def _rollout_program(
-    dynamics: Dynamics, member: int | None, deterministic: bool
-) -> Callable[..., dict[str, jax.Array]]:
-    """The compiled open-loop rollout of a batch of starts."""
-
-    @jax.jit
-    def program(params, observations, actions, key):
-        def one(observation, actions, key):
-            def body(observation, inputs):
-                action, key = inputs
-                out = dynamics.step(params, observation, action, key, member, deterministic)
-                return out.next_observation, out
-
-            keys = jax.random.split(key, actions.shape[0])
-            _, outs = jax.lax.scan(body, observation, (actions, keys))
-            return outs
-
-        keys = jax.random.split(key, observations.shape[0])
-        outs = jax.vmap(one)(observations, actions, keys)
-        return {
-            "observations": jnp.concatenate([observations[:, None], outs.next_observation], axis=1),
-            "rewards": outs.reward,
-            "costs": outs.costs,
-            "done": outs.done,
-            "member_std": outs.member_std,
-            "out_of_distribution": outs.out_of_distribution,
-        }
-
-    return program
+        return load_model(cls, path, dataset=dataset, task=task, dataset_name=dataset_name)
