@@ -421,40 +421,9 @@ def train_online(
     )
 
     history = OnlineHistory()
-    start = time.perf_counter()
+    record = _Recorder(history, evaluate, env, params, eval_steps, progress)
     env_steps = 0
     updates = 0
-
-    def record(
-        chunk_index: int, metrics: dict[str, float], policy: PolicyParams, eval_key: jax.Array
-    ) -> None:
-        result = evaluate(eval_key, params=params, policy_params=policy)
-        mean_return = float(result.mean_episode_return())
-        evaluation = Evaluation(
-            env_steps=env_steps,
-            updates=updates,
-            mean_return=mean_return,
-            return_per_step=mean_return / eval_steps,
-            mean_cost=tuple(float(c) for c in np.asarray(result.mean_episode_cost())),
-            wall_time_s=time.perf_counter() - start,
-            policy=jax.device_get(policy),
-        )
-        history.evaluations.append(evaluation)
-        metrics = {
-            **metrics,
-            "env_steps": float(env_steps),
-            "updates": float(updates),
-            "eval_return": evaluation.mean_return,
-            "eval_return_per_step": evaluation.return_per_step,
-            **{
-                f"eval_cost_{name}": cost
-                for name, cost in zip(env.cost_names, evaluation.mean_cost, strict=True)
-            },
-            "wall_time_s": evaluation.wall_time_s,
-        }
-        history.chunk_metrics.append(metrics)
-        if progress is not None:
-            progress(chunk_index, metrics)
 
     warmup_key, eval_key = jax.random.split(warmup_key)
     if config.warmup_steps:
@@ -466,7 +435,7 @@ def train_online(
         env_steps += config.warmup_steps
     else:
         metrics = {}
-    record(0, _to_host(metrics), carry.agent.policy, eval_key)
+    record(0, _to_host(metrics), carry.agent.policy, eval_key, env_steps, updates)
 
     for chunk_index in range(1, config.n_chunks + 1):
         chunk_key, eval_key = jax.random.split(jax.random.fold_in(loop_key, chunk_index))
@@ -479,9 +448,60 @@ def train_online(
         metrics["chunk_s"] = chunk_seconds
         metrics["env_steps_per_s"] = config.eval_every / chunk_seconds
         metrics["updates_per_s"] = iterations * config.updates_per_iteration / chunk_seconds
-        record(chunk_index, metrics, carry.agent.policy, eval_key)
+        record(chunk_index, metrics, carry.agent.policy, eval_key, env_steps, updates)
 
     return carry.agent, history
+
+
+@dataclasses.dataclass
+class _Recorder:
+    """Evaluates a policy snapshot after a chunk and records it with the chunk's metrics
+    in ``history`` (and hands them to ``progress``)."""
+
+    history: OnlineHistory
+    evaluate: Callable[..., Any]
+    env: Environment
+    params: Any
+    eval_steps: int
+    progress: ProgressFn | None
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def __call__(
+        self,
+        chunk_index: int,
+        metrics: dict[str, float],
+        policy: PolicyParams,
+        eval_key: jax.Array,
+        env_steps: int,
+        updates: int,
+    ) -> None:
+        result = self.evaluate(eval_key, params=self.params, policy_params=policy)
+        mean_return = float(result.mean_episode_return())
+        evaluation = Evaluation(
+            env_steps=env_steps,
+            updates=updates,
+            mean_return=mean_return,
+            return_per_step=mean_return / self.eval_steps,
+            mean_cost=tuple(float(c) for c in np.asarray(result.mean_episode_cost())),
+            wall_time_s=time.perf_counter() - self.start,
+            policy=jax.device_get(policy),
+        )
+        self.history.evaluations.append(evaluation)
+        metrics = {
+            **metrics,
+            "env_steps": float(env_steps),
+            "updates": float(updates),
+            "eval_return": evaluation.mean_return,
+            "eval_return_per_step": evaluation.return_per_step,
+            **{
+                f"eval_cost_{name}": cost
+                for name, cost in zip(self.env.cost_names, evaluation.mean_cost, strict=True)
+            },
+            "wall_time_s": evaluation.wall_time_s,
+        }
+        self.history.chunk_metrics.append(metrics)
+        if self.progress is not None:
+            self.progress(chunk_index, metrics)
 
 
 def _to_host(metrics: dict[str, jax.Array]) -> dict[str, float]:

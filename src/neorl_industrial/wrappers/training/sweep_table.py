@@ -58,34 +58,64 @@ def sweep_table(
         raise ValueError(
             f"metrics: expected {len(points)} configurations x {n_seeds} seeds, got {len(metrics)}"
         )
-    configurations = []
-    keys = []
-    for index, point in enumerate(points):
-        own = list(metrics[index * n_seeds : (index + 1) * n_seeds])
-        broken = {
-            seeds[number]: failed[index * n_seeds + number]
-            for number in range(n_seeds)
-            if index * n_seeds + number in failed
-        }
-        able = [run for seed, run in zip(seeds, own, strict=True) if seed not in broken]
-        summary = summarize_runs(able or own)
-        mean_metrics = {
-            key: value["mean"]
-            for key, value in summary.items()
-            if isinstance(value, dict) and "mean" in value
-        }
-        # Below every configuration that has a policy that can act.
-        keys.append(selection_key(mean_metrics) if able else (-1.0, 0.0))
-        configurations.append(
-            {
-                "values": dict(point),
-                "runs": [{"seed": seed, **run} for seed, run in zip(seeds, own, strict=True)],
-                "summary": summary,
-                "within_limits": keys[-1][0] == 1.0,
-                "failed_runs": {str(seed): why for seed, why in broken.items()},
-            }
-        )
+    rows = [
+        _configuration(point, metrics[index * n_seeds : (index + 1) * n_seeds], seeds,
+                       {run - index * n_seeds: why for run, why in failed.items()})
+        for index, point in enumerate(points)
+    ]  # fmt: skip
+    configurations = [row for row, _ in rows]
+    keys = [key for _, key in rows]
     chosen = max(range(len(configurations)), key=lambda i: keys[i])
+    reason = _choice_reason(configurations, keys, chosen)
+    hindsight = None
+    if truth is not None:
+        hindsight = offline_choice_quality(configurations, truth, n_seeds, chosen)
+    return {
+        "verdict": verdict,
+        "hindsight": hindsight,
+        "fields": list(points[0]),
+        "seeds": list(seeds),
+        "programs": programs,
+        "estimate": estimate,
+        "configurations": configurations,
+        "selected": chosen,
+        "reason": reason,
+    }
+
+
+def _configuration(
+    point: Mapping[str, Any],
+    own: Sequence[dict[str, Any]],
+    seeds: Sequence[int],
+    failed: Mapping[int, str],
+) -> tuple[dict[str, Any], tuple[float, float]]:
+    """One configuration's row (its runs ``own``, one per seed; ``failed``: ``{seed's
+    position: why}``, positions outside the seeds ignored) and its selection key."""
+    broken = {seeds[n]: failed[n] for n in range(len(seeds)) if n in failed}
+    able = [run for seed, run in zip(seeds, own, strict=True) if seed not in broken]
+    summary = summarize_runs(able or list(own))
+    mean_metrics = {
+        key: value["mean"]
+        for key, value in summary.items()
+        if isinstance(value, dict) and "mean" in value
+    }
+    # Below every configuration that has a policy that can act.
+    key = selection_key(mean_metrics) if able else (-1.0, 0.0)
+    row = {
+        "values": dict(point),
+        "runs": [{"seed": seed, **run} for seed, run in zip(seeds, own, strict=True)],
+        "summary": summary,
+        "within_limits": key[0] == 1.0,
+        "failed_runs": {str(seed): why for seed, why in broken.items()},
+    }
+    return row, key
+
+
+def _choice_reason(
+    configurations: Sequence[dict[str, Any]], keys: Sequence[tuple[float, float]], chosen: int
+) -> str:
+    """Why configuration ``chosen`` won, and whether the data can tell it from the next
+    best of the same standing."""
     best = configurations[chosen]
     reason = (
         "the best mean return among the configurations within the cost limits"
@@ -106,20 +136,7 @@ def sweep_table(
                 f"; configuration {runner} is within the 95 % intervals, so the data "
                 "cannot tell them apart (more seeds or held-out episodes can)"
             )
-    hindsight = None
-    if truth is not None:
-        hindsight = offline_choice_quality(configurations, truth, n_seeds, chosen)
-    return {
-        "verdict": verdict,
-        "hindsight": hindsight,
-        "fields": list(points[0]),
-        "seeds": list(seeds),
-        "programs": programs,
-        "estimate": estimate,
-        "configurations": configurations,
-        "selected": chosen,
-        "reason": reason,
-    }
+    return reason
 
 
 def configuration_name(index: int, seed: int) -> str:
