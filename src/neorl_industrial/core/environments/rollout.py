@@ -162,6 +162,28 @@ class _SafetyCounts:
         )
         return cls(stats=stats, episode_overrides=counts)
 
+    def after_decision(
+        self,
+        overridden: jax.Array,
+        projected: jax.Array,
+        fallback: jax.Array,
+        infeasible: jax.Array,
+        proposed_violations: jax.Array,
+        applied_violations: jax.Array,
+    ) -> _SafetyCounts:
+        """These counts after one decision per environment: what the shield did, the
+        hard constraints the proposed action broke and those the applied one broke."""
+        stats = self.stats.replace(
+            decisions=self.stats.decisions + 1,
+            overrides=self.stats.overrides + overridden,
+            projections=self.stats.projections + projected,
+            fallbacks=self.stats.fallbacks + fallback,
+            infeasible=self.stats.infeasible + infeasible,
+            violations=self.stats.violations + proposed_violations,
+            applied_violations=self.stats.applied_violations + applied_violations,
+        )
+        return _SafetyCounts(stats=stats, episode_overrides=self.episode_overrides + overridden)
+
     def after_episodes(self, done: jax.Array) -> _SafetyCounts:
         """These counts after the batch step whose finished environments are ``done``."""
         episode_overrides = self.episode_overrides
@@ -309,18 +331,10 @@ def _make_guard(constraints: Any, shield_actions: bool) -> Callable:
                 proposed.shape[:1], jnp.bool_
             )
         applied_violations = check(constraints, observation, actions, prev_action)
-        stats = safety.stats
-        stats = stats.replace(
-            decisions=stats.decisions + 1,
-            overrides=stats.overrides + overridden,
-            projections=stats.projections + projected,
-            fallbacks=stats.fallbacks + fallback,
-            infeasible=stats.infeasible + infeasible,
-            violations=stats.violations + proposed_violations,
-            applied_violations=stats.applied_violations + applied_violations,
+        safety = safety.after_decision(
+            overridden, projected, fallback, infeasible, proposed_violations, applied_violations
         )
-        episode_overrides = safety.episode_overrides + overridden
-        return actions, _SafetyCounts(stats=stats, episode_overrides=episode_overrides)
+        return actions, safety
 
     return guard
 
