@@ -652,6 +652,13 @@ def _plant_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         for name in ESTIMATORS
         if candidates and all(name in c["estimates"] for c in candidates)
     }
+    # The candidates the verdict answers for (not refused as far outside the data).
+    answered = [c for c in candidates if not any(_answers_not(r) for r in c["reasons"])]
+    answered_coverage = (
+        {"of": len(answered), "held": int(sum(c["estimates"]["model"]["covers"] for c in answered))}
+        if candidates and all("model" in c["estimates"] for c in candidates)
+        else None
+    )
     correlations = {
         name: [row["ranking"].get(name, {}).get("rank_correlation") for row in rows]
         for name in ESTIMATORS
@@ -670,6 +677,7 @@ def _plant_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         "bad_recommendations": bad,
         "power": {"datasets": len(powered), "found": len(found)},
         "coverage": coverage,
+        "answered_coverage": answered_coverage,
         "rank_correlation": correlations,
         "targets_met": {
             "bad": bad <= PLANT_TARGETS["bad"],
@@ -683,6 +691,11 @@ def _plant_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
             ),
         },
     }
+
+
+def _answers_not(reason: str) -> bool:
+    """Whether a verdict's reason says the data cannot answer for the candidate."""
+    return reason.endswith("the data cannot answer for it")
 
 
 def _number(value: float | None, digits: int = 2) -> str:
@@ -705,6 +718,7 @@ KEPT_BY = {
     "cost evidence": "too few cost events held out",
     "episodes": "too few held-out episodes",
     "calibration": "the model does not reproduce the operators",
+    "far outside": "far outside the data",
 }
 
 
@@ -717,6 +731,8 @@ def _reason_kind(reason: str) -> str:
         # held-out episodes to check it): nothing it estimates is trusted.
         return "calibration"
     estimator, _, rest = reason.partition(": ")
+    if rest.endswith("the data cannot answer for it"):
+        return "far outside"
     if rest.startswith("cost "):
         return "cost evidence" if "insufficient evidence" in rest else "cost limit"
     kind = f"{estimator} bound"
@@ -771,6 +787,14 @@ def _plants_section(rows: list[dict[str, Any]], total: dict[str, Any] | None) ->
         return "-" if flag is None else ("met" if flag else "missed")
 
     coverage = ", ".join(f"{name} {share:.0%}" for name, share in total["coverage"].items())
+    answered = ""
+    counted = total.get("answered_coverage")
+    if counted and counted["of"]:
+        answered = (
+            f"; of the {counted['of']} candidates the verdict answers for (not refused as far "
+            f"outside the data), the model's interval holds the truth for {counted['held']} "
+            f"({counted['held'] / counted['of']:.0%})"
+        )
     lines = [
         "",
         "## The study plants against their truth",
@@ -790,8 +814,8 @@ def _plants_section(rows: list[dict[str, Any]], total: dict[str, Any] | None) ->
         f"the operators' |return|, cost within half its limit; target 80 %: "
         f"{verdict_of(met['power'])}); the estimators' improvement interval holds the true "
         f"improvement at the verdict's starts for: {coverage} of the candidates (deciding "
-        f"estimators' target 90 %: {verdict_of(met['coverage'])}); model rank correlation "
-        f">= 0.7 on every plant: {verdict_of(met['correlation'])}.",
+        f"estimators' target 90 %: {verdict_of(met['coverage'])}){answered}; model rank "
+        f"correlation >= 0.7 on every plant: {verdict_of(met['correlation'])}.",
         "",
         "| plant | operators | operators' true return [95 %] (logged) | clearly better | "
         "best candidate within the limits: true improvement [95 %], cost / limit | "

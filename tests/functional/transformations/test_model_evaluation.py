@@ -14,6 +14,7 @@ from neorl_industrial.core.safety import ConstraintSpec
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.functional.transformations.dynamics import data_statistics
 from neorl_industrial.functional.transformations.model_evaluation import (
+    RolloutOptions,
     make_logged_replay,
     make_policy_rollouts,
 )
@@ -191,3 +192,27 @@ def test_no_step_counts_a_reward_above_the_cap(model, rolled):
     assert np.all(capped.total_return <= cap * capped.steps + 1e-4)
     assert np.all(capped.total_return <= uncapped.total_return + 1e-4)
     assert np.any(capped.total_return < uncapped.total_return - 1e-4)
+
+
+def test_steps_far_outside_the_data_are_summed_apart(model, rolled):
+    dynamics, params, _, starts = model
+    _, lengths, plain = rolled
+    options = RolloutOptions(horizon=HORIZON, discount=0.9, close_after=4, far_outside=0.0)
+    program = jax.jit(make_policy_rollouts(dynamics, act, options))
+    sums = jax.device_get(program(POLICIES, params, starts, lengths, jax.random.PRNGKey(1)))
+    # The same rollouts (the threshold only sorts the steps)...
+    np.testing.assert_allclose(sums.discounted_return, plain.discounted_return, rtol=1e-6)
+    assert np.all(plain.far_weight == 0.0) and np.all(plain.far_return == 0.0)
+    # ...and at a threshold of 0 every step outside the data is far: a rollout that never
+    # left the data has no far weight, one that left it has some, never more than all of
+    # its steps' discounted weight.
+    inside = sums.outside_data_steps == 0
+    assert np.all(sums.far_weight[inside] == 0.0)
+    assert np.all(sums.far_weight[~inside] > 0.0) and (~inside).any()
+    all_steps = (1.0 - 0.9 ** sums.steps.astype(np.float64)) / (1.0 - 0.9)
+    assert np.all(sums.far_weight <= all_steps + 1e-5)
+    # The far return is the return of those steps: the whole return where every step was.
+    every = sums.outside_data_steps == sums.steps
+    np.testing.assert_allclose(
+        sums.far_return[every], sums.discounted_return[every], rtol=1e-5, atol=1e-5
+    )

@@ -194,8 +194,14 @@ def test_policies_no_better_than_the_operators_are_not_recommended(full, plant):
         assert estimate(full, name, "model")["improvement"]["upper"] < 0
     full_open = next(c for c in full.candidates if c["name"] == "full-open")
     assert any("overheating" in reason for reason in full_open["reasons"])
-    # Asked to predict outside its data (the heater at 400 degC), the model says so.
+    # Asked to predict outside its data (the heater at 400 degC), the model says so; most
+    # of its steps lie far outside, where the data cannot answer for it.
     assert "outside the range of its data" in full_open["warnings"][0]
+    assert estimate(full, "full-open", "model")["far_outside_share"] > 0.25
+    assert any(reason.endswith("the data cannot answer for it") for reason in full_open["reasons"])
+    controller = next(c for c in full.candidates if c["name"] == "controller")
+    assert estimate(full, "controller", "model")["far_outside_share"] <= 0.25
+    assert not any("cannot answer" in reason for reason in controller["reasons"])
     # Without the controller the answer is the current operation, said plainly.
     worse = verdict_of(plant, {k: v[1:] for k, v in CANDIDATES.items()}, NAMES[1:])
     assert worse.decision == KEEP and worse.recommended is None
@@ -347,6 +353,10 @@ def test_bad_settings_and_candidates_are_refused(plant):
         verdict_of(plant, names=NAMES[:2])
     with pytest.raises(VerdictError, match="horizon: expected a positive integer"):
         VerdictSettings(horizon=0)
+    with pytest.raises(VerdictError, match="far_outside: expected spreads >= 0"):
+        VerdictSettings(far_outside=-1.0)
+    with pytest.raises(VerdictError, match=r"max_far_share: expected a share in \[0, 1\]"):
+        VerdictSettings(max_far_share=1.5)
 
 
 def test_starts_from_too_few_episodes_carry_no_recommendation(plant):

@@ -35,6 +35,7 @@ after them are kept too, for an estimate that closes the rollout with a learned 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -45,6 +46,7 @@ from neorl_industrial.core.models.dynamics import Dynamics, DynamicsParams, out_
 from neorl_industrial.core.safety import shield
 
 __all__ = [
+    "RolloutOptions",
     "RolloutSums",
     "make_logged_replay",
     "make_policy_rollouts",
@@ -67,6 +69,10 @@ class RolloutSums(NamedTuple):
         overridden_steps: steps whose action the shield changed (0 for logged actions).
         outside_physics_steps: steps whose predicted frame left its physical range (it
             was clipped onto it, and the step charged for it).
+        far_weight: ``Σ γ^t`` over the steps whose observation or action lay further
+            outside the data's range than ``far_outside`` spreads: steps the model cannot
+            vouch for (0 when ``far_outside`` is None).
+        far_return: ``Σ γ^t r_t`` over the same steps.
         head_return: ``Σ_{t<k} γ^t r_t`` of the first ``close_after`` steps.
         head_costs: ``[C]`` ``Σ_{t<k} γ^t c_t``.
         head_uncertainty: ``Σ_{t<k} γ^t u_t``.
@@ -85,11 +91,43 @@ class RolloutSums(NamedTuple):
     outside_data_steps: jax.Array
     overridden_steps: jax.Array
     outside_physics_steps: jax.Array
+    far_weight: jax.Array
+    far_return: jax.Array
     head_return: jax.Array
     head_costs: jax.Array
     head_uncertainty: jax.Array
     closing_observation: jax.Array
     closing_weight: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutOptions:
+    """How the rollouts run and what they sum (static: part of the compiled program).
+
+    Attributes:
+        horizon: steps per rollout at most.
+        discount: γ of the discounted sums.
+        close_after: ``k`` of the head sums and closing observation (0: none kept).
+        deterministic: follow each member's mean instead of sampling its noise.
+        disagreement_every: measure the members' disagreement every this many steps
+            (every member predicts on those steps, ``M`` times the work of one member;
+            the measure holds until the next); 0: never (the uncertainty is then the
+            out-of-distribution excess alone). The out-of-distribution excess is
+            measured at every step.
+        reward_cap: a step's reward is never counted above this (the highest reward in
+            the data): a model extrapolating outside its data cannot promise rewards
+            the plant was never seen to give. None: no cap.
+        far_outside: steps further outside the data's range than this (in spreads) are
+            summed apart (``far_weight``, ``far_return``); None: none.
+    """
+
+    horizon: int
+    discount: float
+    close_after: int = 0
+    deterministic: bool = False
+    disagreement_every: int = 1
+    reward_cap: float | None = None
+    far_outside: float | None = None
 
 
 def step_uncertainty(
@@ -115,6 +153,8 @@ def _zeros(n_costs: int, obs_size: int) -> RolloutSums:
         outside_data_steps=jnp.zeros((), jnp.int32),
         overridden_steps=jnp.zeros((), jnp.int32),
         outside_physics_steps=jnp.zeros((), jnp.int32),
+        far_weight=scalar,
+        far_return=scalar,
         head_return=scalar,
         head_costs=costs,
         head_uncertainty=scalar,
@@ -135,6 +175,7 @@ def _accumulate(
     outside: jax.Array,
     overridden: jax.Array,
     unphysical: jax.Array,
+    far: jax.Array,
     next_observation: jax.Array,
     alive_after: jax.Array,
 ) -> RolloutSums:
@@ -154,6 +195,8 @@ def _accumulate(
         outside_data_steps=sums.outside_data_steps + (counted & outside).astype(jnp.int32),
         overridden_steps=sums.overridden_steps + (counted & overridden).astype(jnp.int32),
         outside_physics_steps=sums.outside_physics_steps + (counted & unphysical).astype(jnp.int32),
+        far_weight=sums.far_weight + jnp.where(far, weight, 0.0),
+        far_return=sums.far_return + jnp.where(far, weight * reward, 0.0),
         head_return=sums.head_return + head * reward,
         head_costs=sums.head_costs + head * costs,
         head_uncertainty=sums.head_uncertainty + head * uncertainty,
@@ -223,12 +266,7 @@ def _scan_blocks(advance: Callable[..., Any], carry: Any, xs: Any, every: int) -
 
 
 def _counted_step(
-    dynamics: Dynamics,
-    *,
-    discount: float,
-    close_after: int,
-    deterministic: bool,
-    reward_cap: float | None,
+    dynamics: Dynamics, options: RolloutOptions
 ) -> Callable[..., tuple[jax.Array, jax.Array, jax.Array, RolloutSums]]:
     """One model step of a rollout and what it adds to the sums, the same for a policy's
     rollout and the logged replay: ``step(params, member, observation, action,
@@ -238,17 +276,20 @@ def _counted_step(
     def step(params, member, observation, action, overridden, key, measure, alive, held, sums,
              t, length):  # fmt: skip
         next_observation, reward, costs, done, held, ood, physics = _model_step(
-            dynamics, params, observation, action, key, member, deterministic, measure, held
-        )
-        if reward_cap is not None:
-            reward = jnp.minimum(reward, reward_cap)
+            dynamics, params, observation, action, key, member, options.deterministic,
+            measure, held,
+        )  # fmt: skip
+        if options.reward_cap is not None:
+            reward = jnp.minimum(reward, options.reward_cap)
         counted = alive & (t < length)
         alive_after = alive & ~done
         # A prediction that left physics was clipped onto it and is charged for how far
         # it left, as uncertainty: the plant never behaves so, the model only predicted it.
+        far = jnp.zeros((), bool) if options.far_outside is None else ood > options.far_outside
         sums = _accumulate(
-            sums, t, counted, discount, close_after, reward, costs, held + ood + physics,
-            ood > 0.0, overridden, physics > 0.0, next_observation, alive_after,
+            sums, t, counted, options.discount, options.close_after, reward, costs,
+            held + ood + physics,
+            ood > 0.0, overridden, physics > 0.0, far, next_observation, alive_after,
         )  # fmt: skip
         return jnp.where(counted, next_observation, observation), alive_after, held, sums
 
@@ -258,16 +299,12 @@ def _counted_step(
 def make_policy_rollouts(
     dynamics: Dynamics,
     act: Callable[..., jax.Array],
+    options: RolloutOptions | None = None,
     *,
-    horizon: int,
-    discount: float,
     constraints: Any = None,
     scaler: Any = None,
-    close_after: int = 0,
-    deterministic: bool = False,
-    disagreement_every: int = 1,
-    reward_cap: float | None = None,
     stochastic_policy: bool = False,
+    **fields: Any,
 ) -> Callable[..., RolloutSums]:
     """The compiled-ready program ``rollouts(policy_params, dynamics_params, starts,
     lengths, key) -> RolloutSums`` with leading axes ``[P, M, N]``.
@@ -276,20 +313,9 @@ def make_policy_rollouts(
         dynamics: the plant model's pure functions.
         act: ``act(policy_params, observation, key, deterministic=True) -> action`` of one
             raw observation, in the policy's [-1, 1] (an ``Algorithm.act``).
-        horizon: steps per rollout at most (static).
-        discount: γ of the discounted sums.
+        options: see :class:`RolloutOptions` (or its fields as keywords).
         constraints: the shield's compiled constraints (plant units); None: no shield.
         scaler: the task's ``ActionScaler`` (None: actions are in plant units already).
-        close_after: ``k`` of the head sums and closing observation (0: none kept).
-        deterministic: follow each member's mean instead of sampling its noise.
-        disagreement_every: measure the members' disagreement every this many steps
-            (every member predicts on those steps, ``M`` times the work of one member;
-            the measure holds until the next); 0: never (the uncertainty is then the
-            out-of-distribution excess alone). The out-of-distribution excess is
-            measured at every step.
-        reward_cap: a step's reward is never counted above this (the highest reward in
-            the data): a model extrapolating outside its data cannot promise rewards
-            the plant was never seen to give. None: no cap.
         stochastic_policy: ``act`` receives a key of its own every step (drawn apart
             from the model's noise, so the model's noise stays common to every policy)
             and ``deterministic=False``; otherwise ``None`` and ``deterministic=True``.
@@ -299,15 +325,11 @@ def make_policy_rollouts(
     steps counted per start (at most ``horizon``); ``key``: the noise of member ``m``
     and start ``n`` is the same for every policy (and for :func:`make_logged_replay`).
     """
+    options = options or RolloutOptions(**fields)
+    disagreement_every = options.disagreement_every
     n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
-    padded = _padded(horizon, disagreement_every)
-    step = _counted_step(
-        dynamics,
-        discount=discount,
-        close_after=close_after,
-        deterministic=deterministic,
-        reward_cap=reward_cap,
-    )
+    padded = _padded(options.horizon, disagreement_every)
+    step = _counted_step(dynamics, options)
 
     def one(policy_params, params, member, start, length, key):
         def advance(carry, inputs, measure):
@@ -350,29 +372,18 @@ def make_policy_rollouts(
 
 
 def make_logged_replay(
-    dynamics: Dynamics,
-    *,
-    horizon: int,
-    discount: float,
-    close_after: int = 0,
-    deterministic: bool = False,
-    disagreement_every: int = 1,
-    reward_cap: float | None = None,
+    dynamics: Dynamics, options: RolloutOptions | None = None, **fields: Any
 ) -> Callable[..., RolloutSums]:
     """The logged operation by the same estimator: ``replay(dynamics_params, starts,
     actions, lengths, key) -> RolloutSums`` with leading axes ``[M, N]``, the logged
     actions ``[N, horizon, action_size]`` (in [-1, 1]) of each start's episode replayed
-    open loop in every member (no shield: they were applied). Same keys and options as
-    :func:`make_policy_rollouts`."""
+    open loop in every member (no shield: they were applied). Same keys and options
+    (:class:`RolloutOptions`, or its fields as keywords) as :func:`make_policy_rollouts`."""
+    options = options or RolloutOptions(**fields)
+    disagreement_every = options.disagreement_every
     n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
-    padded = _padded(horizon, disagreement_every)
-    step = _counted_step(
-        dynamics,
-        discount=discount,
-        close_after=close_after,
-        deterministic=deterministic,
-        reward_cap=reward_cap,
-    )
+    padded = _padded(options.horizon, disagreement_every)
+    step = _counted_step(dynamics, options)
 
     def one(params, member, start, actions, length, key):
         def advance(carry, inputs, measure):

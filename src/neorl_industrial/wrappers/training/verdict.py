@@ -349,6 +349,13 @@ def _candidate_row(
     reasons = []
     if calibration.status != "passed":
         reasons.append(f"calibration: {calibration.reason}")
+    far = results[0].far_outside_share
+    if far is not None and far > settings.max_far_share:
+        reasons.append(
+            f"model: {far:.0%} of this candidate's discounted steps lie more than "
+            f"{settings.far_outside:g} spreads outside the data the plant model was fitted "
+            f"on (at most {settings.max_far_share:.0%}): the data cannot answer for it"
+        )
     for result in results:
         if result.estimator not in deciding:
             continue

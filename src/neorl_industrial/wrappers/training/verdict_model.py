@@ -16,6 +16,7 @@ import numpy as np
 from neorl_industrial.core.agents.cost import per_step_cost_threshold
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.functional.transformations.model_evaluation import (
+    RolloutOptions,
     RolloutSums,
     make_policy_rollouts,
 )
@@ -112,16 +113,18 @@ def _rollouts(
     """Every candidate, and the operators' clone, rolled out in every member from every
     start (float64 sums; the clone's without the policy axis), and the clone."""
     close = settings.close_after if settings.fqe else 0
-    options = dict(
+    pessimism = settings.penalty > 0
+    options = RolloutOptions(
         horizon=starts.horizon,
         discount=settings.discount,
         close_after=min(close, starts.horizon) if close else 0,
         deterministic=settings.deterministic,
-        disagreement_every=settings.disagreement_every if settings.penalty > 0 else 0,
-        reward_cap=float(starts.rewards.max()) if settings.penalty > 0 else None,
+        disagreement_every=settings.disagreement_every if pessimism else 0,
+        reward_cap=float(starts.rewards.max()) if pessimism else None,
+        far_outside=settings.far_outside if pessimism else None,
     )
     rollouts = jax.jit(
-        make_policy_rollouts(dynamics, act, constraints=constraints, scaler=scaler, **options)
+        make_policy_rollouts(dynamics, act, options, constraints=constraints, scaler=scaler)
     )
     clone = _behaviour_clone(heldout, settings)
     operators = _operators_policy(clone, heldout, settings.operator_noise)
@@ -129,10 +132,10 @@ def _rollouts(
         make_policy_rollouts(
             dynamics,
             operators.act,
+            options,
             constraints=constraints,
             scaler=scaler,
             stochastic_policy=settings.operator_noise,
-            **options,
         )
     )
     key = jax.random.PRNGKey(settings.seed)
@@ -295,6 +298,9 @@ class _ModelReading:
     #: The per-step spread of the held-out rewards and of each cost channel.
     reward_spread: float
     cost_spread: np.ndarray
+    #: The lowest reward of a held-out step: what a step the model cannot vouch for is
+    #: worth to the pessimistic reading.
+    reward_low: float
 
     @classmethod
     def of(
@@ -317,6 +323,7 @@ class _ModelReading:
             calibration=calibration,
             settings=settings,
             reward_spread=_spread(starts.rewards),
+            reward_low=float(np.min(starts.rewards)),
             cost_spread=np.array([_spread(cost_matrix[:, i]) for i in range(n_costs)]),
         )
 
@@ -325,9 +332,21 @@ class _ModelReading:
         return bootstrap_means(values, self.starts.episodes, settings.bootstrap, seed)
 
     def _shifted(self, sums: RolloutSums, sign: float) -> np.ndarray:
-        """The discounted return moved by its uncertainty (``sign`` -1: pessimistic)."""
+        """The discounted return moved by its uncertainty (``sign`` -1: pessimistic); the
+        pessimistic reading values the steps the model cannot vouch for (far outside its
+        data) at the held-out data's lowest reward."""
         uncertainty = self.settings.penalty * self.reward_spread * sums.discounted_uncertainty
-        return sums.discounted_return + sign * uncertainty
+        if sign > 0:
+            return sums.discounted_return + uncertainty
+        unvouched = np.maximum(sums.far_return - self.reward_low * sums.far_weight, 0.0)
+        return sums.discounted_return - uncertainty - unvouched
+
+    def _far_share(self, sums: RolloutSums) -> float:
+        """The share of the discounted weight on steps far outside the data."""
+        discount = self.settings.discount
+        steps = np.asarray(sums.steps, np.float64)
+        weight = steps if discount == 1.0 else (1.0 - discount**steps) / (1.0 - discount)
+        return float(np.sum(sums.far_weight) / max(float(np.sum(weight)), 1e-12))
 
     def candidate(self, sums: RolloutSums, boot_seed: int) -> EstimatorResult:
         settings, baseline, level = self.settings, self.baseline, self.settings.level
@@ -366,6 +385,7 @@ class _ModelReading:
             paired=_interval(difference, self._bootstrap(difference, boot_seed), level),
             allowance=float(allowance),
             member_spread=float(np.std(difference.mean(axis=-1))),
+            far_outside_share=self._far_share(sums),
         )
 
     def operators(self) -> EstimatorResult:

@@ -69,6 +69,13 @@ class VerdictSettings:
             model's error on today's operation (estimated minus logged, paired by start)
             holds 0 or lies within this share of the logged return's size (and, for a
             limited cost, of its limit).
+        far_outside: a model step whose observation or action lies more than this many
+            spreads outside the range of the data the model was fitted on is one the model
+            cannot vouch for: the pessimistic reading values it at the lowest reward of
+            the held-out data (with ``penalty`` > 0).
+        max_far_share: a candidate whose rollouts put more than this share of their
+            discounted weight on such steps does not qualify: the data cannot answer for
+            it, however its estimate reads.
     """
 
     horizon: int = 1000
@@ -91,6 +98,8 @@ class VerdictSettings:
     bc_updates: int = 2000
     operator_noise: bool = True
     calibration_tolerance: float = 0.1
+    far_outside: float = 0.5
+    max_far_share: float = 0.25
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fqe_seeds", tuple(int(s) for s in self.fqe_seeds))
@@ -115,6 +124,12 @@ class VerdictSettings:
         if not self.calibration_tolerance >= 0:
             raise VerdictError(
                 f"calibration_tolerance: expected a share >= 0, got {self.calibration_tolerance}"
+            )
+        if not self.far_outside >= 0:
+            raise VerdictError(f"far_outside: expected spreads >= 0, got {self.far_outside}")
+        if not 0.0 <= self.max_far_share <= 1.0:
+            raise VerdictError(
+                f"max_far_share: expected a share in [0, 1], got {self.max_far_share}"
             )
         if self.fqe and not self.fqe_seeds:
             raise VerdictError("fqe_seeds: expected at least one FQE seed")
@@ -177,6 +192,9 @@ class EstimatorResult:
         penalty: mean discounted return the pessimism subtracted (0 for ``fqe``).
         costs: one entry per cost channel.
         outside_data_share: share of model steps outside the data's range.
+        far_outside_share: ``model`` only: the share of the discounted return's weight on
+            steps further outside the data's range than the settings' ``far_outside``
+            (steps the model cannot vouch for).
         override_share: share of model steps whose action the shield changed.
         outside_physics_share: share of model steps whose prediction left the physical
             ranges (clipped onto them and charged).
@@ -205,6 +223,7 @@ class EstimatorResult:
     paired: Interval | None = None
     allowance: float | None = None
     member_spread: float | None = None
+    far_outside_share: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
