@@ -14,7 +14,7 @@ from neorl_industrial.core.safety import ConstraintSpec
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.functional.transformations.dynamics import data_statistics
 from neorl_industrial.functional.transformations.model_evaluation import (
-    RolloutOptions,
+    ModelRolloutOptions,
     make_logged_replay,
     make_policy_rollouts,
 )
@@ -197,7 +197,7 @@ def test_no_step_counts_a_reward_above_the_cap(model, rolled):
 def test_steps_far_outside_the_data_are_summed_apart(model, rolled):
     dynamics, params, _, starts = model
     _, lengths, plain = rolled
-    options = RolloutOptions(horizon=HORIZON, discount=0.9, close_after=4, far_outside=0.0)
+    options = ModelRolloutOptions(horizon=HORIZON, discount=0.9, close_after=4, far_outside=0.0)
     program = jax.jit(make_policy_rollouts(dynamics, act, options))
     sums = jax.device_get(program(POLICIES, params, starts, lengths, jax.random.PRNGKey(1)))
     # The same rollouts (the threshold only sorts the steps)...

@@ -46,7 +46,7 @@ from neorl_industrial.core.models.dynamics import Dynamics, DynamicsParams, out_
 from neorl_industrial.core.safety import shield
 
 __all__ = [
-    "RolloutOptions",
+    "ModelRolloutOptions",
     "RolloutSums",
     "make_logged_replay",
     "make_policy_rollouts",
@@ -101,7 +101,7 @@ class RolloutSums(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutOptions:
+class ModelRolloutOptions:
     """How the rollouts run and what they sum (static: part of the compiled program).
 
     Attributes:
@@ -266,7 +266,7 @@ def _scan_blocks(advance: Callable[..., Any], carry: Any, xs: Any, every: int) -
 
 
 def _counted_step(
-    dynamics: Dynamics, options: RolloutOptions
+    dynamics: Dynamics, options: ModelRolloutOptions
 ) -> Callable[..., tuple[jax.Array, jax.Array, jax.Array, RolloutSums]]:
     """One model step of a rollout and what it adds to the sums, the same for a policy's
     rollout and the logged replay: ``step(params, member, observation, action,
@@ -299,7 +299,7 @@ def _counted_step(
 def make_policy_rollouts(
     dynamics: Dynamics,
     act: Callable[..., jax.Array],
-    options: RolloutOptions | None = None,
+    options: ModelRolloutOptions | None = None,
     *,
     constraints: Any = None,
     scaler: Any = None,
@@ -313,7 +313,7 @@ def make_policy_rollouts(
         dynamics: the plant model's pure functions.
         act: ``act(policy_params, observation, key, deterministic=True) -> action`` of one
             raw observation, in the policy's [-1, 1] (an ``Algorithm.act``).
-        options: see :class:`RolloutOptions` (or its fields as keywords).
+        options: see :class:`ModelRolloutOptions` (or its fields as keywords).
         constraints: the shield's compiled constraints (plant units); None: no shield.
         scaler: the task's ``ActionScaler`` (None: actions are in plant units already).
         stochastic_policy: ``act`` receives a key of its own every step (drawn apart
@@ -325,7 +325,7 @@ def make_policy_rollouts(
     steps counted per start (at most ``horizon``); ``key``: the noise of member ``m``
     and start ``n`` is the same for every policy (and for :func:`make_logged_replay`).
     """
-    options = options or RolloutOptions(**fields)
+    options = options or ModelRolloutOptions(**fields)
     disagreement_every = options.disagreement_every
     n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
     padded = _padded(options.horizon, disagreement_every)
@@ -372,14 +372,14 @@ def make_policy_rollouts(
 
 
 def make_logged_replay(
-    dynamics: Dynamics, options: RolloutOptions | None = None, **fields: Any
+    dynamics: Dynamics, options: ModelRolloutOptions | None = None, **fields: Any
 ) -> Callable[..., RolloutSums]:
     """The logged operation by the same estimator: ``replay(dynamics_params, starts,
     actions, lengths, key) -> RolloutSums`` with leading axes ``[M, N]``, the logged
     actions ``[N, horizon, action_size]`` (in [-1, 1]) of each start's episode replayed
     open loop in every member (no shield: they were applied). Same keys and options
-    (:class:`RolloutOptions`, or its fields as keywords) as :func:`make_policy_rollouts`."""
-    options = options or RolloutOptions(**fields)
+    (:class:`ModelRolloutOptions`, or its fields as keywords) as :func:`make_policy_rollouts`."""
+    options = options or ModelRolloutOptions(**fields)
     disagreement_every = options.disagreement_every
     n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
     padded = _padded(options.horizon, disagreement_every)

@@ -16,7 +16,7 @@ import numpy as np
 from neorl_industrial.core.agents.cost import per_step_cost_threshold
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.functional.transformations.model_evaluation import (
-    RolloutOptions,
+    ModelRolloutOptions,
     RolloutSums,
     make_policy_rollouts,
 )
@@ -114,7 +114,7 @@ def _rollouts(
     start (float64 sums; the clone's without the policy axis), and the clone."""
     close = settings.close_after if settings.fqe else 0
     pessimism = settings.penalty > 0
-    options = RolloutOptions(
+    options = ModelRolloutOptions(
         horizon=starts.horizon,
         discount=settings.discount,
         close_after=min(close, starts.horizon) if close else 0,
