@@ -184,6 +184,7 @@ def test_a_clearly_better_controller_is_recommended_by_every_deciding_estimator(
     assert metrics["verdict/recommend"] == 1.0
     assert metrics["verdict/recommended_candidate"] == 0.0
     assert metrics["verdict/candidate_0/model/improvement_lower"] > 0
+    assert 0.0 <= metrics["verdict/candidate_0/model/far_outside_share"] <= 0.25
     assert "verdict/candidate_2/model_fqe/improvement_upper" in metrics
 
 

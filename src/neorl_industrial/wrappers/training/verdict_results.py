@@ -353,9 +353,9 @@ def verdict_metrics(verdict: dict[str, Any]) -> dict[str, float]:
     """A verdict's (``Verdict.to_dict()``) numbers as flat metrics with names MLflow
     accepts: ``verdict/recommend`` (1 or 0), ``verdict/recommended_candidate`` (its
     position, -1 for none) and per candidate ``i`` and estimator (``model``, ``fqe``,
-    ``model_fqe``) the improvement over the logged operation and its bounds; the
-    calibration check as ``verdict/calibration/{passed,estimated,logged,error_lower,
-    error_upper}``."""
+    ``model_fqe``) the improvement over the logged operation and its bounds (and, for
+    ``model``, the share of its weight far outside the data); the calibration check as
+    ``verdict/calibration/{passed,estimated,logged,error_lower,error_upper}``."""
     names = [candidate["name"] for candidate in verdict["candidates"]]
     out = {
         "verdict/recommend": float(verdict["decision"] == "recommend"),
@@ -380,6 +380,9 @@ def verdict_metrics(verdict: dict[str, Any]) -> dict[str, float]:
             out[base] = improvement["value"]
             out[f"{base}_lower"] = improvement["lower"]
             out[f"{base}_upper"] = improvement["upper"]
+            if result.get("far_outside_share") is not None:
+                share = result["far_outside_share"]
+                out[f"verdict/candidate_{index}/{estimator}/far_outside_share"] = share
     return out
 
 
