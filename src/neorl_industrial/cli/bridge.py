@@ -74,6 +74,8 @@ def _run_until_stopped(bridge: Any, ticks: int | None, console: Any) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
+            # Where the loop cannot take signal handlers (another platform, not the main
+            # thread), Ctrl-C still stops the run through KeyboardInterrupt.
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signum, stop.set)
         summary = await bridge.run(stop, ticks=ticks)

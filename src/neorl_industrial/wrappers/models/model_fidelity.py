@@ -33,15 +33,7 @@ def open_loop_fidelity(
     horizon: int | None = None,
     checked: bool = False,
 ) -> dict[str, Any]:
-    """Open-loop fidelity on ``episodes`` of ``dataset`` (plant units; by default the
-    held-out episodes of the data the model was fitted on, which ``dataset`` must
-    then be): errors at 1, 10 and ``horizon`` steps per feature, and the share of
-    logged values inside the ensemble's 90 % interval.
-
-    Raises:
-        PlantModelError: when no episode is long enough for one window, or (default
-            episodes) ``dataset`` is not the fitted one.
-    """
+    """:meth:`PlantModel.fidelity <.plant_model.PlantModel.fidelity>` of ``model``."""
     model._require_fitted("fidelity")
     settings = model.card["settings"]
     if episodes is None:
@@ -101,13 +93,8 @@ def open_loop_fidelity(
 def simulator_fidelity(
     model: Any, *, episodes: int = 16, seed: int = 0, horizon: int | None = None
 ) -> dict[str, Any]:
-    """Where the task has a simulator: the same open-loop fidelity against it, on
-    episodes of uniformly random actions (states the behaviour data rarely or never
-    visited), with the share of their observations outside the data's range.
-
-    Raises:
-        PlantModelError: when the task has no simulator.
-    """
+    """:meth:`PlantModel.simulator_fidelity <.plant_model.PlantModel.simulator_fidelity>`
+    of ``model``."""
     from neorl_industrial.core.environments.rollout import rollout, uniform_random_policy
 
     model._require_fitted("simulator_fidelity")

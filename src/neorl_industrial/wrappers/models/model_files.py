@@ -42,13 +42,7 @@ class PlantModelError(ValueError):
 def save_model(
     model: Any, path: str | Path, *, overwrite: bool = False, plots: bool = True
 ) -> Path:
-    """Writes the model to the directory ``path`` atomically: ``model.json`` (the
-    card), ``params.msgpack`` and, with ``plots``, ``trajectories.png``.
-
-    Raises:
-        PlantModelError: before fitting, or when ``path`` exists and ``overwrite`` is
-            False.
-    """
+    """:meth:`PlantModel.save <.plant_model.PlantModel.save>` of ``model``."""
     model._require_fitted("save")
     card = json.dumps(to_json_data(model.card), indent=2, allow_nan=False)
     files = {
@@ -74,13 +68,7 @@ def load_model(
     task: Task | None = None,
     dataset_name: str = "dataset",
 ) -> Any:
-    """The model saved at ``path``; given ``dataset`` (and ``task``), refused unless
-    they are the ones it was fitted on.
-
-    Raises:
-        PlantModelError: naming the file that is missing, unreadable or of another
-            format, or the task or dataset that differs.
-    """
+    """:meth:`PlantModel.load <.plant_model.PlantModel.load>` for the class ``cls``."""
     path = Path(path)
     card_path = path / CARD
     try:
