@@ -46,8 +46,10 @@ What is measured, all in one process on one machine (run it pinned to one core w
   ``rounds`` rounds, the order flipping every round, each timed in wall and CPU time; the
   ratios are per round, reported as min/median/max.
 
-Every policy, ours and the reference's, draws its actions inside the timed loop. Each time
-is the best of several repeats after an untimed warm-up call.
+Every policy, ours and the reference's, draws its actions inside the timed loop (a
+batched rollout draws the whole batch's uniform actions in one call a step,
+``uniform_random_batch_policy``, as the reference's loop draws its one environment's).
+Each time is the best of several repeats after an untimed warm-up call.
 
 How to read the ratios: every ``ratio`` is ``steps_per_s / reference steps_per_s`` with both
 numbers from the same run (same process, machine, pinning), so ratios from different
@@ -276,11 +278,13 @@ def measure_process_tasks(cfg: Settings) -> dict[str, Any]:
 
 
 def _compile(fn: Callable[[Any], Any], key: Any) -> tuple[Any, float]:
-    """``jax.jit(fn).lower(key).compile()`` and its wall time in seconds."""
+    """``jax.jit(fn).lower(key).compile()`` and its wall time in seconds, with the
+    environment's compiler options (``fn.compiler_options``) where it has them."""
     import jax
 
     start = time.perf_counter()
-    compiled = jax.jit(fn).lower(key).compile()
+    options = getattr(fn, "compiler_options", None) or None
+    compiled = jax.jit(fn, compiler_options=options).lower(key).compile()
     return compiled, time.perf_counter() - start
 
 
@@ -294,7 +298,7 @@ import jax, jax.numpy as jnp
 if sys.argv[3]:
     jax.config.update("jax_compilation_cache_dir", sys.argv[3])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-from neorl_industrial.core.environments import make, rollout, uniform_random_policy
+from neorl_industrial.core.environments import make, rollout, uniform_random_batch_policy
 env, params = make(sys.argv[1])
 n_envs = int(sys.argv[4])
 key = jax.random.PRNGKey(0)
@@ -304,13 +308,13 @@ if sys.argv[2] == "step_batch":
     actions = jnp.zeros((n_envs, env.action_size))
     fn, args = (lambda k, s, a: env.step_batch(k, s, a, params)), (key, states, actions)
 else:
-    policy = uniform_random_policy(env)
+    policy = uniform_random_batch_policy(env)
     def fn(k):
         result = rollout(k, env, params, policy, n_envs, 1000)
         return result.total_reward, result.final_observation
     args = (key,)
 start = time.perf_counter()
-jax.jit(fn).lower(*args).compile()
+jax.jit(fn, compiler_options=env.compiler_options or None).lower(*args).compile()
 print(time.perf_counter() - start)
 """
 
@@ -352,7 +356,8 @@ def _batched_fn(
     env_id: str, n_envs: int, n_steps: int, keep_observation: bool = True
 ) -> Callable[[Any], Any]:
     """The jitted work of one batched call: ``rollout`` returning the total reward and,
-    with ``keep_observation``, the final observation.
+    with ``keep_observation``, the final observation; compiled with the environment's
+    ``compiler_options`` (its ``compiler_options`` attribute).
 
     Returning only the total reward lets JAX delete every computation the reward does not
     depend on as dead code, among it the whole observation history of ``IB-v0`` (its
@@ -360,10 +365,10 @@ def _batched_fn(
     observation of every step, so returning it keeps the work a policy that reads
     observations would need.
     """
-    from neorl_industrial.core.environments import make, rollout, uniform_random_policy
+    from neorl_industrial.core.environments import make, rollout, uniform_random_batch_policy
 
     env, params = make(env_id)
-    policy = uniform_random_policy(env)
+    policy = uniform_random_batch_policy(env)
 
     def fn(key: Any) -> Any:
         result = rollout(key, env, params, policy, n_envs, n_steps)
@@ -371,6 +376,7 @@ def _batched_fn(
             return result.total_reward, result.final_observation
         return (result.total_reward,)
 
+    fn.compiler_options = env.compiler_options  # type: ignore[attr-defined]
     return fn
 
 
@@ -386,6 +392,7 @@ def _scan_fn(env_id: str, n_steps: int) -> Callable[[Any], Any]:
         state, total = scan_single(key, env, params, policy, n_steps)
         return total, state
 
+    fn.compiler_options = env.compiler_options  # type: ignore[attr-defined]
     return fn
 
 

@@ -249,7 +249,8 @@ def spread(values: list[float | None]) -> dict[str, float | None]:
 def _compiled(fn: Callable[[Any], Any], key: Any) -> Callable[[], Any]:
     import jax
 
-    executable = jax.jit(fn).lower(key).compile()
+    options = getattr(fn, "compiler_options", None) or None  # the environment's
+    executable = jax.jit(fn, compiler_options=options).lower(key).compile()
     jax.block_until_ready(executable(key))  # warm-up
     return lambda: jax.block_until_ready(executable(key))
 

@@ -18,7 +18,7 @@ from neorl_industrial.core.environments import (
     make,
     registered_envs,
     rollout,
-    uniform_random_policy,
+    uniform_random_batch_policy,
 )
 
 POLICIES = ("random", "hold")
@@ -44,7 +44,7 @@ class RolloutReport:
 
 def _policy(env, name: str):
     if name == "random":
-        return uniform_random_policy(env)
+        return uniform_random_batch_policy(env)
     if name == "hold":
         hold = jnp.asarray(13) if env.discrete else jnp.zeros(env.action_size)
         return constant_policy(hold)
@@ -57,7 +57,10 @@ def run_rollouts(
     """Runs a batched rollout and measures it (compile and run separately)."""
     env, params = make(env_id, **overrides)
     policy = _policy(env, policy_name)
-    run = jax.jit(lambda key: rollout(key, env, params, policy, n_envs, n_steps))
+    run = jax.jit(
+        lambda key: rollout(key, env, params, policy, n_envs, n_steps),
+        compiler_options=env.compiler_options or None,
+    )
     key = jax.random.PRNGKey(seed)
     started = time.perf_counter()
     compiled = run.lower(key).compile()
@@ -79,7 +82,7 @@ def run_rollouts(
 
 
 def _report_table(reports: Sequence[RolloutReport], cost_names: Sequence[str]) -> Table:
-    table = Table(title="Industrial Benchmark rollouts")
+    table = Table(title="Batched rollouts")
     for column in ("environment", "policy", "episodes", "mean return"):
         table.add_column(column, justify="left" if column in ("environment", "policy") else "right")
     for name in cost_names:

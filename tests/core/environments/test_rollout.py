@@ -7,10 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from neorl_industrial.core.environments import (
+    BatchPolicy,
     constant_policy,
     make,
     rollout,
     scan_single,
+    uniform_random_batch_policy,
     uniform_random_policy,
 )
 
@@ -65,6 +67,72 @@ def test_scan_single_matches_reward_scale_of_rollout():
     per_step_single = float(total) / 200
     per_step_batch = float(batched.total_reward.mean()) / 200
     assert abs(per_step_single - per_step_batch) < 0.1 * abs(per_step_batch)
+
+
+def test_a_batch_policy_acts_on_the_whole_batch_once_a_step():
+    """A :class:`BatchPolicy` gets every environment's observation and one key a step;
+    the rollout is the per-environment policy's where both compute the same actions."""
+    env, params = make("IB-classic-v0", horizon=5)
+    seen = []
+
+    def batch_proportional(gain, observations, key):
+        seen.append((observations.shape, key.shape))
+        return jnp.stack(
+            [
+                gain * (60.0 - observations[:, 1]),
+                jnp.zeros(len(observations)),
+                jnp.zeros(len(observations)),
+            ],
+            axis=1,
+        )
+
+    def proportional(gain, observation, _key):
+        return jnp.array([gain * (60.0 - observation[1]), 0.0, 0.0])
+
+    key = jax.random.PRNGKey(0)
+    batched = rollout(
+        key, env, params, BatchPolicy(batch_proportional), 3, 4, policy_params=1.0, record=True
+    )
+    per_env = rollout(key, env, params, proportional, 3, 4, policy_params=1.0, record=True)
+    assert seen and seen[0] == ((3, env.observation_size), key.shape)
+    np.testing.assert_array_equal(batched.transitions.action, per_env.transitions.action)
+    np.testing.assert_array_equal(batched.total_reward, per_env.total_reward)
+    # scan_single takes it too, as a batch of one.
+    _, total = scan_single(key, env, params, BatchPolicy(batch_proportional), 4, policy_params=1.0)
+    _, expected = scan_single(key, env, params, proportional, 4, policy_params=1.0)
+    assert float(total) == float(expected)
+
+
+def test_uniform_batch_policy_draws_the_action_space_uniformly():
+    """One draw of the whole batch's actions a step: inside the bounds, spread over
+    them, independent across environments; discrete actions cover the choices."""
+    env, params = make("Pipeline-v0")
+    result = rollout(
+        jax.random.PRNGKey(3),
+        env,
+        params,
+        uniform_random_batch_policy(env),
+        512,
+        40,
+        record=True,
+    )
+    actions = np.asarray(result.transitions.action)[..., 0]  # [40, 512]
+    assert actions.min() >= -1.0 and actions.max() <= 1.0
+    assert abs(actions.mean()) < 0.02 and abs(actions.var() - 1.0 / 3.0) < 0.01
+    assert len(np.unique(actions[0])) == 512  # not one action broadcast to the batch
+    assert abs(np.corrcoef(actions[:, 0], actions[:, 1])[0, 1]) < 0.5
+    discrete, discrete_params = make("IB-discrete-v0")
+    picks = rollout(
+        jax.random.PRNGKey(0),
+        discrete,
+        discrete_params,
+        uniform_random_batch_policy(discrete),
+        64,
+        30,
+        record=True,
+    ).transitions.action
+    picks = np.asarray(picks)
+    assert picks.min() >= 0 and picks.max() <= 26 and len(np.unique(picks)) == 27
 
 
 def test_discrete_random_policy_stays_in_range():
@@ -156,3 +224,50 @@ def test_rate_limits_see_the_previous_applied_action():
     actions = np.asarray(result.transitions.action)  # [steps, envs, 3]
     assert np.all(np.abs(np.diff(actions[:, :, :2], axis=0)) <= 1.0 + 1e-5)
     assert int(result.safety.overrides.sum()) > 0
+
+
+def rollouts_with_and_without_compiler_options() -> dict:
+    """Each environment with compiler options: a rollout compiled with them and with
+    XLA's defaults (the total rewards and final observations of both)."""
+    import neorl_industrial.wrappers.environments  # noqa: F401  (registers the ids)
+
+    out = {}
+    for env_id in ("Pipeline-v0", "FourTank-v0", "DMSD-v0", "CSTR-v0", "IB-classic-v0"):
+        env, params = make(env_id)
+        policy = uniform_random_batch_policy(env)
+
+        def fn(key, env=env, params=params, policy=policy):
+            result = rollout(key, env, params, policy, 16, 40)
+            return result.total_reward, result.final_observation
+
+        key = jax.random.PRNGKey(5)
+        options = env.compiler_options
+        tuned = jax.jit(fn, compiler_options=options or None)(key)
+        default = jax.jit(fn)(key)
+        out[env_id] = (options, [np.asarray(x) for x in (*tuned, *default)])
+    return out
+
+
+def test_compiler_options_change_the_code_not_the_results():
+    """The environments that compile with XLA:CPU's older fusion code generator (faster
+    rollouts, measured in benchmarks.env_throughput) give what the defaults give; the
+    others have no options. Run as a user's programs compile (the suite itself compiles
+    with the older generator)."""
+    from tests.processes import run_shipped
+
+    out = run_shipped(
+        "from tests.core.environments.test_rollout import "
+        "rollouts_with_and_without_compiler_options\n"
+        "result = rollouts_with_and_without_compiler_options()\n"
+    )
+    older = {"xla_cpu_use_fusion_emitters": False}
+    assert {env_id: options for env_id, (options, _) in out.items()} == {
+        "Pipeline-v0": older,
+        "FourTank-v0": older,
+        "DMSD-v0": older,
+        "CSTR-v0": {},
+        "IB-classic-v0": {},
+    }
+    for env_id, (_, (reward, observation, default_reward, default_observation)) in out.items():
+        np.testing.assert_allclose(reward, default_reward, rtol=1e-5, err_msg=env_id)
+        np.testing.assert_allclose(observation, default_observation, rtol=1e-5, atol=1e-6)

@@ -15,17 +15,20 @@ from neorl_industrial.core.environments.registry import (
     registered_id,
 )
 from neorl_industrial.core.environments.rollout import (
+    BatchPolicy,
     Policy,
     RolloutResult,
     Transitions,
     constant_policy,
     rollout,
     scan_single,
+    uniform_random_batch_policy,
     uniform_random_policy,
 )
 from neorl_industrial.core.environments.task import Task, TaskError
 
 __all__ = [
+    "BatchPolicy",
     "EnvSpec",
     "Environment",
     "IBEnvState",
@@ -45,5 +48,6 @@ __all__ = [
     "registered_id",
     "rollout",
     "scan_single",
+    "uniform_random_batch_policy",
     "uniform_random_policy",
 ]

@@ -23,6 +23,15 @@ from neorl_industrial.core.utils import tree_where
 StateT = TypeVar("StateT")
 ParamsT = TypeVar("ParamsT")
 
+#: XLA:CPU's older fusion code generator: the compiler options of the environments whose
+#: batched rollouts it runs faster (:meth:`Environment.compiler_options`).
+OLDER_CPU_FUSION = {"xla_cpu_use_fusion_emitters": False}
+
+
+def older_cpu_fusion() -> dict[str, Any]:
+    """:data:`OLDER_CPU_FUSION` on the CPU backend; no options on an accelerator."""
+    return dict(OLDER_CPU_FUSION) if jax.default_backend() == "cpu" else {}
+
 
 @struct.dataclass
 class StepInfo:
@@ -83,6 +92,14 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
     auto_reset: bool = True
 
     # ----- static description -------------------------------------------------------
+    @property
+    def compiler_options(self) -> dict[str, Any]:
+        """XLA options to compile this environment's batched programs with
+        (``jax.jit(fn, compiler_options=env.compiler_options)``): those its rollouts run
+        fastest with on this backend, measured per environment; empty where XLA's
+        defaults are fastest. They change the generated code, not the results."""
+        return {}
+
     @property
     @abc.abstractmethod
     def observation_size(self) -> int: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, TypedDict, Unpack
 
@@ -15,6 +16,17 @@ from neorl_industrial.core.utils import random as fast_random
 
 #: ``policy(policy_params, observation, key) -> action`` for one environment.
 Policy = Callable[[Any, jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPolicy:
+    """A policy that acts on a whole batch in one call:
+    ``act(policy_params, observations [n, ...], key) -> actions [n, ...]``, one key per
+    step for the batch. :func:`rollout` calls it once a step instead of ``vmap``-ping a
+    :data:`Policy` over per-environment keys (the split alone is a threefry hash per
+    environment and step)."""
+
+    act: Callable[[Any, jax.Array, jax.Array], jax.Array]
 
 
 @struct.dataclass
@@ -198,7 +210,7 @@ def rollout(
     key: jax.Array,
     env: Environment,
     params: Any,
-    policy: Policy,
+    policy: Policy | BatchPolicy,
     n_envs: int,
     n_steps: int,
     *,
@@ -216,7 +228,8 @@ def rollout(
         env: the environment.
         params: environment parameters shared by all copies.
         policy: pure function ``(policy_params, observation, key) -> action`` for one
-            environment; it is vmapped over environments.
+            environment, vmapped over environments with a key each; or a
+            :class:`BatchPolicy` called once a step on the whole batch.
         n_envs: number of environments stepped together.
         n_steps: number of steps.
         policy_params: passed to ``policy`` unchanged.
@@ -230,23 +243,24 @@ def rollout(
     record, constraints, shield_actions = _settings(options)
     reset_key, loop_key = jax.random.split(key)
     states, timestep = env.reset_batch(reset_key, n_envs, params)
-    batched_policy = jax.vmap(policy, in_axes=(None, 0, 0))
+    batched_policy = _batch_policy(policy, n_envs)
     guard = _make_guard(constraints, shield_actions)
 
     def one_step(carry, step_key):
         states, observation, prev_action, totals, safety = carry
         policy_key, env_key = jax.random.split(step_key)
-        proposed = batched_policy(policy_params, observation, jax.random.split(policy_key, n_envs))
+        proposed = batched_policy(policy_params, observation, policy_key)
         actions, safety = guard(observation, proposed, prev_action, safety)
         states, ts = env.step_batch(env_key, states, actions, params)
         done = ts.done
         totals = totals.after(ts, done)
         if safety is not None:
             safety = safety.after_episodes(done)
-        # A new episode starts from "no previous action".
-        prev_action = jnp.where(
-            done.reshape((-1,) + (1,) * (actions.ndim - 1)), jnp.zeros_like(actions), actions
-        )
+        if safety is not None:
+            # A new episode starts from "no previous action" (only rate limits read it).
+            prev_action = jnp.where(
+                done.reshape((-1,) + (1,) * (actions.ndim - 1)), jnp.zeros_like(actions), actions
+            )
         out = _transitions(observation, actions, ts) if record else None
         return (states, ts.observation, prev_action, totals, safety), out
 
@@ -270,6 +284,17 @@ def rollout(
         invalid_actions=totals.invalid,
         transitions=transitions,
         safety=None if safety is None else safety.stats,
+    )
+
+
+def _batch_policy(policy: Policy | BatchPolicy, n_envs: int) -> Callable:
+    """``act(policy_params, observations, key)`` for the batch: a :class:`BatchPolicy`'s
+    own, or ``policy`` vmapped over ``n_envs`` keys split from ``key``."""
+    if isinstance(policy, BatchPolicy):
+        return policy.act
+    per_env = jax.vmap(policy, in_axes=(None, 0, 0))
+    return lambda params, observations, key: per_env(
+        params, observations, jax.random.split(key, n_envs)
     )
 
 
@@ -343,7 +368,7 @@ def scan_single(
     key: jax.Array,
     env: Environment,
     params: Any,
-    policy: Policy,
+    policy: Policy | BatchPolicy,
     n_steps: int,
     *,
     policy_params: Any = None,
@@ -355,6 +380,11 @@ def scan_single(
     # All randomness is drawn ahead in two vectorized calls; the loop is deterministic.
     samples = env.presample(env_key, n_steps)
     policy_keys = jax.random.split(policy_key, n_steps)
+    if isinstance(policy, BatchPolicy):
+        batch_act = policy.act
+
+        def policy(params, observation, key):
+            return batch_act(params, observation[None], key)[0]
 
     def one_step(carry, inputs):
         state, observation, total = carry
@@ -387,6 +417,23 @@ def uniform_random_policy(env: Environment) -> Policy:
         return low + span * fast_random.uniform(key, low.shape)
 
     return continuous_policy
+
+
+def uniform_random_batch_policy(env: Environment) -> BatchPolicy:
+    """:func:`uniform_random_policy` for a whole batch: one draw of the batch's actions per
+    step (the same distribution, another stream)."""
+    if env.discrete:
+        n = env.num_actions
+        return BatchPolicy(
+            lambda _params, observations, key: jax.random.randint(key, observations.shape[:1], 0, n)
+        )
+    low = jnp.asarray(env.action_low)
+    span = jnp.asarray(env.action_high) - low
+    return BatchPolicy(
+        lambda _params, observations, key: (
+            low + span * fast_random.uniform(key, observations.shape[:1] + low.shape)
+        )
+    )
 
 
 def constant_policy(action: Any) -> Policy:

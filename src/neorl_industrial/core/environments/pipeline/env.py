@@ -43,7 +43,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from neorl_industrial.core.environments.base import Environment, StepInfo, TimeStep
+from neorl_industrial.core.environments.base import (
+    Environment,
+    StepInfo,
+    TimeStep,
+    older_cpu_fusion,
+)
 from neorl_industrial.core.environments.pipeline.params import (
     DEFAULT_EPISODE_COST_LIMIT,
     DEFAULT_MAX_FLOW,
@@ -60,8 +65,9 @@ ACTION_NAMES = ("gate_change",)
 DEFAULT_DELAY = 19
 #: past downstream flows and actions in an observation (the reference's 25 and 25)
 DEFAULT_HISTORY = 25
-#: uniforms a step draws: whether a new target is drawn, and which level
-N_UNIFORMS = 2
+#: uniforms a step draws: one decides whether a new target is drawn and, below the switch
+#: probability, which level (``u / p`` is uniform in [0, 1) there)
+N_UNIFORMS = 1
 #: the largest change of the gate flow per step
 MAX_GATE_CHANGE = 1.0
 #: NeoRL-2's normalization of episode returns (``neorl2/envs/info.py``): a score is
@@ -69,19 +75,21 @@ MAX_GATE_CHANGE = 1.0
 REFERENCE_SCORES = {"min": -296.0, "max": 751.0}
 
 
-def next_target(
-    switch_uniform: jax.Array, level_uniform: jax.Array, target: jax.Array, params: PipelineParams
-) -> jax.Array:
-    """The target after a step's draw: a level picked by ``level_uniform`` when
-    ``switch_uniform`` is below ``switch_probability``, else ``target`` (elementwise; the
-    level is selected by comparisons, not an indexed load, so a batch stays vectorized)."""
+def next_target(uniform: jax.Array, target: jax.Array, params: PipelineParams) -> jax.Array:
+    """The target after a step's draw ``uniform``: below ``switch_probability`` ``p`` a
+    new level, the ``floor(n_levels u / p)``-th (``u / p`` is uniform in [0, 1) given
+    ``u < p``; float32's 2^-23 grid leaves the four levels' shares within 2e-4 of a
+    quarter at ``p`` = 0.003), else ``target``. Elementwise; the level is selected by
+    comparisons, not an indexed load, so a batch stays vectorized."""
     levels = params.target_levels
     n_levels = levels.shape[-1]
+    probability = params.switch_probability
+    level_uniform = uniform / jnp.maximum(probability, jnp.finfo(jnp.float32).tiny)
     index = jnp.minimum((level_uniform * n_levels).astype(jnp.int32), n_levels - 1)
     drawn = levels[..., 0]
     for level in range(1, n_levels):
         drawn = jnp.where(index == level, levels[..., level], drawn)
-    return jnp.where(switch_uniform < params.switch_probability, drawn, target)
+    return jnp.where(uniform < probability, drawn, target)
 
 
 def normalized_score(episode_return: float) -> float:
@@ -190,6 +198,12 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
     """
 
     name = "Pipeline-v0"
+
+    @property
+    def compiler_options(self) -> dict[str, Any]:
+        """XLA:CPU's older fusion code generator: a rollout of 4,096 under a uniform
+        batch policy on one core runs 34.7M -> 67.0M steps/s."""
+        return older_cpu_fusion()
 
     def __init__(
         self, delay: int = DEFAULT_DELAY, history: int = DEFAULT_HISTORY, auto_reset: bool = True
@@ -368,11 +382,11 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
         params: PipelineParams,
     ) -> tuple[PipelineState, TimeStep]:
         """One step with its randomness given: ``uniforms[0]`` decides whether a new target
-        is drawn (below ``switch_probability``), ``uniforms[1]`` picks its level."""
+        is drawn and which (:func:`next_target`)."""
         change, invalid = self.decode_action(action)
         # The reference updates the target before the flow: the reward of step k is
         # against the target observed with it.
-        target = next_target(uniforms[0], uniforms[1], state.target, params)
+        target = next_target(uniforms[0], state.target, params)
         gate = jnp.clip(state.channel[0] + change, 0.0, params.max_flow)
         state = PipelineState(
             channel=jnp.concatenate([gate[None], state.channel[:-1]]),
@@ -461,7 +475,7 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
         ``final_observation`` are left None): one row written in each ring, and the
         reward and cost from the outlet's row alone."""
         change, invalid = jax.vmap(self.decode_action)(actions)
-        target = next_target(uniforms[:, 0], uniforms[:, 1], states.target, params)
+        target = next_target(uniforms[:, 0], states.target, params)
         gate = jnp.clip(states.gate + change, 0.0, params.max_flow)
         n_flows, n_changes = self.delay + self.history + 1, self.history
         flow_cursor = jnp.where(states.flow_cursor == 0, n_flows, states.flow_cursor) - 1
