@@ -24,13 +24,8 @@ StateT = TypeVar("StateT")
 ParamsT = TypeVar("ParamsT")
 
 #: XLA:CPU's older fusion code generator: the compiler options of the environments whose
-#: batched rollouts it runs faster (:meth:`Environment.compiler_options`).
+#: batched rollouts it runs faster (:attr:`Environment.older_cpu_fusion`).
 OLDER_CPU_FUSION = {"xla_cpu_use_fusion_emitters": False}
-
-
-def older_cpu_fusion() -> dict[str, Any]:
-    """:data:`OLDER_CPU_FUSION` on the CPU backend; no options on an accelerator."""
-    return dict(OLDER_CPU_FUSION) if jax.default_backend() == "cpu" else {}
 
 
 @struct.dataclass
@@ -90,6 +85,9 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
     #: configuration); a class attribute: an instance is never renamed after it is built.
     name: str = "Environment"
     auto_reset: bool = True
+    #: Whether this environment's batched programs run faster on the CPU with XLA's older
+    #: fusion code generator (:data:`OLDER_CPU_FUSION`); measured per environment.
+    older_cpu_fusion: bool = False
 
     # ----- static description -------------------------------------------------------
     @property
@@ -98,6 +96,8 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
         (``jax.jit(fn, compiler_options=env.compiler_options)``): those its rollouts run
         fastest with on this backend, measured per environment; empty where XLA's
         defaults are fastest. They change the generated code, not the results."""
+        if self.older_cpu_fusion and jax.default_backend() == "cpu":
+            return dict(OLDER_CPU_FUSION)
         return {}
 
     @property

@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from neorl_industrial.core.environments.base import older_cpu_fusion
 from neorl_industrial.core.environments.process import ProcessEnv
 from neorl_industrial.core.environments.validation import (
     finite_array,
@@ -87,12 +86,8 @@ class DMSD(ProcessEnv[DMSDParams]):
     """NeoRL-2's double mass-spring-damper servo; see the module docstring."""
 
     name = "DMSD-v0"
-
-    @property
-    def compiler_options(self) -> dict[str, Any]:
-        """XLA:CPU's older fusion code generator: a rollout of 4,096 under a uniform
-        batch policy on one core runs 32.7M -> 35.8M steps/s."""
-        return older_cpu_fusion()
+    #: A rollout of 4,096 under a uniform batch policy on one core: 32.7M -> 35.8M steps/s.
+    older_cpu_fusion = True
 
     state_names = STATE_NAMES
     state_units = (None, None, None, None)  # the reference names no length unit

@@ -45,7 +45,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neorl_industrial.core.environments.base import older_cpu_fusion
 from neorl_industrial.core.environments.four_tank.params import (
     DEFAULT_HORIZON,
     DEFAULT_TSIM,
@@ -82,12 +81,8 @@ class FourTank(ProcessEnv[FourTankParams]):
     """
 
     name = "FourTank-v0"
-
-    @property
-    def compiler_options(self) -> dict[str, Any]:
-        """XLA:CPU's older fusion code generator: a rollout of 4,096 under a uniform
-        batch policy on one core runs 3.66M -> 5.44M steps/s."""
-        return older_cpu_fusion()
+    #: A rollout of 4,096 under a uniform batch policy on one core: 3.66M -> 5.44M steps/s.
+    older_cpu_fusion = True
 
     state_names = LEVEL_NAMES
     state_units = ("m",) * 4
