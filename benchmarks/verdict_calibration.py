@@ -38,7 +38,6 @@ import argparse
 import json
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import jax
@@ -46,7 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.stats
 
+from benchmarks.harness import BenchmarkResult, system_info, utc_timestamp
+
 OFFSETS = (-0.3, -0.15, -0.05, 0.0, 0.05, 0.15, 0.3)
+DESCRIPTION = (
+    "the verdict's calibration check and its improvement intervals against the study "
+    "plants' truth, with the diagnosis of each interval"
+)
 
 
 def _clone(dataset, updates: int, seed: int = 0):
@@ -343,7 +348,10 @@ def main(argv: list[str] | None = None) -> None:
         "clone offsets; --updates also sets their training updates",
     )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("-d", "--description", default=DESCRIPTION)
+    parser.add_argument("-t", "--tag", default="untagged")
     args = parser.parse_args(argv)
+    started = utc_timestamp()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in [p for p in args.plants.split(",") if p]:
@@ -366,11 +374,17 @@ def main(argv: list[str] | None = None) -> None:
         result = study_mixing_tank(args)
         results.append(result)
         print(json.dumps(result, indent=1))
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(args.out) / f"verdict_calibration-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "results": results}, indent=1, default=str))
-    print(f"wrote {out}")
+    config = {key: value for key, value in vars(args).items() if key not in ("out",)}
+    result = BenchmarkResult(
+        name="verdict_calibration",
+        description=args.description,
+        tag=args.tag,
+        timestamp=started,
+        system=system_info(),
+        config=config,
+        results={"plants": results},
+    )
+    print(f"wrote {result.save(args.out)}")
 
 
 if __name__ == "__main__":
