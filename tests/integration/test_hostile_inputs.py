@@ -3,6 +3,7 @@ nothing written; no number in a schema, spec or configuration can switch a check
 
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 import threading
@@ -406,3 +407,50 @@ def test_a_pinned_task_cannot_switch_a_bound_off(tmp_path, change, named):
 def _written(path, text):
     path.write_text(text)
     return path
+
+
+# -- pinning the server to a CPU --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cpu", "named"),
+    [
+        ("9999", "cpu: 9999 is not a CPU this process may use; expected one of ["),
+        ("-1", "cpu: Input should be greater than or equal to 0"),
+    ],
+)
+def test_serve_refuses_a_cpu_it_may_not_use_before_loading(tmp_path, capsys, cpu, named):
+    # No policy is at --model: a server that loaded before pinning would say so.
+    argv = ["--no-cache", "serve", "--model", str(tmp_path / "no-such-policy"), "--cpu", cpu,
+            "--no-auth", "--allow-unsigned"]  # fmt: skip
+    before = os.sched_getaffinity(0)
+    line = refusal(capsys, argv)
+    assert named in line and "no-such-policy" not in line, line
+    assert os.sched_getaffinity(0) == before  # nothing pinned
+
+
+def test_a_pinned_server_process_runs_every_thread_on_its_cpu():
+    """Every thread the process has, and those it starts afterwards (JAX's, the
+    batcher's), run on the CPU given; in a child process, so the suite stays unpinned."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, threading, json, time\n"
+        "from neorl_industrial.cli.serving import pin_process\n"
+        "before = threading.Thread(target=time.sleep, args=(2,)); before.start()\n"
+        "cpu = max(os.sched_getaffinity(0))\n"
+        "pin_process(cpu)\n"
+        "seen = []\n"
+        "after = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"
+        "after.start(); after.join()\n"
+        "threads = {int(t): sorted(os.sched_getaffinity(int(t)))\n"
+        "           for t in os.listdir('/proc/self/task')}\n"
+        "print(json.dumps({'cpu': cpu, 'threads': list(threads.values()), 'new': seen[0]}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    cpu = result["cpu"]
+    assert len(result["threads"]) >= 2  # the main thread and the one started before
+    assert all(cpus == [cpu] for cpus in result["threads"]), result
+    assert result["new"] == [cpu]

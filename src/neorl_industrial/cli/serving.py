@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from neorl_industrial.cli.common import StderrHandler, make_console, positive_int
@@ -29,6 +30,7 @@ def command_serve(args: argparse.Namespace) -> int:
             ("trusted_keys", args.trusted_key or None),
             ("pinned_constraints", args.pinned_constraints),
             ("pinned_task", args.pinned_task),
+            ("cpu", args.cpu),
         )
         if value is not None
     }
@@ -42,6 +44,8 @@ def command_serve(args: argparse.Namespace) -> int:
     if not settings.model:
         raise ValueError("model: no policy to serve; pass --model or set NEORL_SERVE_MODEL")
     trust = settings.trust()
+    if settings.cpu is not None:
+        pin_process(settings.cpu)  # before the policy loads: JAX's threads inherit it
     if settings.audit_log is not None:
         from neorl_industrial.integration.safety.audit import claim
 
@@ -55,6 +59,24 @@ def command_serve(args: argparse.Namespace) -> int:
             from neorl_industrial.integration.safety.audit import release_claim
 
             release_claim(settings.audit_log)  # only if the server never opened the log
+
+
+def pin_process(cpu: int) -> None:
+    """Pins every thread of this process, and the threads they start, to CPU ``cpu``.
+
+    Raises:
+        SettingsError: naming the CPUs the process may use when ``cpu`` is not one.
+    """
+    from neorl_industrial.integration.deployment.errors import SettingsError
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if cpu not in allowed:
+        raise SettingsError(
+            f"cpu: {cpu} is not a CPU this process may use; expected one of {allowed}"
+        )
+    for thread in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(thread), {cpu})
 
 
 def _load_and_serve(args: argparse.Namespace, settings: ServerSettings, trust: Any) -> int:
@@ -197,6 +219,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "--pinned-task", metavar="FILE",
         help="the task policies must be exported for (a dataset card such as a run's "
         "dataset.json, or a task file): names in order, units, bounds",
+    )  # fmt: skip
+    serve.add_argument(
+        "--cpu", type=int, metavar="N",
+        help="pin the server to CPU N (as taskset numbers them): the policy's small calls "
+        "stop waiting on threads woken on other cores (default: $NEORL_SERVE_CPU, else "
+        "not pinned)",
     )  # fmt: skip
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
     serve.set_defaults(handler=command_serve)

@@ -150,6 +150,14 @@ class ServerSettings(BaseSettings):
     #: JAX's objects put ~100 ms pauses into the latency tail. Process-wide, so the
     #: ``serve`` command turns it on; an app embedded in another process leaves it off.
     tune_gc: bool = False
+    #: Pin the ``serve`` process (every thread of it) to this CPU, numbered as the
+    #: operating system numbers them (``taskset``'s), one of those the process may use.
+    #: The policy's compiled calls are tens of microseconds: on more than one core each
+    #: waits on a thread woken on another core, which costs about as much as the call
+    #: (on a 2-core host, pinned: about a quarter more requests per second at 1 and at 16
+    #: connections, ``benchmarks.serving``). One event loop runs on one core anyway. None:
+    #: not pinned; a host running several servers gives each its own.
+    cpu: int | None = Field(default=None, ge=0, le=65_535)
     #: Ed25519 public key files (``keys generate``) whose signatures are trusted; every
     #: artifact served must be signed by one of them. Empty: ``keys/policy-signing.pub``
     #: in the working directory if there is one.
