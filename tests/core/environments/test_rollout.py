@@ -106,32 +106,19 @@ def test_a_batch_policy_acts_on_the_whole_batch_once_a_step():
 def test_uniform_batch_policy_draws_the_action_space_uniformly():
     """One draw of the whole batch's actions a step: inside the bounds, spread over
     them, independent across environments; discrete actions cover the choices."""
-    env, params = make("Pipeline-v0")
-    result = rollout(
-        jax.random.PRNGKey(3),
-        env,
-        params,
-        uniform_random_batch_policy(env),
-        512,
-        40,
-        record=True,
-    )
-    actions = np.asarray(result.transitions.action)[..., 0]  # [40, 512]
+
+    def actions_of(env_id: str, n_envs: int, n_steps: int) -> np.ndarray:
+        env, params = make(env_id)
+        policy = uniform_random_batch_policy(env)
+        result = rollout(jax.random.PRNGKey(3), env, params, policy, n_envs, n_steps, record=True)
+        return np.asarray(result.transitions.action)
+
+    actions = actions_of("Pipeline-v0", 512, 40)[..., 0]  # [40, 512]
     assert actions.min() >= -1.0 and actions.max() <= 1.0
     assert abs(actions.mean()) < 0.02 and abs(actions.var() - 1.0 / 3.0) < 0.01
     assert len(np.unique(actions[0])) == 512  # not one action broadcast to the batch
     assert abs(np.corrcoef(actions[:, 0], actions[:, 1])[0, 1]) < 0.5
-    discrete, discrete_params = make("IB-discrete-v0")
-    picks = rollout(
-        jax.random.PRNGKey(0),
-        discrete,
-        discrete_params,
-        uniform_random_batch_policy(discrete),
-        64,
-        30,
-        record=True,
-    ).transitions.action
-    picks = np.asarray(picks)
+    picks = actions_of("IB-discrete-v0", 64, 30)
     assert picks.min() >= 0 and picks.max() <= 26 and len(np.unique(picks)) == 27
 
 
