@@ -276,6 +276,10 @@ NESTED = "[" * 100_000 + "]" * 100_000
         (lambda m: m["files"].update({"/etc/passwd": "0" * 64}), "files lists '/etc/passwd'"),
         (lambda m: m["files"].update({"../policy/x": "0" * 64}), "files lists '../policy/x'"),
         (lambda m: m.update(functions={"serve.jaxexport": 1}), "'functions' must list"),
+        (lambda m: m.update(check=5), "'check' must be {'file': name, 'max_batch': positive"),
+        (lambda m: m.update(check={"file": "check.jaxexport", "max_batch": 0}), "'check' must"),
+        (lambda m: m.update(check={"file": "check.jaxexport", "max_batch": 3}),
+         "lists no sha256 for check.jaxexport"),
         (lambda m: m["files"].update({"serve.jaxexport": "f" * 63}), "not 64 hex digits"),
     ],
 )  # fmt: skip

@@ -38,6 +38,7 @@ OBSERVATION = {"observation": [50.0] * 6}
 #: The reading on which the sometimes-lying function lies (probes draw floats at random).
 TRIGGER = 77.0
 FUNCTIONS = (("serve.jaxexport", 1), ("serve_large.jaxexport", 64))
+CHECK = "check.jaxexport"
 
 
 def forge(source: Path, target: Path, serve, key: Path | None = None) -> Path:
@@ -57,11 +58,40 @@ def forge(source: Path, target: Path, serve, key: Path | None = None) -> Path:
             jax.ShapeDtypeStruct((batch, 3), jnp.float32),
         )
         (target / name).write_bytes(exported.serialize())
+    # The check serves batches that keep every rule: the attacker forges it too.
+    original = jax.export.deserialize(bytearray((source / CHECK).read_bytes()))
+    (batch,) = jax.export.symbolic_shape("batch", constraints=("batch <= 63",))
+    exported = jax.export.export(
+        jax.jit(lambda o, p, original=original: _as_check(serve, original, o, p)),
+        platforms=("cpu",),
+    )(
+        jax.ShapeDtypeStruct((batch, 6), jnp.float32),
+        jax.ShapeDtypeStruct((batch, 3), jnp.float32),
+    )
+    (target / CHECK).write_bytes(exported.serialize())
     rewrite_with_digests(target)
     if key is not None:
         manifest = json.loads((target / "manifest.json").read_text())
         (target / SIGNATURE).write_text(json.dumps(sign_manifest(manifest, key)))
     return target
+
+
+class _CheckAsServe:
+    """The check's outputs as the serving function's (its proposal as the action)."""
+
+    def __init__(self, check):
+        self.check = check
+
+    def call(self, observations, prev_actions):
+        _, proposed, status, margins = self.check.call(observations, prev_actions)
+        return proposed, proposed, status, margins
+
+
+def _as_check(serve, original, observations, prev_actions):
+    """``serve``'s lie told by the check: its action in place of the proposal."""
+    kept = original.call(observations, prev_actions)[0]
+    action, _, status, margins = serve(_CheckAsServe(original), observations, prev_actions)
+    return kept, action, status, margins
 
 
 def always_five(original, observations, prev_actions):

@@ -160,6 +160,7 @@ def test_batch_sizes_share_compilations(artifact_path):
 def test_the_artifact_describes_itself(policy, artifact, artifact_path):
     manifest = artifact.manifest
     assert sorted(path.name for path in artifact_path.iterdir()) == [
+        "check.jaxexport",
         "constraints.yaml",
         "manifest.json",
         "params.msgpack",
@@ -167,6 +168,7 @@ def test_the_artifact_describes_itself(policy, artifact, artifact_path):
         "serve_large.jaxexport",
     ]
     assert set(manifest["files"]) == {
+        "check.jaxexport",
         "constraints.yaml",
         "params.msgpack",
         "serve.jaxexport",
@@ -354,3 +356,47 @@ def test_an_export_removes_the_staging_left_by_a_killed_export(policy, tmp_path)
     policy.export(tmp_path / "policy")
     assert not stale.exists() and fresh.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.running.tmp", "policy"]
+
+
+def test_batches_that_keep_every_rule_are_served_from_the_check_with_the_same_outputs(
+    artifact_path, artifact
+):
+    """The artifact's check (the policy and the shield's reading, without the repair)
+    serves small batches whose every row keeps every rule: its outputs are the serving
+    function's, bit for bit; a batch with one row to repair goes to the serving
+    function. The same decisions as an artifact served without the check, on batches
+    all kept, mixed, and larger than the check serves."""
+    manifest = json.loads((artifact_path / "manifest.json").read_text())
+    assert manifest["check"] == {"file": "check.jaxexport", "max_batch": 63}
+    assert "check.jaxexport" in manifest["files"]
+    without = PolicyArtifact.load(artifact_path)
+    without._check = None
+    observations, prev_actions = plant_inputs(400, seed=7)
+    full = without.decide_rows(observations, prev_actions)
+    kept = np.flatnonzero(full.status == 0)
+    repaired = np.flatnonzero(full.overridden)
+    assert len(kept) >= 40 and len(repaired) >= 40  # both outcomes among the rows
+    max_batch, check = artifact._check
+    calls = []
+
+    def counted(*arguments):
+        packed = check(*arguments)
+        calls.append(bool(np.asarray(packed)[0, -1]))
+        return packed
+
+    artifact._check = (max_batch, counted)
+    try:
+        # Padded to powers of two: the check serves up to 32 rows.
+        for rows in (kept[:1], kept[:3], kept[:17], kept[:30], np.r_[kept[:5], repaired[:1]],
+                     repaired[:2], kept[:40]):  # fmt: skip
+            ours = artifact.decide_rows(observations[rows], prev_actions[rows])
+            theirs = without.decide_rows(observations[rows], prev_actions[rows])
+            for field in ("action", "proposed", "status", "margin", "applied_margin", "incident"):
+                np.testing.assert_array_equal(
+                    getattr(ours, field), getattr(theirs, field), err_msg=f"{field}, {len(rows)}"
+                )
+    finally:
+        artifact._check = (max_batch, check)
+    # The four all-kept batches from the check; the two with a row to repair past it; the
+    # 40 rows (64 padded, above the check's size) never asked it.
+    assert calls == [True, True, True, True, False, False]

@@ -192,6 +192,7 @@ def _as_format_1(path: Path, target: Path) -> Path:
         (target / name).write_bytes((path / name).read_bytes())
     for key in ("data_low", "data_high"):
         del manifest[key]
+    del manifest["check"], manifest["files"]["check.jaxexport"]  # the previous had none
     del manifest["status_bits"]["out_of_distribution"]
     manifest.update(format_version=1, outputs=["action", "proposed", "status", "margin"])
     manifest["manifest_sha256"] = _digest(manifest)

@@ -339,6 +339,89 @@ def shield(
     return _decide(constraints, observation, action, prev_action)
 
 
+def shield_check(
+    constraints: CompiledConstraints,
+    observation: jax.Array,
+    action: jax.Array,
+    prev_action: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """What :func:`shield` returns when every row keeps every constraint, without its
+    repair: ``(kept, status, margins)``, ``kept`` one boolean for the whole batch.
+
+    Where ``kept`` is true, :func:`shield` applies ``action`` untouched with exactly this
+    ``status`` and these ``margins`` (its report's, the proposal's twice); where it is
+    false they say nothing and the shield itself must decide. The same computation as
+    the shield's before its branch (one function serves both), for a caller that serves
+    the common case from a program without the repair (XLA:CPU pays for a branch's
+    reductions on every call, taken or not).
+    """
+    assessment = _assess(constraints, observation, action, prev_action)
+    false = jnp.zeros(assessment.shape, bool)
+    status = assessment.status(false, false, false)
+    return jnp.all(assessment.keep), status, assessment.both_margins(assessment.margins)
+
+
+@struct.dataclass
+class _Assessment:
+    """The shield's reading of a batch before it decides (see :func:`_assess`)."""
+
+    shape: tuple[int, ...] = struct.field(pytree_node=False)
+    proposed: Components
+    previous: Components
+    margins: jax.Array  # [..., n_hard] the proposal's
+    finite: jax.Array
+    sensible: jax.Array
+    familiar: jax.Array
+    keep: jax.Array  # the row keeps every constraint as it is
+
+    def both_margins(self, applied: jax.Array) -> jax.Array:
+        """``[..., 2, n_hard]``: the proposal's margins, then ``applied``, in one array."""
+        return jnp.stack([self.margins, applied], axis=-2)
+
+    def status(
+        self, projected: jax.Array, used_fallback: jax.Array, infeasible: jax.Array
+    ) -> jax.Array:
+        """The status bits of the decision, given what the repair did."""
+        return jnp.broadcast_to(
+            _status(
+                ~self.keep,
+                projected,
+                used_fallback,
+                ~self.finite,
+                infeasible,
+                ~self.sensible,
+                ~self.familiar,
+            ),
+            self.shape,
+        )
+
+
+def _assess(
+    constraints: CompiledConstraints,
+    observation: jax.Array,
+    action: jax.Array,
+    prev_action: jax.Array,
+) -> _Assessment:
+    shape = action.shape[:-1]
+    proposed, previous = split(action), split(prev_action)
+    margin = margin_list(constraints, observation, proposed, previous)
+    margins = join([jnp.broadcast_to(m, shape) for m in margin], shape)
+    finite = _all([jnp.isfinite(part) for part in proposed])
+    sensible = observation_valid(constraints, observation)
+    # Read from the joined margins (one pass), not recomputed per constraint.
+    keep = sensible & finite & jnp.all(margins >= -TOLERANCE, axis=-1)
+    return _Assessment(
+        shape=shape,
+        proposed=proposed,
+        previous=previous,
+        margins=margins,
+        finite=finite,
+        sensible=sensible,
+        familiar=in_data_range(constraints, observation),
+        keep=keep,
+    )
+
+
 def _level_box(
     constraints: CompiledConstraints,
     level: int,
@@ -455,15 +538,9 @@ def _decide(
     prev_action: jax.Array,
 ) -> tuple[jax.Array, SafetyReport]:
     """The shield on components: every operation is elementwise over the batch."""
-    shape = action.shape[:-1]
-    proposed, previous = split(action), split(prev_action)
-    margin = margin_list(constraints, observation, proposed, previous)
-    margins_ = join([jnp.broadcast_to(m, shape) for m in margin], shape)
-    finite = _all([jnp.isfinite(part) for part in proposed])
-    sensible = observation_valid(constraints, observation)
-    familiar = in_data_range(constraints, observation)
-    # Read from the joined margins (one pass), not recomputed per constraint.
-    keep = sensible & finite & jnp.all(margins_ >= -TOLERANCE, axis=-1)
+    assessment = _assess(constraints, observation, action, prev_action)
+    shape, proposed, previous = assessment.shape, assessment.proposed, assessment.previous
+    finite, sensible, keep = assessment.finite, assessment.sensible, assessment.keep
     # One item or a batch: one branch, so the repair (an exact projection per priority
     # level tried) runs only when some row needs it; branch boundaries also keep XLA from
     # recomputing the repair in every consumer. (Under vmap the branch is a select: every
@@ -525,22 +602,16 @@ def _decide(
             both_margins(join(broadcast(applied), shape)),
         )
 
-    def both_margins(applied: jax.Array) -> jax.Array:
-        """``[..., 2, n_hard]``: the proposal's margins, then ``applied``, in one array."""
-        return jnp.stack([margins_, applied], axis=-2)
+    both_margins = assessment.both_margins
 
     def untouched(_):
         false = jnp.zeros(shape, bool)
-        return action, (false, false, false), both_margins(margins_)
+        return action, (false, false, false), both_margins(assessment.margins)
 
     safe, (projected, used_fallback, infeasible), applied = jax.lax.cond(
         jnp.all(keep), untouched, override, None
     )
     report = SafetyReport(
-        status=jnp.broadcast_to(
-            _status(~keep, projected, used_fallback, ~finite, infeasible, ~sensible, ~familiar),
-            shape,
-        ),
-        margins=applied,
+        status=assessment.status(projected, used_fallback, infeasible), margins=applied
     )
     return safe, report

@@ -104,6 +104,9 @@ class OnnxPolicyArtifact(PolicyArtifact):
         _check_graph_interface(file, session, manifest)
         return cls(base._files, guard, on_incident, session=session)
 
+    #: Every batch through the ONNX graph: the check is a serialized JAX function.
+    _serves_check = False
+
     def _runtime_arguments(self) -> dict[str, Any]:
         """A copy with another guard (:meth:`with_guard`) serves on the same session."""
         return {"session": self._session}

@@ -79,6 +79,12 @@ STATUS_BITS = {
 # the shield repairs every row in one select, from there on it branches once per batch
 # (which a symbolic batch size can only do when the export knows which side it is on).
 _FUNCTIONS = (("serve.jaxexport", 1), ("serve_large.jaxexport", BRANCH_MIN_BATCH))
+#: The check: the policy and the shield's reading without its repair, for batches below
+#: BRANCH_MIN_BATCH rows. ``check(observations, prev_actions) -> (kept, action, status,
+#: margins)``; where ``kept`` (one boolean for the batch) is true the outputs are
+#: ``serve``'s, bit for bit, and where it is false ``serve`` decides. Listed in the
+#: manifest's ``check`` entry; an artifact without one is served by ``serve`` alone.
+CHECK = "check.jaxexport"
 
 
 class Guard(Protocol):
@@ -195,6 +201,7 @@ class PolicyArtifact:
         self._manifest = manifest
         self._spec_text = files.spec_text
         self._traced: list[int] = []
+        self._traced_check: list[int] = []
         self._guard = guard
         self._on_incident = on_incident
         # Largest first, so a batch takes the first function whose minimum it reaches.
@@ -212,6 +219,12 @@ class PolicyArtifact:
         # Format 1 returns the proposal's margins alone; format 2 the applied ones too.
         self._applied_margins = int(manifest["format_version"]) >= 2
         self._incident_margins: Callable | None = None
+        # The check (CHECK) serves batches up to its size that keep every rule; None:
+        # every batch through its serving function.
+        self._check: tuple[int, Callable] | None = None
+        if files.check is not None and self._serves_check:
+            entry, exported = files.check
+            self._check = (int(entry["max_batch"]), self._compiled_check(exported))
 
     @classmethod
     def load(
@@ -275,32 +288,56 @@ class PolicyArtifact:
         """Who hears of a decision in which the guard replaced an action."""
         self._on_incident = on_incident
 
-    def _compiled(self, exported: jax.export.Exported) -> Callable:
-        guard = self._guard
+    #: Whether this runtime serves from the artifact's check (:data:`CHECK`); a runtime
+    #: whose serving function is not the serialized JAX one (ONNX) does not.
+    _serves_check = True
 
+    def _compiled(self, exported: jax.export.Exported) -> Callable:
         def call(observations: jax.Array, prev_actions: jax.Array) -> jax.Array:
             self._traced.append(int(observations.shape[0]))  # runs once per traced shape
-            action, proposed, status, margins = exported.call(observations, prev_actions)
-            if guard is None:
-                accepted = jnp.ones(status.shape, bool)
-            else:
-                # The guard's check in the same program: one call per batch, fused by XLA.
-                accepted = guard.accepts(observations, prev_actions, action)
-            # Every output in one float32 array, so a call makes one host transfer (each
-            # array copied out separately cost more than the program ran). The status bits
-            # and the guard's verdict are small integers, exact in float32.
-            return jnp.concatenate(
-                [
-                    action.astype(jnp.float32),
-                    proposed.astype(jnp.float32),
-                    status.astype(jnp.float32)[:, None],
-                    accepted.astype(jnp.float32)[:, None],
-                    margins.astype(jnp.float32).reshape(status.shape[0], -1),
-                ],
-                axis=1,
-            )
+            return self._packed(exported.call, observations, prev_actions)
 
         return jax.jit(call)
+
+    def _compiled_check(self, exported: jax.export.Exported) -> Callable:
+        """The check's call, packed as :meth:`_compiled`'s with one column more: whether
+        every row keeps every rule (then the row's outputs are the serving function's)."""
+
+        def call(observations: jax.Array, prev_actions: jax.Array) -> jax.Array:
+            self._traced_check.append(int(observations.shape[0]))  # once per traced shape
+            kept, *outputs = exported.call(observations, prev_actions)
+            action = outputs[0]
+            packed = self._packed(lambda *_: (action, *outputs), observations, prev_actions)
+            column = jnp.broadcast_to(kept.astype(jnp.float32), (packed.shape[0], 1))
+            return jnp.concatenate([packed, column], axis=1)
+
+        return jax.jit(call)
+
+    def _packed(
+        self, serve: Callable, observations: jax.Array, prev_actions: jax.Array
+    ) -> jax.Array:
+        """``serve(observations, prev_actions) -> (action, proposed, status, margins)``
+        and the guard's verdict on the action, as one float32 array."""
+        guard = self._guard
+        action, proposed, status, margins = serve(observations, prev_actions)
+        if guard is None:
+            accepted = jnp.ones(status.shape, bool)
+        else:
+            # The guard's check in the same program: one call per batch, fused by XLA.
+            accepted = guard.accepts(observations, prev_actions, action)
+        # Every output in one float32 array, so a call makes one host transfer (each
+        # array copied out separately cost more than the program ran). The status bits
+        # and the guard's verdict are small integers, exact in float32.
+        return jnp.concatenate(
+            [
+                action.astype(jnp.float32),
+                proposed.astype(jnp.float32),
+                status.astype(jnp.float32)[:, None],
+                accepted.astype(jnp.float32)[:, None],
+                margins.astype(jnp.float32).reshape(status.shape[0], -1),
+            ],
+            axis=1,
+        )
 
     # ----- serving ---------------------------------------------------------------------
     def predict(
@@ -355,8 +392,7 @@ class PolicyArtifact:
             pad = ((0, padded - rows), (0, 0))
             observations = np.pad(observations, pad, mode="edge")
             prev_actions = np.pad(prev_actions, pad, mode="edge")
-        serve = next(function for min_batch, function in self._functions if padded >= min_batch)
-        packed = np.asarray(serve(observations, prev_actions))[:rows]  # views from here on
+        packed = self._served(observations, prev_actions, padded)[:rows]  # views from here on
         n_act = self._action_size
         action = packed[:, :n_act]
         proposed = packed[:, n_act : 2 * n_act]
@@ -409,6 +445,17 @@ class PolicyArtifact:
             self._on_incident(decision)
         return decision
 
+    def _served(self, observations: np.ndarray, prev_actions: np.ndarray, padded: int):
+        """The packed outputs for a padded batch: from the check where every row keeps
+        every rule (the serving function's outputs, without its repair), else from the
+        serving function for the batch's size."""
+        if self._check is not None and padded <= self._check[0]:
+            packed = np.asarray(self._check[1](observations, prev_actions))
+            if packed[0, -1]:
+                return packed[:, :-1]
+        serve = next(function for min_batch, function in self._functions if padded >= min_batch)
+        return np.asarray(serve(observations, prev_actions))
+
     def _margins_of(
         self, observations: np.ndarray, prev_actions: np.ndarray, actions: np.ndarray
     ) -> np.ndarray:
@@ -423,9 +470,16 @@ class PolicyArtifact:
         return np.asarray(self._incident_margins(*padded))[:rows]
 
     def warmup(self, batch_sizes: Sequence[int] = (1,)) -> None:
-        """Compiles the shapes that ``batch_sizes`` use, so no request pays for it."""
+        """Compiles the shapes that ``batch_sizes`` use, so no request pays for it: the
+        check's and the serving function's alike (a batch the check does not keep goes on
+        to the serving function)."""
         for size in batch_sizes:
             self.predict(np.zeros((size, self._observation_size), np.float32))
+            padded = 1 << (size - 1).bit_length()
+            if self._check is not None and padded <= self._check[0]:
+                serve = next(f for min_batch, f in self._functions if padded >= min_batch)
+                zeros = np.zeros((padded, self._observation_size), np.float32)
+                serve(zeros, np.full((padded, self._action_size), np.nan, np.float32))
 
     # ----- description -------------------------------------------------------------------
     @property
@@ -510,8 +564,14 @@ class PolicyArtifact:
 
     @property
     def traced_batch_sizes(self) -> tuple[int, ...]:
-        """The (padded) batch sizes compiled so far, one entry per trace."""
+        """The (padded) batch sizes the serving functions compiled so far, one entry per
+        trace."""
         return tuple(self._traced)
+
+    @property
+    def traced_check_sizes(self) -> tuple[int, ...]:
+        """The (padded) batch sizes the check (:data:`CHECK`) compiled so far."""
+        return tuple(self._traced_check)
 
     @property
     def guarded(self) -> bool:

@@ -68,6 +68,8 @@ class ArtifactFiles:
         functions: ``(manifest entry, jax.export.Exported)`` of each serialized function.
         spec_text: the constraint spec's YAML.
         signature: ``{"key_fingerprint": ..., "verified": bool}``; ``None``: unsigned.
+        check: ``(manifest entry, jax.export.Exported)`` of the check function (see
+            :data:`~.artifact.CHECK`); ``None`` for an artifact exported without one.
     """
 
     path: Path
@@ -75,6 +77,7 @@ class ArtifactFiles:
     functions: list[tuple[dict[str, Any], Any]]
     spec_text: str
     signature: dict[str, Any] | None = None
+    check: tuple[dict[str, Any], Any] | None = None
 
 
 def read_artifact_files(
@@ -90,32 +93,43 @@ def read_artifact_files(
     manifest = _read_manifest(path)
     signature = _checked_signature(path, manifest, trusted_keys, require_signature)
     digests = manifest["files"]
-    for name in sorted({entry["file"] for entry in manifest["functions"]} | {CONSTRAINTS}):
+    check_entry = manifest.get("check")
+    named = {entry["file"] for entry in manifest["functions"]} | {CONSTRAINTS}
+    if check_entry is not None:
+        named.add(check_entry["file"])
+    for name in sorted(named):
         if name not in digests:
             raise PolicyArtifactError(f"{path / MANIFEST}: lists no sha256 for {name}")
     contents = {name: verified_file(path, name, digest) for name, digest in digests.items()}
-    platform = jax.default_backend()
-    functions = []
-    for entry in manifest["functions"]:
-        name = entry["file"]
-        try:
-            exported = jax.export.deserialize(bytearray(contents[name]))
-        except Exception as error:
-            raise PolicyArtifactError(
-                f"{path / name}: cannot deserialize the policy function with jax "
-                f"{jax.__version__}: {type(error).__name__}: {error}"
-            ) from None
-        if platform not in exported.platforms:
-            raise PolicyArtifactError(
-                f"{path / name}: lowered for {list(exported.platforms)}, but this machine "
-                f"runs on {platform!r}; export it again with platforms including {platform!r}"
-            )
-        functions.append((entry, exported))
+    functions = [
+        (entry, _deserialized(path, entry["file"], contents)) for entry in manifest["functions"]
+    ]
+    check = None
+    if check_entry is not None:
+        check = (check_entry, _deserialized(path, check_entry["file"], contents))
     try:
         spec_text = contents[CONSTRAINTS].decode()
     except UnicodeDecodeError as error:
         raise PolicyArtifactError(f"{path / CONSTRAINTS}: not UTF-8 text: {error}") from None
-    return ArtifactFiles(path, manifest, functions, spec_text, signature)
+    return ArtifactFiles(path, manifest, functions, spec_text, signature, check)
+
+
+def _deserialized(path: Path, name: str, contents: Mapping[str, bytes]) -> Any:
+    """The serialized function ``name`` of the artifact, for this machine's platform."""
+    try:
+        exported = jax.export.deserialize(bytearray(contents[name]))
+    except Exception as error:
+        raise PolicyArtifactError(
+            f"{path / name}: cannot deserialize the policy function with jax "
+            f"{jax.__version__}: {type(error).__name__}: {error}"
+        ) from None
+    platform = jax.default_backend()
+    if platform not in exported.platforms:
+        raise PolicyArtifactError(
+            f"{path / name}: lowered for {list(exported.platforms)}, but this machine "
+            f"runs on {platform!r}; export it again with platforms including {platform!r}"
+        )
+    return exported
 
 
 def _check_entries(path: Path) -> None:
@@ -208,8 +222,8 @@ def _read_json(file: Path, data: bytes) -> Any:
 
 
 def _check_files_table(file: Path, manifest: dict[str, Any]) -> None:
-    """The manifest's ``files`` and ``functions`` tables before anything they name is
-    opened: every name a plain file name of the artifact (no ``..``, ``.``, path or
+    """The manifest's ``files``, ``functions`` and ``check`` tables before anything they
+    name is opened: every name a plain file name of the artifact (no ``..``, ``.``, path or
     absolute path), every digest a SHA-256."""
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
@@ -237,6 +251,17 @@ def _check_files_table(file: Path, manifest: dict[str, Any]) -> None:
             raise PolicyArtifactError(
                 f"{file}: functions[{index}] must be {{'file': name, 'min_batch': integer}}"
             )
+    check = manifest.get("check")
+    if check is not None and not (
+        isinstance(check, dict)
+        and isinstance(check.get("file"), str)
+        and isinstance(check.get("max_batch"), int)
+        and not isinstance(check.get("max_batch"), bool)
+        and check["max_batch"] >= 1
+    ):
+        raise PolicyArtifactError(
+            f"{file}: 'check' must be {{'file': name, 'max_batch': positive integer}}"
+        )
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:

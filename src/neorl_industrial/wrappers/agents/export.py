@@ -11,6 +11,9 @@ observation or thousands on the platforms it was lowered for. The layout::
     serve.jaxexport         any batch size (used below 64 rows, BRANCH_MIN_BATCH)
     serve_large.jaxexport   batches of 64 rows or more (the same function, its batch
                             size bounded; both branch once per batch on the repair)
+    check.jaxexport         batches below 64 rows: the policy and the shield's reading
+                            without the repair; a batch that keeps every rule is served
+                            from it (the same outputs), any other by serve
     constraints.yaml        the constraint spec the shield enforces
     params.msgpack          the policy's parameters by path, for inspection only
     signature.json          (when signed) Ed25519 signature of the manifest (:mod:`.signing`)
@@ -40,12 +43,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flax import serialization
 
 from neorl_industrial.core.safety import CompiledConstraints, ConstraintSpec, shield
-from neorl_industrial.core.safety.shield import (
-    BRANCH_MIN_BATCH,
-)
+from neorl_industrial.core.safety.shield import BRANCH_MIN_BATCH, shield_check
 from neorl_industrial.version import __version__
 from neorl_industrial.wrappers.agents.artifact import (
     _FUNCTIONS,
+    CHECK,
     CONSTRAINTS,
     FORMAT,
     FORMAT_VERSION,
@@ -255,6 +257,7 @@ def export_policy(
     checked = _checked(target, export)
     serve = _serving_function(export.policy, checked.compiled)
     files, functions, calling_convention = _serialized(serve, checked)
+    files[CHECK] = _serialized_check(_check_function(export.policy, checked.compiled), checked)
     onnx = export.options.format == "onnx"
     onnx_entry = _onnx_graph(files, serve, checked) if onnx else None
     files[CONSTRAINTS] = constraint_spec_yaml(checked.spec).encode()
@@ -262,6 +265,7 @@ def export_policy(
         _parameters_by_path(export.policy.policy_params)
     )
     manifest = _manifest(checked, files, functions, _versions(calling_convention, onnx=onnx))
+    manifest["check"] = {"file": CHECK, "max_batch": BRANCH_MIN_BATCH - 1}
     if onnx_entry is not None:
         manifest["onnx"] = onnx_entry
     manifest["files"] = {
@@ -358,6 +362,41 @@ def _serving_function(
         return safe, proposed, report.status.astype(jnp.int32), report.margins
 
     return serve
+
+
+def _check_function(
+    policy: PolicyProgram, compiled: CompiledConstraints
+) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]]:
+    """``check(observations, prev_actions) -> (kept, action, status, margins)``: the
+    policy on every row and the shield's reading without its repair
+    (:func:`~neorl_industrial.core.safety.shield.shield_check`); where ``kept`` the
+    outputs are :func:`_serving_function`'s (the proposal applied untouched)."""
+    act, policy_params = policy.act, policy.policy_params
+
+    def check(observations: jax.Array, prev_actions: jax.Array) -> tuple[jax.Array, ...]:
+        proposed = jax.vmap(lambda observation: act(policy_params, observation))(observations)
+        proposed = jnp.asarray(proposed, jnp.float32)
+        kept, status, margins = shield_check(compiled, observations, proposed, prev_actions)
+        return kept, proposed, status.astype(jnp.int32), margins
+
+    return check
+
+
+def _serialized_check(
+    check: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]], checked: _Checked
+) -> bytes:
+    """``check`` serialized with :mod:`jax.export` for batches below the branch size."""
+    (batch,) = jax.export.symbolic_shape("batch", constraints=(f"batch <= {BRANCH_MIN_BATCH - 1}",))
+    interface = checked.interface
+    try:
+        return jax.export.export(jax.jit(check), platforms=checked.platforms)(
+            jax.ShapeDtypeStruct((batch, interface.observation_size), jnp.float32),
+            jax.ShapeDtypeStruct((batch, interface.action_size), jnp.float32),
+        ).serialize()
+    except Exception as error:
+        raise PolicyArtifactError(
+            f"{CHECK}: cannot export the policy for platforms {list(checked.platforms)}: {error}"
+        ) from error
 
 
 def _serialized(
