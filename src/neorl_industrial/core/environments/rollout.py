@@ -256,7 +256,6 @@ def rollout(
         totals = totals.after(ts, done)
         if safety is not None:
             safety = safety.after_episodes(done)
-        if safety is not None:
             # A new episode starts from "no previous action" (only rate limits read it).
             prev_action = jnp.where(
                 done.reshape((-1,) + (1,) * (actions.ndim - 1)), jnp.zeros_like(actions), actions

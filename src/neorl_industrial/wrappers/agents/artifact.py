@@ -185,6 +185,12 @@ class PolicyDecision:
         return tuple(named[pattern] for pattern in row_pattern.reshape(-1).tolist())
 
 
+def _padded(rows: int) -> int:
+    """The batch size ``rows`` rows are served at: the next power of two (padding
+    bounds the shapes that get compiled)."""
+    return 1 << (rows - 1).bit_length()
+
+
 class PolicyArtifact:
     """A loaded, verified policy artifact. Build it with :meth:`load`."""
 
@@ -385,7 +391,7 @@ class PolicyArtifact:
         self, observations: np.ndarray, prev_actions: np.ndarray, single: bool
     ) -> PolicyDecision:
         rows = len(observations)
-        padded = 1 << (rows - 1).bit_length()
+        padded = _padded(rows)
         if padded != rows:
             # Batches are padded to a power of two (repeating the last row, so padding
             # cannot make the shield branch), which bounds the shapes that get compiled.
@@ -453,8 +459,11 @@ class PolicyArtifact:
             packed = np.asarray(self._check[1](observations, prev_actions))
             if packed[0, -1]:
                 return packed[:, :-1]
-        serve = next(function for min_batch, function in self._functions if padded >= min_batch)
-        return np.asarray(serve(observations, prev_actions))
+        return np.asarray(self._serving(padded)(observations, prev_actions))
+
+    def _serving(self, padded: int) -> Callable:
+        """The serving function of a batch of ``padded`` rows."""
+        return next(function for min_batch, function in self._functions if padded >= min_batch)
 
     def _margins_of(
         self, observations: np.ndarray, prev_actions: np.ndarray, actions: np.ndarray
@@ -465,7 +474,7 @@ class PolicyArtifact:
             self._incident_margins = jax.jit(functools.partial(constraint_margins, compiled))
         rows = len(observations)
         # Padded to a power of two, as served batches are, to bound the compiled shapes.
-        pad = ((0, (1 << (rows - 1).bit_length()) - rows), (0, 0))
+        pad = ((0, _padded(rows) - rows), (0, 0))
         padded = (np.pad(x, pad, mode="edge") for x in (observations, actions, prev_actions))
         return np.asarray(self._incident_margins(*padded))[:rows]
 
@@ -475,11 +484,11 @@ class PolicyArtifact:
         to the serving function)."""
         for size in batch_sizes:
             self.predict(np.zeros((size, self._observation_size), np.float32))
-            padded = 1 << (size - 1).bit_length()
+            padded = _padded(size)
             if self._check is not None and padded <= self._check[0]:
-                serve = next(f for min_batch, f in self._functions if padded >= min_batch)
                 zeros = np.zeros((padded, self._observation_size), np.float32)
-                serve(zeros, np.full((padded, self._action_size), np.nan, np.float32))
+                unknown = np.full((padded, self._action_size), np.nan, np.float32)
+                self._serving(padded)(zeros, unknown)
 
     # ----- description -------------------------------------------------------------------
     @property

@@ -386,16 +386,30 @@ def _serialized_check(
     check: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]], checked: _Checked
 ) -> bytes:
     """``check`` serialized with :mod:`jax.export` for batches below the branch size."""
-    (batch,) = jax.export.symbolic_shape("batch", constraints=(f"batch <= {BRANCH_MIN_BATCH - 1}",))
+    return _exported(check, CHECK, (f"batch <= {BRANCH_MIN_BATCH - 1}",), checked).serialize()
+
+
+def _exported(
+    function: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]],
+    name: str,
+    constraints: tuple[str, ...],
+    checked: _Checked,
+) -> Any:
+    """``function(observations, prev_actions)`` exported for the artifact's platforms with
+    a symbolic batch size under ``constraints``; a failure is named by its file ``name``."""
+    platforms = checked.platforms
     interface = checked.interface
+    (batch,) = jax.export.symbolic_shape("batch", constraints=constraints)
     try:
-        return jax.export.export(jax.jit(check), platforms=checked.platforms)(
+        return jax.export.export(jax.jit(function), platforms=platforms)(
             jax.ShapeDtypeStruct((batch, interface.observation_size), jnp.float32),
             jax.ShapeDtypeStruct((batch, interface.action_size), jnp.float32),
-        ).serialize()
+        )
+    except ImportError as error:
+        raise PolicyArtifactError(f"{name}: cannot serialize the policy: {error}") from None
     except Exception as error:
         raise PolicyArtifactError(
-            f"{CHECK}: cannot export the policy for platforms {list(checked.platforms)}: {error}"
+            f"{name}: cannot export the policy for platforms {list(platforms)}: {error}"
         ) from error
 
 
@@ -404,26 +418,12 @@ def _serialized(
 ) -> tuple[dict[str, bytes], list[dict[str, Any]], int]:
     """``serve`` serialized with :mod:`jax.export`, once per entry of ``_FUNCTIONS``:
     ``(files, their manifest entries, the calling convention version)``."""
-    platforms = checked.platforms
-    observation_size = checked.interface.observation_size
-    action_size = checked.interface.action_size
     files: dict[str, bytes] = {}
     functions = []
     for name, min_batch in _FUNCTIONS:
         constraints = () if min_batch == 1 else (f"batch >= {min_batch}",)
-        (batch,) = jax.export.symbolic_shape("batch", constraints=constraints)
-        try:
-            exported = jax.export.export(jax.jit(serve), platforms=platforms)(
-                jax.ShapeDtypeStruct((batch, observation_size), jnp.float32),
-                jax.ShapeDtypeStruct((batch, action_size), jnp.float32),
-            )
-            files[name] = exported.serialize()
-        except ImportError as error:
-            raise PolicyArtifactError(f"{name}: cannot serialize the policy: {error}") from None
-        except Exception as error:
-            raise PolicyArtifactError(
-                f"{name}: cannot export the policy for platforms {list(platforms)}: {error}"
-            ) from error
+        exported = _exported(serve, name, constraints, checked)
+        files[name] = exported.serialize()
         functions.append({"file": name, "min_batch": min_batch})
     return files, functions, exported.calling_convention_version
 
