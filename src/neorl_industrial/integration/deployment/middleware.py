@@ -35,7 +35,13 @@ from neorl_industrial.integration.deployment.metrics import (
     ServerMetrics,
 )
 
-__all__ = ["METRICS_STATE_KEY", "LimitsAndMetrics", "OrjsonRoute", "guarded_protocol"]
+__all__ = [
+    "METRICS_STATE_KEY",
+    "LimitsAndMetrics",
+    "OrjsonRoute",
+    "guarded_protocol",
+    "send_json",
+]
 
 _ACT_ROUTES = ("/v1/act", "/v1/act/batch")
 #: Answered even when every connection is busy: the probes must never be starved.
@@ -181,19 +187,27 @@ class OrjsonRoute(APIRoute):
         return orjson_handler
 
 
-async def _too_large(send: Any, limit: int) -> None:
-    body = f'{{"detail":"request body larger than {limit} bytes"}}'.encode()
+async def send_json(send: Any, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
+    """Answers with the JSON ``body`` through ASGI's ``send`` directly, past the framework
+    (``headers``: any beyond its length and type, which come first as the framework's
+    responses have them)."""
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": status,
             "headers": [
-                (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                (b"content-type", b"application/json"),
+                *headers,
             ],
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def _too_large(send: Any, limit: int) -> None:
+    body = f'{{"detail":"request body larger than {limit} bytes"}}'.encode()
+    await send_json(send, 413, body)
 
 
 _UNAVAILABLE_BODY = b'{"detail":"every connection is busy answering a request; retry shortly"}'
@@ -614,16 +628,4 @@ _HEADERS_TOO_LARGE = (
 
 
 async def _unavailable(send: Any) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(_UNAVAILABLE_BODY)).encode()),
-                (b"retry-after", b"1"),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": _UNAVAILABLE_BODY})
+    await send_json(send, 503, _UNAVAILABLE_BODY, (b"retry-after", b"1"), (b"connection", b"close"))

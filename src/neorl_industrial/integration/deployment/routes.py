@@ -49,7 +49,7 @@ from neorl_industrial.integration.deployment.deps import (
     ServingDep,
     SettingsDep,
 )
-from neorl_industrial.integration.deployment.middleware import OrjsonRoute
+from neorl_industrial.integration.deployment.middleware import OrjsonRoute, send_json
 from neorl_industrial.integration.deployment.policy import load_policy_source
 from neorl_industrial.integration.deployment.schemas import (
     ActRequest,
@@ -625,18 +625,7 @@ class ActFastPath:
             log.exception("unexpected error on /v1/act")
             status, content = 500, {"detail": "internal error; see the server log"}
         self.answered += 1
-        body = orjson.dumps(content)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-length", str(len(body)).encode()),
-                    (b"content-type", b"application/json"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, status, orjson.dumps(content))
 
 
 def _plain_row(values: Any, width: int) -> np.ndarray | None:
