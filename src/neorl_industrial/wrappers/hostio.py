@@ -190,22 +190,31 @@ def write_directory_atomic(
     marker: str,
     what: str,
     overwrite: bool = False,
+    refused: type[Exception] = FileExistsError,
 ) -> Path:
     """Writes ``files`` (name -> bytes) as the directory ``target``, all or nothing. An
     existing directory is replaced only with ``overwrite`` and only if it holds ``marker``
     (it is ``what``, e.g. a saved agent), so a mistyped path cannot wipe other files.
+    Staging directories of writes killed beside it (an hour old or more) go first.
 
     Raises:
-        FileExistsError: naming ``target`` when it exists and may not be replaced.
+        FileExistsError: (or ``refused``, with the same message) naming ``target`` when it
+            exists and may not be replaced.
     """
-    with atomic_directory(
-        target,
-        overwrite=overwrite,
-        replaceable=lambda existing: (existing / marker).is_file(),
-        refusal=f"is not {what} (no {marker})",
-    ) as staging:
-        for name, data in files.items():
-            (staging / name).write_bytes(data)
+    remove_stale_staging(Path(target).absolute().parent)
+    try:
+        with atomic_directory(
+            target,
+            overwrite=overwrite,
+            replaceable=lambda existing: (existing / marker).is_file(),
+            refusal=f"is not {what} (no {marker})",
+        ) as staging:
+            for name, data in files.items():
+                (staging / name).write_bytes(data)
+    except FileExistsError as error:
+        if refused is FileExistsError:
+            raise
+        raise refused(str(error)) from None
     return Path(target).absolute()
 
 

@@ -163,27 +163,39 @@ def _zeros(n_costs: int, obs_size: int) -> RolloutSums:
     )
 
 
+class _Outcome(NamedTuple):
+    """What one counted step adds to the sums."""
+
+    reward: jax.Array
+    costs: jax.Array
+    uncertainty: jax.Array
+    outside: jax.Array  # outside the data
+    overridden: jax.Array  # by the shield
+    unphysical: jax.Array  # the prediction left its physical range
+    far: jax.Array  # far outside the data
+    next_observation: jax.Array
+    alive_after: jax.Array
+
+
 def _accumulate(
     sums: RolloutSums,
     t: jax.Array,
     counted: jax.Array,
-    discount: float,
-    close_after: int,
-    reward: jax.Array,
-    costs: jax.Array,
-    uncertainty: jax.Array,
-    outside: jax.Array,
-    overridden: jax.Array,
-    unphysical: jax.Array,
-    far: jax.Array,
-    next_observation: jax.Array,
-    alive_after: jax.Array,
+    options: ModelRolloutOptions,
+    outcome: _Outcome,
 ) -> RolloutSums:
     """``sums`` after step ``t`` (counted or not)."""
+    discount, close_after = options.discount, options.close_after
+    reward, costs, uncertainty = outcome.reward, outcome.costs, outcome.uncertainty
     weight = jnp.where(counted, discount ** t.astype(jnp.float32), 0.0)
     unit = counted.astype(jnp.float32)
     head = weight * (t < close_after)
     closing = counted & (t == close_after - 1)
+    far = outcome.far
+
+    def count(flag: jax.Array) -> jax.Array:
+        return (counted & flag).astype(jnp.int32)
+
     return RolloutSums(
         discounted_return=sums.discounted_return + weight * reward,
         total_return=sums.total_return + unit * reward,
@@ -192,53 +204,23 @@ def _accumulate(
         discounted_uncertainty=sums.discounted_uncertainty + weight * uncertainty,
         total_uncertainty=sums.total_uncertainty + unit * uncertainty,
         steps=sums.steps + counted.astype(jnp.int32),
-        outside_data_steps=sums.outside_data_steps + (counted & outside).astype(jnp.int32),
-        overridden_steps=sums.overridden_steps + (counted & overridden).astype(jnp.int32),
-        outside_physics_steps=sums.outside_physics_steps + (counted & unphysical).astype(jnp.int32),
+        outside_data_steps=sums.outside_data_steps + count(outcome.outside),
+        overridden_steps=sums.overridden_steps + count(outcome.overridden),
+        outside_physics_steps=sums.outside_physics_steps + count(outcome.unphysical),
         far_weight=sums.far_weight + jnp.where(far, weight, 0.0),
         far_return=sums.far_return + jnp.where(far, weight * reward, 0.0),
         head_return=sums.head_return + head * reward,
         head_costs=sums.head_costs + head * costs,
         head_uncertainty=sums.head_uncertainty + head * uncertainty,
         closing_observation=jnp.where(
-            counted & (t < close_after), next_observation, sums.closing_observation
+            counted & (t < close_after), outcome.next_observation, sums.closing_observation
         ),
         closing_weight=jnp.where(
             closing,
-            jnp.where(alive_after, discount ** float(close_after), 0.0),
+            jnp.where(outcome.alive_after, discount ** float(close_after), 0.0),
             sums.closing_weight,
         ),
     )
-
-
-def _model_step(
-    dynamics: Dynamics,
-    params: DynamicsParams,
-    observation: jax.Array,
-    action: jax.Array,
-    key: jax.Array,
-    member: jax.Array,
-    deterministic: bool,
-    measure: bool,
-    held: jax.Array,
-) -> tuple[jax.Array, ...]:
-    """``(next_observation, reward, costs, done, disagreement, ood, physics)`` of one
-    step in ``member`` (``physics``: how far the prediction left its physical range
-    before it was clipped, in spreads). With ``measure`` every member predicts and
-    their disagreement is measured; otherwise only ``member`` predicts and ``held`` (the
-    last measured disagreement) is passed on."""
-    ood = out_of_distribution(params, observation, action)
-    if measure:
-        out = dynamics.step(params, observation, action, key, member, deterministic)
-        disagreement = step_uncertainty(params, out.member_std, 0.0, dynamics.layout.frame_size)
-        return (
-            out.next_observation, out.reward, out.costs, out.done, disagreement, ood,
-            out.outside_physics,
-        )  # fmt: skip
-    next_observation, reward, costs, done, physics = dynamics.checked_transition(
-        params, observation, action, key, member, deterministic
-    )
-    return next_observation, reward, costs, done, held, ood, physics
 
 
 def _padded(horizon: int, every: int) -> int:
@@ -265,35 +247,84 @@ def _scan_blocks(advance: Callable[..., Any], carry: Any, xs: Any, every: int) -
     return carry
 
 
-def _counted_step(
-    dynamics: Dynamics, options: ModelRolloutOptions
-) -> Callable[..., tuple[jax.Array, jax.Array, jax.Array, RolloutSums]]:
-    """One model step of a rollout and what it adds to the sums, the same for a policy's
-    rollout and the logged replay: ``step(params, member, observation, action,
-    overridden, key, measure, alive, held, sums, t, length) -> (observation, alive,
-    held, sums)``."""
+class _Carry(NamedTuple):
+    """A rollout's state between model steps."""
 
-    def step(params, member, observation, action, overridden, key, measure, alive, held, sums,
-             t, length):  # fmt: skip
-        next_observation, reward, costs, done, held, ood, physics = _model_step(
-            dynamics, params, observation, action, key, member, options.deterministic,
-            measure, held,
-        )  # fmt: skip
-        if options.reward_cap is not None:
-            reward = jnp.minimum(reward, options.reward_cap)
-        counted = alive & (t < length)
-        alive_after = alive & ~done
-        # A prediction that left physics was clipped onto it and is charged for how far
-        # it left, as uncertainty: the plant never behaves so, the model only predicted it.
-        far = jnp.zeros((), bool) if options.far_outside is None else ood > options.far_outside
-        sums = _accumulate(
-            sums, t, counted, options.discount, options.close_after, reward, costs,
-            held + ood + physics,
-            ood > 0.0, overridden, physics > 0.0, far, next_observation, alive_after,
-        )  # fmt: skip
-        return jnp.where(counted, next_observation, observation), alive_after, held, sums
+    observation: jax.Array
+    alive: jax.Array
+    held: jax.Array  # the last measured disagreement of the members
+    sums: RolloutSums
 
-    return step
+
+class _Rollout(NamedTuple):
+    """What a policy's rollout and the logged replay share: the options, the padded
+    horizon, the first carry from a start, and ``stepper(params, member, length)``, whose
+    ``step(carry, action, overridden, key, t, measure) -> carry`` is one model step and
+    what it adds to the sums."""
+
+    options: ModelRolloutOptions
+    padded: int
+    first: Callable[[jax.Array], _Carry]
+    stepper: Callable[..., Callable[..., _Carry]]
+
+    def scan(self, advance: Callable[..., Any], carry: Any, xs: Any) -> Any:
+        return _scan_blocks(advance, carry, xs, self.options.disagreement_every)
+
+
+def _rollout(dynamics: Dynamics, options: ModelRolloutOptions) -> _Rollout:
+    n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
+
+    def first(start: jax.Array) -> _Carry:
+        return _Carry(start, jnp.ones((), bool), jnp.zeros((), jnp.float32),
+                      _zeros(n_costs, obs_size))  # fmt: skip
+
+    def stepper(params: DynamicsParams, member: jax.Array, length: jax.Array):
+        def predict(observation, action, key, measure, held):
+            """``(next_observation, reward, costs, done, disagreement, ood, physics)``
+            (``physics``: how far the prediction left its physical range before it was
+            clipped, in spreads). With ``measure`` every member predicts and their
+            disagreement is measured; otherwise only ``member`` predicts and ``held`` is
+            passed on."""
+            ood = out_of_distribution(params, observation, action)
+            if measure:
+                out = dynamics.step(params, observation, action, key, member,
+                                    options.deterministic)  # fmt: skip
+                disagreement = step_uncertainty(
+                    params, out.member_std, 0.0, dynamics.layout.frame_size
+                )
+                return (
+                    out.next_observation, out.reward, out.costs, out.done, disagreement, ood,
+                    out.outside_physics,
+                )  # fmt: skip
+            next_observation, reward, costs, done, physics = dynamics.checked_transition(
+                params, observation, action, key, member, options.deterministic
+            )
+            return next_observation, reward, costs, done, held, ood, physics
+
+        def step(carry: _Carry, action, overridden, key, t, measure) -> _Carry:
+            next_observation, reward, costs, done, held, ood, physics = predict(
+                carry.observation, action, key, measure, carry.held
+            )
+            if options.reward_cap is not None:
+                reward = jnp.minimum(reward, options.reward_cap)
+            counted = carry.alive & (t < length)
+            alive_after = carry.alive & ~done
+            # A prediction that left physics was clipped onto it and is charged for how
+            # far it left, as uncertainty: the plant never behaves so, the model only
+            # predicted it.
+            far = jnp.zeros((), bool) if options.far_outside is None else ood > options.far_outside
+            outcome = _Outcome(
+                reward, costs, held + ood + physics, ood > 0.0, overridden, physics > 0.0, far,
+                next_observation, alive_after,
+            )  # fmt: skip
+            sums = _accumulate(carry.sums, t, counted, options, outcome)
+            observation = jnp.where(counted, next_observation, carry.observation)
+            return _Carry(observation, alive_after, held, sums)
+
+        return step
+
+    return _Rollout(options, _padded(options.horizon, options.disagreement_every), first,
+                    stepper)  # fmt: skip
 
 
 def make_policy_rollouts(
@@ -325,40 +356,32 @@ def make_policy_rollouts(
     steps counted per start (at most ``horizon``); ``key``: the noise of member ``m``
     and start ``n`` is the same for every policy (and for :func:`make_logged_replay`).
     """
-    options = options or ModelRolloutOptions(**fields)
-    disagreement_every = options.disagreement_every
-    n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
-    padded = _padded(options.horizon, disagreement_every)
-    step = _counted_step(dynamics, options)
+    rollout = _rollout(dynamics, options or ModelRolloutOptions(**fields))
 
     def one(policy_params, params, member, start, length, key):
+        step = rollout.stepper(params, member, length)
+
         def advance(carry, inputs, measure):
-            observation, previous, alive, held, sums = carry
+            carry, previous = carry
             t, step_key = inputs
             if stochastic_policy:
                 act_key = jax.random.fold_in(step_key, 1)
-                proposed = act(policy_params, observation, act_key, deterministic=False)
+                proposed = act(policy_params, carry.observation, act_key, deterministic=False)
             else:
-                proposed = act(policy_params, observation, None, deterministic=True)
+                proposed = act(policy_params, carry.observation, None, deterministic=True)
             action, overridden = proposed, jnp.zeros((), bool)
             if constraints is not None:
                 plant = proposed if scaler is None else scaler.unscale(proposed)
-                safe, report = shield(constraints, observation, plant, previous)
+                safe, report = shield(constraints, carry.observation, plant, previous)
                 previous = safe
                 action = safe if scaler is None else scaler.scale(safe)
                 overridden = report.overridden
-            observation, alive, held, sums = step(
-                params, member, observation, action, overridden, step_key, measure,
-                alive, held, sums, t, length,
-            )  # fmt: skip
-            return observation, previous, alive, held, sums
+            return step(carry, action, overridden, step_key, t, measure), previous
 
         previous = jnp.full((dynamics.layout.action_size,), jnp.nan, jnp.float32)
-        zero = jnp.zeros((), jnp.float32)
-        carry = (start, previous, jnp.ones((), bool), zero, _zeros(n_costs, obs_size))
-        steps = (jnp.arange(padded), jax.random.split(key, padded))
-        *_, sums = _scan_blocks(advance, carry, steps, disagreement_every)
-        return sums
+        steps = (jnp.arange(rollout.padded), jax.random.split(key, rollout.padded))
+        carry, _ = rollout.scan(advance, (rollout.first(start), previous), steps)
+        return carry.sums
 
     def rollouts(policy_params, params, starts, lengths, key):
         members = jnp.arange(params.n_members)
@@ -379,27 +402,20 @@ def make_logged_replay(
     actions ``[N, horizon, action_size]`` (in [-1, 1]) of each start's episode replayed
     open loop in every member (no shield: they were applied). Same keys and options
     (:class:`ModelRolloutOptions`, or its fields as keywords) as :func:`make_policy_rollouts`."""
-    options = options or ModelRolloutOptions(**fields)
-    disagreement_every = options.disagreement_every
-    n_costs, obs_size = dynamics.layout.n_costs, dynamics.layout.observation_size
-    padded = _padded(options.horizon, disagreement_every)
-    step = _counted_step(dynamics, options)
+    rollout = _rollout(dynamics, options or ModelRolloutOptions(**fields))
+    no_override = jnp.zeros((), bool)
 
     def one(params, member, start, actions, length, key):
-        def advance(carry, inputs, measure):
-            observation, alive, held, sums = carry
-            t, action, step_key = inputs
-            return step(
-                params, member, observation, action, jnp.zeros((), bool), step_key, measure,
-                alive, held, sums, t, length,
-            )  # fmt: skip
+        step = rollout.stepper(params, member, length)
 
-        zero = jnp.zeros((), jnp.float32)
-        carry = (start, jnp.ones((), bool), zero, _zeros(n_costs, obs_size))
+        def advance(carry, inputs, measure):
+            t, action, step_key = inputs
+            return step(carry, action, no_override, step_key, t, measure)
+
+        padded = rollout.padded
         actions = jnp.pad(actions, ((0, padded - actions.shape[0]), (0, 0)), mode="edge")
         steps = (jnp.arange(padded), actions, jax.random.split(key, padded))
-        *_, sums = _scan_blocks(advance, carry, steps, disagreement_every)
-        return sums
+        return rollout.scan(advance, rollout.first(start), steps).sums
 
     def replay(params, starts, actions, lengths, key):
         members = jnp.arange(params.n_members)

@@ -68,7 +68,6 @@ from neorl_industrial.wrappers.agents.signing import (
 )
 from neorl_industrial.wrappers.constraint_files import constraint_spec_yaml
 from neorl_industrial.wrappers.hostio import (
-    remove_stale_staging,
     to_json_data,
     write_directory_atomic,
 )
@@ -276,8 +275,6 @@ def export_policy(
     if checked.signing_key is not None:
         signature = sign_manifest(manifest, checked.signing_key)
         files[SIGNATURE] = json.dumps(signature, indent=2).encode()
-    # Staging directories of exports killed mid-write (an hour old or more) go first.
-    remove_stale_staging(target.absolute().parent)
     write_directory_atomic(
         target, files, marker=MANIFEST, what="a policy artifact", overwrite=export.options.overwrite
     )

@@ -24,7 +24,6 @@ from neorl_industrial.wrappers.constraint_files import (
     constraint_spec_yaml,
 )
 from neorl_industrial.wrappers.hostio import (
-    remove_stale_staging,
     to_json_data,
     write_directory_atomic,
 )
@@ -93,14 +92,9 @@ def save(agent: Any, path: str | Path, *, overwrite: bool = False) -> Path:
         for number in range(len(sweep.configurations)):
             stack = jax.device_get(sweep.program(number, agent.context))
             files[CANDIDATE_FILE.format(number)] = serialization.to_bytes(stack)
-    # Staging directories of saves killed mid-write (an hour old or more) go first.
-    remove_stale_staging(Path(path).absolute().parent)
-    try:
-        return write_directory_atomic(
-            path, files, marker=MANIFEST, what="a saved agent", overwrite=overwrite
-        )
-    except FileExistsError as error:
-        raise RunError(str(error)) from None
+    return write_directory_atomic(
+        path, files, marker=MANIFEST, what="a saved agent", overwrite=overwrite, refused=RunError
+    )
 
 
 def read_manifest(path: Path) -> tuple[dict[str, Any], PolicyContext, dict[str, Any]]:

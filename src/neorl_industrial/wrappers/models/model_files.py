@@ -24,7 +24,6 @@ from neorl_industrial.core.models import (
 )
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.wrappers.hostio import (
-    remove_stale_staging,
     to_json_data,
     write_directory_atomic,
 )
@@ -51,13 +50,14 @@ def save_model(
     }
     if plots and model._open_loop is not None:
         files[PLOT] = model.trajectory_plot()
-    remove_stale_staging(Path(path).absolute().parent)
-    try:
-        return write_directory_atomic(
-            path, files, marker=CARD, what="a saved plant model", overwrite=overwrite
-        )
-    except FileExistsError as error:
-        raise PlantModelError(str(error)) from None
+    return write_directory_atomic(
+        path,
+        files,
+        marker=CARD,
+        what="a saved plant model",
+        overwrite=overwrite,
+        refused=PlantModelError,
+    )
 
 
 def load_model(
