@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from neorl_industrial.cli.common import (
-    StderrHandler,
+    add_log_level,
+    log_to_stderr,
     make_console,
     non_negative_int,
     positive_int,
@@ -21,13 +22,10 @@ from neorl_industrial.cli.common import (
 
 
 def _log_to_stderr(level: str) -> None:
-    log = logging.getLogger("neorl_industrial.bridge")
-    if not log.handlers:
-        handler = StderrHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s: %(name)s: %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-    log.setLevel(level.upper())
+    """The bridge's own log on stderr at ``level``, each line with its time."""
+    log_to_stderr(
+        "neorl_industrial.bridge", level, "%(asctime)s %(levelname)s: %(name)s: %(message)s"
+    )
     # asyncua's own chatter (session timeouts, missing policies) only when it matters.
     logging.getLogger("asyncua").setLevel(logging.ERROR)
 
@@ -364,7 +362,7 @@ def _add_bridge_parser(commands: argparse._SubParsersAction) -> None:
     _add_loop_options(bridge)
     _add_security_options(bridge)
     bridge.add_argument("--fsync", action="store_true", help="sync the tick log every tick")
-    bridge.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    add_log_level(bridge)
     bridge.set_defaults(handler=command_bridge)
 
 

@@ -1,4 +1,5 @@
-"""What several command groups share: the console, argument types, saved agents."""
+"""What several command groups share: the console, argument types, saved agents, a
+service's log on stderr."""
 
 from __future__ import annotations
 
@@ -59,3 +60,22 @@ class StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value: Any) -> None:
         pass
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    """``--log-level``: how much of its own log a long-running command writes (the level
+    ``log_to_stderr`` is given)."""
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+
+
+def log_to_stderr(name: str, level: str, line_format: str) -> None:
+    """The logger ``name`` on stderr at ``level`` (a ``--log-level`` choice), its lines in
+    ``line_format``; the handler is added once, however often a command runs in this
+    process, and the lines do not reach the root logger's handlers too."""
+    log = logging.getLogger(name)
+    if not log.handlers:
+        handler = StderrHandler()
+        handler.setFormatter(logging.Formatter(line_format))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(level.upper())

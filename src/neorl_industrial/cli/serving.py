@@ -8,7 +8,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from neorl_industrial.cli.common import StderrHandler, make_console, positive_int
+from neorl_industrial.cli.common import add_log_level, log_to_stderr, make_console, positive_int
 
 if TYPE_CHECKING:
     from neorl_industrial.integration.deployment import ServerSettings
@@ -38,7 +38,8 @@ def command_serve(args: argparse.Namespace) -> int:
         overrides["auth"] = False
     if args.allow_unsigned:
         overrides["allow_unsigned"] = True
-    _log_to_stderr(args.log_level)
+    # The server's own log (trust warnings, incidents, reloads).
+    log_to_stderr("neorl_industrial.serve", args.log_level, "%(levelname)s: %(name)s: %(message)s")
     settings = _settings(ServerSettings, overrides)
     settings.keys()  # API keys first: the cheapest refusal
     if not settings.model:
@@ -121,17 +122,6 @@ def _settings(settings_class: type[ServerSettings], overrides: dict[str, Any]) -
     except ValidationError as error:
         lines = validation_lines(error, settings_class, "settings (NEORL_SERVE_*, flags)")
         raise SettingsError("; ".join(lines)) from None
-
-
-def _log_to_stderr(level: str) -> None:
-    """The server's own log (trust warnings, incidents, reloads) on stderr at ``level``."""
-    log = logging.getLogger("neorl_industrial.serve")
-    if not log.handlers:
-        handler = StderrHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s: %(name)s: %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-    log.setLevel(level.upper())
 
 
 def uvicorn_options(settings: ServerSettings) -> dict[str, Any]:
@@ -226,5 +216,5 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "stop waiting on threads woken on other cores (default: $NEORL_SERVE_CPU, else "
         "not pinned)",
     )  # fmt: skip
-    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    add_log_level(serve)
     serve.set_defaults(handler=command_serve)
