@@ -336,7 +336,7 @@ def _own_candidate(run: str, candidate: str) -> str:
 
 
 def command_verdict(args: argparse.Namespace) -> int:
-    from neorl_industrial.cli.verdict_glue import run_verdict
+    from neorl_industrial.cli.verdict_glue import LoggedData, run_verdict
 
     console = make_console()
     console.print(
@@ -347,8 +347,7 @@ def command_verdict(args: argparse.Namespace) -> int:
     outcome = run_verdict(
         list(args.runs),
         args.plant_model,
-        data=args.data,
-        schema=args.schema,
+        data=None if args.data is None else LoggedData(args.data, args.schema),
         out=args.out,
         ope_updates=args.ope_updates,
         track=not args.no_tracking,

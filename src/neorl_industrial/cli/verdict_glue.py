@@ -16,7 +16,16 @@ from neorl_industrial.integration.mlflow.run_logging import write_report
 from neorl_industrial.wrappers.agents.agent import Agent, AgentError
 from neorl_industrial.wrappers.training import RunConfig
 
-__all__ = ["VerdictOutcome", "run_verdict"]
+__all__ = ["LoggedData", "VerdictOutcome", "run_verdict"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggedData:
+    """A logged dataset to judge runs on: its path and, for a CSV/Parquet plant log, its
+    YAML schema (ignored for the other formats)."""
+
+    path: str | Path
+    schema: str | Path | None = None
 
 
 @dataclasses.dataclass
@@ -68,11 +77,9 @@ def _located(runs: list[str | Path]) -> dict[str, tuple[Path, Path]]:
     return located
 
 
-def _log(
-    data: str | None, schema: str | None, config: RunConfig | None, run_dir: Path
-) -> tuple[Any, Any, str]:
-    """``(dataset, card, source)`` of the log the runs are judged on: ``data`` (with
-    ``schema``), else the first run's own (``config``, its ``config.yaml``).
+def _log(data: LoggedData | None, config: RunConfig | None, run_dir: Path) -> tuple[Any, Any, str]:
+    """``(dataset, card, source)`` of the log the runs are judged on: ``data``, else the
+    first run's own (``config``, its ``config.yaml``).
 
     Raises:
         AgentError: naming the file that cannot be read, or the missing ``config.yaml``.
@@ -81,10 +88,10 @@ def _log(
 
     if data is not None:
         try:
-            dataset, card = load_any(data, schema=schema)
+            dataset, card = load_any(data.path, schema=data.schema)
         except (DatasetFormatError, FileNotFoundError) as error:
             raise AgentError(f"--data: {error}") from None
-        return dataset, card, str(data)
+        return dataset, card, str(data.path)
     if config is None:
         raise AgentError(
             f"{run_dir}: no config.yaml to read the runs' log from; give it "
@@ -117,8 +124,7 @@ def run_verdict(
     runs: list[str | Path],
     plant_model: str | Path,
     *,
-    data: str | None = None,
-    schema: str | None = None,
+    data: LoggedData | None = None,
     out: str | Path | None = None,
     ope_updates: int | None = None,
     settings: Any = None,
@@ -128,12 +134,11 @@ def run_verdict(
     """One verdict over every candidate of ``runs`` (directories ``train`` and ``sweep``
     wrote, or their ``agent/``): every saved seed and every configuration of a sweep,
     judged together against the logged operation with ``plant_model`` (``judge_together``
-    of :mod:`~neorl_industrial.wrappers.agents.joint_verdict`). The log is ``data`` (with
-    ``schema`` for a plant log), else the first run's own (its ``config.yaml``); the FQE
-    settings are the first run's. Writes ``report.json`` (the verdict, its ranking, the
-    candidate to export and the command that exports it) under ``out`` (default
-    ``verdicts/verdict-<time>``) and, when the first run is tracked and ``track``, an
-    MLflow run.
+    of :mod:`~neorl_industrial.wrappers.agents.joint_verdict`). The log is ``data``, else
+    the first run's own (its ``config.yaml``); the FQE settings are the first run's.
+    Writes ``report.json`` (the verdict, its ranking, the candidate to export and the
+    command that exports it) under ``out`` (default ``verdicts/verdict-<time>``) and,
+    when the first run is tracked and ``track``, an MLflow run.
 
     Raises:
         AgentError: naming the run or path: a directory that is not a run, two runs of one
@@ -153,7 +158,7 @@ def run_verdict(
         if (run_dir / "config.yaml").is_file()
     }
     first = next(iter(located))
-    dataset, card, source = _log(data, schema, configs.get(first), located[first][0])
+    dataset, card, source = _log(data, configs.get(first), located[first][0])
     agents = {label: Agent.load(saved) for label, (_, saved) in located.items()}
     out_dir = _out_dir(out)
     from neorl_industrial.wrappers.models import PlantModel, PlantModelError
