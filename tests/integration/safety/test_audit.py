@@ -4,6 +4,7 @@ rotation into the archive, the writer's lock and the check a reload runs."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import json
 import logging
@@ -17,8 +18,9 @@ import pytest
 
 from neorl_industrial.core.environments import make
 from neorl_industrial.core.safety import shield
-from neorl_industrial.integration.safety import GENESIS, AuditLog, AuditLogError
+from neorl_industrial.integration.safety import GENESIS, AuditLog, AuditLogError, ShieldOutcome
 from neorl_industrial.integration.safety.audit import check_chain
+from neorl_industrial.integration.safety.audit_records import FLAGS
 
 ENV, _ = make("IB-v0")
 CONSTRAINTS = ENV.compile_constraints()
@@ -131,13 +133,38 @@ def test_non_finite_numbers_are_strings(tmp_path):
             applied=[0.0, 0.0],
             violated=["bounds/velocity"],
             request_id="r",
-            fallback=True,
+            outcome=ShieldOutcome(fallback=True),
         )
     _, line = path.read_text().splitlines()
     record = _strict(line)
     assert record["observation"] == ["inf", "-inf", 1.5]
     assert record["proposed"] == ["nan", 0.0]
+    assert record["fallback"] is True and record["violated_after"] is None
+    assert not any(record[flag] for flag in FLAGS if flag != "fallback")
     assert AuditLog.verify(path) == (True, 2, None)
+
+
+def test_a_single_record_holds_the_shields_outcome_as_override_rows_do(tmp_path):
+    path = tmp_path / "log.jsonl"
+    outcome = ShieldOutcome(violated_after=("bounds/velocity",), projected=True, infeasible=True)
+    with AuditLog(path, policy_version="v") as log:
+        written = log.record(
+            observation=[0.0],
+            proposed=[1.0],
+            applied=[0.5],
+            violated=["bounds/velocity", "rate"],
+            outcome=outcome,
+            key="k",
+        )
+    assert {field.name for field in dataclasses.fields(ShieldOutcome)} == {
+        "violated_after",
+        *FLAGS,
+    }
+    assert written["violated_after"] == ["bounds/velocity"]
+    assert {flag: written[flag] for flag in FLAGS} == {
+        flag: flag in ("projected", "infeasible") for flag in FLAGS
+    }
+    assert AuditLog.read(path)[-1] == written
 
 
 def test_an_edited_field_is_found_by_line(tmp_path):

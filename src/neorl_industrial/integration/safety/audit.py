@@ -72,6 +72,7 @@ from neorl_industrial.integration.safety.audit_records import (
     FLAGS,
     GENESIS,
     AuditLogError,
+    ShieldOutcome,
     batch_rows,
     encode_vector,
     parse_json,
@@ -87,6 +88,7 @@ __all__ = [
     "AuditLog",
     "AuditLogError",
     "ChainCheck",
+    "ShieldOutcome",
     "check_chain",
     "claim",
     "release_claim",
@@ -341,13 +343,7 @@ class AuditLog(ChainWriter):
         applied: Any,
         violated: Sequence[str],
         request_id: str | None = None,
-        projected: bool = False,
-        fallback: bool = False,
-        infeasible: bool = False,
-        invalid: bool = False,
-        invalid_observation: bool = False,
-        out_of_distribution: bool = False,
-        violated_after: Sequence[str] | None = None,
+        outcome: ShieldOutcome | None = None,
         policy_version: str | None = None,
         key: str | None = None,
     ) -> dict[str, Any]:
@@ -359,20 +355,16 @@ class AuditLog(ChainWriter):
             applied: the shield's action.
             violated: names of the hard constraints the proposal broke.
             request_id: the request the action answered.
-            projected: the override is a projection of the proposal.
-            fallback: the override is the fallback.
-            infeasible: no action kept every constraint.
-            invalid: the proposal was NaN or infinite.
-            invalid_observation: the observation left its physical bounds.
-            out_of_distribution: the observation left the training data's range.
-            violated_after: names of the hard constraints the applied action breaks
-                (``None``: not known).
+            outcome: what the applied action still breaks and how the shield overrode
+                (default: not known, no flag set).
             policy_version: the version that decided (default: the log's).
             key: who asked (an API key's fingerprint).
 
         Returns:
             The record as written.
         """
+        outcome = outcome or ShieldOutcome()
+        after = outcome.violated_after
         entry = {
             "kind": "override",
             "key": key,
@@ -381,15 +373,8 @@ class AuditLog(ChainWriter):
             "proposed": encode_vector(proposed),
             "applied": encode_vector(applied),
             "violated": [str(name) for name in violated],
-            "violated_after": None
-            if violated_after is None
-            else [str(name) for name in violated_after],
-            "projected": bool(projected),
-            "fallback": bool(fallback),
-            "infeasible": bool(infeasible),
-            "invalid": bool(invalid),
-            "invalid_observation": bool(invalid_observation),
-            "out_of_distribution": bool(out_of_distribution),
+            "violated_after": None if after is None else [str(name) for name in after],
+            **{name: bool(getattr(outcome, name)) for name in FLAGS},
         }
         return self.append(entry, policy_version)
 

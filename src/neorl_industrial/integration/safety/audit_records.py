@@ -9,10 +9,12 @@ strings ``"nan"``, ``"inf"`` and ``"-inf"``). ``prev_hash`` holds the previous r
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,32 @@ FLAGS = (
     "invalid_observation",
     "out_of_distribution",
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShieldOutcome:
+    """What the shield made of one overridden decision, beyond the constraints the
+    proposal broke: the constraints the applied action still breaks and the shield's
+    flags (:data:`FLAGS`).
+
+    Attributes:
+        violated_after: names of the hard constraints the applied action breaks
+            (``None``: not known).
+        projected: the override is a projection of the proposal.
+        fallback: the override is the fallback.
+        infeasible: no action kept every constraint.
+        invalid: the proposal was NaN or infinite.
+        invalid_observation: the observation left its physical bounds.
+        out_of_distribution: the observation left the training data's range.
+    """
+
+    violated_after: Sequence[str] | None = None
+    projected: bool = False
+    fallback: bool = False
+    infeasible: bool = False
+    invalid: bool = False
+    invalid_observation: bool = False
+    out_of_distribution: bool = False
 
 
 class AuditLogError(ValueError):

@@ -24,30 +24,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from neorl_industrial.core.safety import TOLERANCE
-from neorl_industrial.core.safety.shield import (
-    FALLBACK,
-    INFEASIBLE,
-    INVALID,
-    INVALID_OBSERVATION,
-    OUT_OF_DISTRIBUTION,
-    OVERRIDDEN,
-    PROJECTED,
-)
+from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
 
 __all__ = ["PENDING_ROWS", "HostReport", "SafetyMonitor", "host_report"]
 
 #: Rows of reports a monitor holds before it counts them (see the module's docstring).
 PENDING_ROWS = 256
-
-_BITS = {
-    "overridden": OVERRIDDEN,
-    "projected": PROJECTED,
-    "fallback": FALLBACK,
-    "invalid": INVALID,
-    "infeasible": INFEASIBLE,
-    "invalid_observation": INVALID_OBSERVATION,
-    "out_of_distribution": OUT_OF_DISTRIBUTION,
-}
 
 
 class HostReport(NamedTuple):
@@ -114,7 +96,7 @@ def host_report(
     status = getattr(report, "status", None)
     if status is not None:
         status = np.asarray(status)
-        flags = {name: (status & bit) != 0 for name, bit in _BITS.items()}
+        flags = {name: (status & bit) != 0 for name, bit in STATUS_BITS.items()}
         violated = ~(margin >= -TOLERANCE)
         applied_margin = getattr(report, "applied_margin", None)
         after = None if applied_margin is None else ~(np.asarray(applied_margin) >= -TOLERANCE)
@@ -122,7 +104,7 @@ def host_report(
         # Reports from before the observation check have no such flag: never set.
         flags = {
             name: np.asarray(getattr(report, name, np.zeros_like(report.overridden)), bool)
-            for name in _BITS
+            for name in STATUS_BITS
         }
         violated = np.asarray(report.violated, bool)
         after = getattr(report, "violated_after", None)
@@ -191,9 +173,9 @@ def _status_counts(
     (rarely, on a server)."""
     margin = np.asarray(margin, np.float64)
     rows = len(status)
-    flags = dict.fromkeys(_BITS, 0)
+    flags = dict.fromkeys(STATUS_BITS, 0)
     if rows and status.any():
-        for name, bit in _BITS.items():
+        for name, bit in STATUS_BITS.items():
             flags[name] = int(np.count_nonzero(status & bit))
     after = None if applied is None else ~(applied >= -TOLERANCE)
     return rows, flags, margin, ~(margin >= -TOLERANCE), after
@@ -224,7 +206,7 @@ class SafetyMonitor:
         n = len(self.constraint_names)
         with self._lock:
             self._decisions = 0
-            self._flags = dict.fromkeys(_BITS, 0)
+            self._flags = dict.fromkeys(STATUS_BITS, 0)
             self._violations = np.zeros(n, np.int64)
             self._violations_after = np.zeros(n, np.int64)
             self._margin_count = np.zeros(n, np.int64)
@@ -253,7 +235,7 @@ class SafetyMonitor:
         n = len(self.constraint_names)
         if getattr(report, "status", None) is None:
             host = host_report(report, n, against="the monitor knows")
-            flags = {name: int(getattr(host, name).sum()) for name in _BITS}
+            flags = {name: int(getattr(host, name).sum()) for name in STATUS_BITS}
             with self._lock:
                 self._count(
                     host.rows, flags, host.margin, host.violated, host.violated_after,
@@ -387,7 +369,7 @@ class SafetyMonitor:
             return {
                 "decisions": self._decisions,
                 "overrides": self._flags["overridden"],
-                **{name: self._flags[name] for name in _BITS if name != "overridden"},
+                **{name: self._flags[name] for name in STATUS_BITS if name != "overridden"},
                 "override_rate": self._rate(),
                 "constraints": self._per_constraint(),
                 "overrides_by_policy_version": dict(self._by_version),
