@@ -38,6 +38,7 @@ from neorl_industrial.core.agents.registry import (
 )
 from neorl_industrial.core.agents.types import Algorithm, Batch
 from neorl_industrial.core.safety.contract import SafetyContract
+from neorl_industrial.core.utils.tree import merge_nested
 from neorl_industrial.functional.state_management import Dataset, sample
 from neorl_industrial.functional.state_management.train_state import (
     TrainState,
@@ -101,16 +102,6 @@ def _nested(point: Mapping[str, Any]) -> dict[str, Any]:
             target = target.setdefault(parent, {})
         target[leaf] = value
     return nested
-
-
-def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _merged(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
 
 
 def _get(config: Any, path: str) -> Any:
@@ -232,7 +223,7 @@ def plan_sweep(
     configs = []
     for number, point in enumerate(points):
         try:
-            merged = _merged(base, _nested(point))
+            merged = merge_nested(base, _nested(point))
             configs.append(validate_hyperparameters(algorithm, merged, contract))
         except (HyperparameterError, ValueError, TypeError) as error:
             raise SweepError(f"grid configuration {number} {point}: {error}") from error

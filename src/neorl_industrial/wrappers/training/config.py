@@ -25,6 +25,7 @@ from neorl_industrial.core.agents.registry import (
     validate_hyperparameters,
 )
 from neorl_industrial.core.utils.limits import MAX_MAGNITUDE
+from neorl_industrial.core.utils.tree import copy_nested, merge_nested
 from neorl_industrial.wrappers.hostio import YamlError, load_yaml_text, read_yaml
 
 __all__ = [
@@ -387,7 +388,7 @@ class RunConfig(_Section):
         environment file, then an algorithm file), then applies the overrides."""
         values: dict[str, Any] = {}
         for path in paths:
-            values = _deep_merge(values, _read(Path(path)))
+            values = merge_nested(values, _read(Path(path)))
         values = apply_overrides(values, overrides or [])
         source = " + ".join(str(path) for path in paths) or "config"
         if overrides:
@@ -438,7 +439,7 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
     Raises:
         ConfigError: for an override without ``=`` or one that walks into a value.
     """
-    result = _copy(values)
+    result = copy_nested(values)
     for override in overrides:
         field, sep, text = override.partition("=")
         field = field.strip()
@@ -472,22 +473,6 @@ def _read(path: Path) -> dict[str, Any]:
         raise ConfigError(str(error)) from None
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-    return values
-
-
-def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    merged = _copy(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = _copy(value)
-    return merged
-
-
-def _copy(values: Any) -> Any:
-    if isinstance(values, dict):
-        return {key: _copy(item) for key, item in values.items()}
     return values
 
 
