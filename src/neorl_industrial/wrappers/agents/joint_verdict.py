@@ -247,7 +247,7 @@ def _candidates_of(
 
 
 def _fingerprint(dataset: Dataset) -> str:
-    from neorl_industrial.wrappers.models.plant_model import dataset_fingerprint
+    from neorl_industrial.wrappers.models.model_data import dataset_fingerprint
 
     return dataset_fingerprint(dataset)
 

@@ -27,7 +27,7 @@ is refused by name when loaded against another task or another dataset.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,14 +80,6 @@ from neorl_industrial.wrappers.models.outside_data import (
     outside_features,
     outside_message,
 )
-
-__all__ = [
-    "FitSettings",
-    "OutsideDataWarning",
-    "PlantModel",
-    "PlantModelError",
-    "dataset_fingerprint",
-]
 
 
 def _scaler(task: Task) -> ActionScaler | None:
@@ -297,39 +289,10 @@ class PlantModel:
         return self.card
 
     # ----- fidelity ---------------------------------------------------------------------
-    def fidelity(
-        self,
-        dataset: Dataset,
-        *,
-        episodes: Sequence[int] | None = None,
-        seed: int = 0,
-        horizon: int | None = None,
-        checked: bool = False,
-    ) -> dict[str, Any]:
-        """Open-loop fidelity on ``episodes`` of ``dataset`` (plant units; by default the
-        held-out episodes of the data the model was fitted on, which ``dataset`` must
-        then be): errors at 1, 10 and ``horizon`` steps per feature, and the share of
-        logged values inside the ensemble's 90 % interval.
-
-        Raises:
-            PlantModelError: when no episode is long enough for one window, or (default
-                episodes) ``dataset`` is not the fitted one.
-        """
-        return open_loop_fidelity(
-            self, dataset, episodes=episodes, seed=seed, horizon=horizon, checked=checked
-        )
-
-    def simulator_fidelity(
-        self, *, episodes: int = 16, seed: int = 0, horizon: int | None = None
-    ) -> dict[str, Any]:
-        """Where the task has a simulator: the same open-loop fidelity against it, on
-        episodes of uniformly random actions (states the behaviour data rarely or never
-        visited), with the share of their observations outside the data's range.
-
-        Raises:
-            PlantModelError: when the task has no simulator.
-        """
-        return simulator_fidelity(self, episodes=episodes, seed=seed, horizon=horizon)
+    #: Open-loop fidelity on held-out episodes; see :func:`.model_fidelity.open_loop_fidelity`.
+    fidelity = open_loop_fidelity
+    #: The same against the task's simulator; see :func:`.model_fidelity.simulator_fidelity`.
+    simulator_fidelity = simulator_fidelity
 
     def trajectory_plot(self, *, title: str | None = None) -> bytes:
         """A PNG of the last fidelity run's predicted against logged trajectories."""

@@ -410,17 +410,11 @@ class RunConfig(_Section):
         values = self.to_dict()
         grid = values["sweep"]["grid"]
         for item in items:
-            key, sep, text = item.partition("=")
-            key = key.strip()
-            if not sep or not key:
-                raise ConfigError(
-                    f"--grid {item!r}: expected key=[values], e.g. "
-                    "algorithm.hyperparameters.alpha=[1,2.5,5]"
-                )
-            try:
-                parsed = load_yaml_text(text, f"--grid {item!r}")
-            except YamlError as error:
-                raise ConfigError(str(error)) from None
+            key, parsed = _assignment(
+                item,
+                f"--grid {item!r}",
+                "key=[values], e.g. algorithm.hyperparameters.alpha=[1,2.5,5]",
+            )
             if not isinstance(parsed, list):
                 raise ConfigError(f"--grid {item!r}: expected a list of values in [...]")
             grid[key] = parsed
@@ -441,16 +435,9 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
     """
     result = copy_nested(values)
     for override in overrides:
-        field, sep, text = override.partition("=")
-        field = field.strip()
-        if not sep or not field:
-            raise ConfigError(
-                f"override {override!r}: expected dotted.field=value, e.g. training.updates=2000"
-            )
-        try:
-            value = load_yaml_text(text, f"override {override!r}")
-        except YamlError as error:
-            raise ConfigError(str(error)) from None
+        field, value = _assignment(
+            override, f"override {override!r}", "dotted.field=value, e.g. training.updates=2000"
+        )
         node = result
         parts = field.split(".")
         for i, part in enumerate(parts[:-1]):
@@ -462,6 +449,22 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
             node = child
         node[parts[-1]] = value
     return result
+
+
+def _assignment(item: str, what: str, expected: str) -> tuple[str, Any]:
+    """``(key, value)`` of ``key=value`` (the value read as YAML).
+
+    Raises:
+        ConfigError: naming ``what`` for an item without ``=`` or a key, or bad YAML.
+    """
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"{what}: expected {expected}")
+    try:
+        return key, load_yaml_text(text, what)
+    except YamlError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -149,7 +149,7 @@ def prepare(plan: RunPlan, context: PolicyContext | None = None) -> Prepared:
 
 def _fingerprint(dataset: Any) -> str:
     """The log's digest (a plant model records the same of the data it was fitted on)."""
-    from neorl_industrial.wrappers.models.plant_model import dataset_fingerprint
+    from neorl_industrial.wrappers.models.model_data import dataset_fingerprint
 
     return dataset_fingerprint(dataset)
 
