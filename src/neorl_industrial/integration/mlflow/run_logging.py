@@ -195,6 +195,7 @@ def open_tracker(plan: RunPlan, console: Any, grid: dict[str, list[Any]] | None 
     input."""
     from neorl_industrial.integration.mlflow import (
         MlflowTracker,
+        RunMetadata,
         flatten,
         resolve_tracking_uri,
         system_tags,
@@ -219,19 +220,22 @@ def open_tracker(plan: RunPlan, console: Any, grid: dict[str, list[Any]] | None 
     if card.checksums:
         digest = hashlib.sha256(json.dumps(card.checksums, sort_keys=True).encode())
         tags["dataset.checksum"] = digest.hexdigest()[:16]
+    metadata = RunMetadata(
+        params=params,
+        tags=tags,
+        dataset=_dataset_input(plan, fingerprint),
+        references=(card.random_return, card.expert_return)
+        if card.random_return is not None and card.expert_return is not None
+        else None,
+    )
     return MlflowTracker(
         resolve_tracking_uri(tracking.uri),
         experiment=tracking.experiment,
         run_name=plan.name,
         run_dir=run_dir,
-        params=params,
-        tags=tags,
+        metadata=metadata,
         flush_timeout=tracking.flush_timeout,
         console=console,
-        references=(card.random_return, card.expert_return)
-        if card.random_return is not None and card.expert_return is not None
-        else None,
-        dataset=_dataset_input(plan, fingerprint),
     )
 
 

@@ -24,6 +24,7 @@ else MLflow's embedded store ``sqlite:///mlflow.db`` in the working directory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import subprocess
 import time
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_TRACKING_URI",
     "MlflowTracker",
+    "RunMetadata",
     "flatten",
     "resolve_tracking_uri",
     "summary_entries",
@@ -199,6 +201,27 @@ def summary_entries(
     return metrics, params
 
 
+@dataclasses.dataclass(frozen=True)
+class RunMetadata:
+    """What every MLflow run of a fit is logged with, beside its metrics.
+
+    Attributes:
+        params: the parent's params (the settings the run used, flattened); every seed
+            run gets them too, with its ``seed``.
+        tags: the parent's tags; every seed run gets them too, with its ``seed``.
+        dataset: the training data, logged as every run's dataset input: the arguments
+            of the ``log_dataset`` operation (``name``, ``digest``, ``source``,
+            ``source_type``, ``columns``, ``profile``; see :mod:`.registry`). None: none.
+        references: the dataset's random and expert returns, which normalize an
+            evaluation's return where the evaluation did not (None: not known).
+    """
+
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    tags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    dataset: Mapping[str, Any] | None = None
+    references: tuple[float, float] | None = None
+
+
 class MlflowTracker(Callback):
     """Logs a Trainer's runs to MLflow (see the module).
 
@@ -208,12 +231,8 @@ class MlflowTracker(Callback):
         run_name: the parent run's name (the seeds' runs are ``<run_name>/seed-<s>``).
         run_dir: the run's local directory: the spool file and the MLflow run ids
             (``mlflow.json``, so a resumed run continues its MLflow runs) go there.
-        params: the parent's params (the settings the run used, flattened); every seed
-            run gets them too, with its ``seed``.
-        tags: the parent's tags; every seed run gets them too, with its ``seed``.
-        dataset: the training data, logged as every run's dataset input: the arguments
-            of the ``log_dataset`` operation (``name``, ``digest``, ``source``,
-            ``source_type``, ``columns``, ``profile``; see :mod:`.registry`). None: none.
+        metadata: the params, tags, dataset input and score references of every run
+            (default: none).
         flush_timeout: seconds :meth:`close` waits for unsent calls before spooling them.
         retry_interval: seconds between retries while the server is unreachable.
         console: a rich console for the warning (default: a Python warning).
@@ -226,25 +245,23 @@ class MlflowTracker(Callback):
         experiment: str,
         run_name: str,
         run_dir: str | Path,
-        params: Mapping[str, Any] | None = None,
-        tags: Mapping[str, Any] | None = None,
+        metadata: RunMetadata | None = None,
         flush_timeout: float = 60.0,
         retry_interval: float = 5.0,
         console: Any = None,
-        references: tuple[float, float] | None = None,
-        dataset: Mapping[str, Any] | None = None,
     ) -> None:
         quiet_http_retries()
+        metadata = metadata or RunMetadata()
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.run_name = run_name
         self.run_dir = Path(run_dir)
-        self.params = {k: str(v) for k, v in (params or {}).items()}
-        self.tags = {k: str(v) for k, v in (tags or {}).items() if v is not None}
+        self.params = {k: str(v) for k, v in metadata.params.items()}
+        self.tags = {k: str(v) for k, v in metadata.tags.items() if v is not None}
         self.flush_timeout = flush_timeout
         self.console = console
-        self.references = references
-        self.dataset = None if dataset is None else dict(dataset)
+        self.references = metadata.references
+        self.dataset = None if metadata.dataset is None else dict(metadata.dataset)
         self.seeds: list[int] = []
         self.chunk_log: list[dict[str, Any]] = []
         self.eval_log: list[dict[str, Any]] = []
