@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 from rich.console import Console
@@ -24,6 +24,9 @@ from neorl_industrial.cli.run_report import (
     _warn_training_episodes,
     print_verdict,
 )
+
+if TYPE_CHECKING:
+    from neorl_industrial.cli.run_glue import RunOutcome
 
 
 def command_run(args: argparse.Namespace) -> int:
@@ -130,15 +133,27 @@ def command_sweep(args: argparse.Namespace) -> int:
             f"the offline choice {hindsight['regret']:.4g}, rank correlation "
             f"{hindsight['rank_correlation']}."
         )
+    _print_outputs(
+        console,
+        outcome,
+        [f"Table: {outcome.run_dir / 'sweep.md'}; report: {outcome.run_dir}/report.json"],
+        started,
+    )
+    return 0
+
+
+def _print_outputs(console: Console, outcome: RunOutcome, files: list[str], started: float) -> None:
+    """The end of a run's or sweep's report: its saved agent and policy, the lines of
+    ``files`` (its other outputs), its MLflow run and the time since ``started``."""
     console.print(f"Agent: {outcome.agent_dir}  (Agent.load)")
     if outcome.policy_dir:
         console.print(f"Policy: {outcome.policy_dir}  (served without training code)")
-    console.print(f"Table: {outcome.run_dir / 'sweep.md'}; report: {outcome.run_dir}/report.json")
-    tracking = report.get("tracking")
+    for line in files:
+        console.print(line)
+    tracking = outcome.report.get("tracking")
     if tracking:
         _print_tracking(console, tracking)
     console.print(f"Done in {time.perf_counter() - started:.1f} s.")
-    return 0
 
 
 def _train_and_report(
@@ -178,16 +193,10 @@ def _train_and_report(
         + ("; stopped early" if result.stopped_early else "")
         + "."
     )
-    console.print(f"Agent: {outcome.agent_dir}  (Agent.load)")
-    if outcome.policy_dir:
-        console.print(f"Policy: {outcome.policy_dir}  (served without training code)")
-    if outcome.plan is not None and outcome.plan.checkpoint_dir is not None:
-        console.print(f"Checkpoints: {outcome.plan.checkpoint_dir}")
-    console.print(f"Report: {outcome.run_dir / 'report.json'}")
-    tracking = report.get("tracking")
-    if tracking:
-        _print_tracking(console, tracking)
-    console.print(f"Done in {time.perf_counter() - started:.1f} s.")
+    checkpoints = outcome.plan.checkpoint_dir if outcome.plan is not None else None
+    files = [] if checkpoints is None else [f"Checkpoints: {checkpoints}"]
+    files.append(f"Report: {outcome.run_dir / 'report.json'}")
+    _print_outputs(console, outcome, files, started)
     return 0
 
 
