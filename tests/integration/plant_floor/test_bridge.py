@@ -28,7 +28,7 @@ from neorl_industrial.integration.plant_floor import (
     prepare,
     read_tick_log,
 )
-from neorl_industrial.integration.plant_floor.bridge import Backoff
+from neorl_industrial.integration.plant_floor.bridge import Backoff, Reconnection
 from neorl_industrial.integration.plant_floor.mapping import load_map
 from neorl_industrial.integration.plant_floor.opcua import Security
 from neorl_industrial.integration.plant_floor.report import NO_PLANT_MODEL, shadow_report
@@ -125,7 +125,7 @@ def run(plan, plant, root, name, ticks, on_tick=None, **options):
         plant.endpoint,
         root / f"{name}.jsonl",
         audit_path=root / f"{name}-audit.jsonl" if plan.closed_loop else None,
-        backoff=Backoff(initial=0.1, maximum=0.4),
+        reconnection=Reconnection(backoff=Backoff(initial=0.1, maximum=0.4)),
         **options,
     )
     if on_tick is not None:
@@ -596,6 +596,21 @@ def test_positions_unreadable_at_start_write_nothing_then_never_jump(plans, plan
 
 async def _stop(stop):
     stop()
+
+
+def test_a_reconnection_sets_the_request_timeout_within_its_range(plans, root):
+    def bridge(timeout):
+        return PlantBridge(
+            plans["shadow"],
+            "opc.tcp://127.0.0.1:9/plant",
+            root / "unused.jsonl",
+            reconnection=Reconnection(request_timeout=timeout),
+        )
+
+    assert bridge(2.5).request_timeout == 2.5
+    assert bridge(None).request_timeout == plans["shadow"].plant_map.timeout(plans["shadow"].period)
+    with pytest.raises(ValueError, match=r"request_timeout: 0\.0 is outside the allowed range"):
+        bridge(0.0)
 
 
 def test_a_position_last_reported_too_long_ago_is_unknown(plans, root):

@@ -22,6 +22,7 @@ _EXPORTS = {
     "prepare": ".plan",
     "PlantBridge": ".bridge",
     "Backoff": ".bridge",
+    "Reconnection": ".bridge",
     "BridgeMetrics": ".metrics",
     "Security": ".opcua",
     "read_tick_log": ".ticklog",

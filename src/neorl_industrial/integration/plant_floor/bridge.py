@@ -64,7 +64,7 @@ from neorl_industrial.integration.plant_floor.tick import Tick, fault_kind
 from neorl_industrial.integration.plant_floor.ticklog import TickLog, numbers
 from neorl_industrial.wrappers.agents.readings import decision_inputs
 
-__all__ = ["Backoff", "BridgeSummary", "PlantBridge"]
+__all__ = ["Backoff", "BridgeSummary", "PlantBridge", "Reconnection"]
 
 log = logging.getLogger("neorl_industrial.bridge")
 
@@ -106,6 +106,21 @@ class Backoff:
         self.attempt = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Reconnection:
+    """When the bridge counts its connection as lost, and how it connects again.
+
+    Attributes:
+        request_timeout: seconds a read or write may take before the connection counts
+            as lost (default: the map's ``request_timeout``, else the sampling period,
+            at least 1 s).
+        backoff: the delays between attempts to reconnect.
+    """
+
+    request_timeout: float | None = None
+    backoff: Backoff = dataclasses.field(default_factory=Backoff)
+
+
 @dataclasses.dataclass
 class BridgeSummary:
     """What a run did."""
@@ -133,10 +148,8 @@ class PlantBridge:
         security: certificates and credentials (from files).
         audit_path: the audit log of writes and overrides (closed loop; required there).
         metrics: where the counters go (default: a registry of its own).
-        backoff: reconnection delays.
-        request_timeout: seconds a read or write may take before the connection counts
-            as lost (default: the map's ``request_timeout``, else the sampling period,
-            at least 1 s).
+        reconnection: when the connection counts as lost and the delays before
+            reconnecting (default: the map's timeout, :class:`Backoff`'s delays).
         fsync: sync the tick log after every record.
     """
 
@@ -149,8 +162,7 @@ class PlantBridge:
         security: Security | None = None,
         audit_path: str | Path | None = None,
         metrics: BridgeMetrics | None = None,
-        backoff: Backoff | None = None,
-        request_timeout: float | None = None,
+        reconnection: Reconnection | None = None,
         fsync: bool = False,
     ) -> None:
         self.plan = plan
@@ -162,7 +174,9 @@ class PlantBridge:
             raise ValueError("closed loop: name the audit log of the writes (--audit-log)")
         self.audit_path = None if audit_path is None else Path(audit_path)
         self.metrics = metrics or BridgeMetrics(plan.loaded.names)
-        self.backoff = backoff or Backoff()
+        reconnection = reconnection or Reconnection()
+        self.backoff = reconnection.backoff
+        request_timeout = reconnection.request_timeout
         if request_timeout is None:
             request_timeout = plan.plant_map.timeout(plan.period)
         if not (math.isfinite(request_timeout) and 0.0 < request_timeout <= 600.0):

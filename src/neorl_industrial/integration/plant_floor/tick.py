@@ -10,17 +10,11 @@ from typing import Any
 import numpy as np
 
 from neorl_industrial.integration.plant_floor.ticklog import numbers
+from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
 
-#: The shield's flags a tick record holds.
-TICK_FLAGS = (
-    "projected",
-    "fallback",
-    "invalid",
-    "infeasible",
-    "invalid_observation",
-    "out_of_distribution",
-    "incident",
-)
+#: The decision's flags a tick record holds: the shield's (``overridden`` has a field of
+#: its own) and the guard's ``incident``.
+TICK_FLAGS = (*(name for name in STATUS_BITS if name != "overridden"), "incident")
 
 
 @dataclasses.dataclass
