@@ -140,7 +140,12 @@ def study_plant(name: str, root: Path, args) -> dict:
     from benchmarks.plants import make_plant, write_plant
     from benchmarks.plants.truth import PlantTruth, verdict_starts
     from neorl_industrial.integration.datasets import load_any
-    from neorl_industrial.wrappers.training.verdict import VerdictSettings, model_verdict
+    from neorl_industrial.wrappers.training.verdict import (
+        PlantRules,
+        VerdictCandidates,
+        VerdictSettings,
+        model_verdict,
+    )
 
     folder = root / name
     csv = write_plant(name, folder, seed=args.seed, episodes=args.episodes)
@@ -171,16 +176,11 @@ def study_plant(name: str, root: Path, args) -> dict:
         controllers, constraints = None, None
     started = time.perf_counter()
     verdict = model_verdict(
-        act=act,
-        policy_params=params,
-        names=names,
-        heldout=heldout,
-        plant_model=model,
-        scaler=scaler,
-        constraints=constraints,
-        cost_limits=limits,
-        cost_names=task.cost_names,
-        settings=settings,
+        VerdictCandidates(names, act, params),
+        heldout,
+        model,
+        PlantRules(scaler, constraints, limits, task.cost_names),
+        settings,
     )
     verdict_seconds = time.perf_counter() - started
 
@@ -301,7 +301,12 @@ def _trained(labels, task, folder, train, args):
 def study_mixing_tank(args) -> dict:
     """The mixing tank's log: the calibration check alone (no simulator behind it)."""
     from neorl_industrial.integration.datasets import load_any
-    from neorl_industrial.wrappers.training.verdict import VerdictSettings, model_verdict
+    from neorl_industrial.wrappers.training.verdict import (
+        PlantRules,
+        VerdictCandidates,
+        VerdictSettings,
+        model_verdict,
+    )
 
     root = Path(__file__).resolve().parents[1] / "examples" / "mixing-tank"
     dataset, card = load_any(root / "mixing_tank.csv", schema=root / "schema.yaml")
@@ -309,16 +314,13 @@ def study_mixing_tank(args) -> dict:
     scaler, _, train, heldout = _split(dataset, model, task)
     bc_act, bc_params = _clone(train, args.bc_updates)
     act, params, names = _candidates(bc_act, bc_params, task.action_size)
+    limits = [task.cost_limits.get(c, np.inf) for c in task.cost_names]
     verdict = model_verdict(
-        act=act,
-        policy_params=params,
-        names=names,
-        heldout=heldout,
-        plant_model=model,
-        scaler=scaler,
-        cost_limits=[task.cost_limits.get(c, np.inf) for c in task.cost_names],
-        cost_names=task.cost_names,
-        settings=VerdictSettings(fqe=False, bootstrap=1000),
+        VerdictCandidates(names, act, params),
+        heldout,
+        model,
+        PlantRules(scaler, cost_limits=limits, cost_names=task.cost_names),
+        VerdictSettings(fqe=False, bootstrap=1000),
     )
     return {
         "plant": "mixing-tank",

@@ -177,6 +177,8 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     from neorl_industrial.wrappers.agents import Agent, OPESettings
     from neorl_industrial.wrappers.training.evaluation import Evaluator
     from neorl_industrial.wrappers.training.verdict import (
+        PlantRules,
+        VerdictCandidates,
         VerdictSettings,
         model_verdict,
     )
@@ -246,18 +248,15 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     progress(f"{spec}: verdict on {len(names)} candidates")
     judge_started = time.perf_counter()
     merged = model_verdict(
-        act=mixture_act([agent.policy_algorithm.act for agent in agents]),
-        policy_params=policies,
-        names=names,
-        heldout=data,
-        plant_model=model,
-        scaler=first.scaler,
-        constraints=first.constraints,
-        cost_limits=limits if len(limits) == data.n_costs else None,
-        cost_names=first.cost_names,
-        episode_length=first.task.episode_length,
-        settings=settings,
-    )
+        VerdictCandidates(names, mixture_act([agent.policy_algorithm.act for agent in agents]),
+                          policies),
+        data,
+        model,
+        PlantRules(first.scaler, first.constraints,
+                   limits if len(limits) == data.n_costs else None, first.cost_names,
+                   first.task.episode_length),
+        settings,
+    )  # fmt: skip
     judge_seconds = time.perf_counter() - judge_started
     progress(f"{spec}: the truth, {args.episodes} simulator episodes per candidate")
     env, env_params = first.simulator
@@ -373,7 +372,12 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.plants.truth import PlantTruth, mean_interval, verdict_starts
     from neorl_industrial.integration.datasets import load_plant_log
     from neorl_industrial.wrappers.agents import Agent
-    from neorl_industrial.wrappers.training.verdict import VerdictSettings, model_verdict
+    from neorl_industrial.wrappers.training.verdict import (
+        PlantRules,
+        VerdictCandidates,
+        VerdictSettings,
+        model_verdict,
+    )
 
     started = time.perf_counter()
     plant = make_plant(name)
@@ -428,18 +432,14 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
     progress(f"{name}: verdict on {len(names)} candidates")
     judge_started = time.perf_counter()
     merged = model_verdict(
-        act=mixture_act([agent.policy_algorithm.act for agent in agents]),
-        policy_params=policies,
-        names=names,
-        heldout=data,
-        plant_model=model,
-        scaler=first.scaler,
-        constraints=first.constraints,
-        cost_limits=limits,
-        cost_names=first.cost_names,
-        episode_length=first.task.episode_length,
-        settings=settings,
-    )
+        VerdictCandidates(names, mixture_act([agent.policy_algorithm.act for agent in agents]),
+                          policies),
+        data,
+        model,
+        PlantRules(first.scaler, first.constraints, limits, first.cost_names,
+                   first.task.episode_length),
+        settings,
+    )  # fmt: skip
     judge_seconds = time.perf_counter() - judge_started
 
     progress(f"{name}: the truth, {args.truth_episodes} episodes and the verdict's starts")

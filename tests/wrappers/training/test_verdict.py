@@ -24,6 +24,8 @@ from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.models import FitSettings, PlantModel
 from neorl_industrial.wrappers.training.verdict import (
     KEEP,
+    PlantRules,
+    VerdictCandidates,
     VerdictError,
     VerdictSettings,
     evaluation_starts,
@@ -134,15 +136,11 @@ def plant(tmp_path_factory):
 def verdict_of(plant, params=CANDIDATES, names=NAMES, limits=(5.0, np.inf), **settings):
     settings = {"fqe": False, "horizon": 40, "bootstrap": 500, "bc_updates": 500} | settings
     return model_verdict(
-        act=act,
-        policy_params=params,
-        names=names,
-        heldout=plant["heldout"],
-        plant_model=plant["model"],
-        scaler=plant["scaler"],
-        cost_limits=limits,
-        cost_names=plant["task"].cost_names,
-        settings=VerdictSettings(**settings),
+        VerdictCandidates(names, act, params),
+        plant["heldout"],
+        plant["model"],
+        PlantRules(plant["scaler"], cost_limits=limits, cost_names=plant["task"].cost_names),
+        VerdictSettings(**settings),
     )
 
 
@@ -329,15 +327,11 @@ def test_a_model_that_does_not_reproduce_todays_operation_carries_no_recommendat
             return params.replace(target_mean=params.target_mean.at[0].add(2.0))
 
     verdict = model_verdict(
-        act=act,
-        policy_params=CANDIDATES,
-        names=NAMES,
-        heldout=plant["heldout"],
-        plant_model=Drifting(),
-        scaler=plant["scaler"],
-        cost_limits=(5.0, np.inf),
-        cost_names=plant["task"].cost_names,
-        settings=VerdictSettings(fqe=False, horizon=40, bootstrap=200, bc_updates=500),
+        VerdictCandidates(NAMES, act, CANDIDATES),
+        plant["heldout"],
+        Drifting(),
+        PlantRules(plant["scaler"], cost_limits=(5.0, np.inf), cost_names=plant["task"].cost_names),
+        VerdictSettings(fqe=False, horizon=40, bootstrap=200, bc_updates=500),
     )
     calibration = verdict.calibration
     assert calibration.status == "failed" and verdict.decision == KEEP
@@ -363,15 +357,11 @@ def test_bad_settings_and_candidates_are_refused(plant):
 def test_starts_from_too_few_episodes_carry_no_recommendation(plant):
     few = plant["heldout"].select_episodes(np.arange(2))
     verdict = model_verdict(
-        act=act,
-        policy_params=CANDIDATES,
-        names=NAMES,
-        heldout=few,
-        plant_model=plant["model"],
-        scaler=plant["scaler"],
-        cost_limits=(5.0, np.inf),
-        cost_names=plant["task"].cost_names,
-        settings=VerdictSettings(fqe=False, horizon=40, bootstrap=200, bc_updates=500),
+        VerdictCandidates(NAMES, act, CANDIDATES),
+        few,
+        plant["model"],
+        PlantRules(plant["scaler"], cost_limits=(5.0, np.inf), cost_names=plant["task"].cost_names),
+        VerdictSettings(fqe=False, horizon=40, bootstrap=200, bc_updates=500),
     )
     assert verdict.decision == KEEP and verdict.calibration.status == "too small"
     controller = next(c for c in verdict.candidates if c["name"] == "controller")

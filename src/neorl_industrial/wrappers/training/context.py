@@ -52,7 +52,9 @@ from neorl_industrial.wrappers.training.selection import (
 )
 from neorl_industrial.wrappers.training.verdict import (
     FQE_BATCH_SIZE,
+    PlantRules,
     Verdict,
+    VerdictCandidates,
     VerdictError,
     VerdictSettings,
     episode_digests,
@@ -429,21 +431,14 @@ class PolicyContext:
             )
         )
         try:
-            return model_verdict(
-                act=algorithm.act,
-                policy_params=policies,
-                names=names,
-                heldout=evaluator.dataset,
-                plant_model=plant_model,
-                scaler=self.scaler,
-                constraints=self.constraints,
-                cost_limits=evaluator.cost_limits,
-                cost_names=self.cost_names,
-                episode_length=evaluator.episode_length,
-                fqe_act=evaluator.actions,
-                settings=settings,
-                fqe_values=fitted.values if reuse else None,
+            candidates = VerdictCandidates(
+                names, algorithm.act, policies, evaluator.actions, fitted.values if reuse else None
             )
+            rules = PlantRules(
+                self.scaler, self.constraints, evaluator.cost_limits, self.cost_names,
+                evaluator.episode_length,
+            )  # fmt: skip
+            return model_verdict(candidates, evaluator.dataset, plant_model, rules, settings)
         except VerdictError as error:
             raise RunError(str(error)) from None
 

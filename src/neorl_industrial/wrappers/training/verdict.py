@@ -51,7 +51,7 @@ limit; among those, the one with the highest lower bound of its improvement by
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -66,11 +66,13 @@ from neorl_industrial.wrappers.training.verdict_evidence import (
     evaluation_starts,
 )
 from neorl_industrial.wrappers.training.verdict_fqe import (
-    FqePolicies,
+    VerdictCandidates,
     _fqe_estimators,
     _Head,
 )
 from neorl_industrial.wrappers.training.verdict_model import (
+    PlantRules,
+    _Case,
     _cost_reader,
     _CostReader,
     _ModelReading,
@@ -101,7 +103,9 @@ __all__ = [
     "CostEstimate",
     "EstimatorResult",
     "Interval",
+    "PlantRules",
     "Verdict",
+    "VerdictCandidates",
     "VerdictError",
     "VerdictSettings",
     "bootstrap_means",
@@ -115,81 +119,47 @@ __all__ = [
 
 # ----- the verdict ------------------------------------------------------------------
 def model_verdict(
-    *,
-    act: Callable[..., jax.Array],
-    policy_params: Any,
-    names: Sequence[str],
+    candidates: VerdictCandidates,
     heldout: Dataset,
     plant_model: Any,
-    scaler: Any = None,
-    constraints: Any = None,
-    cost_limits: Sequence[float] | None = None,
-    cost_names: Sequence[str] = (),
-    episode_length: int | None = None,
-    fqe_act: Callable[..., jax.Array] | None = None,
+    rules: PlantRules | None = None,
     settings: VerdictSettings | None = None,
-    fqe_values: Callable[[Any], np.ndarray] | None = None,
 ) -> Verdict:
     """Estimates every candidate against the logged operation and decides.
 
     Args:
-        act: ``act(policy_params, observation, key, deterministic=True)`` of one raw
-            observation, actions in the policy's [-1, 1] (an ``Algorithm.act``).
-        policy_params: the candidates' parameters stacked on a leading axis.
-        names: one name per candidate.
+        candidates: the candidates, their names and (optionally) their FQE
+            (:class:`VerdictCandidates`).
         heldout: the held-out episodes (actions in the policy's [-1, 1]), never trained on.
         plant_model: a fitted ``PlantModel`` of the same task (its elites are the members).
-        scaler, constraints: the task's action scaler and the shield's constraints.
-        cost_limits: episode cost limit per channel (None or inf: not limited).
-        cost_names: the channels' names.
-        episode_length: steps of an episode the limits are for (default: the held-out
-            episodes' mean length).
-        fqe_act: ``fqe_act(params, observations [B, obs]) -> actions [B, act]`` shielded
-            as :class:`~.ope.OffPolicyEvaluator` scores them (default: ``act`` batched).
+        rules: the task's action scaler, the shield's constraints, the cost channels and
+            their episode limits (:class:`PlantRules`; None: no shield, no limits).
         settings: see :class:`VerdictSettings`.
-        fqe_values: the candidates' FQE value function already fitted on ``heldout``
-            with ``fqe_act`` and the settings' FQE updates, seeds and widths (what
-            :func:`~neorl_industrial.functional.transformations.ope.fitted_q_evaluation_values`
-            returns, as an :class:`~.ope.OffPolicyEvaluator` keeps it): used instead of
-            fitting the same FQEs again. The behaviour clone's FQE is always fitted.
 
     Raises:
         VerdictError: naming what is wrong: a plant model not fitted or of other shapes,
             names that do not match the candidates, no held-out episodes.
     """
     settings = settings or VerdictSettings()
-    n_policies = int(jax.tree.leaves(policy_params)[0].shape[0])
-    names = [str(name) for name in names]
+    rules = rules or PlantRules()
+    n_policies = int(jax.tree.leaves(candidates.policy_params)[0].shape[0])
+    names = [str(name) for name in candidates.names]
     _check_inputs(names, n_policies, plant_model, heldout)
     n_costs = heldout.n_costs
     lengths = np.asarray(jax.device_get(heldout.episode_lengths), np.int64)
+    limits = rules.cost_limits
     case = _Case(
         heldout=heldout,
         plant_model=plant_model,
         params=plant_model.params(settings.model_seed),
         starts=_starts_of(heldout, settings),
-        cost_names=list(cost_names) or [f"cost_{i}" for i in range(n_costs)],
-        limits=np.full(n_costs, np.inf) if cost_limits is None else np.asarray(cost_limits, float),
-        episode_length=int(episode_length or max(1, round(float(lengths.mean())))),
+        cost_names=list(rules.cost_names) or [f"cost_{i}" for i in range(n_costs)],
+        limits=np.full(n_costs, np.inf) if limits is None else np.asarray(limits, float),
+        episode_length=int(rules.episode_length or max(1, round(float(lengths.mean())))),
         settings=settings,
+        rules=rules,
     )
-    policies = FqePolicies(act, policy_params, fqe_act, fqe_values)
-    return _verdict_of(case, names, _estimate(case, policies, constraints, scaler))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Case:
-    """What a verdict judges the candidates with: the held-out log and its starts, the
-    plant model's members, the cost channels and their episode limits."""
-
-    heldout: Dataset
-    plant_model: Any
-    params: Any
-    starts: _Starts
-    cost_names: list[str]
-    limits: np.ndarray
-    episode_length: int
-    settings: VerdictSettings
+    return _verdict_of(case, names, _estimate(case, candidates))
 
 
 class _Estimates(NamedTuple):
@@ -203,15 +173,12 @@ class _Estimates(NamedTuple):
     costs: _CostReader
 
 
-def _estimate(case: _Case, policies: FqePolicies, constraints: Any, scaler: Any) -> _Estimates:
+def _estimate(case: _Case, policies: VerdictCandidates) -> _Estimates:
     """Every candidate and today's operation estimated by every estimator."""
     settings, starts, heldout = case.settings, case.starts, case.heldout
     # One program over policies x members x starts; the operators cloned and run closed
     # loop in the same members from the same states with the same model noise.
-    candidates, baseline, clone = _rollouts(
-        case.plant_model.dynamics, policies.act, policies.policy_params, case.params, starts,
-        heldout, constraints, scaler, settings,
-    )  # fmt: skip
+    candidates, baseline, clone = _rollouts(case, policies)
     # The limit's share over each start's steps (spread evenly over an episode).
     limits = case.limits
     scale = np.maximum((limits / case.episode_length)[None, :] * starts.lengths[:, None], 1e-12)
@@ -224,10 +191,7 @@ def _estimate(case: _Case, policies: FqePolicies, constraints: Any, scaler: Any)
         heldout=heldout,
         settings=settings,
     )
-    costs = _cost_reader(
-        heldout, case.params, case.plant_model.dynamics.layout, case.cost_names, limits,
-        case.episode_length, starts, calibration, settings,
-    )  # fmt: skip
+    costs = _cost_reader(case, calibration)
     reading = _ModelReading.of(heldout, baseline, starts, costs, scale, calibration, settings)
     n_policies = candidates.discounted_return.shape[0]
     results = [

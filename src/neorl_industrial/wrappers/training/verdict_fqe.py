@@ -5,7 +5,7 @@ operators' clone that stands for today's operation where the model is needed."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -36,19 +36,25 @@ from neorl_industrial.wrappers.training.verdict_results import (
 )
 
 
-class FqePolicies(NamedTuple):
-    """The candidates as the FQE estimators read them.
+class VerdictCandidates(NamedTuple):
+    """The candidates a verdict judges.
 
     Attributes:
-        act: ``act(policy_params, observation, key, deterministic=True)`` of one
-            observation (an ``Algorithm.act``).
+        names: one name per candidate.
+        act: ``act(policy_params, observation, key, deterministic=True)`` of one raw
+            observation, actions in the policy's [-1, 1] (an ``Algorithm.act``).
         policy_params: the candidates' parameters stacked on a leading axis.
-        fqe_act: ``fqe_act(params, observations [B, obs])`` shielded as the off-policy
-            evaluator scores them (None: ``act`` batched).
-        fqe_values: the candidates' FQE already fitted on the held-out episodes (None:
-            fitted here).
+        fqe_act: ``fqe_act(params, observations [B, obs]) -> actions [B, act]`` shielded
+            as :class:`~.ope.OffPolicyEvaluator` scores them (None: ``act`` batched).
+        fqe_values: the candidates' FQE value function already fitted on the held-out
+            episodes with ``fqe_act`` and the settings' FQE updates, seeds and widths (what
+            :func:`~neorl_industrial.functional.transformations.ope.fitted_q_evaluation_values`
+            returns, as an :class:`~.ope.OffPolicyEvaluator` keeps it): used instead of
+            fitting the same FQEs again (None: fitted here). The behaviour clone's FQE is
+            always fitted.
     """
 
+    names: Sequence[str]
     act: Callable[..., jax.Array]
     policy_params: Any
     fqe_act: Callable[..., jax.Array] | None = None
@@ -144,7 +150,7 @@ class _ModelFqe:
 
 
 def _fitted_fqe(
-    policies: FqePolicies, clone: _Clone, heldout: Dataset, settings: VerdictSettings
+    policies: VerdictCandidates, clone: _Clone, heldout: Dataset, settings: VerdictSettings
 ) -> tuple[Callable[[Any], np.ndarray], Callable[[Any], np.ndarray]]:
     """The candidates' FQE value functions (fitted here unless given) and the clone's."""
     act = policies.act
@@ -172,7 +178,7 @@ def _fitted_fqe(
 
 
 def _fqe_estimators(
-    policies: FqePolicies,
+    policies: VerdictCandidates,
     heldout: Dataset,
     settings: VerdictSettings,
     starts: Any,

@@ -6,8 +6,8 @@ intervals."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,7 @@ from neorl_industrial.wrappers.training.verdict_evidence import (
     evaluation_starts,
 )
 from neorl_industrial.wrappers.training.verdict_fqe import (
+    VerdictCandidates,
     _behaviour_clone,
     _operators_policy,
 )
@@ -99,19 +100,45 @@ def _starts_of(heldout: Dataset, settings: VerdictSettings) -> _Starts:
     )
 
 
-def _rollouts(
-    dynamics: Any,
-    act: Callable[..., jax.Array],
-    policy_params: Any,
-    params: Any,
-    starts: _Starts,
-    heldout: Dataset,
-    constraints: Any,
-    scaler: Any,
-    settings: VerdictSettings,
-) -> tuple[RolloutSums, RolloutSums, Any]:
+class PlantRules(NamedTuple):
+    """What the task sets for a verdict's candidates: the action scaler between the
+    policies' [-1, 1] and plant units, the shield's constraints (plant units; None: no
+    shield), the episode cost limit per channel (None or inf: not limited), the channels'
+    names, and the steps of an episode the limits are for (None: the held-out episodes'
+    mean length)."""
+
+    scaler: Any = None
+    constraints: Any = None
+    cost_limits: Sequence[float] | None = None
+    cost_names: Sequence[str] = ()
+    episode_length: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    """What a verdict judges the candidates with: the held-out log and its starts, the
+    plant model's members, the cost channels and their episode limits, the task's rules."""
+
+    heldout: Dataset
+    plant_model: Any
+    params: Any
+    starts: _Starts
+    cost_names: list[str]
+    limits: np.ndarray
+    episode_length: int
+    settings: VerdictSettings
+    rules: PlantRules
+
+
+def _rollouts(case: _Case, candidates: VerdictCandidates) -> tuple[RolloutSums, RolloutSums, Any]:
     """Every candidate, and the operators' clone, rolled out in every member from every
     start (float64 sums; the clone's without the policy axis), and the clone."""
+    settings, starts, heldout = case.settings, case.starts, case.heldout
+    dynamics, constraints, scaler = (
+        case.plant_model.dynamics,
+        case.rules.constraints,
+        case.rules.scaler,
+    )
     close = settings.close_after if settings.fqe else 0
     pessimism = settings.penalty > 0
     options = ModelRolloutOptions(
@@ -124,7 +151,9 @@ def _rollouts(
         far_outside=settings.far_outside if pessimism else None,
     )
     rollouts = jax.jit(
-        make_policy_rollouts(dynamics, act, options, constraints=constraints, scaler=scaler)
+        make_policy_rollouts(
+            dynamics, candidates.act, options, constraints=constraints, scaler=scaler
+        )
     )
     clone = _behaviour_clone(heldout, settings)
     operators = _operators_policy(clone, heldout, settings.operator_noise)
@@ -140,12 +169,13 @@ def _rollouts(
     )
     key = jax.random.PRNGKey(settings.seed)
     lengths = jnp.asarray(starts.lengths, jnp.int32)
-    candidates = jax.device_get(rollouts(policy_params, params, starts.first, lengths, key))
+    params = case.params
+    rolled = jax.device_get(rollouts(candidates.policy_params, params, starts.first, lengths, key))
     baseline = jax.device_get(
         baseline_rollouts(operators.params, params, starts.first, lengths, key)
     )
     return (
-        jax.tree.map(lambda x: np.asarray(x, np.float64), candidates),
+        jax.tree.map(lambda x: np.asarray(x, np.float64), rolled),
         jax.tree.map(lambda x: np.asarray(x[0], np.float64), baseline),
         clone,
     )
@@ -233,17 +263,9 @@ class _CostReader:
         return tuple(entries)
 
 
-def _cost_reader(
-    heldout: Dataset,
-    params: Any,
-    layout: Any,
-    cost_names: list[str],
-    limits: np.ndarray,
-    episode_length: int,
-    starts: _Starts,
-    calibration: Calibration,
-    settings: VerdictSettings,
-) -> _CostReader:
+def _cost_reader(case: _Case, calibration: Calibration) -> _CostReader:
+    heldout, params, starts, settings = case.heldout, case.params, case.starts, case.settings
+    cost_names, limits, episode_length = case.cost_names, case.limits, case.episode_length
     n_costs = len(cost_names)
     events = cost_events(heldout)
     cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
@@ -261,7 +283,7 @@ def _cost_reader(
         names=tuple(cost_names),
         limits=limits,
         events=events,
-        known=frozenset(layout.known.cost_indices),
+        known=frozenset(case.plant_model.dynamics.layout.known.cost_indices),
         magnitude=np.where(magnitude > 1e-9, magnitude, 1.0),
         event_rate=np.array(
             [
