@@ -317,7 +317,7 @@ def measure_d3rlpy(
 
 def memory_child(n_episodes: int, n_updates: int) -> dict[str, Any]:
     """Runs in a child process: trains TD3+BC on ``n_episodes`` x 1000 transitions."""
-    from neorl_industrial.functional.transformations.offline import train_offline
+    from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 
     dataset = build_dataset(n_episodes)
     loaded = peak_rss_bytes()
@@ -326,8 +326,7 @@ def memory_child(n_episodes: int, n_updates: int) -> dict[str, Any]:
         make_algorithm("td3bc", (256, 256)),
         dataset,
         seeds=(0,),
-        n_updates=n_updates,
-        chunk_updates=chunk,
+        schedule=Schedule(n_updates=n_updates, chunk_updates=chunk),
     )
     return {
         "n_transitions": int(dataset.n_transitions),

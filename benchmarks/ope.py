@@ -211,6 +211,7 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     from neorl_industrial.core.agents import per_step_cost_threshold
     from neorl_industrial.core.agents.fqe import FQEConfig
     from neorl_industrial.core.environments import make
+    from neorl_industrial.functional.transformations.offline import Schedule
     from neorl_industrial.functional.transformations.ope import fitted_q_evaluation
     from neorl_industrial.integration.datasets import generate_dataset
 
@@ -265,11 +266,13 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         estimate = fitted_q_evaluation(
             dataset,
             policy,
-            n_updates=args.updates,
+            schedule=Schedule(
+                n_updates=args.updates,
+                chunk_updates=min(args.chunk, args.updates),
+                batch_size=args.batch_size,
+            ),
             seeds=tuple(range(args.seeds)),
-            batch_size=args.batch_size,
             config=config,
-            chunk_updates=min(args.chunk, args.updates),
         )
         fqe_s = time.perf_counter() - started
         sqrt_n = np.sqrt(len(returns))

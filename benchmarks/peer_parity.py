@@ -466,7 +466,7 @@ def train_ours(
     Returns ``(algorithm, its config, policies with a leading seed axis, timing)``.
     """
     from neorl_industrial.core.agents.registry import build_algorithm
-    from neorl_industrial.functional.transformations.offline import train_offline
+    from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 
     hyperparameters = {
         **args.overrides,
@@ -483,9 +483,9 @@ def train_ours(
         algorithm,
         dataset,
         seeds=list(range(args.seeds)),
-        n_updates=args.updates,
-        chunk_updates=args.chunk,
-        batch_size=args.batch_size,
+        schedule=Schedule(
+            n_updates=args.updates, chunk_updates=args.chunk, batch_size=args.batch_size
+        ),
     )
     train_s = time.perf_counter() - started
     # The first chunk compiles; the later ones give the running rate.

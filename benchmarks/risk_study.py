@@ -256,7 +256,7 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
     import jax.numpy as jnp
 
     from neorl_industrial.functional.state_management import RewardScaling
-    from neorl_industrial.functional.transformations.offline import train_offline
+    from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 
     cost = study_cost(env_id, args)
     horizon = horizon_of(env_id, args)
@@ -294,9 +294,11 @@ def study_task(env_id: str, args: argparse.Namespace) -> dict[str, Any]:
             algorithm,
             scaling.apply(mixed),
             seeds=list(range(args.seeds)),
-            n_updates=args.updates,
-            chunk_updates=min(args.chunk, args.updates),
-            batch_size=args.batch_size,
+            schedule=Schedule(
+                n_updates=args.updates,
+                chunk_updates=min(args.chunk, args.updates),
+                batch_size=args.batch_size,
+            ),
         )
         train_s = time.perf_counter() - started
         started = time.perf_counter()

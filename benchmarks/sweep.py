@@ -92,6 +92,7 @@ def sweep_timing(
 ) -> dict[str, float]:
     """Seconds of ``n_runs`` TD3+BC runs' chunk in one program: the best steady chunk
     and the compilation (the first chunk's extra time)."""
+    from neorl_industrial.functional.transformations.offline import Schedule
     from neorl_industrial.functional.transformations.sweep import plan_sweep, train_sweep
 
     plan = plan_sweep(
@@ -105,9 +106,11 @@ def sweep_timing(
     result = train_sweep(
         plan,
         dataset,
-        n_updates=chunk_updates * (repeats + 1),
-        chunk_updates=chunk_updates,
-        batch_size=BATCH_SIZE,
+        schedule=Schedule(
+            n_updates=chunk_updates * (repeats + 1),
+            chunk_updates=chunk_updates,
+            batch_size=BATCH_SIZE,
+        ),
         mesh=mesh,
     )
     seconds = [entry["seconds"] for entry in result.history]
@@ -137,6 +140,7 @@ def data_parallel_child(n_episodes: int, chunk_updates: int, repeats: int) -> di
         split_dataset,
         train_data_parallel,
     )
+    from neorl_industrial.functional.transformations.offline import Schedule
 
     dataset = build_dataset(n_episodes)
     mesh = data_mesh()
@@ -145,9 +149,11 @@ def data_parallel_child(n_episodes: int, chunk_updates: int, repeats: int) -> di
         make_algorithm("td3bc", HIDDEN),
         data,
         mesh=mesh,
-        n_updates=chunk_updates * (repeats + 1),
-        chunk_updates=chunk_updates,
-        batch_size=BATCH_SIZE,
+        schedule=Schedule(
+            n_updates=chunk_updates * (repeats + 1),
+            chunk_updates=chunk_updates,
+            batch_size=BATCH_SIZE,
+        ),
     )
     per_device = sum(
         leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(data.shards)

@@ -57,7 +57,7 @@ DESCRIPTION = (
 def _clone(dataset, updates: int, seed: int = 0):
     """A behaviour clone of ``dataset`` (actions in [-1, 1]): ``(act, params)``."""
     from neorl_industrial.core.agents.bc import BCConfig, make_bc
-    from neorl_industrial.functional.transformations.offline import train_offline
+    from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 
     mean, std = dataset.observation_moments()
     config = BCConfig(
@@ -67,7 +67,10 @@ def _clone(dataset, updates: int, seed: int = 0):
     )
     bc = make_bc(config, dataset.observation_size, dataset.action_size)
     state, _ = train_offline(
-        bc, dataset, seeds=(seed,), n_updates=updates, chunk_updates=1000, batch_size=256
+        bc,
+        dataset,
+        seeds=(seed,),
+        schedule=Schedule(n_updates=updates, chunk_updates=1000, batch_size=256),
     )
     return bc.act, jax.tree.map(lambda leaf: leaf[0], state.agent.policy)
 

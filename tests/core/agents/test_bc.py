@@ -10,6 +10,7 @@ import pytest
 from neorl_industrial.core.agents.bc import BCConfig, bc_loss, make_bc
 from neorl_industrial.functional.state_management import Dataset, init_train_state, sample
 from neorl_industrial.functional.transformations.offline import (
+    Schedule,
     init_seeds,
     make_chunk,
     train_offline,
@@ -44,7 +45,10 @@ def test_bc_imitates_the_expert():
     dataset, weights = _expert_dataset()
     bc = make_bc(BCConfig(hidden=(64, 64), learning_rate=1e-3), OBS, ACT)
     states, history = train_offline(
-        bc, dataset, seeds=(0,), n_updates=2000, chunk_updates=500, batch_size=128
+        bc,
+        dataset,
+        seeds=(0,),
+        schedule=Schedule(n_updates=2000, chunk_updates=500, batch_size=128),
     )
     losses = [float(entry["metrics"]["bc_loss"][0]) for entry in history]
     assert losses[-1] < 0.1 * losses[0]
@@ -86,7 +90,7 @@ def test_a_second_chunk_does_not_trace_again():
 def test_seeds_are_reproducible_independent_and_vmapped_faithfully():
     dataset, _ = _expert_dataset(n_episodes=4, length=20)
     bc = make_bc(BCConfig(hidden=(16,)), OBS, ACT)
-    run = dict(n_updates=20, chunk_updates=10, batch_size=16)
+    run = dict(schedule=Schedule(n_updates=20, chunk_updates=10, batch_size=16))
     together, _ = train_offline(bc, dataset, seeds=(3, 4, 5), **run)
     again, _ = train_offline(bc, dataset, seeds=(3, 4, 5), **run)
     alone, _ = train_offline(bc, dataset, seeds=(4,), **run)
@@ -104,12 +108,15 @@ def test_seeds_are_reproducible_independent_and_vmapped_faithfully():
 def test_training_resumes_exactly_from_a_saved_train_state():
     dataset, _ = _expert_dataset(n_episodes=4, length=20)
     bc = make_bc(BCConfig(hidden=(16,)), OBS, ACT)
-    run = dict(chunk_updates=10, batch_size=16)
-    straight, _ = train_offline(bc, dataset, seeds=(1, 2), n_updates=30, **run)
-    first, _ = train_offline(bc, dataset, seeds=(1, 2), n_updates=10, **run)
+
+    def run(n_updates: int) -> Schedule:
+        return Schedule(n_updates=n_updates, chunk_updates=10, batch_size=16)
+
+    straight, _ = train_offline(bc, dataset, run(30), seeds=(1, 2))
+    first, _ = train_offline(bc, dataset, run(10), seeds=(1, 2))
     # A round trip through host memory, as a checkpoint would make.
     saved = jax.tree.map(np.asarray, first)
-    resumed, history = train_offline(bc, dataset, n_updates=20, state=saved, **run)
+    resumed, history = train_offline(bc, dataset, run(20), state=saved)
     assert [entry["updates"] for entry in history] == [20, 30]
     np.testing.assert_array_equal(resumed.updates, [30, 30])
     for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed), strict=True):
@@ -117,9 +124,14 @@ def test_training_resumes_exactly_from_a_saved_train_state():
     # The state handed in is left as it was (donation works on a copy).
     np.testing.assert_array_equal(first.updates, [10, 10])
     with pytest.raises(ValueError, match="leading seed axis"):
-        train_offline(bc, dataset, n_updates=10, state=init_train_state(bc, 0), **run)
+        train_offline(bc, dataset, run(10), state=init_train_state(bc, 0))
     # Fewer updates than a chunk: exactly those, in one chunk of their own length.
-    short, history = train_offline(bc, dataset, seeds=(1,), n_updates=7, batch_size=16)
+    short, history = train_offline(
+        bc,
+        dataset,
+        seeds=(1,),
+        schedule=Schedule(n_updates=7, batch_size=16),
+    )
     assert [entry["updates"] for entry in history] == [7]
     np.testing.assert_array_equal(short.updates, [7])
 
@@ -128,8 +140,17 @@ def test_bad_loop_settings_are_named():
     dataset, _ = _expert_dataset(n_episodes=2, length=10)
     bc = make_bc(BCConfig(hidden=(16,)), OBS, ACT)
     with pytest.raises(ValueError, match="chunk_updates"):
-        train_offline(bc, dataset, n_updates=10, chunk_updates=0)
+        train_offline(
+            bc,
+            dataset,
+            schedule=Schedule(n_updates=10, chunk_updates=0),
+        )
     with pytest.raises(ValueError, match="seeds"):
-        train_offline(bc, dataset, seeds=(), n_updates=10)
+        train_offline(
+            bc,
+            dataset,
+            seeds=(),
+            schedule=Schedule(n_updates=10),
+        )
     with pytest.raises(ValueError, match="learning_rate"):
         BCConfig(learning_rate=0.0)

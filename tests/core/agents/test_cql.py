@@ -9,7 +9,7 @@ import pytest
 
 from neorl_industrial.core.agents.cql import CQLConfig, cql_gap, make_cql
 from neorl_industrial.functional.state_management import sample
-from neorl_industrial.functional.transformations.offline import train_offline
+from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 from tests.core.agents.test_iql import ACT, OBS, _biased_bandit, _regret
 
 
@@ -46,7 +46,10 @@ def test_cql_is_conservative_and_improves_on_the_data():
         ACT,
     )
     states, history = train_offline(
-        cql, dataset, seeds=(0,), n_updates=3000, chunk_updates=1000, batch_size=256
+        cql,
+        dataset,
+        seeds=(0,),
+        schedule=Schedule(n_updates=3000, chunk_updates=1000, batch_size=256),
     )
     # The penalty keeps values of sampled actions below those of the data's actions.
     assert history[-1]["metrics"]["cql_gap"][0] < history[0]["metrics"]["cql_gap"][0]

@@ -16,7 +16,7 @@ from neorl_industrial.core.agents.discrete import (
     make_discrete_cql,
 )
 from neorl_industrial.functional.state_management import Dataset, sample
-from neorl_industrial.functional.transformations.offline import train_offline
+from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 
 OBS, N_ACTIONS = 4, 5
 
@@ -76,10 +76,16 @@ def test_losses_of_one_transition():
 def test_cloning_copies_the_habit_and_cql_finds_the_best_action():
     dataset, weights = _biased_bandit()
     bc = make_discrete_bc(DiscreteBCConfig(hidden=(64, 64)), OBS, N_ACTIONS)
-    bc_state, _ = train_offline(bc, dataset, n_updates=1500, chunk_updates=500, batch_size=256)
+    bc_state, _ = train_offline(
+        bc,
+        dataset,
+        schedule=Schedule(n_updates=1500, chunk_updates=500, batch_size=256),
+    )
     cql = make_discrete_cql(DiscreteCQLConfig(hidden=(64, 64), learning_rate=1e-3), OBS, N_ACTIONS)
     cql_state, history = train_offline(
-        cql, dataset, n_updates=1500, chunk_updates=500, batch_size=256
+        cql,
+        dataset,
+        schedule=Schedule(n_updates=1500, chunk_updates=500, batch_size=256),
     )
     bc_accuracy = _accuracy(bc, bc_state, weights)
     cql_accuracy = _accuracy(cql, cql_state, weights)

@@ -16,7 +16,7 @@ from neorl_industrial.core.agents.fqe import (
     make_fqe,
 )
 from neorl_industrial.functional.state_management import Dataset, sample
-from neorl_industrial.functional.transformations.offline import train_offline
+from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 
 GAMMA = 0.9
 #: Small and fast: (32, 32) critics, a target copy every 50 updates.
@@ -65,8 +65,7 @@ def _train(dataset: Dataset, policy, n_costs: int, n_updates: int = 3000):
         fqe,
         dataset,
         seeds=(0,),
-        n_updates=n_updates,
-        chunk_updates=n_updates,
+        schedule=Schedule(n_updates=n_updates, chunk_updates=n_updates),
         sampler=functools.partial(sample, gamma=GAMMA),
     )
     return fqe, jax.tree.map(lambda leaf: leaf[0], state.agent), history

@@ -15,7 +15,7 @@ from neorl_industrial.core.agents.iql import (
     make_iql,
 )
 from neorl_industrial.functional.state_management import Dataset, sample
-from neorl_industrial.functional.transformations.offline import train_offline
+from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 
 OBS, ACT = 4, 2
 BIAS = 0.4
@@ -72,7 +72,7 @@ def test_update_is_the_same_with_and_without_jit():
 
 def test_iql_removes_the_behaviour_bias_that_cloning_keeps():
     dataset, weights = _biased_bandit()
-    run = dict(seeds=(0,), n_updates=1600, chunk_updates=800, batch_size=128)
+    run = dict(seeds=(0,), schedule=Schedule(n_updates=1600, chunk_updates=800, batch_size=128))
     iql = make_iql(IQLConfig(hidden=(64, 64), expectile=0.9, beta=10.0), OBS, ACT)
     iql_states, history = train_offline(iql, dataset, **run)
     bc = make_bc(BCConfig(hidden=(64, 64), learning_rate=1e-3), OBS, ACT)

@@ -20,6 +20,7 @@ from neorl_industrial.core.agents.registry import ALGORITHMS, build_algorithm
 from neorl_industrial.core.models.dynamics import DynamicsConfig
 from neorl_industrial.core.safety.spec import ConstraintSpec
 from neorl_industrial.functional.transformations.model_rollouts import make_model_rollouts
+from neorl_industrial.functional.transformations.offline import Schedule
 from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.models import FitSettings, PlantModel
 from neorl_industrial.wrappers.training.model_based import (
@@ -42,7 +43,7 @@ costs:
   - {name: overheating, expression: "max(temperature - 365, 0)", limit: 5.0}
 """
 SMALL = {"hidden": [16, 16], "rollout_starts": 8, "rollout_horizon": 3, "buffer_size": 512}
-TRAINING = {"n_updates": 200, "chunk_updates": 100, "batch_size": 32}
+TRAINING = {"schedule": Schedule(n_updates=200, chunk_updates=100, batch_size=32)}
 
 
 def write_log(path, episodes: int, steps: int, seed: int = 0):

@@ -32,7 +32,7 @@ from neorl_industrial.functional.state_management import (
     sample,
     select_safe_episodes,
 )
-from neorl_industrial.functional.transformations.offline import train_offline
+from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 
 OBS = 2
 COST_LIMIT = 0.2
@@ -134,7 +134,7 @@ def test_gradient_ascent_multiplier_rises_over_the_limit_and_falls_under():
 def test_the_lagrangian_agent_keeps_the_limit_the_plain_one_breaks(name, plain, safe):
     dataset = _constrained_bandit()
     pid = PIDConfig(kp=1.0, ki=0.05, kd=0.0)
-    settings = {"n_updates": 1500, "chunk_updates": 1500, "batch_size": 128}
+    settings = {"schedule": Schedule(n_updates=1500, chunk_updates=1500, batch_size=128)}
     plain_algorithm, safe_algorithm = plain(), safe(pid)
     plain_state, _ = train_offline(plain_algorithm, dataset, **settings)
     safe_state, history = train_offline(safe_algorithm, dataset, **settings)
@@ -153,7 +153,11 @@ def test_bc_safe_learns_from_the_episodes_within_the_limit():
     kept = np.asarray(safe_data.episode_costs())
     assert kept.max() <= COST_LIMIT and 0 < safe_data.n_episodes < dataset.n_episodes
     bc = make_bc(BCConfig(hidden=(32, 32)), OBS, 1)
-    state, _ = train_offline(bc, safe_data, n_updates=1000, chunk_updates=500, batch_size=256)
+    state, _ = train_offline(
+        bc,
+        safe_data,
+        schedule=Schedule(n_updates=1000, chunk_updates=500, batch_size=256),
+    )
     cost, _ = _policy_cost(bc, state)
     assert cost <= COST_LIMIT
     with pytest.raises(ValueError, match="no episode of"):

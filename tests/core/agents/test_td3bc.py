@@ -10,7 +10,7 @@ import pytest
 from neorl_industrial.core.agents.losses import critic_loss
 from neorl_industrial.core.agents.td3bc import TD3BCConfig, actor_loss, make_td3bc
 from neorl_industrial.functional.state_management import Dataset, sample
-from neorl_industrial.functional.transformations.offline import train_offline
+from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 
 OBS, ACT = 4, 2
 
@@ -73,7 +73,10 @@ def test_td3bc_finds_better_actions_than_the_data():
     dataset, weights = _bandit_dataset()
     td3bc = make_td3bc(TD3BCConfig(hidden=(64, 64), actor_lr=1e-3, critic_lr=1e-3), OBS, ACT)
     states, history = train_offline(
-        td3bc, dataset, seeds=(0,), n_updates=1600, chunk_updates=800, batch_size=128
+        td3bc,
+        dataset,
+        seeds=(0,),
+        schedule=Schedule(n_updates=1600, chunk_updates=800, batch_size=128),
     )
     assert history[-1]["metrics"]["critic_loss"][0] < history[0]["metrics"]["critic_loss"][0]
     policy = jax.tree.map(lambda leaf: leaf[0], states.agent.policy)

@@ -24,6 +24,7 @@ from neorl_industrial.functional.transformations.data_parallel import (
     split_dataset,
     train_data_parallel,
 )
+from neorl_industrial.functional.transformations.offline import Schedule
 from neorl_industrial.integration.datasets import load_native_shards, load_plant_log, save_native
 from tests.processes import last_json, run_distributed, run_on_host_devices
 
@@ -87,12 +88,21 @@ def test_data_parallel_training_learns_and_refuses_what_cannot_divide(tank):
     mesh = data_mesh(jax.devices()[:1])
     sharded = split_dataset(dataset, 2, mesh)
     state, history = train_data_parallel(
-        algorithm, sharded, mesh=mesh, seeds=(0, 1), n_updates=20, chunk_updates=10, batch_size=32
+        algorithm,
+        sharded,
+        mesh=mesh,
+        seeds=(0, 1),
+        schedule=Schedule(n_updates=20, chunk_updates=10, batch_size=32),
     )
     assert int(state.updates[0]) == 20 and len(history) == 2
     assert np.all(np.isfinite(history[-1]["metrics"]["critic_loss"]))
     with pytest.raises(DataParallelError, match="batch_size: 33 transitions do not divide into 2"):
-        train_data_parallel(algorithm, sharded, mesh=mesh, n_updates=10, batch_size=33)
+        train_data_parallel(
+            algorithm,
+            sharded,
+            mesh=mesh,
+            schedule=Schedule(n_updates=10, batch_size=33),
+        )
     with pytest.raises(DataParallelError, match="8 episodes cannot fill 9 shards"):
         split_dataset(dataset, 9, mesh)
 
@@ -112,9 +122,7 @@ def test_the_trainer_on_a_mesh_trains_what_train_data_parallel_trains(tank):
         split_dataset(dataset, mesh=mesh),
         mesh=mesh,
         seeds=(0, 1),
-        n_updates=20,
-        chunk_updates=10,
-        batch_size=32,
+        schedule=Schedule(n_updates=20, chunk_updates=10, batch_size=32),
     )
     for ours, theirs in zip(jax.tree.leaves(result.state), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
@@ -159,6 +167,7 @@ import json, subprocess, sys
 import jax, numpy as np
 from neorl_industrial.core.agents.registry import build_algorithm
 from neorl_industrial.functional.state_management import ActionScaler
+from neorl_industrial.functional.transformations.offline import Schedule
 from neorl_industrial.functional.transformations.data_parallel import (
     data_mesh, split_dataset, train_data_parallel)
 from neorl_industrial.integration.datasets import load_plant_log
@@ -175,7 +184,7 @@ for n in (1, 4):
     mesh = data_mesh(jax.devices()[:n])
     data = split_dataset(dataset, 4, mesh)
     states[n], _ = train_data_parallel(algorithm, data, mesh=mesh, seeds=(0, 1),
-                                       n_updates=20, chunk_updates=10, batch_size=32)
+                                       schedule=Schedule(20, chunk_updates=10, batch_size=32))
 relative = max(
     float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / (np.abs(np.asarray(a)) + 1e-3)))
     for a, b in zip(jax.tree.leaves(states[1]), jax.tree.leaves(states[4])))
@@ -226,6 +235,7 @@ DISTRIBUTED = r"""
 import json, sys
 import jax, numpy as np
 from neorl_industrial.core.agents.registry import build_algorithm
+from neorl_industrial.functional.transformations.offline import Schedule
 from neorl_industrial.functional.transformations.data_parallel import (
     data_mesh, observation_moments, shard_dataset, train_data_parallel)
 from neorl_industrial.cli.runtime import initialize_distributed
@@ -239,8 +249,8 @@ mesh = data_mesh()
 data = shard_dataset(shards, plan, mesh)
 algorithm, _ = build_algorithm("td3bc", shards[0].observation_size, shards[0].action_size,
                                {"hidden": (8,)})
-state, _ = train_data_parallel(algorithm, data, mesh=mesh, seeds=(0, 1), n_updates=20,
-                               chunk_updates=10, batch_size=32)
+state, _ = train_data_parallel(algorithm, data, mesh=mesh, seeds=(0, 1),
+                               schedule=Schedule(20, chunk_updates=10, batch_size=32))
 if index == 0:
     np.savez(out, mean, std, *[np.asarray(leaf) for leaf in jax.tree.leaves(state)])
 print(json.dumps({"index": index, "devices": len(jax.devices()),
@@ -266,9 +276,7 @@ def test_two_processes_each_with_its_own_shard_train_what_one_process_trains(tan
         split_dataset(dataset, 2, mesh),
         mesh=mesh,
         seeds=(0, 1),
-        n_updates=20,
-        chunk_updates=10,
-        batch_size=32,
+        schedule=Schedule(n_updates=20, chunk_updates=10, batch_size=32),
     )
     saved = np.load(tmp_path / "s.npz")
     for gathered, whole in zip(

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from neorl_industrial.functional.state_management import Dataset
+from neorl_industrial.functional.transformations.offline import Schedule
 from neorl_industrial.functional.transformations.ope import (
+    SignalScales,
     fitted_q_evaluation,
     signal_scales,
 )
@@ -31,7 +33,11 @@ def test_estimates_in_the_datasets_units_per_seed_and_mean():
     """Rewards around -200 and costs in tens: the result undoes the shift and scales."""
     dataset = _offset(two_state_dataset(), -200.0, 10.0)
     result = fitted_q_evaluation(
-        dataset, state_policy(0.6, -0.6), n_updates=3000, seeds=(0, 1), config=CONFIG
+        dataset,
+        state_policy(0.6, -0.6),
+        schedule=Schedule(n_updates=3000),
+        seeds=(0, 1),
+        config=CONFIG,
     )
     expected = two_state_values(0.6, -0.6)
     assert result.returns.shape == (2,) and result.costs.shape == (2, 2)
@@ -68,17 +74,17 @@ def test_initial_observations_are_the_episode_starts():
 def test_bad_input_names_the_argument():
     dataset = two_state_dataset(n_episodes=4)
     policy = state_policy(0.6, -0.6)
-    run = {"n_updates": 10, "config": CONFIG}
+    run = {"schedule": Schedule(n_updates=10), "config": CONFIG}
     with pytest.raises(ValueError, match=r"policy: expected actions of shape \[B, 1\]"):
         fitted_q_evaluation(dataset, lambda obs: jnp.zeros((obs.shape[0], 2)), **run)
     with pytest.raises(ValueError, match=r"initial_observations: expected shape \[n, 1\]"):
         fitted_q_evaluation(dataset, policy, initial_observations=np.zeros((3, 2)), **run)
     with pytest.raises(ValueError, match="cost_scale: expected one number or one scale"):
-        fitted_q_evaluation(dataset, policy, cost_scale=(1.0, 1.0, 1.0), **run)
+        fitted_q_evaluation(dataset, policy, scales=SignalScales(cost_scale=(1.0, 1.0, 1.0)), **run)
     with pytest.raises(ValueError, match="reward_scale"):
-        fitted_q_evaluation(dataset, policy, reward_scale=0.0, **run)
+        fitted_q_evaluation(dataset, policy, scales=SignalScales(reward_scale=0.0), **run)
     with pytest.raises(ValueError, match="n_updates"):
-        fitted_q_evaluation(dataset, policy, n_updates=0, config=CONFIG)
+        fitted_q_evaluation(dataset, policy, Schedule(n_updates=0), config=CONFIG)
     terminated = np.zeros((4, 3), bool)
     terminated[:, -1] = True
     ending = Dataset.from_trajectories(
@@ -89,7 +95,7 @@ def test_bad_input_names_the_argument():
         terminated,
     )
     with pytest.raises(ValueError, match="reward_shift: must be 0 for data with terminal"):
-        fitted_q_evaluation(ending, policy, reward_shift=1.0, **run)
+        fitted_q_evaluation(ending, policy, scales=SignalScales(reward_shift=1.0), **run)
     assert signal_scales(ending, GAMMA)[0] == 0.0  # no automatic shift either
     discrete = Dataset.from_trajectories(
         np.zeros((2, 3, 1), np.float32),
@@ -103,6 +109,7 @@ def test_bad_input_names_the_argument():
 
 
 def test_a_batch_of_policies_is_evaluated_like_one_policy_at_a_time():
+    from neorl_industrial.functional.transformations.offline import Schedule
     from neorl_industrial.functional.transformations.ope import fitted_q_evaluation_batch
 
     dataset = _offset(two_state_dataset(), -200.0, 10.0)
@@ -113,16 +120,20 @@ def test_a_batch_of_policies_is_evaluated_like_one_policy_at_a_time():
 
     config = CONFIG
     returns, costs = fitted_q_evaluation_batch(
-        dataset, act, gains, n_updates=200, seeds=(0, 1), batch_size=64, config=config
+        dataset,
+        act,
+        gains,
+        schedule=Schedule(n_updates=200, batch_size=64),
+        seeds=(0, 1),
+        config=config,
     )
     assert returns.shape == (3, 2) and costs.shape == (3, 2, dataset.n_costs)
     for i in range(3):
         one = fitted_q_evaluation(
             dataset,
             lambda o, gain=gains[i]: act(gain, o),
-            n_updates=200,
+            schedule=Schedule(n_updates=200, batch_size=64),
             seeds=(0, 1),
-            batch_size=64,
             config=config,
         )
         np.testing.assert_allclose(returns[i], one.returns, rtol=1e-4)

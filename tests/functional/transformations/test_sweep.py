@@ -11,7 +11,7 @@ import pytest
 from neorl_industrial.core.agents.registry import build_algorithm
 from neorl_industrial.core.safety.contract import SafetyContract
 from neorl_industrial.functional.state_management import ActionScaler
-from neorl_industrial.functional.transformations.offline import train_offline
+from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 from neorl_industrial.functional.transformations.sweep import (
     SweepError,
     check_sweep_fits,
@@ -67,7 +67,10 @@ def _alone(plant_data, point, seed):
         obs, act = plant_data.observation_size, plant_data.action_size
         algorithm, _ = build_algorithm("td3bc", obs, act, {**HIDDEN, **point})
         state, _ = train_offline(
-            algorithm, plant_data, seeds=(seed,), n_updates=40, chunk_updates=20, batch_size=32
+            algorithm,
+            plant_data,
+            seeds=(seed,),
+            schedule=Schedule(n_updates=40, chunk_updates=20, batch_size=32),
         )
         _ALONE[key] = jax.tree.leaves(jax.tree.map(lambda leaf: leaf[0], state.agent))
     return _ALONE[key]
@@ -93,7 +96,11 @@ def one_run_sweep_and_its_training_run() -> tuple[list, list]:
         action_size=act,
         hyperparameters=HIDDEN,
     )
-    result = train_sweep(plan, plant_data, n_updates=40, chunk_updates=20, batch_size=32)
+    result = train_sweep(
+        plan,
+        plant_data,
+        schedule=Schedule(n_updates=40, chunk_updates=20, batch_size=32),
+    )
     ours = [np.asarray(leaf) for leaf in jax.tree.leaves(result.run_state(0))]
     alone = _alone(plant_data, {"alpha": 4.0, "actor_lr": 1e-3}, 3)
     return ours, [np.asarray(leaf) for leaf in alone]
@@ -123,7 +130,11 @@ def test_every_run_of_a_sweep_ends_where_its_own_training_run_ends(plant_data):
         "td3bc", grid, seeds=(3,), obs_size=obs, action_size=act, hyperparameters=HIDDEN
     )
     assert plan.n_runs == 2 and plan.runs() == [(0, 3), (1, 3)]
-    result = train_sweep(plan, plant_data, n_updates=40, chunk_updates=20, batch_size=32)
+    result = train_sweep(
+        plan,
+        plant_data,
+        schedule=Schedule(n_updates=40, chunk_updates=20, batch_size=32),
+    )
     assert [entry["updates"] for entry in result.history] == [20, 40]
     assert np.asarray(result.history[-1]["metrics"]["critic_loss"]).shape == (2,)
     for index, (point, seed) in enumerate(plan.runs()):

@@ -35,12 +35,13 @@ SCRIPT = (
     r"""
 import json, sys
 import jax, numpy as np
+from neorl_industrial.functional.transformations.offline import Schedule
 from neorl_industrial.functional.transformations.sweep import (
     SweepError, plan_sweep, runs_mesh, train_sweep)
 """
     + DATA
     + r"""
-settings = dict(n_updates=20, chunk_updates=10, batch_size=32)
+settings = dict(schedule=Schedule(n_updates=20, chunk_updates=10, batch_size=32))
 one = train_sweep(plan, dataset, **settings)
 mesh = runs_mesh()
 sharded = train_sweep(plan, dataset, mesh=mesh, **settings)
@@ -74,6 +75,7 @@ DISTRIBUTED = (
     r"""
 import json, sys
 import jax, numpy as np
+from neorl_industrial.functional.transformations.offline import Schedule
 from neorl_industrial.functional.transformations.sweep import plan_sweep, runs_mesh, train_sweep
 from neorl_industrial.cli.runtime import initialize_distributed
 
@@ -82,7 +84,7 @@ out = sys.argv[2]
 """
     + DATA
     + r"""
-result = train_sweep(plan, dataset, n_updates=20, chunk_updates=10, batch_size=32,
+result = train_sweep(plan, dataset, Schedule(n_updates=20, chunk_updates=10, batch_size=32),
                      mesh=runs_mesh())
 if index == 0:
     leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(result.state.agent)]
@@ -99,6 +101,7 @@ def test_two_processes_on_loopback_train_the_sweep_one_process_trains(tmp_path):
     import numpy as np
 
     from neorl_industrial.functional.state_management import ActionScaler
+    from neorl_industrial.functional.transformations.offline import Schedule
     from neorl_industrial.functional.transformations.sweep import plan_sweep, train_sweep
     from neorl_industrial.integration.datasets import load_plant_log
 
@@ -122,7 +125,11 @@ def test_two_processes_on_loopback_train_the_sweep_one_process_trains(tmp_path):
         action_size=dataset.action_size,
         hyperparameters={"hidden": (8,)},
     )
-    one = train_sweep(plan, dataset, n_updates=20, chunk_updates=10, batch_size=32)
+    one = train_sweep(
+        plan,
+        dataset,
+        schedule=Schedule(n_updates=20, chunk_updates=10, batch_size=32),
+    )
     saved = np.load(tmp_path / "state.npz")
     theirs = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     ours = [np.asarray(leaf) for leaf in jax.tree.leaves(one.state.agent)]

@@ -34,6 +34,7 @@ from neorl_industrial.functional.transformations.generation import (
     generate_trajectories,
 )
 from neorl_industrial.functional.transformations.offline import (
+    Schedule,
     init_seeds,
     make_seeded_chunk,
     make_train_chunk,
@@ -74,6 +75,7 @@ __all__ = [
     "ProgressFn",
     "ReplayBuffer",
     "RolloutStatistics",
+    "Schedule",
     "ShardPlan",
     "ShardedDataset",
     "SweepError",

@@ -51,6 +51,7 @@ from neorl_industrial.functional.state_management.train_state import (
 )
 from neorl_industrial.functional.transformations.offline import (
     ChunkCallback,
+    Schedule,
     check_positive_ints,
     make_train_chunk,
     run_chunks,
@@ -340,12 +341,10 @@ def localize(tree: Any) -> Any:
 def train_data_parallel(
     algorithm: Algorithm,
     data: ShardedDataset,
+    schedule: Schedule,
     *,
     mesh: Mesh | None = None,
     seeds: Sequence[int] = (0,),
-    n_updates: int,
-    chunk_updates: int = 1000,
-    batch_size: int = 256,
     n_step: int = 1,
     gamma: float = 0.99,
     callback: ChunkCallback | None = None,
@@ -359,9 +358,8 @@ def train_data_parallel(
         data: from :func:`shard_dataset` / :func:`split_dataset` on ``mesh``.
         mesh: the ``"data"`` mesh the data lies on (default :func:`data_mesh`).
         seeds: one run per seed (vmapped; each draws its own batches).
-        n_updates: updates per run in this call; rounded up to whole chunks.
-        chunk_updates: updates fused into one compiled call.
-        batch_size: transitions per update over all shards; a multiple of the shards.
+        schedule: updates per run in this call, per compiled chunk, and the batch size
+            (transitions per update over all shards; a multiple of the shards).
         n_step: steps summed into each reward (1: one-step transitions).
         gamma: discount of n-step returns and bootstrap factors.
         callback: called on the host after every chunk.
@@ -374,9 +372,8 @@ def train_data_parallel(
     Raises:
         DataParallelError: for a batch that does not divide into the shards.
     """
-    check_positive_ints(
-        n_updates=n_updates, chunk_updates=chunk_updates, batch_size=batch_size, n_step=n_step
-    )
+    check_positive_ints(n_step=n_step)
+    batch_size, chunk_updates = schedule.batch_size, schedule.chunk
     mesh = data_mesh() if mesh is None else mesh
     check_batch(batch_size, data.n_shards)
     if state is None:
@@ -388,8 +385,7 @@ def train_data_parallel(
     state, history = run_chunks(
         lambda state: chunk(state, data),
         state,
-        n_updates,
-        chunk_updates,
+        schedule,
         state.n_seeds,
         callback,
         to_host=to_host,

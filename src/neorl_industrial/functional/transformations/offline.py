@@ -7,6 +7,7 @@ updates, per seed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable
@@ -25,6 +26,37 @@ from neorl_industrial.functional.state_management.train_state import (
 
 #: ``sampler(dataset, key, batch_size) -> batch``.
 Sampler = Callable[[Dataset, jax.Array, int], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How much one training call runs and in what pieces.
+
+    Attributes:
+        n_updates: updates per run in the call; rounded up to whole chunks.
+        chunk_updates: updates fused into one compiled call (at most ``n_updates``: a
+            short call compiles a chunk of its own length, it does not run a long one).
+        batch_size: transitions per update.
+
+    Raises:
+        ValueError: naming the first field that is not a positive integer.
+    """
+
+    n_updates: int
+    chunk_updates: int = 1000
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        check_positive_ints(
+            n_updates=self.n_updates, chunk_updates=self.chunk_updates, batch_size=self.batch_size
+        )
+
+    @property
+    def chunk(self) -> int:
+        """Updates per compiled call: ``chunk_updates``, at most ``n_updates``."""
+        return min(self.chunk_updates, self.n_updates)
+
+
 #: Host callback after every chunk: ``(updates_done, metrics per seed as numpy) -> None``.
 ChunkCallback = Callable[[int, dict[str, Any]], None]
 
@@ -91,11 +123,9 @@ def make_train_chunk(
 def train_offline(
     algorithm: Algorithm,
     dataset: Dataset,
+    schedule: Schedule,
     *,
     seeds: list[int] | tuple[int, ...] = (0,),
-    n_updates: int,
-    chunk_updates: int = 1000,
-    batch_size: int = 256,
     sampler: Sampler = sample,
     callback: ChunkCallback | None = None,
     state: TrainState | None = None,
@@ -106,11 +136,8 @@ def train_offline(
     Args:
         algorithm: the agent.
         dataset: the data, on device.
+        schedule: updates per seed in this call, per compiled chunk, and the batch size.
         seeds: one independent run (initialization and sampling) per seed.
-        n_updates: updates per seed in this call; rounded up to whole chunks.
-        chunk_updates: updates fused into one compiled call (at most ``n_updates``: a
-            short call compiles a chunk of its own length, it does not run a long one).
-        batch_size: transitions per update.
         sampler: how batches are drawn.
         callback: called on the host after every chunk.
         state: continue these runs (e.g. a saved :class:`TrainState`) instead of starting
@@ -124,8 +151,6 @@ def train_offline(
         algorithm states are ``state.agent``) and, per chunk, the updates done (in total),
         seconds, updates per second (all seeds) and the mean metrics per seed.
     """
-    check_positive_ints(n_updates=n_updates, chunk_updates=chunk_updates, batch_size=batch_size)
-    chunk_updates = min(chunk_updates, n_updates)
     if state is None:
         if not seeds:
             raise ValueError("seeds: expected at least one seed")
@@ -136,14 +161,15 @@ def train_offline(
     if check_action_units:
         _warn_about_action_units(dataset)
     chunk = jax.jit(
-        make_train_chunk(algorithm, batch_size, chunk_updates, sampler), donate_argnums=0
+        make_train_chunk(algorithm, schedule.batch_size, schedule.chunk, sampler),
+        donate_argnums=0,
     )
     # States are donated to every chunk; a fresh state may hold one buffer twice (a target
     # network starts as its online network), and a caller's state must survive, so each
     # leaf gets its own copy first.
     state = jax.tree.map(jnp.copy, state)
     state, history = run_chunks(
-        lambda state: chunk(state, dataset), state, n_updates, chunk_updates, n_runs, callback
+        lambda state: chunk(state, dataset), state, schedule, n_runs, callback
     )
     return state, history
 
@@ -151,19 +177,19 @@ def train_offline(
 def run_chunks(
     step: Callable[[TrainState], tuple[TrainState, Any]],
     state: TrainState,
-    n_updates: int,
-    chunk_updates: int,
+    schedule: Schedule,
     n_runs: int,
     callback: ChunkCallback | None = None,
     to_host: Callable[[Any], Any] = jax.device_get,
 ) -> tuple[TrainState, list[dict[str, Any]]]:
-    """Calls the compiled chunk ``step`` until ``n_updates`` updates are done; per chunk
+    """Calls the compiled chunk ``step`` (``schedule.chunk`` updates) until the
+    schedule's ``n_updates`` are done; per chunk
     the updates done (in total), seconds, updates per second (all ``n_runs`` runs) and the
     metrics, brought to the host once with ``to_host`` and given to ``callback``. Returns
     the final state and those entries."""
     history: list[dict[str, Any]] = []
-    done = 0
-    while done < n_updates:
+    done, chunk_updates = 0, schedule.chunk
+    while done < schedule.n_updates:
         started = time.perf_counter()
         state, metrics = step(state)
         metrics = to_host(metrics)  # the one transfer of the chunk

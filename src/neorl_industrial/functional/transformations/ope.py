@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +39,11 @@ from neorl_industrial.core.agents.fqe import FQE, DeterministicPolicy, FQEConfig
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.functional.state_management import Dataset, sample
 from neorl_industrial.functional.state_management.train_state import TrainState, init_train_states
-from neorl_industrial.functional.transformations.offline import ChunkCallback, train_offline
+from neorl_industrial.functional.transformations.offline import (
+    ChunkCallback,
+    Schedule,
+    train_offline,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +103,23 @@ def _to_dataset_units(
     return np.concatenate([returns, estimates[..., 1:] / cost_scales], axis=-1)
 
 
+class SignalScales(NamedTuple):
+    """FQE's training scales; each None is chosen from the data (see the module's
+    docstring).
+
+    Attributes:
+        reward_shift: subtracted from rewards for training; None: the mean reward when no
+            episode ends in a terminal state, else 0.
+        reward_scale: multiplied into the shifted rewards; None: ``sqrt(1 - γ) / std``.
+        cost_scale: one for every channel or one per channel; None: ``sqrt(1 - γ) / std``
+            of each channel.
+    """
+
+    reward_shift: float | None = None
+    reward_scale: float | None = None
+    cost_scale: float | Sequence[float] | None = None
+
+
 def signal_scales(
     dataset: Dataset,
     discount: float,
@@ -156,9 +177,7 @@ def _prepare(
     dataset: Dataset,
     config: FQEConfig | None,
     initial_observations: Any,
-    reward_shift: float | None,
-    reward_scale: float | None,
-    cost_scale: float | Sequence[float] | None,
+    given: SignalScales | None = None,
 ) -> tuple[FQEConfig, jax.Array, tuple[float, float, np.ndarray], Dataset]:
     """The config with observation statistics, the checked initial observations, the
     signal scales and the dataset scaled for training."""
@@ -183,7 +202,7 @@ def _prepare(
         )
     if not bool(jnp.all(jnp.isfinite(initial_observations))):
         raise ValueError("initial_observations: NaN or infinite values")
-    scales = signal_scales(dataset, config.discount, reward_shift, reward_scale, cost_scale)
+    scales = signal_scales(dataset, config.discount, *(given or SignalScales()))
     shift, scale, cost_scales = scales
     scaled = dataset.replace(
         rewards=(dataset.rewards - shift) * scale,
@@ -204,12 +223,10 @@ def fitted_q_evaluation_values(
     dataset: Dataset,
     act: Any,
     policy_params: Any,
+    schedule: Schedule,
     *,
-    n_updates: int,
     seeds: Sequence[int] = (0,),
-    batch_size: int = 256,
     config: FQEConfig | None = None,
-    chunk_updates: int = 1000,
 ) -> Callable[[Any], np.ndarray]:
     """Trains FQE of several policies of one kind at once (every policy x FQE seed is one
     run of a single vmapped program) and returns their value function.
@@ -219,17 +236,15 @@ def fitted_q_evaluation_values(
         act: ``act(params, observations[B, obs_size]) -> actions[B, action_size]``,
             deterministic and jit-able.
         policy_params: the policies' parameters, stacked on a leading policy axis ``P``.
-        n_updates, seeds, batch_size, config, chunk_updates: as
-            :func:`fitted_q_evaluation` (the scales are chosen from the data).
+        schedule, seeds, config: as :func:`fitted_q_evaluation` (the scales are chosen
+            from the data).
 
     Returns:
         ``values(observations [P, ..., obs_size]) -> [P, n_seeds, ..., 1 + n_costs]``:
         each policy's estimated ``Q(s, π(s))`` at its own observations, in the dataset's
         units (discounted return, then each channel's discounted cost).
     """
-    config, _, (shift, scale, cost_scales), scaled = _prepare(
-        dataset, config, None, None, None, None
-    )
+    config, _, (shift, scale, cost_scales), scaled = _prepare(dataset, config, None)
     n_policies = int(jax.tree.leaves(policy_params)[0].shape[0])
     seeds = tuple(int(seed) for seed in seeds)
     sizes = (dataset.observation_size, dataset.action_size, dataset.n_costs)
@@ -247,13 +262,10 @@ def fitted_q_evaluation_values(
     fresh = init_train_states(algorithm, [seed for _ in range(n_policies) for seed in seeds])
     repeated = jax.tree.map(lambda leaf: jnp.repeat(leaf, len(seeds), axis=0), policy_params)
     state = fresh.replace(agent=PolicyFQEState(fqe=fresh.agent, policy_params=repeated))
-    chunk_updates = max(1, min(chunk_updates, n_updates))
     state, _ = train_offline(
         algorithm,
         scaled,
-        n_updates=n_updates,
-        chunk_updates=chunk_updates,
-        batch_size=batch_size,
+        schedule,
         sampler=functools.partial(sample, gamma=config.discount),
         check_action_units=False,
         state=state,
@@ -284,13 +296,11 @@ def fitted_q_evaluation_batch(
     dataset: Dataset,
     act: Any,
     policy_params: Any,
+    schedule: Schedule,
     *,
-    n_updates: int,
     seeds: Sequence[int] = (0,),
-    batch_size: int = 256,
     config: FQEConfig | None = None,
     initial_observations: Any = None,
-    chunk_updates: int = 1000,
 ) -> tuple[np.ndarray, np.ndarray]:
     """FQE of several policies of one kind at once: every policy x FQE seed is one run of
     a single vmapped program (compiled once, whatever the number of policies).
@@ -300,25 +310,16 @@ def fitted_q_evaluation_batch(
         act: ``act(params, observations[B, obs_size]) -> actions[B, action_size]``,
             deterministic and jit-able.
         policy_params: the policies' parameters, stacked on a leading policy axis.
-        n_updates, seeds, batch_size, config, initial_observations, chunk_updates: as
-            :func:`fitted_q_evaluation` (the scales are chosen from the data).
+        schedule, seeds, config, initial_observations: as :func:`fitted_q_evaluation`
+            (the scales are chosen from the data).
 
     Returns:
         ``(returns [n_policies, n_seeds], costs [n_policies, n_seeds, n_costs])`` in the
         dataset's units.
     """
-    _, initial_observations, _, _ = _prepare(
-        dataset, config, initial_observations, None, None, None
-    )
+    _, initial_observations, _, _ = _prepare(dataset, config, initial_observations)
     values = fitted_q_evaluation_values(
-        dataset,
-        act,
-        policy_params,
-        n_updates=n_updates,
-        seeds=seeds,
-        batch_size=batch_size,
-        config=config,
-        chunk_updates=chunk_updates,
+        dataset, act, policy_params, schedule, seeds=seeds, config=config
     )
     n_policies = int(jax.tree.leaves(policy_params)[0].shape[0])
     return start_estimates(values, initial_observations, n_policies)
@@ -339,16 +340,12 @@ def start_estimates(
 def fitted_q_evaluation(
     dataset: Dataset,
     policy: DeterministicPolicy,
+    schedule: Schedule,
     *,
-    n_updates: int,
     seeds: Sequence[int] = (0,),
-    batch_size: int = 256,
     config: FQEConfig | None = None,
     initial_observations: Any = None,
-    reward_shift: float | None = None,
-    reward_scale: float | None = None,
-    cost_scale: float | Sequence[float] | None = None,
-    chunk_updates: int = 1000,
+    scales: SignalScales | None = None,
     callback: ChunkCallback | None = None,
 ) -> OPEResult:
     """Estimates the discounted return and costs of ``policy`` from ``dataset`` alone.
@@ -357,19 +354,14 @@ def fitted_q_evaluation(
         dataset: logged transitions of continuous actions (any behaviour).
         policy: ``policy(observations[B, obs_size]) -> actions[B, action_size]``,
             deterministic and jit-able, on raw observations.
-        n_updates: FQE updates per seed, rounded up to whole chunks.
+        schedule: FQE updates per seed (rounded up to whole chunks), per compiled chunk,
+            and the transitions per update.
         seeds: one FQE per seed (initialization and sampling), trained together.
-        batch_size: transitions per update.
         config: FQE's hyperparameters (default :class:`FQEConfig`); without observation
             statistics the dataset's per-feature mean and spread are used.
         initial_observations: ``[n, obs_size]`` where to evaluate the policy; by default
             the first observation of every episode of ``dataset``.
-        reward_shift: subtracted from rewards for training; None: the mean reward when no
-            episode ends in a terminal state, else 0.
-        reward_scale: multiplied into the shifted rewards; None: ``sqrt(1 - γ) / std``.
-        cost_scale: one for every channel or one per channel; None: ``sqrt(1 - γ) / std``
-            of each channel.
-        chunk_updates: updates fused into one compiled call (at most ``n_updates``).
+        scales: the training scales (:class:`SignalScales`; None: all from the data).
         callback: called on the host after every chunk with the metrics per seed.
 
     Returns:
@@ -380,16 +372,14 @@ def fitted_q_evaluation(
             not fit the dataset, initial observations of the wrong shape, or bad scales.
     """
     config, initial_observations, (shift, scale, cost_scales), scaled = _prepare(
-        dataset, config, initial_observations, reward_shift, reward_scale, cost_scale
+        dataset, config, initial_observations, scales
     )
     fqe = make_fqe(config, dataset.observation_size, dataset.action_size, dataset.n_costs, policy)
     state, history = train_offline(
         fqe,
         scaled,
+        schedule,
         seeds=tuple(seeds),
-        n_updates=n_updates,
-        chunk_updates=chunk_updates,
-        batch_size=batch_size,
         sampler=functools.partial(sample, gamma=config.discount),
         check_action_units=False,
         callback=callback,

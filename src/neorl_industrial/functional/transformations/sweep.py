@@ -47,8 +47,8 @@ from neorl_industrial.functional.state_management.train_state import (
 from neorl_industrial.functional.transformations.offline import (
     ChunkCallback,
     Sampler,
+    Schedule,
     _warn_about_action_units,
-    check_positive_ints,
     make_chunk,
     run_chunks,
 )
@@ -485,10 +485,8 @@ def _shardings(mesh: Mesh, n_runs: int) -> tuple[NamedSharding, NamedSharding]:
 def train_sweep(
     plan: SweepPlan,
     dataset: Dataset,
+    schedule: Schedule,
     *,
-    n_updates: int,
-    chunk_updates: int = 1000,
-    batch_size: int = 256,
     sampler: Sampler = sample,
     callback: ChunkCallback | None = None,
     state: TrainState | None = None,
@@ -503,9 +501,7 @@ def train_sweep(
     Args:
         plan: from :func:`plan_sweep`.
         dataset: the data, on device, shared by every run.
-        n_updates: updates per run in this call; rounded up to whole chunks.
-        chunk_updates: updates fused into one compiled call.
-        batch_size: transitions per update.
+        schedule: updates per run in this call, per compiled chunk, and the batch size.
         sampler: how batches are drawn.
         callback: called on the host after every chunk with the metrics per run.
         state: continue these runs instead of starting fresh ones.
@@ -517,7 +513,7 @@ def train_sweep(
         SweepError: for a state of another number of runs, runs that do not divide over
             the mesh's devices, or a sweep larger than the device's memory.
     """
-    check_positive_ints(n_updates=n_updates, chunk_updates=chunk_updates, batch_size=batch_size)
+    batch_size, chunk_updates = schedule.batch_size, schedule.chunk
     if not algorithm_entry(plan.algorithm).discrete:
         _warn_about_action_units(dataset)
     check_sweep_fits(plan, batch_size, n_devices=1 if mesh is None else int(mesh.devices.size))
@@ -544,8 +540,7 @@ def train_sweep(
     state, history = run_chunks(
         lambda state: chunk(state, values, dataset),
         state,
-        n_updates,
-        chunk_updates,
+        schedule,
         plan.n_runs,
         callback,
         to_host=to_host,

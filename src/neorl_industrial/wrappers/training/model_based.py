@@ -24,7 +24,7 @@ from neorl_industrial.core.agents.registry import (
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.core.safety.contract import SafetyContract
 from neorl_industrial.functional.state_management import Dataset, RewardScaling
-from neorl_industrial.functional.transformations.offline import train_offline
+from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 
 __all__ = ["build_model_based", "model_handle", "train_model_based"]
 
@@ -89,9 +89,7 @@ def train_model_based(
     *,
     hyperparameters: Mapping[str, Any] | None = None,
     seeds: Sequence[int] = (0,),
-    n_updates: int = 10_000,
-    chunk_updates: int = 1_000,
-    batch_size: int = 256,
+    schedule: Schedule | None = None,
     model_seed: int = 0,
     shielded: bool = True,
 ) -> tuple[Algorithm, Any, Any, list[dict[str, Any]]]:
@@ -102,6 +100,9 @@ def train_model_based(
     rewards are scaled as the registry says for
     the algorithm, for the real batches and the model's rewards alike; observations are
     normalized with the dataset's statistics.
+
+    ``schedule``: the updates per seed, per compiled chunk, and the batch size (None:
+    10,000 updates in chunks of 1,000, batches of 256).
 
     Returns:
         ``(algorithm, config, state with a leading seed axis, history per chunk)``.
@@ -128,9 +129,7 @@ def train_model_based(
     state, history = train_offline(
         algorithm,
         training,
+        schedule or Schedule(n_updates=10_000),
         seeds=list(seeds),
-        n_updates=n_updates,
-        chunk_updates=chunk_updates,
-        batch_size=batch_size,
     )
     return algorithm, config, state, history

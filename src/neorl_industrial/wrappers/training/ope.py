@@ -40,6 +40,7 @@ from neorl_industrial.core.agents.fqe import FQEConfig
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.core.safety import shield
 from neorl_industrial.functional.state_management import ActionScaler, Dataset
+from neorl_industrial.functional.transformations.offline import Schedule
 from neorl_industrial.functional.transformations.ope import (
     fitted_q_evaluation_values,
     start_estimates,
@@ -218,9 +219,8 @@ class OffPolicyEvaluator:
             self.dataset,
             self.actions,
             policies,
-            n_updates=self.updates,
+            schedule=Schedule(n_updates=self.updates, batch_size=self.batch_size),
             seeds=tuple(self.seeds),
-            batch_size=self.batch_size,
             config=config,
         )
         n_runs = int(jax.tree.leaves(policies)[0].shape[0])

@@ -54,6 +54,7 @@ class SweepRuns:
 
     def train_group(self, group: Any, mesh: Any) -> None:
         """Trains and evaluates one program's configurations × seeds."""
+        from neorl_industrial.functional.transformations.offline import Schedule
         from neorl_industrial.functional.transformations.sweep import SweepError, train_sweep
 
         prepared, context = self.prepared, self.prepared.context
@@ -65,9 +66,11 @@ class SweepRuns:
             trained = train_sweep(
                 group.plan,
                 prepared.data,
-                n_updates=training.updates,
-                chunk_updates=training.chunk,
-                batch_size=training.batch_size,
+                schedule=Schedule(
+                    n_updates=training.updates,
+                    chunk_updates=training.chunk,
+                    batch_size=training.batch_size,
+                ),
                 mesh=mesh,
             )
         except SweepError as error:

@@ -18,7 +18,7 @@ from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.functional.transformations.model_evaluation import (
     RolloutSums,
 )
-from neorl_industrial.functional.transformations.offline import train_offline
+from neorl_industrial.functional.transformations.offline import Schedule, train_offline
 from neorl_industrial.functional.transformations.ope import fitted_q_evaluation_values
 from neorl_industrial.wrappers.training.verdict_evidence import (
     _between,
@@ -161,10 +161,9 @@ def _fitted_fqe(
             return jax.vmap(lambda o: act(params, o, None, deterministic=True))(observations)
 
     common = dict(
-        n_updates=settings.fqe_updates,
+        schedule=Schedule(n_updates=settings.fqe_updates, batch_size=FQE_BATCH_SIZE),
         seeds=settings.fqe_seeds,
         config=FQEConfig(hidden=settings.fqe_hidden, discount=settings.discount),
-        batch_size=FQE_BATCH_SIZE,
     )
     values = policies.fqe_values or fitted_q_evaluation_values(
         heldout, fqe_act, policies.policy_params, **common
@@ -315,8 +314,10 @@ def _behaviour_clone(heldout: Dataset, settings: VerdictSettings) -> _Clone:
         bc,
         heldout,
         seeds=(settings.seed,),
-        n_updates=settings.bc_updates,
-        chunk_updates=min(1000, settings.bc_updates),
-        batch_size=256,
+        schedule=Schedule(
+            n_updates=settings.bc_updates,
+            chunk_updates=min(1000, settings.bc_updates),
+            batch_size=256,
+        ),
     )
     return _Clone(act=bc.act, params=jax.tree.map(lambda leaf: leaf[0], state.agent.policy))
