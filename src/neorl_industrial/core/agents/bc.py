@@ -17,7 +17,6 @@ from flax import struct
 
 from neorl_industrial.core.agents.networks import (
     MLP,
-    ObservationNormalizer,
     PolicyParams,
     WeightInitConfig,
     check_network,
@@ -77,13 +76,9 @@ def make_bc(config: BCConfig, obs_size: int, action_size: int) -> Algorithm:
         return jnp.tanh(network.apply(actor, normalized))
 
     def init(key: jax.Array) -> BCState:
-        actor = network.init(key, jnp.zeros((obs_size,), jnp.float32))
+        policy = PolicyParams.create(network, key, config, obs_size)
         return BCState(
-            policy=PolicyParams(
-                actor=actor, normalizer=ObservationNormalizer.from_config(config, obs_size)
-            ),
-            opt_state=optimizer.init(actor),
-            step=jnp.zeros((), jnp.int32),
+            policy=policy, opt_state=optimizer.init(policy.actor), step=jnp.zeros((), jnp.int32)
         )
 
     def update(state: BCState, batch: Any, key: jax.Array) -> tuple[BCState, Metrics]:

@@ -34,12 +34,13 @@ from neorl_industrial.core.agents.distributional import (
     pessimistic,
 )
 from neorl_industrial.core.agents.networks import (
-    ObservationNormalizer,
     PolicyParams,
     TanhGaussianActor,
     WeightInitConfig,
     check_network,
+    check_non_negative,
     check_positive,
+    check_positive_int,
     check_tau,
     make_act,
 )
@@ -84,12 +85,8 @@ class CQLConfig(WeightInitConfig):
     def __post_init__(self) -> None:
         check_network(self)
         check_positive(self, "actor_lr", "critic_lr", "alpha_lr", "alpha_prime_lr", "temperature")
-        if self.cql_alpha < 0.0:
-            raise ValueError(f"cql_alpha: must not be negative, got {self.cql_alpha}")
-        if self.bc_steps < 0:
-            raise ValueError(f"bc_steps: must not be negative, got {self.bc_steps}")
-        if self.n_actions < 1:
-            raise ValueError(f"n_actions: expected a positive integer, got {self.n_actions}")
+        check_non_negative(self, "cql_alpha", "bc_steps")
+        check_positive_int(self, "n_actions")
         check_tau(self.tau)
 
 
@@ -124,19 +121,26 @@ class Proposals(NamedTuple):
     log_densities: jax.Array  # [3n, B]
 
 
+class CriticInputs(NamedTuple):
+    """What the critics' loss reads of one update's batch: the normalized observations,
+    the data's actions, their bootstrap targets and the penalty's proposals."""
+
+    observations: jax.Array  # [B, obs_size]
+    actions: jax.Array  # [B, action_size]
+    targets: jax.Array  # [B, N']
+    proposals: Proposals
+
+
 def critic_loss(
     critics: Critics,
     config: CQLConfig,
     critic: Any,
-    observations: jax.Array,
-    actions: jax.Array,
-    targets: jax.Array,
-    proposals: Proposals,
+    inputs: CriticInputs,
     alpha_prime: jax.Array,
     fraction_key: jax.Array | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-    """The critics' TD loss towards ``targets`` (``[B, N']``) plus the conservative
-    penalty, what CQL adds to an actor-critic.
+    """The critics' TD loss towards ``inputs.targets`` plus the conservative penalty, what
+    CQL adds to an actor-critic.
 
     Args:
         alpha_prime: the penalty's Lagrangian weight (used when ``config.lagrange``).
@@ -146,6 +150,7 @@ def critic_loss(
         ``(loss, (td, gap, q_mean))``: ``gap`` per critic, ``q_mean`` the mean value of the
         data's actions.
     """
+    observations, actions, targets, proposals = inputs
     batch_size = observations.shape[0]
     # The dataset's action and the 3n proposals in one pass.
     every_action = jnp.concatenate([actions[None], proposals.actions], axis=0)
@@ -209,18 +214,16 @@ def init_state(
     """A fresh state: new actor and critics (the targets the same), temperature and
     penalty weight at 1 (their logs at 0)."""
     actor_key, critic_key = jax.random.split(key)
-    observation = jnp.zeros((obs_size,), jnp.float32)
-    actor_params = networks.actor.init(actor_key, observation)
+    policy = PolicyParams.create(networks.actor, actor_key, config, obs_size)
     critic = networks.critics.init(critic_key, obs_size, action_size)
-    normalizer = ObservationNormalizer.from_config(config, obs_size)
     zero = jnp.zeros((), jnp.float32)
     return CQLState(
-        policy=PolicyParams(actor=actor_params, normalizer=normalizer),
+        policy=policy,
         critic=critic,
         target_critic=critic,
         log_alpha=zero,
         log_alpha_prime=zero,
-        actor_opt_state=networks.actor_optimizer.init(actor_params),
+        actor_opt_state=networks.actor_optimizer.init(policy.actor),
         critic_opt_state=networks.critic_optimizer.init(critic),
         alpha_opt_state=networks.alpha_optimizer.init(zero),
         alpha_prime_opt_state=networks.alpha_prime_optimizer.init(zero),
@@ -309,6 +312,11 @@ def sample_proposals(
     )
 
 
+def penalty_weight(log_alpha_prime: jax.Array) -> jax.Array:
+    """The penalty's Lagrangian weight of its log, bounded to [0, 1e6]."""
+    return jnp.clip(jnp.exp(log_alpha_prime), 0.0, 1e6)
+
+
 def alpha_prime_step(
     networks: CQLNetworks, config: CQLConfig, state: CQLState, gap: jax.Array
 ) -> tuple[jax.Array, optax.OptState]:
@@ -319,7 +327,7 @@ def alpha_prime_step(
         return state.log_alpha_prime, state.alpha_prime_opt_state
 
     def objective(log_alpha_prime: jax.Array) -> tuple[jax.Array, None]:
-        weight = jnp.clip(jnp.exp(log_alpha_prime), 0.0, 1e6)
+        weight = penalty_weight(log_alpha_prime)
         gaps = jax.lax.stop_gradient(gap - config.target_action_gap)
         return -jnp.sum(weight * config.cql_alpha * gaps), None
 
@@ -340,9 +348,7 @@ def cql_update(
     SAC's target update."""
     chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
     policy_key, next_key, random_key, current_key, next_sample_key = jax.random.split(key, 5)
-    normalize = state.policy.normalizer
-    observations = normalize(batch.observations)
-    next_observations = normalize(batch.next_observations)
+    observations, next_observations = state.policy.normalize_batch(batch)
 
     # Actor and temperature (SAC's steps), against the current critics; in the warm
     # start the actor maximizes the data's log-likelihood instead of Q.
@@ -371,15 +377,12 @@ def cql_update(
         next_observations,
         (random_key, current_key, next_sample_key),
     )
-    alpha_prime = jnp.clip(jnp.exp(state.log_alpha_prime), 0.0, 1e6)
+    alpha_prime = penalty_weight(state.log_alpha_prime)
     critic_objective = functools.partial(
         critic_loss,
         networks.critics,
         config,
-        observations=observations,
-        actions=batch.actions,
-        targets=targets,
-        proposals=proposals,
+        inputs=CriticInputs(observations, batch.actions, targets, proposals),
         alpha_prime=alpha_prime,
         fraction_key=fraction_key,
     )
@@ -402,7 +405,7 @@ def cql_update(
         "critic_loss": c_loss,
         "td_loss": td_loss,
         "cql_gap": jnp.mean(gap),
-        "alpha_prime": jnp.clip(jnp.exp(log_alpha_prime), 0.0, 1e6),
+        "alpha_prime": penalty_weight(log_alpha_prime),
         "q_mean": q_mean,
     }
     return new_state, metrics

@@ -22,10 +22,10 @@ from flax import struct
 
 from neorl_industrial.core.agents.networks import (
     MLP,
-    ObservationNormalizer,
     PolicyParams,
     WeightInitConfig,
     check_network,
+    check_non_negative,
     check_positive,
     check_tau,
     make_act,
@@ -121,9 +121,7 @@ def make_score_model(
     network = MLP(hidden=config.hidden, output_size=num_actions, weight_init=config.weight_init)
 
     def init_policy(key: jax.Array) -> PolicyParams:
-        params = network.init(key, jnp.zeros((obs_size,), jnp.float32))
-        normalizer = ObservationNormalizer.from_config(config, obs_size)
-        return PolicyParams(actor=params, normalizer=normalizer)
+        return PolicyParams.create(network, key, config, obs_size)
 
     def action(policy: PolicyParams, observation: jax.Array, key, deterministic) -> jax.Array:
         scores = network.apply(policy.actor, policy.normalizer(observation))
@@ -193,8 +191,7 @@ class DiscreteCQLConfig(WeightInitConfig):
     def __post_init__(self) -> None:
         check_network(self)
         check_positive(self, "learning_rate")
-        if self.cql_alpha < 0.0:
-            raise ValueError(f"cql_alpha: must not be negative, got {self.cql_alpha}")
+        check_non_negative(self, "cql_alpha")
         check_tau(self.tau)
         if self.td_loss not in TD_LOSSES:
             raise ValueError(f"td_loss: expected one of {list(TD_LOSSES)}, got {self.td_loss!r}")
@@ -257,9 +254,7 @@ def make_discrete_cql(config: DiscreteCQLConfig, obs_size: int, num_actions: int
     def update(state: DiscreteCQLState, batch: Any, key: jax.Array):
         del key  # deterministic given the batch
         chex.assert_rank([batch.observations, batch.rewards], [2, 1])
-        normalize = state.policy.normalizer
-        observations = normalize(batch.observations)
-        next_observations = normalize(batch.next_observations)
+        observations, next_observations = state.policy.normalize_batch(batch)
         actions = _as_index(batch.actions)
         next_target_q = network.apply(state.target, next_observations)
         if config.double_q:

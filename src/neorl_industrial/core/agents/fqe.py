@@ -50,6 +50,7 @@ from neorl_industrial.core.agents.networks import (
     ObservationNormalizer,
     check_layer_widths,
     check_observation_stats,
+    check_positive,
 )
 from neorl_industrial.core.agents.types import Metrics
 from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
@@ -86,8 +87,7 @@ class FQEConfig(FrozenConfig):
 
     def __post_init__(self) -> None:
         check_layer_widths(self.hidden)
-        if not self.learning_rate > 0.0:
-            raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
+        check_positive(self, "learning_rate")
         if not 0.0 < self.discount < 1.0:
             raise ValueError(f"discount: must lie in (0, 1), got {self.discount}")
         for name in ("target_update_period", "n_critics"):

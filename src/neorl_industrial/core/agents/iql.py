@@ -31,7 +31,6 @@ from neorl_industrial.core.agents.distributional import CriticConfig, Critics, m
 from neorl_industrial.core.agents.losses import critic_loss, expectile_loss
 from neorl_industrial.core.agents.networks import (
     MLP,
-    ObservationNormalizer,
     PolicyParams,
     WeightInitConfig,
     check_network,
@@ -182,17 +181,15 @@ def init_state(
     **extra: Any,
 ) -> IQLState:
     """A fresh state; ``state_type`` (a subclass) is built with the ``extra`` fields."""
-    observation = jnp.zeros((obs_size,), jnp.float32)
-    actor = networks.actor.init(actor_key, observation)
-    value = networks.value.init(value_key, observation)
+    policy = PolicyParams.create(networks.actor, actor_key, config, obs_size)
+    value = networks.value.init(value_key, jnp.zeros((obs_size,), jnp.float32))
     critic = networks.critic.init(critic_key, obs_size, action_size)
-    normalizer = ObservationNormalizer.from_config(config, obs_size)
     return state_type(
-        policy=PolicyParams(actor=actor, normalizer=normalizer),
+        policy=policy,
         value=value,
         critic=critic,
         target_critic=critic,
-        actor_opt_state=networks.actor_optimizer.init(actor),
+        actor_opt_state=networks.actor_optimizer.init(policy.actor),
         value_opt_state=networks.value_optimizer.init(value),
         critic_opt_state=networks.critic_optimizer.init(critic),
         step=jnp.zeros((), jnp.int32),
@@ -294,9 +291,7 @@ def make_iql(config: IQLConfig, obs_size: int, action_size: int) -> Algorithm:
         # draw their fractions.
         key = key if config.critic.distributional else None
         chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
-        normalize = state.policy.normalizer
-        observations = normalize(batch.observations)
-        next_observations = normalize(batch.next_observations)
+        observations, next_observations = state.policy.normalize_batch(batch)
         state, values = value_and_critic_step(
             networks, config, state, batch, observations, next_observations, key
         )

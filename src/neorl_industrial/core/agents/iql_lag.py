@@ -83,9 +83,7 @@ def iql_lag_update(
     critic_key = critic_key if config.critic.distributional else None
     cost_key = cost_key if config.cost_critic.distributional else None
     cost.check_safe_batch(batch, costs.critics.n_costs)
-    normalize = state.policy.normalizer
-    observations = normalize(batch.observations)
-    next_observations = normalize(batch.next_observations)
+    observations, next_observations = state.policy.normalize_batch(batch)
 
     state, values = iql.value_and_critic_step(
         networks, config, state, batch, observations, next_observations, critic_key

@@ -45,7 +45,8 @@ The model's side (the handle, the rollouts, the buffer and the mixed batch) live
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +62,7 @@ from neorl_industrial.core.agents.mopo_rollouts import (
     rollout,
     uncertainty_penalty,
 )
-from neorl_industrial.core.agents.networks import FrozenConfig
+from neorl_industrial.core.agents.networks import FrozenConfig, check_positive_int
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
 
 __all__ = [
@@ -104,9 +105,7 @@ class RolloutConfig(FrozenConfig):
 
     def check_rollout(self) -> None:
         """Raises ``ValueError`` naming a model-based field that does not fit."""
-        for name in ("rollout_horizon", "rollout_starts", "buffer_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+        check_positive_int(self, "rollout_horizon", "rollout_starts", "buffer_size")
         if not self.penalty_coef >= 0.0:
             raise ValueError(f"penalty_coef: must be >= 0, got {self.penalty_coef}")
         if not 0.0 <= self.real_ratio <= 1.0:
@@ -223,20 +222,32 @@ def _require(model: ModelHandle | None, name: str) -> ModelHandle:
     return model
 
 
+class Learner(NamedTuple):
+    """The agent a model-based algorithm trains, and how.
+
+    Attributes:
+        algorithm: its own algorithm, whose ``init`` and ``act`` the model-based one keeps.
+        update: ``update(state, mixed, key, real) -> (state, metrics)``: one step on MOPO's
+            mixed batch, ``real`` the whole real batch.
+        n_costs: the cost channels it learns (the buffer's when there is no model).
+    """
+
+    algorithm: Algorithm
+    update: Callable[[Any, Batch, jax.Array, Batch], tuple[Any, Metrics]]
+    n_costs: int = 0
+
+
 def _model_based(
     name: str,
     config: RolloutConfig,
-    learner: Algorithm,
-    learner_update: Any,
+    learner: Learner,
     obs_size: int,
     action_size: int,
     discount: float,
     model: ModelHandle | None,
-    default_costs: int,
 ) -> Algorithm:
-    """``learner`` trained on MOPO's mix of real and penalized model transitions
-    (``learner_update(state, mixed, key, real)``, ``real`` the whole real batch;
-    ``default_costs``: the buffer's cost channels when there is no model)."""
+    """``learner`` trained on MOPO's mix of real and penalized model transitions, those of
+    the model rolled out with ``discount``."""
     if model is not None:
         layout = model.dynamics.layout
         if (layout.observation_size, layout.action_size) != (obs_size, action_size):
@@ -246,11 +257,11 @@ def _model_based(
             )
 
     # Without a model the state is a template (a saved policy's shapes) that cannot train.
-    n_costs = default_costs if model is None else model.dynamics.layout.n_costs
+    n_costs = learner.n_costs if model is None else model.dynamics.layout.n_costs
 
     def init(key: jax.Array) -> MOPOState:
         return MOPOState(
-            learner=learner.init(key),
+            learner=learner.algorithm.init(key),
             buffer=ModelBuffer.empty(config.buffer_size, obs_size, action_size, n_costs),
             model=None if model is None else ModelState.of(model),
         )
@@ -275,7 +286,7 @@ def _model_based(
         def one(start: jax.Array, start_key: jax.Array) -> ModelTransitions:
             return rollout(
                 handle,
-                learner.act,
+                learner.algorithm.act,
                 state.learner.policy,
                 start,
                 start_key,
@@ -287,7 +298,7 @@ def _model_based(
         transitions = jax.vmap(one)(starts, jax.random.split(rollout_key, config.rollout_starts))
         buffer = state.buffer.add(transitions)
         mixed = mixed_batch(batch, buffer, mix_key, config.real_ratio)
-        learner_state, metrics = learner_update(state.learner, mixed, learner_key, batch)
+        learner_state, metrics = learner.update(state.learner, mixed, learner_key, batch)
         metrics = {
             **metrics,
             "model_penalty": jnp.mean(transitions.penalties),
@@ -298,7 +309,7 @@ def _model_based(
         }
         return state.replace(learner=learner_state, buffer=buffer), metrics
 
-    return Algorithm(init=init, update=update, act=learner.act)
+    return Algorithm(init=init, update=update, act=learner.algorithm.act)
 
 
 def make_mopo(
@@ -319,7 +330,7 @@ def make_mopo(
         return learner.update(state, sac_batch, key)
 
     return _model_based(
-        "mopo", config, learner, learner_update, obs_size, action_size, config.gamma, model, 0
+        "mopo", config, Learner(learner, learner_update), obs_size, action_size, config.gamma, model
     )
 
 
@@ -342,13 +353,11 @@ def make_mopo_lag(
     return _model_based(
         "mopo-lag",
         config,
-        learner,
-        learner_update,
+        Learner(learner, learner_update, len(config.cost_limits)),
         obs_size,
         action_size,
         config.discount,
         model,
-        len(config.cost_limits),
     )
 
 
@@ -371,9 +380,7 @@ def make_mopo_bc(
     networks = td3bc.make_networks(learner_config, action_size)
 
     def learner_update(state: Any, batch: Batch, key: jax.Array, real: Batch):
-        normalize = state.policy.normalizer
-        observations = normalize(batch.observations)
-        next_observations = normalize(batch.next_observations)
+        observations, next_observations = state.policy.normalize_batch(batch)
         noise_key, critic_key = td3bc.split_for_critics(learner_config, key)
         next_actions = td3bc.target_actions(
             networks, learner_config, state, next_observations, noise_key
@@ -381,7 +388,7 @@ def make_mopo_bc(
         state, critic_loss, q = td3bc.critic_step(
             networks, state, batch, observations, next_observations, next_actions, critic_key
         )
-        real_observations = normalize(real.observations)
+        real_observations = state.policy.normalizer(real.observations)
         step = jax.lax.cond(
             td3bc.is_policy_update(learner_config, state),
             lambda _: td3bc.policy_step(
@@ -394,5 +401,11 @@ def make_mopo_bc(
         return td3bc.apply_policy_step(state, step), metrics
 
     return _model_based(
-        "mopo-bc", config, learner, learner_update, obs_size, action_size, config.discount, model, 0
+        "mopo-bc",
+        config,
+        Learner(learner, learner_update),
+        obs_size,
+        action_size,
+        config.discount,
+        model,
     )

@@ -519,6 +519,24 @@ def check_positive(config: Any, *names: str) -> None:
             raise ValueError(f"{name}: must be positive, got {value}")
 
 
+def check_positive_int(config: Any, *names: str) -> None:
+    """Raises ``ValueError`` naming the first of ``names`` whose value in ``config`` is below
+    1 (counts, sizes, periods)."""
+    for name in names:
+        value = getattr(config, name)
+        if value < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {value}")
+
+
+def check_non_negative(config: Any, *names: str) -> None:
+    """Raises ``ValueError`` naming the first of ``names`` whose value in ``config`` is
+    negative (penalty weights, warm-start lengths)."""
+    for name in names:
+        value = getattr(config, name)
+        if value < 0.0:
+            raise ValueError(f"{name}: must not be negative, got {value}")
+
+
 def check_tau(tau: float) -> None:
     """Raises ``ValueError`` naming ``tau`` unless the Polyak rate lies in (0, 1]."""
     if not 0.0 < tau <= 1.0:
@@ -531,6 +549,17 @@ class PolicyParams:
 
     actor: Params
     normalizer: ObservationNormalizer
+
+    @classmethod
+    def create(cls, actor: nn.Module, key: jax.Array, config: Any, obs_size: int) -> PolicyParams:
+        """``actor`` initialized with ``key`` for observations of ``obs_size`` features, and
+        the normalizer of ``config``'s ``obs_mean`` / ``obs_std``."""
+        params = actor.init(key, jnp.zeros((obs_size,), jnp.float32))
+        return cls(actor=params, normalizer=ObservationNormalizer.from_config(config, obs_size))
+
+    def normalize_batch(self, batch: Any) -> tuple[jax.Array, jax.Array]:
+        """A batch's ``observations`` and ``next_observations``, normalized."""
+        return self.normalizer(batch.observations), self.normalizer(batch.next_observations)
 
 
 def make_act(

@@ -31,6 +31,7 @@ from neorl_industrial.core.agents.networks import (
     WeightInitConfig,
     check_network,
     check_positive,
+    check_positive_int,
     check_tau,
     make_act,
     polyak_average,
@@ -133,8 +134,7 @@ class SACConfig(WeightInitConfig):
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma: must lie in [0, 1], got {self.gamma}")
         check_tau(self.tau)
-        if self.n_critics < 1:
-            raise ValueError(f"n_critics: expected a positive integer, got {self.n_critics}")
+        check_positive_int(self, "n_critics")
         check_positive(self, "initial_alpha", "actor_lr", "critic_lr", "alpha_lr")
 
 
@@ -308,10 +308,7 @@ def init_state(
     action = jnp.zeros((1, action_size), jnp.float32)
     actor_params = networks.actor.init(actor_key, observation)
     critic_params = networks.critic.init(critic_key, observation, action)
-    if config.obs_mean is None:
-        normalizer = ObservationNormalizer.identity(obs_size)
-    else:
-        normalizer = ObservationNormalizer.create(config.obs_mean, config.obs_std)
+    normalizer = ObservationNormalizer.from_config(config, obs_size)
     log_alpha = jnp.asarray(np.log(config.initial_alpha), jnp.float32)
     return SACState(
         policy=PolicyParams(actor=actor_params, normalizer=normalizer),
@@ -366,9 +363,7 @@ def sac_update(
     """One update of SAC: the critics, then the actor against the updated critics, then
     the temperature, then the targets."""
     next_key, actor_key = jax.random.split(key)
-    normalize = state.policy.normalizer
-    observations = normalize(batch.observations)
-    next_observations = normalize(batch.next_observations)
+    observations, next_observations = state.policy.normalize_batch(batch)
     rewards = config.reward_scale * (batch.rewards + config.reward_shift)
     discounts = config.gamma * batch.discounts
     alpha = jnp.exp(state.log_alpha)

@@ -34,11 +34,11 @@ from neorl_industrial.core.agents.distributional import (
 )
 from neorl_industrial.core.agents.networks import (
     MLP,
-    ObservationNormalizer,
     PolicyParams,
     WeightInitConfig,
     check_network,
     check_positive,
+    check_positive_int,
     check_tau,
     deterministic_act,
     polyak_average,
@@ -99,8 +99,7 @@ class TD3BCConfig(WeightInitConfig):
         check_network(self)
         check_positive(self, "actor_lr", "critic_lr", "alpha")
         check_tau(self.tau)
-        if self.policy_freq < 1:
-            raise ValueError(f"policy_freq: expected a positive integer, got {self.policy_freq}")
+        check_positive_int(self, "policy_freq")
 
 
 @struct.dataclass
@@ -173,17 +172,14 @@ def init_state(
     **extra: Any,
 ) -> TD3BCState:
     """A fresh state; ``state_type`` (a subclass) is built with the ``extra`` fields."""
-    observation = jnp.zeros((obs_size,), jnp.float32)
-    actor = networks.actor.init(actor_key, observation)
+    policy = PolicyParams.create(networks.actor, actor_key, config, obs_size)
     critic = networks.critic.init(critic_key, obs_size, action_size)
     return state_type(
-        policy=PolicyParams(
-            actor=actor, normalizer=ObservationNormalizer.from_config(config, obs_size)
-        ),
-        target_actor=actor,
+        policy=policy,
+        target_actor=policy.actor,
         critic=critic,
         target_critic=critic,
-        actor_opt_state=networks.actor_optimizer.init(actor),
+        actor_opt_state=networks.actor_optimizer.init(policy.actor),
         critic_opt_state=networks.critic_optimizer.init(critic),
         step=jnp.zeros((), jnp.int32),
         **extra,
@@ -333,9 +329,7 @@ def make_td3bc(config: TD3BCConfig, obs_size: int, action_size: int) -> Algorith
 
     def update(state: TD3BCState, batch: Batch, key: jax.Array) -> tuple[TD3BCState, Metrics]:
         chex.assert_rank([batch.observations, batch.actions, batch.rewards], [2, 2, 1])
-        normalize = state.policy.normalizer
-        observations = normalize(batch.observations)
-        next_observations = normalize(batch.next_observations)
+        observations, next_observations = state.policy.normalize_batch(batch)
         noise_key, critic_key = split_for_critics(config, key)
         next_actions = target_actions(networks, config, state, next_observations, noise_key)
         state, c_loss, q = critic_step(

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from neorl_industrial.core.agents import cost, cost_critics, td3bc
+from neorl_industrial.core.agents.networks import check_positive
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
 from neorl_industrial.core.optimizers import PIDConfig
 
@@ -57,8 +58,7 @@ class TD3BCLagConfig(td3bc.TD3BCConfig, cost.SafetyConfig):
     def __post_init__(self) -> None:
         td3bc.TD3BCConfig.__post_init__(self)
         cost.SafetyConfig.__post_init__(self)
-        if not self.cost_critic_lr > 0.0:
-            raise ValueError(f"cost_critic_lr: must be positive, got {self.cost_critic_lr}")
+        check_positive(self, "cost_critic_lr")
         if self.cost_floor is None:
             return
         if not (self.cost_floor >= 0.0):
@@ -165,9 +165,7 @@ def td3bc_lag_update(
     target policy's next action, then the delayed policy, target and multiplier steps."""
     networks, costs = parts.networks, parts.costs
     cost.check_safe_batch(batch, costs.n_costs)
-    normalize = state.policy.normalizer
-    observations = normalize(batch.observations)
-    next_observations = normalize(batch.next_observations)
+    observations, next_observations = state.policy.normalize_batch(batch)
 
     noise_key, critic_key = td3bc.split_for_critics(config, key)
     target_cost_key, cost_key = (

@@ -34,7 +34,13 @@ import numpy as np
 import optax
 from flax import struct
 
-from neorl_industrial.core.agents.networks import FrozenConfig, check_layer_widths, dense
+from neorl_industrial.core.agents.networks import (
+    FrozenConfig,
+    check_layer_widths,
+    check_positive,
+    check_positive_int,
+    dense,
+)
 from neorl_industrial.core.models.signals import KnownSignals
 
 __all__ = [
@@ -83,14 +89,12 @@ class DynamicsConfig(FrozenConfig):
 
     def __post_init__(self) -> None:
         check_layer_widths(self.hidden)
-        if self.n_members < 1:
-            raise ValueError(f"n_members: expected a positive integer, got {self.n_members}")
+        check_positive_int(self, "n_members")
         if not 1 <= self.n_elites <= self.n_members:
             raise ValueError(
                 f"n_elites: expected 1..n_members ({self.n_members}), got {self.n_elites}"
             )
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate: must be positive, got {self.learning_rate}")
+        check_positive(self, "learning_rate")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
         if self.activation not in ACTIVATIONS:
