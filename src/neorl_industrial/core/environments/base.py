@@ -18,6 +18,7 @@ import numpy as np
 from flax import struct
 
 from neorl_industrial.core.safety import ConstraintSpec
+from neorl_industrial.core.utils import random as fast_random
 from neorl_industrial.core.utils import tree_where
 
 StateT = TypeVar("StateT")
@@ -315,3 +316,37 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Environment) and self._static_config() == other._static_config()
+
+
+class UniformNoiseEnvironment(Environment[StateT, ParamsT]):
+    """An environment whose step draws its randomness as ``n_uniforms`` uniforms in
+    [0, 1) (:meth:`step_from_uniforms`), so that the uniforms of many steps are drawn
+    ahead in one call of the generator."""
+
+    @property
+    @abc.abstractmethod
+    def n_uniforms(self) -> int:
+        """Uniform numbers one step consumes."""
+
+    @abc.abstractmethod
+    def step_from_uniforms(
+        self, uniforms: jax.Array, state: StateT, action: jax.Array, params: ParamsT
+    ) -> tuple[StateT, TimeStep]:
+        """:meth:`step_env` with its randomness given as ``uniforms[n_uniforms]``."""
+
+    def presample(self, key: jax.Array, n_steps: int) -> tuple[jax.Array, jax.Array]:
+        """A reset key per step and the ``[n_steps, n_uniforms]`` uniforms of the steps."""
+        uniform_key, reset_key = jax.random.split(key)
+        uniforms = fast_random.uniform(uniform_key, (n_steps, self.n_uniforms))
+        return jax.random.split(reset_key, n_steps), uniforms
+
+    def step_presampled(
+        self,
+        sample: tuple[jax.Array, jax.Array],
+        state: StateT,
+        action: jax.Array,
+        params: ParamsT,
+    ) -> tuple[StateT, TimeStep]:
+        reset_key, uniforms = sample
+        state, timestep = self.step_from_uniforms(uniforms, state, action, params)
+        return self.maybe_reset(reset_key, state, timestep, params)

@@ -171,16 +171,18 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
 
     @property
     def observation_low(self) -> np.ndarray:
-        low = np.asarray(self.state_low, np.float32)
-        return np.concatenate(
-            [low[list(self._observed)], low[list(self.tracked_states)], self.disturbance_low]
-        ).astype(np.float32)
+        return self._observation_bound(self.state_low, self.disturbance_low)
 
     @property
     def observation_high(self) -> np.ndarray:
-        high = np.asarray(self.state_high, np.float32)
+        return self._observation_bound(self.state_high, self.disturbance_high)
+
+    def _observation_bound(self, state_bound: Any, disturbance_bound: Any) -> np.ndarray:
+        """A bound of the observation (the layout of :meth:`observe`: observed states, the
+        tracked states' setpoints, disturbances) from the states' and disturbances'."""
+        bound = np.asarray(state_bound, np.float32)
         return np.concatenate(
-            [high[list(self._observed)], high[list(self.tracked_states)], self.disturbance_high]
+            [bound[list(self._observed)], bound[list(self.tracked_states)], disturbance_bound]
         ).astype(np.float32)
 
     @property

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from neorl_industrial.core.environments.base import Environment, StepInfo, TimeStep
+from neorl_industrial.core.environments.base import StepInfo, TimeStep, UniformNoiseEnvironment
 from neorl_industrial.core.environments.industrial_benchmark import dynamics
 from neorl_industrial.core.environments.industrial_benchmark.dynamics import IBState
 from neorl_industrial.core.environments.validation import (
@@ -83,7 +83,7 @@ class IBStepInfo(StepInfo):
     hidden: IBState
 
 
-class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
+class IndustrialBenchmark(UniformNoiseEnvironment[IBEnvState, IBParams]):
     """The Industrial Benchmark (Hein et al., 2017) in pure JAX.
 
     Args:
@@ -351,23 +351,10 @@ class IndustrialBenchmark(Environment[IBEnvState, IBParams]):
     ) -> tuple[IBEnvState, TimeStep]:
         return self.step_from_noise(state, action, self.sample_noise(key), params)
 
-    # ----- single environment: the noise of many steps drawn ahead in one call -------
-    def presample(self, key: jax.Array, n_steps: int) -> tuple[jax.Array, jax.Array]:
-        noise_key, reset_key = jax.random.split(key)
-        uniforms = fast_random.uniform(noise_key, (n_steps, self.n_uniforms))
-        return jax.random.split(reset_key, n_steps), uniforms
-
-    def step_presampled(
-        self,
-        sample: tuple[jax.Array, jax.Array],
-        state: IBEnvState,
-        action: jax.Array,
-        params: IBParams,
+    def step_from_uniforms(
+        self, uniforms: jax.Array, state: IBEnvState, action: jax.Array, params: IBParams
     ) -> tuple[IBEnvState, TimeStep]:
-        reset_key, uniforms = sample
-        noise = self.noise_from_uniforms(uniforms)
-        state, timestep = self.step_from_noise(state, action, noise, params)
-        return self.maybe_reset(reset_key, state, timestep, params)
+        return self.step_from_noise(state, action, self.noise_from_uniforms(uniforms), params)
 
     # ----- batched: one draw of the random number generator for the whole batch -------
     def _batch_noise(self, key: jax.Array, n_envs: int) -> dynamics.IBNoise:

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from neorl_industrial.core.environments.base import Environment, StepInfo, TimeStep
+from neorl_industrial.core.environments.base import StepInfo, TimeStep, UniformNoiseEnvironment
 from neorl_industrial.core.environments.pipeline.params import (
     DEFAULT_EPISODE_COST_LIMIT,
     DEFAULT_MAX_FLOW,
@@ -183,7 +183,7 @@ def _rows(ring: jax.Array, first: jax.Array, count: int) -> jax.Array:
     return jax.vmap(_rows, in_axes=(0, 0, None))(ring, first, count)
 
 
-class Pipeline(Environment[PipelineState, PipelineParams]):
+class Pipeline(UniformNoiseEnvironment[PipelineState, PipelineParams]):
     """NeoRL-2's Pipeline task; see the module docstring.
 
     Args:
@@ -365,6 +365,10 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
             fast_random.uniform(key, (N_UNIFORMS,)), state, action, params
         )
 
+    @property
+    def n_uniforms(self) -> int:
+        return N_UNIFORMS
+
     def step_from_uniforms(
         self,
         uniforms: jax.Array,
@@ -396,23 +400,6 @@ class Pipeline(Environment[PipelineState, PipelineParams]):
             info=StepInfo(final_observation=observation, action_invalid=invalid),
         )
         return state, timestep
-
-    # ----- the randomness of many steps, or of a batch, drawn in one call ---------------
-    def presample(self, key: jax.Array, n_steps: int) -> tuple[jax.Array, jax.Array]:
-        uniform_key, reset_key = jax.random.split(key)
-        uniforms = fast_random.uniform(uniform_key, (n_steps, N_UNIFORMS))
-        return jax.random.split(reset_key, n_steps), uniforms
-
-    def step_presampled(
-        self,
-        sample: tuple[jax.Array, jax.Array],
-        state: PipelineState,
-        action: jax.Array,
-        params: PipelineParams,
-    ) -> tuple[PipelineState, TimeStep]:
-        reset_key, uniforms = sample
-        state, timestep = self.step_from_uniforms(uniforms, state, action, params)
-        return self.maybe_reset(reset_key, state, timestep, params)
 
     # ----- batches: time-major rings (PipelineBatchState) --------------------------------
     def reset_batch(
