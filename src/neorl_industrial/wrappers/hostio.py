@@ -46,6 +46,7 @@ __all__ = [
     "fsync_path",
     "json_default",
     "load_yaml_text",
+    "read_saved_json",
     "read_yaml",
     "remove_stale_staging",
     "to_json_data",
@@ -216,6 +217,28 @@ def write_directory_atomic(
             raise
         raise refused(str(error)) from None
     return Path(target).absolute()
+
+
+def read_saved_json(
+    directory: Path, marker: str, *, what: str, format: str, refused: type[Exception]
+) -> dict[str, Any]:
+    """The JSON object in ``directory / marker`` of a directory written as ``what`` (e.g.
+    a saved agent) whose ``"format"`` is ``format``.
+
+    Raises:
+        refused: naming the file when it is missing, not JSON, or of another format.
+    """
+    file = directory / marker
+    try:
+        saved = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise refused(f"{file}: missing; {directory} is not {what}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise refused(f"{file}: not valid JSON ({error})") from None
+    if not isinstance(saved, dict) or saved.get("format") != format:
+        found = saved.get("format") if isinstance(saved, dict) else None
+        raise refused(f"{file}: format {found!r}; this version reads {format!r}")
+    return saved
 
 
 def write_bytes_atomic(

@@ -20,6 +20,7 @@ from neorl_industrial.functional.transformations.dynamics import (
     open_loop_windows,
     select_elites,
 )
+from neorl_industrial.functional.transformations.offline import Schedule
 
 A = np.asarray([[0.9, 0.1], [0.0, 0.8]])
 B = np.asarray([[0.0], [0.5]])
@@ -63,10 +64,8 @@ def fitted():
         stats,
         train,
         holdout,
+        schedule=Schedule(n_updates=1200, chunk_updates=400, batch_size=128),
         seeds=(0, 1),
-        max_updates=1200,
-        chunk_updates=400,
-        batch_size=128,
     )
     return dynamics, stats, result, holdout
 
@@ -165,7 +164,9 @@ def test_fidelity_table_errors_and_coverage_per_feature_and_step():
 def test_fit_refuses_bad_settings_by_name(fitted):
     dynamics, stats, _, holdout = fitted
     with pytest.raises(ValueError, match="chunk_updates"):
-        fit_ensemble(dynamics, stats, holdout, holdout, chunk_updates=0)
+        fit_ensemble(dynamics, stats, holdout, holdout, schedule=Schedule(1200, chunk_updates=0))
+    with pytest.raises(ValueError, match="patience"):
+        fit_ensemble(dynamics, stats, holdout, holdout, patience=0)
     with pytest.raises(ValueError, match="seeds"):
         fit_ensemble(dynamics, stats, holdout, holdout, seeds=())
 

@@ -109,8 +109,10 @@ def test_bad_input_names_the_argument():
 
 
 def test_a_batch_of_policies_is_evaluated_like_one_policy_at_a_time():
-    from neorl_industrial.functional.transformations.offline import Schedule
-    from neorl_industrial.functional.transformations.ope import fitted_q_evaluation_batch
+    from neorl_industrial.functional.transformations.ope import (
+        fitted_q_evaluation_values,
+        start_estimates,
+    )
 
     dataset = _offset(two_state_dataset(), -200.0, 10.0)
     gains = jnp.asarray([[0.0], [0.5], [-0.5]])
@@ -119,14 +121,10 @@ def test_a_batch_of_policies_is_evaluated_like_one_policy_at_a_time():
         return jnp.tanh(gain * observations[:, :1]) * jnp.ones((1, dataset.action_size))
 
     config = CONFIG
-    returns, costs = fitted_q_evaluation_batch(
-        dataset,
-        act,
-        gains,
-        schedule=Schedule(n_updates=200, batch_size=64),
-        seeds=(0, 1),
-        config=config,
+    values = fitted_q_evaluation_values(
+        dataset, act, gains, Schedule(n_updates=200, batch_size=64), seeds=(0, 1), config=config
     )
+    returns, costs = start_estimates(values, dataset.initial_observations(), 3)
     assert returns.shape == (3, 2) and costs.shape == (3, 2, dataset.n_costs)
     for i in range(3):
         one = fitted_q_evaluation(

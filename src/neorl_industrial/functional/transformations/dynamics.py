@@ -35,6 +35,7 @@ from neorl_industrial.core.models.dynamics import (
 )
 from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 from neorl_industrial.functional.state_management.dataset import Dataset
+from neorl_industrial.functional.transformations.offline import Schedule, check_positive_ints
 
 __all__ = [
     "EnsembleTrainState",
@@ -305,30 +306,24 @@ def fit_ensemble(
     train: Dataset,
     holdout: Dataset,
     *,
+    schedule: Schedule | None = None,
     seeds: Sequence[int] = (0,),
-    max_updates: int = 20_000,
-    chunk_updates: int = 500,
-    batch_size: int = 256,
     patience: int = 5,
     callback: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> FitResult:
     """Trains every member of every seed on ``train`` (actions in [-1, 1]) until no
     member's held-out error on ``holdout`` improved by more than 1 % for ``patience``
-    chunks, or ``max_updates`` per member.
+    chunks, or the schedule's ``n_updates`` per member (default: 20,000 in chunks of 500,
+    batches of 256; every chunk is run whole).
 
     Returns:
         The final state (each member's best parameters in ``best_networks``), one history
         entry per chunk (updates, seconds, metrics per seed and member), whether it
         stopped early and the seconds it took.
     """
-    for name, value in (
-        ("max_updates", max_updates),
-        ("chunk_updates", chunk_updates),
-        ("batch_size", batch_size),
-        ("patience", patience),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    schedule = schedule or Schedule(n_updates=20_000, chunk_updates=500)
+    check_positive_ints(patience=patience)
+    max_updates, chunk_updates = schedule.n_updates, schedule.chunk_updates
     if not seeds:
         raise ValueError("seeds: expected at least one seed")
     started = time.perf_counter()
@@ -337,7 +332,7 @@ def fit_ensemble(
         np.asarray(train.episode_id), len(seeds), dynamics.config.n_members, int(seeds[0])
     )
     held = holdout_batch(holdout, dynamics)
-    chunk = jax.jit(make_fit_chunk(dynamics, batch_size, chunk_updates), donate_argnums=0)
+    chunk = jax.jit(make_fit_chunk(dynamics, schedule.batch_size, chunk_updates), donate_argnums=0)
     state = jax.tree.map(jnp.copy, state)
     history: list[dict[str, Any]] = []
     best = np.full((len(seeds), dynamics.config.n_members), np.inf)

@@ -292,39 +292,6 @@ def fitted_q_evaluation_values(
     return values
 
 
-def fitted_q_evaluation_batch(
-    dataset: Dataset,
-    act: Any,
-    policy_params: Any,
-    schedule: Schedule,
-    *,
-    seeds: Sequence[int] = (0,),
-    config: FQEConfig | None = None,
-    initial_observations: Any = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """FQE of several policies of one kind at once: every policy x FQE seed is one run of
-    a single vmapped program (compiled once, whatever the number of policies).
-
-    Args:
-        dataset: logged transitions of continuous actions.
-        act: ``act(params, observations[B, obs_size]) -> actions[B, action_size]``,
-            deterministic and jit-able.
-        policy_params: the policies' parameters, stacked on a leading policy axis.
-        schedule, seeds, config, initial_observations: as :func:`fitted_q_evaluation`
-            (the scales are chosen from the data).
-
-    Returns:
-        ``(returns [n_policies, n_seeds], costs [n_policies, n_seeds, n_costs])`` in the
-        dataset's units.
-    """
-    _, initial_observations, _, _ = _prepare(dataset, config, initial_observations)
-    values = fitted_q_evaluation_values(
-        dataset, act, policy_params, schedule, seeds=seeds, config=config
-    )
-    n_policies = int(jax.tree.leaves(policy_params)[0].shape[0])
-    return start_estimates(values, initial_observations, n_policies)
-
-
 def start_estimates(
     values: Callable[[Any], np.ndarray], initial_observations: Any, n_policies: int
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ from neorl_industrial.wrappers.constraint_files import (
     constraint_spec_yaml,
 )
 from neorl_industrial.wrappers.hostio import (
+    read_saved_json,
     to_json_data,
     write_directory_atomic,
 )
@@ -105,16 +106,7 @@ def read_manifest(path: Path) -> tuple[dict[str, Any], PolicyContext, dict[str, 
         RunError: naming the file that is missing, unreadable or of another format.
     """
     manifest_path = path / MANIFEST
-    try:
-        saved = json.loads(manifest_path.read_text())
-    except FileNotFoundError:
-        raise RunError(f"{manifest_path}: missing; {path} is not a saved agent") from None
-    except json.JSONDecodeError as error:
-        raise RunError(f"{manifest_path}: not valid JSON ({error})") from None
-    if saved.get("format") != FORMAT:
-        raise RunError(
-            f"{manifest_path}: format {saved.get('format')!r}; this version reads {FORMAT!r}"
-        )
+    saved = read_saved_json(path, MANIFEST, what="a saved agent", format=FORMAT, refused=RunError)
     # Agents saved before the contract was saved on its own kept the limits among the
     # hyperparameters too; the contract below is their one holder.
     hyperparameters = {

@@ -24,6 +24,7 @@ from neorl_industrial.core.models import (
 )
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.wrappers.hostio import (
+    read_saved_json,
     to_json_data,
     write_directory_atomic,
 )
@@ -71,15 +72,9 @@ def load_model(
     """:meth:`PlantModel.load <.plant_model.PlantModel.load>` for the class ``cls``."""
     path = Path(path)
     card_path = path / CARD
-    try:
-        card = json.loads(card_path.read_text())
-    except FileNotFoundError:
-        raise PlantModelError(f"{card_path}: missing; {path} is not a saved plant model") from None
-    except json.JSONDecodeError as error:
-        raise PlantModelError(f"{card_path}: not valid JSON ({error})") from None
-    if not isinstance(card, dict) or card.get("format") != FORMAT:
-        found = card.get("format") if isinstance(card, dict) else None
-        raise PlantModelError(f"{card_path}: format {found!r}; this version reads {FORMAT!r}")
+    card = read_saved_json(
+        path, CARD, what="a saved plant model", format=FORMAT, refused=PlantModelError
+    )
     try:
         saved_task = Task.from_dict(card["task"], f"{card_path}: task")
         config = DynamicsConfig.create(**card["config"])

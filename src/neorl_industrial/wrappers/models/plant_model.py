@@ -53,6 +53,7 @@ from neorl_industrial.functional.transformations.dynamics import (
     fit_ensemble,
     select_elites,
 )
+from neorl_industrial.functional.transformations.offline import Schedule
 from neorl_industrial.wrappers.models.model_data import (
     FitSettings,
     dataset_fingerprint,
@@ -254,10 +255,10 @@ class PlantModel:
             train, self.dynamics, task.action_low, task.action_high,
             task.observation_low[:frame_size], task.observation_high[:frame_size],
         )  # fmt: skip
-        options = ("seeds", "max_updates", "chunk_updates", "batch_size", "patience")
+        schedule = Schedule(settings.max_updates, settings.chunk_updates, settings.batch_size)
         result = fit_ensemble(
-            self.dynamics, stats, train, holdout, callback=callback,
-            **{name: getattr(settings, name) for name in options},
+            self.dynamics, stats, train, holdout, schedule=schedule, seeds=settings.seeds,
+            patience=settings.patience, callback=callback,
         )  # fmt: skip
         self._params, elites = select_elites(result.state, stats, self.config.n_elites)
         scores = np.asarray(jax.device_get(result.state.best_score))
