@@ -47,6 +47,7 @@ __all__ = [
     "json_default",
     "load_yaml_text",
     "read_saved_json",
+    "read_saved_tree",
     "read_yaml",
     "remove_stale_staging",
     "to_json_data",
@@ -239,6 +240,21 @@ def read_saved_json(
         found = saved.get("format") if isinstance(saved, dict) else None
         raise refused(f"{file}: format {found!r}; this version reads {format!r}")
     return saved
+
+
+def read_saved_tree(file: Path, restore: Callable[[bytes], Any], refused: type[Exception]) -> Any:
+    """``restore(bytes of file)``: arrays saved beside a JSON record, read back into the
+    structure the record describes.
+
+    Raises:
+        refused: naming ``file`` when it is missing or does not fit the structure.
+    """
+    try:
+        return restore(file.read_bytes())
+    except FileNotFoundError:
+        raise refused(f"{file}: missing") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise refused(f"{file}: does not match the saved configuration ({error})") from None
 
 
 def write_bytes_atomic(

@@ -25,6 +25,7 @@ from neorl_industrial.wrappers.constraint_files import (
 )
 from neorl_industrial.wrappers.hostio import (
     read_saved_json,
+    read_saved_tree,
     to_json_data,
     write_directory_atomic,
 )
@@ -139,14 +140,9 @@ def restore(agent: Any, path: Path, saved: dict[str, Any]) -> None:
     template = jax.eval_shape(
         lambda: init_train_states(agent.policy_algorithm, agent.seeds).agent.policy
     )
-    try:
-        policies = serialization.from_bytes(template, (path / POLICIES).read_bytes())
-    except FileNotFoundError:
-        raise RunError(f"{path / POLICIES}: missing") from None
-    except (ValueError, KeyError, TypeError) as error:
-        raise RunError(
-            f"{path / POLICIES}: does not match the saved configuration ({error})"
-        ) from None
+    policies = read_saved_tree(
+        path / POLICIES, lambda data: serialization.from_bytes(template, data), RunError
+    )
     agent.policies = jax.tree.map(jnp.asarray, policies)
     agent.selected = int(saved["selected_run"])
     record = saved.get("training")

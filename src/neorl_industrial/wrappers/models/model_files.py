@@ -25,6 +25,7 @@ from neorl_industrial.core.models import (
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.wrappers.hostio import (
     read_saved_json,
+    read_saved_tree,
     to_json_data,
     write_directory_atomic,
 )
@@ -98,18 +99,15 @@ def load_model(
     model.dynamics = make_dynamics(config, layout)
     model.card = card
     template = _template(model.dynamics, len(card["settings"]["seeds"]), config.n_elites)
-    try:
-        state = serialization.msgpack_restore((path / PARAMS).read_bytes())
+
+    def restore(data: bytes) -> Any:
+        state = serialization.msgpack_restore(data)
         # Models saved before the physical bounds were kept: the card's bounds.
         for name, value in _saved_bounds(card, layout).items():
             state.setdefault(name, value)
-        params = serialization.from_state_dict(template, state)
-    except FileNotFoundError:
-        raise PlantModelError(f"{path / PARAMS}: missing") from None
-    except (ValueError, KeyError, TypeError) as error:
-        raise PlantModelError(
-            f"{path / PARAMS}: does not match the saved configuration ({error})"
-        ) from None
+        return serialization.from_state_dict(template, state)
+
+    params = read_saved_tree(path / PARAMS, restore, PlantModelError)
     model._params = jax.tree.map(jnp.asarray, params)
     if dataset is not None:
         model.check_same_data(dataset, name=dataset_name, task=task)
