@@ -153,15 +153,9 @@ def judge_together(
     else:
         algorithm = _Mixture(mixture_act([stack.algorithm.act for stack in stacks]))
         policies = mixture_params([stack.policies for stack in stacks])
+    candidates = CandidateStack(names, policies, algorithm, stacks[0].hyperparameters)
     verdict = first.context.verdict(
-        algorithm,
-        heldout,
-        plant_model,
-        policies,
-        names,
-        ope or OPESettings(),
-        settings,
-        stacks[0].hyperparameters,
+        candidates, heldout, plant_model, ope or OPESettings(), settings
     )
     return JointVerdict(
         verdict=verdict,

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.wrappers.training import summarize_runs
 from neorl_industrial.wrappers.training.config import OPESettings
-from neorl_industrial.wrappers.training.context import RunError
+from neorl_industrial.wrappers.training.context import CandidateStack, RunError
 from neorl_industrial.wrappers.training.results import RunResult
 from neorl_industrial.wrappers.training.verdict import Verdict, VerdictSettings
 
@@ -83,14 +83,6 @@ def judge_runs(
         rows = jnp.asarray(runs)
         policies = jax.tree.map(lambda leaf: leaf[rows], policies)
         scored = None
-    return agent.context.verdict(
-        agent.policy_algorithm,
-        heldout,
-        plant_model,
-        policies,
-        [f"run {run} (seed {agent.seeds[run]})" for run in runs],
-        ope,
-        settings,
-        agent.hyperparameters,
-        scored=scored,
-    )
+    names = [f"run {run} (seed {agent.seeds[run]})" for run in runs]
+    candidates = CandidateStack(names, policies, agent.policy_algorithm, agent.hyperparameters)
+    return agent.context.verdict(candidates, heldout, plant_model, ope, settings, scored=scored)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -79,6 +79,26 @@ def algorithm_of(name: str) -> Any:
         return algorithm_entry(name)
     except HyperparameterError as error:
         raise RunError(str(error)) from None
+
+
+class CandidateStack(NamedTuple):
+    """Candidates of one algorithm, their policies stacked on a leading axis."""
+
+    names: list[str]
+    policies: Any
+    algorithm: Any  # acts in the policy's [-1, 1]
+    hyperparameters: dict[str, Any]
+
+    def able(self, failed: Mapping[str, str]) -> CandidateStack | None:
+        """This stack without the ``failed`` candidates (None when none is left)."""
+        able = [row for row, name in enumerate(self.names) if name not in failed]
+        if not able:
+            return None
+        if len(able) == len(self.names):
+            return self
+        rows = jnp.asarray(able)
+        policies = jax.tree.map(lambda leaf: jnp.asarray(leaf)[rows], self.policies)
+        return self._replace(names=[self.names[row] for row in able], policies=policies)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -392,24 +412,25 @@ class PolicyContext:
     # ----- the verdict ------------------------------------------------------------------
     def verdict(
         self,
-        algorithm: Any,
+        candidates: CandidateStack,
         heldout: Dataset,
         plant_model: Any,
-        policies: Any,
-        names: Sequence[str],
         ope: OPESettings,
         settings: VerdictSettings | None,
-        hyperparameters: Mapping[str, Any],
         scored: OffPolicyEvaluator | None = None,
     ) -> Verdict:
-        """The verdict on ``policies`` of ``algorithm`` against the logged operation of
-        ``heldout``; ``scored``: an evaluator that has just scored them, whose FQEs are
-        reused when they are the ones the verdict would fit.
+        """The verdict on ``candidates`` (one algorithm's policies, stacked, with their
+        names and hyperparameters) against the logged operation of ``heldout``;
+        ``scored``: an evaluator that has just scored them, whose FQEs are reused when they
+        are the ones the verdict would fit.
 
         Raises:
             RunError: for a verdict the data or settings cannot give.
         """
-        evaluator = self.ope_evaluator(algorithm, self.training_data(heldout), ope, hyperparameters)
+        algorithm, policies, names = candidates.algorithm, candidates.policies, candidates.names
+        evaluator = self.ope_evaluator(
+            algorithm, self.training_data(heldout), ope, candidates.hyperparameters
+        )
         settings = settings or VerdictSettings(
             discount=ope.discount,
             fqe_updates=ope.updates,

@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from neorl_industrial.wrappers.hostio import to_json_data
-from neorl_industrial.wrappers.training.context import PolicyContext, RunError
+from neorl_industrial.wrappers.training.context import CandidateStack, PolicyContext, RunError
 from neorl_industrial.wrappers.training.evaluation import selection_key
 from neorl_industrial.wrappers.training.selection import PolicyHealth
 from neorl_industrial.wrappers.training.sweep_table import candidate_id, with_values
@@ -35,26 +35,6 @@ __all__ = [
     "SweepResult",
     "failed_runs",
 ]
-
-
-class CandidateStack(NamedTuple):
-    """Candidates of one algorithm, their policies stacked on a leading axis."""
-
-    names: list[str]
-    policies: Any
-    algorithm: Any  # acts in the policy's [-1, 1]
-    hyperparameters: dict[str, Any]
-
-    def able(self, failed: Mapping[str, str]) -> CandidateStack | None:
-        """This stack without the ``failed`` candidates (None when none is left)."""
-        able = [row for row, name in enumerate(self.names) if name not in failed]
-        if not able:
-            return None
-        if len(able) == len(self.names):
-            return self
-        rows = jnp.asarray(able)
-        policies = jax.tree.map(lambda leaf: jnp.asarray(leaf)[rows], self.policies)
-        return self._replace(names=[self.names[row] for row in able], policies=policies)
 
 
 #: A saved sweep's policies of every configuration × seed, one file per program.

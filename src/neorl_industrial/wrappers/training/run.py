@@ -31,7 +31,7 @@ from neorl_industrial.functional.state_management import RewardScaling, select_s
 from neorl_industrial.wrappers.hostio import to_json_data
 from neorl_industrial.wrappers.training.callbacks import Callback
 from neorl_industrial.wrappers.training.config import RunConfig
-from neorl_industrial.wrappers.training.context import PolicyContext, RunError
+from neorl_industrial.wrappers.training.context import CandidateStack, PolicyContext, RunError
 from neorl_industrial.wrappers.training.evaluation import ope_beside_simulator
 from neorl_industrial.wrappers.training.plan import (
     CONTRACT_FIELDS,
@@ -368,14 +368,11 @@ def _judged(
         policies = jax.tree.map(lambda leaf: leaf[rows], policies)
     names = [f"run {run} (seed {seeds[run]})" for run in healthy]
     judged = prepared.context.verdict(
-        result.algorithm,
+        CandidateStack(names, policies, result.algorithm, prepared.hyperparameters),
         prepared.heldout,
         plant_model,
-        policies,
-        names,
         prepared.plan.ope,
         settings,
-        prepared.hyperparameters,
         scored=scored if len(healthy) == len(seeds) else None,
     ).to_dict()
     first = verdict_ranking(judged)[0]

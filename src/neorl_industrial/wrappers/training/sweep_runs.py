@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from neorl_industrial.wrappers.training.context import RunError
+from neorl_industrial.wrappers.training.context import CandidateStack, RunError
 from neorl_industrial.wrappers.training.evaluation import selection_key
 from neorl_industrial.wrappers.training.results import (
     SweepCandidates,
@@ -112,14 +112,13 @@ class SweepRuns:
                 judged = jax.tree.map(lambda leaf, rows=rows: leaf[rows], policies)
             self.verdicts.append(
                 context.verdict(
-                    algorithm,
+                    CandidateStack(
+                        [names[run] for run in able], judged, algorithm, hyperparameters
+                    ),
                     heldout,
                     self.plant_model,
-                    judged,
-                    [names[run] for run in able],
                     plan.ope,
                     self.verdict_settings,
-                    hyperparameters,
                     scored=evaluator if len(able) == len(names) else None,
                 )
             )
