@@ -221,10 +221,10 @@ def write_directory_atomic(
 
 
 def read_saved_json(
-    directory: Path, marker: str, *, what: str, format: str, refused: type[Exception]
+    directory: Path, marker: str, *, what: str, expected_format: str, refused: type[Exception]
 ) -> dict[str, Any]:
     """The JSON object in ``directory / marker`` of a directory written as ``what`` (e.g.
-    a saved agent) whose ``"format"`` is ``format``.
+    a saved agent) whose ``"format"`` is ``expected_format``.
 
     Raises:
         refused: naming the file when it is missing, not JSON, or of another format.
@@ -236,9 +236,9 @@ def read_saved_json(
         raise refused(f"{file}: missing; {directory} is not {what}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise refused(f"{file}: not valid JSON ({error})") from None
-    if not isinstance(saved, dict) or saved.get("format") != format:
+    if not isinstance(saved, dict) or saved.get("format") != expected_format:
         found = saved.get("format") if isinstance(saved, dict) else None
-        raise refused(f"{file}: format {found!r}; this version reads {format!r}")
+        raise refused(f"{file}: format {found!r}; this version reads {expected_format!r}")
     return saved
 
 

@@ -107,7 +107,9 @@ def read_manifest(path: Path) -> tuple[dict[str, Any], PolicyContext, dict[str, 
         RunError: naming the file that is missing, unreadable or of another format.
     """
     manifest_path = path / MANIFEST
-    saved = read_saved_json(path, MANIFEST, what="a saved agent", format=FORMAT, refused=RunError)
+    saved = read_saved_json(
+        path, MANIFEST, what="a saved agent", expected_format=FORMAT, refused=RunError
+    )
     # Agents saved before the contract was saved on its own kept the limits among the
     # hyperparameters too; the contract below is their one holder.
     hyperparameters = {

@@ -74,7 +74,7 @@ def load_model(
     path = Path(path)
     card_path = path / CARD
     card = read_saved_json(
-        path, CARD, what="a saved plant model", format=FORMAT, refused=PlantModelError
+        path, CARD, what="a saved plant model", expected_format=FORMAT, refused=PlantModelError
     )
     try:
         saved_task = Task.from_dict(card["task"], f"{card_path}: task")
