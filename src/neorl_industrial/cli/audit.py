@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from neorl_industrial.cli.common import make_console, non_negative_int
+from neorl_industrial.cli.common import add_command_group, make_console, non_negative_int
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -51,8 +51,7 @@ def command_audit_verify(args: argparse.Namespace) -> int:
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     """Adds ``audit verify`` to the command line."""
-    audit = commands.add_parser("audit", help="the policy server's audit log of overrides")
-    actions = audit.add_subparsers(dest="audit_command", required=True)
+    actions = add_command_group(commands, "audit", "the policy server's audit log of overrides")
     verify = actions.add_parser(
         "verify",
         help="check the log, its rotated and archived files and its anchor as one hash "

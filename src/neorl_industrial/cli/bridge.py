@@ -14,6 +14,8 @@ from typing import Any
 
 from neorl_industrial.cli.common import (
     add_log_level,
+    add_signature_trust,
+    add_tracking_uri,
     log_to_stderr,
     make_console,
     non_negative_int,
@@ -302,20 +304,14 @@ def _add_policy_options(bridge: argparse.ArgumentParser) -> None:
         metavar="YAML",
         help="the constraint spec the policy must enforce (needs the task)",
     )
-    bridge.add_argument(
-        "--trusted-key",
-        action="append",
-        type=Path,
-        metavar="PUB",
-        help="a public key whose signatures are trusted; repeatable (default "
+    add_signature_trust(
+        bridge,
+        trusted="a public key whose signatures are trusted; repeatable (default "
         "keys/policy-signing.pub if present)",
+        unsigned="shadow mode only: run an unsigned policy (development only)",
+        key_type=Path,
     )
-    bridge.add_argument(
-        "--allow-unsigned",
-        action="store_true",
-        help="shadow mode only: run an unsigned policy (development only)",
-    )
-    bridge.add_argument("--tracking-uri", help="the MLflow store of models:/ URIs")
+    add_tracking_uri(bridge, "the MLflow store of models:/ URIs")
 
 
 def _add_loop_options(bridge: argparse.ArgumentParser) -> None:
@@ -393,7 +389,7 @@ def _add_report_parser(commands: argparse._SubParsersAction) -> None:
         help="a saved plant model of the same task (neorl-industrial model fit): estimate "
         "the effect of following the policy, one step ahead",
     )
-    report.add_argument("--tracking-uri", help="the MLflow store")
+    add_tracking_uri(report)
     report.set_defaults(handler=command_shadow_report)
 
 

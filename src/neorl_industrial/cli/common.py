@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,42 @@ class StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value: Any) -> None:
         pass
+
+
+def add_command_group(
+    commands: argparse._SubParsersAction, name: str, help: str
+) -> argparse._SubParsersAction:
+    """The command ``name`` whose own subcommand is required (``neorl-industrial <name>
+    <subcommand>``, the one chosen in ``args.<name>_command``); its subcommands are added
+    to what this returns."""
+    group = commands.add_parser(name, help=help)
+    return group.add_subparsers(dest=f"{name}_command", required=True)
+
+
+#: ``--tracking-uri``'s help where a command has nothing to add to it.
+TRACKING_URI_HELP = "the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
+
+
+def add_tracking_uri(parser: argparse.ArgumentParser, help: str = TRACKING_URI_HELP) -> None:
+    """``--tracking-uri``: the MLflow store a command reads or writes (``help`` says
+    which, and its default)."""
+    parser.add_argument("--tracking-uri", help=help)
+
+
+def add_signature_trust(
+    parser: argparse.ArgumentParser,
+    *,
+    trusted: str,
+    unsigned: str,
+    key_type: Callable[[str], Any] = str,
+) -> None:
+    """``--trusted-key`` (repeatable: the public keys whose signatures a policy's must
+    verify against, as ``trusted`` says) and ``--allow-unsigned`` (what ``unsigned`` says
+    a policy without a trusted signature may still do), read as ``key_type``."""
+    parser.add_argument(
+        "--trusted-key", action="append", type=key_type, metavar="PUB", help=trusted
+    )
+    parser.add_argument("--allow-unsigned", action="store_true", help=unsigned)
 
 
 def add_log_level(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from neorl_industrial.cli.common import make_console, positive_int
+from neorl_industrial.cli.common import add_command_group, make_console, positive_int
 from neorl_industrial.core.environments import registered_envs
 
 #: Where ``datasets generate`` writes without ``--out``.
@@ -138,8 +138,9 @@ def _flatten(mapping: dict, prefix: str = ""):
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     """Adds ``datasets`` and its commands to the command line."""
-    datasets = commands.add_parser("datasets", help="generate, inspect and import datasets")
-    datasets_commands = datasets.add_subparsers(dest="datasets_command", required=True)
+    datasets_commands = add_command_group(
+        commands, "datasets", "generate, inspect and import datasets"
+    )
     generate = datasets_commands.add_parser(
         "generate", help="generate a NeoRL-style dataset with a behaviour policy"
     )

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from neorl_industrial.cli.common import make_console
+from neorl_industrial.cli.common import add_command_group, make_console
 
 
 def command_keys_generate(args: argparse.Namespace) -> int:
@@ -31,8 +31,7 @@ def command_keys_generate(args: argparse.Namespace) -> int:
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     """Adds ``keys generate`` to the command line."""
-    keys = commands.add_parser("keys", help="keys that sign exported policies")
-    actions = keys.add_subparsers(dest="keys_command", required=True)
+    actions = add_command_group(commands, "keys", "keys that sign exported policies")
     generate = actions.add_parser(
         "generate", help="write a new Ed25519 key pair (private key 0600, public key PEM)"
     )

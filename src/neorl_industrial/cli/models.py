@@ -8,7 +8,12 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from neorl_industrial.cli.common import make_console
+from neorl_industrial.cli.common import (
+    add_command_group,
+    add_signature_trust,
+    add_tracking_uri,
+    make_console,
+)
 
 
 def _registry_client(uri: str | None):
@@ -152,12 +157,12 @@ def command_mlflow_replay(args: argparse.Namespace) -> int:
 
 def add_model_parsers(commands: argparse._SubParsersAction) -> None:
     """Adds ``models list|promote|export|register`` to the command line."""
-    models = commands.add_parser("models", help="registered policies in MLflow's registry")
-    models_commands = models.add_subparsers(dest="models_command", required=True)
-    tracking_help = "the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
+    models_commands = add_command_group(
+        commands, "models", "registered policies in MLflow's registry"
+    )
     listing = models_commands.add_parser("list", help="versions, aliases and evaluations")
     listing.add_argument("name", nargs="?", help="a registered model (default: all)")
-    listing.add_argument("--tracking-uri", help=tracking_help)
+    add_tracking_uri(listing)
     listing.set_defaults(handler=command_models_list)
     promoting = models_commands.add_parser(
         "promote",
@@ -169,7 +174,7 @@ def add_model_parsers(commands: argparse._SubParsersAction) -> None:
     promoting.add_argument(
         "--check", action="store_true", help="exit with 1 when the candidate is not promoted"
     )
-    promoting.add_argument("--tracking-uri", help=tracking_help)
+    add_tracking_uri(promoting)
     promoting.set_defaults(handler=command_models_promote)
     exporting = models_commands.add_parser(
         "export", help="copy a registered policy (models:/name@alias) to a directory"
@@ -177,7 +182,7 @@ def add_model_parsers(commands: argparse._SubParsersAction) -> None:
     exporting.add_argument("model", help="models:/ib-policy@champion, models:/ib-policy/3, ...")
     exporting.add_argument("--out", required=True, help="the policy artifact's directory")
     exporting.add_argument("--overwrite", action="store_true")
-    exporting.add_argument("--tracking-uri", help=tracking_help)
+    add_tracking_uri(exporting)
     exporting.set_defaults(handler=command_models_export)
     registering = models_commands.add_parser(
         "register",
@@ -185,14 +190,11 @@ def add_model_parsers(commands: argparse._SubParsersAction) -> None:
     )
     registering.add_argument("policy", help="the policy artifact's directory")
     registering.add_argument("--name", required=True, help="the registered model, e.g. ib-policy")
-    registering.add_argument(
-        "--trusted-key", action="append", metavar="PUB",
-        help="a public key its signature must verify against (repeatable)",
-    )  # fmt: skip
-    registering.add_argument(
-        "--allow-unsigned", action="store_true",
-        help="register an unsigned policy too (it can never be promoted)",
-    )  # fmt: skip
+    add_signature_trust(
+        registering,
+        trusted="a public key its signature must verify against (repeatable)",
+        unsigned="register an unsigned policy too (it can never be promoted)",
+    )
     registering.add_argument(
         "--metric", action="append", metavar="NAME=VALUE",
         help="its evaluation for the promotion rule (return, normalized_cost, ...; repeatable)",
@@ -200,21 +202,20 @@ def add_model_parsers(commands: argparse._SubParsersAction) -> None:
     registering.add_argument(
         "--promote", action="store_true", help="apply the promotion rule to it right away"
     )
-    registering.add_argument("--tracking-uri", help=tracking_help)
+    add_tracking_uri(registering)
     registering.set_defaults(handler=command_models_register)
 
 
 def add_mlflow_parsers(commands: argparse._SubParsersAction) -> None:
     """Adds ``mlflow replay`` to the command line."""
-    mlflow_parser = commands.add_parser("mlflow", help="MLflow tracking helpers")
-    mlflow_commands = mlflow_parser.add_subparsers(dest="mlflow_command", required=True)
+    mlflow_commands = add_command_group(commands, "mlflow", "MLflow tracking helpers")
     replaying = mlflow_commands.add_parser(
         "replay", help="send the MLflow calls a run could not send (its spool file)"
     )
     replaying.add_argument("spool", help="a run's mlflow-spool.jsonl")
-    replaying.add_argument(
-        "--tracking-uri",
-        help="the MLflow store to send them to (default: $MLFLOW_TRACKING_URI, else "
+    add_tracking_uri(
+        replaying,
+        "the MLflow store to send them to (default: $MLFLOW_TRACKING_URI, else "
         "sqlite:///mlflow.db; never a URI written in the spool file)",
     )
     replaying.set_defaults(handler=command_mlflow_replay)

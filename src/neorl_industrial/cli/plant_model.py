@@ -12,7 +12,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from neorl_industrial.cli.common import make_console, positive_int
+from neorl_industrial.cli.common import (
+    add_command_group,
+    add_tracking_uri,
+    make_console,
+    positive_int,
+)
 
 
 def _widths(text: str) -> tuple[int, ...]:
@@ -268,10 +273,9 @@ def _report(console: Console, card: dict[str, Any], where: str, measured_now: bo
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     """The ``model`` command group."""
-    model = commands.add_parser(
-        "model", help="a learned model of the plant from its logs: fit, inspect"
+    actions = add_command_group(
+        commands, "model", "a learned model of the plant from its logs: fit, inspect"
     )
-    actions = model.add_subparsers(dest="model_command", required=True)
 
     fit = actions.add_parser(
         "fit",
@@ -309,9 +313,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     fit.add_argument("--no-plots", action="store_true", help="do not draw trajectories.png")
     fit.add_argument("--json", help="also write the model's card to this JSON file")
     fit.add_argument("--track", action="store_true", help="also log the fit as an MLflow run")
-    fit.add_argument(
-        "--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI or sqlite)"
-    )
+    add_tracking_uri(fit)
     fit.add_argument("--experiment", help="the MLflow experiment (default: plant-model/<task>)")
     fit.set_defaults(handler=command_fit)
 

@@ -8,7 +8,14 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from neorl_industrial.cli.common import add_log_level, log_to_stderr, make_console, positive_int
+from neorl_industrial.cli.common import (
+    add_log_level,
+    add_signature_trust,
+    add_tracking_uri,
+    log_to_stderr,
+    make_console,
+    positive_int,
+)
 
 if TYPE_CHECKING:
     from neorl_industrial.integration.deployment import ServerSettings
@@ -185,21 +192,18 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=positive_int, default=8000)
-    serve.add_argument("--tracking-uri", help="the MLflow store of models:/ URIs")
+    add_tracking_uri(serve, "the MLflow store of models:/ URIs")
     serve.add_argument("--api-keys-file", help="YAML/JSON: {act: [keys], admin: [keys]}")
     serve.add_argument("--audit-log", help="JSON Lines file of every override")
     serve.add_argument(
         "--no-auth", action="store_true", help="serve without API keys (closed networks only)"
     )
-    serve.add_argument(
-        "--trusted-key", action="append", metavar="PUB",
-        help="a public key (keys generate) whose signatures are trusted; repeatable "
+    add_signature_trust(
+        serve,
+        trusted="a public key (keys generate) whose signatures are trusted; repeatable "
         "(default: $NEORL_SERVE_TRUSTED_KEYS, else keys/policy-signing.pub if present)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--allow-unsigned", action="store_true",
-        help="also serve policies without a trusted signature (development only; logged)",
-    )  # fmt: skip
+        unsigned="also serve policies without a trusted signature (development only; logged)",
+    )
     serve.add_argument(
         "--pinned-constraints", metavar="YAML",
         help="the safety engineer's constraint spec: policies must enforce it, and every "
