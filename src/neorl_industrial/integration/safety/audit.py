@@ -169,13 +169,10 @@ class AuditLog(ChainWriter):
 
     Args:
         path: the JSON Lines file.
-        policy_version: written into records that are not given one.
-        fsync: ``os.fsync`` after every write (durable across power loss; slower).
-        max_bytes: rotate before a record would take the file past this size (0: never).
-        backups: rotated files kept beside the log (``path.1`` newest .. ``path.<backups>``);
-            older ones move to ``path.archive/``; with 0 the log never rotates.
         window_s: seconds an aggregation window stays open (0: every override in full).
         key_rate: full records per key per second (0: no limit; needs ``window_s``).
+        chain: ``policy_version`` and the file's ``fsync``, ``max_bytes`` and ``backups``,
+            as :class:`ChainWriter` takes them.
 
     Attributes:
         recovered_bytes: bytes of a torn last line cut off when the log was opened.
@@ -198,12 +195,9 @@ class AuditLog(ChainWriter):
         self,
         path: str | os.PathLike[str],
         *,
-        policy_version: str,
-        fsync: bool = False,
-        max_bytes: int = 0,
-        backups: int = 0,
         window_s: float = 0.0,
         key_rate: float = 0.0,
+        **chain: Any,
     ) -> None:
         self.window_s = float(window_s)
         self.key_rate = float(key_rate)
@@ -212,13 +206,7 @@ class AuditLog(ChainWriter):
                 f"audit log {Path(path)}: a rate limit per key ({self.key_rate:g}/s) folds rows "
                 "into aggregates, which needs an aggregation window (window_s > 0)"
             )
-        super().__init__(
-            path,
-            policy_version=policy_version,
-            fsync=fsync,
-            max_bytes=max_bytes,
-            backups=backups,
-        )
+        super().__init__(path, **chain)
         self._aggregation = Aggregation(self.path, self.window_s, self.key_rate, self._stats)
         self._stop = threading.Event()
         self._flusher = None
