@@ -2,19 +2,19 @@
 ``policy.onnx`` answers instead of its serialized JAX functions.
 
 :class:`OnnxPolicyArtifact` is a :class:`~neorl_industrial.wrappers.agents.PolicyArtifact`
-(the same ``load`` arguments, checks and refusals, the same ``predict``, ``decide_rows``,
-``warmup``, ``with_guard`` and descriptions, the same :class:`PolicyDecision`), so the
-server's trust, pin, probes and guard apply to it unchanged; only the function that
-computes a batch's action, proposal, status and margins is the ONNX graph. The graph's
-bytes are read once and checked against the manifest's sha256 before ONNX Runtime sees
-them: a changed ``policy.onnx`` is refused like any changed file of the artifact, and a
-signature covers it through the manifest.
+(the same ``load``, with ONNX Runtime's ``threads`` besides, the same checks and refusals,
+``predict``, ``decide_rows``, ``warmup``, ``with_guard`` and descriptions, the same
+:class:`PolicyDecision`), so the server's trust, pin, probes and guard apply to it
+unchanged; only the function that computes a batch's action, proposal, status and margins
+is the ONNX graph. The graph's bytes are read once and checked against the manifest's
+sha256 before ONNX Runtime sees them: a changed ``policy.onnx`` is refused like any
+changed file of the artifact, and a signature covers it through the manifest.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,55 +54,42 @@ class OnnxPolicyArtifact(PolicyArtifact):
         super().__init__(files, guard, on_incident)
 
     @classmethod
-    def load(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        trusted_keys: Iterable[str | os.PathLike[str] | Any] | None = None,
-        require_signature: bool = False,
-        guard: Guard | None = None,
-        on_incident: Callable[[PolicyDecision], None] | None = None,
-        threads: int = 1,
-    ) -> OnnxPolicyArtifact:
-        """Reads and verifies the artifact at ``path`` as :meth:`PolicyArtifact.load`
-        does, and opens its ONNX graph.
+    def _open_runtime(cls, files: ArtifactFiles, threads: int = 1) -> dict[str, Any]:
+        """The ONNX Runtime session of the artifact's graph, for :meth:`PolicyArtifact.load`
+        (which reads and verifies the artifact first and refuses what it refuses).
 
         Args:
             threads: ONNX Runtime's intra-op threads (1: lowest latency for a plant's
                 small batches).
 
         Raises:
-            PolicyArtifactError: for everything :meth:`PolicyArtifact.load` refuses; an
-                artifact exported without an ONNX graph; a ``policy.onnx`` that differs
-                from the manifest's sha256, that ONNX Runtime cannot load, or whose inputs
-                and outputs are not the manifest's.
+            PolicyArtifactError: an artifact exported without an ONNX graph; a
+                ``policy.onnx`` that differs from the manifest's sha256, that ONNX Runtime
+                cannot load, or whose inputs and outputs are not the manifest's.
         """
         from neorl_industrial.wrappers.agents.onnx_export import runtime_session
         from neorl_industrial.wrappers.agents.onnx_graph import OnnxExportError
 
-        base = PolicyArtifact.load(
-            path, trusted_keys=trusted_keys, require_signature=require_signature
-        )
-        manifest = base._manifest
+        path, manifest = files.path, files.manifest
         entry = manifest.get("onnx")
         if not isinstance(entry, dict) or "file" not in entry:
             raise PolicyArtifactError(
-                f"{base.path}: exported without an ONNX graph (no 'onnx' in its manifest); "
+                f"{path}: exported without an ONNX graph (no 'onnx' in its manifest); "
                 "export it with format='onnx' (neorl-industrial export --format onnx)"
             )
         name = str(entry["file"])
         digest = manifest["files"].get(name)
         if Path(name).name != name or digest is None:
-            raise PolicyArtifactError(f"{base.path / 'manifest.json'}: lists no sha256 for {name}")
-        file = base.path / name
+            raise PolicyArtifactError(f"{path / 'manifest.json'}: lists no sha256 for {name}")
+        file = path / name
         # The bytes ONNX Runtime gets are the bytes checked here (read once).
-        data = verified_file(base.path, name, digest)
+        data = verified_file(path, name, digest)
         try:
             session = runtime_session(data, threads)
         except OnnxExportError as error:
             raise PolicyArtifactError(f"{file}: {error}") from None
         _check_graph_interface(file, session, manifest)
-        return cls(base._files, guard, on_incident, session=session)
+        return {"session": session}
 
     #: Every batch through the ONNX graph: the check is a serialized JAX function.
     _serves_check = False

@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import jax
 import jax.numpy as jnp
@@ -241,7 +241,8 @@ class PolicyArtifact:
         require_signature: bool = False,
         guard: Guard | None = None,
         on_incident: Callable[[PolicyDecision], None] | None = None,
-    ) -> PolicyArtifact:
+        **runtime: Any,
+    ) -> Self:
         """Reads and verifies the artifact at ``path``.
 
         Args:
@@ -253,6 +254,7 @@ class PolicyArtifact:
             guard: the loader's own check of every served action (see :class:`Guard`),
                 run in the same compiled call; ``None``: the artifact's actions as they are.
             on_incident: called with a decision in which the guard replaced some action.
+            runtime: a runtime subclass's own options (see its :meth:`_open_runtime`).
 
         Raises:
             PolicyArtifactError: naming the file that is missing, corrupt, not a regular
@@ -262,8 +264,9 @@ class PolicyArtifact:
         """
         path = Path(path)
         files = read_artifact_files(path, trusted_keys, require_signature)
+        opened = cls._open_runtime(files, **runtime)
         try:
-            artifact = cls(files, guard, on_incident)
+            artifact = cls(files, guard, on_incident, **opened)
         except PolicyArtifactError:
             raise
         except (KeyError, TypeError, ValueError) as error:
@@ -285,6 +288,12 @@ class PolicyArtifact:
         """The same artifact serving through ``guard`` (see :class:`Guard`), compiled anew
         (a runtime subclass keeps what :meth:`_runtime_arguments` hands on)."""
         return type(self)(self._files, guard, on_incident, **self._runtime_arguments())
+
+    @classmethod
+    def _open_runtime(cls, files: ArtifactFiles) -> dict[str, Any]:
+        """What a runtime subclass's constructor takes beyond the artifact, opened from
+        the verified ``files`` with the subclass's options of :meth:`load` (none here)."""
+        return {}
 
     def _runtime_arguments(self) -> dict[str, Any]:
         """What a runtime subclass's constructor takes beyond the artifact (none here)."""
