@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,12 @@ class StepInfo:
 
     final_observation: jax.Array
     action_invalid: jax.Array
+
+    @classmethod
+    def first(cls, observation: jax.Array, **fields: Any) -> Self:
+        """The info of the time step ``reset`` returns: ``observation`` is its final one
+        and no action was invalid; ``fields`` are a subclass's own."""
+        return cls(final_observation=observation, action_invalid=jnp.zeros((), jnp.bool_), **fields)
 
 
 @struct.dataclass
@@ -307,9 +313,13 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
         return jax.lax.cond(jnp.any(done), restart, lambda operands: operands, (states, timesteps))
 
     # ----- identity -----------------------------------------------------------------
+    #: The attributes whose values, with the type, identify an environment (the static
+    #: configuration a compiled program depends on).
+    _static_fields: tuple[str, ...] = ("auto_reset",)
+
     def _static_config(self) -> tuple:
         """The static configuration that identifies this environment."""
-        return (type(self), self.auto_reset)
+        return (type(self), *(getattr(self, name) for name in self._static_fields))
 
     def __hash__(self) -> int:
         return hash(self._static_config())

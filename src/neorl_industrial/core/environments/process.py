@@ -100,6 +100,7 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
     #: the reward of a step compares the state reached with the setpoint observed with it
     #: (the next interval's; NeoRL-2's convention) instead of the one in force during it
     reward_against_next_setpoint: bool = False
+    _static_fields = ("auto_reset", "disturbance_noise", "disturbance_correlation")
 
     def __init__(
         self,
@@ -354,12 +355,7 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
         timestep = TimeStep.first(
             observation,
             self.n_costs,
-            ProcessStepInfo(
-                final_observation=observation,
-                action_invalid=jnp.zeros((), jnp.bool_),
-                diverged=jnp.zeros((), jnp.bool_),
-                plant=plant,
-            ),
+            ProcessStepInfo.first(observation, diverged=jnp.zeros((), jnp.bool_), plant=plant),
         )
         return state, timestep
 
@@ -405,14 +401,6 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
                 deviation=deviation,
             ),
             timestep,
-        )
-
-    def _static_config(self) -> tuple:
-        return (
-            type(self),
-            self.auto_reset,
-            self.disturbance_noise,
-            self.disturbance_correlation,
         )
 
 

@@ -97,6 +97,7 @@ class IndustrialBenchmark(UniformNoiseEnvironment[IBEnvState, IBParams]):
     """
 
     name = "IB-v0"
+    _static_fields = ("observation_mode", "action_type", "stationary", "n_past", "auto_reset")
 
     def __init__(
         self,
@@ -130,16 +131,6 @@ class IndustrialBenchmark(UniformNoiseEnvironment[IBEnvState, IBParams]):
             f"IndustrialBenchmark(observation={self.observation_mode!r}, "
             f"action_type={self.action_type!r}, stationary={self.stationary}, "
             f"n_past={self.n_past}, auto_reset={self.auto_reset})"
-        )
-
-    def _static_config(self) -> tuple:
-        return (
-            type(self),
-            self.observation_mode,
-            self.action_type,
-            self.stationary,
-            self.n_past,
-            self.auto_reset,
         )
 
     # ----- static description -------------------------------------------------------
@@ -312,13 +303,7 @@ class IndustrialBenchmark(UniformNoiseEnvironment[IBEnvState, IBParams]):
         )
         observation = self.observe(state)
         timestep = TimeStep.first(
-            observation,
-            self.n_costs,
-            IBStepInfo(
-                final_observation=observation,
-                action_invalid=jnp.zeros((), jnp.bool_),
-                hidden=plant,
-            ),
+            observation, self.n_costs, IBStepInfo.first(observation, hidden=plant)
         )
         return state, timestep
 
