@@ -34,7 +34,6 @@ from neorl_industrial.core.agents.distributional import (
     pessimistic,
 )
 from neorl_industrial.core.agents.networks import (
-    PolicyParams,
     TanhGaussianActor,
     WeightInitConfig,
     check_network,
@@ -42,6 +41,7 @@ from neorl_industrial.core.agents.networks import (
     check_positive,
     check_positive_int,
     check_tau,
+    fresh_actor_critic,
     make_act,
 )
 from neorl_industrial.core.agents.types import Algorithm, Metrics
@@ -214,20 +214,16 @@ def init_state(
     """A fresh state: new actor and critics (the targets the same), temperature and
     penalty weight at 1 (their logs at 0)."""
     actor_key, critic_key = jax.random.split(key)
-    policy = PolicyParams.create(networks.actor, actor_key, config, obs_size)
-    critic = networks.critics.init(critic_key, obs_size, action_size)
+    actor_critic = fresh_actor_critic(
+        networks, networks.critics, config, obs_size, action_size, actor_key, critic_key
+    )
     zero = jnp.zeros((), jnp.float32)
     return CQLState(
-        policy=policy,
-        critic=critic,
-        target_critic=critic,
+        **actor_critic,
         log_alpha=zero,
         log_alpha_prime=zero,
-        actor_opt_state=networks.actor_optimizer.init(policy.actor),
-        critic_opt_state=networks.critic_optimizer.init(critic),
         alpha_opt_state=networks.alpha_optimizer.init(zero),
         alpha_prime_opt_state=networks.alpha_prime_optimizer.init(zero),
-        step=jnp.zeros((), jnp.int32),
     )
 
 

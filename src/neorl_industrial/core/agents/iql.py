@@ -36,6 +36,7 @@ from neorl_industrial.core.agents.networks import (
     check_network,
     check_positive,
     check_tau,
+    fresh_actor_critic,
     make_act,
     polyak_average,
     stochastic_key,
@@ -181,18 +182,14 @@ def init_state(
     **extra: Any,
 ) -> IQLState:
     """A fresh state; ``state_type`` (a subclass) is built with the ``extra`` fields."""
-    policy = PolicyParams.create(networks.actor, actor_key, config, obs_size)
+    actor_critic = fresh_actor_critic(
+        networks, networks.critic, config, obs_size, action_size, actor_key, critic_key
+    )
     value = networks.value.init(value_key, jnp.zeros((obs_size,), jnp.float32))
-    critic = networks.critic.init(critic_key, obs_size, action_size)
     return state_type(
-        policy=policy,
+        **actor_critic,
         value=value,
-        critic=critic,
-        target_critic=critic,
-        actor_opt_state=networks.actor_optimizer.init(policy.actor),
         value_opt_state=networks.value_optimizer.init(value),
-        critic_opt_state=networks.critic_optimizer.init(critic),
-        step=jnp.zeros((), jnp.int32),
         **extra,
     )
 

@@ -562,6 +562,32 @@ class PolicyParams:
         return self.normalizer(batch.observations), self.normalizer(batch.next_observations)
 
 
+def fresh_actor_critic(
+    networks: Any,
+    critics: Any,
+    config: Any,
+    obs_size: int,
+    action_size: int,
+    actor_key: jax.Array,
+    critic_key: jax.Array,
+) -> dict[str, Any]:
+    """The fields every actor-critic's fresh state shares: the ``policy``
+    (:meth:`PolicyParams.create` of ``networks.actor``), the ``critic`` (``critics``
+    initialized) and its ``target_critic`` (the same arrays until the first update), the
+    states of ``networks.actor_optimizer`` and ``networks.critic_optimizer``, and ``step``
+    0."""
+    policy = PolicyParams.create(networks.actor, actor_key, config, obs_size)
+    critic = critics.init(critic_key, obs_size, action_size)
+    return {
+        "policy": policy,
+        "critic": critic,
+        "target_critic": critic,
+        "actor_opt_state": networks.actor_optimizer.init(policy.actor),
+        "critic_opt_state": networks.critic_optimizer.init(critic),
+        "step": jnp.zeros((), jnp.int32),
+    }
+
+
 def make_act(
     action: Callable[[PolicyParams, jax.Array, jax.Array | None, bool], jax.Array],
     deterministic: bool = True,

@@ -41,6 +41,7 @@ from neorl_industrial.core.agents.networks import (
     check_positive_int,
     check_tau,
     deterministic_act,
+    fresh_actor_critic,
     polyak_average,
 )
 from neorl_industrial.core.agents.types import Algorithm, Batch, Metrics
@@ -172,18 +173,10 @@ def init_state(
     **extra: Any,
 ) -> TD3BCState:
     """A fresh state; ``state_type`` (a subclass) is built with the ``extra`` fields."""
-    policy = PolicyParams.create(networks.actor, actor_key, config, obs_size)
-    critic = networks.critic.init(critic_key, obs_size, action_size)
-    return state_type(
-        policy=policy,
-        target_actor=policy.actor,
-        critic=critic,
-        target_critic=critic,
-        actor_opt_state=networks.actor_optimizer.init(policy.actor),
-        critic_opt_state=networks.critic_optimizer.init(critic),
-        step=jnp.zeros((), jnp.int32),
-        **extra,
+    actor_critic = fresh_actor_critic(
+        networks, networks.critic, config, obs_size, action_size, actor_key, critic_key
     )
+    return state_type(**actor_critic, target_actor=actor_critic["policy"].actor, **extra)
 
 
 def target_actions(
