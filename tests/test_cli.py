@@ -133,91 +133,12 @@ def test_datasets_generate_inspect_and_import(tmp_path, capsys):
     assert again.n_transitions == 2000
 
 
-SMALL_RUN = [
-    "data.trajectories=2",
-    "algorithm.hyperparameters.hidden=[16, 16]",
-    "training.updates=100",
-    "training.chunk=50",
-    "training.batch_size=32",
-    "training.seeds=[0, 1]",
-    "evaluation.every=50",
-    "evaluation.episodes=2",
-    "evaluation.horizon=50",
-    "checkpoints.every=50",
-]
-
-
 def _sets(items):
     return [arg for item in items for arg in ("--set", item)]
 
 
-def test_main_job_trains_evaluates_saves_exports_and_reports(tmp_path, capsys):
-    import json
-
-    overrides = [
-        *SMALL_RUN,
-        f"output={tmp_path}",
-        "name=small",
-        f"export.signing_keys={tmp_path}/k",
-    ]
-    assert cli.main(["--no-cache", "run", *_sets(overrides)]) == 0
-    assert (tmp_path / "small" / "policy" / "signature.json").is_file()
-    assert (tmp_path / "k" / "policy-signing.key").stat().st_mode & 0o077 == 0
-    out = capsys.readouterr().out
-    run = tmp_path / "small"
-    for part in ("agent/agent.json", "policy/manifest.json", "report.json", "config.yaml"):
-        assert (run / part).is_file(), part
-    assert "best evaluation of each run" in out and str(run / "agent") in out
-    assert "training runs: http://127.0.0.1:5000/#/experiments/" in out
-    report = json.loads((run / "report.json").read_text())
-    assert report["training"]["updates"] == 100 and len(report["best"]) == 2
-    assert all(b["metrics"]["hard_violation_steps"] == 0 for b in report["best"])
-
-    # A second run into the same directory is refused; nothing is overwritten.
-    before = (run / "report.json").read_text()
-    assert cli.main(["--no-cache", "run", *_sets(overrides)]) == 2
-    refused = capsys.readouterr().err
-    assert "holds an earlier run" in refused and "--resume" in refused
-    assert (run / "report.json").read_text() == before
-
-    # --resume of a run that has no checkpoint, or with checkpoints turned off, is refused
-    # before anything is written (it would otherwise train afresh over the run).
-    config = run / "config.yaml"
-    fresh = ["training.updates=150", f"output={tmp_path}", "name=never-ran"]
-    assert cli.main(["--no-cache", "train", "-c", str(config), *_sets(fresh), "--resume"]) == 2
-    assert "nothing to resume" in capsys.readouterr().err
-    assert not (tmp_path / "never-ran").exists()
-    off = ["training.updates=150", f"output={tmp_path}", "name=small", "checkpoints.every=0"]
-    assert cli.main(["--no-cache", "train", "-c", str(config), *_sets(off), "--resume"]) == 2
-    assert "--resume needs checkpoints" in capsys.readouterr().err
-    assert (run / "report.json").read_text() == before
-
-    # train --resume continues the run from its checkpoints to more updates.
-    more = ["training.updates=150", f"output={tmp_path}", "name=small"]
-    assert cli.main(["--no-cache", "train", "-c", str(config), *_sets(more), "--resume"]) == 0
-    report = json.loads((run / "report.json").read_text())
-    assert report["training"]["resumed_from"] == 100 and report["training"]["updates"] == 150
-
-    metrics = tmp_path / "metrics.json"
-    code = cli.main(
-        [
-            "--no-cache",
-            "evaluate",
-            str(run / "agent"),
-            "--episodes",
-            "2",
-            "--horizon",
-            "30",
-            "--json",
-            str(metrics),
-        ]
-    )
-    assert code == 0 and len(json.loads(metrics.read_text())["runs"]) == 2
-    out = tmp_path / "exported"
-    assert cli.main(["--no-cache", "export", str(run / "agent"), "--out", str(out)]) == 0
-    assert (out / "manifest.json").is_file()
-
-
+# The main job (`run`, its refusals, `train --resume`, `evaluate` and `export` of it) runs
+# once, tracked, in tests/integration/mlflow/test_tracking.py.
 def test_train_errors_are_named_without_a_traceback(tmp_path, capsys):
     code = cli.main(["--no-cache", "train", "--set", "algorithm.name=td3-bc"])
     assert code == 2

@@ -1,9 +1,13 @@
 """A short training run tracked in MLflow, read back as a user would: through
-``MlflowClient``, the pyfunc model, ``mlflow models serve`` and the CLI."""
+``MlflowClient``, the pyfunc model, ``mlflow models serve`` and the CLI. The run is the
+main job as ``neorl-industrial run`` runs it (at a small size); the command's own output,
+refusals, resume, evaluation and export are checked on the same run."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -18,6 +22,7 @@ import pytest
 
 from benchmarks.harness import free_port, interpreter_environment, wait_for_http
 from neorl_industrial import cli
+from neorl_industrial.cli import run_glue
 from neorl_industrial.cli.run_glue import run_training
 from neorl_industrial.wrappers.training import RunConfig
 
@@ -44,14 +49,91 @@ def _config(tmp: Path, uri: str, name: str, **tracking) -> RunConfig:
     return RunConfig.from_dict(values)
 
 
+def _sets(values: dict, prefix: str = "") -> list[str]:
+    """``values`` as the command line's ``--set key=value`` arguments."""
+    arguments = []
+    for key, value in values.items():
+        if isinstance(value, dict):
+            arguments += _sets(value, f"{prefix}{key}.")
+        else:
+            arguments += ["--set", f"{prefix}{key}={json.dumps(value)}"]
+    return arguments
+
+
+def _main_job(tmp: Path, uri: str) -> list[str]:
+    """``neorl-industrial run`` (the main job) at SMALL_RUN's size, named ``first``,
+    tracked in ``uri`` and signed with a key pair it makes under ``tmp``."""
+    values = {
+        **SMALL_RUN,
+        "name": "first",
+        "output": str(tmp / "runs"),
+        "tracking": {"uri": uri, "registered_model": MODEL},
+        "export": {"signing_keys": str(tmp / "keys")},
+    }
+    return ["--no-cache", "run", *_sets(values)]
+
+
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory):
+def main_job(tmp_path_factory):
+    """The main job run once for the module, as a person runs it: what it printed, and
+    the outcome the command's ``run_training`` returned (recorded on its way out)."""
     tmp = tmp_path_factory.mktemp("tracked")
     uri = f"sqlite:///{tmp}/mlflow.db"
-    outcome = run_training(_config(tmp, uri, "first"))
+    outcomes = []
+
+    def recorded(*args, **kwargs):
+        outcomes.append(run_training(*args, **kwargs))
+        return outcomes[-1]
+
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setattr(run_glue, "run_training", recorded)
+        assert cli.main(_main_job(tmp, uri)) == 0
+    (outcome,) = outcomes
+    return {"outcome": outcome, "printed": printed.getvalue(), "uri": uri, "tmp": tmp}
+
+
+@pytest.fixture(scope="module")
+def tracked(main_job):
     from mlflow import MlflowClient
 
-    return outcome, MlflowClient(tracking_uri=uri, registry_uri=uri), uri, tmp
+    uri = main_job["uri"]
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    return main_job["outcome"], client, uri, main_job["tmp"]
+
+
+def test_the_main_job_trains_saves_exports_reports_and_refuses_to_overwrite(main_job, capsys):
+    tmp, run = main_job["tmp"], main_job["outcome"].run_dir
+    assert run == tmp / "runs" / "first"
+    assert (run / "policy" / "signature.json").is_file()
+    assert (tmp / "keys" / "policy-signing.key").stat().st_mode & 0o077 == 0
+    for part in ("agent/agent.json", "policy/manifest.json", "report.json", "config.yaml"):
+        assert (run / part).is_file(), part
+    out = main_job["printed"]
+    assert "best evaluation of each run" in out and str(run / "agent") in out
+    assert "training runs: http://127.0.0.1:5000/#/experiments/" in out
+    report = json.loads((run / "report.json").read_text())
+    assert report["training"]["updates"] == 100 and len(report["best"]) == 2
+    assert all(b["metrics"]["hard_violation_steps"] == 0 for b in report["best"])
+
+    # A second run into the same directory is refused; nothing is overwritten.
+    before = (run / "report.json").read_text()
+    assert cli.main(_main_job(tmp, main_job["uri"])) == 2
+    refused = capsys.readouterr().err
+    assert "holds an earlier run" in refused and "--resume" in refused
+    assert (run / "report.json").read_text() == before
+
+    # --resume of a run that has no checkpoint, or with checkpoints turned off, is refused
+    # before anything is written (it would otherwise train afresh over the run).
+    config = str(run / "config.yaml")
+    fresh = _sets({"training": {"updates": 150}, "name": "never-ran"})
+    assert cli.main(["--no-cache", "train", "-c", config, *fresh, "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    assert not (tmp / "runs" / "never-ran").exists()
+    off = _sets({"training": {"updates": 150}, "checkpoints": {"every": 0}})
+    assert cli.main(["--no-cache", "train", "-c", config, *off, "--resume"]) == 2
+    assert "--resume needs checkpoints" in capsys.readouterr().err
+    assert (run / "report.json").read_text() == before
 
 
 def _parent_and_children(client, outcome):
@@ -337,20 +419,33 @@ def test_training_goes_on_when_the_server_is_down_and_the_spool_replays(tracked,
     assert str(client.get_model_version_by_alias(MODEL, "champion").version) == "1"
 
 
-def test_a_resumed_run_continues_its_mlflow_runs(tracked):
-    outcome, client, uri, tmp = tracked
-    config = _config(tmp, uri, "first").with_overrides(["training.updates=150"])
-    resumed = run_training(config, resume=True)
-    tracking = resumed.report["tracking"]
+def test_a_resumed_run_continues_its_mlflow_runs_then_evaluates_and_exports(tracked):
+    """``train --resume`` continues the main job's run from its checkpoints to more
+    updates, in the same MLflow runs; the resumed agent evaluates and exports."""
+    outcome, client, _, tmp = tracked
+    run = outcome.run_dir
+    more = _sets({"training": {"updates": 150}})
+    assert cli.main(["--no-cache", "train", "-c", str(run / "config.yaml"), *more, "--resume"]) == 0
+    resumed = json.loads((run / "report.json").read_text())
+    assert resumed["training"]["resumed_from"] == 100 and resumed["training"]["updates"] == 150
+    tracking = resumed["tracking"]
     assert tracking["run_id"] == outcome.report["tracking"]["run_id"]
     assert tracking["seed_run_ids"] == outcome.report["tracking"]["seed_run_ids"]
     history = client.get_metric_history(tracking["run_id"], "train/critic_loss")
     assert [m.step for m in history] == [50, 100, 150]
-    run = client.get_run(tracking["run_id"])
-    assert run.info.status == "FINISHED" and run.data.tags["resumed_from"] == "100"
+    mlflow_run = client.get_run(tracking["run_id"])
+    assert mlflow_run.info.status == "FINISHED" and mlflow_run.data.tags["resumed_from"] == "100"
     # The same dataset input, not a second one; the same pages.
-    assert [i.dataset.name for i in run.inputs.dataset_inputs] == [resumed.report["data"]["name"]]
+    assert [i.dataset.name for i in mlflow_run.inputs.dataset_inputs] == [resumed["data"]["name"]]
     assert tracking["links"] == outcome.report["tracking"]["links"]
+
+    metrics = tmp / "resumed-metrics.json"
+    evaluate = ["--no-cache", "evaluate", str(run / "agent"), "--episodes", "2"]
+    assert cli.main([*evaluate, "--horizon", "20", "--json", str(metrics)]) == 0
+    assert len(json.loads(metrics.read_text())["runs"]) == 2
+    out = tmp / "exported"
+    assert cli.main(["--no-cache", "export", str(run / "agent"), "--out", str(out)]) == 0
+    assert (out / "manifest.json").is_file()
 
 
 def _screenshots():
