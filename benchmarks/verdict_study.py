@@ -109,6 +109,9 @@ PLANT_CANDIDATES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("TD3+BC a=2.5", "td3bc", {"alpha": 2.5}),
 )
 ESTIMATORS = ("model", "fqe", "model+fqe")
+#: What the ``model`` estimate's improvement interval is made of (see docs/verdict.md,
+#: "Reading an interval"), kept beside each candidate's estimate.
+MODEL_PARTS = ("paired", "member_spread", "penalty", "allowance", "far_outside_share")
 #: The issue's targets: mean and worst regret@1 (share of the spread), mean rank
 #: correlation, datasets where the recommendation is worse than the operators or unsafe.
 TARGETS = {"mean_regret": 0.10, "worst_regret": 0.25, "mean_correlation": 0.7, "bad": 0}
@@ -484,6 +487,11 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
                                 <= true_gain
                                 <= estimates[key]["improvement"]["upper"]
                             ),
+                        }
+                        | {
+                            part: estimates[key][part]
+                            for part in MODEL_PARTS
+                            if estimates[key].get(part) is not None
                         }
                         for key in ESTIMATORS
                         if key in estimates

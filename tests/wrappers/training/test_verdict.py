@@ -272,9 +272,16 @@ def test_the_model_reproduces_the_operators_logged_return_and_says_so(full):
     metrics = full.metrics()
     assert metrics["verdict/calibration/passed"] == 1.0
     assert metrics["verdict/calibration/logged"] == pytest.approx(calibration.logged.value)
-    # The operators' model estimate is raised by its uncertainty (pessimism on the baseline).
+    # The operators' model estimate is the one the calibration holds against the log: its
+    # pessimism is the measured error (the allowance), not the members' disagreement.
     operators = full.behaviour["estimates"][0]
-    assert operators["penalty"] <= 0.0
+    assert operators["estimator"] == "model" and operators["penalty"] == 0.0
+    assert operators["discounted_return"]["value"] == pytest.approx(
+        calibration.estimated.value, rel=1e-5
+    )
+    for estimate in full.candidates[0]["estimates"]:
+        if estimate["estimator"] == "model":
+            assert estimate["allowance"] >= calibration.model_error
     assert "cloned" in full.behaviour["how"]
 
 

@@ -26,7 +26,8 @@ Estimators (every number an **estimate**, named by its estimator):
   disagreement in units of each feature's spread, how far observation or action lie
   outside the data's range, and how far a prediction left its physical range before it
   was clipped onto it); no step's reward counts above the data's highest. The
-  operators' estimate is raised by its own uncertainty (pessimism on the baseline).
+  operators' estimate is held against their logged returns (the calibration check), and
+  the error measured there widens every interval: the baseline's pessimism is measured.
 * ``fqe``: Fitted Q Evaluation of every candidate on the held-out episodes, at the same
   starts; today's operation by FQE of the clone. Shown, not decisive.
 * ``model+fqe``: the pessimistic model rollouts of the first ``close_after`` steps,

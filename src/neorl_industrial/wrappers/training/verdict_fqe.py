@@ -74,7 +74,7 @@ class FqeResults(NamedTuple):
 class _Head:
     """``model+fqe``: the model's return over its first steps, closed by FQE's value at
     the state the model reached, each step paying ``penalty`` spreads of its
-    uncertainty (a negative penalty raises the estimate: the operators' pessimism)."""
+    uncertainty."""
 
     reward_spread: float
     cost_spread: np.ndarray
@@ -97,22 +97,20 @@ class _Head:
 @dataclasses.dataclass(frozen=True)
 class _ModelFqe:
     """``model+fqe`` of a candidate against today's operation: the paired difference
-    between the candidate's reading and the operators' (the candidate lowered and the
-    operators raised by their uncertainty for the lower bound, the reverse for the upper),
-    widened by the larger of the model's and its own error on today's operation.
+    between the candidate's reading (lowered by its uncertainty for the lower bound,
+    raised for the upper) and the operators' plain reading, widened by the larger of the
+    model's and its own error on today's operation (measured against the logged returns:
+    the baseline's pessimism).
 
     Attributes:
         head: the reading.
-        plain, raised, lowered: the operators' reading ``[M, N]`` without pessimism,
-            raised by it, lowered by it.
+        plain: the operators' reading ``[M, N]`` without pessimism.
         calibration: the model's calibration check.
         own_error: ``model+fqe``'s own error on today's operation.
     """
 
     head: _Head
     plain: np.ndarray
-    raised: np.ndarray
-    lowered: np.ndarray
     calibration: Calibration
     own_error: float
     settings: VerdictSettings
@@ -126,8 +124,8 @@ class _ModelFqe:
         optimistic, _ = self.head(own, tail, -self.head.penalty)
         between = _between(
             plain - self.plain,
-            combined - self.raised,
-            optimistic - self.lowered,
+            combined - self.plain,
+            optimistic - self.plain,
             self.start_episodes,
             self.settings,
             seed,
@@ -206,10 +204,9 @@ def _fqe_estimators(
     )
     clone_at_starts, clone_closing = clone_at_starts[0], clone_closing[0]
     operators = jax.tree.map(lambda x: x[None], baseline)
-    # The operators' estimate is raised by its uncertainty (pessimism on the baseline).
-    raised, raised_costs = (x[0] for x in head(operators, clone_closing[None], -head.penalty))
-    plain = head(operators, clone_closing[None], 0.0)[0][0]
-    lowered = head(operators, clone_closing[None])[0][0]
+    # The operators' plain reading: its error against the logged returns (below) is the
+    # baseline's pessimism.
+    plain, plain_costs = (x[0] for x in head(operators, clone_closing[None], 0.0))
 
     def interval(values: np.ndarray, draw_seed: int) -> Interval:
         draws = bootstrap_means(values, starts.episodes, settings.bootstrap, draw_seed)
@@ -220,7 +217,7 @@ def _fqe_estimators(
     # is widened by the larger of the two.
     error = interval(plain - starts.logged_discounted[None], settings.seed)
     mixed = _ModelFqe(
-        head, plain, raised, lowered, calibration, Calibration.error_size(error), settings,
+        head, plain, calibration, Calibration.error_size(error), settings,
         starts.episodes, costs_of,
     )  # fmt: skip
     results = []
@@ -248,11 +245,11 @@ def _fqe_estimators(
         ),
         EstimatorResult(
             estimator="model+fqe",
-            discounted_return=interval(raised, settings.seed),
+            discounted_return=interval(plain, settings.seed),
             episode_return=None,
             improvement=None,
             penalty=0.0,
-            costs=costs_of(raised_costs, settings.seed),
+            costs=costs_of(plain_costs, settings.seed),
         ),
     ]
     return FqeResults(results, behaviour, error)

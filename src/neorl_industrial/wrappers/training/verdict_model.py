@@ -306,10 +306,13 @@ class _ModelReading:
     """The ``model`` estimator's results from the rollouts' sums.
 
     Pessimism on every estimate that can be wrong: the candidates' returns are lowered by
-    ``penalty`` x the rewards' spread x their uncertainty, the operators' model estimate
-    raised by its own. The truth lies between the pessimistic reading (the candidate
-    lowered, the operators raised) and the optimistic one (the reverse); the model's own
-    estimate is the plain difference."""
+    ``penalty`` x the rewards' spread x their uncertainty; the operators' model estimate
+    is held against their logged returns instead (the calibration), and the error measured
+    there widens every improvement (the allowance): the baseline's pessimism is measured,
+    not a proxy of the members' disagreement counted on top of it. The truth lies between
+    the pessimistic reading (the candidate lowered) and the optimistic one (raised), each
+    less the operators' plain estimate; the model's own estimate is the plain
+    difference."""
 
     baseline: RolloutSums
     starts: _Starts
@@ -380,8 +383,8 @@ class _ModelReading:
         improvement = _widened(
             _between(
                 sums.discounted_return - baseline.discounted_return,
-                pessimistic - self._shifted(baseline, 1.0),
-                self._shifted(sums, 1.0) - self._shifted(baseline, -1.0),
+                pessimistic - baseline.discounted_return,
+                self._shifted(sums, 1.0) - baseline.discounted_return,
                 self.starts.episodes,
                 settings,
                 boot_seed,
@@ -411,18 +414,19 @@ class _ModelReading:
         )
 
     def operators(self) -> EstimatorResult:
-        """Today's operation by the model: the clone's return raised by its uncertainty."""
+        """Today's operation by the model: the clone's plain return, the estimate the
+        calibration holds against the logged returns (its error is the allowance)."""
         baseline, seed, level = self.baseline, self.settings.seed, self.settings.level
-        optimistic = self._shifted(baseline, 1.0)
+        plain = baseline.discounted_return
         steps_total = max(float(baseline.steps.sum()), 1.0)
         return EstimatorResult(
             estimator="model",
-            discounted_return=_interval(optimistic, self._bootstrap(optimistic, seed), level),
+            discounted_return=_interval(plain, self._bootstrap(plain, seed), level),
             episode_return=_interval(
                 baseline.total_return, self._bootstrap(baseline.total_return, seed), level
             ),
             improvement=None,
-            penalty=-float(np.mean(optimistic - baseline.discounted_return)),
+            penalty=0.0,
             costs=self.costs(baseline.total_costs, self.scale, seed, computed=True),
             outside_data_share=float(baseline.outside_data_steps.sum() / steps_total),
             override_share=float(baseline.overridden_steps.sum() / steps_total),

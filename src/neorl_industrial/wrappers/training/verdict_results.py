@@ -20,10 +20,10 @@ EXACT_BOUND = "exact bound"
 BASELINE_HOW = (
     "the operators' behaviour cloned (behaviour cloning on the held-out episodes, with "
     "their action noise) and run closed loop in the same model members from the same "
-    "starts with the same model noise, the shield in the loop (model; its return raised by "
-    "its own uncertainty: pessimism); FQE of the clone (fqe, and model+fqe's tail). The "
-    "logged return from each start is data: the calibration check holds the model's "
-    "estimate of the clone against it"
+    "starts with the same model noise, the shield in the loop (model); FQE of the clone "
+    "(fqe, and model+fqe's tail). The logged return from each start is data: the "
+    "calibration check holds the model's estimate of the clone against it, and the error "
+    "it allows widens every improvement interval (the baseline's pessimism, measured)"
 )
 #: The estimators whose agreement a recommendation needs.
 DECIDING = ("model", "model+fqe")
