@@ -33,6 +33,7 @@ from hypothesis import settings
 
 from neorl_industrial.cli.runtime import CACHE_ENV, enable_compilation_cache
 from tests.compile_flags import suite_cache_dir
+from tests.shared import SHARED_ENV
 
 _cache_dir = suite_cache_dir()
 os.environ[CACHE_ENV] = str(_cache_dir or tempfile.mkdtemp(prefix="neorl-tests-jax-"))
@@ -59,6 +60,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 if "MLFLOW_TRACKING_URI" not in os.environ:
     _mlflow_dir = tempfile.mkdtemp(prefix="neorl-tests-mlflow-")
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_mlflow_dir}/mlflow.db"
+
+
+# Things several test files build the same way (tests/shared.py) go to one directory for
+# the run, its workers' too; the process that made it removes it when the run ends.
+_shared_dir = None
+if SHARED_ENV not in os.environ:
+    _shared_dir = tempfile.mkdtemp(prefix="neorl-tests-shared-")
+    os.environ[SHARED_ENV] = _shared_dir
+
+
+def pytest_unconfigure(config):
+    if _shared_dir is not None:
+        shutil.rmtree(_shared_dir, ignore_errors=True)
 
 
 # The workers take whole files (`--dist loadfile`), and a file that starts last decides

@@ -232,7 +232,7 @@ def test_each_image_the_deployments_run_has_the_extras_of_its_command():
 
 
 def test_the_image_entrypoint_and_healthcheck_run_the_server_here(tmp_path):
-    from tests.wrappers.agents.test_export import Policy
+    from tests.wrappers.agents.test_export import exported_policy
 
     instructions = dict(_instructions(ROOT / "docker" / "Dockerfile"))
     entrypoint = json.loads(instructions["ENTRYPOINT"])
@@ -246,7 +246,7 @@ def test_the_image_entrypoint_and_healthcheck_run_the_server_here(tmp_path):
     from neorl_industrial.wrappers.agents.signing import PUBLIC_KEY, generate_key_pair
 
     signing_key = generate_key_pair(tmp_path / "release")
-    policy = Policy().export(tmp_path / "policy", signing_key=signing_key)
+    policy = exported_policy(tmp_path / "policy", signing_key=signing_key)
     (tmp_path / "keys.yaml").write_text(f"act: [{ENTRYPOINT_KEY}]\n")
     # The server runs as in the image: what its install lacks cannot be imported.
     (tmp_path / "site").mkdir()

@@ -49,7 +49,7 @@ def test_register_refuses_unsigned_and_registers_a_signed_export_that_can_be_pro
     from neorl_industrial.integration.deployment.policy import PolicyTrust, load_policy_source
     from neorl_industrial.integration.mlflow.registry import load_policy
     from neorl_industrial.wrappers.agents.signing import PUBLIC_KEY, generate_key_pair
-    from tests.wrappers.agents.test_export import Policy
+    from tests.wrappers.agents.test_export import exported_policy
 
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -57,9 +57,8 @@ def test_register_refuses_unsigned_and_registers_a_signed_export_that_can_be_pro
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     key = generate_key_pair(tmp_path / "keys")
-    policy = Policy()
-    signed = policy.export(tmp_path / "signed", signing_key=key)
-    unsigned = policy.export(tmp_path / "unsigned")
+    signed = exported_policy(tmp_path / "signed", signing_key=key)
+    unsigned = exported_policy(tmp_path / "unsigned")
 
     assert cli.main(["models", "register", str(unsigned), "--name", "plant-policy"]) == 2
     assert "unsigned" in " ".join(capsys.readouterr().err.split())

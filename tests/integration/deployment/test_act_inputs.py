@@ -16,14 +16,14 @@ from neorl_industrial.integration.mlflow.pyfunc import FLAGS
 from neorl_industrial.wrappers.agents import PolicyArtifact
 from neorl_industrial.wrappers.agents.signing import generate_key_pair
 from tests.integration.deployment.test_server import AS_ACT, _settings
-from tests.wrappers.agents.test_export import Policy, plant_inputs
+from tests.wrappers.agents.test_export import exported_policy, plant_inputs
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
     # Signed by the key _settings trusts (the servers trust only signed policies).
-    model = Policy().export(root / "policy", signing_key=generate_key_pair(root / "keys"))
+    model = exported_policy(root / "policy", signing_key=generate_key_pair(root / "keys"))
     with TestClient(create_app(_settings(root, model))) as client:
         yield client, PolicyArtifact.load(model)
 

@@ -14,21 +14,17 @@ from neorl_industrial.wrappers.agents import PolicyArtifact
 from neorl_industrial.wrappers.agents.signing import generate_key_pair
 from tests.integration.deployment.test_server import ACT, ADMIN, AS_ACT, AS_ADMIN
 from tests.integration.deployment.test_server import _settings as _server_settings
-from tests.wrappers.agents.test_export import Policy, plant_inputs
+from tests.wrappers.agents.test_export import exported_policy, plant_inputs
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("audited")
-    first, second = Policy(), Policy()
-    import jax
-
-    second.params = second.algorithm.init(jax.random.key(7)).policy
     # Signed by the key _settings trusts (the servers trust only signed policies).
     key = generate_key_pair(root / "keys")
     return {
-        "a": first.export(root / "a", signing_key=key),
-        "b": second.export(root / "b", signing_key=key),
+        "a": exported_policy(root / "a", signing_key=key),
+        "b": exported_policy(root / "b", seed=7, signing_key=key),
     }
 
 

@@ -23,7 +23,7 @@ from neorl_industrial.integration.deployment import ServerSettings, SettingsErro
 from neorl_industrial.integration.safety import AuditLog
 from neorl_industrial.wrappers.agents import PolicyArtifact
 from neorl_industrial.wrappers.agents.signing import PUBLIC_KEY, generate_key_pair
-from tests.wrappers.agents.test_export import Policy, plant_inputs
+from tests.wrappers.agents.test_export import Policy, exported_policy, plant_inputs
 
 # Keys as secrets.token_urlsafe(32) makes them (shorter or placeholder keys are refused).
 ACT, ADMIN = (
@@ -39,20 +39,18 @@ FILE_KEY = "vQttCykv5qgd6NwJbUDJoRAB2syOwal-bgJTdtHwCmc"
 def policies(tmp_path_factory):
     """Two versions of a small policy (different parameters), and one of another size."""
     root = tmp_path_factory.mktemp("policies")
-    first = Policy()
-    second = Policy()
     import jax
 
     # Signed, as a server trusts only signed policies (the key: _settings' trusted_keys).
     key = generate_key_pair(root / "keys")
-    second.params = second.algorithm.init(jax.random.key(7)).policy
     paths = {
-        "a": first.export(root / "a", signing_key=key),
-        "b": second.export(root / "b", signing_key=key),
+        "a": exported_policy(root / "a", signing_key=key),
+        "b": exported_policy(root / "b", seed=7, signing_key=key),
     }
     from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
 
     wide = make_td3bc(TD3BCConfig(hidden=(8, 8)), 7, 3)
+    first = Policy()
     paths["other"] = first.export(
         root / "other",
         act=wide.act,
@@ -394,7 +392,10 @@ def test_cli_serve_starts_uvicorn(policies, tmp_path):
         "--model", str(policies["a"]), "--port", str(port), "--api-keys-file", str(keys),
         "--trusted-key", str(policies["a"].parent / "keys" / PUBLIC_KEY), "--log-level", "warning",
     ]  # fmt: skip
-    server = subprocess.Popen(command, env=os.environ.copy())
+    # Two batch sizes, set as a deployment sets them: a request needs no more, and the
+    # defaults' nine compile in the plant journey's server (tests/test_plant_journey.py).
+    environment = {**os.environ, "NEORL_SERVE_BATCH_SIZES": "[1, 2]", "NEORL_SERVE_MAX_BATCH": "2"}
+    server = subprocess.Popen(command, env=environment)
     try:
         wait_for_http(f"http://127.0.0.1:{port}/readyz", server)
         request = urllib.request.Request(

@@ -27,7 +27,7 @@ from neorl_industrial.integration.deployment.middleware import (
     METRICS_STATE_KEY,
     guarded_protocol,
 )
-from tests.wrappers.agents.test_export import Policy
+from tests.wrappers.agents.test_export import exported_policy
 
 KEY = "t8Hq2vN3xK_pLw9ZbRc4YdJe6FgA1sMuVo0Ti5XnQkE"
 DEADLINE_S = 0.5
@@ -61,7 +61,7 @@ class _Served:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return Policy().export(tmp_path_factory.mktemp("policy") / "a")
+    return exported_policy(tmp_path_factory.mktemp("policy") / "a")
 
 
 def _serving(model, deadline_s: float) -> _Served:

@@ -26,7 +26,7 @@ from neorl_industrial.wrappers.agents.signing import (
     sign_manifest,
 )
 from neorl_industrial.wrappers.constraint_files import constraint_spec_yaml, load_constraint_spec
-from tests.wrappers.agents.test_export import SPEC_FILE, Policy
+from tests.wrappers.agents.test_export import SPEC_FILE, Policy, exported_policy
 from tests.wrappers.agents.test_signing import rewrite_with_digests
 
 ACT, ADMIN = (
@@ -135,13 +135,13 @@ def setup(tmp_path_factory):
     names = list(env.observation_names)
     i, j = names.index("velocity"), names.index("fatigue")
     names[i], names[j] = names[j], names[i]
-    signed = policy.export(root / "signed", signing_key=release)
+    signed = exported_policy(root / "signed", signing_key=release)
     paths = {
         "trusted": release.parent / PUBLIC_KEY,
         "task": task,
         "signed": signed,
-        "unsigned": policy.export(root / "unsigned"),
-        "stranger": policy.export(root / "stranger-signed", signing_key=stranger),
+        "unsigned": exported_policy(root / "unsigned"),
+        "stranger": exported_policy(root / "stranger-signed", signing_key=stranger),
         "relaxed": policy.export(root / "relaxed", signing_key=release, constraints_spec=relaxed),
         "reworded": policy.export(
             root / "reworded", signing_key=release, constraints_spec=reworded

@@ -19,7 +19,9 @@ from neorl_industrial.core.agents.td3bc import TD3BCConfig, make_td3bc
 from neorl_industrial.core.environments import make
 from neorl_industrial.core.safety import shield
 from neorl_industrial.wrappers.agents import PolicyArtifact, PolicyArtifactError, export_policy
+from neorl_industrial.wrappers.agents.signing import SIGNATURE, sign_manifest
 from neorl_industrial.wrappers.constraint_files import load_constraint_spec
+from tests.shared import built_once
 
 SPEC_FILE = Path(__file__).resolve().parents[3] / "configs" / "constraints" / "ib-example.yaml"
 TRAINING_MODULES = (
@@ -71,6 +73,26 @@ class Policy:
         return np.asarray(safe), np.asarray(proposed), report
 
 
+def exported_policy(target: Path, *, seed: int = 0, signing_key: Path | None = None) -> Path:
+    """:class:`Policy`'s export, its parameters initialised from ``seed``, copied to
+    ``target`` and signed with ``signing_key`` when given (``signature.json`` as
+    ``export(signing_key=...)`` writes it). The export itself is built once per test run
+    (tests/shared.py): the deployment tests serve the same few policies."""
+
+    def build(directory: Path) -> None:
+        policy = Policy()
+        if seed:
+            policy.params = policy.algorithm.init(jax.random.key(seed)).policy
+        policy.export(directory / "policy")
+
+    shutil.copytree(built_once(f"exported-policy-seed{seed}", build) / "policy", target)
+    if signing_key is not None:
+        manifest = json.loads((target / "manifest.json").read_text())
+        signature = sign_manifest(manifest, signing_key)
+        (target / SIGNATURE).write_text(json.dumps(signature, indent=2))
+    return target
+
+
 def plant_inputs(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """IB observations over their range and previous actions in [-1, 1]: some rows keep
     every constraint, others break rate, fatigue or joint-push limits."""
@@ -87,8 +109,8 @@ def policy() -> Policy:
 
 
 @pytest.fixture(scope="module")
-def artifact_path(policy, tmp_path_factory) -> Path:
-    return policy.export(tmp_path_factory.mktemp("export") / "policy")
+def artifact_path(tmp_path_factory) -> Path:
+    return exported_policy(tmp_path_factory.mktemp("export") / "policy")
 
 
 @pytest.fixture(scope="module")
