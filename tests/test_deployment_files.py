@@ -262,6 +262,10 @@ def test_the_image_entrypoint_and_healthcheck_run_the_server_here(tmp_path):
         "NEORL_SERVE_TRUSTED_KEYS": json.dumps([str(signing_key.parent / PUBLIC_KEY)]),
         "NEORL_SERVE_API_KEYS_FILE": str(tmp_path / "keys.yaml"),
         "NEORL_SERVE_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
+        # A request needs no more than these (the plant journey's server compiles the
+        # default nine, tests/test_plant_journey.py).
+        "NEORL_SERVE_BATCH_SIZES": "[1, 2]",
+        "NEORL_SERVE_MAX_BATCH": "2",
     }
     refused = subprocess.run(
         [sys.executable, "-c", "import pyarrow"], env=environment, capture_output=True
