@@ -7,11 +7,14 @@ refused by its fingerprint."""
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from neorl_industrial import cli
+from tests.shared import built_once
 from tests.wrappers.training.test_verdict import SCHEMA, write_log
 
 RUN = """\
@@ -34,13 +37,25 @@ def fit_model(log, schema, out, seed=0):
     assert cli.main(argv) == 0
 
 
+def heater_plant(target: Path) -> Path:
+    """The heater's log (20 episodes of 30 steps, ``log.csv``), its ``schema.yaml`` and
+    a plant model of it fitted by ``model fit`` (:func:`fit_model`, ``model/``), copied
+    into ``target``. Fitted once per test run (tests/shared.py): the verdict's command
+    line, the Agent's verdict and the candidates' tests judge with the same model."""
+
+    def build(directory: Path) -> None:
+        write_log(directory / "log.csv", episodes=20, steps=30)
+        (directory / "schema.yaml").write_text(textwrap.dedent(SCHEMA))
+        fit_model(directory / "log.csv", directory / "schema.yaml", directory / "model")
+
+    shutil.copytree(built_once("heater-plant", build), target, dirs_exist_ok=True)
+    return target
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("verdict-cli")
-    write_log(root / "log.csv", episodes=20, steps=30)
+    root = heater_plant(tmp_path_factory.mktemp("verdict-cli"))
     schema = root / "schema.yaml"
-    schema.write_text(textwrap.dedent(SCHEMA))
-    fit_model(root / "log.csv", schema, root / "model")
     config = root / "run.yaml"
     config.write_text(RUN.format(log=root / "log.csv", schema=schema, root=root))
     argv = ["--no-cache", "train", "-c", str(config), "--plant-model", str(root / "model")]

@@ -5,16 +5,14 @@ refused with names and numbers."""
 
 from __future__ import annotations
 
-import textwrap
-
 import numpy as np
 import pytest
 
-from neorl_industrial.core.models import DynamicsConfig
 from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.agents import Agent, AgentError, OPESettings
-from neorl_industrial.wrappers.models import FitSettings, PlantModel
+from neorl_industrial.wrappers.models import PlantModel
 from neorl_industrial.wrappers.training.verdict import KEEP, VerdictSettings
+from tests.cli.test_verdict_cli import heater_plant
 from tests.wrappers.training.test_verdict import (
     OPERATOR_NOISE,
     SCHEMA,
@@ -28,19 +26,10 @@ VERDICT = VerdictSettings(horizon=30, bootstrap=300, fqe=False)
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("heater-agent")
-    write_log(root / "log.csv", episodes=20, steps=30)
-    (root / "schema.yaml").write_text(textwrap.dedent(SCHEMA))
+    root = heater_plant(tmp_path_factory.mktemp("heater-agent"))
     dataset, card = load_any(root / "log.csv", schema=root / "schema.yaml")
     task = card.task(dataset)
-    model = PlantModel(
-        task, DynamicsConfig(hidden=(32,), n_members=2, n_elites=2), definitions=card.definitions
-    )
-    model.fit(
-        dataset,
-        FitSettings(max_updates=400, chunk_updates=200, batch_size=64, horizon=5, windows=8),
-        dataset_name=card.name,
-    )
+    model = PlantModel.load(root / "model", dataset=dataset, task=task, dataset_name=card.name)
     agent = Agent("bc", task=task, hidden=(32, 32))
     ope = OPESettings(updates=200, seeds=(0, 1), hidden=(16,))
     agent.fit(

@@ -9,22 +9,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from neorl_industrial.core.models import DynamicsConfig
 from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.agents import Agent, AgentError, OPESettings
 from neorl_industrial.wrappers.agents.joint_verdict import judge_together
-from neorl_industrial.wrappers.models import FitSettings, PlantModel
+from neorl_industrial.wrappers.models import PlantModel
 from neorl_industrial.wrappers.training import context as context_module
 from neorl_industrial.wrappers.training.selection import verdict_ranking
 from neorl_industrial.wrappers.training.verdict import VerdictSettings
-from tests.wrappers.training.test_verdict import SCHEMA, write_log
+from tests.cli.test_verdict_cli import heater_plant
 
 VERDICT = VerdictSettings(horizon=30, bootstrap=200, fqe=False)
 OPE = OPESettings(updates=50, seeds=(0, 1), hidden=(8,))
@@ -33,19 +31,10 @@ SHORT = dict(updates=100, chunk=100, seeds=(0, 1), ope=OPE)
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("candidates")
-    write_log(root / "log.csv", episodes=20, steps=30)
-    (root / "schema.yaml").write_text(textwrap.dedent(SCHEMA))
+    root = heater_plant(tmp_path_factory.mktemp("candidates"))
     dataset, card = load_any(root / "log.csv", schema=root / "schema.yaml")
     task = card.task(dataset)
-    model = PlantModel(
-        task, DynamicsConfig(hidden=(32,), n_members=2, n_elites=2), definitions=card.definitions
-    )
-    model.fit(
-        dataset,
-        FitSettings(max_updates=400, chunk_updates=200, batch_size=64, horizon=5, windows=8),
-        dataset_name=card.name,
-    )
+    model = PlantModel.load(root / "model", dataset=dataset, task=task, dataset_name=card.name)
     fitted = Agent("bc", task=task, hidden=(16,))
     fitted.fit(dataset, **SHORT, card=card, plant_model=model, verdict=VERDICT)
     swept = Agent("bc", task=task, hidden=(16,))
