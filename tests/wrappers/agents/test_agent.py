@@ -292,21 +292,24 @@ def test_a_sweep_over_network_sizes_trains_one_program_per_size(tmp_path):
 
     example = Path(__file__).resolve().parents[3] / "examples" / "mixing-tank"
     dataset, card = load_plant_log(example / "mixing_tank.csv", example / "schema.yaml")
-    agent = Agent("td3bc", task=card.task(), hidden=(8,))
+    # Built with a size the grid does not hold, so it ends with the chosen one only if the
+    # sweep sets it. The [8] program (with its FQE and settings) is the sweep's above: it
+    # compiles once for both.
+    agent = Agent("td3bc", task=card.task(), hidden=(16,))
     table = agent.sweep(
         dataset,
-        {"hidden": [[4], [6, 6]], "alpha": [1.0, 4.0]},
+        {"hidden": [[8], [6, 6]], "alpha": [1.0, 4.0]},
         seeds=(0, 1),
-        updates=10,
+        updates=20,
         chunk=10,
         batch_size=32,
-        ope=OPESettings(updates=10, seeds=(0, 1), hidden=(8,)),
+        ope=OPESettings(updates=20, seeds=(0, 1), hidden=(8,)),
         card=card,
     )
     assert table["programs"] == 2 and table["fields"] == ["hidden", "alpha"]
     assert [c["values"] for c in table["configurations"]] == [
-        {"hidden": [4], "alpha": 1.0},
-        {"hidden": [4], "alpha": 4.0},
+        {"hidden": [8], "alpha": 1.0},
+        {"hidden": [8], "alpha": 4.0},
         {"hidden": [6, 6], "alpha": 1.0},
         {"hidden": [6, 6], "alpha": 4.0},
     ]
