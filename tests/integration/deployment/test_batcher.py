@@ -1,6 +1,7 @@
 """The micro-batcher on its own: a lone request decided at once on the event loop,
-concurrent ones batched on the worker thread, requests with and without previous actions
-decided in separate calls of the same batch, a failing request failing alone."""
+concurrent ones batched (on the event loop up to ``loop_rows`` rows, on the worker thread
+past it), requests with and without previous actions decided in separate calls of the
+same batch, a failing request failing alone."""
 
 from __future__ import annotations
 
@@ -82,6 +83,22 @@ def test_concurrent_requests_are_batched_with_and_without_previous_actions_apart
         (4, False, "policy_0"),
         (4, True, "policy_0"),
     ]
+
+
+def test_a_small_batch_is_decided_on_the_event_loop_and_a_larger_one_on_the_worker():
+    async def main():
+        policy = _Policy()
+        batcher = MicroBatcher(policy, action_size=1, max_batch=64, max_wait=0.0, loop_rows=4)
+        batcher.start()
+        small = await asyncio.gather(*(batcher.submit(_rows([float(i)]), None) for i in range(4)))
+        large = await asyncio.gather(*(batcher.submit(_rows([float(i)]), None) for i in range(5)))
+        await batcher.stop()
+        return policy, small, large
+
+    policy, small, large = asyncio.run(main())
+    assert [decision.action.tolist() for decision in small] == [[[2.0 * i]] for i in range(4)]
+    assert [decision.action.tolist() for decision in large] == [[[2.0 * i]] for i in range(5)]
+    assert policy.calls == [(4, False, threading.main_thread().name), (5, False, "policy_0")]
 
 
 def test_a_failing_request_fails_alone_in_a_batch():

@@ -148,6 +148,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[dict]:
         on_batch=metrics.batch_rows.observe,
         arriving=lambda: metrics.arriving,
         alone=lambda: metrics.requests_in is not None and metrics.requests_in <= 1,
+        loop_rows=settings.loop_batch_rows,
     )
     batcher.start()
     serving.batcher = batcher

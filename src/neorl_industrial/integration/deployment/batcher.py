@@ -2,8 +2,11 @@
 
 Requests put their rows on a queue and wait. One task takes the first request, then
 everything that arrives within ``max_wait`` seconds (or while the previous batch was
-running) up to ``max_batch`` rows, runs the policy once on a worker thread (the event
-loop keeps accepting requests), and hands each request its slice of the result. When
+running) up to ``max_batch`` rows, runs the policy once, and hands each request its
+slice of the result. A batch of more than ``loop_rows`` rows runs on a worker thread (the
+event loop keeps accepting requests meanwhile); a smaller one on the event loop, where
+it takes less than the hop to the worker thread and back, and than the two threads
+taking turns at the interpreter lock while the worker unpacks the call's result. When
 the shared call fails, each request is run on its own, so a request whose rows break
 the policy fails alone and the others get their actions.
 
@@ -21,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -54,7 +58,9 @@ class MicroBatcher:
             lone request never waits.
         alone: whether the submitting request is the only one being answered; such a
             request, finding the batcher idle, is decided at once on the event loop.
-            None: every request goes through the worker thread.
+            None: every request goes through the batch.
+        loop_rows: batches of at most this many rows are decided on the event loop,
+            larger ones on the worker thread (0: every batch on the worker thread).
     """
 
     def __init__(
@@ -67,6 +73,7 @@ class MicroBatcher:
         on_batch: Callable[[int], None] | None = None,
         arriving: Callable[[], int] | None = None,
         alone: Callable[[], bool] | None = None,
+        loop_rows: int = 0,
     ) -> None:
         self.predict = predict
         self.action_size = action_size
@@ -75,6 +82,8 @@ class MicroBatcher:
         self.on_batch = on_batch
         self.arriving = arriving
         self.alone = alone
+        self.loop_rows = loop_rows
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._carry: collections.deque[_Item] = collections.deque()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
@@ -83,7 +92,10 @@ class MicroBatcher:
         self._stopped = False
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
+        # The loop, looked up once: asyncio's lookup asks the system for the process id
+        # every time (a system call per request).
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="micro-batcher")
 
     async def stop(self) -> None:
         self._stopped = True
@@ -101,8 +113,8 @@ class MicroBatcher:
         if self._stopped:
             raise RuntimeError("the server is shutting down")
         if self._idle():
-            return self._call([_Item(observations, prev_actions, None)])[0]
-        future = asyncio.get_running_loop().create_future()
+            return self._one(observations, prev_actions)
+        future = self._loop.create_future()
         self._queue.put_nowait(_Item(observations, prev_actions, future))
         return await future
 
@@ -174,6 +186,8 @@ class MicroBatcher:
                 _answer(item, decision)
 
     async def _decide(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> list[Any]:
+        if sum(len(item.observations) for item in batch) <= self.loop_rows:
+            return self._call(batch)
         self._busy = True
         try:
             return await loop.run_in_executor(self._executor, self._call, batch)
@@ -183,9 +197,18 @@ class MicroBatcher:
     def _more_coming(self) -> bool:
         return self.arriving is None or self.arriving() > 0
 
+    def _one(self, observations: np.ndarray, prev_actions: np.ndarray | None) -> Any:
+        """One request's decision: one policy call, nothing to group or split."""
+        decision = self.predict(observations, prev_actions)
+        if self.on_batch is not None:
+            self.on_batch(len(observations))
+        return decision
+
     def _call(self, batch: list[_Item]) -> list[Any]:
         """Each item's decision: one policy call for the items with previous actions, one
         for those without (an unknown previous action is not a number the policy takes)."""
+        if len(batch) == 1:
+            return [self._one(batch[0].observations, batch[0].prev_actions)]
         decisions: list[Any] = [None] * len(batch)
         for known in (True, False):
             group = [i for i, item in enumerate(batch) if (item.prev_actions is not None) is known]
@@ -223,8 +246,15 @@ def _fail(item: _Item, error: BaseException) -> None:
 
 def _rows(decision: Any, start: int, stop: int) -> Any:
     """The rows ``start:stop`` of every array field of a decision dataclass."""
-    fields = {}
-    for field in dataclasses.fields(decision):
-        value = getattr(decision, field.name)
-        fields[field.name] = value[start:stop] if isinstance(value, np.ndarray) else value
-    return dataclasses.replace(decision, **fields)
+    rows = slice(start, stop)
+    values = {}
+    for name in _init_fields(type(decision)):
+        value = getattr(decision, name)
+        values[name] = value[rows] if isinstance(value, np.ndarray) else value
+    return type(decision)(**values)
+
+
+@functools.cache
+def _init_fields(cls: type) -> tuple[str, ...]:
+    """The fields a decision dataclass's constructor takes (looked up once per class)."""
+    return tuple(field.name for field in dataclasses.fields(cls) if field.init)

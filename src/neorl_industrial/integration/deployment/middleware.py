@@ -325,6 +325,7 @@ class _Guard:
         if metrics is not None and metrics.requests_in is None:
             metrics.requests_in = 0
         self._reading()
+        self._arm()
         over = len(self.connections) > self.connection_cap
         if over and self._open() > self.connection_cap and not self._make_room():
             self.app = self._admit  # its request decides: room then, or a 503
@@ -332,23 +333,37 @@ class _Guard:
     # -- a request's phases
 
     def _reading(self) -> None:
-        """A request's first byte (or a new connection): its headers' deadline starts."""
+        """A request's first byte (or a new connection): its headers' deadline starts
+        (the timer is set by :meth:`_arm`)."""
         self._phase = _HEADERS
         self._reading_since = self.loop.time()
         self._idle_since = None
         self._received = 0
-        if self._deadline is None:
-            self._deadline = self.loop.call_later(self.header_timeout, self._header_timed_out)
 
     def _headers_in(self) -> None:
-        """The headers are in; the body's deadline starts."""
+        """The headers are in; the body's deadline starts (the timer is set by
+        :meth:`_arm`)."""
         self._disarm()
         self._phase = _BODY
         self._body_since = self.loop.time()
         # Everything so far counts as headers: the body's first bytes in this chunk buy
         # no time (stricter, never looser, than exact).
         self._body_offset = self._received
-        self._deadline = self.loop.call_later(self.body_timeout, self._body_check)
+
+    def _arm(self) -> None:
+        """Sets the timer of the phase a connection is left in once what has arrived is
+        parsed. A request that arrived whole in one read (the common case) needs none:
+        the deadlines of its phases run from when each began, so setting the timer after
+        the parse, not at each phase's start, moves no deadline."""
+        if self._deadline is not None or self._phase is None:
+            return
+        if self._phase == _HEADERS:
+            due = self._reading_since + self.header_timeout
+            self._deadline = self.loop.call_at(due, self._header_timed_out)
+        else:
+            self._deadline = self.loop.call_at(
+                self._body_since + self.body_timeout, self._body_check
+            )
 
     def _request_in(self) -> None:
         """The request is in: the app answers it, no client deadline applies."""
@@ -545,6 +560,8 @@ class _GuardedHttpTools(_httptools_base(), _Guard):  # type: ignore[misc]
         limit = self._max_header_bytes
         if limit and self._phase == _HEADERS and self._received > limit:
             self._cut(None, answer=True, response=_HEADERS_TOO_LARGE)
+        else:
+            self._arm()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -598,14 +615,12 @@ class _GuardedH11(_h11_base(), _Guard):  # type: ignore[misc]
         self._received += len(data)
         super().data_received(data)
         state = self.conn.their_state
-        if state is h11.IDLE:
-            if self._deadline is None and self._phase == _HEADERS:
-                self._deadline = self.loop.call_later(self.header_timeout, self._header_timed_out)
-        elif state is h11.SEND_BODY:
+        if state is h11.SEND_BODY:
             if self._phase == _HEADERS:
                 self._headers_in()
-        elif self._phase is not None:
+        elif state is not h11.IDLE and self._phase is not None:
             self._request_in()
+        self._arm()
 
     def on_response_complete(self) -> None:
         import h11

@@ -60,7 +60,7 @@ from neorl_industrial.integration.deployment.schemas import (
 )
 from neorl_industrial.integration.safety import AuditLogError
 from neorl_industrial.wrappers.agents.artifact import STATUS_BITS
-from neorl_industrial.wrappers.agents.readings import decision_inputs
+from neorl_industrial.wrappers.agents.readings import SMALLEST_NORMAL, decision_inputs
 
 __all__ = ["ActFastPath", "orjson_response", "router"]
 
@@ -112,8 +112,8 @@ def _answer_one(
     audit (the route's and :class:`ActFastPath`'s)."""
     serving.record(policy, observations, decision, [rid], key)
     return {
-        "action": decision.action[0].tolist(),
-        "proposed": decision.proposed[0].tolist(),
+        "action": decision.action.tolist()[0],
+        "proposed": decision.proposed.tolist()[0],
         "report": _reports(decision)[0],
         "request_id": rid,
         "policy_version": policy.version,
@@ -313,6 +313,17 @@ class _Spec:
     # back as JSON, may land a rounding step outside it.
     low_tolerated: np.ndarray
     high_tolerated: np.ndarray
+    #: ``(low, high)`` tolerated, per action, as Python numbers: the fast path checks a
+    #: previous action of a few values without a NumPy call.
+    tolerated: tuple[tuple[float, float], ...]
+
+    def within_bounds(self, values: list[float]) -> bool:
+        """Whether every previous action in ``values`` (float32 values) lies within its
+        tolerated bounds: :func:`_check_bounds`' test, on Python numbers."""
+        for value, (low, high) in zip(values, self.tolerated, strict=True):
+            if value < low or value > high:
+                return False
+        return True
 
 
 # Weak keys: a replaced policy is freed by a reload, not kept alive by this cache.
@@ -335,6 +346,7 @@ def _spec(policy: Any) -> _Spec:
             high=high,
             low_tolerated=low - slack,
             high_tolerated=high + slack,
+            tolerated=tuple(zip((low - slack).tolist(), (high + slack).tolist(), strict=True)),
         )
         _SPECS[policy] = spec
     return spec
@@ -456,17 +468,20 @@ def _reports(decision: Any) -> list[dict[str, Any]]:
     names = decision.constraint_names
     margins = decision.margin.tolist()
     violated = decision.violated
-    flags = [(name, getattr(decision, name).tolist()) for name in _FLAGS]
     statuses = decision.status.tolist()
-    reports = [
-        {
-            **{name: values[i] for name, values in flags},
-            "status": statuses[i],
-            "violated": list(violated[i]),
-            "margin": dict(zip(names, margins[i], strict=True)),
-        }
-        for i in range(len(statuses))
-    ]
+    flags = None  # each flag's column, read once a row has a status bit set
+    reports = []
+    for i, status in enumerate(statuses):
+        if status:
+            if flags is None:
+                flags = [(name, getattr(decision, name).tolist()) for name in _FLAGS]
+            report = {name: values[i] for name, values in flags}
+        else:  # every flag is a bit of the status: none set, every flag false
+            report = dict(_NO_FLAGS)
+        report["status"] = status
+        report["violated"] = list(violated[i])
+        report["margin"] = dict(zip(names, margins[i], strict=True))
+        reports.append(report)
     # What the applied action still breaks, where the policy's shield reports it.
     applied_margin = getattr(decision, "applied_margin", None)
     if applied_margin is not None:
@@ -481,9 +496,14 @@ def _reports(decision: Any) -> list[dict[str, Any]]:
     return reports
 
 
+_NO_FLAGS = dict.fromkeys(_FLAGS, False)
+
+
 # ----- /v1/act's common form, answered without the framework's routing -------------------
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _NUMBERS = frozenset({float, int})  # strict, as the schema: no bool, no str
+#: Up to this many values a row is judged by Python's builtins, past it by NumPy.
+_LOOP_MAX = 16
 _ACT_FIELDS = frozenset({"observation", "prev_action", "request_id"})
 
 
@@ -585,6 +605,10 @@ class ActFastPath:
             _, key = serving.identify(headers)
         except HTTPException:
             return None
+        if b"true" in body or b"false" in body:
+            # A JSON boolean, which the schema refuses as a number (or a request id that
+            # spells one, which the route answers as well).
+            return None
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -592,18 +616,17 @@ class ActFastPath:
         if type(data) is not dict or "observation" not in data or not data.keys() <= _ACT_FIELDS:
             return None
         policy = serving.policy
-        observations = _plain_row(data["observation"], policy.observation_size)
+        observations, usual = _plain_row(data["observation"], policy.observation_size)
         if observations is None:
             return None
         prev = data.get("prev_action")
         if prev is not None:
-            prev = _plain_row(prev, policy.action_size)
-            if prev is None:
+            prev, prev_usual = _plain_row(prev, policy.action_size)
+            if prev is None or not _spec(policy).within_bounds(prev.tolist()[0]):
                 return None
-            spec = _spec(policy)
-            if ((prev < spec.low_tolerated) | (prev > spec.high_tolerated)).any():
-                return None
-        observations, prev = _readings(policy, observations, prev, "observation")
+            usual = usual and prev_usual
+        if not usual:  # a zero or a subnormal value: read as every entry point reads them
+            observations, prev = _readings(policy, observations, prev, "observation")
         rid = data.get("request_id")
         if rid is not None and (type(rid) is not str or not _REQUEST_ID.fullmatch(rid)):
             return None
@@ -628,13 +651,37 @@ class ActFastPath:
         await send_json(send, status, orjson.dumps(content))
 
 
-def _plain_row(values: Any, width: int) -> np.ndarray | None:
-    """``[1, width]`` float32 of a JSON list of ``width`` finite numbers within float32;
-    None for anything else (the schema then says what is wrong)."""
-    if type(values) is not list or len(values) != width or not set(map(type, values)) <= _NUMBERS:
-        return None
-    row = np.asarray(values, np.float64)
-    # NaN fails both comparisons; a JSON integer too large for float64 is inf.
-    if not (np.abs(row) <= _FLOAT32_MAX).all():
-        return None
-    return row.astype(np.float32).reshape(1, width)
+def _plain_row(values: Any, width: int) -> tuple[np.ndarray | None, bool]:
+    """``[1, width]`` float32 of a JSON list of ``width`` numbers within float32, and
+    whether every value is a normal float32 number (nonzero, not subnormal), which
+    :func:`_readings` would hand on unchanged; ``(None, False)`` for anything else (the
+    schema then says what is wrong). The caller has seen that the body writes no JSON
+    boolean, which NumPy would read as a number.
+
+    A few values are judged by Python's builtins, a longer list by a handful of NumPy
+    calls over the whole row (Python's per-element passes cost more there)."""
+    if type(values) is not list or len(values) != width:
+        return None, False
+    if width <= _LOOP_MAX:
+        if not set(map(type, values)) <= _NUMBERS:
+            return None, False
+        read = values
+        magnitudes = list(map(abs, values))
+        high, low = max(magnitudes), min(magnitudes)
+    else:
+        # NumPy's own reading of the list: anything but numbers (a string, null, a
+        # nested list) gives another kind of array, or none.
+        try:
+            read = np.asarray(values)
+        except ValueError:
+            return None, False
+        if read.ndim != 1 or read.dtype.kind not in "fiu":
+            return None, False
+        read = read.astype(np.float64, copy=False)  # JSON integers as float64 reads them
+        magnitudes = np.abs(read)
+        high, low = np.maximum.reduce(magnitudes), np.minimum.reduce(magnitudes)
+    # orjson reads no NaN or infinity (they are no JSON numbers) and a JSON integer too
+    # large for 64 bits as a float: every magnitude is a finite number.
+    if high > _FLOAT32_MAX:
+        return None, False
+    return np.array((read,), np.float32), bool(low >= SMALLEST_NORMAL)

@@ -106,6 +106,12 @@ class ServerSettings(BaseSettings):
     #: How long the micro-batcher waits for requests still being read once one is ready
     #: (ms); a request that is alone never waits.
     max_wait_ms: float = Field(default=1.0, ge=0.0, le=100.0)
+    #: Micro-batches of at most this many rows are decided on the event loop, larger ones
+    #: on the policy thread. A small batch's call takes less than handing it to that
+    #: thread and back, and than the two threads taking turns at Python's interpreter
+    #: lock; a large one runs beside the event loop, which keeps reading requests. 0:
+    #: every batch on the policy thread.
+    loop_batch_rows: int = Field(default=64, ge=0, le=65_536)
     #: Largest request body in bytes.
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=256 * 1024 * 1024)
     #: Origins allowed by CORS; empty: CORS off.
