@@ -561,14 +561,16 @@ class ActFastPath:
                 api_key = value.decode("latin-1")
             elif name == b"x-request-id" and request_id is None:
                 request_id = value.decode("latin-1")
-        messages = []
-        while True:
+        message = await receive()
+        messages = [message]
+        while message["type"] == "http.request" and message.get("more_body", False):
             message = await receive()
             messages.append(message)
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                break
         if message["type"] == "http.request":
-            body = b"".join(m.get("body", b"") for m in messages)
+            if len(messages) == 1:
+                body = message.get("body", b"")
+            else:
+                body = b"".join(m.get("body", b"") for m in messages)
             try:
                 request = self._checked(body, content_type, authorization, api_key)
             except Exception:  # anything unexpected: the route decides (and logs)
