@@ -41,12 +41,13 @@ from fastapi.responses import JSONResponse
 
 from neorl_industrial.integration.deployment.batcher import MicroBatcher
 from neorl_industrial.integration.deployment.deps import ServingState
+from neorl_industrial.integration.deployment.fast_path import ActFastPath
 from neorl_industrial.integration.deployment.middleware import (
     METRICS_STATE_KEY,
     LimitsAndMetrics,
 )
 from neorl_industrial.integration.deployment.policy import LoadedPolicy, load_policy_source
-from neorl_industrial.integration.deployment.routes import ActFastPath, router
+from neorl_industrial.integration.deployment.routes import router
 from neorl_industrial.integration.deployment.settings import ServerSettings, SettingsError
 
 __all__ = ["LoadedPolicy", "create_app", "load_policy_source"]
