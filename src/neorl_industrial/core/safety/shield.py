@@ -96,6 +96,15 @@ INVALID_OBSERVATION = 32
 OUT_OF_DISTRIBUTION = 64
 
 
+def _flag(bit: int) -> property:
+    """A :class:`SafetyReport` property: ``[...]`` whether ``bit`` is set in ``status``."""
+
+    def read(report: SafetyReport) -> jax.Array:
+        return (report.status & bit) != 0
+
+    return property(read)
+
+
 @struct.dataclass
 class SafetyReport:
     """What the shield saw and did for one action (leading axes for a batch).
@@ -136,36 +145,13 @@ class SafetyReport:
         """``[..., n_hard]`` slack of the applied action (NaN: cannot be checked)."""
         return self.margins[..., 1, :]
 
-    def _flag(self, bit: int) -> jax.Array:
-        return (self.status & bit) != 0
-
-    @property
-    def overridden(self) -> jax.Array:
-        return self._flag(OVERRIDDEN)
-
-    @property
-    def projected(self) -> jax.Array:
-        return self._flag(PROJECTED)
-
-    @property
-    def fallback(self) -> jax.Array:
-        return self._flag(FALLBACK)
-
-    @property
-    def invalid(self) -> jax.Array:
-        return self._flag(INVALID)
-
-    @property
-    def infeasible(self) -> jax.Array:
-        return self._flag(INFEASIBLE)
-
-    @property
-    def invalid_observation(self) -> jax.Array:
-        return self._flag(INVALID_OBSERVATION)
-
-    @property
-    def out_of_distribution(self) -> jax.Array:
-        return self._flag(OUT_OF_DISTRIBUTION)
+    overridden = _flag(OVERRIDDEN)
+    projected = _flag(PROJECTED)
+    fallback = _flag(FALLBACK)
+    invalid = _flag(INVALID)
+    infeasible = _flag(INFEASIBLE)
+    invalid_observation = _flag(INVALID_OBSERVATION)
+    out_of_distribution = _flag(OUT_OF_DISTRIBUTION)
 
     @property
     def violated(self) -> jax.Array:
