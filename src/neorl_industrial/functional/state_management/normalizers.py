@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from neorl_industrial.core.agents.networks import make_act
 from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.functional.state_management.dataset import Dataset
 
@@ -138,12 +139,7 @@ def with_action_scaling(algorithm: Algorithm, scaler: ActionScaler | None) -> Al
         return algorithm
     act = algorithm.act
 
-    def act_in_plant_units(
-        policy_params: Any,
-        observation: jax.Array,
-        key: jax.Array | None = None,
-        deterministic: bool = True,
-    ) -> jax.Array:
-        return scaler.unscale(act(policy_params, observation, key, deterministic=deterministic))
+    def unscaled(params: Any, observation: jax.Array, key: Any, deterministic: bool) -> jax.Array:
+        return scaler.unscale(act(params, observation, key, deterministic=deterministic))
 
-    return algorithm._replace(act=act_in_plant_units)
+    return algorithm._replace(act=make_act(unscaled))
