@@ -38,8 +38,8 @@ from scipy.special import ndtr, ndtri
 
 from neorl_industrial.core.agents.losses import critic_loss
 from neorl_industrial.core.agents.networks import (
-    Activation,
     CriticEnsemble,
+    EnsembleSettings,
     bias_initializer,
     critic_layers,
     kernel_initializer,
@@ -169,7 +169,7 @@ def pessimistic(distribution: jax.Array, highest: bool = False) -> jax.Array:
     return jnp.take_along_axis(distribution, chosen[None, ..., None], axis=0)[0]
 
 
-class QuantileCriticEnsemble(nn.Module):
+class QuantileCriticEnsemble(EnsembleSettings):
     """``n_critics`` implicit quantile networks with parameters stacked on a leading axis.
 
     ``__call__(observation, action, fractions)`` gives ``[n_critics, *lead, N]``
@@ -178,21 +178,12 @@ class QuantileCriticEnsemble(nn.Module):
     ``[N]`` (shared by every transition; the embedding is computed once) or
     ``[*lead, N]`` (per transition).
 
-    Attributes:
-        hidden: widths of the torso's hidden layers.
-        n_critics: members of the ensemble.
-        embedding_size: cosine features of a fraction.
-        activation: nonlinearity of the hidden layers.
-        batched: as :class:`CriticEnsemble`'s (``None``: by backend).
-        weight_init: the torso's weight initialization (``networks.KERNEL_INITS``).
+    Its settings are :class:`~neorl_industrial.core.agents.networks.EnsembleSettings`'
+    (``hidden``: the torso's hidden layers; ``weight_init``: every layer's) and
+    ``embedding_size``, the cosine features of a fraction.
     """
 
-    hidden: Sequence[int] = (256, 256)
-    n_critics: int = 2
     embedding_size: int = 64
-    activation: Activation = nn.relu
-    batched: bool | None = None
-    weight_init: str = "lecun"
 
     @nn.compact
     def __call__(

@@ -330,14 +330,13 @@ class Critic(nn.Module):
         return _critic_forward(layers, observation, action, self.activation)
 
 
-class CriticEnsemble(nn.Module):
-    """``n_critics`` independent critics with parameters stacked on a leading axis.
-
-    The output has shape ``[n_critics, *leading]`` (leading axes broadcast as in
-    :class:`Critic`); the members run as :func:`over_members` says.
+class EnsembleSettings(nn.Module):
+    """The settings every critic ensemble has (:class:`CriticEnsemble`, the quantile
+    critics' ``QuantileCriticEnsemble``), as :func:`critic_layers` and
+    :func:`over_members` read them.
 
     Attributes:
-        hidden: widths of the hidden layers.
+        hidden: widths of the hidden layers (a quantile critic's torso).
         n_critics: members of the ensemble.
         activation: nonlinearity of the hidden layers.
         batched: ``True`` for one batched product per layer, ``False`` for one product per
@@ -350,6 +349,15 @@ class CriticEnsemble(nn.Module):
     activation: Activation = nn.relu
     batched: bool | None = None
     weight_init: str = "lecun"
+
+
+class CriticEnsemble(EnsembleSettings):
+    """``n_critics`` independent critics with parameters stacked on a leading axis.
+
+    The output has shape ``[n_critics, *leading]`` (leading axes broadcast as in
+    :class:`Critic`); the members run as :func:`over_members` says. Its settings are
+    :class:`EnsembleSettings`'.
+    """
 
     @nn.compact
     def __call__(
