@@ -159,27 +159,25 @@ class DynamicsLayout:
 
 
 class GaussianDynamicsNetwork(nn.Module):
-    """One member: ``(mean, log_std, termination logit)`` of the normalized targets."""
+    """One member: ``(mean, log_std, termination logit)`` of the normalized targets, its
+    layers, activation, initialization and log-std bounds as ``config`` says."""
 
+    config: DynamicsConfig
     target_size: int
-    hidden: tuple[int, ...]
-    activation: str = "swish"
-    weight_init: str = "lecun"
-    min_log_std: float = -10.0
-    max_log_std: float = 0.5
 
     @nn.compact
     def __call__(self, inputs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        activation = ACTIVATIONS[self.activation]
+        config = self.config
+        activation = ACTIVATIONS[config.activation]
         x = inputs
-        for width in self.hidden:
-            x = activation(dense(width, x.shape[-1], self.weight_init)(x))
-        out = dense(2 * self.target_size + 1, x.shape[-1], self.weight_init, name="head")(x)
+        for width in config.hidden:
+            x = activation(dense(width, x.shape[-1], config.weight_init)(x))
+        out = dense(2 * self.target_size + 1, x.shape[-1], config.weight_init, name="head")(x)
         mean = out[..., : self.target_size]
         raw = out[..., self.target_size : 2 * self.target_size]
         # Soft bounds keep a gradient at the limits (PETS, MBPO).
-        log_std = self.max_log_std - jax.nn.softplus(self.max_log_std - raw)
-        log_std = self.min_log_std + jax.nn.softplus(log_std - self.min_log_std)
+        log_std = config.max_log_std - jax.nn.softplus(config.max_log_std - raw)
+        log_std = config.min_log_std + jax.nn.softplus(log_std - config.min_log_std)
         return mean, log_std, out[..., -1]
 
 
@@ -550,14 +548,7 @@ def _step(
 
 def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
     """The ensemble's pure functions for ``config`` and ``layout``."""
-    network = GaussianDynamicsNetwork(
-        target_size=layout.target_size,
-        hidden=config.hidden,
-        activation=config.activation,
-        weight_init=config.weight_init,
-        min_log_std=config.min_log_std,
-        max_log_std=config.max_log_std,
-    )
+    network = GaussianDynamicsNetwork(config=config, target_size=layout.target_size)
     model = _Model(network=network, layout=layout)
     return Dynamics(
         config=config,
