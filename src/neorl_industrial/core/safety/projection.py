@@ -149,7 +149,10 @@ def _project_row(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The nearest point in normalised coordinates (unit-length ``normals``), whether it
     was found, and the steps taken. ``rhs`` is ``+inf`` for a rule that is off; a
-    violation up to ``tolerance`` counts as kept. A row not ``active`` takes no step."""
+    violation up to ``tolerance`` counts as kept. A row not ``active`` takes no step.
+
+    One function of its length on purpose: the active-set loop's step, its working set and
+    its stopping rule share the loop's state through closures, and read as one algorithm."""
     n, m = start.shape[0], normals.shape[0]
     inf = jnp.float32(jnp.inf)
 

@@ -350,18 +350,8 @@ class ConstraintSpec(_Model):
         learnt from: an observation outside it is flagged ``out_of_distribution``, and the
         decision is the same.
         """
-        observation_names = tuple(
-            observation_names or (f"observation_{i}" for i in range(obs_size))
-        )
-        action_names = tuple(action_names or (f"action_{i}" for i in range(action_size)))
-        if len(observation_names) != obs_size:
-            raise ConstraintSpecError(
-                f"observation_names: {len(observation_names)} names for {obs_size} features"
-            )
-        if len(action_names) != action_size:
-            raise ConstraintSpecError(
-                f"action_names: {len(action_names)} names for {action_size} actions"
-            )
+        observation_names = _names(observation_names, obs_size, "observation", "features")
+        action_names = _names(action_names, action_size, "action", "actions")
         observation_low, observation_high = _observation_bounds(
             observation_bounds, obs_size, "observation_bounds"
         )
@@ -375,27 +365,8 @@ class ConstraintSpec(_Model):
         for i, limit in enumerate(self.state_limits):
             state_feature.append(feature(limit.when.feature, f"state_limits[{i}].when.feature"))
             state_action.append(act(limit.action, f"state_limits[{i}].action"))
-        linear_obs = np.zeros((len(self.linear), obs_size), np.float32)
-        linear_act = np.zeros((len(self.linear), action_size), np.float32)
-        for i, constraint in enumerate(self.linear):
-            for name, coefficient in constraint.observation.items():
-                linear_obs[i, feature(name, f"linear[{i}].observation.{name}")] = coefficient
-            for name, coefficient in constraint.action.items():
-                linear_act[i, act(name, f"linear[{i}].action.{name}")] = coefficient
-
-        fallback_value = np.zeros((action_size,), np.float32)
-        if self.fallback.kind == "constant":
-            if isinstance(self.fallback.value, dict):
-                for name, value in self.fallback.value.items():
-                    fallback_value[act(name, f"fallback.value.{name}")] = value
-            else:
-                fallback_value[:] = self.fallback.value
-        if self.fallback.kind == "controller":
-            try:
-                get_safe_controller(self.fallback.controller)
-            except KeyError as error:
-                raise ConstraintSpecError(f"fallback.controller: {error.args[0]}") from None
-
+        linear_obs, linear_act = self._linear_rows(feature, act, obs_size, action_size)
+        fallback_value = self._fallback_value(act, action_size)
         cost_feature = [
             feature(cost.feature, f"costs[{i}].feature") for i, cost in enumerate(self.costs)
         ]
@@ -453,6 +424,45 @@ class ConstraintSpec(_Model):
             ),
             checks_data_range=data_bounds is not None,
         ).to_device()
+
+    def _linear_rows(
+        self, feature: _Resolver, act: _Resolver, obs_size: int, action_size: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``linear``'s coefficients as ``[rules, obs_size]`` and ``[rules, action_size]``
+        rows, every name resolved."""
+        linear_obs = np.zeros((len(self.linear), obs_size), np.float32)
+        linear_act = np.zeros((len(self.linear), action_size), np.float32)
+        for i, constraint in enumerate(self.linear):
+            for name, coefficient in constraint.observation.items():
+                linear_obs[i, feature(name, f"linear[{i}].observation.{name}")] = coefficient
+            for name, coefficient in constraint.action.items():
+                linear_act[i, act(name, f"linear[{i}].action.{name}")] = coefficient
+        return linear_obs, linear_act
+
+    def _fallback_value(self, act: _Resolver, action_size: int) -> np.ndarray:
+        """The constant fallback's action (zeros for another kind); a controller
+        fallback's name is checked against the registry."""
+        fallback_value = np.zeros((action_size,), np.float32)
+        if self.fallback.kind == "constant":
+            if isinstance(self.fallback.value, dict):
+                for name, value in self.fallback.value.items():
+                    fallback_value[act(name, f"fallback.value.{name}")] = value
+            else:
+                fallback_value[:] = self.fallback.value
+        if self.fallback.kind == "controller":
+            try:
+                get_safe_controller(self.fallback.controller)
+            except KeyError as error:
+                raise ConstraintSpecError(f"fallback.controller: {error.args[0]}") from None
+        return fallback_value
+
+
+def _names(given: Sequence[str] | None, size: int, kind: str, what: str) -> tuple[str, ...]:
+    """``given`` (``{kind}_i`` by default) as a tuple of ``size`` names."""
+    names = tuple(given or (f"{kind}_{i}" for i in range(size)))
+    if len(names) != size:
+        raise ConstraintSpecError(f"{kind}_names: {len(names)} names for {size} {what}")
+    return names
 
 
 def _priority(given: int | None, kind: str) -> int:
