@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -45,8 +46,11 @@ def signed(policy, keys, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def unsigned(policy, tmp_path_factory) -> Path:
-    return policy.export(tmp_path_factory.mktemp("unsigned") / "policy")
+def unsigned(tmp_path_factory) -> Path:
+    """Another policy's artifact (the same network, other parameters), not signed."""
+    other = Policy()
+    other.params = other.algorithm.init(jax.random.key(1)).policy
+    return other.export(tmp_path_factory.mktemp("unsigned") / "policy")
 
 
 def public(private: Path) -> Path:
