@@ -21,24 +21,26 @@ PIN := $(shell command -v taskset >/dev/null 2>&1 && echo "taskset -c 0")
 
 # The environment's installer is uv (installed by pip into the environment): it installs
 # the same packages as pip in a fraction of the time (a fresh environment with every
-# extra: 7 s against 55 s from a warm cache). Where uv cannot be installed, pip does the
+# extra: 8 s against 55 s from a warm cache). Where uv cannot be installed, or its
+# install fails (uv reads no pip.conf: an index configured only for pip), pip does the
 # install. Either way the versions are docker/constraints.txt's: the set the images
 # install is the set the tests run with.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet uv || $(BIN)/python -m pip install --quiet --upgrade pip
 
-INSTALLER = $(if $(wildcard $(BIN)/uv),$(BIN)/uv pip install --python $(BIN)/python,$(BIN)/python -m pip install)
+PIN_VERSIONS := --quiet --constraint docker/constraints.txt
+install_into_venv = $(if $(wildcard $(BIN)/uv),$(BIN)/uv pip install --python $(BIN)/python $(PIN_VERSIONS) $(1) || )$(BIN)/python -m pip install $(PIN_VERSIONS) $(1)
 
 # Every extra (pyproject.toml): the main job tracks in MLflow, and the README's commands
 # import plant logs and serve. `pip install -e .` alone is the core (train and evaluate
 # from Python); see the README's installation section for the extras by use.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(INSTALLER) --quiet --constraint docker/constraints.txt -e ".[all]"
+	$(call install_into_venv,-e ".[all]")
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(INSTALLER) --quiet --constraint docker/constraints.txt -e ".[dev]"
+	$(call install_into_venv,-e ".[dev]")
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
