@@ -111,7 +111,7 @@ def _assigned(tree: ast.Module) -> dict[str, ast.AST]:
 
 def _dynamic(module: str, call: ast.Call, tree: ast.Module) -> list[str]:
     """The modules a call imports by name: ``import_module("...")``, and the modules of a
-    ``lazy_exports(__name__, {name: module})`` table (imported on first use)."""
+    ``lazy_exports(__name__, {module: names})`` table (imported on first use)."""
     function = call.func
     called = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
     strings: list[ast.AST] = []
@@ -121,7 +121,7 @@ def _dynamic(module: str, call: ast.Call, tree: ast.Module) -> list[str]:
         table = call.args[1]
         if isinstance(table, ast.Name):  # a table assigned at the top of the module
             table = _assigned(tree).get(table.id, table)
-        strings = list(table.values) if isinstance(table, ast.Dict) else []
+        strings = list(table.keys) if isinstance(table, ast.Dict) else []
     package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
     names = []
     for node in strings:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import import_module
 from typing import Any
 
@@ -10,11 +10,17 @@ __all__ = ["lazy_exports"]
 
 
 def lazy_exports(
-    package: str, exports: Mapping[str, str]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package`` whose ``exports`` map each name to the
-    module that defines it (absolute, or relative to the package when it starts with
-    ``.``); a module is imported when one of its names is first used."""
+    package: str, modules: Mapping[str, Iterable[str]]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
+    """``(__getattr__, __dir__, __all__)`` for ``package``: ``modules`` maps each module
+    (absolute, or relative to the package when it starts with ``.``) to the names it
+    defines for the package; a module is imported when one of its names is first used."""
+    exports: dict[str, str] = {}
+    for module, names in modules.items():
+        for name in names:
+            if name in exports:
+                raise ValueError(f"{package}: {name!r} is exported by two modules")
+            exports[name] = module
 
     def __getattr__(name: str) -> Any:
         if name not in exports:
@@ -24,4 +30,4 @@ def lazy_exports(
     def __dir__() -> list[str]:
         return sorted(exports)
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, sorted(exports)

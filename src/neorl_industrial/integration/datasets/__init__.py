@@ -15,39 +15,39 @@ from __future__ import annotations
 
 from neorl_industrial.core.utils.lazy import lazy_exports
 
-_EXPORTS = {
-    "ArraySpec": ".card",
-    "BehaviourPolicy": ".card",
-    "ColumnInfo": ".card",
-    "DatasetCard": ".card",
-    "DatasetSizes": ".card",
-    "normalized_score": ".card",
-    "DatasetFormatError": ".errors",
-    "Expression": ".expressions",
-    "QUALITIES": ".factory",
-    "SIZES": ".factory",
-    "BehaviourPolicies": ".factory",
-    "generate_dataset": ".factory",
-    "train_behaviour_policies": ".factory",
-    "DatasetFormat": ".inspection",
-    "detect_format": ".inspection",
-    "inspect_dataset": ".inspection",
-    "load_any": ".inspection",
-    "MemmapSampler": ".memmap",
-    "load_minari": ".minari",
-    "load_native": ".native",
-    "load_native_shards": ".native",
-    "save_native": ".native",
-    "load_neorl_npz": ".neorl",
-    "save_neorl_npz": ".neorl",
-    "load_plant_log": ".plant_log",
-    "ActionColumnSpec": ".plant_schema",
-    "ColumnSpec": ".plant_schema",
-    "CostSpec": ".plant_schema",
-    "PlantLogSchema": ".plant_schema",
-    "load_plant_schema": ".plant_schema",
+# Each module and the names it defines for the package.
+_MODULES = {
+    ".card": (
+        "ArraySpec",
+        "BehaviourPolicy",
+        "ColumnInfo",
+        "DatasetCard",
+        "DatasetSizes",
+        "normalized_score",
+    ),
+    ".errors": ("DatasetFormatError",),
+    ".expressions": ("Expression",),
+    ".factory": (
+        "QUALITIES",
+        "SIZES",
+        "BehaviourPolicies",
+        "generate_dataset",
+        "train_behaviour_policies",
+    ),
+    ".inspection": ("DatasetFormat", "detect_format", "inspect_dataset", "load_any"),
+    ".memmap": ("MemmapSampler",),
+    ".minari": ("load_minari",),
+    ".native": ("load_native", "load_native_shards", "save_native"),
+    ".neorl": ("load_neorl_npz", "save_neorl_npz"),
+    ".plant_log": ("load_plant_log",),
+    ".plant_schema": (
+        "ActionColumnSpec",
+        "ColumnSpec",
+        "CostSpec",
+        "PlantLogSchema",
+        "load_plant_schema",
+    ),
 }
 
-__all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

@@ -13,16 +13,14 @@ from neorl_industrial.extras import require
 
 require("serve")
 
-_EXPORTS = {
-    "create_app": ".app",
-    "LoadedPolicy": ".policy",
-    "load_policy_source": ".policy",
-    "MicroBatcher": ".batcher",
-    "ServerMetrics": ".metrics",
-    "ServerSettings": ".settings",
-    "SettingsError": ".settings",
+# Each module and the names it defines for the package.
+_MODULES = {
+    ".app": ("create_app",),
+    ".policy": ("LoadedPolicy", "load_policy_source"),
+    ".batcher": ("MicroBatcher",),
+    ".metrics": ("ServerMetrics",),
+    ".settings": ("ServerSettings", "SettingsError"),
 }
 
-__all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

@@ -33,44 +33,40 @@ from neorl_industrial.integration.mlflow.sender import register_operations as _r
 _register(_runs.OPERATIONS)
 _register(_registry.OPERATIONS)
 
-_EXPORTS = {
-    "BufferedSender": ".sender",
-    "DEFAULT_TRACKING_URI": ".sender",
-    "MlflowUnavailableWarning": ".sender",
-    "SendSummary": ".sender",
-    "SpoolError": ".sender",
-    "read_spool": ".sender",
-    "replay": ".sender",
-    "resolve_tracking_uri": ".sender",
-    "MlflowTracker": ".tracking",
-    "RunMetadata": ".tracking",
-    "flatten": ".tracking",
-    "system_tags": ".tracking",
-    "ui_command": ".tracking",
-    "learning_curves": ".plots",
-    "safety_plot": ".plots",
-    "sweep_plot": ".plots",
-    "ShieldedPolicyModel": ".pyfunc",
-    "log_policy_model": ".pyfunc",
-    "policy_signature": ".pyfunc",
-    "CHALLENGER": ".registry",
-    "CHAMPION": ".registry",
-    "PromotionDecision": ".registry",
-    "RegistryError": ".registry",
-    "VersionSummary": ".registry",
-    "decide_promotion": ".registry",
-    "describe_model_uri": ".registry",
-    "is_model_uri": ".registry",
-    "list_versions": ".registry",
-    "load_agent": ".registry",
-    "load_policy": ".registry",
-    "promote": ".registry",
-    "registered_model_name": ".registry",
-    "resolve_agent_dir": ".registry",
-    "resolve_policy_dir": ".registry",
+# Each module and the names it defines for the package.
+_MODULES = {
+    ".sender": (
+        "BufferedSender",
+        "DEFAULT_TRACKING_URI",
+        "MlflowUnavailableWarning",
+        "SendSummary",
+        "SpoolError",
+        "read_spool",
+        "replay",
+        "resolve_tracking_uri",
+    ),
+    ".tracking": ("MlflowTracker", "RunMetadata", "flatten", "system_tags", "ui_command"),
+    ".plots": ("learning_curves", "safety_plot", "sweep_plot"),
+    ".pyfunc": ("ShieldedPolicyModel", "log_policy_model", "policy_signature"),
+    ".registry": (
+        "CHALLENGER",
+        "CHAMPION",
+        "PromotionDecision",
+        "RegistryError",
+        "VersionSummary",
+        "decide_promotion",
+        "describe_model_uri",
+        "is_model_uri",
+        "list_versions",
+        "load_agent",
+        "load_policy",
+        "promote",
+        "registered_model_name",
+        "resolve_agent_dir",
+        "resolve_policy_dir",
+    ),
 }
 
-__all__ = sorted(_EXPORTS)
 
 #: The names that need the 'track' extra (MLflow, matplotlib) to be of any use.
 _TRACK = frozenset(
@@ -92,7 +88,7 @@ _TRACK = frozenset(
     }
 )
 
-_getattr, __dir__ = lazy_exports(__name__, _EXPORTS)
+_getattr, __dir__, __all__ = lazy_exports(__name__, _MODULES)
 
 
 def __getattr__(name: str) -> Any:

@@ -7,29 +7,26 @@ from __future__ import annotations
 
 from neorl_industrial.core.utils.lazy import lazy_exports
 
-_EXPORTS = {
-    "BridgeError": ".errors",
-    "ClosedLoopRefused": ".errors",
-    "MapError": ".errors",
-    "NodeIdError": ".errors",
-    "PolicyTaskError": ".errors",
-    "SecurityError": ".errors",
-    "UnitMismatchError": ".errors",
-    "UnknownFeatureError": ".errors",
-    "PlantMap": ".mapping",
-    "load_map": ".mapping",
-    "BridgePlan": ".plan",
-    "prepare": ".plan",
-    "PlantBridge": ".bridge",
-    "Backoff": ".bridge",
-    "Reconnection": ".bridge",
-    "BridgeMetrics": ".metrics",
-    "Security": ".opcua",
-    "read_tick_log": ".ticklog",
-    "ShadowReport": ".report",
-    "shadow_report": ".report",
+# Each module and the names it defines for the package.
+_MODULES = {
+    ".errors": (
+        "BridgeError",
+        "ClosedLoopRefused",
+        "MapError",
+        "NodeIdError",
+        "PolicyTaskError",
+        "SecurityError",
+        "UnitMismatchError",
+        "UnknownFeatureError",
+    ),
+    ".mapping": ("PlantMap", "load_map"),
+    ".plan": ("BridgePlan", "prepare"),
+    ".bridge": ("PlantBridge", "Backoff", "Reconnection"),
+    ".metrics": ("BridgeMetrics",),
+    ".opcua": ("Security",),
+    ".ticklog": ("read_tick_log",),
+    ".report": ("ShadowReport", "shadow_report"),
 }
 
-__all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

@@ -9,19 +9,13 @@ from __future__ import annotations
 
 from neorl_industrial.core.utils.lazy import lazy_exports
 
-_EXPORTS = {
-    "Agent": "neorl_industrial.wrappers.agents.agent",
-    "AgentError": "neorl_industrial.wrappers.agents.agent",
-    "OPESettings": "neorl_industrial.wrappers.agents.agent",
-    "PolicyArtifact": "neorl_industrial.wrappers.agents.artifact",
-    "PolicyArtifactError": "neorl_industrial.wrappers.agents.artifact",
-    "PolicyDecision": "neorl_industrial.wrappers.agents.artifact",
-    "PolicyExport": "neorl_industrial.wrappers.agents.export",
-    "JointVerdict": "neorl_industrial.wrappers.agents.joint_verdict",
-    "export_policy": "neorl_industrial.wrappers.agents.export",
-    "judge_together": "neorl_industrial.wrappers.agents.joint_verdict",
+# Each module and the names it defines for the package.
+_MODULES = {
+    ".agent": ("Agent", "AgentError", "OPESettings"),
+    ".artifact": ("PolicyArtifact", "PolicyArtifactError", "PolicyDecision"),
+    ".export": ("PolicyExport", "export_policy"),
+    ".joint_verdict": ("JointVerdict", "judge_together"),
 }
 
-__all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)
