@@ -335,6 +335,13 @@ def enforced_differences(mine: CompiledConstraints, theirs: CompiledConstraints)
     return found
 
 
+# The repair's shield takes the constraints as an argument, not as constants of its program:
+# every server (and every reload) with constraints of the same structure runs one program.
+_repair = jax.jit(
+    lambda compiled, observations, actions, prev: shield(compiled, observations, actions, prev)[0]
+)
+
+
 class ServerCheck:
     """The server's check of served actions (a :class:`~neorl_industrial.wrappers.agents.
     artifact.Guard`), from the constraints it compiled itself.
@@ -354,9 +361,6 @@ class ServerCheck:
     def __init__(self, compiled: CompiledConstraints) -> None:
         self.compiled = compiled
         self.last_incident: dict[str, Any] | None = None
-        self._shield = jax.jit(
-            lambda observations, actions, prev: shield(compiled, observations, actions, prev)[0]
-        )
 
     def accepts(
         self, observations: jax.Array, prev_actions: jax.Array, action: jax.Array
@@ -370,7 +374,7 @@ class ServerCheck:
         """Compiles the repair's shield, so the first rejected row does not wait for it."""
         n_obs, n_act = int(self.compiled.observation_low.shape[-1]), self.compiled.action_size
         actions = np.zeros((self.CHUNK, n_act), np.float32)
-        self._shield(np.zeros((self.CHUNK, n_obs), np.float32), actions, actions)
+        _repair(self.compiled, np.zeros((self.CHUNK, n_obs), np.float32), actions, actions)
 
     def broken(self, row: dict[str, Any]) -> list[str]:
         """The constraints a recorded incident's action breaks (``not finite`` too)."""
@@ -392,7 +396,7 @@ class ServerCheck:
             pad = ((0, self.CHUNK - (stop - start)), (0, 0))
             chunk = [np.pad(x[start:stop], pad, mode="edge") for x in (observations, action)]
             previous = np.pad(prev_actions[start:stop], pad, mode="edge")
-            safe[start:stop] = np.asarray(self._shield(chunk[0], chunk[1], previous))[
+            safe[start:stop] = np.asarray(_repair(self.compiled, chunk[0], chunk[1], previous))[
                 : stop - start
             ]
         close = np.abs(safe - action) <= _ATOL + _RTOL * np.abs(safe)
