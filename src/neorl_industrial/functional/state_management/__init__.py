@@ -27,6 +27,7 @@ from neorl_industrial.functional.state_management.sampling import (
 )
 from neorl_industrial.functional.state_management.train_state import (
     TrainState,
+    donatable,
     init_train_state,
     init_train_states,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "RewardScaling",
     "TrainState",
     "Windows",
+    "donatable",
     "episodes_within_limits",
     "gather_nstep",
     "gather_transitions",

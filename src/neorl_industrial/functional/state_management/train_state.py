@@ -66,3 +66,11 @@ def _init_stacked(algorithm: Algorithm, seeds: jax.Array) -> TrainState:
     # One compiled program per algorithm (its functions are the static key), instead of
     # the dozens of one-operation programs that initialising eagerly under vmap compiles.
     return jax.vmap(lambda seed: init_train_state(algorithm, seed))(seeds)
+
+
+def donatable(tree: Any) -> Any:
+    """``tree`` with every leaf in a buffer of its own, for a program that donates it: a
+    fresh state may hold one buffer twice (a target network starts as its online network),
+    and the caller's arrays must survive the donation. The runtime copies the buffers; no
+    program is compiled (a ``jnp.copy`` per leaf compiled one per leaf shape)."""
+    return jax.tree.map(lambda leaf: jax.device_put(leaf, may_alias=False), tree)

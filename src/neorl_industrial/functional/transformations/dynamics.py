@@ -35,6 +35,7 @@ from neorl_industrial.core.models.dynamics import (
 )
 from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 from neorl_industrial.functional.state_management.dataset import Dataset
+from neorl_industrial.functional.state_management.train_state import donatable
 from neorl_industrial.functional.transformations.offline import Schedule, check_positive_ints
 
 __all__ = [
@@ -333,7 +334,7 @@ def fit_ensemble(
     )
     held = holdout_batch(holdout, dynamics)
     chunk = jax.jit(make_fit_chunk(dynamics, schedule.batch_size, chunk_updates), donate_argnums=0)
-    state = jax.tree.map(jnp.copy, state)
+    state = donatable(state)
     history: list[dict[str, Any]] = []
     best = np.full((len(seeds), dynamics.config.n_members), np.inf)
     stale = 0

@@ -21,6 +21,7 @@ from neorl_industrial.core.agents.types import Algorithm
 from neorl_industrial.functional.state_management import Dataset, sample
 from neorl_industrial.functional.state_management.train_state import (
     TrainState,
+    donatable,
     init_train_states,
 )
 
@@ -167,7 +168,7 @@ def train_offline(
     # States are donated to every chunk; a fresh state may hold one buffer twice (a target
     # network starts as its online network), and a caller's state must survive, so each
     # leaf gets its own copy first.
-    state = jax.tree.map(jnp.copy, state)
+    state = donatable(state)
     state, history = run_chunks(
         lambda state: chunk(state, dataset), state, schedule, n_runs, callback
     )

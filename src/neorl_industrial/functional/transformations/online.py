@@ -29,6 +29,7 @@ from neorl_industrial.core.environments import (
     rollout,
     uniform_random_policy,
 )
+from neorl_industrial.functional.state_management.train_state import donatable
 from neorl_industrial.functional.transformations.action_scaling import normalized_actions
 
 ProgressFn = Callable[[int, dict[str, float]], None]
@@ -304,7 +305,7 @@ def init_carry(
     )
     # The carry is donated to every chunk, and donation fails on leaves that share one
     # device buffer (an agent may alias arrays in its state), so each leaf gets its own.
-    return jax.tree.map(jnp.copy, carry)
+    return donatable(carry)
 
 
 def make_chunk(

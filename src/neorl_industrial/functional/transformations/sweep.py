@@ -42,6 +42,7 @@ from neorl_industrial.core.utils.tree import merge_nested
 from neorl_industrial.functional.state_management import Dataset, sample
 from neorl_industrial.functional.state_management.train_state import (
     TrainState,
+    donatable,
     init_train_state,
 )
 from neorl_industrial.functional.transformations.offline import (
@@ -523,7 +524,7 @@ def train_sweep(
         raise SweepError(f"state: holds {state.n_seeds} runs, the plan {plan.n_runs}")
     values = {field: jnp.asarray(column) for field, column in plan.values().items()}
     program = make_sweep_chunk(plan, batch_size, chunk_updates, sampler)
-    state = jax.tree.map(jnp.copy, state)  # donated below; the caller's state survives
+    state = donatable(state)  # donated below; the caller's state survives
     if mesh is None:
         chunk = jax.jit(program, donate_argnums=0)
     else:

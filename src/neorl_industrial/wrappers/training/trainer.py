@@ -31,7 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from neorl_industrial.core.agents.types import Algorithm
-from neorl_industrial.functional.state_management import Dataset, TrainState, init_train_states
+from neorl_industrial.functional.state_management import (
+    Dataset,
+    TrainState,
+    donatable,
+    init_train_states,
+)
 from neorl_industrial.functional.transformations.data_parallel import (
     check_batch,
     data_parallel_chunk,
@@ -368,8 +373,8 @@ class Trainer:
         record["fingerprint"] = self.fingerprint
         # The chunk donates its input; a fresh state may hold one buffer twice (a target
         # network starts as its online network), so every leaf gets its own copy.
-        state = jax.tree.map(jnp.copy, state)
-        best_policies = jax.tree.map(jnp.copy, best_policies)
+        state = donatable(state)
+        best_policies = donatable(best_policies)
         if self.mesh is not None:
             state = replicate(state, self.mesh)
         return state, best_policies, record, resumed_from
