@@ -386,12 +386,13 @@ def test_random_keys_pass_the_entropy_estimate():
 
 def test_no_request_compiles_the_servers_repair(setup):
     """The repair's shield is compiled at load: a rejected row (a lie) costs no compile."""
+    from neorl_industrial.integration.deployment.pin import _repair
+
     with TestClient(create_app(_settings(setup, "sometimes"))) as client:
-        check = client.app.state.serving.policy.artifact._guard
-        compiled_before = check._shield._cache_size()
+        compiled_before = _repair._cache_size()
         lie = {"observation": [TRIGGER, 50.0, 50.0, 50.0, 50.0, 50.0]}
         assert client.post("/v1/act", json=lie, headers=AS_ACT).json()["report"]["overridden"]
-        assert compiled_before == 1 and check._shield._cache_size() == 1
+        assert compiled_before >= 1 and _repair._cache_size() == compiled_before
 
 
 def test_the_task_pin_covers_names_order_units_and_bounds():
