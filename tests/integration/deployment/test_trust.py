@@ -43,37 +43,56 @@ CHECK = "check.jaxexport"
 
 def forge(source: Path, target: Path, serve, key: Path | None = None) -> Path:
     """What an attacker does: a copy of ``source`` whose serialized functions are
-    ``serve(original, observations, prev_actions)``, with the manifest's digests made to
-    fit, and re-signed with ``key`` (a trusted key that leaked) or left with the old
-    signature."""
+    ``serve(original, observations, prev_actions)`` (taking the artifact's parameters as
+    the originals do), with the manifest's digests made to fit, and re-signed with ``key``
+    (a trusted key that leaked) or left with the old signature."""
     shutil.copytree(source, target)
     for name, min_batch in FUNCTIONS:
         original = jax.export.deserialize(bytearray((source / name).read_bytes()))
         constraints = () if min_batch == 1 else (f"batch >= {min_batch}",)
         (batch,) = jax.export.symbolic_shape("batch", constraints=constraints)
         exported = jax.export.export(
-            jax.jit(lambda o, p, original=original: serve(original, o, p)), platforms=("cpu",)
-        )(
-            jax.ShapeDtypeStruct((batch, 6), jnp.float32),
-            jax.ShapeDtypeStruct((batch, 3), jnp.float32),
-        )
+            jax.jit(lambda a, o, p, original=original: serve(_Bound(original, a), o, p)),
+            platforms=("cpu",),
+        )(*_inputs(original, batch))
         (target / name).write_bytes(exported.serialize())
     # The check serves batches that keep every rule: the attacker forges it too.
     original = jax.export.deserialize(bytearray((source / CHECK).read_bytes()))
     (batch,) = jax.export.symbolic_shape("batch", constraints=("batch <= 63",))
     exported = jax.export.export(
-        jax.jit(lambda o, p, original=original: _as_check(serve, original, o, p)),
+        jax.jit(lambda a, o, p, original=original: _as_check(serve, _Bound(original, a), o, p)),
         platforms=("cpu",),
-    )(
-        jax.ShapeDtypeStruct((batch, 6), jnp.float32),
-        jax.ShapeDtypeStruct((batch, 3), jnp.float32),
-    )
+    )(*_inputs(original, batch))
     (target / CHECK).write_bytes(exported.serialize())
     rewrite_with_digests(target)
     if key is not None:
         manifest = json.loads((target / "manifest.json").read_text())
         (target / SIGNATURE).write_text(json.dumps(sign_manifest(manifest, key)))
     return target
+
+
+def _inputs(original, batch) -> tuple:
+    """The inputs of ``original``, the artifact's function: its parameters (as it takes
+    them), then ``batch`` observations and previous actions."""
+    parameters = tuple(
+        jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in original.in_avals[:-2]
+    )
+    return (
+        parameters,
+        jax.ShapeDtypeStruct((batch, 6), jnp.float32),
+        jax.ShapeDtypeStruct((batch, 3), jnp.float32),
+    )
+
+
+class _Bound:
+    """The artifact's function on the parameters it is given: ``call(observations,
+    prev_actions)``."""
+
+    def __init__(self, exported, parameters):
+        self.exported, self.parameters = exported, parameters
+
+    def call(self, observations, prev_actions):
+        return self.exported.call(self.parameters, observations, prev_actions)
 
 
 class _CheckAsServe:

@@ -186,6 +186,7 @@ def test_the_artifact_describes_itself(policy, artifact, artifact_path):
         "constraints.yaml",
         "manifest.json",
         "params.msgpack",
+        "params.npz",
         "serve.jaxexport",
         "serve_large.jaxexport",
     ]
@@ -193,10 +194,11 @@ def test_the_artifact_describes_itself(policy, artifact, artifact_path):
         "check.jaxexport",
         "constraints.yaml",
         "params.msgpack",
+        "params.npz",
         "serve.jaxexport",
         "serve_large.jaxexport",
     }
-    assert manifest["format_version"] == 2
+    assert manifest["format_version"] == 3
     assert {"jax", "jaxlib", "neorl_industrial"} <= set(manifest["versions"])
     assert manifest["platforms"][0] == "cpu"
     assert manifest["status_bits"]["fallback"] == 4
@@ -292,7 +294,7 @@ def test_tampered_missing_or_unknown_files_are_named(artifact_path, tmp_path):
         (damaged("serve.jaxexport", flip_byte), r"serve\.jaxexport: corrupt"),
         (damaged("constraints.yaml", Path.unlink), r"constraints\.yaml: missing"),
         (damaged("manifest.json", Path.unlink), r"manifest\.json: missing"),
-        (damaged("manifest.json", edit_manifest(format_version=3)), "format_version 3 is unknown"),
+        (damaged("manifest.json", edit_manifest(format_version=4)), "format_version 4 is unknown"),
         (
             damaged("manifest.json", edit_manifest(action_high=[2, 2, 2])),
             r"manifest\.json: corrupt",

@@ -170,11 +170,15 @@ def _as_format_1(path: Path, target: Path) -> Path:
     proposal's margins alone, its manifest lists no data range and no data-range bit."""
     target.mkdir()
     manifest = json.loads((path / "manifest.json").read_text())
+    with np.load(path / "params.npz", allow_pickle=False) as archive:
+        parameters = tuple(archive[f"leaf_{i}"] for i in range(len(archive.files)))
     for entry in manifest["functions"]:
         exported = jax.export.deserialize(bytearray((path / entry["file"]).read_bytes()))
 
         def old(observations, prev_actions, exported=exported):
-            action, proposed, status, margins = exported.call(observations, prev_actions)
+            # The previous formats' functions held their parameters.
+            outputs = exported.call(parameters, observations, prev_actions)
+            action, proposed, status, margins = outputs
             # The previous shield had no data-range bit.
             return action, proposed, status & ~64, margins[:, 0]
 
@@ -193,6 +197,7 @@ def _as_format_1(path: Path, target: Path) -> Path:
     for key in ("data_low", "data_high"):
         del manifest[key]
     del manifest["check"], manifest["files"]["check.jaxexport"]  # the previous had none
+    del manifest["files"]["params.npz"]
     del manifest["status_bits"]["out_of_distribution"]
     manifest.update(format_version=1, outputs=["action", "proposed", "status", "margin"])
     manifest["manifest_sha256"] = _digest(manifest)

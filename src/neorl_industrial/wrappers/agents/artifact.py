@@ -210,6 +210,11 @@ class PolicyArtifact:
         self._traced_check: list[int] = []
         self._guard = guard
         self._on_incident = on_incident
+        # What every function takes before the batch: the parameters, on the device once
+        # (format 3), or nothing (formats 1 and 2: the functions hold them).
+        self._arguments: tuple[Any, ...] = ()
+        if files.parameters is not None:
+            self._arguments = (tuple(jax.device_put(files.parameters)),)
         # Largest first, so a batch takes the first function whose minimum it reaches.
         self._functions = sorted(
             ((entry["min_batch"], self._compiled(exported)) for entry, exported in functions),
@@ -308,25 +313,37 @@ class PolicyArtifact:
     _serves_check = True
 
     def _compiled(self, exported: jax.export.Exported) -> Callable:
-        def call(observations: jax.Array, prev_actions: jax.Array) -> jax.Array:
-            self._traced.append(int(observations.shape[0]))  # runs once per traced shape
-            return self._packed(exported.call, observations, prev_actions)
+        """``call(observations, prev_actions)``: ``exported`` and the guard's verdict,
+        packed by :meth:`_packed`, jitted once per batch size. The parameters are an
+        argument of the jitted call, not a constant in it: policies of one architecture
+        (and constraints and guard) compile to one program, which JAX's compilation
+        caches then hold for all of them (a reload of a retrained policy compiles
+        nothing)."""
 
-        return jax.jit(call)
+        def call(
+            arguments: tuple[Any, ...], observations: jax.Array, prev_actions: jax.Array
+        ) -> jax.Array:
+            self._traced.append(int(observations.shape[0]))  # runs once per traced shape
+            serve = functools.partial(exported.call, *arguments)
+            return self._packed(serve, observations, prev_actions)
+
+        return functools.partial(jax.jit(call), self._arguments)
 
     def _compiled_check(self, exported: jax.export.Exported) -> Callable:
         """The check's call, packed as :meth:`_compiled`'s with one column more: whether
         every row keeps every rule (then the row's outputs are the serving function's)."""
 
-        def call(observations: jax.Array, prev_actions: jax.Array) -> jax.Array:
+        def call(
+            arguments: tuple[Any, ...], observations: jax.Array, prev_actions: jax.Array
+        ) -> jax.Array:
             self._traced_check.append(int(observations.shape[0]))  # once per traced shape
-            kept, *outputs = exported.call(observations, prev_actions)
+            kept, *outputs = exported.call(*arguments, observations, prev_actions)
             action = outputs[0]
             packed = self._packed(lambda *_: (action, *outputs), observations, prev_actions)
             column = jnp.broadcast_to(kept.astype(jnp.float32), (packed.shape[0], 1))
             return jnp.concatenate([packed, column], axis=1)
 
-        return jax.jit(call)
+        return functools.partial(jax.jit(call), self._arguments)
 
     def _packed(
         self, serve: Callable, observations: jax.Array, prev_actions: jax.Array
@@ -598,7 +615,7 @@ class PolicyArtifact:
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The policy's parameters by path (``actor/params/...``), for inspection; the
-        serialized function carries its own copy."""
+        functions take theirs from ``params.npz`` (format 3) or carry their own copy."""
         data = _read_regular(self._path / PARAMETERS)
         if hashlib.sha256(data).hexdigest() != self._manifest["files"].get(PARAMETERS):
             raise PolicyArtifactError(

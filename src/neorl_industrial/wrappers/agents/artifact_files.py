@@ -1,22 +1,28 @@
 """An exported policy's files, read and verified before anything is deserialized: the
 format's names, the manifest and its digest, the signature, and the checks that refuse
-anything but the regular files the manifest lists with their sha256.
+anything but the regular files the manifest lists with their sha256, and the policy's
+parameters (:data:`PARAMETER_ARRAYS`) checked against what the functions take.
 :class:`~.artifact.PolicyArtifact` serves what :func:`read_artifact_files` returns."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
+import math
 import os
 import stat
+import zipfile
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
-from neorl_industrial.core.utils.messages import quote
+from neorl_industrial.core.utils.messages import quote, shorten
 from neorl_industrial.wrappers.agents.signing import (
     SIGNATURE,
     SigningError,
@@ -31,6 +37,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST",
     "PARAMETERS",
+    "PARAMETER_ARRAYS",
     "ArtifactFiles",
     "PolicyArtifactError",
     "read_artifact_files",
@@ -38,14 +45,21 @@ __all__ = [
 ]
 
 FORMAT = "neorl_industrial.policy"
-# 2: the functions return the proposed and applied margins as one ``[batch, 2, n_hard]``
-# output ("margins"); 1: the proposed margins alone ("margin"), still read (what the
-# applied action breaks is then unknown).
-FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (1, 2)
+# 3: the functions take the policy's parameters as their first argument (the arrays of
+# PARAMETER_ARRAYS), so policies of one architecture share their compiled programs;
+# 2: the functions hold the parameters as constants, and return the proposed and applied
+# margins as one ``[batch, 2, n_hard]`` output ("margins"); 1: the proposed margins alone
+# ("margin"). Formats 1 and 2 are still read (from 1, what the applied action breaks is
+# then unknown).
+FORMAT_VERSION = 3
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 CONSTRAINTS = "constraints.yaml"
 PARAMETERS = "params.msgpack"
+#: The policy's parameters as the functions take them (format 3): ``leaf_0`` ...
+#: ``leaf_<n-1>``, the array leaves of its parameter tree in tree order, written by
+#: ``numpy.savez``. PARAMETERS holds the same values by path, for inspection.
+PARAMETER_ARRAYS = "params.npz"
 
 
 class PolicyArtifactError(ValueError):
@@ -70,6 +84,9 @@ class ArtifactFiles:
         signature: ``{"key_fingerprint": ..., "verified": bool}``; ``None``: unsigned.
         check: ``(manifest entry, jax.export.Exported)`` of the check function (see
             :data:`~.artifact.CHECK`); ``None`` for an artifact exported without one.
+        parameters: the arrays of :data:`PARAMETER_ARRAYS`, the first argument of every
+            function, each of the shape and dtype the functions take; ``None`` for an
+            artifact of format 1 or 2, whose functions hold their parameters.
     """
 
     path: Path
@@ -78,6 +95,7 @@ class ArtifactFiles:
     spec_text: str
     signature: dict[str, Any] | None = None
     check: tuple[dict[str, Any], Any] | None = None
+    parameters: tuple[np.ndarray, ...] | None = None
 
 
 def read_artifact_files(
@@ -94,9 +112,12 @@ def read_artifact_files(
     signature = _checked_signature(path, manifest, trusted_keys, require_signature)
     digests = manifest["files"]
     check_entry = manifest.get("check")
+    takes_parameters = manifest["format_version"] >= 3
     named = {entry["file"] for entry in manifest["functions"]} | {CONSTRAINTS}
     if check_entry is not None:
         named.add(check_entry["file"])
+    if takes_parameters:
+        named.add(PARAMETER_ARRAYS)
     for name in sorted(named):
         if name not in digests:
             raise PolicyArtifactError(f"{path / MANIFEST}: lists no sha256 for {name}")
@@ -107,11 +128,17 @@ def read_artifact_files(
     check = None
     if check_entry is not None:
         check = (check_entry, _deserialized(path, check_entry["file"], contents))
+    parameters = None
+    if takes_parameters:
+        exported = [(entry["file"], function) for entry, function in functions]
+        if check is not None:
+            exported.append((check[0]["file"], check[1]))
+        parameters = _parameter_arrays(path, contents[PARAMETER_ARRAYS], exported)
     try:
         spec_text = contents[CONSTRAINTS].decode()
     except UnicodeDecodeError as error:
         raise PolicyArtifactError(f"{path / CONSTRAINTS}: not UTF-8 text: {error}") from None
-    return ArtifactFiles(path, manifest, functions, spec_text, signature, check)
+    return ArtifactFiles(path, manifest, functions, spec_text, signature, check, parameters)
 
 
 def _deserialized(path: Path, name: str, contents: Mapping[str, bytes]) -> Any:
@@ -130,6 +157,101 @@ def _deserialized(path: Path, name: str, contents: Mapping[str, bytes]) -> Any:
             f"runs on {platform!r}; export it again with platforms including {platform!r}"
         )
     return exported
+
+
+def _parameter_avals(path: Path, name: str, exported: Any) -> tuple[Any, ...]:
+    """The parameters the function ``name`` takes: the avals of its first argument,
+    refused unless it is called ``function(parameters, observations, prev_actions)`` with
+    ``parameters`` a flat tuple of arrays."""
+    count = len(exported.in_avals) - 2
+    expected = jax.tree.structure((((0,) * max(count, 0), 0, 0), {}))
+    if count < 0 or exported.in_tree != expected:
+        raise PolicyArtifactError(
+            f"{path / name}: takes {exported.in_tree}, not (parameters, observations, "
+            "prev_actions) with the parameters a tuple of arrays, as a function of "
+            f"format_version {FORMAT_VERSION} does"
+        )
+    return tuple(exported.in_avals[:count])
+
+
+def _described(dtype: Any, shape: tuple[int, ...]) -> str:
+    return f"{np.dtype(dtype).name} {tuple(shape)}"
+
+
+def _parameter_arrays(
+    path: Path, data: bytes, functions: list[tuple[str, Any]]
+) -> tuple[np.ndarray, ...]:
+    """The arrays of :data:`PARAMETER_ARRAYS` (``data``, its sha256 checked), refused
+    by name unless every function takes arrays of exactly their number, shapes and
+    dtypes."""
+    first, avals = functions[0][0], _parameter_avals(path, *functions[0])
+    for name, exported in functions[1:]:
+        other = _parameter_avals(path, name, exported)
+        if [(a.shape, a.dtype) for a in other] != [(a.shape, a.dtype) for a in avals]:
+            raise PolicyArtifactError(
+                f"{path / name}: takes other parameters than {first} "
+                f"({len(other)} arrays, not {len(avals)}, or of other shapes or dtypes)"
+            )
+    file = path / PARAMETER_ARRAYS
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            names = archive.namelist()
+            expected = [f"leaf_{index}.npy" for index in range(len(avals))]
+            if sorted(names) != sorted(expected):
+                listed = ", ".join(name.removesuffix(".npy") for name in names[:8])
+                raise PolicyArtifactError(
+                    f"{file}: holds {len(names)} arrays ({listed or 'none'}), but the policy "
+                    f"functions take {len(avals)} (leaf_0 ... leaf_{len(avals) - 1})"
+                )
+            return tuple(
+                _parameter_array(file, archive, name, aval)
+                for name, aval in zip(expected, avals, strict=True)
+            )
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as error:
+        # Not a zip archive, a damaged member, or one compressed or encrypted in a way
+        # zipfile cannot read (numpy.savez writes none of these).
+        raise PolicyArtifactError(
+            f"{file}: not a numpy .npz archive of the policy's parameters: "
+            f"{type(error).__name__}: {error}"
+        ) from None
+
+
+def _parameter_array(file: Path, archive: zipfile.ZipFile, name: str, aval: Any) -> np.ndarray:
+    """The array ``name`` of the archive, its header compared with ``aval`` before its
+    data is read (and then exactly the bytes that header declares)."""
+    expected = np.dtype(aval.dtype)
+    with archive.open(name) as member:
+        try:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+            else:
+                raise ValueError(f"npy format version {version} (1.0 or 2.0 are read)")
+        except (ValueError, SyntaxError, TypeError) as error:
+            raise PolicyArtifactError(
+                f"{file}: {name} is not a numpy array: {shorten(str(error))}"
+            ) from None
+        # numpy writes types it has no name for (bfloat16, float8) as raw bytes ("V2").
+        raw_of_expected = (
+            dtype.kind == "V" == expected.kind
+            and dtype.fields is None
+            and dtype.itemsize == expected.itemsize
+        )
+        if tuple(shape) != tuple(aval.shape) or not (dtype == expected or raw_of_expected):
+            raise PolicyArtifactError(
+                f"{file}: {name} is {_described(dtype, shape)}, but the policy functions "
+                f"take {_described(expected, aval.shape)}"
+            )
+        size = math.prod(shape) * dtype.itemsize
+        values = member.read(size + 1)
+    if len(values) != size:
+        raise PolicyArtifactError(
+            f"{file}: {name} holds {len(values)} bytes of values, not the {size} of "
+            f"{_described(expected, aval.shape)}"
+        )
+    return np.frombuffer(values, expected).reshape(shape, order="F" if fortran else "C")
 
 
 def _check_entries(path: Path) -> None:

@@ -1,20 +1,26 @@
 """The exported policy: a directory that a server loads and serves without training code.
 
-:func:`export_policy` closes a deterministic policy over its parameters (the
-observation normalizer included), puts the safety shield behind it and serializes the
-result with :mod:`jax.export`, batch size symbolic, so one artifact serves one
-observation or thousands on the platforms it was lowered for. The layout::
+:func:`export_policy` puts the safety shield behind a deterministic policy and
+serializes the result with :mod:`jax.export`, batch size symbolic, so one artifact serves
+one observation or thousands on the platforms it was lowered for. The functions take the
+policy's parameters (the observation normalizer included) as their first argument, stored
+beside them in ``params.npz``: policies of one architecture are one program, compiled
+once by a server that loads them in turn (JAX's compilation caches hold it). The layout::
 
     manifest.json           format version, versions, sizes, names, action bounds,
                             observation bounds, the data's range, constraint names,
                             status bits, outputs, metadata, sha256 of every file
-    serve.jaxexport         any batch size (used below 64 rows, BRANCH_MIN_BATCH)
+    serve.jaxexport         serve(parameters, observations, prev_actions), any batch
+                            size (used below 64 rows, BRANCH_MIN_BATCH)
     serve_large.jaxexport   batches of 64 rows or more (the same function, its batch
                             size bounded; both branch once per batch on the repair)
     check.jaxexport         batches below 64 rows: the policy and the shield's reading
                             without the repair; a batch that keeps every rule is served
-                            from it (the same outputs), any other by serve
+                            from it (the same outputs), any other by serve (every
+                            function takes the parameters first)
     constraints.yaml        the constraint spec the shield enforces
+    params.npz              the parameters the functions take: leaf_0 ... leaf_<n-1>,
+                            the array leaves of the parameter tree in its order
     params.msgpack          the policy's parameters by path, for inspection only
     signature.json          (when signed) Ed25519 signature of the manifest (:mod:`.signing`)
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import io
 import json
 import os
 import sys
@@ -60,6 +67,7 @@ from neorl_industrial.wrappers.agents.artifact import (
     PolicyDecision,
     _digest,
 )
+from neorl_industrial.wrappers.agents.artifact_files import PARAMETER_ARRAYS
 from neorl_industrial.wrappers.agents.signing import (
     SIGNATURE,
     SigningError,
@@ -100,7 +108,9 @@ class PolicyProgram:
     Attributes:
         act: ``act(policy_params, observation) -> action``, a pure deterministic JAX
             function of one ``[observation_size]`` observation.
-        policy_params: what ``act`` reads; baked into the serialized function.
+        policy_params: what ``act`` reads; its array leaves are the serialized
+            functions' first argument (``params.npz``), its other leaves (Python numbers,
+            weakly typed scalars, PRNG keys) are baked into them.
     """
 
     act: Callable[[Any, jax.Array], jax.Array]
@@ -204,6 +214,50 @@ class PolicyExport:
 
 
 @dataclass(frozen=True)
+class _Parameters:
+    """A policy's parameters as the serialized functions take them.
+
+    Attributes:
+        arrays: the array leaves of the parameter tree in its order, as given: the
+            functions' first argument and the arrays of ``params.npz``.
+        rebuild: the parameter tree of such arrays (tracers when traced), with the
+            leaves that are not arguments as given.
+    """
+
+    arrays: tuple[Any, ...]
+    rebuild: Callable[[Sequence[Any]], Any]
+
+    @classmethod
+    def of(cls, policy_params: Any) -> _Parameters:
+        leaves, treedef = jax.tree.flatten(policy_params)
+        positions = [index for index, leaf in enumerate(leaves) if _is_argument(leaf)]
+
+        def rebuild(arrays: Sequence[Any]) -> Any:
+            filled = list(leaves)
+            for index, array in zip(positions, arrays, strict=True):
+                filled[index] = array
+            return jax.tree.unflatten(treedef, filled)
+
+        return cls(tuple(leaves[index] for index in positions), rebuild)
+
+    def file(self) -> bytes:
+        """``params.npz``: the arrays as ``leaf_0`` ... ``leaf_<n-1>``."""
+        buffer = io.BytesIO()
+        np.savez(buffer, **{f"leaf_{i}": np.asarray(a) for i, a in enumerate(self.arrays)})
+        return buffer.getvalue()
+
+
+def _is_argument(leaf: Any) -> bool:
+    """Whether a parameter leaf is passed to the serialized functions: an array of
+    numbers. A weakly typed scalar stays a constant (as an argument it would be strongly
+    typed, and could promote what it is combined with differently), as do Python numbers
+    and PRNG keys."""
+    if isinstance(leaf, jax.Array):
+        return not leaf.weak_type and not jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    return isinstance(leaf, np.ndarray | np.generic) and leaf.dtype != np.dtype(object)
+
+
+@dataclass(frozen=True)
 class _Checked:
     """An export's arguments as validated: what the serialized function and the manifest
     are built from."""
@@ -254,16 +308,20 @@ def export_policy(
         raise TypeError(f"export_policy: pass export or its fields, not both: {sorted(arguments)}")
     target = Path(path)
     checked = _checked(target, export)
-    serve = _serving_function(export.policy, checked.compiled)
-    files, functions, calling_convention = _serialized(serve, checked)
-    files[CHECK] = _serialized_check(_check_function(export.policy, checked.compiled), checked)
+    parameters = _Parameters.of(export.policy.policy_params)
+    serve = _serving_function(export.policy.act, parameters, checked.compiled)
+    files, functions, calling_convention = _serialized(serve, parameters, checked)
+    check = _check_function(export.policy.act, parameters, checked.compiled)
+    files[CHECK] = _serialized_check(check, parameters, checked)
     onnx = export.options.format == "onnx"
-    onnx_entry = _onnx_graph(files, serve, checked) if onnx else None
+    onnx_entry = _onnx_graph(files, serve, parameters, checked) if onnx else None
     files[CONSTRAINTS] = constraint_spec_yaml(checked.spec).encode()
+    files[PARAMETER_ARRAYS] = parameters.file()
     files[PARAMETERS] = serialization.msgpack_serialize(
         _parameters_by_path(export.policy.policy_params)
     )
-    manifest = _manifest(checked, files, functions, _versions(calling_convention, onnx=onnx))
+    versions = _versions(calling_convention, onnx=onnx)
+    manifest = _manifest(checked, functions, versions, len(parameters.arrays))
     manifest["check"] = {"file": CHECK, "max_batch": BRANCH_MIN_BATCH - 1}
     if onnx_entry is not None:
         manifest["onnx"] = onnx_entry
@@ -341,17 +399,25 @@ def _checked(target: Path, export: PolicyExport) -> _Checked:
     return _Checked(interface, low, high, spec, compiled, metadata, signing_key, platforms)
 
 
+#: ``function(parameter_arrays, observations, prev_actions) -> outputs``.
+_Function = Callable[[Sequence[jax.Array], jax.Array, jax.Array], tuple[jax.Array, ...]]
+
+
 def _serving_function(
-    policy: PolicyProgram, compiled: CompiledConstraints
-) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]]:
-    """``serve(observations, prev_actions) -> (action, proposed, status, margins)``: the
-    policy on every row, behind the shield."""
-    act, policy_params = policy.act, policy.policy_params
+    act: Callable[[Any, jax.Array], jax.Array],
+    parameters: _Parameters,
+    compiled: CompiledConstraints,
+) -> _Function:
+    """``serve(parameter_arrays, observations, prev_actions) -> (action, proposed, status,
+    margins)``: the policy on every row, behind the shield."""
     # The batch shield branches once for the whole batch: the repair runs only when some
     # row needs it (the shield under vmap would compute every row's repair).
     guard = functools.partial(shield, compiled)
 
-    def serve(observations: jax.Array, prev_actions: jax.Array) -> tuple[jax.Array, ...]:
+    def serve(
+        arrays: Sequence[jax.Array], observations: jax.Array, prev_actions: jax.Array
+    ) -> tuple[jax.Array, ...]:
+        policy_params = parameters.rebuild(arrays)
         proposed = jax.vmap(lambda observation: act(policy_params, observation))(observations)
         proposed = jnp.asarray(proposed, jnp.float32)
         safe, report = guard(observations, proposed, prev_actions)
@@ -362,15 +428,19 @@ def _serving_function(
 
 
 def _check_function(
-    policy: PolicyProgram, compiled: CompiledConstraints
-) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]]:
-    """``check(observations, prev_actions) -> (kept, action, status, margins)``: the
-    policy on every row and the shield's reading without its repair
+    act: Callable[[Any, jax.Array], jax.Array],
+    parameters: _Parameters,
+    compiled: CompiledConstraints,
+) -> _Function:
+    """``check(parameter_arrays, observations, prev_actions) -> (kept, action, status,
+    margins)``: the policy on every row and the shield's reading without its repair
     (:func:`~neorl_industrial.core.safety.shield.shield_check`); where ``kept`` the
     outputs are :func:`_serving_function`'s (the proposal applied untouched)."""
-    act, policy_params = policy.act, policy.policy_params
 
-    def check(observations: jax.Array, prev_actions: jax.Array) -> tuple[jax.Array, ...]:
+    def check(
+        arrays: Sequence[jax.Array], observations: jax.Array, prev_actions: jax.Array
+    ) -> tuple[jax.Array, ...]:
+        policy_params = parameters.rebuild(arrays)
         proposed = jax.vmap(lambda observation: act(policy_params, observation))(observations)
         proposed = jnp.asarray(proposed, jnp.float32)
         kept, status, margins = shield_check(compiled, observations, proposed, prev_actions)
@@ -379,26 +449,30 @@ def _check_function(
     return check
 
 
-def _serialized_check(
-    check: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]], checked: _Checked
-) -> bytes:
+def _serialized_check(check: _Function, parameters: _Parameters, checked: _Checked) -> bytes:
     """``check`` serialized with :mod:`jax.export` for batches below the branch size."""
-    return _exported(check, CHECK, (f"batch <= {BRANCH_MIN_BATCH - 1}",), checked).serialize()
+    constraints = (f"batch <= {BRANCH_MIN_BATCH - 1}",)
+    return _exported(check, parameters, CHECK, constraints, checked).serialize()
 
 
 def _exported(
-    function: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]],
+    function: _Function,
+    parameters: _Parameters,
     name: str,
     constraints: tuple[str, ...],
     checked: _Checked,
 ) -> Any:
-    """``function(observations, prev_actions)`` exported for the artifact's platforms with
-    a symbolic batch size under ``constraints``; a failure is named by its file ``name``."""
+    """``function(parameter_arrays, observations, prev_actions)`` exported for the
+    artifact's platforms: the arrays of the shapes and dtypes of ``parameters.arrays``,
+    the batch size symbolic under ``constraints``; a failure is named by its file
+    ``name``."""
     platforms = checked.platforms
     interface = checked.interface
     (batch,) = jax.export.symbolic_shape("batch", constraints=constraints)
+    arrays = tuple(jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in parameters.arrays)
     try:
         return jax.export.export(jax.jit(function), platforms=platforms)(
+            arrays,
             jax.ShapeDtypeStruct((batch, interface.observation_size), jnp.float32),
             jax.ShapeDtypeStruct((batch, interface.action_size), jnp.float32),
         )
@@ -411,7 +485,7 @@ def _exported(
 
 
 def _serialized(
-    serve: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]], checked: _Checked
+    serve: _Function, parameters: _Parameters, checked: _Checked
 ) -> tuple[dict[str, bytes], list[dict[str, Any]], int]:
     """``serve`` serialized with :mod:`jax.export`, once per entry of ``_FUNCTIONS``:
     ``(files, their manifest entries, the calling convention version)``."""
@@ -419,7 +493,7 @@ def _serialized(
     functions = []
     for name, min_batch in _FUNCTIONS:
         constraints = () if min_batch == 1 else (f"batch >= {min_batch}",)
-        exported = _exported(serve, name, constraints, checked)
+        exported = _exported(serve, parameters, name, constraints, checked)
         files[name] = exported.serialize()
         functions.append({"file": name, "min_batch": min_batch})
     return files, functions, exported.calling_convention_version
@@ -427,11 +501,12 @@ def _serialized(
 
 def _manifest(
     checked: _Checked,
-    files: Mapping[str, bytes],
     functions: list[dict[str, Any]],
     versions: dict[str, Any],
+    n_parameters: int,
 ) -> dict[str, Any]:
-    """The manifest of ``files`` up to its ``onnx``, ``files`` and digest entries."""
+    """The manifest up to its ``check``, ``onnx``, ``files`` and digest entries, of
+    functions taking ``n_parameters`` arrays first."""
     interface, compiled = checked.interface, checked.compiled
     data_range = compiled.checks_data_range
     return {
@@ -461,7 +536,11 @@ def _manifest(
         },
         "status_bits": dict(STATUS_BITS),
         "functions": functions,
-        "inputs": ["observations [batch, observation_size]", "prev_actions [batch, action_size]"],
+        "inputs": [
+            f"parameters: the {n_parameters} arrays of {PARAMETER_ARRAYS} (leaf_0 ...)",
+            "observations [batch, observation_size]",
+            "prev_actions [batch, action_size]",
+        ],
         "outputs": list(OUTPUTS),
         "metadata": checked.metadata,
     }
@@ -562,12 +641,11 @@ def _parameters_by_path(policy_params: Any) -> dict[str, np.ndarray]:
 
 
 def _onnx_graph(
-    files: dict[str, bytes],
-    function: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]],
-    checked: _Checked,
+    files: dict[str, bytes], function: _Function, parameters: _Parameters, checked: _Checked
 ) -> dict[str, Any]:
-    """Adds ``policy.onnx`` (``function`` as one ONNX graph, checked against the
-    serialized JAX function on the shield's edge cases) to ``files``; its manifest entry."""
+    """Adds ``policy.onnx`` (``function`` of ``parameters`` as one ONNX graph, the
+    parameters its constants, checked against the serialized JAX function on the shield's
+    edge cases) to ``files``; its manifest entry."""
     from neorl_industrial.wrappers.agents.onnx_export import (
         _PROBE_ROWS_PER_CLASS,
         EDGE_CLASSES,
@@ -581,18 +659,19 @@ def _onnx_graph(
     compiled, data_bounds = checked.compiled, checked.interface.data_bounds
     large = jax.export.deserialize(bytearray(files[_FUNCTIONS[-1][0]]))
     reference = jax.jit(large.call)
+    arrays = parameters.arrays
     probes = edge_case_inputs(
         compiled,
         max(_PROBE_ROWS_PER_CLASS * len(EDGE_CLASSES), BRANCH_MIN_BATCH),
         typical=None if data_bounds is None else _finite_range(data_bounds),
     )
     data, entry = onnx_policy_graph(
-        function,
+        functools.partial(function, arrays),
         checked.interface.observation_size,
         checked.interface.action_size,
         compiled.n_hard,
         trace_min_batch=BRANCH_MIN_BATCH,
-        reference=lambda obs, prev: jax.device_get(reference(obs, prev)),
+        reference=lambda obs, prev: jax.device_get(reference(arrays, obs, prev)),
         probes=probes,
         metadata={"producer": "neorl_industrial", "neorl_industrial": __version__},
     )
