@@ -129,10 +129,10 @@ def test_a_replaced_constraint_spec_or_shield_breaks_the_signature(
     with pytest.raises(PolicyArtifactError, match="does not match the manifest"):
         PolicyArtifact.load(permissive, trusted_keys=trusted)
 
-    # Another artifact's serialized policy and shield in place of the signed one.
+    # Another artifact's parameters, serialized policy and shield in place of the signed one.
     swapped = tmp_path / "swapped"
     shutil.copytree(signed, swapped)
-    for name in ("serve.jaxexport", "serve_large.jaxexport"):
+    for name in ("serve.jaxexport", "serve_large.jaxexport", "params.npz"):
         shutil.copyfile(unsigned / name, swapped / name)
     rewrite_with_digests(swapped)
     with pytest.raises(PolicyArtifactError, match="does not match the manifest"):
