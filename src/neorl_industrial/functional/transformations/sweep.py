@@ -267,34 +267,23 @@ class SweepGroup:
 
 
 def plan_sweep_groups(
-    algorithm: str,
-    grid: Mapping[str, Sequence[Any]],
-    *,
-    seeds: Sequence[int] = (0,),
-    obs_size: int,
-    action_size: int,
-    hyperparameters: Mapping[str, Any] | None = None,
-    contract: SafetyContract | None = None,
+    algorithm: str, grid: Mapping[str, Sequence[Any]], **settings: Any
 ) -> list[SweepGroup]:
     """A grid that may hold fields no program can trace (``hidden``, a shape or a Python
     branch), split into groups: the configurations sharing those fields' values form one
     group, trained as one program of the other (traced) fields, so each group compiles
     once. A grid of traceable fields only is one group, :func:`plan_sweep`'s plan.
 
+    Args:
+        algorithm, grid: as :func:`plan_sweep`'s.
+        settings: :func:`plan_sweep`'s keywords (``seeds``, ``obs_size``,
+            ``action_size``, ``hyperparameters``, ``contract``) but ``check_traceable``.
+
     Raises:
         SweepError: as :func:`plan_sweep` for the grid, the seeds and the values.
     """
     points = expand_grid(grid)
-    whole = plan_sweep(
-        algorithm,
-        grid,
-        seeds=seeds,
-        obs_size=obs_size,
-        action_size=action_size,
-        hyperparameters=hyperparameters,
-        check_traceable=False,
-        contract=contract,
-    )
+    whole = plan_sweep(algorithm, grid, **settings, check_traceable=False)
     fixed_fields = [field for field in whole.fields if not _traceable(whole, field)]
     traced = [field for field in whole.fields if field not in fixed_fields]
     members: dict[str, list[int]] = {}

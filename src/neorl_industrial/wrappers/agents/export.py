@@ -403,6 +403,14 @@ def _checked(target: Path, export: PolicyExport) -> _Checked:
 _Function = Callable[[Sequence[jax.Array], jax.Array, jax.Array], tuple[jax.Array, ...]]
 
 
+def _proposals(
+    act: Callable[[Any, jax.Array], jax.Array], policy_params: Any, observations: jax.Array
+) -> jax.Array:
+    """The policy's float32 action for every row of ``observations``."""
+    proposed = jax.vmap(lambda observation: act(policy_params, observation))(observations)
+    return jnp.asarray(proposed, jnp.float32)
+
+
 def _serving_function(
     act: Callable[[Any, jax.Array], jax.Array],
     parameters: _Parameters,
@@ -417,9 +425,7 @@ def _serving_function(
     def serve(
         arrays: Sequence[jax.Array], observations: jax.Array, prev_actions: jax.Array
     ) -> tuple[jax.Array, ...]:
-        policy_params = parameters.rebuild(arrays)
-        proposed = jax.vmap(lambda observation: act(policy_params, observation))(observations)
-        proposed = jnp.asarray(proposed, jnp.float32)
+        proposed = _proposals(act, parameters.rebuild(arrays), observations)
         safe, report = guard(observations, proposed, prev_actions)
         # The report's one margins array (proposed and applied): one output buffer.
         return safe, proposed, report.status.astype(jnp.int32), report.margins
@@ -440,9 +446,7 @@ def _check_function(
     def check(
         arrays: Sequence[jax.Array], observations: jax.Array, prev_actions: jax.Array
     ) -> tuple[jax.Array, ...]:
-        policy_params = parameters.rebuild(arrays)
-        proposed = jax.vmap(lambda observation: act(policy_params, observation))(observations)
-        proposed = jnp.asarray(proposed, jnp.float32)
+        proposed = _proposals(act, parameters.rebuild(arrays), observations)
         kept, status, margins = shield_check(compiled, observations, proposed, prev_actions)
         return kept, proposed, status.astype(jnp.int32), margins
 
