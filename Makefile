@@ -77,14 +77,21 @@ peer-env: $(PEER_VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
 
+# Python keeps the bytecode of what it imports (__pycache__, .pyc) for these commands even
+# where the environment says not to (PYTHONDONTWRITEBYTECODE): each of the suite's Python
+# processes (three workers, and every command line, server and reference run a test
+# starts) would otherwise compile JAX's, MLflow's and our own sources afresh (collecting
+# the suite: 17.0 -> 6.2 CPU s; `neorl-industrial --help`: 2.95 -> 1.31 s).
+KEEP_BYTECODE := PYTHONDONTWRITEBYTECODE=
+
 run: install
-	$(BIN)/neorl-industrial run
+	$(KEEP_BYTECODE) $(BIN)/neorl-industrial run
 
 test: install-dev
-	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) $(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-all: install-dev
-	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "" $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) $(BIN)/python -m pytest $(PYTEST_WORKERS) -m "" $(PYTEST_ARGS)
 
 lint: install-dev
 	$(BIN)/python -m ruff check .
