@@ -210,3 +210,29 @@ def test_an_artifact_of_format_2_still_serves(artifact_path, tmp_path):
         for field in ("action", "proposed", "status", "margin", "applied_margin"):
             np.testing.assert_array_equal(getattr(then, field), getattr(now, field), err_msg=field)
     assert old.traced_check_sizes and old.traced_batch_sizes
+
+
+def test_the_functions_take_one_buffer_per_dtype_and_slice_every_array_back(artifact_path):
+    """Each argument of a served call costs its dispatch on every request: the parameters
+    reach the functions as one device buffer per dtype, from which the program slices
+    each array back exactly, in the order the functions take them."""
+    served = PolicyArtifact.load(artifact_path)
+    stored = _arrays(artifact_path)
+    assert len(stored) > 2 and len(served._parameters.buffers) == 1
+    (rebuilt,) = jax.jit(served._parameters.arguments)(served._parameters.buffers)
+    assert len(rebuilt) == len(stored)
+    for mine, reference in zip(rebuilt, stored, strict=True):
+        assert mine.shape == reference.shape and mine.dtype == reference.dtype
+        np.testing.assert_array_equal(mine, reference)
+    # Mixed dtypes: a buffer each, every array back in its place.
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7, 8], np.int32)]
+    arrays += [np.float32(9.5) * np.ones((), np.float32), np.zeros((0, 4), np.float32)]
+    mixed = type(served._parameters).of(arrays)
+    assert [b.dtype for b in mixed.buffers] == [np.float32, np.int32]
+    (back,) = mixed.arguments(mixed.buffers)
+    for mine, reference in zip(back, arrays, strict=True):
+        assert mine.shape == reference.shape and mine.dtype == reference.dtype
+        np.testing.assert_array_equal(mine, reference)
+    # Formats 1 and 2 hold their parameters: no buffers, nothing passed.
+    empty = type(served._parameters).of(())
+    assert empty.buffers == () and empty.arguments(()) == ()
