@@ -209,14 +209,18 @@ class _ParameterBuffers:
 
     @classmethod
     def of(cls, arrays: Sequence[np.ndarray]) -> _ParameterBuffers:
-        dtypes = list(dict.fromkeys(np.asarray(a).dtype for a in arrays))
+        # Not jax.flatten_util.ravel_pytree: it promotes mixed dtypes to one (inexact for
+        # large integers) and concatenates on the device, an eager program per architecture
+        # at every load; NumPy joins each dtype's arrays and one transfer moves them.
+        arrays = [np.asarray(array) for array in arrays]
+        dtypes = list(dict.fromkeys(array.dtype for array in arrays))
         parts: list[list[np.ndarray]] = [[] for _ in dtypes]
-        layout, sizes = [], [0] * len(dtypes)
-        for array in map(np.asarray, arrays):
-            index = dtypes.index(array.dtype)
-            layout.append((index, sizes[index], array.shape))
-            parts[index].append(array.ravel())
-            sizes[index] += array.size
+        layout = []
+        for array in arrays:
+            part = parts[dtypes.index(array.dtype)]
+            offset = sum(piece.size for piece in part)
+            layout.append((dtypes.index(array.dtype), offset, array.shape))
+            part.append(array.ravel())
         buffers = tuple(jax.device_put(np.concatenate(part)) for part in parts)
         return cls(buffers, tuple(layout))
 
