@@ -17,13 +17,20 @@ from neorl_industrial import cli
 from tests.shared import built_once
 from tests.wrappers.training.test_verdict import SCHEMA, write_log
 
+#: The heater runs of this file, the Agent's verdict (test_agent_verdict.py) and the
+#: candidates' tests (test_candidates.py): one size, so the three files' training and FQE
+#: programs are compiled once in a test run (the suite's compilation cache).
+HEATER_HIDDEN = (16,)
+HEATER_TRAINING = {"updates": 100, "chunk": 100, "seeds": (0, 1)}
+HEATER_OPE = {"updates": 50, "seeds": (0, 1), "hidden": (8,)}
+
 RUN = """\
 name: heater-bc
 data: {{path: {log}, schema: {schema}}}
-algorithm: {{name: bc, hyperparameters: {{hidden: [32, 32]}}}}
-training: {{updates: 200, chunk: 200, seeds: [0, 1]}}
+algorithm: {{name: bc, hyperparameters: {{hidden: [16]}}}}
+training: {{updates: 100, chunk: 100, seeds: [0, 1]}}
 evaluation:
-  ope: {{holdout: 0.2, updates: 100, seeds: [0, 1], hidden: [16]}}
+  ope: {{holdout: 0.2, updates: 50, seeds: [0, 1], hidden: [8]}}
 tracking: {{uri: "sqlite:///{root}/mlflow.db", log_model: false}}
 output: {root}/runs
 """

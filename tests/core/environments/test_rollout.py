@@ -53,9 +53,11 @@ def test_policy_params_reach_the_policy():
         # Push velocity towards 60: a policy with parameters.
         return jnp.array([gain * (60.0 - observation[1]), 0.0, 0.0])
 
-    result = rollout(
-        jax.random.PRNGKey(0), env, params, proportional, 2, 4, policy_params=1.0, record=True
-    )
+    result = jax.jit(
+        lambda key, gain: rollout(
+            key, env, params, proportional, 2, 4, policy_params=gain, record=True
+        )
+    )(jax.random.PRNGKey(0), 1.0)
     np.testing.assert_array_equal(result.transitions.next_observation[-1, :, 1], 54.0)
 
 
@@ -63,7 +65,7 @@ def test_scan_single_matches_reward_scale_of_rollout():
     env, params = make("IB-classic-v0")
     policy = constant_policy(jnp.zeros(3))
     _, total = jax.jit(lambda k: scan_single(k, env, params, policy, 200))(jax.random.PRNGKey(0))
-    batched = rollout(jax.random.PRNGKey(0), env, params, policy, 8, 200)
+    batched = jax.jit(lambda k: rollout(k, env, params, policy, 8, 200))(jax.random.PRNGKey(0))
     per_step_single = float(total) / 200
     per_step_batch = float(batched.total_reward.mean()) / 200
     assert abs(per_step_single - per_step_batch) < 0.1 * abs(per_step_batch)
@@ -89,17 +91,24 @@ def test_a_batch_policy_acts_on_the_whole_batch_once_a_step():
     def proportional(gain, observation, _key):
         return jnp.array([gain * (60.0 - observation[1]), 0.0, 0.0])
 
+    @jax.jit
+    def both(key):
+        batched = rollout(
+            key, env, params, BatchPolicy(batch_proportional), 3, 4, policy_params=1.0, record=True
+        )
+        per_env = rollout(key, env, params, proportional, 3, 4, policy_params=1.0, record=True)
+        # scan_single takes it too, as a batch of one.
+        _, total = scan_single(
+            key, env, params, BatchPolicy(batch_proportional), 4, policy_params=1.0
+        )
+        _, expected = scan_single(key, env, params, proportional, 4, policy_params=1.0)
+        return batched, per_env, total, expected
+
     key = jax.random.PRNGKey(0)
-    batched = rollout(
-        key, env, params, BatchPolicy(batch_proportional), 3, 4, policy_params=1.0, record=True
-    )
-    per_env = rollout(key, env, params, proportional, 3, 4, policy_params=1.0, record=True)
+    batched, per_env, total, expected = both(key)
     assert seen and seen[0] == ((3, env.observation_size), key.shape)
     np.testing.assert_array_equal(batched.transitions.action, per_env.transitions.action)
     np.testing.assert_array_equal(batched.total_reward, per_env.total_reward)
-    # scan_single takes it too, as a batch of one.
-    _, total = scan_single(key, env, params, BatchPolicy(batch_proportional), 4, policy_params=1.0)
-    _, expected = scan_single(key, env, params, proportional, 4, policy_params=1.0)
     assert float(total) == float(expected)
 
 
@@ -110,8 +119,8 @@ def test_uniform_batch_policy_draws_the_action_space_uniformly():
     def actions_of(env_id: str, n_envs: int, n_steps: int) -> np.ndarray:
         env, params = make(env_id)
         policy = uniform_random_batch_policy(env)
-        result = rollout(jax.random.PRNGKey(3), env, params, policy, n_envs, n_steps, record=True)
-        return np.asarray(result.transitions.action)
+        run = jax.jit(lambda k: rollout(k, env, params, policy, n_envs, n_steps, record=True))
+        return np.asarray(run(jax.random.PRNGKey(3)).transitions.action)
 
     actions = actions_of("Pipeline-v0", 512, 40)[..., 0]  # [40, 512]
     assert actions.min() >= -1.0 and actions.max() <= 1.0
@@ -124,8 +133,9 @@ def test_uniform_batch_policy_draws_the_action_space_uniformly():
 
 def test_discrete_random_policy_stays_in_range():
     env, params = make("IB-discrete-v0")
-    result = rollout(
-        jax.random.PRNGKey(0), env, params, uniform_random_policy(env), 4, 30, record=True
+    policy = uniform_random_policy(env)
+    result = jax.jit(lambda k: rollout(k, env, params, policy, 4, 30, record=True))(
+        jax.random.PRNGKey(0)
     )
     actions = np.asarray(result.transitions.action)
     assert actions.min() >= 0 and actions.max() <= 26
@@ -135,7 +145,8 @@ def test_discrete_random_policy_stays_in_range():
 
 def test_scan_single_auto_resets_with_presampled_noise():
     env, params = make("IB-classic-v0", horizon=5)
-    state, _ = scan_single(jax.random.PRNGKey(0), env, params, constant_policy(jnp.ones(3)), 12)
+    policy = constant_policy(jnp.ones(3))
+    state, _ = jax.jit(lambda k: scan_single(k, env, params, policy, 12))(jax.random.PRNGKey(0))
     assert int(state.time) == 2  # two episodes of 5 steps, then 2 steps into the third
     assert float(state.plant.velocity) == 52.0
 
@@ -205,9 +216,9 @@ def test_rate_limits_see_the_previous_applied_action():
         # +1 / -1 alternately by the sign of a coin: moves of 2 break the rate limit of 1.
         return jnp.where(jax.random.bernoulli(key), 1.0, -1.0) * jnp.ones(3)
 
-    result = rollout(
-        jax.random.PRNGKey(0), env, params, flip, 2, 40, record=True, constraints=constraints
-    )
+    result = jax.jit(
+        lambda k: rollout(k, env, params, flip, 2, 40, record=True, constraints=constraints)
+    )(jax.random.PRNGKey(0))
     actions = np.asarray(result.transitions.action)  # [steps, envs, 3]
     assert np.all(np.abs(np.diff(actions[:, :, :2], axis=0)) <= 1.0 + 1e-5)
     assert int(result.safety.overrides.sum()) > 0

@@ -106,9 +106,12 @@ def one_run_sweep_and_its_training_run() -> tuple[list, list]:
     return ours, [np.asarray(leaf) for leaf in alone]
 
 
+@pytest.mark.slow
 def test_a_one_run_sweep_is_bit_identical_to_its_training_run():
     # Bit for bit as users' programs compile (the suite's fast-compile code generator
-    # fuses the two programs differently).
+    # fuses the two programs differently). Slow: four programs compiled at the users'
+    # optimization level, 35 CPU s; the test after it checks every run of a sweep against
+    # its own training run on every `make test`.
     ours, alone = run_shipped(
         "from tests.functional.transformations.test_sweep import "
         "one_run_sweep_and_its_training_run\n"

@@ -12,7 +12,7 @@ from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.agents import Agent, AgentError, OPESettings
 from neorl_industrial.wrappers.models import PlantModel
 from neorl_industrial.wrappers.training.verdict import KEEP, VerdictSettings
-from tests.cli.test_verdict_cli import heater_plant
+from tests.cli.test_verdict_cli import HEATER_HIDDEN, HEATER_OPE, HEATER_TRAINING, heater_plant
 from tests.wrappers.training.test_verdict import (
     OPERATOR_NOISE,
     SCHEMA,
@@ -21,7 +21,7 @@ from tests.wrappers.training.test_verdict import (
     write_log,
 )
 
-VERDICT = VerdictSettings(horizon=30, bootstrap=300, fqe=False)
+VERDICT = VerdictSettings(horizon=30, bootstrap=200, fqe=False)  # as test_candidates'
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +30,11 @@ def trained(tmp_path_factory):
     dataset, card = load_any(root / "log.csv", schema=root / "schema.yaml")
     task = card.task(dataset)
     model = PlantModel.load(root / "model", dataset=dataset, task=task, dataset_name=card.name)
-    agent = Agent("bc", task=task, hidden=(32, 32))
-    ope = OPESettings(updates=200, seeds=(0, 1), hidden=(16,))
+    agent = Agent("bc", task=task, hidden=HEATER_HIDDEN)
+    ope = OPESettings(**HEATER_OPE)
     agent.fit(
         dataset,
-        updates=300,
-        chunk=300,
-        seeds=(0, 1),
+        **HEATER_TRAINING,
         ope=ope,
         card=card,
         plant_model=model,

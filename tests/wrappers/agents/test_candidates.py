@@ -22,11 +22,11 @@ from neorl_industrial.wrappers.models import PlantModel
 from neorl_industrial.wrappers.training import context as context_module
 from neorl_industrial.wrappers.training.selection import verdict_ranking
 from neorl_industrial.wrappers.training.verdict import VerdictSettings
-from tests.cli.test_verdict_cli import heater_plant
+from tests.cli.test_verdict_cli import HEATER_HIDDEN, HEATER_OPE, HEATER_TRAINING, heater_plant
 
 VERDICT = VerdictSettings(horizon=30, bootstrap=200, fqe=False)
-OPE = OPESettings(updates=50, seeds=(0, 1), hidden=(8,))
-SHORT = dict(updates=100, chunk=100, seeds=(0, 1), ope=OPE)
+OPE = OPESettings(**HEATER_OPE)
+SHORT = dict(**HEATER_TRAINING, ope=OPE)
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +35,9 @@ def runs(tmp_path_factory):
     dataset, card = load_any(root / "log.csv", schema=root / "schema.yaml")
     task = card.task(dataset)
     model = PlantModel.load(root / "model", dataset=dataset, task=task, dataset_name=card.name)
-    fitted = Agent("bc", task=task, hidden=(16,))
+    fitted = Agent("bc", task=task, hidden=HEATER_HIDDEN)
     fitted.fit(dataset, **SHORT, card=card, plant_model=model, verdict=VERDICT)
-    swept = Agent("bc", task=task, hidden=(16,))
+    swept = Agent("bc", task=task, hidden=HEATER_HIDDEN)
     table = swept.sweep(
         dataset,
         {"learning_rate": [3e-4, 1e-3]},
