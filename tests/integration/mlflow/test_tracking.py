@@ -353,6 +353,8 @@ def test_cli_models_list_promote_export_and_evaluate_by_uri(tracked, capsys):
             os.environ["MLFLOW_TRACKING_URI"] = old
 
 
+@pytest.mark.slow  # ~30 s (MLflow's server starts its own interpreters); the champion's
+# pyfunc predicts the same shielded actions in process in the default suite (above)
 def test_mlflow_models_serve_returns_shielded_actions(tracked):
     outcome, _, uri, tmp = tracked
     port = free_port()
