@@ -24,16 +24,19 @@ HEATER_HIDDEN = (16,)
 HEATER_TRAINING = {"updates": 100, "chunk": 100, "seeds": (0, 1)}
 HEATER_OPE = {"updates": 50, "seeds": (0, 1), "hidden": (8,)}
 
-RUN = """\
-name: heater-bc
-data: {{path: {log}, schema: {schema}}}
-algorithm: {{name: bc, hyperparameters: {{hidden: [16]}}}}
-training: {{updates: 100, chunk: 100, seeds: [0, 1]}}
-evaluation:
-  ope: {{holdout: 0.2, updates: 50, seeds: [0, 1], hidden: [8]}}
-tracking: {{uri: "sqlite:///{root}/mlflow.db", log_model: false}}
-output: {root}/runs
-"""
+
+def run_yaml(log: Path, schema: Path, root: Path) -> str:
+    """The heater run's configuration (BC at the heater size, FQE on a fifth held out)."""
+    run = {
+        "name": "heater-bc",
+        "data": {"path": str(log), "schema": str(schema)},
+        "algorithm": {"name": "bc", "hyperparameters": {"hidden": list(HEATER_HIDDEN)}},
+        "training": HEATER_TRAINING,
+        "evaluation": {"ope": {"holdout": 0.2, **HEATER_OPE}},
+        "tracking": {"uri": f"sqlite:///{root}/mlflow.db", "log_model": False},
+        "output": f"{root}/runs",
+    }
+    return json.dumps(run, indent=1)  # JSON is YAML
 
 
 def fit_model(log, schema, out, seed=0):
@@ -64,7 +67,7 @@ def run(tmp_path_factory):
     root = heater_plant(tmp_path_factory.mktemp("verdict-cli"))
     schema = root / "schema.yaml"
     config = root / "run.yaml"
-    config.write_text(RUN.format(log=root / "log.csv", schema=schema, root=root))
+    config.write_text(run_yaml(root / "log.csv", schema, root))
     argv = ["--no-cache", "train", "-c", str(config), "--plant-model", str(root / "model")]
     assert cli.main(argv) == 0
     return root
