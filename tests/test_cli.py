@@ -10,6 +10,7 @@ import pytest
 
 from neorl_industrial import cli
 from neorl_industrial.cli.environments import run_rollouts
+from tests.shared import mlflow_store
 
 
 def test_envs_lists_every_registered_environment(capsys):
@@ -269,7 +270,7 @@ def _mixing_tank_sweep(tmp_path, name, grid):
         "training.chunk=10",
         "training.batch_size=32",
         "evaluation.ope={holdout: 0.25, updates: 20, seeds: [0, 1], hidden: [8]}",
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"tracking.uri={mlflow_store(tmp_path)}",
         "tracking.registered_model=mixing-tank-sweep",
         "tracking.flush_timeout=120",
     ]

@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 from neorl_industrial import cli
+from tests.shared import mlflow_store
 
 
 def test_replay_sends_to_the_default_store_not_the_spools(tmp_path, monkeypatch, capsys):
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store(tmp_path)
     MlflowClient(tracking_uri=uri).create_experiment(
         "e", artifact_location=(tmp_path / "artifacts").as_uri()
     )
@@ -54,7 +55,7 @@ def test_register_refuses_unsigned_and_registers_a_signed_export_that_can_be_pro
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     key = generate_key_pair(tmp_path / "keys")
     signed = exported_policy(tmp_path / "signed", signing_key=key)

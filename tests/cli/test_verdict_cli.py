@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from neorl_industrial import cli
-from tests.shared import built_once
+from tests.shared import built_once, mlflow_store
 from tests.wrappers.training.test_verdict import SCHEMA, write_log
 
 #: The heater runs of this file, the Agent's verdict (test_agent_verdict.py) and the
@@ -33,7 +33,7 @@ def run_yaml(log: Path, schema: Path, root: Path) -> str:
         "algorithm": {"name": "bc", "hyperparameters": {"hidden": list(HEATER_HIDDEN)}},
         "training": HEATER_TRAINING,
         "evaluation": {"ope": {"holdout": 0.2, **HEATER_OPE}},
-        "tracking": {"uri": f"sqlite:///{root}/mlflow.db", "log_model": False},
+        "tracking": {"uri": mlflow_store(root), "log_model": False},
         "output": f"{root}/runs",
     }
     return json.dumps(run, indent=1)  # JSON is YAML

@@ -19,6 +19,7 @@ from neorl_industrial.integration.mlflow import flatten
 from neorl_industrial.integration.mlflow.run_logging import open_tracker, plan_params
 from neorl_industrial.integration.mlflow.tracking import summary_entries, ui_links
 from neorl_industrial.wrappers.training import RunConfig
+from tests.shared import mlflow_store
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "mixing-tank"
 SIMULATOR_FIELDS = ("data.quality", "data.trajectories", "data.seed")
@@ -41,7 +42,7 @@ def _plant_config(tmp: Path, data: Path, **sections) -> RunConfig:
         "algorithm": {"name": "td3bc-lag", "hyperparameters": {"hidden": [8]}},
         "training": {"updates": 20, "chunk": 10, "seeds": [0, 1]},
         "safety": {"constraints": str(EXAMPLE / "constraints.yaml")},
-        "tracking": {"uri": f"sqlite:///{tmp}/mlflow.db"},
+        "tracking": {"uri": mlflow_store(tmp)},
         **sections,
     }
     return RunConfig.from_dict(values)

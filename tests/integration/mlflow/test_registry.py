@@ -14,6 +14,7 @@ from neorl_industrial.integration.mlflow.registry import (
     policy_signature_tag,
     promote,
 )
+from tests.shared import mlflow_store
 
 FINGERPRINT = "sha256:" + "ab" * 32
 
@@ -77,7 +78,7 @@ def test_the_signature_tag_names_the_key_or_unsigned(tmp_path):
 def test_promotion_is_recorded_on_the_versions_and_the_model(tmp_path):
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store(tmp_path)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     client.create_registered_model("m")
     for ret, cost in ((-10.0, 0.5), (-5.0, 2.0), (-4.0, 0.8)):

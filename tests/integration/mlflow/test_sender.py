@@ -16,6 +16,7 @@ from neorl_industrial.integration.mlflow.sender import (
     read_spool,
     replay,
 )
+from tests.shared import mlflow_store
 
 
 class FakeClient:
@@ -159,7 +160,7 @@ def test_runs_created_before_the_outage_are_bound_in_the_spool(tmp_path):
 def test_replay_sends_a_spool_to_a_real_store_and_continues_bound_runs(tmp_path):
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store(tmp_path)
     store = MlflowClient(tracking_uri=uri)
     experiment = store.create_experiment("replayed")
     existing = store.create_run(experiment, run_name="before").info.run_id
@@ -234,7 +235,7 @@ def _store(tmp_path):
     """A sqlite store whose experiment keeps artifacts under ``tmp_path``."""
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store(tmp_path)
     MlflowClient(tracking_uri=uri).create_experiment(
         "e", artifact_location=(tmp_path / "artifacts").as_uri()
     )

@@ -25,6 +25,7 @@ from neorl_industrial import cli
 from neorl_industrial.cli import run_glue
 from neorl_industrial.cli.run_glue import run_training
 from neorl_industrial.wrappers.training import RunConfig
+from tests.shared import mlflow_store
 
 SMALL_RUN = {
     "data": {"trajectories": 2},
@@ -78,7 +79,7 @@ def main_job(tmp_path_factory):
     """The main job run once for the module, as a person runs it: what it printed, and
     the outcome the command's ``run_training`` returned (recorded on its way out)."""
     tmp = tmp_path_factory.mktemp("tracked")
-    uri = f"sqlite:///{tmp}/mlflow.db"
+    uri = mlflow_store(tmp)
     outcomes = []
 
     def recorded(*args, **kwargs):

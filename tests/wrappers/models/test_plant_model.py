@@ -21,6 +21,7 @@ from neorl_industrial.wrappers.models import (
     PlantModel,
     PlantModelError,
 )
+from tests.shared import mlflow_store
 
 SCHEMA = """\
 name: heater-2
@@ -80,7 +81,7 @@ def plant(tmp_path_factory):
     argv = ["model", "fit", "--data", str(log), "--schema", str(schema), "--out", str(out)]
     argv += ["--hidden", "32,32", "--members", "3", "--elites", "2", "--updates", "600"]
     argv += ["--chunk", "300", "--batch-size", "64", "--horizon", "12", "--windows", "16"]
-    argv += ["--track", "--tracking-uri", f"sqlite:///{root}/mlflow.db"]
+    argv += ["--track", "--tracking-uri", mlflow_store(root)]
     assert cli.main(argv) == 0
     return root, log, schema, out
 
