@@ -27,6 +27,7 @@ from neorl_industrial.wrappers.training import (
     TrainingSection,
     selection_key,
 )
+from neorl_industrial.wrappers.training.trainer import _compiled_chunk
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -149,6 +150,10 @@ def test_checkpoints_resume_exactly_and_refuse_other_runs(ib_data, tmp_path):
     assert _same(resumed.best_policies, uninterrupted.best_policies)
     assert resumed.best == uninterrupted.best
     assert len(resumed.history) == 6 and len(resumed.evaluations) == 3
+    # ... with the uninterrupted run's programs: the restored arrays are placed as a run
+    # computes them (arrays committed to a device would make other programs).
+    assert _compiled_chunk(algorithm, 32, 50)._cache_size() == 1
+    assert kwargs["evaluator"]._run._cache_size() == 1
 
     # Starting afresh over an earlier run's checkpoints, or resuming with other settings,
     # is refused and leaves the checkpoints as they were.
