@@ -336,8 +336,10 @@ class RunCheckpoints:
         import orbax.checkpoint as ocp
 
         manager = self._checkpoints()
+        from neorl_industrial.functional.state_management import uncommitted
+
         args = ocp.args.Composite(state=ocp.args.StandardRestore(template))
-        return manager.restore(manager.latest_step(), args=args)["state"]
+        return uncommitted(manager.restore(manager.latest_step(), args=args)["state"])
 
     def save(self, updates: int, states: Any, record: dict[str, Any]) -> None:
         """Writes the checkpoint of ``updates`` updates, complete or not at all."""

@@ -30,6 +30,7 @@ from neorl_industrial.functional.state_management.train_state import (
     donatable,
     init_train_state,
     init_train_states,
+    uncommitted,
 )
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "sample_windows",
     "select_safe_episodes",
     "split_episodes",
+    "uncommitted",
     "window_starts",
     "with_action_scaling",
 ]

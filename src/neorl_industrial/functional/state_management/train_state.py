@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from neorl_industrial.core.agents.types import Algorithm
@@ -74,3 +75,21 @@ def donatable(tree: Any) -> Any:
     and the caller's arrays must survive the donation. The runtime copies the buffers; no
     program is compiled (a ``jnp.copy`` per leaf compiled one per leaf shape)."""
     return jax.tree.map(lambda leaf: jax.device_put(leaf, may_alias=False), tree)
+
+
+def uncommitted(tree: Any) -> Any:
+    """``tree``'s arrays as a computation makes them: in JAX's default placement, not
+    committed to a device. A checkpoint restores arrays committed to their device, and a
+    program called with committed arguments is another program (its arguments carry
+    explicit shardings): a resumed run would compile its training and evaluation again.
+    A host round trip (once per restore); typed PRNG keys go through their key data."""
+
+    def fresh(leaf: Any) -> Any:
+        if not isinstance(leaf, jax.Array):
+            return leaf
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            data = jnp.asarray(np.asarray(jax.random.key_data(leaf)))
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+        return jnp.asarray(np.asarray(leaf))
+
+    return jax.tree.map(fresh, tree)

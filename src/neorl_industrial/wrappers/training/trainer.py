@@ -36,6 +36,7 @@ from neorl_industrial.functional.state_management import (
     TrainState,
     donatable,
     init_train_states,
+    uncommitted,
 )
 from neorl_industrial.functional.transformations.data_parallel import (
     check_batch,
@@ -266,7 +267,7 @@ class Trainer:
                 best=ocp.args.StandardRestore(best_template),
             ),
         )
-        return _uncommitted(restored["state"]), _uncommitted(restored["best"]), record
+        return uncommitted(restored["state"]), uncommitted(restored["best"]), record
 
     # ----- training --------------------------------------------------------------------
     def fit(self, n_updates: int | None = None, *, resume: bool = False) -> TrainResult:
@@ -406,24 +407,6 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_evaluation(self, done, rows)
         return best_policies, any(improved)
-
-
-def _uncommitted(tree: Any) -> Any:
-    """``tree``'s arrays as a run computes them: in JAX's default placement, not committed
-    to a device. A checkpoint restores arrays committed to their device, and a program
-    called with committed arguments is another program (its arguments carry explicit
-    shardings): a resumed run would compile its training chunk and its evaluation again.
-    (A host round trip, once per resume; typed PRNG keys through their key data.)"""
-
-    def fresh(leaf: Any) -> Any:
-        if not isinstance(leaf, jax.Array):
-            return leaf
-        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            data = jnp.asarray(np.asarray(jax.random.key_data(leaf)))
-            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
-        return jnp.asarray(np.asarray(leaf))
-
-    return jax.tree.map(fresh, tree)
 
 
 @functools.lru_cache(maxsize=16)
