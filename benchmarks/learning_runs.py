@@ -335,9 +335,9 @@ class RunCheckpoints:
         """The newest checkpoint's ``TrainState``, shaped like ``template``."""
         import orbax.checkpoint as ocp
 
-        manager = self._checkpoints()
         from neorl_industrial.functional.state_management import uncommitted
 
+        manager = self._checkpoints()
         args = ocp.args.Composite(state=ocp.args.StandardRestore(template))
         return uncommitted(manager.restore(manager.latest_step(), args=args)["state"])
 
