@@ -86,7 +86,7 @@ def pytest_unconfigure(config):
 
 # Tracing programs allocates millions of short-lived objects, and Python's cyclic garbage
 # collector, at its default thresholds, went through the whole heap thousands of times a
-# file (the agent and safe-agent files: 3,650 collections, 7.5 of 89 CPU s; 2.8 s at these
+# file (the agent and safe-agent files: 3,650 collections, 7.5 of 89 CPU s; 2.5 s at these
 # thresholds, a server's with ``tune_gc``). What the imports and the tests' collection made
 # is frozen out of the collections; a test that counts live objects unfreezes and collects.
 gc.set_threshold(50_000, 50, 100)
