@@ -11,20 +11,8 @@ import textwrap
 import pytest
 
 from neorl_industrial import cli
-from tests.cli.test_verdict_cli import fit_model
+from tests.cli.test_verdict_cli import fit_model, run_yaml
 from tests.wrappers.training.test_verdict import SCHEMA, write_log
-
-RUN = """\
-name: {name}
-data: {{path: {log}, schema: {schema}}}
-algorithm: {{name: bc, hyperparameters: {{hidden: [16]}}}}
-training: {{updates: 100, chunk: 100, seeds: [0, 1]}}
-evaluation:
-  ope: {{holdout: 0.2, updates: 50, seeds: [0, 1], hidden: [8]}}
-tracking: {{enabled: {track}, uri: "sqlite:///{root}/mlflow.db", log_model: false}}
-export: {{signing_keys: null}}
-output: {root}/runs
-"""
 
 
 def test_what_is_not_a_run_and_two_runs_of_one_name_are_refused(tmp_path, capsys):
@@ -47,10 +35,10 @@ def test_one_verdict_over_a_run_and_a_sweep_then_the_first_exported(tmp_path, ca
     schema = tmp_path / "schema.yaml"
     schema.write_text(textwrap.dedent(SCHEMA))
     fit_model(tmp_path / "log.csv", schema, tmp_path / "model")
-    for name, track in (("heater-bc", "true"), ("heater-sweep", "false")):
+    for name, track in (("heater-bc", True), ("heater-sweep", False)):
         (tmp_path / f"{name}.yaml").write_text(
-            RUN.format(name=name, log=tmp_path / "log.csv", schema=schema, root=tmp_path,
-                       track=track)
+            run_yaml(tmp_path / "log.csv", schema, tmp_path, name=name, track=track,
+                     export={"signing_keys": None})
         )  # fmt: skip
     model = str(tmp_path / "model")
     train = ["--no-cache", "train", "-c", str(tmp_path / "heater-bc.yaml")]

@@ -25,16 +25,20 @@ HEATER_TRAINING = {"updates": 100, "chunk": 100, "seeds": (0, 1)}
 HEATER_OPE = {"updates": 50, "seeds": (0, 1), "hidden": (8,)}
 
 
-def run_yaml(log: Path, schema: Path, root: Path) -> str:
-    """The heater run's configuration (BC at the heater size, FQE on a fifth held out)."""
+def run_yaml(
+    log: Path, schema: Path, root: Path, *, name: str = "heater-bc", track: bool = True, **sections
+) -> str:
+    """The heater run's configuration (BC at the heater size, FQE on a fifth held out),
+    named ``name``, tracked in ``root``'s store or not, with ``sections`` added."""
     run = {
-        "name": "heater-bc",
+        "name": name,
         "data": {"path": str(log), "schema": str(schema)},
         "algorithm": {"name": "bc", "hyperparameters": {"hidden": list(HEATER_HIDDEN)}},
         "training": HEATER_TRAINING,
         "evaluation": {"ope": {"holdout": 0.2, **HEATER_OPE}},
-        "tracking": {"uri": mlflow_store(root), "log_model": False},
+        "tracking": {"enabled": track, "uri": mlflow_store(root), "log_model": False},
         "output": f"{root}/runs",
+        **sections,
     }
     return json.dumps(run, indent=1)  # JSON is YAML
 
