@@ -259,6 +259,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
                    limits if len(limits) == data.n_costs else None, first.cost_names,
                    first.task.episode_length),
         settings,
+        selection=first.training_data(training),
     )  # fmt: skip
     judge_seconds = time.perf_counter() - judge_started
     progress(f"{spec}: the truth, {args.episodes} simulator episodes per candidate")
@@ -330,6 +331,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     else:
         outcome |= {"worse_than_behaviour": False, "over_cost_limit": False}
     outcome["bad"] = bool(outcome["worse_than_behaviour"] or outcome["over_cost_limit"])
+    outcome["every_tested"] = _every_tested(merged, candidates, behaviour_return)
     better = truth > behaviour_return
     return {
         "dataset": spec,
@@ -442,6 +444,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
         PlantRules(first.scaler, first.constraints, limits, first.cost_names,
                    first.task.episode_length),
         settings,
+        selection=first.training_data(training),
     )  # fmt: skip
     judge_seconds = time.perf_counter() - judge_started
 
@@ -535,6 +538,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "over_cost_limit": False,
         }
     outcome["bad"] = bool(outcome["not_truly_better"] or outcome["over_cost_limit"])
+    outcome["every_tested"] = _every_tested(merged, candidates, behaviour_return)
     return {
         "dataset": name,
         "plant": True,
@@ -641,6 +645,53 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "bad_recommendations": int(bad),
         "bad_target_met": bool(bad <= TARGETS["bad"]),
     }
+
+
+def _every_tested_text(row: dict[str, Any]) -> str:
+    """One sentence: what testing every candidate would have recommended (results
+    without it: nothing)."""
+    every = row["verdict"].get("every_tested")
+    if every is None:
+        return ""
+    if every["recommended"] is None:
+        return " Had every candidate been tested, none would have been recommended."
+    truth = "truly worse or over a limit" if every["bad"] else "truly better, within the limits"
+    return (
+        f" Had every candidate been tested, {every['recommended']} would have been "
+        f"recommended ({truth})."
+    )
+
+
+def _every_tested(
+    verdict: Any, candidates: Sequence[dict[str, Any]], behaviour_return: float
+) -> dict[str, Any]:
+    """What the verdict would have recommended had every candidate been tested on the
+    held-out episodes (no selection on the training episodes first), and whether that
+    one is truly worse than the operators (or, on a plant, not truly better) or over a
+    limit."""
+    from neorl_industrial.wrappers.training.verdict_selection import NOT_SELECTED
+
+    def lower(row: dict[str, Any]) -> float:
+        model = next(e for e in row["estimates"] if e["estimator"] == "model")
+        return float(model["improvement"]["lower"])
+
+    passing = [
+        row
+        for row in verdict.candidates
+        if all(reason.startswith(NOT_SELECTED) for reason in row["reasons"])
+    ]
+    if not passing:
+        return {"recommended": None, "bad": False}
+    name = max(passing, key=lower)["name"]
+    chosen = next(c for c in candidates if c["name"] == name)
+    improvement = chosen.get("true_improvement")
+    worse = (
+        improvement["lower"] <= 0.0
+        if isinstance(improvement, dict)
+        else chosen["true_return"] < behaviour_return
+    )
+    over = (chosen["true_normalized_cost"] or 0.0) > 1.0
+    return {"recommended": name, "bad": bool(worse or over)}
 
 
 #: The issue's targets on the study plants, against the truth at the verdict's starts:
@@ -867,7 +918,8 @@ def _plants_section(rows: list[dict[str, Any]], total: dict[str, Any] | None) ->
             f"discount {starts['discount']}, {starts['replicates']} replicates each): the "
             f"operators' true value "
             f"{_interval_text(row['behaviour']['true_value_at_starts'])}, logged "
-            f"{row['behaviour']['logged_value_at_starts']:,.4g}. {row['statement']}",
+            f"{row['behaviour']['logged_value_at_starts']:,.4g}. {row['statement']}"
+            f"{_every_tested_text(row)}",
             "",
             "| candidate | true return [95 %] | true cost / limit | true improvement, whole "
             "episodes | true improvement at the starts | model's interval | model+fqe's "
@@ -1065,7 +1117,8 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
         lines += [
             f"### {row['dataset']}",
             "",
-            f"Behaviour: true return {row['behaviour']['true_return']:,.4g}. {row['statement']}",
+            f"Behaviour: true return {row['behaviour']['true_return']:,.4g}. {row['statement']}"
+            f"{_every_tested_text(row)}",
             "",
             "| candidate | true return | true cost / limit | model | fqe | model+fqe | "
             "model improvement (95 % interval) | qualifies |",

@@ -8,6 +8,7 @@ never tripped gets an exact bound."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 
@@ -22,6 +23,7 @@ from neorl_industrial.core.models import DynamicsConfig
 from neorl_industrial.functional.state_management import ActionScaler
 from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.models import FitSettings, PlantModel
+from neorl_industrial.wrappers.training.selection import verdict_ranking
 from neorl_industrial.wrappers.training.verdict import (
     KEEP,
     PlantRules,
@@ -29,6 +31,7 @@ from neorl_industrial.wrappers.training.verdict import (
     VerdictError,
     VerdictSettings,
     evaluation_starts,
+    merge_verdicts,
     model_verdict,
 )
 
@@ -133,7 +136,9 @@ def plant(tmp_path_factory):
     return {"task": task, "dataset": dataset, "model": model, "scaler": scaler, "heldout": heldout}
 
 
-def verdict_of(plant, params=CANDIDATES, names=NAMES, limits=(5.0, np.inf), **settings):
+def verdict_of(
+    plant, params=CANDIDATES, names=NAMES, limits=(5.0, np.inf), selection=None, **settings
+):
     settings = {"fqe": False, "horizon": 40, "bootstrap": 500, "bc_updates": 500} | settings
     return model_verdict(
         VerdictCandidates(names, act, params),
@@ -141,6 +146,7 @@ def verdict_of(plant, params=CANDIDATES, names=NAMES, limits=(5.0, np.inf), **se
         plant["model"],
         PlantRules(plant["scaler"], cost_limits=limits, cost_names=plant["task"].cost_names),
         VerdictSettings(**settings),
+        selection=selection,
     )
 
 
@@ -184,6 +190,53 @@ def test_a_clearly_better_controller_is_recommended_by_every_deciding_estimator(
     assert metrics["verdict/candidate_0/model/improvement_lower"] > 0
     assert 0.0 <= metrics["verdict/candidate_0/model/far_outside_share"] <= 0.25
     assert "verdict/candidate_2/model_fqe/improvement_upper" in metrics
+
+
+def test_one_candidate_is_selected_on_the_training_episodes_and_only_it_is_tested(plant):
+    """Given the episodes the candidates were trained on, the verdict selects one on them
+    alone by the test's predicted result (the Seldonian way), and only it can be
+    recommended; the others say so, and their held-out estimates are unchanged."""
+    train = np.asarray(plant["model"].card["dataset"]["train_episodes"])
+    training = plant["dataset"].select_episodes(train)
+    selected, plain = verdict_of(plant, selection=training), verdict_of(plant)
+    evidence = selected.evidence["selection"]
+    assert evidence["chosen"] == "controller" and evidence["by"] == "model"
+    assert evidence["episodes"] >= evidence["test_episodes"] > 0
+    assert plain.evidence["selection"] is None
+    assert selected.decision == "recommend" and selected.recommended == "controller"
+    assert "controller was selected on the training episodes before the test" in (
+        selected.statement
+    )
+    rows = {row["name"]: row for row in selected.candidates}
+    best = rows["controller"]["selection"]
+    assert best["selected"] is True and best["within_limits"] is True
+    for name in ("biased", "full-open"):
+        assert rows[name]["selection"]["selected"] is False
+        assert rows[name]["selection"]["predicted_lower"] < best["predicted_lower"]
+        assert any(reason.startswith("selection:") for reason in rows[name]["reasons"])
+    # Opening the valve fully overheats the heater: predicted over its limit on the
+    # training episodes too.
+    assert rows["full-open"]["selection"]["within_limits"] is False
+    for ours, theirs in zip(selected.candidates, plain.candidates, strict=True):
+        assert ours["estimates"] == theirs["estimates"]
+    # The test is made for the selected candidate alone: had the training episodes
+    # predicted "biased" best, nothing would be recommended, although the controller
+    # passes the test (a merged table selects again).
+    swapped = [
+        row | {"selection": row["selection"] | {"predicted_lower": 1e9}}
+        if row["name"] == "biased"
+        else row
+        for row in selected.candidates
+    ]
+    again = merge_verdicts([dataclasses.replace(selected, candidates=tuple(swapped))])
+    assert again.decision == KEEP and again.evidence["selection"]["chosen"] == "biased"
+    assert again.statement.startswith(
+        "Keep the current operation: biased, the candidate selected on the training episodes"
+    )
+    controller = next(row for row in again.candidates if row["name"] == "controller")
+    assert not controller["qualifies"]
+    assert [r for r in controller["reasons"] if not r.startswith("selection:")] == []
+    assert verdict_ranking(again.to_dict())[0] == "biased"
 
 
 def test_policies_no_better_than_the_operators_are_not_recommended(full, plant):

@@ -508,19 +508,25 @@ class Agent(CandidateSelection):
         *,
         ope: OPESettings | None = None,
         settings: VerdictSettings | None = None,
+        selection: Dataset | None = None,
     ) -> Verdict:
         """The verdict on every run's policy against the logged operation of ``heldout``
         (episodes neither the agent nor ``plant_model`` was trained on; actions in plant
         units): model-based, FQE and combined estimates with intervals, and
         "recommend" only when the evidence is there, else "keep the current operation"
-        (:mod:`~neorl_industrial.wrappers.training.verdict`).
+        (:mod:`~neorl_industrial.wrappers.training.verdict`). ``selection``: the episodes
+        the agent was trained on; one run is then selected on them before the test and
+        only it can be recommended
+        (:mod:`~neorl_industrial.wrappers.training.verdict_selection`).
 
         Raises:
             AgentError: before fitting, for a plant model of another task, or bad input.
         """
         self._require_fitted("judge")
         self.context.check_plant_model(plant_model, None, heldout, None)
-        return offline.judge_runs(self, heldout, plant_model, ope or OPESettings(), settings)
+        return offline.judge_runs(
+            self, heldout, plant_model, ope or OPESettings(), settings, selection=selection
+        )
 
     # ----- files -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:

@@ -144,7 +144,7 @@ def judge_together(
     """
     _check_runs(agents)
     first = next(iter(agents.values()))
-    heldout, held = _heldout_from_every_run(agents, dataset, plant_model, card)
+    heldout, held, rest = _heldout_from_every_run(agents, dataset, plant_model, card)
     first.context.check_plant_model(plant_model, dataset, heldout, card)
     stacks, runs = _candidates_of(agents)
     names = [name for stack in stacks for name in stack.names]
@@ -155,7 +155,7 @@ def judge_together(
         policies = mixture_params([stack.policies for stack in stacks])
     candidates = CandidateStack(names, policies, algorithm, stacks[0].hyperparameters)
     verdict = first.context.verdict(
-        candidates, heldout, plant_model, ope or OPESettings(), settings
+        candidates, heldout, plant_model, ope or OPESettings(), settings, selection=rest
     )
     return JointVerdict(
         verdict=verdict,
@@ -181,10 +181,11 @@ def _check_runs(agents: Mapping[str, Agent]) -> None:
 
 def _heldout_from_every_run(
     agents: Mapping[str, Agent], dataset: Dataset, plant_model: Any, card: Any
-) -> tuple[Dataset, dict[str, Any]]:
+) -> tuple[Dataset, dict[str, Any], Dataset | None]:
     """The episodes of ``dataset`` no run trained on and the plant model was not fitted
-    on, and their record (fingerprint, counts), after checking that every run is of the
-    first's kind and was trained on this log."""
+    on, their record (fingerprint, counts), and the other episodes (the candidates are
+    selected on them before the test; None when there are none), after checking that
+    every run is of the first's kind and was trained on this log."""
     first_label, first = next(iter(agents.items()))
     log = "dataset" if card is None else f"dataset {card.name!r}"
     fingerprint = _fingerprint(dataset)
@@ -211,12 +212,18 @@ def _heldout_from_every_run(
             "fit --holdout/--split-seed)"
         )
     heldout = dataset.select_episodes(np.asarray(heldout_ids, np.int64))
-    return heldout, {
-        "fingerprint": fingerprint,
-        "episodes": len(heldout_ids),
-        "of": len(digests),
-        "transitions": heldout.n_transitions,
-    }
+    rest_ids = sorted(set(range(len(digests))) - set(heldout_ids))
+    rest = dataset.select_episodes(np.asarray(rest_ids, np.int64)) if rest_ids else None
+    return (
+        heldout,
+        {
+            "fingerprint": fingerprint,
+            "episodes": len(heldout_ids),
+            "of": len(digests),
+            "transitions": heldout.n_transitions,
+        },
+        rest,
+    )
 
 
 def _candidates_of(

@@ -61,8 +61,9 @@ def evaluate_offline(
         "on_training_episodes": on_training,
     }
     if plant_model is not None:
+        trained = (agent.result or RunResult()).seen_episodes(dataset)
         result["verdict"] = judge_runs(
-            agent, evaluation, plant_model, ope, verdict, scored=evaluator
+            agent, evaluation, plant_model, ope, verdict, scored=evaluator, selection=trained
         ).to_dict()
     return result
 
@@ -74,9 +75,11 @@ def judge_runs(
     ope: OPESettings,
     settings: VerdictSettings | None,
     scored: Any = None,
+    selection: Dataset | None = None,
 ) -> Verdict:
     """The verdict on every run's policy that can act (``scored``: an evaluator that
-    has just scored them all, whose FQEs are reused)."""
+    has just scored them all, whose FQEs are reused; ``selection``: the episodes they
+    were trained on, one selected on them before the test)."""
     runs = agent.able_runs()
     policies = agent.policies
     if len(runs) != len(agent.seeds):
@@ -85,4 +88,6 @@ def judge_runs(
         scored = None
     names = [f"run {run} (seed {agent.seeds[run]})" for run in runs]
     candidates = CandidateStack(names, policies, agent.policy_algorithm, agent.hyperparameters)
-    return agent.context.verdict(candidates, heldout, plant_model, ope, settings, scored=scored)
+    return agent.context.verdict(
+        candidates, heldout, plant_model, ope, settings, scored=scored, selection=selection
+    )

@@ -418,11 +418,14 @@ class PolicyContext:
         ope: OPESettings,
         settings: VerdictSettings | None,
         scored: OffPolicyEvaluator | None = None,
+        selection: Dataset | None = None,
     ) -> Verdict:
         """The verdict on ``candidates`` (one algorithm's policies, stacked, with their
         names and hyperparameters) against the logged operation of ``heldout``;
         ``scored``: an evaluator that has just scored them, whose FQEs are reused when they
-        are the ones the verdict would fit.
+        are the ones the verdict would fit; ``selection``: the episodes they were trained
+        on, one candidate selected on them before the test (see
+        :mod:`~neorl_industrial.wrappers.training.verdict_selection`).
 
         Raises:
             RunError: for a verdict the data or settings cannot give.
@@ -459,7 +462,14 @@ class PolicyContext:
                 self.scaler, self.constraints, evaluator.cost_limits, self.cost_names,
                 evaluator.episode_length,
             )  # fmt: skip
-            return model_verdict(candidates, evaluator.dataset, plant_model, rules, settings)
+            return model_verdict(
+                candidates,
+                evaluator.dataset,
+                plant_model,
+                rules,
+                settings,
+                selection=None if selection is None else self.training_data(selection),
+            )
         except VerdictError as error:
             raise RunError(str(error)) from None
 

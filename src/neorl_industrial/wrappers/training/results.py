@@ -296,6 +296,16 @@ class RunResult:
             return dataset, left_out
         return dataset.select_episodes(unseen), left_out
 
+    def seen_episodes(self, dataset: Any) -> Any:
+        """The episodes of ``dataset`` the runs were trained on (recognised by their
+        content), or None when none of them was."""
+        trained = self.trained_episodes
+        if not trained:
+            return None
+        digests = episode_digests(dataset)
+        seen = np.asarray([i for i, d in enumerate(digests) if d in trained], np.int64)
+        return dataset.select_episodes(seen) if len(seen) else None
+
     @property
     def failed(self) -> dict[str, str]:
         """``{candidate: why}`` of the runs whose policy cannot act."""

@@ -374,6 +374,7 @@ def _judged(
         prepared.plan.ope,
         settings,
         scored=scored if len(healthy) == len(seeds) else None,
+        selection=prepared.plan.split.train,
     ).to_dict()
     first = verdict_ranking(judged)[0]
     return dataclasses.replace(

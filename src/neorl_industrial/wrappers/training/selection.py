@@ -178,7 +178,8 @@ def best_evaluated_run(best: Sequence[Mapping[str, Any] | None], runs: Sequence[
 
 def verdict_ranking(verdict: Mapping[str, Any]) -> list[str]:
     """The verdict's candidates (``Verdict.to_dict()``), best first: the recommended
-    one, then those that qualify, then those whose every limited cost is estimated
+    one, then the one selected on the training episodes (when the verdict had them),
+    then those that qualify, then those whose every limited cost is estimated
     within its limit, each group by the lower bound of its improvement over the logged
     operation by the first deciding estimator (NaN or missing: last)."""
     deciding = next(iter(verdict.get("deciding") or ["model"]))
@@ -197,9 +198,10 @@ def verdict_ranking(verdict: Mapping[str, Any]) -> list[str]:
             return False
         return all(cost.get("within_limit") is not False for cost in chosen.get("costs", ()))
 
-    def key(row: Mapping[str, Any]) -> tuple[bool, bool, bool, float]:
+    def key(row: Mapping[str, Any]) -> tuple[bool, bool, bool, bool, float]:
         return (
             row["name"] == verdict.get("recommended"),
+            bool((row.get("selection") or {}).get("selected")),
             bool(row.get("qualifies")),
             within(row),
             lower(row, deciding),

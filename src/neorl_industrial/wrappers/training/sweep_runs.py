@@ -120,6 +120,7 @@ class SweepRuns:
                     plan.ope,
                     self.verdict_settings,
                     scored=evaluator if len(able) == len(names) else None,
+                    selection=prepared.plan.split.train,
                 )
             )
         n_seeds = len(seeds)

@@ -96,6 +96,12 @@ from neorl_industrial.wrappers.training.verdict_results import (
     VerdictSettings,
     verdict_metrics,
 )
+from neorl_industrial.wrappers.training.verdict_selection import (
+    INFLATION,
+    SelectionSplit,
+    apply_selection,
+    predictions,
+)
 
 __all__ = [
     "FQE_BATCH_SIZE",
@@ -125,6 +131,7 @@ def model_verdict(
     plant_model: Any,
     rules: PlantRules | None = None,
     settings: VerdictSettings | None = None,
+    selection: Dataset | None = None,
 ) -> Verdict:
     """Estimates every candidate against the logged operation and decides.
 
@@ -136,6 +143,11 @@ def model_verdict(
         rules: the task's action scaler, the shield's constraints, the cost channels and
             their episode limits (:class:`PlantRules`; None: no shield, no limits).
         settings: see :class:`VerdictSettings`.
+        selection: the episodes the candidates were trained on (the training split,
+            same layout as ``heldout``): one candidate is selected on them before the
+            test and only it can be recommended
+            (:mod:`~neorl_industrial.wrappers.training.verdict_selection`); None: every
+            candidate is tested on the held-out episodes.
 
     Raises:
         VerdictError: naming what is wrong: a plant model not fitted or of other shapes,
@@ -146,21 +158,35 @@ def model_verdict(
     n_policies = int(jax.tree.leaves(candidates.policy_params)[0].shape[0])
     names = [str(name) for name in candidates.names]
     _check_inputs(names, n_policies, plant_model, heldout)
+    if selection is not None:
+        _check_inputs(names, n_policies, plant_model, selection, "selection")
     n_costs = heldout.n_costs
     lengths = np.asarray(jax.device_get(heldout.episode_lengths), np.int64)
     limits = rules.cost_limits
+    starts = _starts_of(heldout, settings)
     case = _Case(
         heldout=heldout,
         plant_model=plant_model,
         params=plant_model.params(settings.model_seed),
-        starts=_starts_of(heldout, settings),
+        starts=starts,
         cost_names=list(rules.cost_names) or [f"cost_{i}" for i in range(n_costs)],
         limits=np.full(n_costs, np.inf) if limits is None else np.asarray(limits, float),
         episode_length=int(rules.episode_length or max(1, round(float(lengths.mean())))),
         settings=settings,
         rules=rules,
+        selection=None if selection is None else _selection_starts(selection, starts, settings),
+        selection_data=selection,
     )
     return _verdict_of(case, names, _estimate(case, candidates))
+
+
+def _selection_starts(selection: Dataset, test: _Starts, settings: VerdictSettings) -> _Starts:
+    """The training split's starts: as many as the test's and over at most its horizon,
+    so the candidates' compiled program serves both."""
+    return _starts_of(
+        selection,
+        dataclasses.replace(settings, max_starts=len(test.rows), horizon=test.horizon),
+    )
 
 
 class _Estimates(NamedTuple):
@@ -172,6 +198,8 @@ class _Estimates(NamedTuple):
     calibration: Calibration
     closing_error: list[Interval]
     costs: _CostReader
+    #: Per candidate, its test predicted on the training split (None without one).
+    predicted: list[dict[str, Any]] | None = None
 
 
 def _estimate(case: _Case, policies: VerdictCandidates) -> _Estimates:
@@ -179,7 +207,7 @@ def _estimate(case: _Case, policies: VerdictCandidates) -> _Estimates:
     settings, starts, heldout = case.settings, case.starts, case.heldout
     # One program over policies x members x starts; the operators cloned and run closed
     # loop in the same members from the same states with the same model noise.
-    candidates, baseline, clone = _rollouts(case, policies)
+    candidates, baseline, clone, selected = _rollouts(case, policies)
     # The limit's share over each start's steps (spread evenly over an episode).
     limits = case.limits
     scale = np.maximum((limits / case.episode_length)[None, :] * starts.lengths[:, None], 1e-12)
@@ -199,7 +227,10 @@ def _estimate(case: _Case, policies: VerdictCandidates) -> _Estimates:
         [reading.candidate(jax.tree.map(lambda x, p=p: x[p], candidates), settings.seed + p)]
         for p in range(n_policies)
     ]
-    estimates = _Estimates(results, [reading.operators()], calibration, [], costs)
+    predicted = None
+    if selected is not None and case.selection is not None:
+        predicted = _predicted(case, case.selection, selected, len(results))
+    estimates = _Estimates(results, [reading.operators()], calibration, [], costs, predicted)
     if settings.fqe:
         fqe = _fqe_estimators(
             policies,
@@ -220,6 +251,27 @@ def _estimate(case: _Case, policies: VerdictCandidates) -> _Estimates:
     return estimates
 
 
+def _predicted(case: _Case, chosen: _Starts, sums: Any, n_candidates: int) -> list[dict[str, Any]]:
+    """Every candidate's test predicted from the training split's starts."""
+    data = case.selection_data
+    n_costs = data.n_costs
+    return predictions(
+        sums,
+        [str(p) for p in range(n_candidates)],
+        SelectionSplit(
+            episodes=chosen.episodes,
+            rewards=chosen.rewards,
+            costs=np.asarray(jax.device_get(data.costs), np.float64).reshape(-1, n_costs),
+            lengths=chosen.lengths,
+            n_episodes=len(np.unique(chosen.episodes)),
+        ),
+        len(np.unique(case.starts.episodes)),
+        case.limits,
+        case.episode_length,
+        case.settings,
+    )
+
+
 def _verdict_of(case: _Case, names: list[str], estimates: _Estimates) -> Verdict:
     """The decision over the candidates' estimates, with its evidence."""
     settings, starts = case.settings, case.starts
@@ -236,6 +288,18 @@ def _verdict_of(case: _Case, names: list[str], estimates: _Estimates) -> Verdict
         )
         for p, name in enumerate(names)
     ]
+    selection = None
+    if estimates.predicted is not None and case.selection is not None:
+        for row, predicted in zip(table, estimates.predicted, strict=True):
+            row["selection"] = predicted
+        selection = {
+            "by": "model",
+            "chosen": apply_selection(table, settings.to_dict()),
+            "episodes": len(np.unique(case.selection.episodes)),
+            "starts": len(case.selection.rows),
+            "test_episodes": len(np.unique(starts.episodes)),
+            "inflation": INFLATION,
+        }
     decision, chosen, statement = _decide(table, deciding, settings.level, calibration)
     return Verdict(
         decision=decision,
@@ -254,7 +318,8 @@ def _verdict_of(case: _Case, names: list[str], estimates: _Estimates) -> Verdict
             case.episode_length,
             estimates.costs,
             getattr(case.plant_model, "card", {}),
-        ),
+        )
+        | {"selection": selection},
         estimators=estimators,
         deciding=deciding,
         settings=settings.to_dict(),
@@ -262,9 +327,11 @@ def _verdict_of(case: _Case, names: list[str], estimates: _Estimates) -> Verdict
     )
 
 
-def _check_inputs(names: list[str], n_policies: int, plant_model: Any, heldout: Dataset) -> None:
+def _check_inputs(
+    names: list[str], n_policies: int, plant_model: Any, heldout: Dataset, what: str = "heldout"
+) -> None:
     """Refuses, naming what is wrong, candidates and a plant model the verdict cannot
-    judge with these held-out episodes."""
+    judge with these held-out episodes (``what``: the data's name in the message)."""
     if len(names) != n_policies:
         raise VerdictError(f"names: {len(names)} names for {n_policies} candidates")
     if not getattr(plant_model, "fitted", False):
@@ -277,11 +344,11 @@ def _check_inputs(names: list[str], n_policies: int, plant_model: Any, heldout: 
     ):
         raise VerdictError(
             f"plant_model: predicts {layout.observation_size} observations, "
-            f"{layout.action_size} actions and {layout.n_costs} cost channels; the held-out "
+            f"{layout.action_size} actions and {layout.n_costs} cost channels; the {what} "
             f"data has {heldout.observation_size}, {heldout.action_size} and {heldout.n_costs}"
         )
     if heldout.n_transitions == 0:
-        raise VerdictError("heldout: no held-out transitions to evaluate on")
+        raise VerdictError(f"{what}: no transitions to evaluate on")
 
 
 def _deciding(
@@ -419,14 +486,27 @@ def _decide(
 
     if calibration is not None and calibration.status != "passed":
         return KEEP, None, f"Keep the current operation: {calibration.reason}.{check}"
+    selected = next((row for row in table if (row.get("selection") or {}).get("selected")), None)
+    chosen = (
+        ""
+        if selected is None
+        else f" {selected['name']} was selected on the training episodes before the test "
+        f"(predicted lower bound of its return {selected['selection']['predicted_lower']:.4g}); "
+        "only it was tested."
+    )
     qualified = [row for row in table if row["qualifies"]]
     if not qualified:
         return (
             KEEP,
             None,
-            "Keep the current operation: no candidate is estimated better than today's "
-            f"operation with {level:.0%} confidence and within the cost limits by every "
-            f"deciding estimator ({', '.join(deciding)}).{check}",
+            (
+                "Keep the current operation: no candidate is estimated better than today's "
+                if selected is None
+                else f"Keep the current operation: {selected['name']}, the candidate selected "
+                "on the training episodes, is not estimated better than today's "
+            )
+            + f"operation with {level:.0%} confidence and within the cost limits by every "
+            f"deciding estimator ({', '.join(deciding)}).{chosen}{check}",
         )
     best = max(qualified, key=lambda row: model_gain(row)["lower"])
     gain = model_gain(best)
@@ -437,7 +517,7 @@ def _decide(
         f"{gain['value']:.4g} (discounted return, {level:.0%} interval {gain['lower']:.4g} "
         f"to {gain['upper']:.4g}) by every deciding estimator ({', '.join(deciding)}), with "
         "every limited cost within its limit. These are estimates from a model of the plant "
-        f"and the held-out episodes.{check}",
+        f"and the held-out episodes.{chosen}{check}",
     )
 
 
@@ -466,10 +546,19 @@ def merge_verdicts(verdicts: Sequence[Verdict]) -> Verdict:
             raise VerdictError("merge_verdicts: verdicts of different settings or estimators")
         if other.evidence["starts"] != first.evidence["starts"]:
             raise VerdictError("merge_verdicts: verdicts on different held-out starts")
-    table = [row for verdict in verdicts for row in verdict.candidates]
+    table = [dict(row) for verdict in verdicts for row in verdict.candidates]
+    evidence = first.evidence
+    selected = apply_selection(table, first.settings)
+    if selected is not None:
+        evidence = evidence | {"selection": {**evidence["selection"], "chosen": selected}}
     decision, chosen, statement = _decide(
         table, first.deciding, first.settings["level"], first.calibration
     )
     return dataclasses.replace(
-        first, candidates=tuple(table), decision=decision, recommended=chosen, statement=statement
+        first,
+        candidates=tuple(table),
+        decision=decision,
+        recommended=chosen,
+        statement=statement,
+        evidence=evidence,
     )

@@ -127,11 +127,18 @@ class _Case:
     episode_length: int
     settings: VerdictSettings
     rules: PlantRules
+    #: The training split's starts, candidates selected on them before the test (None:
+    #: every candidate is tested).
+    selection: _Starts | None = None
+    selection_data: Dataset | None = None
 
 
-def _rollouts(case: _Case, candidates: VerdictCandidates) -> tuple[RolloutSums, RolloutSums, Any]:
+def _rollouts(
+    case: _Case, candidates: VerdictCandidates
+) -> tuple[RolloutSums, RolloutSums, Any, RolloutSums | None]:
     """Every candidate, and the operators' clone, rolled out in every member from every
-    start (float64 sums; the clone's without the policy axis), and the clone."""
+    start (float64 sums; the clone's without the policy axis), the clone, and the
+    candidates from the training split's starts (the same program; None without)."""
     settings, starts, heldout = case.settings, case.starts, case.heldout
     dynamics, constraints, scaler = (
         case.plant_model.dynamics,
@@ -173,10 +180,22 @@ def _rollouts(case: _Case, candidates: VerdictCandidates) -> tuple[RolloutSums, 
     baseline = jax.device_get(
         baseline_rollouts(operators.params, params, starts.first, lengths, key)
     )
+    selected = None
+    if case.selection is not None:
+        chosen = case.selection
+        selected = rollouts(
+            candidates.policy_params,
+            params,
+            chosen.first,
+            jnp.asarray(chosen.lengths, jnp.int32),
+            key,
+        )
+        selected = jax.tree.map(lambda x: np.asarray(x, np.float64), jax.device_get(selected))
     return (
         jax.tree.map(lambda x: np.asarray(x, np.float64), rolled),
         jax.tree.map(lambda x: np.asarray(x[0], np.float64), baseline),
         clone,
+        selected,
     )
 
 

@@ -287,9 +287,7 @@ class Calibration:
         (:attr:`model_error`): :meth:`allowance_of` with the largest error the check's
         interval allows (``model+fqe``'s reading; ``model``'s draws its own, jointly)."""
         size = float(np.mean(np.abs(candidate))) + float(np.mean(np.abs(operators)))
-        return float(
-            self.allowance_of(np.asarray(self.model_error), np.asarray(self.size), size)
-        )
+        return float(self.allowance_of(np.asarray(self.model_error), np.asarray(self.size), size))
 
     @staticmethod
     def allowance_of(error: np.ndarray, logged: np.ndarray, size: np.ndarray) -> np.ndarray:
