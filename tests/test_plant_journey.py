@@ -153,6 +153,11 @@ def test_the_answer_for_the_manager_is_the_verdict_in_plain_words(journey):
         assert row in answer
         assert f"{gain['value']:+.3g} [{gain['lower']:+.3g}, {gain['upper']:+.3g}]" in answer
         assert f"- **{candidate['name']}** " in answer.split("## Why")[1]
+    # One candidate was selected on the training episodes before the held-out test.
+    selected = [c for c in verdict["candidates"] if c["selection"]["selected"]]
+    assert [c["name"] for c in selected] == [verdict["evidence"]["selection"]["chosen"]]
+    assert "it was selected on the training episodes before the test" in answer
+    assert "and only it was tested" in answer
 
 
 def test_the_served_plant_policy_speaks_plant_units_through_the_plants_shield(journey):
@@ -276,12 +281,15 @@ def test_the_answer_says_recommend_or_too_little_evidence_when_the_verdict_does(
         for cost in estimate["costs"]:
             cost["within_limit"] = True
     first["qualifies"] = True
+    for candidate in verdict["candidates"]:
+        candidate["selection"] |= {"selected": candidate is first}
     verdict |= {"decision": "recommend", "recommended": first["name"]}
     report = journey["root"] / "turned.json"
     report.write_text(json.dumps({"ope": {"verdict": verdict}}))  # as `evaluate --json` writes
     text = page.answer(journey["model"], report)
     assert f"**Recommend {first['name']}**" in text
     assert f"- **{first['name']}** qualifies: by the model estimate, it is better" in text
+    assert "so it is the one the held-out test is for" in text
     assert "too short" not in text
 
     short = copy.deepcopy(journey["report"]["verdict"])

@@ -93,9 +93,8 @@ def candidates_section(verdict: dict) -> list[str]:
         f"held-out episodes (higher is better), with its {level} interval. Today's "
         "operation is the operators' behaviour cloned and run closed loop in the same model "
         "from the same states, so each difference is paired start by start; a candidate's "
-        "estimate is lowered, and the operators' raised, by the model's uncertainty, and "
-        "every interval of improvement is widened by the model's error on the operators "
-        "(the calibration check).",
+        "estimate is lowered by the model's uncertainty, and every interval of improvement "
+        "is widened by the model's error on the operators (the calibration check).",
         "",
         "| " + " | ".join(header) + " |",
         "|---" * len(header) + "|",
@@ -169,6 +168,18 @@ def _why_candidate(candidate: dict, verdict: dict) -> list[str]:
             f"on {physics:.0%} of its steps the model predicted values outside the physical "
             "ranges: they were clipped onto them and charged, not trusted"
         )
+    selection = candidate.get("selection")
+    if selection and selection.get("selected"):
+        said.append(
+            "it was selected on the training episodes before the test (the lower bound of "
+            f"its return predicted there: {selection['predicted_lower']:.4g}), so it is the "
+            "one the held-out test is for"
+        )
+    elif selection:
+        said.append(
+            "it was not the candidate selected on the training episodes, so it cannot be "
+            "recommended whatever its held-out estimates say"
+        )
     return said
 
 
@@ -218,7 +229,14 @@ def why_section(verdict: dict) -> list[str]:
         "interval of improvement over the operators is above zero by every deciding "
         f"estimator ({', '.join(verdict['deciding'])}) and its costs stay within their "
         "limits with their intervals; otherwise the answer is to keep the current "
-        "operation.",
+        "operation."
+        + (
+            " One candidate was selected on the training episodes first, by what they "
+            "predict of this test, and only it was tested: a test of many candidates on "
+            "the same episodes would let one pass by chance."
+            if evidence.get("selection")
+            else ""
+        ),
     ]
     return lines
 
