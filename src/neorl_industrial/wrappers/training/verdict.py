@@ -430,6 +430,7 @@ def _candidate_row(
         "qualifies": not reasons,
         "reasons": reasons,
         "warnings": warnings,
+        "selection": None,
         "estimates": [dataclasses.asdict(r) for r in results],
     }
 
