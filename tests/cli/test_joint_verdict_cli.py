@@ -58,6 +58,11 @@ def test_one_verdict_over_a_run_and_a_sweep_then_the_first_exported(tmp_path, ca
     ]
     first = report["first"]
     assert report["ranking"][0] == f"{first['run']}/{first['candidate']}"
+    # One candidate of the six selected on the episodes the runs trained on, ranked first
+    # unless another were recommended (none can be: only the selected one is tested).
+    selection = report["verdict"]["evidence"]["selection"]
+    assert selection["chosen"] == report["ranking"][0] and selection["episodes"] >= 4
+    assert report["verdict"]["recommended"] in (None, selection["chosen"])
     assert f"Ranked first: {report['ranking'][0]}" in printed
     assert report["tracking"]["run_id"] and report["heldout"]["episodes"] == 4
     from mlflow import MlflowClient

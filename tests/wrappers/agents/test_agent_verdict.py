@@ -77,6 +77,13 @@ def test_a_fit_with_a_plant_model_carries_the_verdict(trained):
     for run in range(2):  # the model's improvement has the truth's sign
         assert np.sign(model[run]["value"]) == np.sign(truth[run])
     assert len(agent.result.dataset["trained_episodes"]) == 16
+    # One run selected on the 16 training episodes before the test, and exported.
+    selection = verdict["evidence"]["selection"]
+    assert selection["episodes"] == 16 and selection["test_episodes"] == 4
+    chosen = [c["name"] for c in verdict["candidates"] if c["selection"]["selected"]]
+    assert chosen == [selection["chosen"]]
+    assert verdict["recommended"] in (None, selection["chosen"])
+    assert agent.result.selection == {"by": "verdict", "candidate": selection["chosen"]}
 
 
 def test_evaluating_on_the_training_log_leaves_its_training_episodes_out(trained):
@@ -87,6 +94,12 @@ def test_evaluating_on_the_training_log_leaves_its_training_episodes_out(trained
     assert result["left_out_training_episodes"] == 16 and result["evaluated_episodes"] == 4
     assert not result["on_training_episodes"]
     assert result["verdict"]["evidence"]["heldout_episodes"] == 4
+    # Selected on the episodes the agent trained on, the same choice as its fit's.
+    assert result["verdict"]["evidence"]["selection"]["episodes"] == 16
+    assert (
+        result["verdict"]["evidence"]["selection"]["chosen"]
+        == agent.result.verdict["evidence"]["selection"]["chosen"]
+    )
     # Only training episodes: estimated, flagged, and refused for a verdict.
     trained_only = dataset.select_episodes(
         np.arange(20)[~np.isin(np.arange(20), _heldout(trained))]
@@ -158,6 +171,10 @@ def test_a_sweep_judges_every_configuration_with_the_plant_model(trained):
     assert verdict["kind"] == "estimate" and verdict["deciding"] == ["model"]
     qualified = [c["name"] for c in verdict["candidates"] if c["qualifies"]]
     assert (verdict["recommended"] in qualified) == (verdict["decision"] == "recommend")
+    # The configurations' programs judged apart, then selected again together: one.
+    selected = [c["name"] for c in verdict["candidates"] if c["selection"]["selected"]]
+    assert selected == [verdict["evidence"]["selection"]["chosen"]]
+    assert len(qualified) <= 1
 
 
 def test_the_verdict_reuses_the_fqes_the_evaluation_just_fitted(trained, monkeypatch):
