@@ -195,6 +195,9 @@ def test_the_plant_run_lands_in_mlflow_with_its_verdict_and_registered_model(jou
     assert {"ope/return", "best/ope_return_mean", "verdict/recommend"} <= set(run.data.metrics)
     assert run.data.tags["evaluation"] == "fqe"
     assert run.data.tags["verdict.decision"] == journey["report"]["verdict"]["decision"]
+    selection = journey["report"]["verdict"]["evidence"]["selection"]
+    assert run.data.tags["verdict.selected"] == selection["chosen"]
+    assert run.data.metrics["verdict/selected_candidate"] >= 0
     # the plan a plant run uses: no simulator's fields; its log as the dataset input
     assert not {"data.quality", "data.trajectories"} & set(run.data.params)
     assert not any(name.startswith("env.") for name in run.data.params)

@@ -71,6 +71,7 @@ def test_one_verdict_over_a_run_and_a_sweep_then_the_first_exported(tmp_path, ca
         report["tracking"]["run_id"]
     )
     assert run.data.tags["verdict.first"] == report["ranking"][0]
+    assert run.data.tags["verdict.selected"] == selection["chosen"]
     assert "verdict/recommend" in run.data.metrics
     policy = tmp_path / "first-policy"
     argv = ["--no-cache", "export", str(tmp_path / "runs" / first["run"]), "--out", str(policy)]

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from neorl_industrial.cli.run_glue import load_data
-from neorl_industrial.integration.mlflow.run_logging import write_report
+from neorl_industrial.integration.mlflow.run_logging import verdict_tags, write_report
 from neorl_industrial.wrappers.agents.agent import Agent, AgentError
 from neorl_industrial.wrappers.training import RunConfig
 
@@ -224,11 +224,8 @@ def _track_verdict(
     now = int(time.time() * 1000)
     tags = {
         "kind": "verdict",
-        "verdict.decision": verdict["decision"],
-        "verdict.recommended": str(verdict["recommended"]),
+        **verdict_tags(verdict),
         "verdict.first": report["ranking"][0],
-        "verdict.estimators": ",".join(verdict["estimators"]),
-        "verdict.statement": verdict["statement"][:5000],
         "dataset": str(report["data"]["name"]),
     }
     tracker.sender.submit(

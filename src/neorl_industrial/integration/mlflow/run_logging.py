@@ -60,11 +60,13 @@ def _log_verdict(tracker: Any, verdict: dict[str, Any] | None, key: str, step: i
             for name, value in verdict_metrics(verdict).items()
             if np.isfinite(value)
         ],
-        tags=_verdict_tags(verdict),
+        tags=verdict_tags(verdict),
     )
 
 
-def _verdict_tags(verdict: dict[str, Any] | None) -> dict[str, str]:
+def verdict_tags(verdict: dict[str, Any] | None) -> dict[str, str]:
+    """A verdict's (``Verdict.to_dict()``) decision, recommended and selected candidate,
+    estimators, statement and calibration status as MLflow tags."""
     if verdict is None:
         return {}
     tags = {
@@ -76,6 +78,9 @@ def _verdict_tags(verdict: dict[str, Any] | None) -> dict[str, str]:
     calibration = verdict.get("calibration")
     if calibration:  # does the plant model reproduce today's operation?
         tags["verdict.calibration"] = calibration["status"]
+    selection = (verdict.get("evidence") or {}).get("selection")
+    if selection:  # the one candidate selected on the training episodes and tested
+        tags["verdict.selected"] = str(selection["chosen"])
     return tags
 
 
@@ -294,7 +299,7 @@ def log_run(
 
     verdict = result.verdict
     _log_verdict(tracker, verdict, "parent", int(plan.training.updates))
-    tags = {"evaluation": result.evaluation or "none", **_verdict_tags(verdict)}
+    tags = {"evaluation": result.evaluation or "none", **verdict_tags(verdict)}
     return _register_and_close(tracker, plan, result, policy_dir, report, best, tags, runs)
 
 
@@ -488,7 +493,7 @@ def log_sweep(
         "evaluation": table["estimate"],
         "sweep_values": json.dumps(chosen["values"]),
         "sweep_reason": table["reason"],
-        **_verdict_tags(table.get("verdict")),
+        **verdict_tags(table.get("verdict")),
     }
 
     def runs() -> dict[str, Any]:

@@ -362,16 +362,21 @@ class Verdict:
 
 def verdict_metrics(verdict: dict[str, Any]) -> dict[str, float]:
     """A verdict's (``Verdict.to_dict()``) numbers as flat metrics with names MLflow
-    accepts: ``verdict/recommend`` (1 or 0), ``verdict/recommended_candidate`` (its
-    position, -1 for none) and per candidate ``i`` and estimator (``model``, ``fqe``,
+    accepts: ``verdict/recommend`` (1 or 0), ``verdict/recommended_candidate`` and
+    ``verdict/selected_candidate`` (the one selected on the training episodes; their
+    positions, -1 for none) and per candidate ``i`` and estimator (``model``, ``fqe``,
     ``model_fqe``) the improvement over the logged operation and its bounds (and, for
     ``model``, the share of its weight far outside the data); the calibration check as
     ``verdict/calibration/{passed,estimated,logged,error_lower,error_upper}``."""
     names = [candidate["name"] for candidate in verdict["candidates"]]
+    selection = (verdict.get("evidence") or {}).get("selection") or {}
     out = {
         "verdict/recommend": float(verdict["decision"] == "recommend"),
         "verdict/recommended_candidate": float(
             names.index(verdict["recommended"]) if verdict["recommended"] in names else -1
+        ),
+        "verdict/selected_candidate": float(
+            names.index(selection["chosen"]) if selection.get("chosen") in names else -1
         ),
     }
     calibration = verdict.get("calibration")
