@@ -21,9 +21,11 @@ from neorl_industrial.functional.transformations.model_evaluation import (
     make_policy_rollouts,
 )
 from neorl_industrial.wrappers.training.verdict_evidence import (
+    _between,
     _interval,
     _rate_upper_bound,
     _spread,
+    _widened,
     bootstrap_means,
     cost_events,
     evaluation_starts,
@@ -38,7 +40,6 @@ from neorl_industrial.wrappers.training.verdict_results import (
     Calibration,
     CostEstimate,
     EstimatorResult,
-    Interval,
     VerdictSettings,
 )
 
@@ -397,7 +398,18 @@ class _ModelReading:
         pessimistic = self._shifted(sums, -1.0)
         episode = sums.total_return - penalty * self.reward_spread * sums.total_uncertainty
         costs = sums.total_costs + penalty * self.cost_spread * sums.total_uncertainty[..., None]
-        improvement, allowance = self._improvement(sums, pessimistic, boot_seed)
+        allowance = self.calibration.allowance(sums.discounted_return, baseline.discounted_return)
+        improvement = _widened(
+            _between(
+                sums.discounted_return - baseline.discounted_return,
+                pessimistic - baseline.discounted_return,
+                self._shifted(sums, 1.0) - baseline.discounted_return,
+                self.starts.episodes,
+                settings,
+                boot_seed,
+            ),
+            allowance,
+        )
         difference = sums.discounted_return - baseline.discounted_return  # [M, N]
         steps_total = np.maximum(sums.steps.sum(axis=(-2, -1)), 1.0)
         return EstimatorResult(
@@ -419,44 +431,6 @@ class _ModelReading:
             member_spread=float(np.std(difference.mean(axis=-1))),
             far_outside_share=self._far_share(sums),
         )
-
-    def _improvement(
-        self, sums: RolloutSums, pessimistic: np.ndarray, boot_seed: int
-    ) -> tuple[Interval, float]:
-        """The improvement's interval and its mean calibration allowance, from one joint
-        bootstrap (whole episodes and members): in every draw the paired difference of the
-        pessimistic (optimistic) reading is widened by the allowance that draw's
-        calibration error gives (:meth:`Calibration.allowance_of`), and the interval is
-        the percentiles of the widened draws. The allowance is a random quantity of the
-        same resampled episodes as the improvement, so the two far ends are not stacked:
-        the interval holds the paired difference less the model's error on the operators
-        at the settings' level, together."""
-        settings, base = self.settings, self.baseline.discounted_return
-        logged = np.broadcast_to(self.starts.logged_discounted[None], base.shape)
-        draws = bootstrap_means(
-            np.stack(
-                [
-                    pessimistic - base,
-                    self._shifted(sums, 1.0) - base,
-                    base - logged,
-                    np.abs(sums.discounted_return),
-                    np.abs(base),
-                    np.abs(logged),
-                ]
-            ),
-            self.starts.episodes,
-            settings.bootstrap,
-            boot_seed,
-        )
-        low, high, error, candidate, operators, size = draws
-        allowance = Calibration.allowance_of(error, size, candidate + operators)
-        tail = (1.0 - settings.level) / 2.0 * 100.0
-        interval = Interval(
-            float(np.mean(sums.discounted_return - base)),
-            float(np.percentile(low - allowance, tail)),
-            float(np.percentile(high + allowance, 100.0 - tail)),
-        )
-        return interval, float(np.mean(allowance))
 
     def operators(self) -> EstimatorResult:
         """Today's operation by the model: the clone's plain return, the estimate the

@@ -205,8 +205,7 @@ class EstimatorResult:
             ``penalty``) and :attr:`allowance` it says what took the interval's lower
             bound where it is.
         allowance: ``model`` only: how far the calibration's error widened the
-            improvement on each side, on average over the bootstrap draws (each draw
-            widened by its own calibration error: :meth:`Calibration.allowance_of`).
+            improvement interval on each side (:meth:`Calibration.allowance`).
         member_spread: ``model`` only: the spread (standard deviation) over the members
             of the mean paired difference: how far the members disagree on the
             improvement itself.
@@ -283,22 +282,12 @@ class Calibration:
         return self.model_error / max(self.size, 1e-12)
 
     def allowance(self, candidate: np.ndarray, operators: np.ndarray) -> float:
-        """How far an interval is widened on each side by this check's far end
-        (:attr:`model_error`): :meth:`allowance_of` with the largest error the check's
-        interval allows (``model+fqe``'s reading; ``model``'s draws its own, jointly)."""
+        """How far an improvement interval is widened on each side: a model that misses
+        the operators by a share ``δ`` of their return may miss the candidate's estimate
+        and the operators' by ``δ`` of each, in opposite directions: ``δ (|candidate| +
+        |operators|)`` (mean sizes of the model's estimates), at least :attr:`model_error`."""
         size = float(np.mean(np.abs(candidate))) + float(np.mean(np.abs(operators)))
-        return float(self.allowance_of(np.asarray(self.model_error), np.asarray(self.size), size))
-
-    @staticmethod
-    def allowance_of(error: np.ndarray, logged: np.ndarray, size: np.ndarray) -> np.ndarray:
-        """The widening a calibration error gives: a model that misses the operators by
-        a share ``δ = |error| / |logged|`` of their logged return may miss the
-        candidate's estimate and the operators' by ``δ`` of each, in opposite
-        directions: ``δ × size`` (``size``: the mean sizes of the candidate's and the
-        operators' model estimates added), at least ``|error|``. Elementwise (one value
-        per bootstrap draw)."""
-        error = np.abs(error)
-        return np.maximum(error, error / np.maximum(logged, 1e-12) * size)
+        return max(self.model_error, self.model_error_share * size)
 
     def sentence(self) -> str:
         """The check in one sentence, with its numbers."""
