@@ -181,11 +181,14 @@ def model_verdict(
 
 
 def _selection_starts(selection: Dataset, test: _Starts, settings: VerdictSettings) -> _Starts:
-    """The training split's starts: as many as the test's and over at most its horizon,
-    so the candidates' compiled program serves both."""
+    """The training split's starts: half as many as the test's (the selection reads
+    them in the same program call, so they cost half a test more), over at most its
+    horizon."""
     return _starts_of(
         selection,
-        dataclasses.replace(settings, max_starts=len(test.rows), horizon=test.horizon),
+        dataclasses.replace(
+            settings, max_starts=max(1, -(-len(test.rows) // 2)), horizon=test.horizon
+        ),
     )
 
 

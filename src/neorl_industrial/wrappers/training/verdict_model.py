@@ -175,28 +175,26 @@ def _rollouts(
         )
     )
     key = jax.random.PRNGKey(settings.seed)
-    lengths = jnp.asarray(starts.lengths, jnp.int32)
-    params = case.params
-    rolled = jax.device_get(rollouts(candidates.policy_params, params, starts.first, lengths, key))
-    baseline = jax.device_get(
-        baseline_rollouts(operators.params, params, starts.first, lengths, key)
-    )
-    selected = None
+    # The training split's starts ride along in the same calls (one program each), so
+    # the model noise of every start stays common to the candidates and the clone.
+    first, lengths = starts.first, starts.lengths
     if case.selection is not None:
-        chosen = case.selection
-        selected = rollouts(
-            candidates.policy_params,
-            params,
-            chosen.first,
-            jnp.asarray(chosen.lengths, jnp.int32),
-            key,
-        )
-        selected = jax.tree.map(lambda x: np.asarray(x, np.float64), jax.device_get(selected))
+        first = jnp.concatenate([first, case.selection.first])
+        lengths = np.concatenate([lengths, case.selection.lengths])
+    lengths = jnp.asarray(lengths, jnp.int32)
+    params = case.params
+    rolled = jax.device_get(rollouts(candidates.policy_params, params, first, lengths, key))
+    baseline = jax.device_get(baseline_rollouts(operators.params, params, first, lengths, key))
+    n = len(starts.rows)
+
+    def part(sums: Any, rows: slice) -> RolloutSums:  # [..., M, N, ...] -> float64 rows
+        return jax.tree.map(lambda x: np.asarray(x[:, :, rows], np.float64), sums)
+
     return (
-        jax.tree.map(lambda x: np.asarray(x, np.float64), rolled),
-        jax.tree.map(lambda x: np.asarray(x[0], np.float64), baseline),
+        part(rolled, slice(0, n)),
+        jax.tree.map(lambda x: x[0], part(baseline, slice(0, n))),
         clone,
-        selected,
+        None if case.selection is None else part(rolled, slice(n, None)),
     )
 
 
