@@ -13,7 +13,9 @@ One run, in order:
 4. Evaluation: ``make_policy_rollouts`` with the task's shield, every candidate in every
    elite member from ``--starts`` held-out states for ``--horizon`` steps each, the
    members' disagreement measured every ``--disagreement-every`` steps (the verdict's
-   default), as one compiled program; then the logged replay of the same starts. Compile
+   default), as one compiled program, the training split's starts the verdict selects
+   candidates on riding along (``--selection-starts``, half the test's by default);
+   then the logged replay of the test's starts. Compile
    and run are timed apart (best of ``--repeats`` runs).
 5. Peak: chains of dependent 256 x 256 and 1024 x 1024 matrix products, in the same run.
 
@@ -94,6 +96,16 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         heldout = heldout.replace(actions=model.scaler.scale(heldout.actions))
     rows, _ = evaluation_starts(heldout, args.starts)
     starts = heldout.observations_at(heldout.observation_index[jnp.asarray(rows)])
+    n_test = int(starts.shape[0])
+    # The verdict's candidate selection: the training split's starts (half the test's by
+    # default) in the same program call.
+    n_selection = -(-n_test // 2) if args.selection_starts < 0 else args.selection_starts
+    if n_selection:
+        training = dataset.select_episodes(np.asarray(fitted["dataset"]["train_episodes"]))
+        chosen, _ = evaluation_starts(training, n_selection)
+        extra = training.observations_at(training.observation_index[jnp.asarray(chosen)])
+        starts = jnp.concatenate([starts, extra])
+        n_selection = int(extra.shape[0])
     n_starts = int(starts.shape[0])
     lengths = jnp.full((n_starts,), args.horizon, jnp.int32)
 
@@ -143,10 +155,10 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     steps = np.minimum(
         np.asarray(rows)[:, None] + np.arange(args.horizon), heldout.n_transitions - 1
     )
-    logged = jnp.asarray(heldout.actions)[jnp.asarray(steps)].reshape(n_starts, args.horizon, -1)
+    logged = jnp.asarray(heldout.actions)[jnp.asarray(steps)].reshape(n_test, args.horizon, -1)
     replay = jax.jit(make_logged_replay(model.dynamics, **options))
     replay_started = time.perf_counter()
-    jax.block_until_ready(replay(params, starts, logged, lengths, key))
+    jax.block_until_ready(replay(params, starts[:n_test], logged, lengths[:n_test], key))
     replay_seconds = time.perf_counter() - replay_started
 
     progress("peak: chains of matrix products")
@@ -168,6 +180,8 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "policies": args.policies,
         "members": int(params.n_members),
         "starts": n_starts,
+        "test_starts": n_test,
+        "selection_starts": n_selection,
         "horizon": args.horizon,
         "disagreement_every": args.disagreement_every,
         "model": model.config.to_dict(),
@@ -216,7 +230,8 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"Model-based OPE at {config['policies']} policies x {config['members']} members x "
-            f"{config['starts']} starts x {config['horizon']} steps ({config['env']}):",
+            f"{config['starts']} starts ({config.get('selection_starts', 0)} of them the "
+            f"selection's) x {config['horizon']} steps ({config['env']}):",
             f"  fit {results['fit_seconds']:.1f} s ({results['fit_updates']} updates), "
             f"compile {results['evaluation_compile_seconds']:.1f} s, "
             f"run {results['evaluation_run_seconds']:.1f} s, "
@@ -242,7 +257,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quality", default="medium")
     parser.add_argument("--trajectories", type=int, default=25)
     parser.add_argument("--policies", type=int, default=50)
-    parser.add_argument("--starts", type=int, default=100)
+    parser.add_argument("--starts", type=int, default=100, help="the test's starts")
+    parser.add_argument(
+        "--selection-starts",
+        type=int,
+        default=-1,
+        help="the training split's starts the verdict selects on, in the same call "
+        "(-1: half the test's, as the verdict; 0: none)",
+    )
     parser.add_argument("--horizon", type=int, default=1000)
     parser.add_argument("--disagreement-every", type=int, default=10)
     parser.add_argument("--max-updates", type=int, default=10_000)

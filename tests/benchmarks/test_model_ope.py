@@ -29,8 +29,11 @@ def test_the_default_size_is_the_issues_and_quick_is_small():
 def test_a_quick_run_measures_and_writes_its_result(tmp_path):
     assert model_ope.main(["--quick", "--results-dir", str(tmp_path), "-t", "smoke"]) == 0
     (path,) = tmp_path.glob("model_ope-smoke-*.json")
-    results = json.loads(path.read_text())["results"]
-    assert results["rollout_steps"] == 4 * 5 * 8 * 50
+    written = json.loads(path.read_text())
+    results = written["results"]
+    # 8 test starts and the 4 the verdict selects on, in the same program.
+    assert (written["config"]["test_starts"], written["config"]["selection_starts"]) == (8, 4)
+    assert results["rollout_steps"] == 4 * 5 * (8 + 4) * 50
     assert results["finite_share"] == 1.0
     assert 0 < results["fraction_of_peak"] < 1.5
     assert results["fit_cpu_seconds"] > 0 and results["evaluation_run_seconds"] > 0
