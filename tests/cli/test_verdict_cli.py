@@ -112,6 +112,11 @@ def test_evaluate_on_the_training_log_says_so_and_prints_the_answer(run, capsys)
     assert "Keep the current operation" in printed or "Recommend run" in printed
     written = json.loads((run / "evaluation.json").read_text())["ope"]
     assert written["evaluated_episodes"] == 4 and written["verdict"]["kind"] == "estimate"
+    # Selected on the 16 episodes the agent trained on before the test, and said so.
+    selection = written["verdict"]["evidence"]["selection"]
+    assert selection["episodes"] == 16 and selection["chosen"].startswith("run ")
+    assert "One candidate was selected on 16 training episodes before the test" in printed
+    assert f"{selection['chosen']} was selected on the training episodes" in printed
 
 
 def test_a_plant_model_of_another_log_is_refused_by_fingerprint(run, capsys):

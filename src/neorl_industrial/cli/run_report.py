@@ -200,6 +200,10 @@ def print_verdict(console: Console, verdict: dict) -> None:
     for estimator in verdict["estimators"]:
         deciding = " (decides)" if estimator in verdict["deciding"] else ""
         table.add_column(f"{estimator}{deciding}", justify="right")
+    evidence = verdict["evidence"]
+    selection = evidence.get("selection")
+    if selection:
+        table.add_column("selected")
     table.add_column("qualifies")
     level = f"{verdict['settings']['level']:.0%}"
     for candidate in verdict["candidates"]:
@@ -207,12 +211,13 @@ def print_verdict(console: Console, verdict: dict) -> None:
         for estimate in candidate["estimates"]:
             gain = estimate["improvement"]
             cells.append(f"{gain['value']:+,.3g} [{gain['lower']:+,.3g}, {gain['upper']:+,.3g}]")
+        if selection:
+            cells.append("yes" if (candidate.get("selection") or {}).get("selected") else "")
         table.add_row(
             escape(candidate["name"]),
             *cells,
             "yes" if candidate["qualifies"] else "no",
         )
-    evidence = verdict["evidence"]
     table.caption = (
         f"Improvement of the discounted return over the logged operation, by the same "
         f"estimator, with its {level} interval; {evidence['starts']} starts in "
@@ -227,6 +232,12 @@ def print_verdict(console: Console, verdict: dict) -> None:
             or "none"
         )
         + "."
+        + (
+            f" One candidate was selected on {selection['episodes']} training episodes "
+            "before the test; only it can qualify."
+            if selection
+            else ""
+        )
     )
     console.print(table)
     for candidate in verdict["candidates"]:

@@ -488,8 +488,6 @@ def _decide(
     def model_gain(row: dict[str, Any]) -> dict[str, float]:
         return next(e for e in row["estimates"] if e["estimator"] == "model")["improvement"]
 
-    if calibration is not None and calibration.status != "passed":
-        return KEEP, None, f"Keep the current operation: {calibration.reason}.{check}"
     selected = next((row for row in table if (row.get("selection") or {}).get("selected")), None)
     chosen = (
         ""
@@ -498,6 +496,8 @@ def _decide(
         f"(predicted lower bound of its return {selected['selection']['predicted_lower']:.4g}); "
         "only it was tested."
     )
+    if calibration is not None and calibration.status != "passed":
+        return KEEP, None, f"Keep the current operation: {calibration.reason}.{chosen}{check}"
     qualified = [row for row in table if row["qualifies"]]
     if not qualified:
         return (
