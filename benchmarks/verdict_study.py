@@ -74,6 +74,7 @@ from benchmarks.harness import (
     write_atomically,
 )
 from neorl_industrial.wrappers.agents.joint_verdict import mixture_act, mixture_params
+from neorl_industrial.wrappers.training.verdict_selection import NOT_SELECTED
 
 NAME = "verdict_study"
 DESCRIPTION = "Verdict estimators against the simulator's truth over the learning suite"
@@ -669,7 +670,6 @@ def _every_tested(
     held-out episodes (no selection on the training episodes first), and whether that
     one is truly worse than the operators (or, on a plant, not truly better) or over a
     limit."""
-    from neorl_industrial.wrappers.training.verdict_selection import NOT_SELECTED
 
     def lower(row: dict[str, Any]) -> float:
         model = next(e for e in row["estimates"] if e["estimator"] == "model")
@@ -778,6 +778,7 @@ KEPT_BY = {
     "episodes": "too few held-out episodes",
     "calibration": "the model does not reproduce the operators",
     "far outside": "far outside the data",
+    "not selected": "not selected on the training episodes",
 }
 
 
@@ -785,6 +786,9 @@ def _reason_kind(reason: str) -> str:
     """The kind (a key of :data:`KEPT_BY`) of one of the verdict's reasons."""
     if reason.startswith("insufficient evidence"):
         return "episodes"
+    if reason.startswith(NOT_SELECTED):
+        # Another candidate was selected on the training episodes: only it was tested.
+        return "not selected"
     if reason.startswith("calibration: "):
         # The plant model misses the operators' own logged returns or costs (or too few
         # held-out episodes to check it): nothing it estimates is trusted.
