@@ -145,9 +145,11 @@ def test_the_page_says_which_targets_were_met_and_what_the_verdict_did():
     assert "IQL, seed 0: -10 (-29)" in text and "1 of 5 (within limits)" in text
     # Two truly better candidates kept: both by model+fqe's bound, one also by too few cost
     # events; the model alone would have let one of them through.
-    assert "| CSTR-v0:medium | 2 | 0 | 2 | 0 | 1 | 0 | 0 | 0 | 1 |" in text
+    assert "| CSTR-v0:medium | 2 | 0 | 2 | 0 | 1 | 0 | 0 | 0 | 0 | 1 |" in text
     reason = "calibration: the plant model does not reproduce today's operation"
     assert verdict_study._reason_kind(reason) == "calibration"
+    reason = "selection: not the candidate selected on the training episodes (IQL, seed 0)"
+    assert verdict_study._reason_kind(reason) == "not selected"
     far = (
         "model: 84% of this candidate's discounted steps lie more than 0.5 spreads outside "
         "the data the plant model was fitted on (at most 25%): the data cannot answer for it"

@@ -209,7 +209,10 @@ def test_the_verdict_reuses_the_fqes_the_evaluation_just_fitted(trained, monkeyp
     assert fits == ["ope", "verdict_fqe"]  # the candidates' FQEs once, the clone's once
     fits.clear()
     heldout = trained["dataset"].select_episodes(_heldout(trained))
-    again = agent.judge(heldout, trained["model"], ope=ope, settings=settings).to_dict()
+    training = agent.result.seen_episodes(trained["dataset"])  # selected on the same
+    again = agent.judge(
+        heldout, trained["model"], ope=ope, settings=settings, selection=training
+    ).to_dict()
     assert fits == ["verdict_fqe", "verdict_fqe"]  # judged alone: both fitted
     reused = result["verdict"]
     assert reused["estimators"] == ["model", "fqe", "model+fqe"]
