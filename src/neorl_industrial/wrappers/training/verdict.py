@@ -46,7 +46,10 @@ The decision: a candidate is recommended only if the calibration check passed, b
 deciding estimator the lower bound of its improvement over today's operation is above
 zero, and by ``model`` the upper bound of every limited cost channel is within its
 limit; among those, the one with the highest lower bound of its improvement by
-``model``. Otherwise: keep the current operation.
+``model``. Otherwise: keep the current operation. Given the episodes the candidates were
+trained on (``selection``), one candidate is selected on them before the test, by the
+test's predicted result, and only it can be recommended
+(:mod:`~neorl_industrial.wrappers.training.verdict_selection`).
 """
 
 from __future__ import annotations
