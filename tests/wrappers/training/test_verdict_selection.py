@@ -64,12 +64,8 @@ SETTINGS = VerdictSettings(bootstrap=400, penalty=0.0)
 def test_the_predicted_bound_is_the_training_splits_widened_to_the_tests_size():
     rng = np.random.default_rng(0)
     returns = -10.0 + rng.normal(0, 1.0, (P, M, N))
-    rows = predictions(
-        sums(returns, 0.0), ["a", "b", "c"], split(), 4, np.array([np.inf]), 10, SETTINGS
-    )
-    fewer = predictions(
-        sums(returns, 0.0), ["a", "b", "c"], split(), 1, np.array([np.inf]), 10, SETTINGS
-    )
+    rows = predictions(sums(returns, 0.0), split(), 4, np.array([np.inf]), 10, SETTINGS)
+    fewer = predictions(sums(returns, 0.0), split(), 1, np.array([np.inf]), 10, SETTINGS)
     for p, (row, small) in enumerate(zip(rows, fewer, strict=True)):
         assert row["value"] == pytest.approx(returns[p].mean())
         assert row["within_limits"] and row["far_outside_share"] == 0.0
@@ -86,9 +82,7 @@ def test_a_candidate_predicted_over_its_limit_is_not_selected_and_only_one_can_q
     # next and keeps it; "a" is worst.
     returns = np.array([-12.0, -10.0, -8.0])[:, None, None]
     costs = np.array([1.0, 2.0, 30.0])[:, None, None]  # per start of 10 steps
-    rows = predictions(
-        sums(returns, costs), ["a", "b", "c"], split(), 4, np.array([10.0]), 10, SETTINGS
-    )
+    rows = predictions(sums(returns, costs), split(), 4, np.array([10.0]), 10, SETTINGS)
     assert [row["within_limits"] for row in rows] == [True, True, False]
     table = [
         {"name": name, "qualifies": True, "reasons": [], "selection": row}
@@ -110,9 +104,7 @@ def test_a_candidate_predicted_over_its_limit_is_not_selected_and_only_one_can_q
 def test_a_candidate_far_outside_the_data_is_not_selected():
     returns = np.array([-12.0, -10.0, -8.0])[:, None, None]
     far = np.array([0.0, 0.0, 5.0])[:, None, None]  # "c": half its weight far outside
-    rows = predictions(
-        sums(returns, 0.0, far), ["a", "b", "c"], split(), 4, np.array([np.inf]), 10, SETTINGS
-    )
+    rows = predictions(sums(returns, 0.0, far), split(), 4, np.array([np.inf]), 10, SETTINGS)
     assert rows[2]["far_outside_share"] > SETTINGS.max_far_share
     table = [
         {"name": name, "qualifies": True, "reasons": [], "selection": row}

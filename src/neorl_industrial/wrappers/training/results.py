@@ -282,29 +282,28 @@ class RunResult:
         """Digests of the episodes the runs were trained on."""
         return set(self.dataset.get("trained_episodes") or ())
 
+    def _trained_mask(self, dataset: Any) -> np.ndarray:
+        """``[episodes]`` whether each episode of ``dataset`` trained the runs
+        (recognised by its content)."""
+        trained = self.trained_episodes
+        digests = episode_digests(dataset) if trained else [None] * dataset.n_episodes
+        return np.asarray([d in trained for d in digests], bool)
+
     def unseen_episodes(self, dataset: Any) -> tuple[Any, int]:
         """``dataset`` without the episodes the runs were trained on (recognised by their
         content), and how many those were; all of ``dataset`` when every episode trained
         them (the count then equals its episodes)."""
-        trained = self.trained_episodes
-        if not trained:
-            return dataset, 0
-        digests = episode_digests(dataset)
-        unseen = np.asarray([i for i, d in enumerate(digests) if d not in trained], np.int64)
-        left_out = len(digests) - len(unseen)
-        if left_out == 0 or not len(unseen):
+        mask = self._trained_mask(dataset)
+        left_out = int(mask.sum())
+        if left_out == 0 or left_out == len(mask):
             return dataset, left_out
-        return dataset.select_episodes(unseen), left_out
+        return dataset.select_episodes(np.flatnonzero(~mask)), left_out
 
     def seen_episodes(self, dataset: Any) -> Any:
         """The episodes of ``dataset`` the runs were trained on (recognised by their
         content), or None when none of them was."""
-        trained = self.trained_episodes
-        if not trained:
-            return None
-        digests = episode_digests(dataset)
-        seen = np.asarray([i for i, d in enumerate(digests) if d in trained], np.int64)
-        return dataset.select_episodes(seen) if len(seen) else None
+        mask = self._trained_mask(dataset)
+        return dataset.select_episodes(np.flatnonzero(mask)) if mask.any() else None
 
     @property
     def failed(self) -> dict[str, str]:

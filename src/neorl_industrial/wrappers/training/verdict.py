@@ -235,7 +235,7 @@ def _estimate(case: _Case, policies: VerdictCandidates) -> _Estimates:
     ]
     predicted = None
     if selected is not None and case.selection is not None:
-        predicted = _predicted(case, case.selection, selected, len(results))
+        predicted = _predicted(case, case.selection, selected)
     estimates = _Estimates(results, [reading.operators()], calibration, [], costs, predicted)
     if settings.fqe:
         fqe = _fqe_estimators(
@@ -257,13 +257,12 @@ def _estimate(case: _Case, policies: VerdictCandidates) -> _Estimates:
     return estimates
 
 
-def _predicted(case: _Case, chosen: _Starts, sums: Any, n_candidates: int) -> list[dict[str, Any]]:
+def _predicted(case: _Case, chosen: _Starts, sums: Any) -> list[dict[str, Any]]:
     """Every candidate's test predicted from the training split's starts."""
     data = case.selection_data
     n_costs = data.n_costs
     return predictions(
         sums,
-        [str(p) for p in range(n_candidates)],
         SelectionSplit(
             episodes=chosen.episodes,
             rewards=chosen.rewards,

@@ -318,6 +318,33 @@ def _cost_reader(case: _Case, calibration: Calibration) -> _CostReader:
     )
 
 
+def shifted_return(
+    sums: RolloutSums, sign: float, penalty: float, reward_spread: float, reward_low: float
+) -> np.ndarray:
+    """The discounted return moved by its uncertainty (``penalty`` x the rewards' spread
+    x the rollout's discounted uncertainty; ``sign`` -1: pessimistic); the pessimistic
+    reading values the steps the model cannot vouch for (far outside its data) at the
+    data's lowest reward ``reward_low``."""
+    uncertainty = penalty * reward_spread * sums.discounted_uncertainty
+    if sign > 0:
+        return sums.discounted_return + uncertainty
+    unvouched = np.maximum(sums.far_return - reward_low * sums.far_weight, 0.0)
+    return sums.discounted_return - uncertainty - unvouched
+
+
+def raised_costs(sums: RolloutSums, penalty: float, cost_spread: np.ndarray) -> np.ndarray:
+    """``[..., C]`` each rollout's total costs raised by its uncertainty (``penalty`` x
+    each channel's spread x the rollout's total uncertainty)."""
+    return sums.total_costs + penalty * cost_spread * sums.total_uncertainty[..., None]
+
+
+def far_share(sums: RolloutSums, discount: float) -> float:
+    """The share of the rollouts' discounted weight on steps far outside the data."""
+    steps = np.asarray(sums.steps, np.float64)
+    weight = steps if discount == 1.0 else (1.0 - discount**steps) / (1.0 - discount)
+    return float(np.sum(sums.far_weight) / max(float(np.sum(weight)), 1e-12))
+
+
 @dataclasses.dataclass(frozen=True)
 class _ModelReading:
     """The ``model`` estimator's results from the rollouts' sums.
@@ -374,28 +401,18 @@ class _ModelReading:
         return bootstrap_means(values, self.starts.episodes, settings.bootstrap, seed)
 
     def _shifted(self, sums: RolloutSums, sign: float) -> np.ndarray:
-        """The discounted return moved by its uncertainty (``sign`` -1: pessimistic); the
-        pessimistic reading values the steps the model cannot vouch for (far outside its
-        data) at the held-out data's lowest reward."""
-        uncertainty = self.settings.penalty * self.reward_spread * sums.discounted_uncertainty
-        if sign > 0:
-            return sums.discounted_return + uncertainty
-        unvouched = np.maximum(sums.far_return - self.reward_low * sums.far_weight, 0.0)
-        return sums.discounted_return - uncertainty - unvouched
+        penalty = self.settings.penalty
+        return shifted_return(sums, sign, penalty, self.reward_spread, self.reward_low)
 
     def _far_share(self, sums: RolloutSums) -> float:
-        """The share of the discounted weight on steps far outside the data."""
-        discount = self.settings.discount
-        steps = np.asarray(sums.steps, np.float64)
-        weight = steps if discount == 1.0 else (1.0 - discount**steps) / (1.0 - discount)
-        return float(np.sum(sums.far_weight) / max(float(np.sum(weight)), 1e-12))
+        return far_share(sums, self.settings.discount)
 
     def candidate(self, sums: RolloutSums, boot_seed: int) -> EstimatorResult:
         settings, baseline, level = self.settings, self.baseline, self.settings.level
         penalty = settings.penalty
         pessimistic = self._shifted(sums, -1.0)
         episode = sums.total_return - penalty * self.reward_spread * sums.total_uncertainty
-        costs = sums.total_costs + penalty * self.cost_spread * sums.total_uncertainty[..., None]
+        costs = raised_costs(sums, penalty, self.cost_spread)
         allowance = self.calibration.allowance(sums.discounted_return, baseline.discounted_return)
         improvement = _widened(
             _between(

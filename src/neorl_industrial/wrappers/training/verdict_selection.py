@@ -28,13 +28,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from neorl_industrial.functional.transformations.model_evaluation import RolloutSums
 from neorl_industrial.wrappers.training.verdict_evidence import _spread, bootstrap_means
+from neorl_industrial.wrappers.training.verdict_model import (
+    far_share,
+    raised_costs,
+    shifted_return,
+)
 from neorl_industrial.wrappers.training.verdict_results import VerdictSettings
 
 #: How much wider than the training split's own interval (scaled to the test's size)
@@ -65,7 +70,6 @@ class SelectionSplit:
 
 def predictions(
     sums: RolloutSums,
-    names: Sequence[str],
     split: SelectionSplit,
     test_episodes: int,
     limits: np.ndarray,
@@ -74,7 +78,8 @@ def predictions(
 ) -> list[dict[str, Any]]:
     """Per candidate (``sums`` with leading axes ``[P, M, N]``, float64, from the
     training split's starts): ``{predicted_lower, value, within_limits,
-    far_outside_share}``, the test predicted (module docstring)."""
+    far_outside_share}``, the test predicted (module docstring), read the way the
+    ``model`` estimator reads the test's rollouts."""
     tail = (1.0 - settings.level) / 2.0 * 100.0
     widen = INFLATION * math.sqrt(split.n_episodes / max(test_episodes, 1))
     reward_spread, reward_low = _spread(split.rewards), float(np.min(split.rewards))
@@ -84,23 +89,17 @@ def predictions(
         (np.where(limited, limits, 1.0) / episode_length)[None, :] * split.lengths[:, None],
         1e-12,
     )
-    discount = settings.discount
-    steps = np.asarray(sums.steps, np.float64)
-    weight = steps if discount == 1.0 else (1.0 - discount**steps) / (1.0 - discount)
     rows = []
-    for p, _ in enumerate(names):
-        uncertainty = settings.penalty * reward_spread * sums.discounted_uncertainty[p]
-        unvouched = np.maximum(sums.far_return[p] - reward_low * sums.far_weight[p], 0.0)
-        pessimistic = sums.discounted_return[p] - uncertainty - unvouched
+    for p in range(sums.discounted_return.shape[0]):
+        own = jax.tree.map(lambda x, p=p: x[p], sums)
+        pessimistic = shifted_return(own, -1.0, settings.penalty, reward_spread, reward_low)
         seed = settings.seed + p
         draws = bootstrap_means(pessimistic, split.episodes, settings.bootstrap, seed)
         value = float(np.mean(pessimistic))
         lower = float(np.percentile(draws, tail))
         within = True
         if limited.any():
-            raised = sums.total_costs[p] + settings.penalty * (
-                cost_spread * sums.total_uncertainty[p][..., None]
-            )
+            raised = raised_costs(own, settings.penalty, cost_spread)
             shares = raised[..., limited] / scale[:, limited]  # [M, N, limited]
             cost_draws = bootstrap_means(
                 np.moveaxis(shares, -1, 0), split.episodes, settings.bootstrap, seed
@@ -108,13 +107,12 @@ def predictions(
             means = shares.mean(axis=(0, 1))
             uppers = np.percentile(cost_draws, 100.0 - tail, axis=-1)
             within = bool(np.all(means + widen * (uppers - means) <= 1.0))
-        far = float(np.sum(sums.far_weight[p]) / max(float(np.sum(weight[p])), 1e-12))
         rows.append(
             {
                 "predicted_lower": value - widen * (value - lower),
                 "value": value,
                 "within_limits": within,
-                "far_outside_share": far,
+                "far_outside_share": far_share(own, settings.discount),
             }
         )
     return rows
