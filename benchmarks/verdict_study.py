@@ -165,7 +165,10 @@ def _fitted_model(label: str, task: Any, dataset: Any, card: Any, args: argparse
     model.fit(
         dataset,
         FitSettings(
-            max_updates=args.model_updates, holdout=args.holdout, split_seed=args.split_seed
+            max_updates=args.model_updates,
+            holdout=args.holdout,
+            split_seed=args.split_seed,
+            window_steps=getattr(args, "model_window", 1),
         ),
         dataset_name=card.name,
     )
@@ -357,6 +360,12 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         "truly_better_than_behaviour": int(better.sum()),
         "truly_better_and_safe": sum(_truly_better(c, behaviour_return) for c in candidates),
     }
+
+
+def _window_text(config: dict[str, Any]) -> str:
+    """How the plant model trained, where not one step ahead (older results: one step)."""
+    steps = int(config.get("model_window", 1) or 1)
+    return f" on {steps}-step windows of its own predictions" if steps > 1 else ""
 
 
 def _plant_candidates(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
@@ -972,7 +981,7 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
         f"candidates {', '.join(labels)} x {config['seeds']} seeds, "
         f"({', '.join(map(str, config['hidden']))}) networks, {config['updates']:,} updates "
         f"(CQL {config['cql_updates']:,}); plant model at most {config['model_updates']:,} "
-        f"updates; verdict with {config['starts']} starts at most, horizon "
+        f"updates{_window_text(config)}; verdict with {config['starts']} starts at most, horizon "
         f"{config['horizon']}, FQE {config['fqe_updates']:,} updates x 2 seeds, "
         f"{config['bootstrap']} bootstrap draws; truth {config['episodes']} simulator "
         f"episodes per candidate, shield on. Wall time {results['seconds'] / 60:.1f} min"
@@ -995,7 +1004,8 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
             f"{own['holdout']:.0%} held out; candidates "
             f"{', '.join(label for label, _, _ in PLANT_CANDIDATES)} x {own['seeds']} seeds, "
             f"({', '.join(map(str, own['hidden']))}) networks, {own['updates']:,} updates; "
-            f"plant model at most {own['model_updates']:,} updates; verdict with "
+            f"plant model at most {own['model_updates']:,} updates{_window_text(own)}; "
+            f"verdict with "
             f"{own['starts']} starts at most, horizon {own['horizon']}, FQE "
             f"{own['fqe_updates']:,} updates x 2 seeds, {own['bootstrap']} bootstrap draws; "
             f"truth {own['truth_episodes']} episodes per candidate and {own['replicates']} "
@@ -1182,6 +1192,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--split-seed", type=int, default=0)
     parser.add_argument("--model-updates", type=int, default=1_500)
     parser.add_argument("--model-hidden", type=int, nargs="*", default=None)
+    parser.add_argument(
+        "--model-window", type=int, default=1, help="the plant model's training window steps"
+    )
     parser.add_argument("--fidelity-episodes", type=int, default=16)
     parser.add_argument("--horizon", type=int, default=300, help="verdict model steps")
     parser.add_argument("--starts", type=int, default=50, help="verdict starts at most")
@@ -1230,6 +1243,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             "cql_updates",
             "chunk",
             "model_updates",
+            "model_window",
             "fidelity_episodes",
             "horizon",
             "starts",
@@ -1266,6 +1280,7 @@ CONFIG_KEYS = (
     "holdout",
     "split_seed",
     "model_updates",
+    "model_window",
     "model_hidden",
     "fidelity_episodes",
     "horizon",

@@ -91,6 +91,7 @@ def command_fit(args: argparse.Namespace) -> int:
         split_seed=args.split_seed,
         horizon=args.horizon,
         windows=args.windows,
+        window_steps=args.window_steps,
     )
     model = PlantModel(task, config, definitions=definitions, reward_row=reward_row)
     console.print(
@@ -303,6 +304,13 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     fit.add_argument("--seeds", type=_seeds, default=(0,), help="e.g. 0,1,2 (one ensemble each)")
     fit.add_argument("--horizon", type=positive_int, default=100, help="open-loop steps")
     fit.add_argument("--windows", type=positive_int, default=128, help="held-out windows")
+    fit.add_argument(
+        "--window-steps",
+        type=positive_int,
+        default=1,
+        help="train each member over this many steps rolled forward on its own predictions "
+        "(a multi-step loss; 1: one step ahead)",
+    )
     fit.add_argument(
         "--simulator",
         type=positive_int,

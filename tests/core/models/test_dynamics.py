@@ -245,3 +245,55 @@ def test_targets_constant_in_the_data_are_held_not_learned():
         batch._replace(targets=jnp.zeros((4, 3))),
     )
     assert float(loss) == pytest.approx(float(held)) and float(metrics["mse"]) < 1e3
+
+
+def test_a_window_loss_rolls_the_member_forward_on_its_own_predictions():
+    # Stacked frames (3 of 2 features), a learned cost: the first step of a window is the
+    # one-step loss; the second starts from the member's mean prediction (history
+    # shifted) and is scored against the logged next frame; steps past the episode's end
+    # weigh nothing.
+    from neorl_industrial.core.models import ModelBatch
+
+    layout = DynamicsLayout(observation_size=6, frame_size=2, action_size=1, n_costs=1)
+    dynamics = make_dynamics(DynamicsConfig(hidden=(16,), n_members=2, n_elites=2), layout)
+    params = _params(dynamics, 6, 1)
+    networks = jax.tree.map(lambda leaf: leaf[1], params.networks)
+    rng = np.random.default_rng(0)
+    size = layout.target_size  # the frame's change, the learned reward and cost
+    batch = ModelBatch(
+        observations=jnp.asarray(rng.normal(size=(4, 2, 6)), jnp.float32),
+        actions=jnp.asarray(rng.uniform(-1, 1, size=(4, 2, 1)), jnp.float32),
+        targets=jnp.asarray(0.1 * rng.normal(size=(4, 2, size)), jnp.float32),
+        terminals=jnp.zeros((4, 2), bool),
+    )
+    both = jnp.ones((4, 2), bool)
+    first = jax.tree.map(lambda x: x[:, 0], batch)
+    first_only = jnp.asarray([[True, False]] * 4)
+    one_window, one_metrics = dynamics.window_loss(networks, params, batch, first_only)
+    one_step, metrics = dynamics.loss(networks, params, first)
+    assert float(one_window) == pytest.approx(float(one_step), rel=1e-5)
+    assert float(one_metrics["mse"]) == pytest.approx(float(metrics["mse"]), rel=1e-5)
+
+    # By hand: the second step's input is the member's mean prediction of the first.
+    followed = jax.vmap(
+        lambda o, a: dynamics.transition(params, o, a, jax.random.PRNGKey(0), 1, True)[0]
+    )(first.observations, first.actions)
+    logged_next = batch.observations[:, 1, :2] + batch.targets[:, 1, :2]
+    second_targets = jnp.concatenate(
+        [logged_next - followed[:, :2], batch.targets[:, 1, 2:]], axis=-1
+    )
+    second = ModelBatch(followed, batch.actions[:, 1], second_targets, batch.terminals[:, 1])
+    two_step, _ = dynamics.loss(networks, params, second)
+    window, _ = dynamics.window_loss(networks, params, batch, both)
+    assert float(window) == pytest.approx((float(one_step) + float(two_step)) / 2, rel=1e-5)
+    np.testing.assert_allclose(followed[:, 2:], first.observations[:, :4])  # history shifted
+
+    # Past its episode's end a step counts for nothing, whatever it holds.
+    cut = both.at[0, 1].set(False)
+    wild = batch._replace(targets=batch.targets.at[0, 1].set(1e6))
+    assert float(dynamics.window_loss(networks, params, wild, cut)[0]) == pytest.approx(
+        float(dynamics.window_loss(networks, params, batch, cut)[0]), rel=1e-6
+    )
+    # The gradient reaches the network through every step.
+    grads = jax.grad(lambda n: dynamics.window_loss(n, params, batch, both)[0])(networks)
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))

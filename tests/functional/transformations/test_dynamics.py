@@ -19,6 +19,7 @@ from neorl_industrial.functional.transformations.dynamics import (
     open_loop,
     open_loop_windows,
     select_elites,
+    window_batch,
 )
 from neorl_industrial.functional.transformations.offline import Schedule
 
@@ -169,6 +170,44 @@ def test_fit_refuses_bad_settings_by_name(fitted):
         fit_ensemble(dynamics, stats, holdout, holdout, patience=0)
     with pytest.raises(ValueError, match="seeds"):
         fit_ensemble(dynamics, stats, holdout, holdout, seeds=())
+    with pytest.raises(ValueError, match="window_steps"):
+        fit_ensemble(dynamics, stats, holdout, holdout, window_steps=0)
+
+
+def test_windows_are_consecutive_steps_cut_at_their_episode_end(fitted):
+    dynamics = fitted[0]
+    data = linear_dataset(3, 5, 2)  # transitions 0-4, 5-9, 10-14
+    batch, valid = window_batch(data, dynamics, jnp.asarray([0, 3, 9, 14]), 4)
+    assert batch.observations.shape == (4, 4, 2) and batch.targets.shape == (4, 4, 4)
+    np.testing.assert_array_equal(
+        np.asarray(valid),
+        [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]],
+    )
+    observations = np.asarray(data.transition_observations())
+    np.testing.assert_array_equal(np.asarray(batch.observations[0]), observations[0:4])
+    np.testing.assert_array_equal(np.asarray(batch.observations[1, :2]), observations[3:5])
+    np.testing.assert_array_equal(np.asarray(batch.actions[2, 0]), np.asarray(data.actions[9]))
+
+
+def test_a_fit_on_windows_of_its_own_predictions_learns_the_system(fitted):
+    dynamics, stats, _, holdout = fitted
+    train = linear_dataset(24, 40, 0)
+    result = fit_ensemble(
+        dynamics,
+        stats,
+        train,
+        holdout,
+        schedule=Schedule(n_updates=600, chunk_updates=300, batch_size=64),
+        window_steps=5,
+    )
+    params, _ = select_elites(result.state, stats, 2)
+    one_seed = params.replace(networks=jax.tree.map(lambda leaf: leaf[0], params.networks))
+    starts = open_loop_windows(holdout, 10, 40)
+    run = open_loop(dynamics, one_seed, holdout, starts, 10, jax.random.PRNGKey(0), n_samples=2)
+    rows = fidelity_table(run, ["x0", "x1"], [1.0, 1.0], ["reward", "cost"], [1.0, 1.0], (1, 10))
+    ten = {row["name"]: row["rmse"] for row in rows if row["step"] == 10}
+    assert ten["x0"] < 0.15 and ten["x1"] < 0.15
+    assert result.history[-1]["updates"] == 600
 
 
 def test_members_train_on_bootstrapped_episodes_not_transitions():

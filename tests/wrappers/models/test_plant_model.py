@@ -81,6 +81,7 @@ def plant(tmp_path_factory):
     argv = ["model", "fit", "--data", str(log), "--schema", str(schema), "--out", str(out)]
     argv += ["--hidden", "32,32", "--members", "3", "--elites", "2", "--updates", "600"]
     argv += ["--chunk", "300", "--batch-size", "64", "--horizon", "12", "--windows", "16"]
+    argv += ["--window-steps", "3"]  # each member trained 3 steps on its own predictions
     argv += ["--track", "--tracking-uri", mlflow_store(root)]
     assert cli.main(argv) == 0
     return root, log, schema, out
@@ -102,6 +103,7 @@ def test_fit_through_the_cli_saves_card_fidelity_and_plot(plant, capsys):
 
     assert card["dataset"]["fingerprint"] == dataset_fingerprint(dataset)
     assert card["dataset"]["n_transitions"] == 12 * 30
+    assert card["settings"]["window_steps"] == 3
     assert len(card["dataset"]["holdout_episodes"]) == 2  # 20 % of 12 episodes
     rows = card["fidelity"]["rows"]
     assert {(r["name"], r["step"]) for r in rows} >= {("temperature", 1), ("temperature", 12)}
@@ -255,6 +257,8 @@ def test_a_dataset_too_small_for_a_held_out_split_is_refused_with_its_numbers(
     with pytest.raises(PlantModelError, match=r"holds out 3 transitions .* at least 20"):
         PlantModel(card.task(dataset)).fit(dataset, FitSettings(max_updates=1))
     assert not (tmp_path / "m").exists()
+    with pytest.raises(PlantModelError, match="window_steps: expected a positive integer"):
+        FitSettings(window_steps=0)
 
 
 def test_definitions_outside_the_grammar_or_the_task_are_refused(plant):

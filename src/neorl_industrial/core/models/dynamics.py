@@ -295,6 +295,7 @@ class Dynamics(NamedTuple):
     transition: Callable[..., tuple[jax.Array, jax.Array, jax.Array, jax.Array]]
     targets: Callable[..., jax.Array]
     checked_transition: Callable[..., tuple[jax.Array, ...]] | None = None
+    window_loss: Callable[..., tuple[jax.Array, dict[str, jax.Array]]] | None = None
 
 
 class ModelBatch(NamedTuple):
@@ -397,6 +398,62 @@ def _loss(
         )
         total = total + bce
         metrics["termination_bce"] = bce
+    return total, metrics
+
+
+def _window_loss(
+    model: _Model,
+    networks: Any,
+    params: DynamicsParams,
+    batch: ModelBatch,
+    valid: jax.Array,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The loss of one member over windows of consecutive logged steps (``batch`` with
+    ``[B, K]`` leading axes, ``valid [B, K]``: the step lies inside its episode): the first
+    step from the logged observation, each later one from the member's own mean
+    prediction of the step before (the older frames shifted in as the model would), each
+    scored against the logged next frame, reward and costs. Gradients flow through the
+    predicted observations, so the member learns what its errors become a few steps on,
+    not only one step ahead."""
+    layout, frame = model.layout, model.layout.frame_size
+    weight = 1.0 - params.target_fixed.astype(jnp.float32)
+    advance = jax.vmap(
+        lambda observation, target: _next_observation(layout, params, observation, target)[0]
+    )
+    steps = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), (batch, valid))
+
+    def step(observation, inputs):
+        part, alive = inputs
+        logged_next = part.observations[:, :frame] + part.targets[:, :frame]
+        targets = jnp.concatenate(
+            [logged_next - observation[:, :frame], part.targets[:, frame:]], axis=-1
+        )
+        prediction = _predict(model, networks, params, observation, part.actions)
+        normalized = (targets - params.target_mean) / params.target_std
+        mask = alive.astype(jnp.float32)[:, None] * weight
+        nll = jnp.sum(gaussian_nll(prediction.mean, prediction.log_std, normalized) * mask)
+        mse = jnp.sum(jnp.square(prediction.mean - normalized) * mask)
+        bce = jnp.zeros(())
+        if layout.terminals:
+            bce = jnp.sum(
+                optax.sigmoid_binary_cross_entropy(
+                    prediction.logit, part.terminals.astype(jnp.float32)
+                )
+                * alive
+            )
+        followed = advance(observation, _to_target(params, prediction.mean))
+        return followed, (nll, mse, bce)
+
+    first = batch.observations[:, 0]
+    _, (nll, mse, bce) = jax.lax.scan(step, first, steps)
+    rows = jnp.maximum(jnp.sum(valid), 1.0)
+    count = jnp.maximum(jnp.sum(weight), 1.0) * rows
+    nll, mse = jnp.sum(nll) / count, jnp.sum(mse) / count
+    metrics = {"nll": nll, "mse": mse}
+    total = nll
+    if layout.terminals:
+        metrics["termination_bce"] = jnp.sum(bce) / rows
+        total = total + metrics["termination_bce"]
     return total, metrics
 
 
@@ -560,4 +617,5 @@ def make_dynamics(config: DynamicsConfig, layout: DynamicsLayout) -> Dynamics:
         transition=functools.partial(_transition, model),
         targets=functools.partial(_targets, layout),
         checked_transition=functools.partial(_checked_transition, model),
+        window_loss=functools.partial(_window_loss, model),
     )

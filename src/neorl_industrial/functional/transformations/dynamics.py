@@ -18,6 +18,7 @@ feature's spread), with the share of logged values inside the ensemble's 90 % in
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -52,6 +53,7 @@ __all__ = [
     "open_loop",
     "open_loop_windows",
     "select_elites",
+    "window_batch",
 ]
 
 #: Spreads below this count as constant (a fixed setpoint): such targets are not scaled.
@@ -179,6 +181,19 @@ def model_batch(dataset: Dataset, dynamics: Dynamics, indices: jax.Array) -> Mod
     )
 
 
+def window_batch(
+    dataset: Dataset, dynamics: Dynamics, first: jax.Array, steps: int
+) -> tuple[ModelBatch, jax.Array]:
+    """Windows of ``steps`` consecutive transitions from each of ``first`` (a
+    :class:`ModelBatch` with ``[B, steps]`` leading axes) and ``valid [B, steps]``: the
+    step lies inside the first one's episode (a window reaching the episode's end is
+    cut there)."""
+    rows = jnp.minimum(first[:, None] + jnp.arange(steps), dataset.n_transitions - 1)
+    batch = jax.vmap(lambda r: model_batch(dataset, dynamics, r), in_axes=1, out_axes=1)(rows)
+    valid = jnp.arange(steps)[None] < dataset.steps_to_end[first][:, None]
+    return batch, valid
+
+
 def init_ensemble(dynamics: Dynamics, seeds: Sequence[int]) -> EnsembleTrainState:
     """Fresh networks of every seed's members (``[S, M]``), their optimizer states and
     keys; best scores start at infinity."""
@@ -228,21 +243,30 @@ def bootstrap_indices(episode_id: np.ndarray, n_seeds: int, n_members: int, seed
 
 
 def make_fit_chunk(
-    dynamics: Dynamics, batch_size: int, n_updates: int
+    dynamics: Dynamics, batch_size: int, n_updates: int, window_steps: int = 1
 ) -> Callable[..., tuple[EnsembleTrainState, dict[str, jax.Array]]]:
     """``chunk(state, stats, train, bootstrap, holdout) -> (state, metrics)``: ``n_updates``
-    Adam steps of every member of every seed (one ``vmap`` over members and seeds inside
-    one ``lax.scan``), then every member scored on the ``holdout`` batch; a member that
-    scores better than before keeps these parameters as its best. Metrics are ``[S, M]``:
+    Adam steps (on ``batch_size`` transitions, or as many windows of ``window_steps``
+    consecutive steps from them: :func:`window_batch`) of every member of every seed (one
+    ``vmap`` over members and seeds inside one ``lax.scan``), then every member scored on
+    the ``holdout`` batch; a member that scores better than before keeps these parameters
+    as its best. Metrics are ``[S, M]``:
     the chunk's mean training loss and the held-out MSE and NLL. Pure; jit it."""
     optimizer = _optimizer(dynamics)
 
     def member_update(networks, opt_state, key, indices, stats, train):
         position = jax.random.randint(key, (batch_size,), 0, indices.shape[0])
-        batch = model_batch(train, dynamics, indices[position])
-        networks, opt_state, loss, _ = apply_gradients(
-            lambda params: dynamics.loss(params, stats, batch), networks, optimizer, opt_state
-        )
+        first = indices[position]
+        if window_steps > 1:
+            batch, valid = window_batch(train, dynamics, first, window_steps)
+            objective = functools.partial(
+                dynamics.window_loss, params=stats, batch=batch, valid=valid
+            )
+        else:
+            objective = functools.partial(
+                dynamics.loss, params=stats, batch=model_batch(train, dynamics, first)
+            )
+        networks, opt_state, loss, _ = apply_gradients(objective, networks, optimizer, opt_state)
         return networks, opt_state, loss
 
     update = jax.vmap(
@@ -310,12 +334,15 @@ def fit_ensemble(
     schedule: Schedule | None = None,
     seeds: Sequence[int] = (0,),
     patience: int = 5,
+    window_steps: int = 1,
     callback: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> FitResult:
     """Trains every member of every seed on ``train`` (actions in [-1, 1]) until no
     member's held-out error on ``holdout`` improved by more than 1 % for ``patience``
     chunks, or the schedule's ``n_updates`` per member (default: 20,000 in chunks of 500,
-    batches of 256; every chunk is run whole).
+    batches of 256; every chunk is run whole). With ``window_steps`` > 1 every batch
+    entry is a window of that many consecutive steps the member rolls forward on its own
+    predictions (``Dynamics.window_loss``); the held-out score stays one step ahead.
 
     Returns:
         The final state (each member's best parameters in ``best_networks``), one history
@@ -323,7 +350,7 @@ def fit_ensemble(
         stopped early and the seconds it took.
     """
     schedule = schedule or Schedule(n_updates=20_000, chunk_updates=500)
-    check_positive_ints(patience=patience)
+    check_positive_ints(patience=patience, window_steps=window_steps)
     max_updates, chunk_updates = schedule.n_updates, schedule.chunk_updates
     if not seeds:
         raise ValueError("seeds: expected at least one seed")
@@ -333,7 +360,8 @@ def fit_ensemble(
         np.asarray(train.episode_id), len(seeds), dynamics.config.n_members, int(seeds[0])
     )
     held = holdout_batch(holdout, dynamics)
-    chunk = jax.jit(make_fit_chunk(dynamics, schedule.batch_size, chunk_updates), donate_argnums=0)
+    program = make_fit_chunk(dynamics, schedule.batch_size, chunk_updates, window_steps)
+    chunk = jax.jit(program, donate_argnums=0)
     state = donatable(state)
     history: list[dict[str, Any]] = []
     best = np.full((len(seeds), dynamics.config.n_members), np.inf)

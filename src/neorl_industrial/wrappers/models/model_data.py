@@ -41,6 +41,14 @@ class FitSettings:
             episode); the errors are reported at 1, 10 and this many steps.
         windows: held-out windows the fidelity is measured on, at most.
         samples: sampled trajectories per member for the interval.
+        window_steps: steps per training window: 1 fits each member one step ahead of
+            the logged observation; more rolls it that many steps forward on its own
+            predictions and scores every step against the log (a multi-step loss: what
+            the errors grow into over a rollout is trained, not only the next step).
+            Longer rollouts (the verdict's) then drift less from the log; each update
+            costs about that many times as much. Features nothing in the log predicts
+            (a setpoint schedule, a measured disturbance) can get worse: check the
+            verdict's calibration check either way.
     """
 
     seeds: tuple[int, ...] = (0,)
@@ -53,6 +61,7 @@ class FitSettings:
     horizon: int = 100
     windows: int = 128
     samples: int = 8
+    window_steps: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(seed) for seed in self.seeds))
@@ -66,6 +75,7 @@ class FitSettings:
             "horizon",
             "windows",
             "samples",
+            "window_steps",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

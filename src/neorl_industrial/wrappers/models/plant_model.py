@@ -258,7 +258,7 @@ class PlantModel:
         schedule = Schedule(settings.max_updates, settings.chunk_updates, settings.batch_size)
         result = fit_ensemble(
             self.dynamics, stats, train, holdout, schedule=schedule, seeds=settings.seeds,
-            patience=settings.patience, callback=callback,
+            patience=settings.patience, window_steps=settings.window_steps, callback=callback,
         )  # fmt: skip
         self._params, elites = select_elites(result.state, stats, self.config.n_elites)
         scores = np.asarray(jax.device_get(result.state.best_score))
