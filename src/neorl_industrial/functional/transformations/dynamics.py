@@ -250,8 +250,8 @@ def make_fit_chunk(
     consecutive steps from them: :func:`window_batch`) of every member of every seed (one
     ``vmap`` over members and seeds inside one ``lax.scan``), then every member scored on
     the ``holdout`` batch; a member that scores better than before keeps these parameters
-    as its best. Metrics are ``[S, M]``:
-    the chunk's mean training loss and the held-out MSE and NLL. Pure; jit it."""
+    as its best. Metrics are ``[S, M]``: the chunk's mean training loss and the held-out
+    MSE and NLL. Pure; jit it."""
     optimizer = _optimizer(dynamics)
 
     def member_update(networks, opt_state, key, indices, stats, train):
