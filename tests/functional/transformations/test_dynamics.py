@@ -16,6 +16,7 @@ from neorl_industrial.functional.transformations.dynamics import (
     data_statistics,
     fidelity_table,
     fit_ensemble,
+    holdout_batch,
     open_loop,
     open_loop_windows,
     select_elites,
@@ -208,6 +209,12 @@ def test_a_fit_on_windows_of_its_own_predictions_learns_the_system(fitted):
     ten = {row["name"]: row["rmse"] for row in rows if row["step"] == 10}
     assert ten["x0"] < 0.15 and ten["x1"] < 0.15
     assert result.history[-1]["updates"] == 600
+    # Best parameters and elites are scored as they were trained: over held-out windows.
+    held = holdout_batch(holdout, dynamics, window_steps=5)
+    assert held[0].observations.shape[1] == 5
+    best = jax.tree.map(lambda leaf: leaf[0, 1], result.state.best_networks)
+    _, metrics = dynamics.window_loss(best, stats, *held)
+    assert float(metrics["mse"]) == pytest.approx(float(result.state.best_score[0, 1]), rel=1e-4)
 
 
 def test_members_train_on_bootstrapped_episodes_not_transitions():

@@ -275,7 +275,10 @@ def make_fit_chunk(
     )
 
     def member_score(networks, stats, holdout):
-        _, metrics = dynamics.loss(networks, stats, holdout)
+        if window_steps > 1:
+            _, metrics = dynamics.window_loss(networks, stats, *holdout)
+        else:
+            _, metrics = dynamics.loss(networks, stats, holdout)
         return metrics["mse"], metrics["nll"]
 
     score = jax.vmap(jax.vmap(member_score, in_axes=(0, None, None)), in_axes=(0, None, None))
@@ -318,11 +321,18 @@ def make_fit_chunk(
     return chunk
 
 
-def holdout_batch(dataset: Dataset, dynamics: Dynamics, rows: int = HOLDOUT_ROWS) -> ModelBatch:
-    """Every held-out transition, or ``rows`` of them evenly spaced, as one batch."""
+def holdout_batch(
+    dataset: Dataset, dynamics: Dynamics, rows: int = HOLDOUT_ROWS, window_steps: int = 1
+) -> Any:
+    """Every held-out transition, or ``rows`` of them evenly spaced, as one batch; with
+    ``window_steps`` > 1 the windows that start there (``(batch, valid)``, about ``rows``
+    steps in all), scored as they are trained."""
     n = dataset.n_transitions
-    indices = np.linspace(0, n - 1, min(n, rows)).round().astype(np.int32)
-    return jax.jit(lambda d, i: model_batch(d, dynamics, i))(dataset, jnp.asarray(indices))
+    count = min(n, max(rows // window_steps, 1))
+    indices = jnp.asarray(np.linspace(0, n - 1, count).round().astype(np.int32))
+    if window_steps > 1:
+        return jax.jit(lambda d, i: window_batch(d, dynamics, i, window_steps))(dataset, indices)
+    return jax.jit(lambda d, i: model_batch(d, dynamics, i))(dataset, indices)
 
 
 def fit_ensemble(
@@ -342,7 +352,8 @@ def fit_ensemble(
     chunks, or the schedule's ``n_updates`` per member (default: 20,000 in chunks of 500,
     batches of 256; every chunk is run whole). With ``window_steps`` > 1 every batch
     entry is a window of that many consecutive steps the member rolls forward on its own
-    predictions (``Dynamics.window_loss``); the held-out score stays one step ahead.
+    predictions (``Dynamics.window_loss``), and each member's best parameters and the
+    elites are those of the lowest error over held-out windows of as many steps.
 
     Returns:
         The final state (each member's best parameters in ``best_networks``), one history
@@ -359,7 +370,7 @@ def fit_ensemble(
     bootstrap = bootstrap_indices(
         np.asarray(train.episode_id), len(seeds), dynamics.config.n_members, int(seeds[0])
     )
-    held = holdout_batch(holdout, dynamics)
+    held = holdout_batch(holdout, dynamics, window_steps=window_steps)
     program = make_fit_chunk(dynamics, schedule.batch_size, chunk_updates, window_steps)
     chunk = jax.jit(program, donate_argnums=0)
     state = donatable(state)
