@@ -72,19 +72,26 @@ def fitted():
     return dynamics, stats, result, holdout
 
 
-def test_the_ensemble_learns_a_linear_system(fitted):
-    dynamics, stats, result, holdout = fitted
+def _first_seed_open_loop(dynamics, stats, result, holdout, samples):
+    """The first seed's elites (2) open loop over 10 steps from 40 held-out windows:
+    ``(params, starts, run, {1: {name: rmse}, 10: {name: rmse}})``."""
     params, _ = select_elites(result.state, stats, 2)
     one_seed = params.replace(networks=jax.tree.map(lambda leaf: leaf[0], params.networks))
     starts = open_loop_windows(holdout, 10, 40)
-    run = open_loop(dynamics, one_seed, holdout, starts, 10, jax.random.PRNGKey(0), n_samples=4)
+    key = jax.random.PRNGKey(0)
+    run = open_loop(dynamics, one_seed, holdout, starts, 10, key, n_samples=samples)
     rows = fidelity_table(run, ["x0", "x1"], [1.0, 1.0], ["reward", "cost"], [1.0, 1.0], (1, 10))
-    one_step = {row["name"]: row["rmse"] for row in rows if row["step"] == 1}
+    errors = {step: {r["name"]: r["rmse"] for r in rows if r["step"] == step} for step in (1, 10)}
+    return one_seed, starts, run, errors
+
+
+def test_the_ensemble_learns_a_linear_system(fitted):
+    dynamics, stats, result, holdout = fitted
+    one_seed, starts, run, errors = _first_seed_open_loop(dynamics, stats, result, holdout, 4)
     # The noise is 0.01; the states spread over about 1: the model is within a few noises.
-    assert one_step["x0"] < 0.05 and one_step["x1"] < 0.05
-    assert one_step["reward"] < 0.06
-    ten = {row["name"]: row["rmse"] for row in rows if row["step"] == 10}
-    assert ten["x0"] < 0.15
+    assert errors[1]["x0"] < 0.05 and errors[1]["x1"] < 0.05
+    assert errors[1]["reward"] < 0.06
+    assert errors[10]["x0"] < 0.15
     # The truth the model is held to is the logged next state, also in the windows.
     np.testing.assert_allclose(run.truth[:, 0], np.asarray(holdout.next_observations())[starts])
     # Members and seeds differ (initialization and bootstrap), all of them learned.
@@ -201,13 +208,8 @@ def test_a_fit_on_windows_of_its_own_predictions_learns_the_system(fitted):
         schedule=Schedule(n_updates=600, chunk_updates=300, batch_size=64),
         window_steps=5,
     )
-    params, _ = select_elites(result.state, stats, 2)
-    one_seed = params.replace(networks=jax.tree.map(lambda leaf: leaf[0], params.networks))
-    starts = open_loop_windows(holdout, 10, 40)
-    run = open_loop(dynamics, one_seed, holdout, starts, 10, jax.random.PRNGKey(0), n_samples=2)
-    rows = fidelity_table(run, ["x0", "x1"], [1.0, 1.0], ["reward", "cost"], [1.0, 1.0], (1, 10))
-    ten = {row["name"]: row["rmse"] for row in rows if row["step"] == 10}
-    assert ten["x0"] < 0.15 and ten["x1"] < 0.15
+    errors = _first_seed_open_loop(dynamics, stats, result, holdout, 2)[-1]
+    assert errors[10]["x0"] < 0.15 and errors[10]["x1"] < 0.15
     assert result.history[-1]["updates"] == 600
     # Best parameters and elites are scored as they were trained: over held-out windows.
     held = holdout_batch(holdout, dynamics, window_steps=5)
