@@ -18,7 +18,7 @@ from neorl_industrial.core.agents import SACConfig, TD3BCConfig
 from neorl_industrial.core.agents.fqe import FQEConfig
 from neorl_industrial.core.agents.registry import ALGORITHMS, validate_hyperparameters
 from neorl_industrial.core.environments import Task, TaskError
-from neorl_industrial.core.models.dynamics import DynamicsConfig
+from neorl_industrial.core.models import DynamicsConfig
 
 PACKAGE = Path(neorl_industrial.__file__).parent
 LAYERS = ("core", "functional")

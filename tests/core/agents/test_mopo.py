@@ -17,7 +17,7 @@ import pytest
 from neorl_industrial.core.agents import SACConfig, make_sac
 from neorl_industrial.core.agents.mopo import mixed_batch, uncertainty_penalty
 from neorl_industrial.core.agents.registry import ALGORITHMS, build_algorithm
-from neorl_industrial.core.models.dynamics import DynamicsConfig
+from neorl_industrial.core.models import DynamicsConfig
 from neorl_industrial.core.safety.spec import ConstraintSpec
 from neorl_industrial.functional.transformations.model_rollouts import make_model_rollouts
 from neorl_industrial.functional.transformations.offline import Schedule

@@ -12,15 +12,17 @@ from neorl_industrial.core.models import DynamicsConfig, DynamicsLayout, make_dy
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.functional.transformations.dynamics import (
     bootstrap_indices,
-    coverage,
     data_statistics,
-    fidelity_table,
     fit_ensemble,
     holdout_batch,
-    open_loop,
-    open_loop_windows,
     select_elites,
     window_batch,
+)
+from neorl_industrial.functional.transformations.dynamics_fidelity import (
+    coverage,
+    fidelity_table,
+    open_loop,
+    open_loop_windows,
 )
 from neorl_industrial.functional.transformations.offline import Schedule
 
@@ -142,7 +144,7 @@ def test_coverage_counts_values_inside_the_central_interval():
 
 
 def test_fidelity_table_errors_and_coverage_per_feature_and_step():
-    from neorl_industrial.functional.transformations.dynamics import OpenLoop
+    from neorl_industrial.functional.transformations.dynamics_fidelity import OpenLoop
 
     truth = np.zeros((4, 3, 1))
     point = np.full((4, 3, 1), 2.0)  # off by 2 everywhere

@@ -34,7 +34,7 @@ OUT_OF_DATA_TICK = 7
 @pytest.fixture(scope="module")
 def plant_model(tmp_path_factory):
     """A tiny model of the mixing tank (2 members of 16 x 16, 100 updates), saved."""
-    from neorl_industrial.core.models.dynamics import DynamicsConfig
+    from neorl_industrial.core.models import DynamicsConfig
     from neorl_industrial.integration.datasets import load_any
     from neorl_industrial.wrappers.models import FitSettings
 

@@ -3,7 +3,6 @@ reward and cost channels computed from its predictions (pure JAX)."""
 
 from neorl_industrial.core.models.dynamics import (
     Dynamics,
-    DynamicsConfig,
     DynamicsLayout,
     DynamicsParams,
     MemberPrediction,
@@ -13,6 +12,7 @@ from neorl_industrial.core.models.dynamics import (
     make_dynamics,
     out_of_distribution,
 )
+from neorl_industrial.core.models.network import DynamicsConfig
 from neorl_industrial.core.models.signals import (
     KnownSignal,
     KnownSignals,

@@ -12,7 +12,7 @@ import numpy as np
 
 from neorl_industrial.core.environments import TaskError
 from neorl_industrial.functional.state_management import Dataset
-from neorl_industrial.functional.transformations.dynamics import (
+from neorl_industrial.functional.transformations.dynamics_fidelity import (
     fidelity_table,
     open_loop,
     open_loop_windows,

@@ -48,11 +48,11 @@ from neorl_industrial.core.models import (
 from neorl_industrial.core.models.signals import ROWS, computable_rows
 from neorl_industrial.functional.state_management import ActionScaler, Dataset
 from neorl_industrial.functional.transformations.dynamics import (
-    OpenLoop,
     data_statistics,
     fit_ensemble,
     select_elites,
 )
+from neorl_industrial.functional.transformations.dynamics_fidelity import OpenLoop
 from neorl_industrial.functional.transformations.offline import Schedule
 from neorl_industrial.wrappers.models.model_data import (
     FitSettings,

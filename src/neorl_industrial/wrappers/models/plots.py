@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from neorl_industrial.functional.transformations.dynamics import OpenLoop
+from neorl_industrial.functional.transformations.dynamics_fidelity import OpenLoop
 
 __all__ = ["trajectory_plot"]
 
