@@ -97,7 +97,12 @@ def command_fit(args: argparse.Namespace) -> int:
     console.print(
         f"Fitting {config.n_members} members × {len(settings.seeds)} seed(s) on {args.data}: "
         f"{dataset.n_transitions:,} transitions in {dataset.n_episodes} episodes, "
-        f"{settings.holdout:.0%} of the episodes held out."
+        f"{settings.holdout:.0%} of the episodes held out"
+        + (
+            f"; each member trained on {settings.window_steps}-step windows of its own predictions."
+            if settings.window_steps > 1
+            else "."
+        )
     )
     model_card = model.fit(dataset, settings, dataset_name=card.name)
     if args.simulator is not None:

@@ -3,6 +3,8 @@ command line, known channels computed, saved and loaded, and bad input refused."
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import textwrap
 import warnings
@@ -83,12 +85,17 @@ def plant(tmp_path_factory):
     argv += ["--chunk", "300", "--batch-size", "64", "--horizon", "12", "--windows", "16"]
     argv += ["--window-steps", "3"]  # each member trained 3 steps on its own predictions
     argv += ["--track", "--tracking-uri", mlflow_store(root)]
-    assert cli.main(argv) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli.main(argv) == 0
+    (root / "fit.out").write_text(printed.getvalue())
     return root, log, schema, out
 
 
 def test_fit_through_the_cli_saves_card_fidelity_and_plot(plant, capsys):
-    _, log, schema, out = plant
+    root, log, schema, out = plant
+    said = " ".join((root / "fit.out").read_text().split())
+    assert "each member trained on 3-step windows of its own predictions" in said
     card = json.loads((out / "model.json").read_text())
     assert (out / "trajectories.png").read_bytes()[:4] == b"\x89PNG"
     assert card["task"]["name"] == "heater-2" and card["task"]["env_id"] is None
