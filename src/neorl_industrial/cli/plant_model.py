@@ -19,6 +19,13 @@ from neorl_industrial.cli.common import (
     positive_int,
 )
 
+#: ``FitSettings`` fields ``model fit`` takes as options of the same name (``--batch-size``
+#: is ``batch_size``); ``--updates`` and ``--chunk`` set ``max_updates`` and ``chunk_updates``.
+SAME_NAMED_FIT_OPTIONS = (
+    "seeds", "batch_size", "patience", "holdout", "split_seed", "horizon", "windows",
+    "window_steps",
+)  # fmt: skip
+
 
 def _widths(text: str) -> tuple[int, ...]:
     """An argparse type: layer widths such as ``200,200,200``."""
@@ -82,16 +89,9 @@ def command_fit(args: argparse.Namespace) -> int:
         n_elites=min(args.elites, args.members),
     )
     settings = FitSettings(
-        seeds=args.seeds,
         max_updates=args.updates,
         chunk_updates=args.chunk,
-        batch_size=args.batch_size,
-        patience=args.patience,
-        holdout=args.holdout,
-        split_seed=args.split_seed,
-        horizon=args.horizon,
-        windows=args.windows,
-        window_steps=args.window_steps,
+        **{name: getattr(args, name) for name in SAME_NAMED_FIT_OPTIONS},
     )
     model = PlantModel(task, config, definitions=definitions, reward_row=reward_row)
     console.print(
