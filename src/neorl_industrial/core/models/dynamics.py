@@ -200,6 +200,9 @@ class Dynamics(NamedTuple):
             the physical range before it was clipped (``StepOutput.outside_physics``).
         targets: ``targets(observations, actions_plant, next_observations, rewards, costs)
             -> [..., target_size]`` raw targets of transitions (host or device arrays).
+        window_loss: ``window_loss(networks, params, batch, valid) -> (loss, metrics)`` of
+            one member over windows of consecutive steps (``batch`` with ``[B, K]``
+            leading axes), each step after the first from its own mean prediction.
     """
 
     config: DynamicsConfig
