@@ -297,27 +297,52 @@ def _targets(
     return xp.concatenate([xp.asarray(part, xp.float32) for part in parts], axis=-1)
 
 
+def _errors(
+    model: _Model,
+    networks: Any,
+    params: DynamicsParams,
+    observations: jax.Array,
+    batch: ModelBatch,
+    alive: jax.Array,
+) -> tuple[MemberPrediction, jax.Array, jax.Array, jax.Array]:
+    """One member's prediction from ``observations`` ``[B, obs]`` and its errors against
+    ``batch``'s raw targets, summed over the rows ``alive`` ``[B]`` (learned targets
+    only): ``(prediction, NLL, squared error of the normalized targets, termination
+    BCE)``."""
+    prediction = _predict(model, networks, params, observations, batch.actions)
+    normalized = (batch.targets - params.target_mean) / params.target_std
+    mask = alive.astype(jnp.float32)[:, None] * (1.0 - params.target_fixed.astype(jnp.float32))
+    nll = jnp.sum(gaussian_nll(prediction.mean, prediction.log_std, normalized) * mask)
+    mse = jnp.sum(jnp.square(prediction.mean - normalized) * mask)
+    bce = jnp.zeros(())
+    if model.layout.terminals:
+        terminals = batch.terminals.astype(jnp.float32)
+        bce = jnp.sum(optax.sigmoid_binary_cross_entropy(prediction.logit, terminals) * alive)
+    return prediction, nll, mse, bce
+
+
+def _averaged(
+    model: _Model, params: DynamicsParams, nll: jax.Array, mse: jax.Array, bce: jax.Array,
+    rows: jax.Array,
+) -> tuple[jax.Array, dict[str, jax.Array]]:  # fmt: skip
+    """``(loss, metrics)`` of summed errors over ``rows`` rows: NLL and MSE per learned
+    target and row, the termination BCE per row (added to the loss)."""
+    count = jnp.maximum(jnp.sum(1.0 - params.target_fixed.astype(jnp.float32)), 1.0) * rows
+    metrics = {"nll": nll / count, "mse": mse / count}
+    total = metrics["nll"]
+    if model.layout.terminals:
+        metrics["termination_bce"] = bce / rows
+        total = total + metrics["termination_bce"]
+    return total, metrics
+
+
 def _loss(
     model: _Model, networks: Any, params: DynamicsParams, batch: ModelBatch
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    prediction = _predict(model, networks, params, batch.observations, batch.actions)
-    normalized = (batch.targets - params.target_mean) / params.target_std
-    weight = 1.0 - params.target_fixed.astype(normalized.dtype)
-    count = jnp.maximum(jnp.sum(weight), 1.0) * normalized.shape[0]
-    nll = jnp.sum(gaussian_nll(prediction.mean, prediction.log_std, normalized) * weight)
-    nll = nll / count
-    mse = jnp.sum(jnp.square(prediction.mean - normalized) * weight) / count
-    total = nll
-    metrics = {"nll": nll, "mse": mse}
-    if model.layout.terminals:
-        bce = jnp.mean(
-            optax.sigmoid_binary_cross_entropy(
-                prediction.logit, batch.terminals.astype(jnp.float32)
-            )
-        )
-        total = total + bce
-        metrics["termination_bce"] = bce
-    return total, metrics
+    rows = batch.observations.shape[0]
+    alive = jnp.ones((rows,), jnp.float32)
+    _, nll, mse, bce = _errors(model, networks, params, batch.observations, batch, alive)
+    return _averaged(model, params, nll, mse, bce, jnp.asarray(rows, jnp.float32))
 
 
 def _window_loss(
@@ -335,7 +360,6 @@ def _window_loss(
     predicted observations, so the member learns what its errors become a few steps on,
     not only one step ahead."""
     layout, frame = model.layout, model.layout.frame_size
-    weight = 1.0 - params.target_fixed.astype(jnp.float32)
     advance = jax.vmap(
         lambda observation, target: _next_observation(layout, params, observation, target)[0]
     )
@@ -343,37 +367,19 @@ def _window_loss(
 
     def step(observation, inputs):
         part, alive = inputs
+        # The logged next frame, as a change from where the member stands.
         logged_next = part.observations[:, :frame] + part.targets[:, :frame]
         targets = jnp.concatenate(
             [logged_next - observation[:, :frame], part.targets[:, frame:]], axis=-1
         )
-        prediction = _predict(model, networks, params, observation, part.actions)
-        normalized = (targets - params.target_mean) / params.target_std
-        mask = alive.astype(jnp.float32)[:, None] * weight
-        nll = jnp.sum(gaussian_nll(prediction.mean, prediction.log_std, normalized) * mask)
-        mse = jnp.sum(jnp.square(prediction.mean - normalized) * mask)
-        bce = jnp.zeros(())
-        if layout.terminals:
-            bce = jnp.sum(
-                optax.sigmoid_binary_cross_entropy(
-                    prediction.logit, part.terminals.astype(jnp.float32)
-                )
-                * alive
-            )
-        followed = advance(observation, _to_target(params, prediction.mean))
-        return followed, (nll, mse, bce)
+        prediction, *errors = _errors(
+            model, networks, params, observation, part._replace(targets=targets), alive
+        )
+        return advance(observation, _to_target(params, prediction.mean)), errors
 
-    first = batch.observations[:, 0]
-    _, (nll, mse, bce) = jax.lax.scan(step, first, steps)
+    _, (nll, mse, bce) = jax.lax.scan(step, batch.observations[:, 0], steps)
     rows = jnp.maximum(jnp.sum(valid), 1.0)
-    count = jnp.maximum(jnp.sum(weight), 1.0) * rows
-    nll, mse = jnp.sum(nll) / count, jnp.sum(mse) / count
-    metrics = {"nll": nll, "mse": mse}
-    total = nll
-    if layout.terminals:
-        metrics["termination_bce"] = jnp.sum(bce) / rows
-        total = total + metrics["termination_bce"]
-    return total, metrics
+    return _averaged(model, params, jnp.sum(nll), jnp.sum(mse), jnp.sum(bce), rows)
 
 
 def _followed(
