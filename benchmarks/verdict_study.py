@@ -283,7 +283,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     )
     runs = evaluator(policies, 0)
     candidates = []
-    rows = iter(zip(merged.candidates, runs, strict=True))
+    rows = iter(zip(merged.to_dict()["candidates"], runs, strict=True))
     for label, agent, seconds in trained:
         for seed in agent.seeds:
             row, run = next(rows)
@@ -469,7 +469,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
     operators = truth.episodes(truth.operators(), episodes=args.truth_episodes, seed=args.eval_seed)
     baseline = truth.at_starts(truth.operators(), starts, **truth_options)
     candidates = []
-    rows = iter(merged.candidates)
+    rows = iter(merged.to_dict()["candidates"])  # a side no data bounds: None
     for label, agent, seconds in trained:
         for run, seed in enumerate(agent.seeds):
             row = next(rows)
@@ -495,11 +495,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
                         key: {
                             "value": estimates[key]["discounted_return"]["value"],
                             "improvement": estimates[key]["improvement"],
-                            "covers": bool(
-                                estimates[key]["improvement"]["lower"]
-                                <= true_gain
-                                <= estimates[key]["improvement"]["upper"]
-                            ),
+                            "covers": _covers(estimates[key]["improvement"], true_gain),
                         }
                         | {
                             part: estimates[key][part]
@@ -840,6 +836,16 @@ def _kept_section(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _covers(interval: dict[str, Any], truth: float) -> bool:
+    """The interval (a report's: a side no data bounds is None) holds ``truth``."""
+    lower, upper = interval["lower"], interval["upper"]
+    return bool((lower is None or lower <= truth) and (upper is None or truth <= upper))
+
+
+def _bound(value: float | None, spec: str = ",.4g") -> str:
+    return "no bound" if value is None else f"{value:{spec}}"
+
+
 def _interval_text(interval: dict[str, float] | None) -> str:
     if interval is None:
         return "-"
@@ -948,7 +954,7 @@ def _plants_section(rows: list[dict[str, Any]], total: dict[str, Any] | None) ->
                     continue
                 gain = own["improvement"]
                 cells.append(
-                    f"{gain['lower']:,.4g} to {gain['upper']:,.4g} "
+                    f"{_bound(gain['lower'])} to {_bound(gain['upper'])} "
                     f"({'holds' if own['covers'] else 'misses'})"
                 )
             lines.append(
@@ -1148,7 +1154,8 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
                     f"{estimates[name]['value']:,.4g}" if name in estimates else "-"
                     for name in ESTIMATORS
                 )
-                + f" | {gain['value']:,.3g} ({gain['lower']:,.3g} to {gain['upper']:,.3g}) | "
+                + f" | {gain['value']:,.3g} ({_bound(gain['lower'], '.3g')} to "
+                f"{_bound(gain['upper'], '.3g')}) | "
                 f"{'yes' if c['qualifies'] else 'no'} |"
             )
         lines.append("")

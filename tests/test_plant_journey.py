@@ -301,3 +301,14 @@ def test_the_answer_says_recommend_or_too_little_evidence_when_the_verdict_does(
     text = page.answer(journey["model"], report)
     assert "**Keep the current operation.**" in text
     assert "The log is too short to recommend anything" in text and "at least 3" in text
+
+    # A candidate the data cannot answer for has no lower bound (null): said, not a number.
+    far = copy.deepcopy(journey["report"]["verdict"])
+    last = far["candidates"][-1]
+    for estimate in last["estimates"]:
+        estimate["improvement"] = {"value": -20.0, "lower": None, "upper": 4.0}
+        estimate["discounted_return"]["lower"] = None
+    report.write_text(json.dumps({"verdict": far}, allow_nan=False))
+    text = page.answer(journey["model"], report)
+    assert "-20 [no bound, +4]" in text, text
+    assert f"- **{last['name']}** does not qualify: by the model estimate, nothing bounds" in text

@@ -25,9 +25,13 @@ from pathlib import Path
 
 
 def _interval(estimate: dict, digits: str = ".3g") -> str:
-    return (
-        f"{estimate['value']:{digits}} [{estimate['lower']:{digits}}, {estimate['upper']:{digits}}]"
-    )
+    """``value [lower, upper]``; a side no data bounds (null in the report) reads "no
+    bound"."""
+
+    def side(bound: float | None) -> str:
+        return "no bound" if bound is None else f"{bound:{digits}}"
+
+    return f"{estimate['value']:{digits}} [{side(estimate['lower'])}, {side(estimate['upper'])}]"
 
 
 def _by_estimator(estimates: list[dict]) -> dict[str, dict]:
@@ -130,7 +134,12 @@ def _why_candidate(candidate: dict, verdict: dict) -> list[str]:
     for name in verdict["deciding"]:
         gain = estimates[name]["improvement"]
         by = f"by the {name} estimate"
-        if gain["upper"] < 0:
+        if gain["lower"] is None:
+            said.append(
+                f"{by}, nothing bounds how much worse it may be: it leaves the data the "
+                "plant model was fitted on, where the data cannot answer for it"
+            )
+        elif gain["upper"] < 0:
             said.append(
                 f"{by}, it is worse than the operators: {-gain['value']:.3g} lower, and "
                 f"at least {-gain['upper']:.3g} lower with {level} confidence"

@@ -195,6 +195,8 @@ def _warn_training_episodes(console: Console, estimates: dict, source: str) -> N
 def print_verdict(console: Console, verdict: dict) -> None:
     """The verdict as a person reads it: every candidate's improvement over the logged
     operation by every estimator, then the answer in one sentence."""
+    from neorl_industrial.wrappers.training.verdict_results import interval_text
+
     table = Table(title="Is it better than the current operation? (estimates)")
     table.add_column("candidate")
     for estimator in verdict["estimators"]:
@@ -209,8 +211,7 @@ def print_verdict(console: Console, verdict: dict) -> None:
     for candidate in verdict["candidates"]:
         cells = []
         for estimate in candidate["estimates"]:
-            gain = estimate["improvement"]
-            cells.append(f"{gain['value']:+,.3g} [{gain['lower']:+,.3g}, {gain['upper']:+,.3g}]")
+            cells.append(interval_text(estimate["improvement"]))
         if selection:
             cells.append("yes" if (candidate.get("selection") or {}).get("selected") else "")
         table.add_row(

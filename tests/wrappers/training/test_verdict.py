@@ -24,6 +24,7 @@ from neorl_industrial.functional.state_management import ActionScaler
 from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.models import FitSettings, PlantModel
 from neorl_industrial.wrappers.training.selection import verdict_ranking
+from neorl_industrial.wrappers.training.verdict_results import interval_text
 from neorl_industrial.wrappers.training.verdict import (
     KEEP,
     PlantRules,
@@ -255,6 +256,22 @@ def test_policies_no_better_than_the_operators_are_not_recommended(full, plant):
     assert "outside the range of its data" in full_open["warnings"][0]
     assert estimate(full, "full-open", "model")["far_outside_share"] > 0.25
     assert any(reason.endswith("the data cannot answer for it") for reason in full_open["reasons"])
+    # Nothing logged bounds how bad it is there: no lower bound, null in the report, no
+    # metric for it, and no second reason about a bound it does not have.
+    far = estimate(full, "full-open", "model")
+    assert far["improvement"]["lower"] == -np.inf and far["discounted_return"]["lower"] == -np.inf
+    assert np.isfinite(far["improvement"]["upper"]) and far["improvement"]["upper"] < 0
+    assert not any("model: the lower" in reason for reason in full_open["reasons"])
+    report = json.loads(json.dumps(full.to_dict(), allow_nan=False))
+    row = next(c for c in report["candidates"] if c["name"] == "full-open")
+    assert row["estimates"][0]["improvement"]["lower"] is None
+    index = [c["name"] for c in report["candidates"]].index("full-open")
+    metrics = full.metrics()
+    assert f"verdict/candidate_{index}/model/improvement_lower" not in metrics
+    assert f"verdict/candidate_{index}/model/improvement_upper" in metrics
+    ranking = verdict_ranking(report)
+    assert ranking.index("full-open") > ranking.index("controller")
+    assert interval_text(row["estimates"][0]["improvement"]).split("[")[1].startswith("no bound")
     controller = next(c for c in full.candidates if c["name"] == "controller")
     assert estimate(full, "controller", "model")["far_outside_share"] <= 0.25
     assert not any("cannot answer" in reason for reason in controller["reasons"])

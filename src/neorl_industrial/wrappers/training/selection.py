@@ -187,8 +187,8 @@ def verdict_ranking(verdict: Mapping[str, Any]) -> list[str]:
     def lower(row: Mapping[str, Any], estimator: str) -> float:
         for estimate in row["estimates"]:
             if estimate["estimator"] == estimator and estimate.get("improvement"):
-                value = float(estimate["improvement"]["lower"])
-                return value if math.isfinite(value) else -math.inf
+                value = estimate["improvement"]["lower"]  # None: no data bounds it
+                return float(value) if value is not None and math.isfinite(value) else -math.inf
         return -math.inf
 
     def within(row: Mapping[str, Any]) -> bool:

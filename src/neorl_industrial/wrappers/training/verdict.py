@@ -396,7 +396,8 @@ def _candidate_row(
     for result in results:
         if result.estimator not in deciding:
             continue
-        if result.improvement.lower <= 0.0:
+        # -inf: the data cannot answer for it, said above.
+        if -np.inf < result.improvement.lower <= 0.0:
             reasons.append(
                 f"{result.estimator}: the lower {settings.level:.0%} bound of the "
                 f"improvement over today's operation is {result.improvement.lower:.4g}, "

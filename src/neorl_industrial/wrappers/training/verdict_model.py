@@ -356,7 +356,8 @@ class _ModelReading:
     not a proxy of the members' disagreement counted on top of it. The truth lies between
     the pessimistic reading (the candidate lowered) and the optimistic one (raised), each
     less the operators' plain estimate; the model's own estimate is the plain
-    difference."""
+    difference. A candidate the data cannot answer for (more than ``max_far_share`` of
+    its discounted weight far outside the data) has no lower bound (``-inf``)."""
 
     baseline: RolloutSums
     starts: _Starts
@@ -427,11 +428,16 @@ class _ModelReading:
         )
         difference = sums.discounted_return - baseline.discounted_return  # [M, N]
         steps_total = np.maximum(sums.steps.sum(axis=(-2, -1)), 1.0)
+        discounted = _interval(pessimistic, self._bootstrap(pessimistic, boot_seed), level)
+        far = self._far_share(sums)
+        if far > settings.max_far_share:
+            # The data cannot answer for it: nothing logged bounds how bad its steps far
+            # outside the data are (the lowest logged reward is no floor there).
+            improvement = dataclasses.replace(improvement, lower=-np.inf)
+            discounted = dataclasses.replace(discounted, lower=-np.inf)
         return EstimatorResult(
             estimator="model",
-            discounted_return=_interval(
-                pessimistic, self._bootstrap(pessimistic, boot_seed), level
-            ),
+            discounted_return=discounted,
             episode_return=_interval(episode, self._bootstrap(episode, boot_seed), level),
             improvement=improvement,
             penalty=float(np.mean(sums.discounted_return - pessimistic)),
@@ -444,7 +450,7 @@ class _ModelReading:
             paired=_interval(difference, self._bootstrap(difference, boot_seed), level),
             allowance=float(allowance),
             member_spread=float(np.std(difference.mean(axis=-1))),
-            far_outside_share=self._far_share(sums),
+            far_outside_share=far,
         )
 
     def operators(self) -> EstimatorResult:

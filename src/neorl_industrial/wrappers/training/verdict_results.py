@@ -6,7 +6,9 @@ vocabulary)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -75,7 +77,8 @@ class VerdictSettings:
             the held-out data (with ``penalty`` > 0).
         max_far_share: a candidate whose rollouts put more than this share of their
             discounted weight on such steps does not qualify: the data cannot answer for
-            it, however its estimate reads.
+            it, however its estimate reads, and its ``model`` return and improvement
+            have no lower bound (``-inf``; ``null`` in a report).
     """
 
     horizon: int = 1000
@@ -143,7 +146,10 @@ class VerdictSettings:
 
 @dataclasses.dataclass(frozen=True)
 class Interval:
-    """An estimate and its interval (``level``, percentile bootstrap)."""
+    """An estimate and its interval (``level``, percentile bootstrap).
+
+    A side the data cannot bound is infinite (``lower`` ``-inf``: a candidate the data
+    cannot answer for); :meth:`Verdict.to_dict` writes it as ``null``."""
 
     value: float
     lower: float
@@ -355,7 +361,8 @@ def verdict_metrics(verdict: dict[str, Any]) -> dict[str, float]:
     ``verdict/selected_candidate`` (the one selected on the training episodes; their
     positions, -1 for none) and per candidate ``i`` and estimator (``model``, ``fqe``,
     ``model_fqe``) the improvement over the logged operation and its bounds (and, for
-    ``model``, the share of its weight far outside the data); the calibration check as
+    ``model``, the share of its weight far outside the data; no ``_lower`` where the data
+    cannot bound it); the calibration check as
     ``verdict/calibration/{passed,estimated,logged,error_lower,error_upper}``."""
     names = [candidate["name"] for candidate in verdict["candidates"]]
     selection = (verdict.get("evidence") or {}).get("selection") or {}
@@ -385,13 +392,27 @@ def verdict_metrics(verdict: dict[str, Any]) -> dict[str, float]:
             out[base] = improvement["value"]
             out[f"{base}_lower"] = improvement["lower"]
             out[f"{base}_upper"] = improvement["upper"]
-            if result.get("far_outside_share") is not None:
-                share = result["far_outside_share"]
-                out[f"verdict/candidate_{index}/{estimator}/far_outside_share"] = share
-    return out
+            out[f"verdict/candidate_{index}/{estimator}/far_outside_share"] = result.get(
+                "far_outside_share"
+            )
+    # A side no data bounds (None) or a missing share is no metric.
+    return {name: value for name, value in out.items() if value is not None}
+
+
+def interval_text(interval: Mapping[str, Any], spec: str = "+,.3g") -> str:
+    """``value [lower, upper]`` of an interval in a report (``Interval`` as a dict); a
+    side no data bounds (None or infinite) reads "no bound"."""
+
+    def side(bound: Any) -> str:
+        return "no bound" if bound is None or not math.isfinite(bound) else f"{bound:{spec}}"
+
+    return f"{interval['value']:{spec}} [{side(interval['lower'])}, {side(interval['upper'])}]"
 
 
 def _plain(value: Any) -> Any:
+    """JSON data: an infinite or NaN number (a side no data bounds) as None."""
+    if isinstance(value, float | np.floating) and not math.isfinite(value):
+        return None
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
