@@ -40,6 +40,8 @@ class Column:
     high: float
     #: decimals the historian keeps
     decimals: int = 3
+    #: no action moves it (a measured disturbance): ``exogenous: true`` in the schema
+    exogenous: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +148,7 @@ class Plant:
             "gap_factor": 1.5,
             "observations": [
                 {"column": c.name, "unit": c.unit, "physical": [c.low, c.high]}
+                | ({"exogenous": True} if c.exogenous else {})
                 for c in self.observations
             ],
             "actions": [

@@ -35,8 +35,8 @@ class FiredHeater(Plant):
     episode_steps = 240
     observations = (
         Column("outlet_temp_c", "degC", 0.0, 1000.0, 2),
-        Column("inlet_temp_c", "degC", 0.0, 500.0, 2),
-        Column("feed_flow_t_h", "t/h", 0.0, 200.0, 2),
+        Column("inlet_temp_c", "degC", 0.0, 500.0, 2, exogenous=True),
+        Column("feed_flow_t_h", "t/h", 0.0, 200.0, 2, exogenous=True),
         Column("fuel_flow_kg_h", "kg/h", 0.0, 3500.0, 1),
     )
     actions = (Column("fuel_valve_pct", "%", 0.0, 100.0),)

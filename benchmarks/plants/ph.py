@@ -41,7 +41,7 @@ class PhNeutraliser(Plant):
     episode_steps = 180
     observations = (
         Column("ph", "pH", 0.0, 14.0, 3),
-        Column("effluent_flow_m3h", "m3/h", 0.0, 40.0, 2),
+        Column("effluent_flow_m3h", "m3/h", 0.0, 40.0, 2, exogenous=True),
         Column("caustic_flow_m3h", "m3/h", 0.0, 1.2, 4),
     )
     actions = (Column("caustic_pump_pct", "%", 0.0, 100.0),)

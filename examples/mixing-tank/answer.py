@@ -72,6 +72,11 @@ def fidelity_section(card: dict) -> list[str]:
     for name in dict.fromkeys(row["name"] for row in rows):
         mine = {row["step"]: row for row in rows if row["name"] == name}
         unit = mine[steps[0]]["unit"] or ""
+        if mine[steps[0]].get("given"):  # no action moves it: taken from the log
+            lines.append(
+                f"| {name} | " + " | ".join(["taken from the log"] * len(steps)) + " | - |"
+            )
+            continue
         cells = [
             f"{mine[step]['rmse']:.2g} {unit} ({mine[step]['relative_rmse']:.0%})" for step in steps
         ]

@@ -36,6 +36,10 @@ def test_the_log_imports_with_the_documented_schema(name, logs):
     assert list(task.observation_names) == plant.observation_names
     assert list(task.action_names) == plant.action_names
     assert task.cost_limits == {cost.name: cost.limit for cost in plant.costs}
+    # The measured disturbances (the heater's inlet and feed, the pH plant's effluent
+    # flow) are marked as no action moves them; the compressor observes none.
+    assert task.exogenous == tuple(c.name for c in plant.observations if c.exogenous)
+    assert bool(task.exogenous) == (name != "gas-compressor")
     # The dataset's rewards are the simulator's: the schema's expression on the next row.
     truth = PlantTruth(plant, folder)
     states = {k: v[0] for k, v in truth.saved["states"].items()}

@@ -241,8 +241,9 @@ def _report(console: Console, card: dict[str, Any], where: str, measured_now: bo
         table.add_column(column, justify="left" if column in ("feature", "unit") else "right")
     for row in fidelity["rows"]:
         relative, coverage = row["relative_rmse"], row["coverage"]
+        name = row["name"] if row["kind"] == "observation" else f"{row['name']} (per step)"
         table.add_row(
-            row["name"] if row["kind"] == "observation" else f"{row['name']} (per step)",
+            f"{name} (given: from the log)" if row.get("given") else name,
             row.get("unit") or "",
             str(row["step"]),
             str(row["windows"]),

@@ -48,8 +48,21 @@ def test_a_plant_task_has_no_simulator_and_says_how_to_evaluate():
 
 
 def test_round_trip_through_plain_data_keeps_every_field():
-    for task in (plant_task(observation_high=(3.2, math.inf, 80.0)), Task.from_env("IB-v0")):
+    for task in (
+        plant_task(observation_high=(3.2, math.inf, 80.0), exogenous=("inflow_m3h",)),
+        Task.from_env("IB-v0"),
+    ):
         assert Task.from_dict(task.to_dict()) == task
+    # A task without exogenous features keeps the record it always had.
+    assert "exogenous" not in plant_task().to_dict()
+
+
+def test_a_simulator_names_what_no_action_moves():
+    # The process tasks' setpoints and feed disturbances, the IB's setpoint.
+    assert Task.from_env("CSTR-v0").exogenous == ("Ca_setpoint", "Ti", "Caf")
+    assert Task.from_env("FourTank-v0").exogenous == ("h3_setpoint", "h4_setpoint")
+    assert Task.from_env("IB-v0").exogenous == ("setpoint",)
+    assert Task.from_env("Pipeline-v0").exogenous == ("target_flow",)
 
 
 def test_a_run_record_holds_the_task_without_its_default_cost_limits():
@@ -70,6 +83,8 @@ def test_a_run_record_holds_the_task_without_its_default_cost_limits():
         ({"cost_limits": {"overflow": 3.0}}, r"\['overflow'\] are not cost channels"),
         ({"cost_limits": {"high_level": -1.0}}, "cost_limits.high_level"),
         ({"action_low": (0.0,)}, "action_low: expected 2 values"),
+        ({"exogenous": ("outflow_m3h",)}, r"exogenous: \['outflow_m3h'\] are not observation"),
+        ({"exogenous": ("inflow_m3h", "inflow_m3h")}, "exogenous: .* named more than once"),
     ],
 )
 def test_bad_tasks_are_refused_naming_the_field(changes, message):

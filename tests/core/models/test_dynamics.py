@@ -3,6 +3,7 @@ stacked-frame shift, its known and learned channels, the out-of-distribution mea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -172,6 +173,53 @@ def test_a_prediction_outside_physics_is_clipped_onto_it_and_reported():
     checked = dynamics.checked_transition(bounded, observation, action, None, 0, True)
     np.testing.assert_allclose(checked[0], out.next_observation)
     np.testing.assert_allclose(checked[4], out.outside_physics, rtol=1e-6)
+
+
+def test_given_features_take_the_logged_frame_in_the_reward_and_the_next_step():
+    # Two features: a level the valve moves and a feed temperature no action moves
+    # (given); the reward reads both on the next row.
+    names = ("level", "feed")
+    known = KnownSignals(
+        signals=(KnownSignal("reward", None, "-abs(level - feed)", "next"),),
+        observation_names=names,
+        action_names=("valve",),
+    )
+    layout = DynamicsLayout(
+        observation_size=2, frame_size=2, action_size=1, n_costs=0, known=known, given=(1,)
+    )
+    assert layout.given_mask().tolist() == [False, True]
+    dynamics = make_dynamics(DynamicsConfig(hidden=(8,), n_members=3, n_elites=3), layout)
+    # The feed is predicted far below its physical floor of 0; the log says 0.7.
+    params = _params(dynamics, 2, 1).replace(
+        target_mean=jnp.asarray([0.1, -5.0]),
+        target_std=jnp.full(2, 1e-3),
+        frame_low=jnp.zeros(2),
+        frame_high=jnp.full(2, 10.0),
+    )
+    observation, action, logged = (
+        jnp.asarray([0.5, 0.6]),
+        jnp.asarray([0.0]),
+        jnp.asarray([9.0, 0.7]),
+    )
+    free = dynamics.step(params, observation, action, jax.random.PRNGKey(0), 0, True)
+    assert float(free.next_observation[1]) == 0.0 and float(free.outside_physics) > 4.0
+    out = dynamics.step(params, observation, action, jax.random.PRNGKey(0), 0, True, logged)
+    # The given feature is the log's; the level is still the model's (not the log's 9).
+    np.testing.assert_allclose(out.next_observation, [float(free.next_observation[0]), 0.7])
+    np.testing.assert_allclose(out.reward, -abs(float(out.next_observation[0]) - 0.7), rtol=1e-6)
+    # Neither charged as outside physics nor counted in the members' disagreement.
+    assert float(out.outside_physics) == 0.0 and float(out.member_std[1]) == 0.0
+    checked = dynamics.checked_transition(params, observation, action, None, 0, True, logged)
+    np.testing.assert_allclose(checked[0], out.next_observation)
+    assert float(checked[4]) == 0.0
+    # Without a layout's given features a logged frame changes nothing.
+    plain = dataclasses.replace(layout, given=())
+    same = make_dynamics(dynamics.config, plain).step(
+        params, observation, action, jax.random.PRNGKey(0), 0, True, logged
+    )
+    np.testing.assert_allclose(same.next_observation, free.next_observation)
+    with pytest.raises(ValueError, match="given features \\[2\\]"):
+        DynamicsLayout(observation_size=2, frame_size=2, action_size=1, n_costs=0, given=(2,))
 
 
 def test_step_vmaps_over_members_and_starts():

@@ -4,6 +4,8 @@ a policy leaving the data, and the logged replay on the same noise."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -216,3 +218,30 @@ def test_steps_far_outside_the_data_are_summed_apart(model, rolled):
     np.testing.assert_allclose(
         sums.far_return[every], sums.discounted_return[every], rtol=1e-5, atol=1e-5
     )
+
+
+def test_given_features_follow_the_log_step_by_step(model, rolled):
+    # x_1 marked given (exogenous): the same networks, each start's logged next frames.
+    dynamics, params, _, starts = model
+    _, lengths, plain = rolled
+    layout = dataclasses.replace(dynamics.layout, given=(1,))
+    given_dynamics = make_dynamics(dynamics.config, layout)
+    logged = jnp.asarray(np.random.default_rng(5).uniform(-0.5, 0.5, (8, HORIZON, 2)), jnp.float32)
+    program = jax.jit(
+        make_policy_rollouts(given_dynamics, act, horizon=HORIZON, discount=0.9, close_after=4)
+    )
+    sums = jax.device_get(program(POLICIES, params, starts, lengths, jax.random.PRNGKey(1), logged))
+    # After k = 4 steps the given feature is the 4th logged frame's, in every policy and
+    # member; the other feature is the model's (not the log's).
+    reached = np.asarray(lengths) >= 4
+    closing = sums.closing_observation[:, :, reached]
+    np.testing.assert_allclose(
+        closing[..., 1], np.broadcast_to(np.asarray(logged)[reached, 3, 1], closing.shape[:-1])
+    )
+    assert not np.allclose(closing[..., 0], np.asarray(logged)[reached, 3, 0])
+    # The members cannot disagree on what the log gives: the measured disagreement is
+    # that of the predicted feature alone (the uncertainty differs from the plain run).
+    assert not np.allclose(sums.total_uncertainty, plain.total_uncertainty)
+    # Without logged frames the program is the plain one.
+    again = jax.device_get(program(POLICIES, params, starts, lengths, jax.random.PRNGKey(1)))
+    np.testing.assert_allclose(again.discounted_return, plain.discounted_return, rtol=1e-6)

@@ -348,6 +348,13 @@ def test_the_card_of_a_plant_log_is_its_task(tmp_path):
     assert task.cost_limits == {"overheating": 5.0}
     assert task.cost_definitions["overheating"] == "max(temperature - 420, 0)"
     assert task.sampling_period == 60.0
+    assert task.exogenous == ()
+    # A measured disturbance no action moves is marked so, on the card and the task.
+    schema = SCHEMA.replace("  - pressure\n", "  - {column: pressure, exogenous: true}\n")
+    table_path, schema_path = _write(tmp_path, _table(), schema=schema)
+    dataset, card = load_plant_log(table_path, schema_path)
+    assert [c.exogenous for c in card.observation_columns] == [False, True]
+    assert card.task(dataset).exogenous == ("pressure",)
 
 
 # ----- untrusted files ---------------------------------------------------------------------

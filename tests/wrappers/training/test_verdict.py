@@ -24,7 +24,6 @@ from neorl_industrial.functional.state_management import ActionScaler
 from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.models import FitSettings, PlantModel
 from neorl_industrial.wrappers.training.selection import verdict_ranking
-from neorl_industrial.wrappers.training.verdict_results import interval_text
 from neorl_industrial.wrappers.training.verdict import (
     KEEP,
     PlantRules,
@@ -35,6 +34,7 @@ from neorl_industrial.wrappers.training.verdict import (
     merge_verdicts,
     model_verdict,
 )
+from neorl_industrial.wrappers.training.verdict_results import interval_text
 
 SCHEMA = """\
 name: heater-verdict

@@ -155,6 +155,13 @@ class Environment(abc.ABC, Generic[StateT, ParamsT]):
         return tuple(f"observation_{i}" for i in range(self.observation_size))
 
     @property
+    def exogenous_names(self) -> tuple[str, ...]:
+        """The observation features the actions cannot move (setpoint schedules,
+        measured disturbances): a plant model may take them from a log that holds their
+        future instead of predicting them. None by default."""
+        return ()
+
+    @property
     def action_names(self) -> tuple[str, ...]:
         """A name per action component."""
         return tuple(f"action_{i}" for i in range(self.action_size))

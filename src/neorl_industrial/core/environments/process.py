@@ -195,6 +195,13 @@ class ProcessEnv(Environment[ProcessState, ParamsT], Generic[ParamsT]):
         )
 
     @property
+    def exogenous_names(self) -> tuple[str, ...]:
+        """The setpoints of the tracked states and the disturbances: a schedule and the
+        feed, which no control moves."""
+        names = self.observation_names
+        return names[len(self._observed) :]
+
+    @property
     def observation_units(self) -> tuple[str | None, ...]:
         return (
             *(self.state_units[i] for i in self._observed),

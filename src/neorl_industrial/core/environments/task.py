@@ -93,6 +93,10 @@ class Task:
             from (a plant log's observed range; ``±inf`` where unknown); None: unknown.
             Outside it the shield flags an observation as out of distribution, nothing
             more.
+        exogenous: the observation features the actions cannot move (a measured
+            disturbance, a setpoint schedule, an ambient reading): where the log holds
+            their future (a verdict's held-out episodes), a plant model takes them from
+            it instead of predicting them.
     """
 
     name: str
@@ -116,6 +120,7 @@ class Task:
     constraints: ConstraintSpec | None = None
     data_low: tuple[float, ...] | None = None
     data_high: tuple[float, ...] | None = None
+    exogenous: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Validates; the fields must already hold their stored form (what
@@ -256,6 +261,7 @@ class Task:
             env_id=env_id,
             env_params=params_overrides,
             constraints=env.default_constraints(params),
+            exogenous=env.exogenous_names,
         )
 
     # ----- data -----------------------------------------------------------------------
@@ -365,6 +371,8 @@ class Task:
             "constraints": None if self.constraints is None else self.constraints.to_dict(),
             "data_low": bounds(self.data_low),
             "data_high": bounds(self.data_high),
+            # Only when declared: the record of a task without them stays as it was.
+            **({"exogenous": list(self.exogenous)} if self.exogenous else {}),
         }
 
     @classmethod
@@ -474,6 +482,11 @@ def _stored_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in limits.items():
         if not (math.isfinite(value) and value >= 0):
             raise TaskError(f"cost_limits.{key}: expected a finite number >= 0, got {value}")
+    exogenous = _names(values["exogenous"], "exogenous")
+    missing = [name for name in exogenous if name not in observation_names]
+    if missing:
+        raise TaskError(f"exogenous: {missing} are not observation features")
+    stored["exogenous"] = exogenous
     stored["cost_names"] = cost_names
     stored["cost_limits"] = limits
     stored["cost_definitions"] = {str(k): str(v) for k, v in values["cost_definitions"].items()}

@@ -56,6 +56,11 @@ class DynamicsLayout:
     Targets, in order: the change of the newest frame (``frame_size``), the reward unless
     known, the learned cost channels (``learned_costs``, by column); then a termination
     logit when ``terminals``.
+
+    ``given``: the frame's features no action moves (a task's ``exogenous``: setpoint
+    schedules, measured disturbances), by position in the frame. They are predicted like
+    any other, and a step given their logged values (``given=`` of :attr:`Dynamics.step`)
+    takes those instead: the reward, the costs and the next step see what the log holds.
     """
 
     observation_size: int
@@ -64,6 +69,7 @@ class DynamicsLayout:
     n_costs: int
     known: KnownSignals = dataclasses.field(default_factory=KnownSignals)
     terminals: bool = False
+    given: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.frame_size < 1 or self.observation_size % self.frame_size:
@@ -74,6 +80,19 @@ class DynamicsLayout:
         bad = [i for i in self.known.cost_indices if not 0 <= i < self.n_costs]
         if bad:
             raise ValueError(f"known cost columns {bad} outside the {self.n_costs} costs")
+        given = tuple(int(i) for i in self.given)
+        if given != tuple(sorted(set(given))) or any(not 0 <= i < self.frame_size for i in given):
+            raise ValueError(
+                f"given features {list(self.given)}: expected distinct positions in the "
+                f"frame of {self.frame_size}, in order"
+            )
+        object.__setattr__(self, "given", given)
+
+    def given_mask(self) -> np.ndarray:
+        """``[frame_size]`` True where a feature is :attr:`given`."""
+        mask = np.zeros(self.frame_size, bool)
+        mask[list(self.given)] = True
+        return mask
 
     @property
     def frame_stack(self) -> int:
@@ -189,13 +208,14 @@ class Dynamics(NamedTuple):
             of one member (``networks`` without member axis) on raw observations and
             actions in [-1, 1], with any leading axes.
         loss: ``loss(networks, params, batch) -> (loss, metrics)`` of one member on a batch.
-        step: ``step(params, observation, action, key, member=None, deterministic=False)
-            -> StepOutput`` for one observation; ``member`` picks the member whose
-            prediction is followed (an int, traced or not), None draws one per step;
-            ``deterministic`` follows its mean instead of a sample.
+        step: ``step(params, observation, action, key, member=None, deterministic=False,
+            given=None) -> StepOutput`` for one observation; ``member`` picks the member
+            whose prediction is followed (an int, traced or not), None draws one per step;
+            ``deterministic`` follows its mean instead of a sample; ``given`` (``[frame_size]``,
+            the logged new frame) supplies the layout's given features.
         transition: ``transition(params, observation, action, key, member,
-            deterministic=False) -> (next_observation, reward, costs, done)``: the step of
-            one member alone (no disagreement; one network evaluated, not all).
+            deterministic=False, given=None) -> (next_observation, reward, costs, done)``:
+            the step of one member alone (no disagreement; one network evaluated, not all).
         checked_transition: the same, with a fifth value: how far the prediction left
             the physical range before it was clipped (``StepOutput.outside_physics``).
         targets: ``targets(observations, actions_plant, next_observations, rewards, costs)
@@ -399,17 +419,29 @@ def _to_target(params: DynamicsParams, normalized: jax.Array) -> jax.Array:
 
 
 def _next_observation(
-    layout: DynamicsLayout, params: DynamicsParams, observation: jax.Array, target: jax.Array
+    layout: DynamicsLayout,
+    params: DynamicsParams,
+    observation: jax.Array,
+    target: jax.Array,
+    given: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The next observation from raw targets, the new frame clipped onto its physical
-    range, and how far the frame left that range (in spreads)."""
+    range, and how far the frame left that range (in spreads); with ``given`` (the
+    logged new frame), the layout's given features are the logged values (neither
+    clipped nor charged: the log is the plant)."""
     frame = layout.frame_size
     new_frame = observation[:frame] + target[:frame]
     excess = jnp.zeros((), observation.dtype)
+    taken = given is not None and bool(layout.given)
     if params.frame_low is not None:
         clipped = jnp.clip(new_frame, params.frame_low, params.frame_high)
-        excess = jnp.max(jnp.abs(new_frame - clipped) / params.obs_std[:frame])
+        outside = jnp.abs(new_frame - clipped) / params.obs_std[:frame]
+        if taken:
+            outside = jnp.where(layout.given_mask(), 0.0, outside)
+        excess = jnp.max(outside)
         new_frame = clipped
+    if taken:
+        new_frame = jnp.where(layout.given_mask(), given.astype(new_frame.dtype), new_frame)
     next_observation = jnp.concatenate([new_frame, observation[: layout.observation_size - frame]])
     return next_observation, excess
 
@@ -454,11 +486,12 @@ def _outcome(
     observation: jax.Array,
     action: jax.Array,
     normalized: jax.Array,
+    given: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Next observation, reward, costs and the physics excess of the followed normalized
-    prediction."""
+    prediction (the given features logged, with ``given``)."""
     target = _to_target(params, normalized)
-    next_observation, excess = _next_observation(layout, params, observation, target)
+    next_observation, excess = _next_observation(layout, params, observation, target, given)
     reward, costs = _signals(layout, params, observation, action, next_observation, target)
     return next_observation, reward, costs, excess
 
@@ -471,12 +504,13 @@ def _checked_transition(
     key: jax.Array,
     member: Any,
     deterministic: bool = False,
+    given: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     networks = jax.tree.map(lambda leaf: leaf[member], params.networks)
     prediction = _predict(model, networks, params, observation, action)
     normalized = _followed(prediction.mean, prediction.log_std, key, deterministic)
     next_observation, reward, costs, excess = _outcome(
-        model.layout, params, observation, action, normalized
+        model.layout, params, observation, action, normalized, given
     )
     done = (prediction.logit > 0.0) & model.layout.terminals
     return next_observation, reward, costs, done, excess
@@ -497,6 +531,7 @@ def _step(
     key: jax.Array,
     member: Any = None,
     deterministic: bool = False,
+    given: jax.Array | None = None,
 ) -> StepOutput:
     predictions = jax.vmap(functools.partial(_predict, model), in_axes=(0, None, None, None))(
         params.networks, params, observation, action
@@ -508,14 +543,14 @@ def _step(
         predictions.mean[member], predictions.log_std[member], noise_key, deterministic
     )
     next_observation, reward, costs, excess = _outcome(
-        model.layout, params, observation, action, normalized
+        model.layout, params, observation, action, normalized, given
     )
     frame = model.layout.frame_size
-    member_means = jnp.where(
-        params.target_fixed[:frame],
-        0.0,
-        predictions.mean[:, :frame] * params.target_std[:frame],
-    )
+    # Members cannot disagree on a constant target, nor on what the log gives.
+    agreed = params.target_fixed[:frame]
+    if given is not None and model.layout.given:
+        agreed = agreed | model.layout.given_mask()
+    member_means = jnp.where(agreed, 0.0, predictions.mean[:, :frame] * params.target_std[:frame])
     done = (predictions.logit[member] > 0.0) & model.layout.terminals
     return StepOutput(
         next_observation=next_observation,

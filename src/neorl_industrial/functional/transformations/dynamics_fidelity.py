@@ -2,7 +2,8 @@
 from a window's first observation the model is driven by the logged actions, and its
 predictions at step 1, 10 and ``H`` are compared with the log, per feature in the plant's
 units (and relative to the feature's spread), with the share of logged values inside the
-ensemble's 90 % interval.
+ensemble's 90 % interval. The features the model's layout marks ``given`` (no action moves
+them) are taken from the log step by step, as a verdict takes them, and are not scored.
 """
 
 from __future__ import annotations
@@ -93,21 +94,23 @@ def open_loop(
     """The model driven by the logged actions of the windows at ``starts`` (``dataset``'s
     actions in [-1, 1]; ``params`` with one member axis): every member's mean trajectory
     (their average is the point prediction) and ``n_samples`` sampled trajectories per
-    member, as one compiled program."""
+    member, as one compiled program (the layout's given features from the log)."""
     members = params.n_members
     frame = dynamics.layout.frame_size
+    takes_log = bool(dynamics.layout.given)
 
-    def trajectory(observation, actions, key, member, deterministic):
+    def trajectory(observation, actions, logged, key, member, deterministic):
         def body(observation, inputs):
-            action, key = inputs
+            action, given, key = inputs
             next_observation, reward, costs, _ = dynamics.transition(
-                params, observation, action, key, member, deterministic
-            )
+                params, observation, action, key, member, deterministic,
+                given if takes_log else None,
+            )  # fmt: skip
             signals = jnp.concatenate([reward[None], costs])
             return next_observation, (next_observation[:frame], signals)
 
         keys = jax.random.split(key, actions.shape[0])
-        _, (frames, signals) = jax.lax.scan(body, observation, (actions, keys))
+        _, (frames, signals) = jax.lax.scan(body, observation, (actions, logged, keys))
         return frames, signals
 
     @jax.jit
@@ -115,17 +118,22 @@ def open_loop(
         windows = _gather_windows(dataset, starts, horizon)
         member_ids = jnp.arange(members)
         mean_run = jax.vmap(  # windows × members, deterministic
-            jax.vmap(lambda o, a, m: trajectory(o, a, key, m, True), in_axes=(None, None, 0)),
-            in_axes=(0, 0, None),
-        )(windows.first, windows.actions, member_ids)
+            jax.vmap(
+                lambda o, a, g, m: trajectory(o, a, g, key, m, True), in_axes=(None, None, None, 0)
+            ),
+            in_axes=(0, 0, 0, None),
+        )(windows.first, windows.actions, windows.frames, member_ids)
         particle_members = jnp.repeat(member_ids, n_samples)
         n_windows, n_particles = starts.shape[0], particle_members.shape[0]
         particle_keys = jax.random.split(key, n_windows * n_particles)
         particle_keys = particle_keys.reshape(n_windows, n_particles, -1)
         sampled = jax.vmap(
-            jax.vmap(lambda o, a, k, m: trajectory(o, a, k, m, False), in_axes=(None, None, 0, 0)),
-            in_axes=(0, 0, 0, None),
-        )(windows.first, windows.actions, particle_keys, particle_members)
+            jax.vmap(
+                lambda o, a, g, k, m: trajectory(o, a, g, k, m, False),
+                in_axes=(None, None, None, 0, 0),
+            ),
+            in_axes=(0, 0, 0, 0, None),
+        )(windows.first, windows.actions, windows.frames, particle_keys, particle_members)
         return windows, mean_run, sampled
 
     windows, (mean_frames, mean_signals), (frames, signals) = jax.device_get(
@@ -176,13 +184,16 @@ def fidelity_table(
     signal_spread: Sequence[float],
     steps: Sequence[int],
     level: float = 0.9,
+    given: Sequence[bool] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per feature (then per reward and cost channel) and step of ``steps``,
     over the windows that reach that step inside their episode (``windows``): RMSE and
     MAE of the point prediction in the plant's units, RMSE relative to the feature's
     spread over the data (``None`` for a constant feature), and the share of logged
     values inside the ensemble's ``level`` interval (errors are ``None`` where no
-    window reaches the step)."""
+    window reaches the step). A feature ``given`` (taken from the log, not predicted)
+    has ``"given": True`` and no errors."""
+    given = [False] * len(feature_names) if given is None else [bool(g) for g in given]
     rows = []
     for kind, names, spreads, truth, point, particles in (
         ("observation", feature_names, feature_spread, run.truth, run.point, run.particles),
@@ -203,6 +214,13 @@ def fidelity_table(
         for i, name in enumerate(names):
             spread = float(spreads[i])
             for step in steps:
+                if kind == "observation" and given[i]:
+                    rows.append(
+                        {"kind": kind, "name": str(name), "step": int(step), "given": True,
+                         "windows": int(run.valid[:, step - 1].sum()), "rmse": None,
+                         "mae": None, "relative_rmse": None, "coverage": None}
+                    )  # fmt: skip
+                    continue
                 valid = run.valid[:, step - 1]
                 error = point[valid, step - 1, i] - truth[valid, step - 1, i]
                 rmse = float(np.sqrt(np.mean(np.square(error)))) if valid.any() else None

@@ -131,12 +131,21 @@ class ModelRolloutOptions:
 
 
 def step_uncertainty(
-    params: DynamicsParams, member_std: jax.Array, ood: jax.Array, frame_size: int
+    params: DynamicsParams,
+    member_std: jax.Array,
+    ood: jax.Array,
+    frame_size: int,
+    predicted: Any = None,
 ) -> jax.Array:
     """``u_t``: the members' disagreement on the new frame in units of each feature's
-    spread in the data (mean over the frame's features), plus the out-of-distribution
-    excess (already in spread units)."""
-    return jnp.mean(member_std / params.obs_std[:frame_size]) + ood
+    spread in the data (mean over the frame's features, or over the ``predicted`` ones:
+    a feature the log gives is not uncertain, nor does it dilute the others), plus the
+    out-of-distribution excess (already in spread units)."""
+    relative = member_std / params.obs_std[:frame_size]
+    if predicted is None:
+        return jnp.mean(relative) + ood
+    weights = jnp.asarray(predicted, relative.dtype)
+    return jnp.sum(relative * weights) / jnp.maximum(jnp.sum(weights), 1.0) + ood
 
 
 def _zeros(n_costs: int, obs_size: int) -> RolloutSums:
@@ -278,32 +287,35 @@ def _rollout(dynamics: Dynamics, options: ModelRolloutOptions) -> _Rollout:
         return _Carry(start, jnp.ones((), bool), jnp.zeros((), jnp.float32),
                       _zeros(n_costs, obs_size))  # fmt: skip
 
+    layout = dynamics.layout
+
     def stepper(params: DynamicsParams, member: jax.Array, length: jax.Array):
-        def predict(observation, action, key, measure, held):
+        def predict(observation, action, key, measure, held, given):
             """``(next_observation, reward, costs, done, disagreement, ood, physics)``
             (``physics``: how far the prediction left its physical range before it was
             clipped, in spreads). With ``measure`` every member predicts and their
             disagreement is measured; otherwise only ``member`` predicts and ``held`` is
-            passed on."""
+            passed on. ``given``: the logged new frame (None: everything predicted)."""
             ood = out_of_distribution(params, observation, action)
             if measure:
                 out = dynamics.step(params, observation, action, key, member,
-                                    options.deterministic)  # fmt: skip
+                                    options.deterministic, given)  # fmt: skip
+                predicted = None if given is None or not layout.given else ~layout.given_mask()
                 disagreement = step_uncertainty(
-                    params, out.member_std, 0.0, dynamics.layout.frame_size
+                    params, out.member_std, 0.0, layout.frame_size, predicted
                 )
                 return (
                     out.next_observation, out.reward, out.costs, out.done, disagreement, ood,
                     out.outside_physics,
                 )  # fmt: skip
             next_observation, reward, costs, done, physics = dynamics.checked_transition(
-                params, observation, action, key, member, options.deterministic
+                params, observation, action, key, member, options.deterministic, given
             )
             return next_observation, reward, costs, done, held, ood, physics
 
-        def step(carry: _Carry, action, overridden, key, t, measure) -> _Carry:
+        def step(carry: _Carry, action, overridden, key, t, measure, given=None) -> _Carry:
             next_observation, reward, costs, done, held, ood, physics = predict(
-                carry.observation, action, key, measure, carry.held
+                carry.observation, action, key, measure, carry.held, given
             )
             if options.reward_cap is not None:
                 reward = jnp.minimum(reward, options.reward_cap)
@@ -354,16 +366,19 @@ def make_policy_rollouts(
     The program's inputs: ``policy_params`` stacked on a leading axis ``P``;
     ``dynamics_params`` with ``M`` members; ``starts [N, obs_size]``; ``lengths [N]``
     steps counted per start (at most ``horizon``); ``key``: the noise of member ``m``
-    and start ``n`` is the same for every policy (and for :func:`make_logged_replay`).
+    and start ``n`` is the same for every policy (and for :func:`make_logged_replay`);
+    ``given [N, horizon, frame_size]`` (optional): each start's logged next frames, whose
+    features the layout marks ``given`` replace the predicted ones step by step (steps
+    past a start's length are not counted, so their values do not matter).
     """
     rollout = _rollout(dynamics, options or ModelRolloutOptions(**fields))
 
-    def one(policy_params, params, member, start, length, key):
+    def one(policy_params, params, member, start, length, key, given):
         step = rollout.stepper(params, member, length)
 
         def advance(carry, inputs, measure):
             carry, previous = carry
-            t, step_key = inputs
+            t, step_key, given_t = inputs
             if stochastic_policy:
                 act_key = jax.random.fold_in(step_key, 1)
                 proposed = act(policy_params, carry.observation, act_key, deterministic=False)
@@ -376,20 +391,25 @@ def make_policy_rollouts(
                 previous = safe
                 action = safe if scaler is None else scaler.scale(safe)
                 overridden = report.overridden
-            return step(carry, action, overridden, step_key, t, measure), previous
+            return step(carry, action, overridden, step_key, t, measure, given_t), previous
 
         previous = jnp.full((dynamics.layout.action_size,), jnp.nan, jnp.float32)
-        steps = (jnp.arange(rollout.padded), jax.random.split(key, rollout.padded))
+        steps = (
+            jnp.arange(rollout.padded),
+            jax.random.split(key, rollout.padded),
+            None if given is None else _padded_steps(given, rollout.padded),
+        )
         carry, _ = rollout.scan(advance, (rollout.first(start), previous), steps)
         return carry.sums
 
-    def rollouts(policy_params, params, starts, lengths, key):
+    def rollouts(policy_params, params, starts, lengths, key, given=None):
         members = jnp.arange(params.n_members)
         keys = _member_start_keys(key, params.n_members, starts.shape[0])
-        per_start = jax.vmap(one, in_axes=(None, None, None, 0, 0, 0))
-        per_member = jax.vmap(per_start, in_axes=(None, None, 0, None, None, 0))
-        per_policy = jax.vmap(per_member, in_axes=(0, None, None, None, None, None))
-        return per_policy(policy_params, params, members, starts, lengths, keys)
+        given_axis = None if given is None else 0
+        per_start = jax.vmap(one, in_axes=(None, None, None, 0, 0, 0, given_axis))
+        per_member = jax.vmap(per_start, in_axes=(None, None, 0, None, None, 0, None))
+        per_policy = jax.vmap(per_member, in_axes=(0, None, None, None, None, None, None))
+        return per_policy(policy_params, params, members, starts, lengths, keys, given)
 
     return rollouts
 
@@ -413,8 +433,7 @@ def make_logged_replay(
             return step(carry, action, no_override, step_key, t, measure)
 
         padded = rollout.padded
-        actions = jnp.pad(actions, ((0, padded - actions.shape[0]), (0, 0)), mode="edge")
-        steps = (jnp.arange(padded), actions, jax.random.split(key, padded))
+        steps = (jnp.arange(padded), _padded_steps(actions, padded), jax.random.split(key, padded))
         return rollout.scan(advance, rollout.first(start), steps).sums
 
     def replay(params, starts, actions, lengths, key):
@@ -425,6 +444,15 @@ def make_logged_replay(
         return per_member(params, members, starts, actions, lengths, keys)
 
     return replay
+
+
+def _padded_steps(values: jax.Array, padded: int) -> jax.Array:
+    """``values [T, ...]`` cut or edge-padded to ``padded`` steps."""
+    values = values[:padded]
+    pad = padded - values.shape[0]
+    if pad <= 0:
+        return values
+    return jnp.pad(values, ((0, pad),) + ((0, 0),) * (values.ndim - 1), mode="edge")
 
 
 def _member_start_keys(key: jax.Array, n_members: int, n_starts: int) -> jax.Array:

@@ -37,7 +37,8 @@ class ColumnInfo(BaseModel):
     """Physical meaning of one observation or action column (known for plant logs):
     ``bounds`` is an action's range, or an observation's physical range (outside it a
     reading is invalid); ``observed`` is the range an observation spans in the data
-    (outside it an observation is flagged as out of distribution)."""
+    (outside it an observation is flagged as out of distribution); ``exogenous``: an
+    observation no action moves (a measured disturbance, a setpoint schedule)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -45,6 +46,7 @@ class ColumnInfo(BaseModel):
     unit: str | None = None
     bounds: tuple[float, float] | None = None
     observed: tuple[float, float] | None = None
+    exogenous: bool = False
 
     @field_validator("bounds", "observed")
     @classmethod
@@ -225,6 +227,7 @@ class DatasetCard(BaseModel):
                 num_actions=_num_actions(dataset) if discrete else None,
                 env_id=self.env_id if has_simulator else None,
                 env_params=dict(self.env_params) if has_simulator else {},
+                exogenous=tuple(c.name for c in self.observation_columns or () if c.exogenous),
             )
         except (TaskError, ValueError) as error:
             raise ValueError(f"{source}: {error}") from None

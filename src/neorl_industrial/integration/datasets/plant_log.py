@@ -539,7 +539,13 @@ def _card(
         for low, high in zip(seen.min(axis=0), seen.max(axis=0), strict=True)
     ]
     sensors = [
-        ColumnInfo(name=s.column, unit=s.unit, bounds=s.physical_range, observed=span)
+        ColumnInfo(
+            name=s.column,
+            unit=s.unit,
+            bounds=s.physical_range,
+            observed=span,
+            exogenous=s.exogenous,
+        )
         for s, span in zip(schema.observations, observed, strict=True)
     ]
     actuators = [ColumnInfo(name=s.column, unit=s.unit, bounds=s.bounds) for s in schema.actions]

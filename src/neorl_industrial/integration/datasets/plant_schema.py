@@ -12,6 +12,7 @@ Example::
     observations:
       - {column: temperature, unit: degC, physical: [0, 500]}  # the sensor's range
       - pressure                # a bare column name: no unit, no physical range
+      - {column: feed_temp, unit: degC, exogenous: true}  # no action moves it
     actions:
       - {column: valve, unit: "%", bounds: [0, 100]}   # bounds are required
     reward: -abs(temperature - 350) - 0.01 * valve
@@ -30,6 +31,13 @@ shield's fallback at run time). ``bounds`` on an observation is the older name o
 same range. The range of the data itself (min and max of each column) is measured on
 import and recorded on the card: outside it an observation is only flagged as out of
 distribution.
+
+An observation marked ``exogenous: true`` is one the actions cannot move: a measured
+disturbance (feed temperature, ambient, upstream flow) or a setpoint schedule. Where the
+log holds its future (the held-out episodes a verdict judges candidates on), the plant
+model takes it from the log instead of predicting it, for the candidates and today's
+operation alike. Mark only what no action can move: a candidate's actions cannot change
+a value taken from the log.
 """
 
 from __future__ import annotations
@@ -85,7 +93,8 @@ class ColumnSpec(BaseModel):
     """One observation column; a bare string is shorthand for ``{column: <string>}``.
 
     ``physical`` is the sensor's range: a reading outside it is invalid (``bounds``, the
-    older name, means the same; give one of the two).
+    older name, means the same; give one of the two). ``exogenous``: no action moves it
+    (see the module docstring).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -94,6 +103,7 @@ class ColumnSpec(BaseModel):
     unit: str | None = None
     physical: tuple[float, float] | None = None
     bounds: tuple[float, float] | None = None
+    exogenous: bool = False
 
     @model_validator(mode="before")
     @classmethod

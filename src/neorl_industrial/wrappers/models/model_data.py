@@ -182,6 +182,23 @@ def known_signals(
     return dataclasses.replace(names, signals=tuple(known)), how
 
 
+def given_features(task: Task, frame_size: int) -> tuple[int, ...]:
+    """Positions in the newest frame of the task's exogenous features (what a rollout
+    from a logged start may take from the log).
+
+    Raises:
+        PlantModelError: for an exogenous feature that is not in the newest frame.
+    """
+    frame = list(task.observation_names[:frame_size])
+    outside = [name for name in task.exogenous if name not in frame]
+    if outside:
+        raise PlantModelError(
+            f"task {task.name!r}: exogenous features {outside} are not in the newest "
+            f"frame of {frame_size} features ({', '.join(frame[:6])}...)"
+        )
+    return tuple(sorted(frame.index(name) for name in task.exogenous))
+
+
 def layout_record(layout: DynamicsLayout) -> dict[str, Any]:
     """The card's ``layout``."""
     return {
@@ -192,6 +209,7 @@ def layout_record(layout: DynamicsLayout) -> dict[str, Any]:
         "n_costs": layout.n_costs,
         "terminals": layout.terminals,
         "known": layout.known.to_dict(),
+        "given": list(layout.given),
     }
 
 

@@ -36,7 +36,8 @@ def open_loop_fidelity(
     """Open-loop fidelity of ``model`` (``PlantModel.fidelity``) on ``episodes`` of
     ``dataset`` (plant units; by default the held-out episodes of the data the model was
     fitted on, which ``dataset`` must then be): errors at 1, 10 and ``horizon`` steps per
-    feature, and the share of logged values inside the ensemble's 90 % interval.
+    feature, and the share of logged values inside the ensemble's 90 % interval (the
+    features the model takes from the log, its exogenous ones, marked ``given``).
 
     Raises:
         PlantModelError: when no episode is long enough for one window, or (default
@@ -84,6 +85,7 @@ def open_loop_fidelity(
         flat_signals.std(axis=0),
         steps,
         LEVEL,
+        given=model.dynamics.layout.given_mask(),
     )
     units = dict(zip(model.task.observation_names, model.task.observation_units, strict=True))
     for row in rows:

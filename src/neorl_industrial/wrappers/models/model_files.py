@@ -87,6 +87,7 @@ def load_model(
             n_costs=int(saved["n_costs"]),
             known=KnownSignals.from_dict(saved["known"]),
             terminals=bool(saved["terminals"]),
+            given=tuple(int(i) for i in saved.get("given", ())),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise PlantModelError(f"{card_path}: malformed ({error})") from None

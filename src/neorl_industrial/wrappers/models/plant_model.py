@@ -58,6 +58,7 @@ from neorl_industrial.wrappers.models.model_data import (
     FitSettings,
     dataset_fingerprint,
     fit_record,
+    given_features,
     known_signals,
     layout_record,
     split_episodes,
@@ -245,6 +246,7 @@ class PlantModel:
             n_costs=dataset.n_costs,
             known=known,
             terminals=bool(np.asarray(jax.device_get(dataset.terminals)).any()),
+            given=given_features(self.task, frame_size),
         )
         self.dynamics = make_dynamics(self.config, layout)
         unit = self._unit_actions(dataset)

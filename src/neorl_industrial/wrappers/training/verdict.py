@@ -166,7 +166,8 @@ def model_verdict(
     n_costs = heldout.n_costs
     lengths = np.asarray(jax.device_get(heldout.episode_lengths), np.int64)
     limits = rules.cost_limits
-    starts = _starts_of(heldout, settings)
+    given = plant_model.dynamics.layout.given
+    starts = _starts_of(heldout, settings, given)
     case = _Case(
         heldout=heldout,
         plant_model=plant_model,
@@ -177,22 +178,33 @@ def model_verdict(
         episode_length=int(rules.episode_length or max(1, round(float(lengths.mean())))),
         settings=settings,
         rules=rules,
-        selection=None if selection is None else _selection_starts(selection, starts, settings),
+        selection=None
+        if selection is None
+        else _selection_starts(selection, starts, settings, given),
         selection_data=selection,
     )
     return _verdict_of(case, names, _estimate(case, candidates))
 
 
-def _selection_starts(selection: Dataset, test: _Starts, settings: VerdictSettings) -> _Starts:
+def _selection_starts(
+    selection: Dataset, test: _Starts, settings: VerdictSettings, given: Sequence[int]
+) -> _Starts:
     """The training split's starts: half as many as the test's (the selection reads
-    them in the same program call, so they cost half a test more), over at most its
-    horizon."""
-    return _starts_of(
+    them in the same program call, so they cost half a test more), over the test's
+    horizon (their logged frames padded to it)."""
+    starts = _starts_of(
         selection,
         dataclasses.replace(
             settings, max_starts=max(1, -(-len(test.rows) // 2)), horizon=test.horizon
         ),
+        given,
     )
+    if starts.given is not None and starts.given.shape[1] < test.horizon:
+        pad = test.horizon - starts.given.shape[1]
+        starts = dataclasses.replace(
+            starts, given=np.pad(starts.given, ((0, 0), (0, pad), (0, 0)), mode="edge")
+        )
+    return starts
 
 
 class _Estimates(NamedTuple):

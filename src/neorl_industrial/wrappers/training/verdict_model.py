@@ -58,6 +58,10 @@ class _Starts:
         rewards: every held-out step's reward.
         logged_discounted: each start's logged discounted return over its length.
         logged_costs: ``[starts, channels]`` each start's logged cost over its length.
+        given: ``[starts, horizon, frame_size]`` each start's logged next frames step by
+            step (the last repeated past its length), whose features the plant model
+            marks ``given`` (exogenous) a rollout takes from the log; None when it marks
+            none.
     """
 
     rows: np.ndarray
@@ -68,9 +72,21 @@ class _Starts:
     rewards: np.ndarray
     logged_discounted: np.ndarray
     logged_costs: np.ndarray
+    given: np.ndarray | None = None
 
 
-def _starts_of(heldout: Dataset, settings: VerdictSettings) -> _Starts:
+def _logged_frames(heldout: Dataset, rows: np.ndarray, lengths: np.ndarray, horizon: int):
+    """``[starts, horizon, frame_size]`` the next observation's newest frame of each
+    start's transitions, in order (the last one repeated past the start's length)."""
+    steps = np.minimum(np.arange(horizon)[None, :], np.maximum(lengths, 1)[:, None] - 1)
+    index = np.asarray(jax.device_get(heldout.observation_index), np.int64)
+    frames = np.asarray(jax.device_get(heldout.observations), np.float32)
+    return frames[index[rows[:, None] + steps] + 1]
+
+
+def _starts_of(heldout: Dataset, settings: VerdictSettings, given: Sequence[int] = ()) -> _Starts:
+    """The held-out starts (``given``: the plant model's given features; their logged
+    frames are kept when there are any)."""
     rows, episodes = evaluation_starts(heldout, settings.max_starts)
     steps_to_end = np.asarray(jax.device_get(heldout.steps_to_end), np.int64)[rows]
     horizon = int(min(settings.horizon, steps_to_end.max()))
@@ -97,6 +113,7 @@ def _starts_of(heldout: Dataset, settings: VerdictSettings) -> _Starts:
             if n_costs
             else np.zeros((len(rows), 0))
         ),
+        given=_logged_frames(heldout, rows, lengths, horizon) if len(given) else None,
     )
 
 
@@ -177,14 +194,19 @@ def _rollouts(
     key = jax.random.PRNGKey(settings.seed)
     # The training split's starts ride along in the same calls (one program each), so
     # the model noise of every start stays common to the candidates and the clone.
-    first, lengths = starts.first, starts.lengths
+    first, lengths, given = starts.first, starts.lengths, starts.given
     if case.selection is not None:
         first = jnp.concatenate([first, case.selection.first])
         lengths = np.concatenate([lengths, case.selection.lengths])
+        if given is not None:  # the same horizon (the selection's is the test's)
+            given = np.concatenate([given, case.selection.given])
     lengths = jnp.asarray(lengths, jnp.int32)
+    given = None if given is None else jnp.asarray(given)
     params = case.params
-    rolled = jax.device_get(rollouts(candidates.policy_params, params, first, lengths, key))
-    baseline = jax.device_get(baseline_rollouts(operators.params, params, first, lengths, key))
+    rolled = jax.device_get(rollouts(candidates.policy_params, params, first, lengths, key, given))
+    baseline = jax.device_get(
+        baseline_rollouts(operators.params, params, first, lengths, key, given)
+    )
     n = len(starts.rows)
 
     def part(sums: Any, rows: slice) -> RolloutSums:  # [..., M, N, ...] -> float64 rows

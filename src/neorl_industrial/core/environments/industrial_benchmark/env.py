@@ -184,6 +184,11 @@ class IndustrialBenchmark(UniformNoiseEnvironment[IBEnvState, IBParams]):
         return tuple(names)
 
     @property
+    def exogenous_names(self) -> tuple[str, ...]:
+        """The setpoint (the load demand, fixed for an episode): no action moves it."""
+        return ("setpoint",)
+
+    @property
     def action_names(self) -> tuple[str, ...]:
         """The settings each action changes; a discrete action is one index."""
         return ("action",) if self.discrete else ACTION_NAMES

@@ -252,6 +252,11 @@ class Pipeline(UniformNoiseEnvironment[PipelineState, PipelineParams]):
         )
 
     @property
+    def exogenous_names(self) -> tuple[str, ...]:
+        """The target flow (a schedule): no gate moves it."""
+        return ("target_flow",)
+
+    @property
     def action_names(self) -> tuple[str, ...]:
         return ACTION_NAMES
 
