@@ -218,7 +218,7 @@ def test_given_features_take_the_logged_frame_in_the_reward_and_the_next_step():
         params, observation, action, jax.random.PRNGKey(0), 0, True, logged
     )
     np.testing.assert_allclose(same.next_observation, free.next_observation)
-    with pytest.raises(ValueError, match="given features \\[2\\]"):
+    with pytest.raises(ValueError, match="given features \\(2,\\)"):
         DynamicsLayout(observation_size=2, frame_size=2, action_size=1, n_costs=0, given=(2,))
 
 

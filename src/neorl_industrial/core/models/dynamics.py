@@ -80,13 +80,16 @@ class DynamicsLayout:
         bad = [i for i in self.known.cost_indices if not 0 <= i < self.n_costs]
         if bad:
             raise ValueError(f"known cost columns {bad} outside the {self.n_costs} costs")
-        given = tuple(int(i) for i in self.given)
-        if given != tuple(sorted(set(given))) or any(not 0 <= i < self.frame_size for i in given):
+        given = self.given
+        if (
+            not isinstance(given, tuple)
+            or any(type(i) is not int or not 0 <= i < self.frame_size for i in given)
+            or list(given) != sorted(set(given))
+        ):
             raise ValueError(
-                f"given features {list(self.given)}: expected distinct positions in the "
+                f"given features {given!r}: expected a tuple of distinct positions in the "
                 f"frame of {self.frame_size}, in order"
             )
-        object.__setattr__(self, "given", given)
 
     def given_mask(self) -> np.ndarray:
         """``[frame_size]`` True where a feature is :attr:`given`."""
