@@ -206,14 +206,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     ope = OPESettings(
         always=True, holdout=args.holdout, split_seed=args.split_seed, updates=50, seeds=(0, 1)
     )
-    settings = VerdictSettings(
-        horizon=args.horizon,
-        max_starts=args.starts,
-        bootstrap=args.bootstrap,
-        fqe_updates=args.fqe_updates,
-        bc_updates=args.fqe_updates,
-        fqe_hidden=tuple(args.hidden),
-    )
+    settings = _verdict_settings(args)
     train_ids = np.asarray(model.card["dataset"]["train_episodes"])
     training = dataset.select_episodes(train_ids)
     trained: list[tuple[str, Any, float]] = []
@@ -362,6 +355,21 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _verdict_settings(args: argparse.Namespace) -> Any:
+    """The verdict's settings of a study run."""
+    from neorl_industrial.wrappers.training.verdict import VerdictSettings
+
+    return VerdictSettings(
+        horizon=args.horizon,
+        max_starts=args.starts,
+        bootstrap=args.bootstrap,
+        fqe_updates=args.fqe_updates,
+        bc_updates=args.fqe_updates,
+        fqe_hidden=tuple(args.hidden),
+        replay_residuals=bool(getattr(args, "replay_residuals", False)),
+    )
+
+
 def _window_text(config: dict[str, Any]) -> str:
     """How the plant model trained, where not one step ahead (older results: one step)."""
     steps = int(config.get("model_window", 1) or 1)
@@ -390,7 +398,6 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from neorl_industrial.wrappers.training.verdict import (
         PlantRules,
         VerdictCandidates,
-        VerdictSettings,
         model_verdict,
     )
 
@@ -409,14 +416,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
     heldout = dataset.select_episodes(holdout_ids)
     training = dataset.select_episodes(np.asarray(model.card["dataset"]["train_episodes"]))
     logged = np.asarray(jax.device_get(dataset.episode_returns()), np.float64)
-    settings = VerdictSettings(
-        horizon=args.horizon,
-        max_starts=args.starts,
-        bootstrap=args.bootstrap,
-        fqe_updates=args.fqe_updates,
-        bc_updates=args.fqe_updates,
-        fqe_hidden=tuple(args.hidden),
-    )
+    settings = _verdict_settings(args)
     trained: list[tuple[str, Any, float]] = []
     for label, algorithm, hyperparameters in _plant_candidates(args):
         progress(f"{name}: {label} x {args.seeds} seeds, {args.updates} updates")
@@ -1202,6 +1202,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--model-window", type=int, default=1, help="the plant model's training window steps"
     )
+    parser.add_argument(
+        "--replay-residuals",
+        action="store_true",
+        help="today's operation in the model: the clone with the operators' own deviations "
+        "from it replayed along the logged steps (VerdictSettings.replay_residuals)",
+    )
     parser.add_argument("--fidelity-episodes", type=int, default=16)
     parser.add_argument("--horizon", type=int, default=300, help="verdict model steps")
     parser.add_argument("--starts", type=int, default=50, help="verdict starts at most")
@@ -1288,6 +1294,7 @@ CONFIG_KEYS = (
     "split_seed",
     "model_updates",
     "model_window",
+    "replay_residuals",
     "model_hidden",
     "fidelity_episodes",
     "horizon",

@@ -369,21 +369,26 @@ def make_policy_rollouts(
     and start ``n`` is the same for every policy (and for :func:`make_logged_replay`);
     ``given [N, horizon, frame_size]`` (optional): each start's logged next frames, whose
     features the layout marks ``given`` replace the predicted ones step by step (steps
-    past a start's length are not counted, so their values do not matter).
+    past a start's length are not counted, so their values do not matter);
+    ``offsets [N, horizon, action_size]`` (optional): added to the policy's action step by
+    step (in [-1, 1], clipped onto it) before the shield: a logged sequence replayed on top
+    of a feedback policy.
     """
     rollout = _rollout(dynamics, options or ModelRolloutOptions(**fields))
 
-    def one(policy_params, params, member, start, length, key, given):
+    def one(policy_params, params, member, start, length, key, given, offsets):
         step = rollout.stepper(params, member, length)
 
         def advance(carry, inputs, measure):
             carry, previous = carry
-            t, step_key, given_t = inputs
+            t, step_key, given_t, offset_t = inputs
             if stochastic_policy:
                 act_key = jax.random.fold_in(step_key, 1)
                 proposed = act(policy_params, carry.observation, act_key, deterministic=False)
             else:
                 proposed = act(policy_params, carry.observation, None, deterministic=True)
+            if offset_t is not None:
+                proposed = jnp.clip(proposed + offset_t, -1.0, 1.0)
             action, overridden = proposed, jnp.zeros((), bool)
             if constraints is not None:
                 plant = proposed if scaler is None else scaler.unscale(proposed)
@@ -398,18 +403,19 @@ def make_policy_rollouts(
             jnp.arange(rollout.padded),
             jax.random.split(key, rollout.padded),
             None if given is None else _padded_steps(given, rollout.padded),
+            None if offsets is None else _padded_steps(offsets, rollout.padded),
         )
         carry, _ = rollout.scan(advance, (rollout.first(start), previous), steps)
         return carry.sums
 
-    def rollouts(policy_params, params, starts, lengths, key, given=None):
+    def rollouts(policy_params, params, starts, lengths, key, given=None, offsets=None):
         members = jnp.arange(params.n_members)
         keys = _member_start_keys(key, params.n_members, starts.shape[0])
-        given_axis = None if given is None else 0
-        per_start = jax.vmap(one, in_axes=(None, None, None, 0, 0, 0, given_axis))
-        per_member = jax.vmap(per_start, in_axes=(None, None, 0, None, None, 0, None))
-        per_policy = jax.vmap(per_member, in_axes=(0, None, None, None, None, None, None))
-        return per_policy(policy_params, params, members, starts, lengths, keys, given)
+        per_start_axes = tuple(None if x is None else 0 for x in (given, offsets))
+        per_start = jax.vmap(one, in_axes=(None, None, None, 0, 0, 0, *per_start_axes))
+        per_member = jax.vmap(per_start, in_axes=(None, None, 0, None, None, 0, None, None))
+        per_policy = jax.vmap(per_member, in_axes=(0, None, None, None, None, None, None, None))
+        return per_policy(policy_params, params, members, starts, lengths, keys, given, offsets)
 
     return rollouts
 

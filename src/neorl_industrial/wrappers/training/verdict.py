@@ -190,21 +190,16 @@ def _selection_starts(
     selection: Dataset, test: _Starts, settings: VerdictSettings, given: Sequence[int]
 ) -> _Starts:
     """The training split's starts: half as many as the test's (the selection reads
-    them in the same program call, so they cost half a test more), over the test's
-    horizon (their logged frames padded to it)."""
-    starts = _starts_of(
+    them in the same program call, so they cost half a test more), over at most the
+    test's horizon (their per-step arrays as wide as the test's)."""
+    return _starts_of(
         selection,
         dataclasses.replace(
             settings, max_starts=max(1, -(-len(test.rows) // 2)), horizon=test.horizon
         ),
         given,
+        width=test.horizon,
     )
-    if starts.given is not None and starts.given.shape[1] < test.horizon:
-        pad = test.horizon - starts.given.shape[1]
-        starts = dataclasses.replace(
-            starts, given=np.pad(starts.given, ((0, 0), (0, pad), (0, 0)), mode="edge")
-        )
-    return starts
 
 
 class _Estimates(NamedTuple):

@@ -274,15 +274,22 @@ class _Clone:
     params: Any
 
 
+def clone_residuals(clone: _Clone, data: Dataset) -> np.ndarray:
+    """``[n_transitions, action_size]`` the logged actions less the clone's (in [-1, 1]):
+    what the operators did that the clone of the logged state does not."""
+    observations = data.transition_observations()
+    mean = jax.vmap(lambda o: clone.act(clone.params, o, None, deterministic=True))(observations)
+    residual = np.asarray(jax.device_get(data.actions - mean), np.float32)
+    return residual.reshape(data.n_transitions, -1)
+
+
 def _operators_policy(clone: _Clone, heldout: Dataset, noise: bool) -> _Clone:
     """Today's operation as a policy for the model: the clone's action plus, with
     ``noise``, Gaussian noise of the spread of the logged actions around it (per action,
     in [-1, 1]; operators do not repeat the same move from the same state), clipped to
     [-1, 1]. Its parameters carry a leading policy axis of 1."""
-    observations = heldout.transition_observations()
-    mean = jax.vmap(lambda o: clone.act(clone.params, o, None, deterministic=True))(observations)
-    residual = np.asarray(jax.device_get(heldout.actions - mean), np.float64)
-    spread = residual.reshape(heldout.n_transitions, -1).std(axis=0) if noise else 0.0
+    residual = clone_residuals(clone, heldout).astype(np.float64)
+    spread = residual.std(axis=0) if noise else 0.0
     params = {
         "clone": clone.params,
         "noise": jnp.asarray(np.broadcast_to(spread, (heldout.action_size,)), jnp.float32),

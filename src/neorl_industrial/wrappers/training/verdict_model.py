@@ -34,6 +34,7 @@ from neorl_industrial.wrappers.training.verdict_fqe import (
     VerdictCandidates,
     _behaviour_clone,
     _operators_policy,
+    clone_residuals,
 )
 from neorl_industrial.wrappers.training.verdict_results import (
     EXACT_BOUND,
@@ -58,10 +59,12 @@ class _Starts:
         rewards: every held-out step's reward.
         logged_discounted: each start's logged discounted return over its length.
         logged_costs: ``[starts, channels]`` each start's logged cost over its length.
-        given: ``[starts, horizon, frame_size]`` each start's logged next frames step by
-            step (the last repeated past its length), whose features the plant model
-            marks ``given`` (exogenous) a rollout takes from the log; None when it marks
-            none.
+        step_rows: ``[starts, width]`` the held-out transition of each start's every
+            step (its last one repeated past its length; ``width``: the horizon, or the
+            test's for the training split's starts).
+        given: ``[starts, width, frame_size]`` each start's logged next frames step by
+            step, whose features the plant model marks ``given`` (exogenous) a rollout
+            takes from the log; None when it marks none.
     """
 
     rows: np.ndarray
@@ -72,25 +75,25 @@ class _Starts:
     rewards: np.ndarray
     logged_discounted: np.ndarray
     logged_costs: np.ndarray
+    step_rows: np.ndarray
     given: np.ndarray | None = None
 
 
-def _logged_frames(heldout: Dataset, rows: np.ndarray, lengths: np.ndarray, horizon: int):
-    """``[starts, horizon, frame_size]`` the next observation's newest frame of each
-    start's transitions, in order (the last one repeated past the start's length)."""
-    steps = np.minimum(np.arange(horizon)[None, :], np.maximum(lengths, 1)[:, None] - 1)
-    index = np.asarray(jax.device_get(heldout.observation_index), np.int64)
-    frames = np.asarray(jax.device_get(heldout.observations), np.float32)
-    return frames[index[rows[:, None] + steps] + 1]
-
-
-def _starts_of(heldout: Dataset, settings: VerdictSettings, given: Sequence[int] = ()) -> _Starts:
-    """The held-out starts (``given``: the plant model's given features; their logged
-    frames are kept when there are any)."""
+def _starts_of(
+    heldout: Dataset,
+    settings: VerdictSettings,
+    given: Sequence[int] = (),
+    width: int | None = None,
+) -> _Starts:
+    """The held-out starts (``given``: the plant model's given features, whose logged
+    frames are kept when there are any; ``width``: steps of the per-step arrays, the
+    horizon by default)."""
     rows, episodes = evaluation_starts(heldout, settings.max_starts)
     steps_to_end = np.asarray(jax.device_get(heldout.steps_to_end), np.int64)[rows]
     horizon = int(min(settings.horizon, steps_to_end.max()))
     lengths = np.minimum(steps_to_end, horizon)
+    steps = np.arange(max(width or horizon, horizon))[None, :]
+    step_rows = rows[:, None] + np.minimum(steps, np.maximum(lengths, 1)[:, None] - 1)
     rewards = np.asarray(jax.device_get(heldout.rewards), np.float64)
     n_costs = heldout.n_costs
     cost_matrix = np.asarray(jax.device_get(heldout.costs), np.float64).reshape(-1, n_costs)
@@ -113,8 +116,16 @@ def _starts_of(heldout: Dataset, settings: VerdictSettings, given: Sequence[int]
             if n_costs
             else np.zeros((len(rows), 0))
         ),
-        given=_logged_frames(heldout, rows, lengths, horizon) if len(given) else None,
+        step_rows=step_rows,
+        given=_logged_frames(heldout, step_rows) if len(given) else None,
     )
+
+
+def _logged_frames(heldout: Dataset, step_rows: np.ndarray) -> np.ndarray:
+    """``[..., frame_size]`` the next observation's newest frame of each transition."""
+    index = np.asarray(jax.device_get(heldout.observation_index), np.int64)
+    frames = np.asarray(jax.device_get(heldout.observations), np.float32)
+    return frames[index[step_rows] + 1]
 
 
 class PlantRules(NamedTuple):
@@ -180,7 +191,9 @@ def _rollouts(
         )
     )
     clone = _behaviour_clone(heldout, settings)
-    operators = _operators_policy(clone, heldout, settings.operator_noise)
+    replay = settings.replay_residuals
+    noise = settings.operator_noise and not replay
+    operators = _operators_policy(clone, heldout, noise)
     baseline_rollouts = jax.jit(
         make_policy_rollouts(
             dynamics,
@@ -188,24 +201,31 @@ def _rollouts(
             options,
             constraints=constraints,
             scaler=scaler,
-            stochastic_policy=settings.operator_noise,
+            stochastic_policy=noise,
         )
     )
     key = jax.random.PRNGKey(settings.seed)
     # The training split's starts ride along in the same calls (one program each), so
     # the model noise of every start stays common to the candidates and the clone.
     first, lengths, given = starts.first, starts.lengths, starts.given
+    # The operators' own deviations from the clone along each start's logged steps, or
+    # None (their noise drawn, or none).
+    offsets = clone_residuals(clone, heldout)[starts.step_rows] if replay else None
     if case.selection is not None:
         first = jnp.concatenate([first, case.selection.first])
         lengths = np.concatenate([lengths, case.selection.lengths])
-        if given is not None:  # the same horizon (the selection's is the test's)
+        if given is not None:  # the same width (the selection's is the test's)
             given = np.concatenate([given, case.selection.given])
+        if replay:
+            own = clone_residuals(clone, case.selection_data)[case.selection.step_rows]
+            offsets = np.concatenate([offsets, own])
     lengths = jnp.asarray(lengths, jnp.int32)
     given = None if given is None else jnp.asarray(given)
+    offsets = None if offsets is None else jnp.asarray(offsets, jnp.float32)
     params = case.params
     rolled = jax.device_get(rollouts(candidates.policy_params, params, first, lengths, key, given))
     baseline = jax.device_get(
-        baseline_rollouts(operators.params, params, first, lengths, key, given)
+        baseline_rollouts(operators.params, params, first, lengths, key, given, offsets)
     )
     n = len(starts.rows)
 

@@ -67,6 +67,10 @@ class VerdictSettings:
         bc_updates: updates of the behaviour clone (the operators' policy in the model).
         operator_noise: the clone acts with the operators' action noise (the spread of
             their logged actions around the clone's) instead of its mean action.
+        replay_residuals: today's operation in the model is the clone with the
+            operators' own deviations from it replayed step by step along each start's
+            logged steps (what the operators did that the clone of the state does not:
+            the memory of their controller), instead of noise.
         calibration_tolerance: the calibration check passes when the interval of the
             model's error on today's operation (estimated minus logged, paired by start)
             holds 0 or lies within this share of the logged return's size (and, for a
@@ -100,6 +104,7 @@ class VerdictSettings:
     fqe_hidden: tuple[int, ...] = (64, 64)
     bc_updates: int = 2000
     operator_noise: bool = True
+    replay_residuals: bool = False
     calibration_tolerance: float = 0.1
     far_outside: float = 0.5
     max_far_share: float = 0.25
