@@ -245,3 +245,27 @@ def test_given_features_follow_the_log_step_by_step(model, rolled):
     # Without logged frames the program is the plain one.
     again = jax.device_get(program(POLICIES, params, starts, lengths, jax.random.PRNGKey(1)))
     np.testing.assert_allclose(again.discounted_return, plain.discounted_return, rtol=1e-6)
+
+
+def test_offsets_are_added_to_the_policy_s_action_step_by_step(model):
+    # A constant policy plus offsets of 0.2 is the constant policy 0.2 higher; an offset
+    # that would push the action past 1 is clipped onto it.
+    dynamics, params, _, starts = model
+    lengths = jnp.full((8,), HORIZON, jnp.int32)
+    program = jax.jit(make_policy_rollouts(dynamics, act, horizon=HORIZON, discount=0.9))
+    key = jax.random.PRNGKey(2)
+    zero = {"gain": jnp.zeros((1, 1)), "bias": jnp.zeros((1, 1))}
+    shifted = {"gain": jnp.zeros((1, 1)), "bias": jnp.full((1, 1), 0.2)}
+    offsets = jnp.full((8, HORIZON, 1), 0.2)
+    added = jax.device_get(program(zero, params, starts, lengths, key, None, offsets))
+    direct = jax.device_get(program(shifted, params, starts, lengths, key))
+    np.testing.assert_allclose(added.discounted_return, direct.discounted_return, rtol=1e-6)
+    full = {"gain": jnp.zeros((1, 1)), "bias": jnp.ones((1, 1))}
+    clipped = jax.device_get(program(full, params, starts, lengths, key, None, offsets))
+    at_one = jax.device_get(program(full, params, starts, lengths, key))
+    np.testing.assert_allclose(clipped.discounted_return, at_one.discounted_return, rtol=1e-6)
+    # Offsets that change along the steps reach the rollout (not only their first step).
+    late = jnp.zeros((8, HORIZON, 1)).at[:, 5:].set(0.5)
+    moved = jax.device_get(program(zero, params, starts, lengths, key, None, late))
+    still = jax.device_get(program(zero, params, starts, lengths, key))
+    assert not np.allclose(moved.discounted_return, still.discounted_return)

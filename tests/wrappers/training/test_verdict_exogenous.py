@@ -25,6 +25,7 @@ from neorl_industrial.wrappers.training.verdict import (
     VerdictSettings,
     model_verdict,
 )
+from neorl_industrial.wrappers.training.verdict_fqe import _behaviour_clone, clone_residuals
 from neorl_industrial.wrappers.training.verdict_model import _starts_of
 
 SCHEMA = """\
@@ -145,3 +146,31 @@ def test_taking_the_feed_from_the_log_reproduces_today_s_operation(plant):
     assert width(drift) > 5 * width(error)
     gain, wide = (v.candidates[0]["estimates"][0]["improvement"] for v in (given, predicted))
     assert wide["upper"] - wide["lower"] > 3 * (gain["upper"] - gain["lower"])
+
+
+def test_the_operators_own_deviations_can_be_replayed_on_the_clone(plant):
+    """``replay_residuals``: today's operation in the model is the clone plus what the
+    operators did beyond it, step by step along each start's logged steps; the residuals
+    are exactly the logged actions less the clone's."""
+    task, model, scaler, heldout = plant
+    settings = VerdictSettings(fqe=False, horizon=40, bootstrap=300, bc_updates=300)
+    clone = _behaviour_clone(heldout, settings)
+    residuals = clone_residuals(clone, heldout)
+    means = np.stack(
+        [
+            np.asarray(clone.act(clone.params, o, None, deterministic=True))
+            for o in np.asarray(heldout.transition_observations())
+        ]
+    )
+    np.testing.assert_allclose(residuals + means, np.asarray(heldout.actions), atol=1e-6)
+    candidates = VerdictCandidates(
+        ["controller"], act, {"gain": jnp.asarray([0.8]), "bias": jnp.asarray([0.0])}
+    )
+    rules = PlantRules(scaler, cost_limits=(5.0,), cost_names=task.cost_names)
+    replayed = model_verdict(
+        candidates, heldout, model, rules, dataclasses.replace(settings, replay_residuals=True)
+    )
+    noisy = model_verdict(candidates, heldout, model, rules, settings)
+    assert replayed.settings["replay_residuals"] and replayed.calibration is not None
+    # The same clone and model, another baseline: the operators' estimate moves.
+    assert replayed.calibration.estimated.value != noisy.calibration.estimated.value

@@ -67,10 +67,12 @@ class VerdictSettings:
         bc_updates: updates of the behaviour clone (the operators' policy in the model).
         operator_noise: the clone acts with the operators' action noise (the spread of
             their logged actions around the clone's) instead of its mean action.
-        replay_residuals: today's operation in the model is the clone with the
-            operators' own deviations from it replayed step by step along each start's
-            logged steps (what the operators did that the clone of the state does not:
-            the memory of their controller), instead of noise.
+        replay_residuals: instead of that noise, the operators' own deviations from the
+            clone are replayed step by step along each start's logged steps (what the
+            operators did that the clone of the state does not: the memory of their
+            controller, their own setpoint changes), on top of the clone's feedback and
+            before the shield. Off by default: it narrows the intervals of return more
+            than the cost bounds can yet follow (docs/verdict.md).
         calibration_tolerance: the calibration check passes when the interval of the
             model's error on today's operation (estimated minus logged, paired by start)
             holds 0 or lies within this share of the logged return's size (and, for a
