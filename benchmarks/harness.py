@@ -162,8 +162,27 @@ def system_info() -> dict[str, Any]:
         "git_commit": commit,
         "git_dirty": dirty,
         "env": {name: os.environ[name] for name in _RECORDED_ENV_VARS if name in os.environ},
-        "argv": list(sys.argv[1:]),
+        "argv": portable_argv(sys.argv[1:]),
     }
+
+
+def portable_argv(argv: Sequence[str]) -> list[str]:
+    """The command's arguments as a result records them: an absolute path (alone or
+    after ``--option=``) relative to the repository when inside it, else its file name
+    alone; the machine's own paths say nothing to another reader."""
+
+    def portable(text: str) -> str:
+        option, equals, value = text.partition("=") if text.startswith("--") else ("", "", text)
+        if not value.startswith("/"):
+            return text
+        path = Path(value)
+        try:
+            shown = path.resolve().relative_to(REPO_ROOT).as_posix()
+        except ValueError:
+            shown = path.name
+        return f"{option}{equals}{shown}"
+
+    return [portable(str(arg)) for arg in argv]
 
 
 def affinity_note(system: Mapping[str, Any]) -> str:

@@ -520,3 +520,18 @@ def test_env_throughput_functions_keep_the_observation_work() -> None:
     total, state = jax.eval_shape(env_throughput._scan_fn("IB-v0", 3), key)
     assert total.shape == ()
     assert state.history.shape == (30, 6)
+
+
+def test_the_recorded_command_names_no_path_of_this_machine() -> None:
+    from benchmarks.harness import REPO_ROOT, portable_argv
+
+    inside = str(REPO_ROOT / "benchmarks" / "results")
+    argv = ["--doc", "/somewhere/else/page.md", f"--results-dir={inside}", "-t", "tag", "3"]
+    assert portable_argv(argv) == [
+        "--doc",
+        "page.md",
+        "--results-dir=benchmarks/results",
+        "-t",
+        "tag",
+        "3",
+    ]
