@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     from neorl_industrial.wrappers.training.verdict_fqe import (
         _behaviour_clone,
         _operators_policy,
+        clone_residuals,
     )
 
     dataset, card = generate_dataset("IB-v0", "medium", 25, seed=0)
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         jax.block_until_ready(program(params, starts, logged, lengths, key))
 
     def clone() -> None:
-        operators = _operators_policy(_behaviour_clone(heldout, settings), heldout, True)
+        cloned = _behaviour_clone(heldout, settings)
+        operators = _operators_policy(cloned, heldout.action_size, clone_residuals(cloned, heldout))
         program = jax.jit(
             make_policy_rollouts(
                 model.dynamics,

@@ -283,16 +283,16 @@ def clone_residuals(clone: _Clone, data: Dataset) -> np.ndarray:
     return residual.reshape(data.n_transitions, -1)
 
 
-def _operators_policy(clone: _Clone, heldout: Dataset, noise: bool) -> _Clone:
-    """Today's operation as a policy for the model: the clone's action plus, with
-    ``noise``, Gaussian noise of the spread of the logged actions around it (per action,
-    in [-1, 1]; operators do not repeat the same move from the same state), clipped to
-    [-1, 1]. Its parameters carry a leading policy axis of 1."""
-    residual = clone_residuals(clone, heldout).astype(np.float64)
-    spread = residual.std(axis=0) if noise else 0.0
+def _operators_policy(clone: _Clone, action_size: int, residuals: np.ndarray | None) -> _Clone:
+    """Today's operation as a policy for the model: the clone's action plus, given the
+    logged actions' ``residuals`` around it (:func:`clone_residuals`), Gaussian noise of
+    their spread (per action, in [-1, 1]; operators do not repeat the same move from the
+    same state), clipped to [-1, 1]; None: the clone's action. Its parameters carry a
+    leading policy axis of 1."""
+    spread = 0.0 if residuals is None else np.asarray(residuals, np.float64).std(axis=0)
     params = {
         "clone": clone.params,
-        "noise": jnp.asarray(np.broadcast_to(spread, (heldout.action_size,)), jnp.float32),
+        "noise": jnp.asarray(np.broadcast_to(spread, (action_size,)), jnp.float32),
     }
 
     def act(params: Any, observation: jax.Array, key: Any = None, deterministic: bool = True):

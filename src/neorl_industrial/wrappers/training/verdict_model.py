@@ -193,7 +193,9 @@ def _rollouts(
     clone = _behaviour_clone(heldout, settings)
     replay = settings.replay_residuals
     noise = settings.operator_noise and not replay
-    operators = _operators_policy(clone, heldout, noise)
+    # The operators' deviations from the clone: their noise's spread, or replayed.
+    residuals = clone_residuals(clone, heldout) if noise or replay else None
+    operators = _operators_policy(clone, heldout.action_size, residuals if noise else None)
     baseline_rollouts = jax.jit(
         make_policy_rollouts(
             dynamics,
@@ -210,7 +212,7 @@ def _rollouts(
     first, lengths, given = starts.first, starts.lengths, starts.given
     # The operators' own deviations from the clone along each start's logged steps, or
     # None (their noise drawn, or none).
-    offsets = clone_residuals(clone, heldout)[starts.step_rows] if replay else None
+    offsets = residuals[starts.step_rows] if replay else None
     if case.selection is not None:
         first = jnp.concatenate([first, case.selection.first])
         lengths = np.concatenate([lengths, case.selection.lengths])
