@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import textwrap
 
 import jax.numpy as jnp
 import numpy as np
@@ -19,10 +18,6 @@ import pyarrow.csv as pcsv
 import pytest
 import scipy.stats
 
-from neorl_industrial.core.models import DynamicsConfig
-from neorl_industrial.functional.state_management import ActionScaler
-from neorl_industrial.integration.datasets import load_any
-from neorl_industrial.wrappers.models import FitSettings, PlantModel
 from neorl_industrial.wrappers.training.selection import verdict_ranking
 from neorl_industrial.wrappers.training.verdict import (
     KEEP,
@@ -35,6 +30,7 @@ from neorl_industrial.wrappers.training.verdict import (
     model_verdict,
 )
 from neorl_industrial.wrappers.training.verdict_results import interval_text
+from tests.wrappers.training.heater_plant import act, fitted_plant
 
 SCHEMA = """\
 name: heater-verdict
@@ -83,13 +79,6 @@ def write_log(path, episodes: int, steps: int, seed: int = 0):
     pcsv.write_csv(table, path)
 
 
-def act(params, observation, key=None, deterministic=True):
-    """``valve = 50 + gain (350 - T) + bias``, in the policy's [-1, 1]."""
-    del key, deterministic
-    valve = 50.0 + params["gain"] * (350.0 - observation[0]) + params["bias"]
-    return jnp.clip(valve / 50.0 - 1.0, -1.0, 1.0)[None]
-
-
 NAMES = ["controller", "biased", "full-open"]
 CANDIDATES = {"gain": jnp.asarray([0.8, 0.8, 0.0]), "bias": jnp.asarray([0.0, 8.0, 50.0])}
 
@@ -115,26 +104,11 @@ def linear(gain, bias):
 
 @pytest.fixture(scope="module")
 def plant(tmp_path_factory):
-    root = tmp_path_factory.mktemp("heater")
-    write_log(root / "log.csv", episodes=30, steps=40)
-    (root / "schema.yaml").write_text(textwrap.dedent(SCHEMA))
-    dataset, card = load_any(root / "log.csv", schema=root / "schema.yaml")
-    task = card.task(dataset)
-    model = PlantModel(
-        task,
-        DynamicsConfig(hidden=(32, 32), n_members=3, n_elites=3),
-        definitions=card.definitions,
+    return fitted_plant(
+        tmp_path_factory.mktemp("heater"),
+        SCHEMA,
+        lambda path: write_log(path, episodes=30, steps=40),
     )
-    model.fit(
-        dataset,
-        FitSettings(max_updates=1000, chunk_updates=500, batch_size=64, horizon=10, windows=16),
-        dataset_name=card.name,
-    )
-    scaler = ActionScaler.create(task.action_low, task.action_high, task.action_names)
-    holdout = np.asarray(model.card["dataset"]["holdout_episodes"])
-    heldout = dataset.select_episodes(holdout)
-    heldout = heldout.replace(actions=scaler.scale(heldout.actions))
-    return {"task": task, "dataset": dataset, "model": model, "scaler": scaler, "heldout": heldout}
 
 
 def verdict_of(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import textwrap
 
 import jax.numpy as jnp
 import numpy as np
@@ -15,10 +14,8 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pytest
 
-from neorl_industrial.core.models import DynamicsConfig, make_dynamics
-from neorl_industrial.functional.state_management import ActionScaler
-from neorl_industrial.integration.datasets import load_any
-from neorl_industrial.wrappers.models import FitSettings, PlantModel
+from neorl_industrial.core.models import make_dynamics
+from neorl_industrial.wrappers.models import PlantModel
 from neorl_industrial.wrappers.training.verdict import (
     PlantRules,
     VerdictCandidates,
@@ -27,6 +24,7 @@ from neorl_industrial.wrappers.training.verdict import (
 )
 from neorl_industrial.wrappers.training.verdict_fqe import _behaviour_clone, clone_residuals
 from neorl_industrial.wrappers.training.verdict_model import _starts_of
+from tests.wrappers.training.heater_plant import act, fitted_plant
 
 SCHEMA = """\
 name: heater-feed
@@ -66,33 +64,14 @@ def write_log(path, episodes: int, steps: int, seed: int = 0) -> None:
     pcsv.write_csv(pa.table(table), path)
 
 
-def act(params, observation, key=None, deterministic=True):
-    del key, deterministic
-    valve = 50.0 + params["gain"] * (350.0 - observation[0]) + params["bias"]
-    return jnp.clip(valve / 50.0 - 1.0, -1.0, 1.0)[None]
-
-
 @pytest.fixture(scope="module")
 def plant(tmp_path_factory):
-    root = tmp_path_factory.mktemp("heater-feed")
-    write_log(root / "log.csv", episodes=30, steps=40)
-    (root / "schema.yaml").write_text(textwrap.dedent(SCHEMA))
-    dataset, card = load_any(root / "log.csv", schema=root / "schema.yaml")
-    task = card.task(dataset)
-    model = PlantModel(
-        task,
-        DynamicsConfig(hidden=(32, 32), n_members=3, n_elites=3),
-        definitions=card.definitions,
+    fitted = fitted_plant(
+        tmp_path_factory.mktemp("heater-feed"),
+        SCHEMA,
+        lambda path: write_log(path, episodes=30, steps=40),
     )
-    model.fit(
-        dataset,
-        FitSettings(max_updates=1000, chunk_updates=500, batch_size=64, horizon=10, windows=16),
-        dataset_name=card.name,
-    )
-    scaler = ActionScaler.create(task.action_low, task.action_high, task.action_names)
-    heldout = dataset.select_episodes(np.asarray(model.card["dataset"]["holdout_episodes"]))
-    heldout = heldout.replace(actions=scaler.scale(heldout.actions))
-    return task, model, scaler, heldout
+    return fitted["task"], fitted["model"], fitted["scaler"], fitted["heldout"]
 
 
 def test_the_card_and_the_model_mark_the_feed_given(plant, tmp_path):

@@ -1,0 +1,49 @@
+"""The heater plant logs the verdict's tests judge candidates on: a log and its schema
+imported as a user would, a small plant model fitted on it, and the linear valve
+controllers the candidates are."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from neorl_industrial.core.models import DynamicsConfig
+from neorl_industrial.functional.state_management import ActionScaler
+from neorl_industrial.integration.datasets import load_any
+from neorl_industrial.wrappers.models import FitSettings, PlantModel
+
+
+def act(params, observation, key=None, deterministic=True):
+    """``valve = 50 + gain (350 - T) + bias``, in the policy's [-1, 1]."""
+    del key, deterministic
+    valve = 50.0 + params["gain"] * (350.0 - observation[0]) + params["bias"]
+    return jnp.clip(valve / 50.0 - 1.0, -1.0, 1.0)[None]
+
+
+def fitted_plant(root: Path, schema: str, write_log: Callable[[Path], Any]) -> dict[str, Any]:
+    """The log ``write_log`` writes and ``schema`` imported from ``root``, a plant model
+    of 3 members fitted on it with a held-out quarter, the task's action scaler, and the
+    held-out episodes with their actions in [-1, 1]."""
+    write_log(root / "log.csv")
+    (root / "schema.yaml").write_text(textwrap.dedent(schema))
+    dataset, card = load_any(root / "log.csv", schema=root / "schema.yaml")
+    task = card.task(dataset)
+    model = PlantModel(
+        task,
+        DynamicsConfig(hidden=(32, 32), n_members=3, n_elites=3),
+        definitions=card.definitions,
+    )
+    model.fit(
+        dataset,
+        FitSettings(max_updates=1000, chunk_updates=500, batch_size=64, horizon=10, windows=16),
+        dataset_name=card.name,
+    )
+    scaler = ActionScaler.create(task.action_low, task.action_high, task.action_names)
+    heldout = dataset.select_episodes(np.asarray(model.card["dataset"]["holdout_episodes"]))
+    heldout = heldout.replace(actions=scaler.scale(heldout.actions))
+    return {"task": task, "dataset": dataset, "model": model, "scaler": scaler, "heldout": heldout}
