@@ -46,6 +46,7 @@ import numpy as np
 import scipy.stats
 
 from benchmarks.harness import BenchmarkResult, system_info, utc_timestamp
+from benchmarks.verdict_study import covers
 
 OFFSETS = (-0.3, -0.15, -0.05, 0.0, 0.05, 0.15, 0.3)
 DESCRIPTION = (
@@ -220,10 +221,7 @@ def study_plant(name: str, root: Path, args) -> dict:
                 "name": candidate,
                 "estimate": estimate,
                 "true": true["improvement"],
-                "inside": (
-                    estimate["lower"] is None or estimate["lower"] <= true["improvement"]["value"]
-                )
-                and true["improvement"]["value"] <= estimate["upper"],
+                "inside": covers(estimate, true["improvement"]["value"]),
                 "qualifies": entry["qualifies"],
                 "outside_data_share": entry["estimates"][0]["outside_data_share"],
                 "outside_physics_share": entry["estimates"][0]["outside_physics_share"],

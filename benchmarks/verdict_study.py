@@ -495,7 +495,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
                         key: {
                             "value": estimates[key]["discounted_return"]["value"],
                             "improvement": estimates[key]["improvement"],
-                            "covers": _covers(estimates[key]["improvement"], true_gain),
+                            "covers": covers(estimates[key]["improvement"], true_gain),
                         }
                         | {
                             part: estimates[key][part]
@@ -836,7 +836,7 @@ def _kept_section(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _covers(interval: dict[str, Any], truth: float) -> bool:
+def covers(interval: dict[str, Any], truth: float) -> bool:
     """The interval (a report's: a side no data bounds is None) holds ``truth``."""
     lower, upper = interval["lower"], interval["upper"]
     return bool((lower is None or lower <= truth) and (upper is None or truth <= upper))
