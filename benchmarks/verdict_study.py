@@ -496,6 +496,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
                             "value": estimates[key]["discounted_return"]["value"],
                             "improvement": estimates[key]["improvement"],
                             "covers": covers(estimates[key]["improvement"], true_gain),
+                            "costs": [_cost_reading(cost) for cost in estimates[key]["costs"]],
                         }
                         | {
                             part: estimates[key][part]
@@ -511,6 +512,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
                     "true_episode_cost": [c["value"] for c in whole["cost"]],
                     "true_improvement": gain.to_dict(),
                     "true_improvement_at_starts": at_starts["improvement"],
+                    "true_cost_rate_at_starts": at_starts["cost_rate"],
                     "true_value_at_starts": at_starts["value"],
                     "fit_seconds": seconds / len(agent.seeds),
                 }
@@ -582,6 +584,49 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
         ),
         "truly_better_and_safe": sum(_truly_better(c, behaviour_return) for c in candidates),
         "clearly_better": int(sum(_clearly_better(c, behaviour_return) for c in candidates)),
+    }
+
+
+def _cost_check(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """How the ``model`` cost reading held against the truth at the verdict's starts:
+    of the candidates truly over a limit there, how many it read as within every limit
+    (``missed``: the side that lets a wrong recommendation through), and of those truly
+    within, how many it read as over (``refused``: lost power). None without costs."""
+    judged = [
+        c | {"name": f"{row['dataset']}: {c['name']}"}
+        for row in rows
+        for c in row["candidates"]
+        if c.get("true_cost_rate_at_starts") and c["estimates"].get("model", {}).get("costs")
+    ]
+    if not judged:
+        return None
+
+    def truly_over(c: dict[str, Any]) -> bool:
+        return any(rate is not None and rate > 1.0 for rate in c["true_cost_rate_at_starts"])
+
+    def read_within(c: dict[str, Any]) -> bool:
+        return all(cost["within"] is not False for cost in c["estimates"]["model"]["costs"])
+
+    over = [c for c in judged if truly_over(c)]
+    within = [c for c in judged if not truly_over(c)]
+    return {
+        "truly_over": len(over),
+        "missed": [c["name"] for c in over if read_within(c)],
+        "truly_within": len(within),
+        "refused": [c["name"] for c in within if not read_within(c)],
+    }
+
+
+def _cost_reading(cost: dict[str, Any]) -> dict[str, Any]:
+    """One channel of an estimator's cost: its estimate and upper bound in limits (None
+    where not limited) and whether the verdict read it as within the limit."""
+    value = cost.get("value") or {}
+    return {
+        "channel": cost["channel"],
+        "value": value.get("value"),
+        "upper": value.get("upper"),
+        "within": cost.get("within_limit"),
+        "evidence": cost.get("evidence"),
     }
 
 
@@ -734,6 +779,7 @@ def _plant_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         if row["verdict"]["decision"] == "recommend" and not row["verdict"]["bad"]
     ]
     bad = int(sum(row["verdict"]["bad"] for row in rows))
+    cost_check = _cost_check(rows)
     deciding = [name for name in ("model", "model+fqe") if name in coverage]
     worst_coverage = min((coverage[name] for name in deciding), default=None)
     return {
@@ -742,6 +788,7 @@ def _plant_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         "power": {"datasets": len(powered), "found": len(found)},
         "coverage": coverage,
         "answered_coverage": answered_coverage,
+        "cost_check": cost_check,
         "rank_correlation": correlations,
         "targets_met": {
             "bad": bad <= PLANT_TARGETS["bad"],

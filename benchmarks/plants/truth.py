@@ -271,6 +271,20 @@ class PlantTruth:
     ) -> np.ndarray:
         """``[replicates, N]`` discounted returns from the starts (each replicate its own
         disturbances; the same for every controller at the same seed)."""
+        return self.runs_at_starts(
+            policy, starts, discount=discount, replicates=replicates, seed=seed
+        ).discounted.reshape(len(starts.row), replicates).T
+
+    def runs_at_starts(
+        self,
+        policy: Any,
+        starts: Starts,
+        *,
+        discount: float,
+        replicates: int = 20,
+        seed: int = 777,
+    ) -> Runs:
+        """The closed-loop runs from the starts, ``replicates`` per start (start-major)."""
         controller = self.controller(policy)
         index = (np.repeat(starts.episode, replicates), np.repeat(starts.row, replicates))
         states = {k: v[index] for k, v in self.saved["states"].items()}
@@ -279,7 +293,7 @@ class PlantTruth:
         previous = np.where(
             (index[1] > 0)[:, None], actions[index[0], np.maximum(index[1] - 1, 0)], np.nan
         )
-        runs = closed_loop(
+        return closed_loop(
             self.plant,
             controller,
             states,
@@ -289,7 +303,20 @@ class PlantTruth:
             previous=previous,
             discount=discount,
         )
-        return runs.discounted.reshape(len(starts.row), replicates).T
+
+    def cost_rate_at_starts(self, runs: Runs, starts: Starts, replicates: int) -> list[float]:
+        """Per cost channel: the runs' cost from the starts as a share of what the
+        episode limit allows over their lengths (the verdict's ``model`` cost reading:
+        ``Σ cost / (limit x length / episode length)``, mean over starts); None where not
+        limited."""
+        length = np.repeat(starts.length, replicates).astype(np.float64)
+        steps = float(self.plant.episode_steps)
+        return [
+            float(np.mean(runs.costs[:, c] / np.maximum(limit * length / steps, 1e-12)))
+            if limit > 0 and np.isfinite(limit)
+            else None
+            for c, limit in enumerate(self.limits)
+        ]
 
     def improvement(
         self,
@@ -304,14 +331,19 @@ class PlantTruth:
         """The candidate's true improvement over the operators' closed loop from the
         verdict's starts: mean over starts of the discounted-return difference, paired
         replicate by replicate, with its 95 % interval over the replicates (the starts are
-        the verdict's, fixed). ``baseline``: the operators' :meth:`at_starts`, if known."""
+        the verdict's, fixed), and its cost per channel at the starts (``cost_rate``,
+        :meth:`cost_rate_at_starts`). ``baseline``: the operators' :meth:`at_starts`, if known."""
         if baseline is None:
             baseline = self.at_starts(
                 self.operators(), starts, discount=discount, replicates=replicates, seed=seed
             )
-        own = self.at_starts(policy, starts, discount=discount, replicates=replicates, seed=seed)
+        runs = self.runs_at_starts(
+            policy, starts, discount=discount, replicates=replicates, seed=seed
+        )
+        own = runs.discounted.reshape(len(starts.row), replicates).T
         gain = mean_interval((own - baseline).mean(axis=1))
         return {
+            "cost_rate": self.cost_rate_at_starts(runs, starts, replicates),
             "improvement": gain.to_dict(),
             "value": mean_interval(own.mean(axis=1)).to_dict(),
             "operators": mean_interval(baseline.mean(axis=1)).to_dict(),
