@@ -75,7 +75,8 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     )
     from neorl_industrial.integration.datasets import generate_dataset
     from neorl_industrial.wrappers.models import FitSettings, PlantModel
-    from neorl_industrial.wrappers.training.verdict import evaluation_starts
+    from neorl_industrial.wrappers.training.verdict_model import _starts_of
+    from neorl_industrial.wrappers.training.verdict_results import VerdictSettings
 
     progress(f"data: {args.trajectories} {args.quality} episodes of {args.env}")
     dataset, card = generate_dataset(args.env, args.quality, args.trajectories, seed=0)
@@ -94,20 +95,35 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     heldout = dataset.select_episodes(holdout)
     if model.scaler is not None:
         heldout = heldout.replace(actions=model.scaler.scale(heldout.actions))
-    rows, _ = evaluation_starts(heldout, args.starts)
-    starts = heldout.observations_at(heldout.observation_index[jnp.asarray(rows)])
+    # The verdict's own starts: the features no action moves (IB's setpoint) are taken
+    # from the log step by step, as the verdict takes them.
+    given_features = model.dynamics.layout.given
+    test = _starts_of(
+        heldout, VerdictSettings(max_starts=args.starts, horizon=args.horizon), given_features
+    )
+    rows, starts, given = test.rows, test.first, test.given
+    horizon = test.horizon  # the requested one, at most the longest start's episode rest
     n_test = int(starts.shape[0])
     # The verdict's candidate selection: the training split's starts (half the test's by
     # default) in the same program call.
     n_selection = -(-n_test // 2) if args.selection_starts < 0 else args.selection_starts
     if n_selection:
         training = dataset.select_episodes(np.asarray(fitted["dataset"]["train_episodes"]))
-        chosen, _ = evaluation_starts(training, n_selection)
-        extra = training.observations_at(training.observation_index[jnp.asarray(chosen)])
-        starts = jnp.concatenate([starts, extra])
-        n_selection = int(extra.shape[0])
+        extra = _starts_of(
+            training,
+            VerdictSettings(max_starts=n_selection, horizon=horizon),
+            given_features,
+            width=test.horizon,
+        )
+        starts = jnp.concatenate([starts, extra.first])
+        if given is not None:
+            given = np.concatenate([given, extra.given])
+        n_selection = len(extra.rows)
     n_starts = int(starts.shape[0])
-    lengths = jnp.full((n_starts,), args.horizon, jnp.int32)
+    # Every start runs the whole horizon (the program's cost does not depend on where a
+    # start's episode ends).
+    lengths = jnp.full((n_starts,), horizon, jnp.int32)
+    given = None if given is None else jnp.asarray(given)
 
     obs_mean, obs_std = dataset.observation_moments()
     hyperparameters = {"obs_mean": obs_mean.tolist(), "obs_std": obs_std.tolist()}
@@ -119,10 +135,10 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
 
     progress(
         f"evaluation: {args.policies} policies x {params.n_members} members x {n_starts} "
-        f"starts x {args.horizon} steps"
+        f"starts x {horizon} steps"
     )
     options = {
-        "horizon": args.horizon,
+        "horizon": horizon,
         "discount": 0.99,
         "close_after": 20,
         "disagreement_every": args.disagreement_every,
@@ -138,13 +154,15 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     )
     key = jax.random.PRNGKey(0)
     compile_started, cpu_started = time.perf_counter(), time.process_time()
-    compiled = rollouts.lower(policies, params, starts, lengths, key).compile()
+    compiled = rollouts.lower(policies, params, starts, lengths, key, given).compile()
     compile_seconds = time.perf_counter() - compile_started
     compile_cpu_seconds = time.process_time() - cpu_started
     outputs: list[Any] = []
 
     def evaluate() -> None:
-        outputs.append(jax.block_until_ready(compiled(policies, params, starts, lengths, key)))
+        outputs.append(
+            jax.block_until_ready(compiled(policies, params, starts, lengths, key, given))
+        )
 
     # Compiled ahead of time: no warm-up call; the last call's sums are kept.
     cpu_started = time.process_time()
@@ -153,9 +171,9 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     sums = jax.device_get(outputs[-1])
 
     steps = np.minimum(
-        np.asarray(rows)[:, None] + np.arange(args.horizon), heldout.n_transitions - 1
+        np.asarray(rows)[:, None] + np.arange(horizon), heldout.n_transitions - 1
     )
-    logged = jnp.asarray(heldout.actions)[jnp.asarray(steps)].reshape(n_test, args.horizon, -1)
+    logged = jnp.asarray(heldout.actions)[jnp.asarray(steps)].reshape(n_test, horizon, -1)
     replay = jax.jit(make_logged_replay(model.dynamics, **options))
     replay_started = time.perf_counter()
     jax.block_until_ready(replay(params, starts[:n_test], logged, lengths[:n_test], key))
@@ -171,7 +189,7 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     member, policy = mlp_flops(member_sizes), mlp_flops(policy_sizes)
     every = max(args.disagreement_every, 1)
     per_step = policy + member * (1 + (params.n_members - 1) / every)
-    rollout_steps = args.policies * params.n_members * n_starts * args.horizon
+    rollout_steps = args.policies * params.n_members * n_starts * horizon
     flops = per_step * rollout_steps
     config_out = {
         "env": args.env,
@@ -182,12 +200,13 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "starts": n_starts,
         "test_starts": n_test,
         "selection_starts": n_selection,
-        "horizon": args.horizon,
+        "horizon": horizon,
         "disagreement_every": args.disagreement_every,
         "model": model.config.to_dict(),
         "fit_settings": settings.to_dict(),
         "policy_hidden": list(config.hidden),
         "shield": list(constraints.names),
+        "given_features": [int(i) for i in given_features],
         "quick": bool(args.quick),
     }
     total = fit_seconds + compile_seconds + run_seconds + replay_seconds
