@@ -170,9 +170,7 @@ def run_study(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     run_cpu_seconds = (time.process_time() - cpu_started) / args.repeats
     sums = jax.device_get(outputs[-1])
 
-    steps = np.minimum(
-        np.asarray(rows)[:, None] + np.arange(horizon), heldout.n_transitions - 1
-    )
+    steps = np.minimum(np.asarray(rows)[:, None] + np.arange(horizon), heldout.n_transitions - 1)
     logged = jnp.asarray(heldout.actions)[jnp.asarray(steps)].reshape(n_test, horizon, -1)
     replay = jax.jit(make_logged_replay(model.dynamics, **options))
     replay_started = time.perf_counter()

@@ -271,9 +271,11 @@ class PlantTruth:
     ) -> np.ndarray:
         """``[replicates, N]`` discounted returns from the starts (each replicate its own
         disturbances; the same for every controller at the same seed)."""
-        return self.runs_at_starts(
-            policy, starts, discount=discount, replicates=replicates, seed=seed
-        ).discounted.reshape(len(starts.row), replicates).T
+        return (
+            self.runs_at_starts(policy, starts, discount=discount, replicates=replicates, seed=seed)
+            .discounted.reshape(len(starts.row), replicates)
+            .T
+        )
 
     def runs_at_starts(
         self,
