@@ -901,6 +901,20 @@ def _interval_text(interval: dict[str, float] | None) -> str:
     return f"{interval['value']:,.4g} [{interval['lower']:,.4g}, {interval['upper']:,.4g}]"
 
 
+def _cost_check_text(check: dict[str, Any] | None) -> str:
+    """The ``model`` cost reading against the truth at the starts, in one sentence."""
+    if not check:
+        return ""
+    missed = check["missed"]
+    return (
+        f" The model's cost reading (every limited cost within its limit by its upper "
+        f"bound) against the truth at the verdict's starts: of {check['truly_over']} "
+        f"candidates truly over a limit there, {len(missed)} read as within"
+        + (f" ({', '.join(missed)})" if missed else "")
+        + f"; of {check['truly_within']} truly within, {len(check['refused'])} read as over."
+    )
+
+
 def _plants_section(rows: list[dict[str, Any]], total: dict[str, Any] | None) -> list[str]:
     """The study plants against their truth: the operators' closed loop, every
     candidate's true improvement over it (whole episodes, and from the verdict's starts
@@ -942,7 +956,8 @@ def _plants_section(rows: list[dict[str, Any]], total: dict[str, Any] | None) ->
         f"{verdict_of(met['power'])}); the estimators' improvement interval holds the true "
         f"improvement at the verdict's starts for: {coverage} of the candidates (deciding "
         f"estimators' target 90 %: {verdict_of(met['coverage'])}){answered}; model rank "
-        f"correlation >= 0.7 on every plant: {verdict_of(met['correlation'])}.",
+        f"correlation >= 0.7 on every plant: {verdict_of(met['correlation'])}."
+        + _cost_check_text(total.get("cost_check")),
         "",
         "| plant | operators | operators' true return [95 %] (logged) | clearly better | "
         "best candidate within the limits: true improvement [95 %], cost / limit | "

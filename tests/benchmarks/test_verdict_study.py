@@ -218,15 +218,23 @@ def test_each_candidate_acts_with_its_own_algorithm():
     np.testing.assert_allclose(np.asarray(actions)[:, 0], expected, rtol=1e-6)
 
 
-def _plant_candidate(name, gain, lower, cost, covers):
+def _plant_candidate(name, gain, lower, cost, covers, cost_at_starts=None, read_upper=None):
+    """``cost_at_starts``: the true cost rate at the starts (default ``cost``);
+    ``read_upper``: the model's upper bound of it (default: the truth)."""
     candidate = _candidate(name, -100.0 + gain, -50.0 + gain, cost=cost)
     for own, holds in zip(candidate["estimates"].values(), covers, strict=True):
         own["covers"] = holds
+    rate = cost if cost_at_starts is None else cost_at_starts
+    upper = rate if read_upper is None else read_upper
+    candidate["estimates"]["model"]["costs"] = [
+        {"channel": "c", "value": rate, "upper": upper, "within": upper <= 1.0}
+    ]
     interval = {"value": gain, "lower": lower, "upper": 2 * gain - lower}
     return candidate | {
         "true_return_interval": {"value": -100.0 + gain, "lower": -101.0 + gain, "upper": -99.0},
         "true_improvement": interval,
         "true_improvement_at_starts": interval,
+        "true_cost_rate_at_starts": [rate],
     }
 
 
@@ -273,14 +281,18 @@ def test_the_plants_are_scored_against_the_issues_targets():
         "fired-heater",
         [
             _plant_candidate("TD3BC-Lag, seed 0", 40.0, 30.0, 0.3, (True, False, True)),
-            _plant_candidate("BC-Safe, seed 0", 5.0, 1.0, 0.2, (False, False, True)),
+            _plant_candidate(
+                "BC-Safe, seed 0", 5.0, 1.0, 0.2, (False, False, True), 1.3, read_upper=0.8
+            ),
         ],
     )
     b = _plant_row(
         "ph-neutraliser",
         [
             _plant_candidate("IQL-Lag b=1, seed 0", 2.0, -1.0, 0.1, (True, True, True)),
-            _plant_candidate("IQL-Lag b=3, seed 0", -3.0, -6.0, 0.1, (True, True, False)),
+            _plant_candidate(
+                "IQL-Lag b=3, seed 0", -3.0, -6.0, 0.1, (True, True, False), read_upper=1.2
+            ),
         ],
         recommended="IQL-Lag b=1, seed 0",
         bad=True,
@@ -295,6 +307,14 @@ def test_the_plants_are_scored_against_the_issues_targets():
         "power": False,
         "coverage": False,
         "correlation": True,
+    }
+    # The model's cost reading at the starts: one candidate truly over read as within
+    # (the side a wrong recommendation gets through), one truly within read as over.
+    assert total["cost_check"] == {
+        "truly_over": 1,
+        "missed": ["fired-heater: BC-Safe, seed 0"],
+        "truly_within": 3,
+        "refused": ["ph-neutraliser: IQL-Lag b=3, seed 0"],
     }
     config = verdict_study.parse_args(["--quick"])
     config = {key: getattr(config, key) for key in verdict_study.CONFIG_KEYS}
@@ -313,6 +333,10 @@ def test_the_plants_are_scored_against_the_issues_targets():
     assert "IQL-Lag b=1, seed 0: 2 [-1, 5]" in text and "1 of 2 / 2 of 2" in text
     assert "| fired-heater | 100 | 0.10 | - |" in text  # no simulator fidelity for a plant
     assert "IQL-Lag b=1, seed 0: -98 (-100; not truly better)" in text
+    assert (
+        "of 1 candidates truly over a limit there, 1 read as within (fired-heater: BC-Safe, "
+        "seed 0); of 3 truly within, 1 read as over." in text
+    )
 
 
 def test_study_plants_of_their_own_settings_go_beside_a_suite_result(tmp_path):
