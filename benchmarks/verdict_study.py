@@ -151,6 +151,32 @@ def _ranking(estimates: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
     }
 
 
+def _rankings(candidates: Sequence[dict[str, Any]], truth: np.ndarray) -> dict[str, Any]:
+    """Per estimator every candidate has: :func:`_ranking` of its estimates, and the
+    rank correlation over the candidates it answers for (``answered_rank_correlation``:
+    those with a lower bound; the verdict ranks the others last whatever their estimate)."""
+    rankings = {}
+    for name in ESTIMATORS:
+        if not all(name in c["estimates"] for c in candidates):
+            continue
+        values = np.asarray([c["estimates"][name]["value"] for c in candidates])
+        answered = np.asarray(
+            [
+                (c["estimates"][name].get("improvement") or {}).get("lower") is not None
+                for c in candidates
+            ]
+        )
+        rankings[name] = _ranking(values, truth) | {
+            "answered": int(answered.sum()),
+            "answered_rank_correlation": _ranking(values[answered], truth[answered])[
+                "rank_correlation"
+            ]
+            if answered.sum() > 2
+            else None,
+        }
+    return rankings
+
+
 def _fitted_model(label: str, task: Any, dataset: Any, card: Any, args: argparse.Namespace) -> Any:
     """The study's plant model of ``dataset``, fitted with the study's settings."""
     from neorl_industrial.core.models import DynamicsConfig
@@ -306,11 +332,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     truth = np.asarray([c["true_return"] for c in candidates])
     behaviour_return = float(returns.mean())
     per_channel = episode_costs.mean(axis=0) / np.asarray(limits) if limits else np.zeros(0)
-    ranking = {
-        name: _ranking(np.asarray([c["estimates"][name]["value"] for c in candidates]), truth)
-        for name in ESTIMATORS
-        if all(name in c["estimates"] for c in candidates)
-    }
+    ranking = _rankings(candidates, truth)
     names = [c["name"] for c in candidates]
     recommended = names.index(merged.recommended) if merged.recommended else None
     outcome: dict[str, Any] = {"decision": merged.decision, "recommended": merged.recommended}
@@ -519,11 +541,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
     truth_values = np.asarray([c["true_return"] for c in candidates])
-    ranking = {
-        key: _ranking(np.asarray([c["estimates"][key]["value"] for c in candidates]), truth_values)
-        for key in ESTIMATORS
-        if all(key in c["estimates"] for c in candidates)
-    }
+    ranking = _rankings(candidates, truth_values)
     behaviour_return = operators["return"]["value"]
     outcome: dict[str, Any] = {"decision": merged.decision, "recommended": merged.recommended}
     if merged.recommended:
@@ -774,6 +792,9 @@ def _plant_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         name: [row["ranking"].get(name, {}).get("rank_correlation") for row in rows]
         for name in ESTIMATORS
     }
+    answered_correlations = [
+        row["ranking"].get("model", {}).get("answered_rank_correlation") for row in rows
+    ]
     powered = [row for row in rows if row["clearly_better"] > 0]
     found = [
         row
@@ -792,6 +813,7 @@ def _plant_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         "answered_coverage": answered_coverage,
         "cost_check": cost_check,
         "rank_correlation": correlations,
+        "answered_rank_correlation": answered_correlations,
         "targets_met": {
             "bad": bad <= PLANT_TARGETS["bad"],
             "power": (len(found) / len(powered) >= PLANT_TARGETS["power"]) if powered else None,
@@ -901,6 +923,16 @@ def _interval_text(interval: dict[str, float] | None) -> str:
     return f"{interval['value']:,.4g} [{interval['lower']:,.4g}, {interval['upper']:,.4g}]"
 
 
+def _correlation_text(ranking: dict[str, Any], candidates: int) -> str:
+    """The rank correlation, and over the candidates the verdict answers for when it
+    does not answer for all of them."""
+    text = _number(ranking["rank_correlation"])
+    answered = ranking.get("answered")
+    if answered is not None and answered < candidates:
+        text += f" ({_number(ranking.get('answered_rank_correlation'))} of the {answered} answered)"
+    return text
+
+
 def _cost_check_text(check: dict[str, Any] | None) -> str:
     """The ``model`` cost reading against the truth at the starts, in one sentence."""
     if not check:
@@ -989,7 +1021,7 @@ def _plants_section(rows: list[dict[str, Any]], total: dict[str, Any] | None) ->
             f"{len(row['candidates'])} | {best['name']}: "
             f"{_interval_text(best['true_improvement'])}, "
             f"{_number(best['true_normalized_cost'])} | {outcome['decision']} | {recommended} | "
-            f"{held} | {_number(row['ranking']['model']['rank_correlation'])} |"
+            f"{held} | {_correlation_text(row['ranking']['model'], len(row['candidates']))} |"
         )
     for row in plants:
         starts = row["starts"]
@@ -1117,7 +1149,8 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
         "## Per dataset",
         "",
         "Regret@1 as a share of the true spread over the candidates, and Spearman's rank "
-        "correlation with the true returns, per estimator; the verdict's decision and, for a "
+        "correlation with the true returns, per estimator (in brackets: over the candidates "
+        "the estimator answers for, where it does not for all); the verdict's decision and, for a "
         "recommendation, its true return against the behaviour's.",
         "",
         "| dataset | model | fqe | model+fqe | decision | recommended: true return "
@@ -1131,7 +1164,7 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
             cells.append(
                 "-"
                 if own is None
-                else f"{own['regret_share']:.2f} / {_number(own['rank_correlation'])}"
+                else f"{own['regret_share']:.2f} / {_correlation_text(own, len(row['candidates']))}"
             )
         outcome = row["verdict"]
         if outcome["decision"] == "recommend":

@@ -372,3 +372,18 @@ def test_study_plants_of_their_own_settings_go_beside_a_suite_result(tmp_path):
     assert results["plant_parts"][0]["config"]["updates"] == 1234
     with pytest.raises(ValueError, match="are not study plants"):
         verdict_study.beside([str(plants), str(suite)])
+
+
+def test_the_rank_correlation_is_also_given_over_the_candidates_answered_for():
+    def candidate(value, lower):
+        return {"estimates": {"model": {"value": value, "improvement": {"lower": lower}}}}
+
+    # The fourth has no lower bound (far outside the data) and the highest estimate.
+    candidates = [candidate(1.0, 0.1), candidate(2.0, 0.2), candidate(3.0, 0.3)]
+    candidates.append(candidate(9.0, None))
+    truth = np.array([10.0, 20.0, 30.0, 0.0])
+    (model,) = verdict_study._rankings(candidates, truth).values()
+    assert model["rank_correlation"] == pytest.approx(-0.2)
+    assert model["answered"] == 3 and model["answered_rank_correlation"] == pytest.approx(1.0)
+    assert verdict_study._correlation_text(model, 4) == "-0.20 (1.00 of the 3 answered)"
+    assert verdict_study._correlation_text(model, 3) == "-0.20"
