@@ -119,7 +119,8 @@ TARGETS = {"mean_regret": 0.10, "worst_regret": 0.25, "mean_correlation": 0.7, "
 
 
 def _fidelity_summary(fidelity: dict[str, Any]) -> dict[str, Any]:
-    """Mean over observation features of the relative error and the coverage per step."""
+    """Mean over observation features of the relative error and the coverage per step,
+    and the memory check's shares per feature (where the fidelity has them)."""
     out: dict[str, Any] = {"horizon": fidelity["horizon"], "steps": {}}
     for step in fidelity["steps"]:
         rows = [r for r in fidelity["rows"] if r["kind"] == "observation" and r["step"] == step]
@@ -131,6 +132,8 @@ def _fidelity_summary(fidelity: dict[str, Any]) -> dict[str, Any]:
         }
     if "outside_data_share" in fidelity:
         out["outside_data_share"] = fidelity["outside_data_share"]
+    if fidelity.get("memory"):  # per feature: the one-step error earlier steps explain
+        out["memory"] = {row["name"]: row["explained"] for row in fidelity["memory"]["rows"]}
     return out
 
 

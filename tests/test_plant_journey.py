@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from neorl_industrial.cli import build_parser, main
+from neorl_industrial.functional.transformations.dynamics_memory import REMEMBERED
 from tests.processes import free_port
 from tests.readme import ROOT, blocks, link_repository
 
@@ -145,6 +146,11 @@ def test_the_answer_for_the_manager_is_the_verdict_in_plain_words(journey):
     level = next(r for r in card["fidelity"]["rows"] if r["name"] == "level_m" and r["step"] == 10)
     assert "| level_m | " in answer and f"{level['rmse']:.2g} m (" in answer
     assert " degC (" in answer and " m3/h (" in answer
+    # whether the plant answers to earlier steps the model does not see, as the card says
+    shares = [r["explained"] for r in card["fidelity"]["memory"]["rows"]]
+    remembered = any(share is not None and share >= REMEMBERED for share in shares)
+    assert ("**The plant answers to earlier steps the model does not see**" in answer) is remembered
+    assert ("earlier steps explain little of its one-step error" in answer) is not remembered
     # every candidate against the operators, with its interval, and why
     assert "| the operators (logged) |" in answer
     for candidate in verdict["candidates"]:

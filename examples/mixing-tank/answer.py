@@ -81,7 +81,36 @@ def fidelity_section(card: dict) -> list[str]:
             f"{mine[step]['rmse']:.2g} {unit} ({mine[step]['relative_rmse']:.0%})" for step in steps
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {mine[horizon]['coverage']:.0%} |")
-    return lines
+    return lines + _memory_lines(fidelity.get("memory"))
+
+
+def _memory_lines(memory: dict | None) -> list[str]:
+    """Which features answer to earlier steps the model does not see (a transport delay,
+    a hidden drift), by the share of its one-step error those steps explain."""
+    from neorl_industrial.functional.transformations.dynamics_memory import REMEMBERED
+
+    rows = [row for row in (memory or {}).get("rows", []) if row["explained"] is not None]
+    if not rows:
+        return []
+    remembered = [row for row in rows if row["explained"] >= REMEMBERED]
+    if not remembered:
+        return [
+            "",
+            f"What the plant does next depends on what the model sees: the {memory['lags']} "
+            "earlier steps explain little of its one-step error ("
+            + ", ".join(f"{row['name']} {row['explained']:.0%}" for row in rows)
+            + ").",
+        ]
+    return [
+        "",
+        "**The plant answers to earlier steps the model does not see**: they explain "
+        + ", ".join(f"{row['explained']:.0%} of {row['name']}'s" for row in remembered)
+        + f" one-step error (1 to {memory['lags']} steps back; a transport delay, a slow "
+        "hidden drift or an unrecorded state). Even where the model reproduces today's "
+        "operation (the check below), a policy that acts unlike the operators meets the "
+        "part of the plant's response the model misses: its estimates may be off by more "
+        "than their intervals say.",
+    ]
 
 
 def candidates_section(verdict: dict) -> list[str]:

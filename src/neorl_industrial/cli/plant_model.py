@@ -18,6 +18,7 @@ from neorl_industrial.cli.common import (
     make_console,
     positive_int,
 )
+from neorl_industrial.functional.transformations.dynamics_memory import REMEMBERED
 
 #: ``FitSettings`` fields ``model fit`` takes as options of the same name (``--batch-size``
 #: is ``batch_size``); ``--updates`` and ``--chunk`` set ``max_updates`` and ``chunk_updates``.
@@ -253,6 +254,9 @@ def _report(console: Console, card: dict[str, Any], where: str, measured_now: bo
             "-" if coverage is None else f"{100 * coverage:.0f} %",
         )
     console.print(table)
+    memory = _memory_line(fidelity.get("memory"))
+    if memory:
+        console.print(memory)
     simulator = card.get("simulator_fidelity")
     if simulator is not None:
         rows = [row for row in simulator["rows"] if row["kind"] == "observation"]
@@ -343,3 +347,29 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         "--missing", choices=("error", "drop", "split"), help="a plant log's missing values"
     )
     inspect.set_defaults(handler=command_inspect)
+
+
+def _memory_line(memory: dict | None) -> str | None:
+    """The memory check in one line: the share of each predicted feature's one-step
+    error the earlier steps explain, and a warning when one is large (None without a
+    check: a model saved before it, or too few held-out episodes)."""
+    if not memory:
+        return None
+    shares = [(row["name"], row["explained"]) for row in memory["rows"]]
+    shares = [(name, share) for name, share in shares if share is not None]
+    if not shares:
+        return None
+    text = (
+        f"Share of the model's one-step error the earlier steps (1 to {memory['lags']} back) "
+        f"explain, out of sample on {memory['episodes']} held-out episodes: "
+        + ", ".join(f"{escape(name)} {100 * share:.0f} %" for name, share in shares)
+    )
+    remembered = [name for name, share in shares if share >= REMEMBERED]
+    if remembered:
+        text += (
+            f"\n  [yellow]memory:[/yellow] the plant answers to earlier steps the model does "
+            f"not see ({', '.join(escape(name) for name in remembered)}): a transport delay, "
+            "a slow hidden drift or an unrecorded state. Estimates for policies that act "
+            "unlike the logged operation may miss part of the plant's response."
+        )
+    return text

@@ -9,6 +9,7 @@ import json
 import textwrap
 import warnings
 
+import jax
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
@@ -16,6 +17,7 @@ import pytest
 
 from neorl_industrial import cli
 from neorl_industrial.core.environments import Task
+from neorl_industrial.functional.transformations.dynamics_memory import one_step_errors
 from neorl_industrial.integration.datasets import load_any
 from neorl_industrial.wrappers.models import (
     FitSettings,
@@ -131,6 +133,14 @@ def test_fit_through_the_cli_saves_card_fidelity_and_plot(plant, capsys):
         physics["note"] == "no physical range in the schema for pressure: the data's range is used"
     )
     assert physics["cost_high"][1] == 1.0  # the alarm: at most 1 a step
+    # The memory check: the share of each feature's one-step error the 3 earlier steps
+    # explain, out of sample over the 2 held-out episodes (a heater fully observed).
+    memory = card["fidelity"]["memory"]
+    assert (memory["lags"], memory["episodes"], memory["transitions"]) == (3, 2, 2 * 27)
+    assert [row["name"] for row in memory["rows"]] == ["temperature", "pressure"]
+    assert all(0.0 <= row["explained"] <= 1.0 for row in memory["rows"])
+    assert "Share of the model's one-step error the earlier steps (1 to 3 back) explain" in said
+    assert f"temperature {100 * memory['rows'][0]['explained']:.0f} %" in said
 
     capsys.readouterr()
     assert (
@@ -156,6 +166,21 @@ def test_the_fit_is_tracked_in_mlflow(plant):
     assert logged == pytest.approx(row["rmse"])
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plant_model")}
     assert "plant_model/model.json" in artifacts and "plant_model/params.msgpack" in artifacts
+
+
+def test_the_one_step_errors_are_the_fidelity_tables_first_step(plant):
+    """The memory check's one-step errors on every held-out transition, and the fidelity
+    table's error one step ahead of its windows: the same prediction."""
+    _, log, schema, out = plant
+    dataset, card = load_any(log, schema=schema)
+    model = PlantModel.load(out, dataset=dataset, task=card.task(dataset))
+    holdout = np.asarray(model.card["dataset"]["holdout_episodes"])
+    held = model._unit_actions(dataset).select_episodes(holdout)
+    errors = one_step_errors(model.dynamics, model.params(0), held, jax.random.PRNGKey(0))
+    assert errors.shape == (held.n_transitions, 2)
+    first = next(r for r in model.fidelity_rows if r["name"] == "temperature" and r["step"] == 1)
+    rmse = float(np.sqrt(np.mean(np.square(errors[:, 0]))))
+    assert 0.5 * first["rmse"] < rmse < 2.0 * first["rmse"]
 
 
 def test_saved_model_predicts_as_fitted_and_flags_inputs_outside_its_data(plant):

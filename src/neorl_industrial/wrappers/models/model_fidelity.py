@@ -17,6 +17,10 @@ from neorl_industrial.functional.transformations.dynamics_fidelity import (
     open_loop,
     open_loop_windows,
 )
+from neorl_industrial.functional.transformations.dynamics_memory import (
+    memory_table,
+    one_step_errors,
+)
 from neorl_industrial.wrappers.models.model_files import PlantModelError
 from neorl_industrial.wrappers.models.outside_data import OutsideDataWarning
 
@@ -37,7 +41,9 @@ def open_loop_fidelity(
     ``dataset`` (plant units; by default the held-out episodes of the data the model was
     fitted on, which ``dataset`` must then be): errors at 1, 10 and ``horizon`` steps per
     feature, and the share of logged values inside the ensemble's 90 % interval (the
-    features the model takes from the log, its exogenous ones, marked ``given``).
+    features the model takes from the log, its exogenous ones, marked ``given``); and
+    ``memory``: the share of each feature's one-step error the earlier steps explain
+    (:func:`~neorl_industrial.functional.transformations.dynamics_memory.memory_table`).
 
     Raises:
         PlantModelError: when no episode is long enough for one window, or (default
@@ -90,6 +96,7 @@ def open_loop_fidelity(
     units = dict(zip(model.task.observation_names, model.task.observation_units, strict=True))
     for row in rows:
         row["unit"] = units.get(row["name"]) if row["kind"] == "observation" else None
+    errors = one_step_errors(model.dynamics, model.params(seed), held, jax.random.PRNGKey(seed))
     return {
         "episodes": [int(e) for e in episodes],
         "windows": len(starts),
@@ -97,6 +104,7 @@ def open_loop_fidelity(
         "steps": steps,
         "level": LEVEL,
         "rows": rows,
+        "memory": memory_table(errors, held, names, model.dynamics.layout.given_mask()),
     }
 
 
