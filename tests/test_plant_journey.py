@@ -318,16 +318,3 @@ def test_the_answer_says_recommend_or_too_little_evidence_when_the_verdict_does(
     text = page.answer(journey["model"], report)
     assert "-20 [no bound, +4]" in text, text
     assert f"- **{last['name']}** does not qualify: by the model estimate, nothing bounds" in text
-
-    # A model short on the operators' cost: how many times, and that every bound is scaled.
-    short_cost = copy.deepcopy(journey["report"]["verdict"])
-    (cost,) = short_cost["calibration"]["costs"]
-    assert cost["ratio"]["lower"] <= cost["ratio"]["upper"]
-    cost |= {"logged": 0.4, "ratio": {"value": 3.2, "lower": 2.1, "upper": 4.6}}
-    report.write_text(json.dumps({"verdict": short_cost}))
-    text = page.answer(journey["model"], report)
-    assert f"| {cost['channel']} per episode, share of its limit | estimated " in text
-    assert "logged 0.40; it may be short by up to 4.6x, so every policy's bound" in text
-    cost["ratio"]["upper"] = None  # inf in JSON: the model predicts none of it
-    report.write_text(json.dumps({"verdict": short_cost}))
-    assert "logged 0.40; the model predicts none of it" in page.answer(journey["model"], report)

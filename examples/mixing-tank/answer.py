@@ -284,17 +284,6 @@ def why_section(verdict: dict) -> list[str]:
     return lines
 
 
-def _short_by(cost: dict) -> str:
-    """How many times short the model's estimate of the operators' cost may be (every
-    policy's bound of it is scaled by as much), or nothing when it is not short."""
-    upper = (cost.get("ratio") or {}).get("upper")
-    if upper is None:  # JSON has no infinity: the model predicts none of a logged cost
-        return "; the model predicts none of it" if cost["logged"] > 0 else ""
-    if upper <= 1.0:
-        return ""
-    return f"; it may be short by up to {upper:.2g}x, so every policy's bound is scaled by as much"
-
-
 def calibration_section(verdict: dict) -> list[str]:
     """Does the model reproduce today's operation? The operators' clone in the model
     against their logged returns (and costs) from the same starts."""
@@ -324,7 +313,7 @@ def calibration_section(verdict: dict) -> list[str]:
     for cost in calibration["costs"]:
         lines.append(
             f"| {cost['channel']} per episode, share of its limit | estimated "
-            f"{cost['estimated']:.2f}, logged {cost['logged']:.2f}{_short_by(cost)} |"
+            f"{cost['estimated']:.2f}, logged {cost['logged']:.2f} |"
         )
     lines += [
         "",

@@ -173,9 +173,7 @@ def _cost_calibration(
     """Per limited cost channel: the clone's cost in the model against the logged one, in
     limits. A model that over-predicts a cost is conservative; one that under-predicts it
     would let a candidate through that breaks the limit (``passed`` is False below
-    the settings' ``calibration_tolerance``, in limits). ``ratio``: the logged cost over
-    the model's (:func:`_cost_ratio`), how many times its estimate the model's cost may
-    be short by."""
+    the settings' ``calibration_tolerance``, in limits)."""
     logged_costs, tolerance = starts.logged_costs, settings.calibration_tolerance
     costs = []
     for c in range(logged_costs.shape[1]):
@@ -190,39 +188,10 @@ def _cost_calibration(
                 "estimated": float(np.mean(model)),
                 "logged": float(np.mean(data)),
                 "error": dataclasses.asdict(gap),
-                "ratio": dataclasses.asdict(_cost_ratio(model, data, starts.episodes, settings)),
                 "passed": bool(gap.upper >= -tolerance),
             }
         )
     return costs
-
-
-def _cost_ratio(
-    model: np.ndarray, data: np.ndarray, episodes: np.ndarray, settings: VerdictSettings
-) -> Interval:
-    """The logged cost over the model's (``model [M, N]``, ``data [N]``, ratio of means,
-    its interval from the same bootstrap draws of both): 0 when nothing was logged, inf
-    when the model predicts none of a logged cost."""
-    draws = bootstrap_means(
-        np.stack([model, np.broadcast_to(data, model.shape)]),
-        episodes,
-        settings.bootstrap,
-        settings.seed,
-    )
-
-    def ratio(estimated: np.ndarray, logged: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(
-                logged <= 0.0, 0.0, np.where(estimated > 0.0, logged / estimated, np.inf)
-            )
-
-    tail = (1.0 - settings.level) / 2.0 * 100.0
-    # No interpolation between draws: an unbounded ratio stays unbounded.
-    low, high = np.percentile(
-        ratio(draws[0], draws[1]), [tail, 100.0 - tail], method="inverted_cdf"
-    )
-    value = ratio(np.mean(model), np.mean(data))
-    return Interval(float(value), float(low), float(high))
 
 
 def _calibration_status(

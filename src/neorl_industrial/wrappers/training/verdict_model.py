@@ -41,7 +41,6 @@ from neorl_industrial.wrappers.training.verdict_results import (
     Calibration,
     CostEstimate,
     EstimatorResult,
-    Interval,
     VerdictSettings,
 )
 
@@ -250,11 +249,8 @@ class _CostReader:
     A learned channel with fewer than ``min_cost_events`` events held out (by the
     ``model``, ``computed``) adds the exact upper bound of its event rate (see
     :func:`_rate_upper_bound`): what the model cannot have learned from so few events is
-    bounded by how rarely the operators tripped it. A ``model`` estimate's upper bound
-    also allows for the model's error on the operators' own cost (the calibration), as
-    the return's allowance does: raised by as much as it under-predicted their cost (in
-    limits), or scaled by as many times (the upper end of the logged-to-estimated
-    ratio), whichever is more."""
+    bounded by how rarely the operators tripped it. A computed estimate also adds as much
+    as the model under-predicted the operators' own cost (the calibration)."""
 
     names: tuple[str, ...]
     limits: np.ndarray
@@ -265,11 +261,7 @@ class _CostReader:
     magnitude: np.ndarray
     event_rate: np.ndarray
     episode_length: int
-    #: Per limited channel, from the calibration: the largest under-prediction of the
-    #: operators' cost its interval allows (in limits) and the largest ratio of their
-    #: logged cost to the model's estimate (at least 1).
     under_predicted: dict[str, float]
-    under_ratio: dict[str, float]
     start_episodes: np.ndarray
     settings: VerdictSettings
 
@@ -278,14 +270,6 @@ class _CostReader:
             return "computed"
         enough = self.events[channel] >= self.settings.min_cost_events
         return "sufficient" if enough else EXACT_BOUND
-
-    def allowed_upper(self, channel: str, value: Interval) -> float:
-        """A ``model`` upper bound (in limits) with the calibration's error on the
-        operators' cost allowed for: ``max(upper + under-prediction, upper x ratio)``."""
-        shifted = value.upper + self.under_predicted.get(channel, 0.0)
-        ratio = self.under_ratio.get(channel, 1.0)
-        scaled = value.upper * ratio if value.upper > 0.0 else 0.0
-        return float(max(shifted, scaled))
 
     def discounted_scale(self, starts: int) -> np.ndarray:
         """``[starts, C]``: what each limit allows of a discounted cost from a start
@@ -323,7 +307,8 @@ class _CostReader:
                 if bound is not None:
                     value = dataclasses.replace(value, upper=value.upper + bound / self.limits[c])
                 if computed:
-                    value = dataclasses.replace(value, upper=self.allowed_upper(channel, value))
+                    allowance = self.under_predicted.get(channel, 0.0)
+                    value = dataclasses.replace(value, upper=value.upper + allowance)
                 within = bool(value.upper <= 1.0)
             entries.append(
                 CostEstimate(
@@ -371,9 +356,6 @@ def _cost_reader(case: _Case, calibration: Calibration) -> _CostReader:
         # Per limited channel, from the calibration.
         under_predicted={
             cost["channel"]: max(0.0, -cost["error"]["lower"]) for cost in calibration.costs
-        },
-        under_ratio={
-            cost["channel"]: max(1.0, cost["ratio"]["upper"]) for cost in calibration.costs
         },
         start_episodes=starts.episodes,
         settings=settings,

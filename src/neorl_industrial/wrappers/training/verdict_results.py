@@ -256,11 +256,10 @@ class Calibration:
         model_error: the largest error the interval allows (``max(|lower|, |upper|)``);
             every improvement interval is widened on both sides by the same share of the
             candidate's and the operators' estimated returns (:meth:`allowance`).
-        costs: per limited channel: ``{channel, estimated, logged, error, ratio,
-            passed}`` per episode in units of its limit (``ratio``: logged over
-            estimated); every ``model`` upper bound of the channel is raised by the
-            largest under-prediction the error's interval allows (``-lower``) or scaled by
-            the ratio's upper end, whichever is more.
+        costs: per limited channel: ``{channel, estimated, logged, error, passed}`` per
+            episode in units of its limit; the largest under-prediction the error's
+            interval allows (``-lower``) is added to every ``model`` upper bound of the
+            channel.
         episodes, transitions: the held-out part the check rests on.
         min_episodes: episodes the check needs.
         reason: why it did not pass, in one sentence (None when it passed).
