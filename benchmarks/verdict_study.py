@@ -375,6 +375,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         "ranking": ranking,
         "verdict": outcome,
         "statement": merged.statement,
+        "calibration": merged.to_dict()["calibration"],
         "truly_better_than_behaviour": int(better.sum()),
         "truly_better_and_safe": sum(_truly_better(c, behaviour_return) for c in candidates),
     }
@@ -600,6 +601,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "ranking": ranking,
         "verdict": outcome,
         "statement": merged.statement,
+        "calibration": merged.to_dict()["calibration"],
         "truly_better_than_behaviour": int(
             sum(c["true_improvement"]["lower"] > 0 for c in candidates)
         ),
