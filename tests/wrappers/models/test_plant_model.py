@@ -9,7 +9,6 @@ import json
 import textwrap
 import warnings
 
-import jax
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
@@ -25,6 +24,7 @@ from neorl_industrial.wrappers.models import (
     PlantModel,
     PlantModelError,
 )
+from neorl_industrial.wrappers.models.model_programs import predict_program
 from tests.shared import mlflow_store
 
 SCHEMA = """\
@@ -176,8 +176,18 @@ def test_the_one_step_errors_are_the_fidelity_tables_first_step(plant):
     model = PlantModel.load(out, dataset=dataset, task=card.task(dataset))
     holdout = np.asarray(model.card["dataset"]["holdout_episodes"])
     held = model._unit_actions(dataset).select_episodes(holdout)
-    errors = one_step_errors(model.dynamics, model.params(0), held, jax.random.PRNGKey(0))
+    program = predict_program(model.dynamics)
+    params = model.params(0)
+    errors = one_step_errors(lambda o, a: program(params, o, a)["next_observation"], held)
     assert errors.shape == (held.n_transitions, 2)
+    # the error of a transition is its logged next observation minus the model's predict
+    last = held.n_transitions - 1
+    frames = np.asarray(held.observations)[np.asarray(held.observation_index)[[0, last]] + 1]
+    observations = np.asarray(held.observations_at(held.observation_index[np.array([0, last])]))
+    point = program(params, observations, np.asarray(held.actions)[[0, last]])
+    np.testing.assert_allclose(
+        errors[[0, last]], frames - np.asarray(point["next_observation"]), rtol=1e-5, atol=1e-4
+    )
     first = next(r for r in model.fidelity_rows if r["name"] == "temperature" and r["step"] == 1)
     rmse = float(np.sqrt(np.mean(np.square(errors[:, 0]))))
     assert 0.5 * first["rmse"] < rmse < 2.0 * first["rmse"]

@@ -11,14 +11,13 @@ misses part of the plant's response.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from neorl_industrial.core.models.dynamics import Dynamics, DynamicsParams
 from neorl_industrial.functional.state_management.dataset import Dataset
 from neorl_industrial.functional.transformations.dynamics import MIN_STD
 
@@ -34,40 +33,29 @@ _CHUNK = 8192
 
 
 def one_step_errors(
-    dynamics: Dynamics, params: DynamicsParams, dataset: Dataset, key: jax.Array
+    predict: Callable[[jax.Array, jax.Array], jax.Array], dataset: Dataset
 ) -> np.ndarray:
     """``[N, F]`` per transition of ``dataset`` (actions in [-1, 1]): the logged next
-    frame minus the members' average of their mean one-step predictions (the layout's
-    given features from the log, so their error is 0)."""
-    members = jnp.arange(params.n_members)
-    takes_log = bool(dynamics.layout.given)
-    frame = dynamics.layout.frame_size
-
-    @jax.jit
-    def predict(observations, actions, logged):
-        def one(observation, action, given):
-            def member(m):
-                next_observation, *_ = dynamics.transition(
-                    params, observation, action, key, m, True, given if takes_log else None
-                )
-                return next_observation[:frame]
-
-            return jax.vmap(member)(members).mean(axis=0)
-
-        return jax.vmap(one)(observations, actions, logged)
-
+    frame minus ``predict(observations [B, obs], actions [B, A]) -> [B, obs]``, the
+    model's point prediction of the next observation (the members' average of their mean
+    predictions; a plant model's ``predict_program``). Batches are padded to a power of
+    two (at most :data:`_CHUNK` transitions), so datasets of similar sizes share one
+    compiled program."""
     index = np.asarray(jax.device_get(dataset.observation_index), np.int64)
     frames = np.asarray(jax.device_get(dataset.observations), np.float32)
     actions = np.asarray(jax.device_get(dataset.actions), np.float32)
+    frame = frames.shape[1]
+    n = dataset.n_transitions
+    size = min(_CHUNK, 1 << max(n - 1, 0).bit_length())
     errors = []
-    for begin in range(0, dataset.n_transitions, _CHUNK):
-        rows = np.arange(begin, min(begin + _CHUNK, dataset.n_transitions))
-        observations = dataset.observations_at(jnp.asarray(index[rows]))
-        logged = frames[index[rows] + 1]
+    for begin in range(0, n, size):
+        rows = np.arange(begin, min(begin + size, n))
+        padded = np.concatenate([rows, np.full(size - len(rows), rows[-1])])
+        observations = dataset.observations_at(jnp.asarray(index[padded]))
         predicted = np.asarray(
-            jax.device_get(predict(observations, jnp.asarray(actions[rows]), logged))
-        )
-        errors.append(logged - predicted)
+            jax.device_get(predict(observations, jnp.asarray(actions[padded]))), np.float32
+        )[: len(rows), :frame]
+        errors.append(frames[index[rows] + 1] - predicted)
     return np.concatenate(errors) if errors else np.zeros((0, frame), np.float32)
 
 

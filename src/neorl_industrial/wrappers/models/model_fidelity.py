@@ -22,6 +22,7 @@ from neorl_industrial.functional.transformations.dynamics_memory import (
     one_step_errors,
 )
 from neorl_industrial.wrappers.models.model_files import PlantModelError
+from neorl_industrial.wrappers.models.model_programs import predict_program
 from neorl_industrial.wrappers.models.outside_data import OutsideDataWarning
 
 #: The level of the fidelity intervals (the share of logged values inside).
@@ -96,7 +97,13 @@ def open_loop_fidelity(
     units = dict(zip(model.task.observation_names, model.task.observation_units, strict=True))
     for row in rows:
         row["unit"] = units.get(row["name"]) if row["kind"] == "observation" else None
-    errors = one_step_errors(model.dynamics, model.params(seed), held, jax.random.PRNGKey(seed))
+    # The one-step point prediction the model's ``predict`` compiles (shared with it).
+    program = model._program(("predict",), lambda: predict_program(model.dynamics))
+    params = model.params(seed)
+    errors = one_step_errors(
+        lambda observations, actions: program(params, observations, actions)["next_observation"],
+        held,
+    )
     return {
         "episodes": [int(e) for e in episodes],
         "windows": len(starts),
