@@ -30,6 +30,8 @@ LAGS = 3
 REMEMBERED = 0.1
 #: Transitions per call of the compiled one-step program.
 _CHUNK = 8192
+#: The most transitions the regression reads (evenly spread over the held-out ones).
+_MOST_ROWS = 20_000
 
 
 def one_step_errors(
@@ -72,7 +74,8 @@ def memory_table(
     the action), out of sample: linear least squares fitted on all but one fold of whole
     episodes and scored on that fold, ``1 - SSE(own inputs and earlier steps) /
     SSE(own inputs)`` summed over the folds (``explained``, at least 0; None for a given
-    feature, a constant error, or fewer than 2 episodes with steps past the lags)."""
+    feature, a constant error, or fewer than 2 episodes with steps past the lags). At
+    most :data:`_MOST_ROWS` transitions are read, evenly spread."""
     episode = np.asarray(jax.device_get(dataset.episode_id), np.int64)
     first = np.asarray(jax.device_get(dataset.episode_starts), np.int64)
     position = np.arange(dataset.n_transitions) - first[episode]
@@ -82,6 +85,8 @@ def memory_table(
         dataset.n_transitions, -1
     )
     rows = np.flatnonzero(position >= lags)
+    if len(rows) > _MOST_ROWS:
+        rows = rows[np.linspace(0, len(rows) - 1, _MOST_ROWS).astype(np.int64)]
     observations = np.asarray(
         jax.device_get(dataset.observations_at(jnp.asarray(index[rows]))), np.float64
     )
