@@ -233,6 +233,11 @@ def verdict_starts(
     return Starts(episodes, rows - first[groups], np.minimum(to_end, horizon), groups)
 
 
+def _by_replicate(values: np.ndarray, replicates: int) -> np.ndarray:
+    """``[replicates, N]`` of start-major ``[N x replicates]`` run values."""
+    return values.reshape(-1, replicates).T
+
+
 class PlantTruth:
     """The truth of one written log: its plant and the simulator's state on every row.
 
@@ -271,11 +276,10 @@ class PlantTruth:
     ) -> np.ndarray:
         """``[replicates, N]`` discounted returns from the starts (each replicate its own
         disturbances; the same for every controller at the same seed)."""
-        return (
-            self.runs_at_starts(policy, starts, discount=discount, replicates=replicates, seed=seed)
-            .discounted.reshape(len(starts.row), replicates)
-            .T
+        runs = self.runs_at_starts(
+            policy, starts, discount=discount, replicates=replicates, seed=seed
         )
+        return _by_replicate(runs.discounted, replicates)
 
     def runs_at_starts(
         self,
@@ -342,7 +346,7 @@ class PlantTruth:
         runs = self.runs_at_starts(
             policy, starts, discount=discount, replicates=replicates, seed=seed
         )
-        own = runs.discounted.reshape(len(starts.row), replicates).T
+        own = _by_replicate(runs.discounted, replicates)
         gain = mean_interval((own - baseline).mean(axis=1))
         return {
             "cost_rate": self.cost_rate_at_starts(runs, starts, replicates),
