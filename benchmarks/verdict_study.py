@@ -431,7 +431,9 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
     plant = make_plant(name)
     folder = Path(args.plant_dir or tempfile.mkdtemp(prefix="verdict-study-")) / name
     progress(f"{name}: the operators' log, {args.plant_episodes} episodes")
-    csv = write_plant(name, folder, seed=args.data_seed, episodes=args.plant_episodes)
+    csv = write_plant(
+        name, folder, seed=args.data_seed, episodes=args.plant_episodes, history=args.history
+    )
     dataset, card = load_plant_log(csv, folder / "schema.yaml")
     task = card.task(dataset)
     constraints = folder / "constraints.yaml"
@@ -1275,6 +1277,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--plant-episodes", type=int, default=16, help="episodes of a study plant's log"
+    )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=1,
+        help="rows per observation of a study plant's log (its schema's history)",
     )
     parser.add_argument(
         "--truth-episodes", type=int, default=100, help="a study plant's truth: episodes"

@@ -48,7 +48,10 @@ def make_plant(name: str) -> Plant:
     return plants[name]()
 
 
-def write_plant(name: str, folder: str | Path, *, seed: int = 0, episodes: int = 16) -> Path:
+def write_plant(
+    name: str, folder: str | Path, *, seed: int = 0, episodes: int = 16, history: int = 1
+) -> Path:
     """Writes plant ``name``'s log (``episodes`` episodes of its operators, ``seed``) and
-    its schema, constraints and run files into ``folder``; returns the CSV's path."""
-    return write_log(make_plant(name), folder, seed=seed, episodes=episodes)
+    its schema (observations of ``history`` rows), constraints and run files into
+    ``folder``; returns the CSV's path."""
+    return write_log(make_plant(name), folder, seed=seed, episodes=episodes, history=history)

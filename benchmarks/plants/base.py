@@ -138,8 +138,9 @@ class Plant:
             None if cost.expression is None else Expression(cost.expression) for cost in self.costs
         ]
 
-    def schema(self) -> dict[str, Any]:
-        """The plant-log schema of the log (docs: the plant-log schema)."""
+    def schema(self, history: int = 1) -> dict[str, Any]:
+        """The plant-log schema of the log (docs: the plant-log schema), its observations
+        stacking the last ``history`` rows."""
         return {
             "name": self.name,
             "description": self.description,
@@ -161,7 +162,7 @@ class Plant:
                 | ({"expression": cost.expression} if cost.expression is not None else {})
                 for cost in self.costs
             ],
-        }
+        } | ({"history": history} if history > 1 else {})
 
 
 Controller = Callable[[dict[str, np.ndarray], np.ndarray, np.ndarray], np.ndarray]
@@ -217,10 +218,12 @@ def logged_row(plant: Plant, state: State, rng: np.random.Generator) -> dict[str
     }
 
 
-def write_log(plant: Plant, folder: str | Path, *, seed: int = 0, episodes: int = 16) -> Path:
+def write_log(
+    plant: Plant, folder: str | Path, *, seed: int = 0, episodes: int = 16, history: int = 1
+) -> Path:
     """Writes the plant's historian log and its files into ``folder``: ``<name>.csv``,
-    ``schema.yaml``, ``constraints.yaml``, ``run.yaml`` and ``truth.npz``. Returns the
-    CSV's path.
+    ``schema.yaml`` (observations of ``history`` rows), ``constraints.yaml``, ``run.yaml``
+    and ``truth.npz``. Returns the CSV's path.
 
     Raises:
         ValueError: for fewer than 4 episodes (a held-out quarter needs at least one).
@@ -249,7 +252,7 @@ def write_log(plant: Plant, folder: str | Path, *, seed: int = 0, episodes: int 
         stamp += timedelta(minutes=30 + 15 * (episode % 3))
     csv = folder / f"{plant.name}.csv"
     csv.write_text("\n".join(lines) + "\n")
-    (folder / "schema.yaml").write_text(yaml.safe_dump(plant.schema(), sort_keys=False))
+    (folder / "schema.yaml").write_text(yaml.safe_dump(plant.schema(history), sort_keys=False))
     constraints = {"name": plant.name, **plant.constraints}
     (folder / "constraints.yaml").write_text(yaml.safe_dump(constraints, sort_keys=False))
     run = {
@@ -265,6 +268,8 @@ def write_log(plant: Plant, folder: str | Path, *, seed: int = 0, episodes: int 
         folder / "truth.npz",
         seed=seed,
         episodes=episodes,
+        history=history,
+        **{f"column.{k}": v for k, v in log["columns"].items()},
         **{f"state.{k}": v for k, v in log["states"].items()},
         **{f"memory.{k}": v for k, v in log["memory"].items()},
         actions=log["actions"],
@@ -273,8 +278,9 @@ def write_log(plant: Plant, folder: str | Path, *, seed: int = 0, episodes: int 
 
 
 def read_truth(folder: str | Path) -> dict[str, Any]:
-    """The simulator's state and the operators' memory on every logged row
-    (``[episodes, rows, ...]``), as :func:`write_log` saved them."""
+    """The simulator's state, the operators' memory and the logged columns on every row
+    (``[episodes, rows, ...]``) and the schema's ``history``, as :func:`write_log` saved
+    them."""
     with np.load(Path(folder) / "truth.npz") as saved:
         data = {key: saved[key] for key in saved.files}
     return {
@@ -282,6 +288,10 @@ def read_truth(folder: str | Path) -> dict[str, Any]:
         "memory": {
             k.removeprefix("memory."): v for k, v in data.items() if k.startswith("memory.")
         },
+        "columns": {
+            k.removeprefix("column."): v for k, v in data.items() if k.startswith("column.")
+        },
         "actions": data["actions"],
         "seed": int(data["seed"]),
+        "history": int(data.get("history", 1)),
     }

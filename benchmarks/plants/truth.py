@@ -88,9 +88,43 @@ class OperatorsController:
         return self.plant.operators_act(memory, row, rng)
 
 
-def policy_controller(plant: Plant, policy: str | Path | Callable) -> StatelessController:
+class HistoryController:
+    """A policy whose observation stacks the last ``history`` rows (a log imported with
+    ``history: H``), newest first, as the plant-floor loop keeps them: ``act(observations
+    [n, H x obs], previous [n, act]) -> actions``. Its memory is the earlier rows
+    (``[n, H - 1, obs]``, newest first): the logged ones where a start lies mid-episode,
+    else the first row repeated, as the import pads an episode's start."""
+
+    def __init__(
+        self, plant: Plant, act: Callable[[np.ndarray, np.ndarray], np.ndarray], history: int
+    ):
+        self.plant = plant
+        self.act = act
+        self.history = history
+
+    def reset(self, plant: Plant, rng: np.random.Generator, n: int, memory: Any) -> Any:
+        return None if memory is None else np.asarray(memory, np.float32)
+
+    def __call__(
+        self, memory: Any, row: Row, previous: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, Any]:
+        frame = self.plant.matrix(row).astype(np.float32)[:, None]
+        earlier = np.repeat(frame, self.history - 1, axis=1) if memory is None else memory
+        rows = np.concatenate([frame, earlier], axis=1)
+        observations = rows.reshape(len(rows), -1)
+        action = np.asarray(self.act(observations, previous.astype(np.float32)), np.float64)
+        return action, rows[:, :-1]
+
+
+def policy_controller(
+    plant: Plant, policy: str | Path | Callable, *, history: int = 1
+) -> StatelessController | HistoryController:
     """A policy in the loop: an artifact folder loaded as the server loads it (shield on,
-    the server's check of every action), or ``policy(observations, prev_actions)``."""
+    the server's check of every action), or ``policy(observations, prev_actions)``; with a
+    ``history``, fed the last rows stacked (:class:`HistoryController`)."""
+    from neorl_industrial.core.environments.history import stacked_names
+
+    expected = list(stacked_names(plant.observation_names, history))
     if isinstance(policy, str | Path):
         from neorl_industrial.integration.deployment.policy import (
             PolicyTrust,
@@ -99,10 +133,9 @@ def policy_controller(plant: Plant, policy: str | Path | Callable) -> StatelessC
 
         loaded = load_policy_source(str(policy), None, [1], trust=PolicyTrust(allow_unsigned=True))
         names = list(loaded.artifact.observation_names)
-        if names != plant.observation_names:
+        if names != expected:
             raise ValueError(
-                f"{policy}: a policy for observations {names}, not {plant.name}'s "
-                f"{plant.observation_names}"
+                f"{policy}: a policy for observations {names}, not {plant.name}'s {expected}"
             )
         artifact = loaded.artifact
 
@@ -111,6 +144,9 @@ def policy_controller(plant: Plant, policy: str | Path | Callable) -> StatelessC
 
     else:
         act = policy
+
+    if history > 1:
+        return HistoryController(plant, act, history)
 
     def stateless(row: Row, previous: np.ndarray | None) -> np.ndarray:
         observations = plant.matrix(row).astype(np.float32)
@@ -250,6 +286,8 @@ class PlantTruth:
         self.plant = plant
         self.saved = read_truth(folder)
         self.limits = [cost.limit for cost in plant.costs]
+        #: Rows per observation of the written log (its schema's ``history``).
+        self.history = int(self.saved["history"])
 
     def operators(self) -> OperatorsController:
         return OperatorsController(self.plant)
@@ -258,7 +296,7 @@ class PlantTruth:
         """A controller from a policy artifact folder, a callable or a controller."""
         if hasattr(policy, "reset"):
             return policy
-        return policy_controller(self.plant, policy)
+        return policy_controller(self.plant, policy, history=self.history)
 
     def episodes(self, policy: Any, *, episodes: int = 100, seed: int = 12345) -> dict[str, Any]:
         """Whole-episode truth from the plant's start distribution (:func:`summarize`)."""
@@ -299,13 +337,23 @@ class PlantTruth:
         previous = np.where(
             (index[1] > 0)[:, None], actions[index[0], np.maximum(index[1] - 1, 0)], np.nan
         )
+        if isinstance(controller, HistoryController):
+            # The logged rows before each start, newest first (the first row repeated
+            # before an episode's start, as the import pads it).
+            ages = np.maximum(index[1][:, None] - np.arange(1, controller.history), 0)
+            logged = np.stack(
+                [self.saved["columns"][name] for name in self.plant.observation_names], -1
+            )
+            memory = logged[index[0][:, None], ages].astype(np.float32)
+        elif not isinstance(controller, OperatorsController):
+            memory = None
         return closed_loop(
             self.plant,
             controller,
             states,
             np.repeat(starts.length, replicates),
             seed=seed,
-            memory=memory if isinstance(controller, OperatorsController) else None,
+            memory=memory,
             previous=previous,
             discount=discount,
         )

@@ -34,6 +34,7 @@ from neorl_industrial.functional.state_management.frames import (
     find_frame_stack,
     gather_stacked,
     observation_rows,
+    padded_frames,
     stored_rows,
     to_frames,
 )
@@ -231,7 +232,9 @@ class Dataset:
         )
 
     @classmethod
-    def from_episodes(cls, episodes: Sequence[dict[str, Any]], *, name: str = "dataset") -> Dataset:
+    def from_episodes(
+        cls, episodes: Sequence[dict[str, Any]], *, name: str = "dataset", history: int = 1
+    ) -> Dataset:
         """Builds a dataset from per-episode arrays.
 
         Each episode is a mapping with ``observations`` ``[T + 1, obs]`` (the last row is the
@@ -239,16 +242,29 @@ class Dataset:
         ``[T]`` and optionally ``costs`` ``[T, n_costs]`` and ``terminated`` (bool: whether
         the episode ended in a terminal state; otherwise it timed out).
 
+        With ``history`` ``H > 1`` each row of ``observations`` is one frame, and the
+        dataset's observation at step ``t`` stacks rows ``t, t - 1, ..., t - H + 1``
+        (newest first), the episode's first row standing in for the rows before it; the
+        rows are stored once (``frame_stack = H``).
+
         Raises:
             ValueError: naming the episode and field when shapes disagree or values are
-                not finite.
+                not finite, or for a ``history`` below 1.
         """
         if not episodes:
             raise ValueError(f"{name}: no episodes")
+        if type(history) is not int or history < 1:
+            raise ValueError(f"{name}: history must be a whole number >= 1, got {history!r}")
         columns = EpisodeColumns(name)
         for number, episode in enumerate(episodes):
             columns.add(number, episode)
-        return Dataset.from_arrays(**columns.arrays())
+        arrays = columns.arrays()
+        if history == 1:
+            return Dataset.from_arrays(**arrays)
+        arrays["observations"] = padded_frames(
+            arrays["observations"], arrays["episode_lengths"], history
+        )
+        return Dataset.from_arrays(**arrays, frame_stack=history)
 
     @classmethod
     def from_flat(

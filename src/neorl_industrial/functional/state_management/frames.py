@@ -15,6 +15,7 @@ __all__ = [
     "find_frame_stack",
     "gather_stacked",
     "observation_rows",
+    "padded_frames",
     "stored_rows",
     "to_frames",
 ]
@@ -88,6 +89,17 @@ def _shifted_everywhere(observations: Any, n_rows: int, last: np.ndarray, frame:
         if not np.all(same[inside]):
             return False
     return True
+
+
+def padded_frames(rows: np.ndarray, episode_lengths: Any, frame_stack: int) -> np.ndarray:
+    """``[N + E H, F]`` frames of ``[N + E, F]`` single-frame rows (episode-major, each
+    episode's final row included) for observations of ``frame_stack`` rows: each episode's
+    first row repeated ``H - 1`` times as the history before it, then its rows."""
+    lengths = np.asarray(episode_lengths, np.int64)
+    firsts = np.cumsum(lengths + 1) - (lengths + 1)
+    copies = np.ones(len(rows), np.int64)
+    copies[firsts] = frame_stack
+    return np.repeat(np.asarray(rows), copies, axis=0)
 
 
 def to_frames(observations: np.ndarray, episode_lengths: Any, frame_stack: int) -> np.ndarray:

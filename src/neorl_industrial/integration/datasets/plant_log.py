@@ -33,6 +33,7 @@ with optional_imports():  # the 'plant' extra
     import pyarrow as pa
     import pyarrow.compute as pc
 
+from neorl_industrial.core.environments.history import stacked_names
 from neorl_industrial.core.utils.messages import quote, shorten
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.integration.datasets.card import ColumnInfo, DatasetCard
@@ -128,7 +129,7 @@ def load_plant_log(
         offset,
     )
     try:
-        dataset = Dataset.from_episodes(episodes, name=str(table_path))
+        dataset = Dataset.from_episodes(episodes, name=str(table_path), history=schema.history)
     except ValueError as error:
         raise DatasetFormatError(str(error), path=table_path) from error
     if dropped:
@@ -538,15 +539,25 @@ def _card(
         (float(low), float(high))
         for low, high in zip(seen.min(axis=0), seen.max(axis=0), strict=True)
     ]
+    # With a history, each earlier row's columns follow the newest row's (column@t-1,
+    # ...): the observation's layout, as the card's task names it.
+    names = stacked_names([s.column for s in schema.observations], schema.history)
     sensors = [
         ColumnInfo(
-            name=s.column,
+            name=name,
             unit=s.unit,
             bounds=s.physical_range,
             observed=span,
-            exogenous=s.exogenous,
+            exogenous=s.exogenous and position < len(schema.observations),
         )
-        for s, span in zip(schema.observations, observed, strict=True)
+        for position, (name, s, span) in enumerate(
+            zip(
+                names,
+                schema.observations * schema.history,
+                observed * schema.history,
+                strict=True,
+            )
+        )
     ]
     actuators = [ColumnInfo(name=s.column, unit=s.unit, bounds=s.bounds) for s in schema.actions]
 

@@ -38,6 +38,15 @@ log holds its future (the held-out episodes a verdict judges candidates on), the
 model takes it from the log instead of predicting it, for the candidates and today's
 operation alike. Mark only what no action can move: a candidate's actions cannot change
 a value taken from the log.
+
+``history: H`` (1 to 64, default 1) makes each observation the last ``H`` rows, newest
+first: the newest row's columns under their own names, each earlier row's as
+``column@t-1`` ... ``column@t-{H-1}``. Set it when the plant's next row depends on more
+than the current one: a transport or dead time, a slow analyser, a hidden drift (the
+plant model's memory check measures how much earlier rows explain). Before an episode's
+first row the history repeats that row. Agents, the plant model and the verdict see the
+stacked observation; a server is sent it whole, the plant-floor loop keeps the last rows
+itself.
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ from neorl_industrial.wrappers.hostio import YamlError, file_kind, read_yaml
 #: The shortest and longest sampling period (seconds) and the largest gap factor.
 MIN_SAMPLING_PERIOD = 1e-6
 MAX_GAP_FACTOR = 100.0
+#: The most rows one observation may stack (``history``).
+MAX_HISTORY = 64
 
 
 def _range(bounds: tuple[float, float] | None) -> tuple[float, float] | None:
@@ -218,6 +229,13 @@ class PlantLogSchema(BaseModel):
         description="evaluate reward and costs of transition t on row t, or on row t + 1",
     )
     costs: list[CostSpec] = Field(default_factory=list)
+    history: int = Field(
+        1,
+        strict=True,
+        ge=1,
+        le=MAX_HISTORY,
+        description="rows per observation, newest first (earlier rows named column@t-1, ...)",
+    )
 
     @field_validator("sampling_period")
     @classmethod

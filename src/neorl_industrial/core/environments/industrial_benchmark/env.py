@@ -10,6 +10,7 @@ import numpy as np
 from flax import struct
 
 from neorl_industrial.core.environments.base import StepInfo, TimeStep, UniformNoiseEnvironment
+from neorl_industrial.core.environments.history import stacked_names
 from neorl_industrial.core.environments.industrial_benchmark import dynamics
 from neorl_industrial.core.environments.industrial_benchmark.dynamics import IBState
 from neorl_industrial.core.environments.validation import (
@@ -178,10 +179,7 @@ class IndustrialBenchmark(UniformNoiseEnvironment[IBEnvState, IBParams]):
     def observation_names(self) -> tuple[str, ...]:
         """The newest frame's features by their own names (``fatigue``), older frames with
         their age (``fatigue@t-1`` ... ``fatigue@t-29``)."""
-        names = list(FRAME_NAMES)
-        for age in range(1, self.history_length):
-            names += [f"{name}@t-{age}" for name in FRAME_NAMES]
-        return tuple(names)
+        return stacked_names(FRAME_NAMES, max(self.history_length, 1))
 
     @property
     def exogenous_names(self) -> tuple[str, ...]:
