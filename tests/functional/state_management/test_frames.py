@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from neorl_industrial.core.environments import make, rollout, uniform_random_policy
+from neorl_industrial.core.environments.history import frame_of, stacked_names
 from neorl_industrial.functional.state_management import (
     Dataset,
     gather_nstep,
@@ -201,3 +202,49 @@ def test_a_card_whose_frames_disagree_with_the_file_is_named(tmp_path, pair):
     card_path.write_text(json.dumps(card))
     with pytest.raises(DatasetFormatError, match="frame_stack"):
         load_native(tmp_path / "d", verify=False)
+
+
+def test_from_episodes_with_a_history_stacks_rows_and_pads_each_start():
+    rows = [np.arange(8.0).reshape(4, 2), 100 + np.arange(6.0).reshape(3, 2)]
+    episodes = [
+        {"observations": r, "actions": np.zeros((len(r) - 1, 1)), "rewards": np.zeros(len(r) - 1)}
+        for r in rows
+    ]
+    dataset = Dataset.from_episodes(episodes, history=2)
+    assert dataset.frame_stack == 2
+    stacked = [np.concatenate([r[t], r[max(t - 1, 0)]]) for r in rows for t in range(len(r))]
+    np.testing.assert_array_equal(dataset.all_observations(), stacked)
+    # The same observations given whole are found to stack two frames and stored alike.
+    whole = [
+        {
+            **e,
+            "observations": np.stack(
+                [np.concatenate([r[t], r[max(t - 1, 0)]]) for t in range(len(r))]
+            ),
+        }
+        for e, r in zip(episodes, rows, strict=True)
+    ]
+    found = Dataset.from_episodes(whole)
+    assert found.frame_stack == 2
+    np.testing.assert_array_equal(found.observations, dataset.observations)
+    # Cut to the newest frame: the rows themselves, episode by episode.
+    newest = dataset.newest_frames()
+    assert newest.frame_stack == 1
+    np.testing.assert_array_equal(newest.all_observations(), np.concatenate(rows))
+    np.testing.assert_array_equal(newest.actions, dataset.actions)
+    assert newest.episode_lengths.tolist() == dataset.episode_lengths.tolist()
+    assert found.newest_frames().frame_stack == 1 and newest.newest_frames() is newest
+    for history in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="history must be a whole number >= 1"):
+            Dataset.from_episodes(episodes, history=history)
+
+
+def test_stacked_names_and_their_frame():
+    frame = ("level", "flow")
+    names = stacked_names(frame, 3)
+    assert names == ("level", "flow", "level@t-1", "flow@t-1", "level@t-2", "flow@t-2")
+    assert frame_of(names) == (frame, 3)
+    assert frame_of(frame) == (frame, 1)
+    # Names that only look alike stack nothing.
+    assert frame_of(("a", "a@t-2")) == (("a", "a@t-2"), 1)
+    assert frame_of(("a", "b", "a@t-1", "c@t-1")) == (("a", "b", "a@t-1", "c@t-1"), 1)

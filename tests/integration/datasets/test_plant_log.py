@@ -357,6 +357,60 @@ def test_the_card_of_a_plant_log_is_its_task(tmp_path):
     assert card.task(dataset).exogenous == ("pressure",)
 
 
+def test_history_stacks_the_last_rows_newest_first_and_names_them(tmp_path):
+    schema = SCHEMA.replace("  - pressure\n", "  - {column: pressure, exogenous: true}\n")
+    table_path, schema_path = _write(tmp_path, _table(), schema=schema + "history: 3\n")
+    dataset, card = load_plant_log(table_path, schema_path)
+    assert dataset.frame_stack == 3 and dataset.observation_size == 6
+    rows = np.stack([TEMPERATURE, PRESSURE], axis=1)
+    # Episode 1 is rows 0-3, episode 2 rows 4-7: before an episode's first row, its
+    # history repeats that row; the rows themselves are stored once.
+    expected = [
+        np.concatenate([rows[t], rows[max(t - 1, first)], rows[max(t - 2, first)]])
+        for first, stop in ((0, 3), (4, 7))
+        for t in range(first, stop)
+    ]
+    np.testing.assert_allclose(dataset.transition_observations(), expected, rtol=1e-6)
+    assert dataset.observations.shape == (8 + 2 * 2, 2)
+    task = card.task(dataset)
+    assert task.observation_names == (
+        "temperature", "pressure",
+        "temperature@t-1", "pressure@t-1",
+        "temperature@t-2", "pressure@t-2",
+    )  # fmt: skip
+    assert task.observation_units == ("degC", None) * 3
+    assert task.observation_high == (500.0, np.inf) * 3
+    # Only the newest row's disturbance is the plant model's to take from the log.
+    assert task.exogenous == ("pressure",)
+    task.check_dataset(dataset, card=card)
+    # The stacked dataset saves and loads as it was.
+    save_native(dataset, tmp_path / "native", card=card)
+    again, again_card = load_native(tmp_path / "native")
+    assert again.frame_stack == 3
+    np.testing.assert_array_equal(
+        again.transition_observations(), dataset.transition_observations()
+    )
+    assert again_card.task(again).observation_names == task.observation_names
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("0", "greater than or equal to 1"),
+        ("65", "less than or equal to 64"),
+        ("2.5", "valid integer"),
+        ('"3"', "valid integer"),
+        ("true", "valid integer"),
+    ],
+)
+def test_a_history_outside_1_to_64_rows_names_the_field(tmp_path, value, complaint):
+    schema = SCHEMA + f"history: {value}\n"
+    table_path, schema_path = _write(tmp_path, _table(), schema=schema)
+    with pytest.raises(DatasetFormatError, match=r"invalid plant-log schema: history: ") as caught:
+        load_plant_log(table_path, schema_path)
+    assert complaint in str(caught.value), str(caught.value)
+
+
 # ----- untrusted files ---------------------------------------------------------------------
 ALIAS_BOMB = """\
 a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]

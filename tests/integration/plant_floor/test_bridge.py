@@ -17,6 +17,8 @@ import pytest
 
 from benchmarks.harness import free_port
 from neorl_industrial.core.environments import Task
+from neorl_industrial.core.environments.history import stacked_names
+from neorl_industrial.integration.deployment.pin import ServedTask
 from neorl_industrial.integration.plant_floor import (
     BridgeMetrics,
     ClosedLoopRefused,
@@ -29,9 +31,11 @@ from neorl_industrial.integration.plant_floor import (
     read_tick_log,
 )
 from neorl_industrial.integration.plant_floor.bridge import Backoff, Reconnection
-from neorl_industrial.integration.plant_floor.mapping import load_map
+from neorl_industrial.integration.plant_floor.errors import UnknownFeatureError
+from neorl_industrial.integration.plant_floor.mapping import check_map, load_map
 from neorl_industrial.integration.plant_floor.opcua import Security
 from neorl_industrial.integration.plant_floor.report import NO_PLANT_MODEL, shadow_report
+from neorl_industrial.integration.plant_floor.ticklog import TickLog
 from neorl_industrial.integration.safety.audit import AuditLog, check_chain
 from neorl_industrial.wrappers.agents import PolicyArtifactError
 from neorl_industrial.wrappers.constraint_files import load_constraint_spec
@@ -785,3 +789,51 @@ def test_a_node_in_another_unit_is_converted_where_the_map_says_so(plans, plant,
     assert header["conversions"]["observations.temperature_c"]["offset"] == pytest.approx(
         -160.0 / 9.0
     )
+
+
+def test_a_policy_of_the_last_rows_is_fed_them_and_they_start_again_after_a_fault(plans, root):
+    """A task whose observation stacks earlier rows (a log imported with ``history``): the
+    map binds the newest row's features only, the bridge keeps the rows before, and a
+    faulty or missed tick starts the history again from the row read, as an imported log
+    starts an episode."""
+    plan = plans["shadow"]
+    task = plan.task
+    frame = task.observation_names
+    stacked = ServedTask(
+        stacked_names(frame, 3),
+        task.action_names,
+        task.action_low,
+        task.action_high,
+        tuple(task.observation_low) * 3,
+        tuple(task.observation_high) * 3,
+        tuple(task.observation_units) * 3,
+        task.action_units,
+    )
+    # The map of the plant's own features fits the task of its last three rows.
+    assert check_map(plan.plant_map, stacked, "map") == check_map(plan.plant_map, task, "map")
+    history = dataclasses.replace(plan, task=stacked)
+    assert (history.read_names, history.history) == (frame, 3)
+    assert history.header()["task"]["history"] == 3
+    bridge = PlantBridge(history, "opc.tcp://127.0.0.1:9/plant", root / "history.jsonl")
+    assert bridge._read_labels[: len(frame)] == [f"observations.{n}" for n in frame]
+    assert len(bridge._read_ids) == len(frame) + len(task.action_names)
+    rows = np.arange(6 * len(frame), dtype=np.float64).reshape(6, len(frame))
+    r = list(rows)
+    assert bridge._stacked(r[0], {}).tolist() == np.concatenate([r[0], r[0], r[0]]).tolist()
+    assert bridge._stacked(r[1], {}).tolist() == np.concatenate([r[1], r[0], r[0]]).tolist()
+    assert bridge._stacked(r[2], {}).tolist() == np.concatenate([r[2], r[1], r[0]]).tolist()
+    faulty = bridge._stacked(r[3], {"observations.x": "status Bad"})
+    assert faulty.tolist() == np.concatenate([r[3], r[2], r[1]]).tolist()
+    # After the faulty tick: the row read, repeated.
+    assert bridge._stacked(r[4], {}).tolist() == np.concatenate([r[4], r[4], r[4]]).tolist()
+    bridge._log = TickLog(root / "history-missed.jsonl", {"kind": "header"})
+    try:
+        bridge._missed(1)
+    finally:
+        bridge._log.close()
+    assert bridge._stacked(r[5], {}).tolist() == np.concatenate([r[5], r[5], r[5]]).tolist()
+    # A map that binds an earlier row is refused: the bridge keeps those rows itself.
+    earlier = map_data(PERIOD)
+    earlier["observations"][f"{frame[0]}@t-1"] = {"node": "ns=2;s=Tank.LevelBefore", "unit": "m"}
+    with pytest.raises(UnknownFeatureError, match=r"@t-1'? is not in the task"):
+        check_map(load_map(write_map(root, "map-earlier.yaml", earlier)), stacked, "map")

@@ -136,6 +136,23 @@ class Dataset:
             stds.append(values.std(0))
         return np.concatenate(means), np.concatenate(stds)
 
+    def newest_frames(self) -> Dataset:
+        """The same episodes with each observation cut to its newest frame (itself when
+        observations stack no frames)."""
+        if self.frame_stack == 1:
+            return self
+        frames = np.asarray(jax.device_get(self.observations))[self.observation_rows()]
+        return Dataset.from_arrays(
+            observations=frames,
+            actions=self.actions,
+            rewards=self.rewards,
+            costs=self.costs,
+            terminals=self.terminals,
+            timeouts=self.timeouts,
+            episode_lengths=self.episode_lengths,
+            frame_stack=1,
+        )
+
     def transition_observations(self) -> jax.Array:
         """``[N, obs_size]`` observation of every transition (a gather; allocates)."""
         return self.observations_at(self.observation_index)

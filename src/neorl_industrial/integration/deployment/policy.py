@@ -263,6 +263,8 @@ class LoadedPolicy:
         self.names = tuple(artifact.constraint_names)
 
     def describe(self) -> dict[str, Any]:
+        from neorl_industrial.core.environments.history import frame_of
+
         artifact = self.artifact
         spec = artifact.constraint_spec
         return {
@@ -270,7 +272,12 @@ class LoadedPolicy:
             "source": self.source,
             "registry": self.registry or None,
             "metadata": artifact.metadata,
-            "observation": {"size": self.observation_size, "names": artifact.observation_names},
+            "observation": {
+                "size": self.observation_size,
+                "names": artifact.observation_names,
+                # Rows the observation stacks (names@t-1, ...: the client sends them all).
+                "history": frame_of(artifact.observation_names)[1],
+            },
             "action": {
                 "size": self.action_size,
                 "names": artifact.action_names,

@@ -191,7 +191,7 @@ class PlantBridge:
         self._audit: Any = None
         self._log: TickLog | None = None
         bindings = plan.plant_map
-        names_obs, names_act = plan.observation_names, plan.action_names
+        names_obs, names_act = plan.read_names, plan.action_names
         self._read_ids = [bindings.observations[n].node for n in names_obs] + [
             bindings.actions[n].applied for n in names_act
         ]
@@ -212,6 +212,9 @@ class PlantBridge:
         ] * 2
         self._read_nodes: list[Any] = []
         self._write_nodes: list[Any] = []
+        #: The rows read on the last ``history - 1`` ticks, newest first (None: none yet,
+        #: or the history broke: a faulty, missed or disconnected tick).
+        self._earlier: np.ndarray | None = None
 
     # ----- the run ----------------------------------------------------------------------
     async def run(
@@ -336,10 +339,12 @@ class PlantBridge:
             "disconnected", tick=self.summary.ticks, error=f"{type(error).__name__}: {error}"
         )
         self._fault_in_closed_loop("the connection was lost")
+        self._earlier = None
         await self.connection.close()
         await self._connect(stop)
 
     def _missed(self, count: int) -> None:
+        self._earlier = None
         self.summary.missed += count
         self.summary.ticks += count
         self.metrics.faults.labels("missed_tick").inc(count)
@@ -380,10 +385,25 @@ class PlantBridge:
         )
         read_at = asyncio.get_running_loop().time()
         readings, faults = self._judge_readings(values, units)
-        n_obs = len(self.plan.observation_names)
-        observation, applied = readings[:n_obs], readings[n_obs:]
+        n_obs = len(self.plan.read_names)
+        row, applied = readings[:n_obs], readings[n_obs:]
         prev = self._previous(applied, read_at)
-        return Tick.read(tick, observation, applied, prev, faults)
+        return Tick.read(tick, self._stacked(row, faults), applied, prev, faults)
+
+    def _stacked(self, row: np.ndarray, faults: dict[str, str]) -> np.ndarray:
+        """The observation of the tick's ``row``: with a history, the row and the rows of
+        the ticks before it, newest first. Rows one sampling period apart only: after a
+        faulty, missed or disconnected tick the history starts again from the row read,
+        repeated, as an imported log starts an episode."""
+        history = self.plan.history
+        if history == 1:
+            return row
+        earlier = self._earlier
+        if earlier is None:
+            earlier = np.repeat(row[None], history - 1, axis=0)
+        rows = np.concatenate([row[None], earlier])
+        self._earlier = None if faults else rows[:-1]
+        return rows.reshape(-1)
 
     def _judge_readings(
         self, values: list[Any], units: list[Any]

@@ -39,6 +39,7 @@ from pydantic import (
     field_validator,
 )
 
+from neorl_industrial.core.environments.history import frame_of
 from neorl_industrial.core.units import (
     Conversion,
     IncompatibleUnitsError,
@@ -285,7 +286,8 @@ def load_map(path: str | Path) -> PlantMap:
 
 def check_map(plant_map: PlantMap, task: Any, where: str) -> dict[str, Conversion]:
     """Checks the map against the task (a :class:`~neorl_industrial.integration.
-    deployment.pin.ServedTask`): every observation and action bound, nothing else, and
+    deployment.pin.ServedTask`): every observation (of the newest row, where the task's
+    observations stack earlier rows) and action bound, nothing else, and
     each binding's unit the task's where the task states one: the same unit (``°C`` and
     ``degC``, by :mod:`neorl_industrial.core.units`), or a real conversion (``degF`` into
     ``degC``, ``bar`` into ``kPa``) that the binding asks for with ``convert: true``.
@@ -302,8 +304,11 @@ def check_map(plant_map: PlantMap, task: Any, where: str) -> dict[str, Conversio
             binding does not ask for, or ``convert`` where there is nothing to convert.
     """
     conversions: dict[str, Conversion] = {}
+    # An observation of the last rows (column@t-1, ...) binds the newest row's features:
+    # the bridge keeps the earlier rows itself.
+    frame, _ = frame_of(task.observation_names)
     for what, bound, names, units in (
-        ("observations", plant_map.observations, task.observation_names, task.observation_units),
+        ("observations", plant_map.observations, frame, task.observation_units[: len(frame)]),
         ("actions", plant_map.actions, task.action_names, task.action_units),
     ):
         unknown = [name for name in bound if name not in names]

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from neorl_industrial.core.environments.history import frame_of
 from neorl_industrial.core.units import Conversion
 from neorl_industrial.integration.plant_floor.errors import (
     BridgeError,
@@ -58,7 +59,18 @@ class BridgePlan:
 
     @property
     def observation_names(self) -> tuple[str, ...]:
+        """The policy's observation (earlier rows included, where it stacks them)."""
         return tuple(self.task.observation_names)
+
+    @property
+    def read_names(self) -> tuple[str, ...]:
+        """The features read every tick: the newest row of the observation."""
+        return frame_of(self.observation_names)[0]
+
+    @property
+    def history(self) -> int:
+        """Rows per observation: the bridge keeps the last ``history - 1`` rows read."""
+        return frame_of(self.observation_names)[1]
 
     @property
     def action_names(self) -> tuple[str, ...]:
@@ -115,6 +127,7 @@ class BridgePlan:
             "task": {
                 "file": self.task_file,
                 "observation_names": list(self.observation_names),
+                "history": self.history,
                 "action_names": list(self.action_names),
                 "observation_units": list(self.task.observation_units),
                 "action_units": list(self.task.action_units),

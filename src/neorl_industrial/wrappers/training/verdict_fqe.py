@@ -306,7 +306,24 @@ def _operators_policy(clone: _Clone, action_size: int, residuals: np.ndarray | N
 
 
 def _behaviour_clone(heldout: Dataset, settings: VerdictSettings) -> _Clone:
-    """A behaviour-cloned policy of the held-out episodes (actions in [-1, 1])."""
+    """A behaviour-cloned policy of the held-out episodes (actions in [-1, 1]).
+
+    Where observations stack earlier rows, the clone reads the newest row only, as the
+    operators' screen shows it: cloned on the rows before, it learns to repeat the
+    operators' last move (the copycat of behaviour cloning on histories) instead of their
+    response to the plant, and drifts once it runs closed loop."""
+    frame = heldout.observations.shape[1]
+    clone = _newest_row_clone(heldout.newest_frames(), settings)
+    if heldout.frame_stack == 1:
+        return clone
+
+    def act(params: Any, observation: jax.Array, key: Any = None, deterministic: bool = True):
+        return clone.act(params, observation[..., :frame], key, deterministic=deterministic)
+
+    return _Clone(act=act, params=clone.params)
+
+
+def _newest_row_clone(heldout: Dataset, settings: VerdictSettings) -> _Clone:
     obs_mean, obs_std = heldout.observation_moments()
     config = BCConfig(
         hidden=settings.fqe_hidden,
