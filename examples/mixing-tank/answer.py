@@ -109,7 +109,8 @@ def _memory_lines(memory: dict | None) -> list[str]:
         "hidden drift or an unrecorded state). Even where the model reproduces today's "
         "operation (the check below), a policy that acts unlike the operators meets the "
         "part of the plant's response the model misses: its estimates may be off by more "
-        "than their intervals say.",
+        "than their intervals say. Importing the log with the schema's `history` (the last "
+        "rows in each observation) lets the model and the policies see those steps.",
     ]
 
 

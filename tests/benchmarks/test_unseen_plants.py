@@ -136,3 +136,37 @@ def test_unknown_plants_and_short_logs_are_refused_by_name(tmp_path):
         make_plant("boiler")
     with pytest.raises(ValueError, match="episodes: expected at least 4, got 2"):
         write_plant("fired-heater", tmp_path, episodes=2)
+
+
+def test_a_policy_of_the_last_rows_is_fed_the_logged_rows_at_each_start(tmp_path):
+    """A log written with ``history: 3``: the import stacks the rows, and the truth
+    feeds a policy the same stacked observation, at a start mid-episode from the logged
+    rows before it, at an episode's start the first row repeated (as the import pads)."""
+    import jax
+
+    from neorl_industrial.integration.datasets import load_plant_log
+
+    plant = make_plant("fired-heater")
+    csv = write_plant("fired-heater", tmp_path, seed=3, episodes=4, history=3)
+    dataset, card = load_plant_log(csv, tmp_path / "schema.yaml")
+    assert dataset.frame_stack == 3 and len(card.task(dataset).observation_names) == 12
+    truth = PlantTruth(plant, tmp_path)
+    assert truth.history == 3
+    seen = []
+
+    def policy(observations, previous):
+        seen.append(np.asarray(observations).copy())
+        return np.full((len(observations), 1), 40.0)
+
+    starts = Starts(np.asarray([1, 2]), np.asarray([0, 57]), np.full(2, 3), np.arange(2))
+    truth.runs_at_starts(policy, starts, discount=0.99, replicates=1)
+    first = seen[0]
+    stacked = np.asarray(jax.device_get(dataset.transition_observations()))
+    steps = plant.episode_steps
+    # Episode 1's first row and episode 2's row 57: the rows before as the dataset holds
+    # them; the start's own row the simulator's state observed afresh (its sensor noise).
+    for observation, row in zip(first, (1 * steps + 0, 2 * steps + 57), strict=True):
+        np.testing.assert_allclose(observation[4:], stacked[row, 4:], rtol=1e-6)
+        np.testing.assert_allclose(observation[:4], stacked[row, :4], rtol=1e-2)
+    # The next step's observation: the new row, then the two before it.
+    np.testing.assert_array_equal(seen[1][:, 4:], first[:, :8])
