@@ -247,6 +247,12 @@ def test_out_of_distribution_measures_the_excess_in_spreads():
     assert float(far) == pytest.approx(2.0)
     action = out_of_distribution(params, jnp.asarray([0.0, 0.0]), jnp.asarray([0.9]))
     assert float(action) == pytest.approx(0.4)
+    # Counting the first feature only (a stacked observation's newest frame): the second's
+    # excess is not charged again.
+    older = out_of_distribution(params, jnp.asarray([0.5, 9.0]), jnp.asarray([0.0]), 1)
+    assert float(older) == 0.0
+    newest = out_of_distribution(params, jnp.asarray([3.0, 9.0]), jnp.asarray([0.0]), 1)
+    assert float(newest) == pytest.approx(2.0)
 
 
 def test_gaussian_nll_is_the_normal_log_density():

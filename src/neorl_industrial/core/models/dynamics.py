@@ -258,14 +258,21 @@ def gaussian_nll(mean: jax.Array, log_std: jax.Array, target: jax.Array) -> jax.
 
 
 def out_of_distribution(
-    params: DynamicsParams, observation: jax.Array, action: jax.Array
+    params: DynamicsParams,
+    observation: jax.Array,
+    action: jax.Array,
+    features: int | None = None,
 ) -> jax.Array:
     """How far ``observation`` (raw) and ``action`` (in [-1, 1]) lie outside the range
     of the data the model was fitted on: the largest excess over any feature or action,
     in units of that feature's spread (the observation's standard deviation; for actions
-    half the width of [-1, 1]). 0 inside the data's box; leading axes are kept."""
-    below = (params.obs_low - observation) / params.obs_std
-    above = (observation - params.obs_high) / params.obs_std
+    half the width of [-1, 1]). 0 inside the data's box; leading axes are kept.
+    ``features``: only the observation's first ones count (its newest frame, in a rollout
+    that charges each predicted frame once, when it is new, not again as it ages)."""
+    size = observation.shape[-1] if features is None else features
+    observation = observation[..., :size]
+    below = (params.obs_low[:size] - observation) / params.obs_std[:size]
+    above = (observation - params.obs_high[:size]) / params.obs_std[:size]
     obs_excess = jnp.max(jnp.maximum(jnp.maximum(below, above), 0.0), axis=-1)
     action_below = params.policy_action_low - action
     action_above = action - params.policy_action_high

@@ -18,8 +18,9 @@ Each rollout accumulates, for ``t`` below its start's length (the episode's, cap
 the horizon) and until the model predicts a terminal state: the reward and every cost
 channel, discounted (``γ^t``) and not; and the step's *uncertainty* ``u_t``, the members'
 disagreement on the new frame in units of each feature's spread (mean over features)
-plus how far the observation and action lie outside the data's range
-(:func:`~neorl_industrial.core.models.dynamics.out_of_distribution`). Measuring the
+plus how far the observation's newest frame and the action lie outside the data's range
+(:func:`~neorl_industrial.core.models.dynamics.out_of_distribution`; an older frame was
+charged when it was new). Measuring the
 disagreement makes every member predict (``M`` times a member's work), so it is measured
 every ``disagreement_every`` steps and held in between; the out-of-distribution excess
 is measured at every step. The sums of ``u_t``
@@ -296,7 +297,8 @@ def _rollout(dynamics: Dynamics, options: ModelRolloutOptions) -> _Rollout:
             clipped, in spreads). With ``measure`` every member predicts and their
             disagreement is measured; otherwise only ``member`` predicts and ``held`` is
             passed on. ``given``: the logged new frame (None: everything predicted)."""
-            ood = out_of_distribution(params, observation, action)
+            # The newest frame only: an older one was charged when it was new.
+            ood = out_of_distribution(params, observation, action, layout.frame_size)
             if measure:
                 out = dynamics.step(params, observation, action, key, member,
                                     options.deterministic, given)  # fmt: skip
