@@ -11,6 +11,8 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
 
 from neorl_industrial.core.models import DynamicsConfig
 from neorl_industrial.functional.state_management import ActionScaler
@@ -23,6 +25,13 @@ def act(params, observation, key=None, deterministic=True):
     del key, deterministic
     valve = 50.0 + params["gain"] * (350.0 - observation[0]) + params["bias"]
     return jnp.clip(valve / 50.0 - 1.0, -1.0, 1.0)[None]
+
+
+def write_csv(path: Path, seconds: Any, columns: dict[str, Any]) -> None:
+    """A plant log at ``path``: a ``time`` column ``seconds`` after 2024-03-01 00:00 and
+    ``columns`` by name."""
+    time = pa.array(np.datetime64("2024-03-01T00:00:00", "s") + np.asarray(seconds))
+    pcsv.write_csv(pa.table({"time": time, **columns}), path)
 
 
 def fitted_plant(root: Path, schema: str, write_log: Callable[[Path], Any]) -> dict[str, Any]:

@@ -13,8 +13,6 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pcsv
 import pytest
 import scipy.stats
 
@@ -30,7 +28,7 @@ from neorl_industrial.wrappers.training.verdict import (
     model_verdict,
 )
 from neorl_industrial.wrappers.training.verdict_results import interval_text
-from tests.wrappers.training.heater_plant import act, fitted_plant
+from tests.wrappers.training.heater_plant import act, fitted_plant, write_csv
 
 SCHEMA = """\
 name: heater-verdict
@@ -68,15 +66,8 @@ def write_log(path, episodes: int, steps: int, seed: int = 0):
             t = heater_step(t, v, rng)
             stamp += 60
         stamp += 3600
-    table = pa.table(
-        {
-            "time": pa.array(np.datetime64("2024-03-01T00:00:00", "s") + np.asarray(seconds)),
-            "temperature": temperature,
-            "valve": valve,
-            "alarm": np.zeros(len(seconds)),
-        }
-    )
-    pcsv.write_csv(table, path)
+    columns = {"temperature": temperature, "valve": valve, "alarm": np.zeros(len(seconds))}
+    write_csv(path, seconds, columns)
 
 
 NAMES = ["controller", "biased", "full-open"]

@@ -10,8 +10,6 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pcsv
 import pytest
 
 from neorl_industrial.core.models import make_dynamics
@@ -24,7 +22,7 @@ from neorl_industrial.wrappers.training.verdict import (
 )
 from neorl_industrial.wrappers.training.verdict_fqe import _behaviour_clone, clone_residuals
 from neorl_industrial.wrappers.training.verdict_model import _starts_of
-from tests.wrappers.training.heater_plant import act, fitted_plant
+from tests.wrappers.training.heater_plant import act, fitted_plant, write_csv
 
 SCHEMA = """\
 name: heater-feed
@@ -59,9 +57,7 @@ def write_log(path, episodes: int, steps: int, seed: int = 0) -> None:
             f = float(np.clip(f + rng.normal(0, 4), -20, 80))
             stamp += 60
         stamp += 3600
-    time = pa.array(np.datetime64("2024-03-01T00:00:00", "s") + np.asarray(seconds))
-    table = {"time": time, "temperature": temperature, "feed_temp": feed, "valve": valve}
-    pcsv.write_csv(pa.table(table), path)
+    write_csv(path, seconds, {"temperature": temperature, "feed_temp": feed, "valve": valve})
 
 
 @pytest.fixture(scope="module")

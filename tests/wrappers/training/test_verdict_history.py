@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pcsv
 import pytest
 from fastapi.testclient import TestClient
 
@@ -24,7 +22,7 @@ from neorl_industrial.wrappers.training.verdict import (
 )
 from neorl_industrial.wrappers.training.verdict_fqe import _behaviour_clone
 from tests.integration.deployment.test_server import AS_ACT, _settings
-from tests.wrappers.training.heater_plant import fitted_plant
+from tests.wrappers.training.heater_plant import fitted_plant, write_csv
 
 SCHEMA = """\
 name: delayed-heater
@@ -61,9 +59,8 @@ def write_log(path, episodes: int = 30, steps: int = 40, seed: int = 0) -> None:
             moves = [moves[-1], v]
             stamp += 60
         stamp += 3600
-    time = pa.array(np.datetime64("2024-03-01T00:00:00", "s") + np.asarray(seconds))
-    table = {"time": time, "temperature": temperature, "valve_position": position, "valve": valve}
-    pcsv.write_csv(pa.table(table), path)
+    columns = {"temperature": temperature, "valve_position": position, "valve": valve}
+    write_csv(path, seconds, columns)
 
 
 @pytest.fixture(scope="module")
