@@ -30,6 +30,7 @@ SOURCES = [
     "max(temperature - 420, 0, pressure * 2)",
     "min(pressure, 1.5) ** 2 / (1 + exp(-valve / 50))",
     "sqrt(abs(pressure)) + log(1 + temperature) - +valve",
+    "(temperature > 420) + 2 * (0.75 <= pressure < 2)",
     "3",
 ]
 
@@ -55,7 +56,7 @@ def test_jax_expression_matches_the_logs_numpy_evaluation(source):
     "source, message",
     [
         ("temperature.real", "not allowed"),
-        ("temperature > 3", "not allowed"),
+        ("temperature == 3", "not allowed"),
         ("__import__('os')", "not allowed"),
         ("abs(1, 2)", "takes one argument"),
         ("max(temperature)", "two or more"),

@@ -61,3 +61,19 @@ def test_a_numpy_literal_is_a_float64():
     value = function({"t": np.asarray([1.0], np.float32)})
     assert value.dtype == np.float64
     assert value[0] == 1.1  # the literal is not rounded to float32
+
+
+@pytest.mark.parametrize("xp", [np, jnp], ids=["numpy", "jax"])
+def test_a_comparison_is_one_where_it_holds_in_both_array_modules(xp):
+    # An alarm threshold as a cost: 1 where the reading is above it, 0 where not; a NaN
+    # reading (a sensor fault) compares false in both modules.
+    function, names = compile_expression("(temperature > 420) + (0 < valve <= 5)", xp)
+    columns = {
+        "temperature": xp.asarray([400.0, 420.0, 421.0, np.nan], xp.float32),
+        "valve": xp.asarray([3.0, 0.0, 5.0, 6.0], xp.float32),
+    }
+    value = function(columns)
+    assert names == frozenset({"temperature", "valve"})
+    # A float as every other value of the language (numpy's a float64, as its literals).
+    assert value.dtype == (np.float64 if xp is np else jnp.float32)
+    np.testing.assert_array_equal(np.asarray(value), [1.0, 0.0, 2.0, 0.0])

@@ -20,6 +20,13 @@ COLUMNS = {"t": np.asarray([300.0, 350.0, 400.0]), "v": np.asarray([0.0, 50.0, 1
         ("min(t, 350)", [300.0, 350.0, 350.0]),
         ("sqrt(v) + exp(0) + log(1) + +1", [2.0, np.sqrt(50) + 2, 12.0]),
         ("2", [2.0, 2.0, 2.0]),
+        # Comparisons: 1 where they hold, 0 where not; a chain holds where every link does.
+        ("t > 350", [0.0, 0.0, 1.0]),
+        ("t >= 350", [0.0, 1.0, 1.0]),
+        ("v < 50", [1.0, 0.0, 0.0]),
+        ("v <= 50", [1.0, 1.0, 0.0]),
+        ("300 < t <= 400", [0.0, 1.0, 1.0]),
+        ("(t - 320) * (t > 320) + 10 * (v >= 100)", [0.0, 30.0, 90.0]),
     ],
 )
 def test_evaluates_the_allowed_language(source, expected):
@@ -38,7 +45,9 @@ def test_names_are_the_columns_used_but_not_the_functions():
         "t.real",
         "COLUMNS['t']",
         "t if v else 0",
-        "t > 3",
+        "t == 3",
+        "t != 3",
+        "t > 3 and t < 4",
         "lambda: 0",
         "round(t)",
         "max(*t)",

@@ -2,15 +2,16 @@
 channels that its schema defines as expressions of observations and actions, computed in
 JAX from a predicted observation.
 
-The language (numbers, column names, ``+ - * / **``, unary minus and plus, parentheses, and
-the functions ``abs``, ``min``, ``max`` (element-wise, two or more arguments), ``exp``,
-``log`` and ``sqrt``) is defined here once. :func:`compile_expression` parses the text with
+The language (numbers, column names, ``+ - * / **``, unary minus and plus, parentheses, the
+functions ``abs``, ``min``, ``max`` (element-wise, two or more arguments), ``exp``, ``log``
+and ``sqrt``, and the comparisons ``< <= > >=``, which are 1 where they hold and 0 where
+not: an alarm threshold such as ``temperature > 420``) is defined here once. :func:`compile_expression` parses the text with
 :mod:`ast` and turns it into a function of columns in the array module ``xp``: traceable
 with ``jax.numpy`` (a plant model computes a channel from its predicted observation inside a
 compiled rollout), or ``numpy`` (``integration.datasets.expressions`` evaluates reward and
-cost definitions on a plant log with it). Anything else (attributes, subscripts,
-comparisons, keywords, other calls) is refused by name before any evaluation, and nothing
-is ever passed to ``eval``.
+cost definitions on a plant log with it). Anything else (attributes, subscripts, ``==``
+and ``!=`` (exact equality of measured values), ``and``/``or``, keywords, other calls) is
+refused by name before any evaluation, and nothing is ever passed to ``eval``.
 
 The text comes from a schema file, so it is untrusted: it is limited in length, in nesting
 depth (checked on the text before :mod:`ast` parses it, and on the tree before it is
@@ -64,11 +65,19 @@ _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Div: operator.truediv,
     ast.Pow: operator.pow,
 }
+#: Comparisons, 1 where they hold and 0 where not (a chain ``a < b < c`` holds where each
+#: of its links does).
+_COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+}
 _UNARY = ("abs", "exp", "log", "sqrt")
 _VARIADIC = {"min": "minimum", "max": "maximum"}
 _ALLOWED = (
-    "numbers, column names, + - * / **, unary minus, parentheses and the functions "
-    "abs, min, max, exp, log, sqrt"
+    "numbers, column names, + - * / **, unary minus, parentheses, the functions "
+    "abs, min, max, exp, log, sqrt and the comparisons < <= > >="
 )
 _TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep; write it with fewer levels"
 
@@ -193,6 +202,12 @@ def _compile(node: ast.expr, names: set[str], xp: Any) -> Callable[[Columns], An
             apply = _BINARY[type(op)]
             first, second = _compile(left, names, xp), _compile(right, names, xp)
             return lambda columns: apply(first(columns), second(columns))
+        case ast.Compare(left=left, ops=ops, comparators=rights) if all(
+            type(op) in _COMPARE for op in ops
+        ):
+            operands = [_compile(part, names, xp) for part in (left, *rights)]
+            links = [_COMPARE[type(op)] for op in ops]
+            return lambda columns: _holds(links, [operand(columns) for operand in operands], xp)
         case ast.UnaryOp(op=ast.USub(), operand=operand):
             inner = _compile(operand, names, xp)
             return lambda columns: -inner(columns)
@@ -203,6 +218,15 @@ def _compile(node: ast.expr, names: set[str], xp: Any) -> Callable[[Columns], An
         ):
             return _compile_call(node, function, args, names, xp)
     raise ValueError(f"'{ast.unparse(node)}' is not allowed; expressions may use {_ALLOWED}")
+
+
+def _holds(links: list[Callable[[Any, Any], Any]], values: list[Any], xp: Any) -> Any:
+    """1 where every link of a comparison chain holds, 0 where one does not (a NaN
+    operand compares false), in the operands' floating type."""
+    held = functools.reduce(
+        xp.logical_and, (link(a, b) for link, a, b in zip(links, values, values[1:]))
+    )
+    return xp.where(held, xp.asarray(1.0), xp.asarray(0.0))
 
 
 def _compile_call(

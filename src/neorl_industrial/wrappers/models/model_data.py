@@ -15,7 +15,7 @@ import numpy as np
 
 from neorl_industrial.core.environments import Task
 from neorl_industrial.core.models import DynamicsLayout, KnownSignal, KnownSignals, match_row
-from neorl_industrial.core.models.signals import ROWS, computable_rows
+from neorl_industrial.core.models.signals import ROWS, compile_expression, computable_rows
 from neorl_industrial.functional.state_management import Dataset
 from neorl_industrial.wrappers.models.model_files import PlantModelError
 
@@ -138,11 +138,20 @@ def known_signals(
 ) -> tuple[KnownSignals, dict[str, str]]:
     """The channels computed from their ``definitions`` (expressions of the task's
     observations and actions that reproduce the logged values on ``reward_row``, or any
-    row), and for every channel how the model obtains it (the card's ``signals``)."""
+    row), and for every channel how the model obtains it (the card's ``signals``).
+
+    A cost the ``definitions`` do not define is tried with the task's own definition of it
+    (a constraint's threshold, ``level < 0.05``) when that is an expression: the data
+    decides, as for any definition, whether it is the channel that was logged."""
     names = KnownSignals(
         observation_names=tuple(task.observation_names),
         action_names=tuple(task.action_names),
     )
+    definitions = dict(definitions) | {
+        name: source
+        for name, source in task.cost_definitions.items()
+        if name not in definitions and _expression(source)
+    }
     if not definitions:  # nothing to check against the data (no copy of it made)
         how = {channel: "learned (no definition)" for channel in ("reward", *task.cost_names)}
         return names, how
@@ -180,6 +189,16 @@ def known_signals(
         known.append(KnownSignal(channel=channel, index=index, source=source, row=row))
         how[channel] = f"computed: {source} (on the {row} row)"
     return dataclasses.replace(names, signals=tuple(known)), how
+
+
+def _expression(source: str) -> bool:
+    """Whether ``source`` is written in the expression language (a task may define a
+    channel in a sentence, for people)."""
+    try:
+        compile_expression(source, np)
+    except ValueError:
+        return False
+    return True
 
 
 def given_features(task: Task, frame_size: int) -> tuple[int, ...]:
