@@ -5,11 +5,12 @@ JAX from a predicted observation.
 The language (numbers, column names, ``+ - * / **``, unary minus and plus, parentheses, the
 functions ``abs``, ``min``, ``max`` (element-wise, two or more arguments), ``exp``, ``log``
 and ``sqrt``, and the comparisons ``< <= > >=``, which are 1 where they hold and 0 where
-not: an alarm threshold such as ``temperature > 420``) is defined here once. :func:`compile_expression` parses the text with
-:mod:`ast` and turns it into a function of columns in the array module ``xp``: traceable
-with ``jax.numpy`` (a plant model computes a channel from its predicted observation inside a
-compiled rollout), or ``numpy`` (``integration.datasets.expressions`` evaluates reward and
-cost definitions on a plant log with it). Anything else (attributes, subscripts, ``==``
+not: an alarm threshold such as ``temperature > 420``) is defined here once.
+:func:`compile_expression` parses the text with :mod:`ast` and turns it into a function of
+columns in the array module ``xp``: traceable with ``jax.numpy`` (a plant model computes a
+channel from its predicted observation inside a compiled rollout), or ``numpy``
+(``integration.datasets.expressions`` evaluates reward and cost definitions on a plant log
+with it). Anything else (attributes, subscripts, ``==``
 and ``!=`` (exact equality of measured values), ``and``/``or``, keywords, other calls) is
 refused by name before any evaluation, and nothing is ever passed to ``eval``.
 
@@ -223,9 +224,8 @@ def _compile(node: ast.expr, names: set[str], xp: Any) -> Callable[[Columns], An
 def _holds(links: list[Callable[[Any, Any], Any]], values: list[Any], xp: Any) -> Any:
     """1 where every link of a comparison chain holds, 0 where one does not (a NaN
     operand compares false), in the operands' floating type."""
-    held = functools.reduce(
-        xp.logical_and, (link(a, b) for link, a, b in zip(links, values, values[1:]))
-    )
+    pairs = zip(links, values[:-1], values[1:], strict=True)
+    held = functools.reduce(xp.logical_and, (link(a, b) for link, a, b in pairs))
     return xp.where(held, xp.asarray(1.0), xp.asarray(0.0))
 
 
