@@ -713,6 +713,8 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         )
         for row in rows
     ]
+    powered = [row for row in rows if _has_clearly_better(row)]
+    found = [row for row in powered if _found(row)]
     return {
         "estimators": per_estimator,
         "plants": _plant_summary([row for row in rows if row.get("plant")]),
@@ -720,7 +722,48 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "recommended": sum(row["verdict"]["decision"] == "recommend" for row in rows),
         "bad_recommendations": int(bad),
         "bad_target_met": bool(bad <= TARGETS["bad"]),
+        "power": {
+            "datasets": [row["dataset"] for row in powered],
+            "found": [row["dataset"] for row in found],
+            "met": (len(found) / len(powered) >= PLANT_TARGETS["power"]) if powered else None,
+        },
     }
+
+
+def _power_sentence(total: dict[str, Any]) -> list[str]:
+    """The power target's sentence (results written before it was summarised: none)."""
+    power = total.get("power")
+    if not power or not power["datasets"]:
+        return []
+    missed = [name for name in power["datasets"] if name not in power["found"]]
+    return [
+        f"Power: of the {len(power['datasets'])} datasets with a clearly better candidate "
+        "(a true gain of at least 25 % of the behaviour's |return|, cost within half of "
+        f"every limit), a truly better candidate was recommended on {len(power['found'])} "
+        f"(target 80 %: {'met' if power['met'] else 'missed'})"
+        + (f"; not on {', '.join(missed)}." if missed else ".")
+    ]
+
+
+def _has_clearly_better(row: dict[str, Any]) -> bool:
+    """Whether a dataset has a clearly better candidate: on a study plant by the truth's
+    interval (``clearly_better``); on a suite dataset, whose truth is the mean of a few
+    simulator episodes, by that mean (a gain of a quarter of the behaviour's |return|
+    within half of every limit)."""
+    if row.get("plant"):
+        return row["clearly_better"] > 0
+    behaviour = row["behaviour"]["true_return"]
+    return any(
+        c["true_return"] - behaviour >= 0.25 * abs(behaviour)
+        and (c["true_normalized_cost"] or 0.0) <= 0.5
+        for c in row["candidates"]
+    )
+
+
+def _found(row: dict[str, Any]) -> bool:
+    """Whether the verdict recommended a candidate that is truly better and within the
+    limits (the power target's success)."""
+    return row["verdict"]["decision"] == "recommend" and not row["verdict"]["bad"]
 
 
 def _every_tested_text(row: dict[str, Any]) -> str:
@@ -1150,6 +1193,7 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
         f"worse than the operators or over a cost limit on **{total['bad_recommendations']}** "
         f"of {len(rows)} datasets (target 0: "
         f"{'met' if total['bad_target_met'] else 'missed'}).",
+        *_power_sentence(total),
         "",
         "## Per dataset",
         "",

@@ -143,6 +143,11 @@ def test_the_page_says_which_targets_were_met_and_what_the_verdict_did():
     assert "| model | 0.00 (met) | 0.00 (met) | 1.00 (met) |" in text
     assert "on **0** of 1 datasets (target 0: met)" in text
     assert "IQL, seed 0: -10 (-29)" in text and "1 of 5 (within limits)" in text
+    assert (
+        "Power: of the 1 datasets with a clearly better candidate (a true gain of at least "
+        "25 % of the behaviour's |return|, cost within half of every limit), a truly better "
+        "candidate was recommended on 1 (target 80 %: met)." in " ".join(text.split())
+    )
     # Two truly better candidates kept: both by model+fqe's bound, one also by too few cost
     # events; the model alone would have let one of them through.
     assert "| CSTR-v0:medium | 2 | 0 | 2 | 0 | 1 | 0 | 0 | 0 | 0 | 1 |" in text
@@ -160,15 +165,20 @@ def test_the_page_says_which_targets_were_met_and_what_the_verdict_did():
 
 
 def test_the_summary_counts_a_recommendation_worse_than_the_operators():
-    def row(correlation, regret, bad):
+    def row(correlation, regret, bad, dataset):
         ranking = {"regret_share": regret, "rank_correlation": correlation}
         return {
+            "dataset": dataset,
             "ranking": {"model": ranking},
             "verdict": {"decision": "recommend", "bad": bad},
-            "candidates": [{"true_return": 1.0}, {"true_return": 3.0}],
+            "behaviour": {"true_return": -2.0},
+            "candidates": [
+                {"true_return": 1.0, "true_normalized_cost": 0.5},
+                {"true_return": 3.0, "true_normalized_cost": 0.9},
+            ],
         }
 
-    total = verdict_study.summary([row(0.9, 0.0, False), row(0.5, 0.3, True)])
+    total = verdict_study.summary([row(0.9, 0.0, False, "a"), row(0.5, 0.3, True, "b")])
     model = total["estimators"]["model"]
     assert model["mean_regret"] == pytest.approx(0.15) and model["worst_regret"] == 0.3
     assert model["mean_correlation"] == pytest.approx(0.7)
@@ -179,6 +189,9 @@ def test_the_summary_counts_a_recommendation_worse_than_the_operators():
     }
     assert total["bad_recommendations"] == 1 and not total["bad_target_met"]
     assert total["random_regret"] == pytest.approx(0.5)
+    # Both have a clearly better candidate (+3 against -2, half the limit); the power
+    # counts only the recommendation that is not worse or over a limit.
+    assert total["power"] == {"datasets": ["a", "b"], "found": ["a"], "met": False}
 
 
 @pytest.mark.parametrize(
