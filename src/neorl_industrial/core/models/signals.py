@@ -10,9 +10,9 @@ not: an alarm threshold such as ``temperature > 420``) is defined here once.
 columns in the array module ``xp``: traceable with ``jax.numpy`` (a plant model computes a
 channel from its predicted observation inside a compiled rollout), or ``numpy``
 (``integration.datasets.expressions`` evaluates reward and cost definitions on a plant log
-with it). Anything else (attributes, subscripts, ``==``
-and ``!=`` (exact equality of measured values), ``and``/``or``, keywords, other calls) is
-refused by name before any evaluation, and nothing is ever passed to ``eval``.
+with it). Anything else (attributes, subscripts, ``==`` and ``!=`` (exact equality of
+measured values), ``and``/``or``, keywords, other calls) is refused by name before any
+evaluation, and nothing is ever passed to ``eval``.
 
 The text comes from a schema file, so it is untrusted: it is limited in length, in nesting
 depth (checked on the text before :mod:`ast` parses it, and on the tree before it is

@@ -150,7 +150,7 @@ def known_signals(
     definitions = dict(definitions) | {
         name: source
         for name, source in task.cost_definitions.items()
-        if name not in definitions and _expression(source)
+        if name not in definitions and _is_expression(source)
     }
     if not definitions:  # nothing to check against the data (no copy of it made)
         how = {channel: "learned (no definition)" for channel in ("reward", *task.cost_names)}
@@ -191,7 +191,7 @@ def known_signals(
     return dataclasses.replace(names, signals=tuple(known)), how
 
 
-def _expression(source: str) -> bool:
+def _is_expression(source: str) -> bool:
     """Whether ``source`` is written in the expression language (a task may define a
     channel in a sentence, for people)."""
     try:
