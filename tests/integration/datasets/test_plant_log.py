@@ -85,6 +85,14 @@ def test_log_becomes_episodes_split_at_the_gap(tmp_path, kind):
     assert not dataset.terminals.any()
 
 
+def test_an_alarm_defined_at_a_threshold_is_one_where_the_reading_is_above_it(tmp_path):
+    schema = SCHEMA.replace("  - {name: alarm}", '  - {name: hot, expression: "temperature > 420"}')
+    dataset, card = load_plant_log(*_write(tmp_path, _table(), schema=schema))
+    # Rows 0, 1, 2 and 4, 5, 6 make transitions; only row 2 (430 degC) is above 420.
+    np.testing.assert_array_equal(dataset.costs[:, 1], [0, 0, 1, 0, 0, 0])
+    assert card.definitions["hot"] == "temperature > 420"
+
+
 @pytest.mark.parametrize("kind", ["csv", "parquet"])
 def test_card_carries_units_bounds_definitions_and_limits(tmp_path, kind):
     _, card = load_plant_log(*_write(tmp_path, _table(), kind))
@@ -273,7 +281,7 @@ def test_schema_errors_name_the_schema_file_and_field(tmp_path, schema, field, c
 
 @pytest.mark.parametrize(
     "expression",
-    ["__import__('os').system('true')", "temperature.real", "[temperature][0]", "valve > 3"],
+    ["__import__('os').system('true')", "temperature.real", "[temperature][0]", "valve == 3"],
 )
 def test_expressions_outside_the_language_are_rejected(tmp_path, expression):
     schema = SCHEMA.replace(
