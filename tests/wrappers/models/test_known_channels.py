@@ -81,3 +81,18 @@ def test_a_simulator_task_s_constraint_thresholds_compute_its_costs():
     known, how = known_signals(task, card.definitions, None, doubled)
     assert known.signals == ()
     assert how["T_low"].endswith("does not reproduce the logged values")
+
+
+def test_a_limit_never_crossed_is_computed_on_the_row_the_others_were_found_on():
+    # Twenty four-tank episodes: two tanks ran low (on the next row, where the simulator
+    # counts it), no tank overflowed or ran low otherwise. The channels that never changed
+    # are reproduced on either row and take the next row too.
+    dataset, card = generate_dataset("FourTank-v0", "medium", 20, seed=0)
+    task = card.task(dataset)
+    events = np.asarray(dataset.costs).reshape(-1, dataset.n_costs).sum(axis=0)
+    tripped = {name for name, count in zip(task.cost_names, events, strict=True) if count > 0}
+    assert tripped and len(tripped) < len(task.cost_names)
+    known, how = known_signals(task, card.definitions, None, dataset)
+    assert [s.channel for s in known.signals] == list(task.cost_names)  # in the task's order
+    assert {s.row for s in known.signals} == {"next"}
+    assert list(how) == ["reward", *task.cost_names]

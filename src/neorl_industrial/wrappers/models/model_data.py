@@ -162,7 +162,14 @@ def known_signals(
         columns[name] = (index, flat["costs"][:, index])
     rows = ROWS if reward_row is None else (reward_row,)
     known, how = [], {}
-    for channel, (index, logged) in columns.items():
+    # A channel that never changed in the data (a limit never crossed) is reproduced on
+    # either row: it is matched last, first on the row most of the others were found on.
+    constant = {channel for channel, (_, logged) in columns.items() if np.ptp(logged) == 0}
+    for channel in sorted(columns, key=lambda channel: channel in constant):
+        index, logged = columns[channel]
+        if channel in constant:
+            found = [signal.row for signal in known]
+            rows = tuple(sorted(rows, key=lambda row: -found.count(row)))
         source = definitions.get(channel)
         if source is None:
             how[channel] = "learned (no definition)"
@@ -188,6 +195,8 @@ def known_signals(
             continue
         known.append(KnownSignal(channel=channel, index=index, source=source, row=row))
         how[channel] = f"computed: {source} (on the {row} row)"
+    known.sort(key=lambda signal: list(columns).index(signal.channel))
+    how = {channel: how[channel] for channel in columns}
     return dataclasses.replace(names, signals=tuple(known)), how
 
 
