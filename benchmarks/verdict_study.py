@@ -670,11 +670,15 @@ def _logged_at_starts(heldout: Any, starts: Any, discount: float) -> float:
 
 def _clearly_better(candidate: dict[str, Any], behaviour_return: float) -> bool:
     """The issue's "clearly better": a true improvement of at least a quarter of the
-    operators' |return| at a true cost within half of every limit."""
-    gain = candidate.get("true_improvement")
+    operators' |return| at a true cost within half of every limit. On a study plant the
+    improvement's interval must be above 0; on a suite dataset, whose truth is the mean
+    of a few simulator episodes, that mean decides."""
+    gain = candidate.get("true_improvement") or {
+        "value": candidate["true_return"] - behaviour_return,
+        "lower": candidate["true_return"] - behaviour_return,
+    }
     return bool(
-        gain is not None
-        and gain["lower"] > 0.0
+        gain["lower"] > 0.0
         and gain["value"] >= 0.25 * abs(behaviour_return)
         and (candidate["true_normalized_cost"] or 0.0) <= 0.5
     )
@@ -746,18 +750,9 @@ def _power_sentence(total: dict[str, Any]) -> list[str]:
 
 
 def _has_clearly_better(row: dict[str, Any]) -> bool:
-    """Whether a dataset has a clearly better candidate: on a study plant by the truth's
-    interval (``clearly_better``); on a suite dataset, whose truth is the mean of a few
-    simulator episodes, by that mean (a gain of a quarter of the behaviour's |return|
-    within half of every limit)."""
-    if row.get("plant"):
-        return row["clearly_better"] > 0
+    """Whether a dataset has a clearly better candidate (:func:`_clearly_better`)."""
     behaviour = row["behaviour"]["true_return"]
-    return any(
-        c["true_return"] - behaviour >= 0.25 * abs(behaviour)
-        and (c["true_normalized_cost"] or 0.0) <= 0.5
-        for c in row["candidates"]
-    )
+    return any(_clearly_better(c, behaviour) for c in row["candidates"])
 
 
 def _found(row: dict[str, Any]) -> bool:
@@ -844,11 +839,7 @@ def _plant_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         row["ranking"].get("model", {}).get("answered_rank_correlation") for row in rows
     ]
     powered = [row for row in rows if row["clearly_better"] > 0]
-    found = [
-        row
-        for row in powered
-        if row["verdict"]["decision"] == "recommend" and not row["verdict"]["bad"]
-    ]
+    found = [row for row in powered if _found(row)]
     bad = int(sum(row["verdict"]["bad"] for row in rows))
     cost_check = _cost_check(rows)
     deciding = [name for name in ("model", "model+fqe") if name in coverage]

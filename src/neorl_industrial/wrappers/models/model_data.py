@@ -195,7 +195,8 @@ def known_signals(
             continue
         known.append(KnownSignal(channel=channel, index=index, source=source, row=row))
         how[channel] = f"computed: {source} (on the {row} row)"
-    known.sort(key=lambda signal: list(columns).index(signal.channel))
+    position = {channel: i for i, channel in enumerate(columns)}
+    known.sort(key=lambda signal: position[signal.channel])
     how = {channel: how[channel] for channel in columns}
     return dataclasses.replace(names, signals=tuple(known)), how
 
