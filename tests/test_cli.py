@@ -167,6 +167,7 @@ HELP_COMMANDS = [
     ["datasets", "train-policies"],
     ["model"],
     ["model", "fit"],
+    ["model", "history"],
     ["model", "inspect"],
     ["models"],
     ["models", "list"],

@@ -1,4 +1,5 @@
-"""``neorl-industrial model fit|inspect``: a learned model of the plant from its logs."""
+"""``neorl-industrial model fit|history|inspect``: a learned model of the plant from its
+logs."""
 
 from __future__ import annotations
 
@@ -72,18 +73,36 @@ def _load_data(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
     return dataset, card, card.reward_row
 
 
-def command_fit(args: argparse.Namespace) -> int:
-    from neorl_industrial.core.models import DynamicsConfig
-    from neorl_industrial.wrappers.models import FitSettings, PlantModel
+def _add_fit_options(parser: argparse.ArgumentParser) -> None:
+    """The options of how a model is fitted (``model fit`` and ``model history``)."""
+    parser.add_argument("--members", type=positive_int, default=7, help="ensemble members")
+    parser.add_argument("--elites", type=positive_int, default=5, help="best members kept")
+    parser.add_argument("--hidden", type=_widths, default=(128, 128), help="e.g. 200,200,200")
+    parser.add_argument("--updates", type=positive_int, default=10_000, help="at most, per member")
+    parser.add_argument("--chunk", type=positive_int, default=500, help="updates per compiled call")
+    parser.add_argument("--batch-size", type=positive_int, default=256)
+    parser.add_argument(
+        "--patience", type=positive_int, default=4, help="chunks without progress before stopping"
+    )
+    parser.add_argument("--holdout", type=_share, default=0.2, help="share of episodes held out")
+    parser.add_argument("--split-seed", type=int, default=0)
+    parser.add_argument("--seeds", type=_seeds, default=(0,), help="e.g. 0,1,2 (one ensemble each)")
+    parser.add_argument("--horizon", type=positive_int, default=100, help="open-loop steps")
+    parser.add_argument("--windows", type=positive_int, default=128, help="held-out windows")
+    parser.add_argument(
+        "--window-steps",
+        type=positive_int,
+        default=1,
+        help="train each member over this many steps rolled forward on its own predictions "
+        "(a multi-step loss; 1: one step ahead)",
+    )
 
-    console = make_console()
-    dataset, card, reward_row = _load_data(args)
-    task = card.task(dataset)
-    definitions = {
-        channel: source
-        for channel, source in card.definitions.items()
-        if channel == "reward" or channel in task.cost_names
-    }
+
+def _fit_setup(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(DynamicsConfig, FitSettings)`` of the fit options."""
+    from neorl_industrial.core.models import DynamicsConfig
+    from neorl_industrial.wrappers.models import FitSettings
+
     config = DynamicsConfig.create(
         hidden=args.hidden,
         n_members=args.members,
@@ -94,7 +113,26 @@ def command_fit(args: argparse.Namespace) -> int:
         chunk_updates=args.chunk,
         **{name: getattr(args, name) for name in SAME_NAMED_FIT_OPTIONS},
     )
-    model = PlantModel(task, config, definitions=definitions, reward_row=reward_row)
+    return config, settings
+
+
+def _definitions(card: Any, task: Any) -> dict[str, str]:
+    """The reward and cost definitions of a dataset's card that the task's channels use."""
+    return {
+        channel: source
+        for channel, source in card.definitions.items()
+        if channel == "reward" or channel in task.cost_names
+    }
+
+
+def command_fit(args: argparse.Namespace) -> int:
+    from neorl_industrial.wrappers.models import PlantModel
+
+    console = make_console()
+    dataset, card, reward_row = _load_data(args)
+    task = card.task(dataset)
+    config, settings = _fit_setup(args)
+    model = PlantModel(task, config, definitions=_definitions(card, task), reward_row=reward_row)
     console.print(
         f"Fitting {config.n_members} members × {len(settings.seeds)} seed(s) on {args.data}: "
         f"{dataset.n_transitions:,} transitions in {dataset.n_episodes} episodes, "
@@ -185,6 +223,90 @@ def _track(args: argparse.Namespace, card: dict[str, Any], path: Path, console: 
             f"[yellow]warning:[/yellow] MLflow ({uri}) did not take the run; it waits in "
             f"{summary.spool_path} (neorl-industrial mlflow replay {summary.spool_path})"
         )
+
+
+def _histories(text: str) -> tuple[int, ...]:
+    """An argparse type: histories such as ``1,3,10``."""
+    try:
+        histories = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected histories such as 1,3,10, got {text!r}"
+        ) from None
+    if len(histories) < 2 or any(history < 1 for history in histories):
+        raise argparse.ArgumentTypeError(
+            f"expected at least two histories >= 1 such as 1,3,10, got {text!r}"
+        )
+    return histories
+
+
+def command_history(args: argparse.Namespace) -> int:
+    from neorl_industrial.integration.datasets import DatasetFormatError, load_plant_log
+    from neorl_industrial.integration.datasets.plant_log import is_table
+    from neorl_industrial.wrappers.models.history_check import compare_histories
+
+    console = make_console()
+    if args.schema is None or not is_table(args.data):
+        raise DatasetFormatError(
+            "model history: expects a plant log (.csv or .parquet) and its --schema: the "
+            "history is the schema's setting; other data has its history fixed",
+            path=args.data,
+        )
+    config, settings = _fit_setup(args)
+
+    def load(history: int) -> tuple[Any, Any, dict[str, str], str | None]:
+        dataset, card = load_plant_log(
+            args.data, args.schema, missing=args.missing, history=history
+        )
+        task = card.task(dataset)
+        return dataset, task, _definitions(card, task), card.reward_row
+
+    console.print(
+        f"Fitting one plant model per history ({', '.join(map(str, args.histories))} rows) on "
+        f"{args.data}, {settings.holdout:.0%} of the episodes held out; each judged open loop "
+        f"over {settings.horizon} steps on the held-out episodes."
+    )
+    report = compare_histories(
+        load,
+        args.histories,
+        settings,
+        config,
+        dataset_name=Path(args.data).name,
+        progress=lambda message: console.print(f"  {message}"),
+    )
+    horizon = report["horizon"]
+    table = Table(
+        title=f"Held-out open-loop error, relative to each feature's spread "
+        f"({len(report['heldout_episodes'])} held-out episodes)"
+    )
+    for column in ("history", "1 step", "10 steps", f"{horizon} steps", "inside the 90 % interval",
+                   "updates", "seconds"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for row in report["rows"]:
+        errors = row["errors"]
+
+        def cell(step: int, key: str = "relative_rmse", errors: dict = errors) -> str:
+            value = errors.get(str(step), {}).get(key)
+            return "-" if value is None else f"{value:.3g}"
+
+        table.add_row(
+            str(row["history"]) + (" ←" if row["history"] == report["choice"] else ""),
+            cell(1),
+            cell(10),
+            cell(horizon),
+            cell(horizon, "coverage"),
+            str(row["updates"]),
+            f"{row['seconds']:.1f}",
+        )
+    console.print(table)
+    console.print(
+        f"Choose history: {report['choice']} ({report['rule']}). Set [bold]history: "
+        f"{report['choice']}[/bold] in {escape(str(args.schema))} and import the log again."
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+        console.print(f"Wrote {args.json}")
+    return 0
 
 
 def command_inspect(args: argparse.Namespace) -> int:
@@ -285,7 +407,7 @@ def _report(console: Console, card: dict[str, Any], where: str, measured_now: bo
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     """The ``model`` command group."""
     actions = add_command_group(
-        commands, "model", "a learned model of the plant from its logs: fit, inspect"
+        commands, "model", "a learned model of the plant from its logs: fit, history, inspect"
     )
 
     fit = actions.add_parser(
@@ -300,27 +422,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     )
     fit.add_argument("--out", required=True, help="the saved model's directory")
     fit.add_argument("--overwrite", action="store_true")
-    fit.add_argument("--members", type=positive_int, default=7, help="ensemble members")
-    fit.add_argument("--elites", type=positive_int, default=5, help="best members kept")
-    fit.add_argument("--hidden", type=_widths, default=(128, 128), help="e.g. 200,200,200")
-    fit.add_argument("--updates", type=positive_int, default=10_000, help="at most, per member")
-    fit.add_argument("--chunk", type=positive_int, default=500, help="updates per compiled call")
-    fit.add_argument("--batch-size", type=positive_int, default=256)
-    fit.add_argument(
-        "--patience", type=positive_int, default=4, help="chunks without progress before stopping"
-    )
-    fit.add_argument("--holdout", type=_share, default=0.2, help="share of episodes held out")
-    fit.add_argument("--split-seed", type=int, default=0)
-    fit.add_argument("--seeds", type=_seeds, default=(0,), help="e.g. 0,1,2 (one ensemble each)")
-    fit.add_argument("--horizon", type=positive_int, default=100, help="open-loop steps")
-    fit.add_argument("--windows", type=positive_int, default=128, help="held-out windows")
-    fit.add_argument(
-        "--window-steps",
-        type=positive_int,
-        default=1,
-        help="train each member over this many steps rolled forward on its own predictions "
-        "(a multi-step loss; 1: one step ahead)",
-    )
+    _add_fit_options(fit)
     fit.add_argument(
         "--simulator",
         type=positive_int,
@@ -334,6 +436,26 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     add_tracking_uri(fit)
     fit.add_argument("--experiment", help="the MLflow experiment (default: plant-model/<task>)")
     fit.set_defaults(handler=command_fit)
+
+    history = actions.add_parser(
+        "history",
+        help="compare the histories (rows per observation) a plant log could be imported "
+        "with: one model each, judged by its held-out error over the long horizon",
+    )
+    history.add_argument("--data", required=True, help="the plant log (.csv or .parquet)")
+    history.add_argument("--schema", required=True, help="its YAML schema")
+    history.add_argument(
+        "--missing", choices=("error", "drop", "split"), help="the log's missing values"
+    )
+    history.add_argument(
+        "--histories",
+        type=_histories,
+        default=(1, 3, 10),
+        help="the histories to compare (default 1,3,10)",
+    )
+    _add_fit_options(history)
+    history.add_argument("--json", help="also write the comparison to this JSON file")
+    history.set_defaults(handler=command_history)
 
     inspect = actions.add_parser(
         "inspect",

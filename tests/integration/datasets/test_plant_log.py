@@ -419,6 +419,25 @@ def test_a_history_outside_1_to_64_rows_names_the_field(tmp_path, value, complai
     assert complaint in str(caught.value), str(caught.value)
 
 
+def test_a_history_given_to_the_loader_replaces_the_schema_s(tmp_path):
+    """``load_plant_log(..., history=H)`` (what ``model history`` compares) reads the log as
+    if the schema said ``history: H``; the schema file stays as it was."""
+    table_path, schema_path = _write(tmp_path, _table(), schema=SCHEMA + "history: 3\n")
+    written = schema_path.read_text()
+    stacked, _ = load_plant_log(table_path, schema_path)
+    one, one_card = load_plant_log(table_path, schema_path, history=1)
+    two, two_card = load_plant_log(table_path, schema_path, history=2)
+    assert (one.frame_stack, two.frame_stack, stacked.frame_stack) == (1, 2, 3)
+    np.testing.assert_array_equal(
+        two.transition_observations(), stacked.transition_observations()[:, :4]
+    )
+    assert one_card.task(one).observation_names == ("temperature", "pressure")
+    assert schema_path.read_text() == written
+    for bad in (0, 65, 2.5, True, "3"):
+        with pytest.raises(DatasetFormatError, match="history: expected a whole number from 1"):
+            load_plant_log(table_path, schema_path, history=bad)
+
+
 # ----- untrusted files ---------------------------------------------------------------------
 ALIAS_BOMB = """\
 a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]

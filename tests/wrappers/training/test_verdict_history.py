@@ -1,10 +1,13 @@
 """A heater whose fuel's heat reaches the outlet two samples after the valve moves: one
 logged row does not show what the outlet answers to, the last three rows do (the schema's
-``history: 3``). The plant model's memory check says so, the verdict judges with a model
-that sees the delay and reproduces today's operation, its clone of the operators reads
-the newest row, and a policy of the stacked rows exports and serves by name."""
+``history: 3``). The plant model's memory check says so, the history check chooses the
+three rows by their held-out error over many steps, the verdict judges with a model that
+sees the delay and reproduces today's operation, its clone of the operators reads the
+newest row, and a policy of the stacked rows exports and serves by name."""
 
 from __future__ import annotations
+
+import json
 
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +25,7 @@ from neorl_industrial.wrappers.training.verdict import (
 )
 from neorl_industrial.wrappers.training.verdict_fqe import _behaviour_clone
 from tests.integration.deployment.test_server import AS_ACT, _settings
-from tests.wrappers.training.heater_plant import fitted_plant, write_csv
+from tests.wrappers.training.heater_plant import fitted_histories, write_csv
 
 SCHEMA = """\
 name: delayed-heater
@@ -64,16 +67,17 @@ def write_log(path, episodes: int = 30, steps: int = 40, seed: int = 0) -> None:
 
 
 @pytest.fixture(scope="module")
-def plants(tmp_path_factory):
-    """The same log imported with one row per observation and with the last three."""
-    return {
-        history: fitted_plant(
-            tmp_path_factory.mktemp(f"delayed-heater-{history}"),
-            SCHEMA + f"history: {history}\n",
-            write_log,
-        )
-        for history in (1, 3)
-    }
+def compared(tmp_path_factory):
+    """The same log imported with one row per observation and with the last three,
+    compared by the history check: its report and the two fitted plants."""
+    return fitted_histories(
+        tmp_path_factory.mktemp("delayed-heater"), SCHEMA, write_log, histories=(1, 3)
+    )
+
+
+@pytest.fixture(scope="module")
+def plants(compared):
+    return compared[1]
 
 
 def _explained(plant, feature):
@@ -91,6 +95,20 @@ def test_the_memory_check_sees_the_delay_one_row_misses_and_the_history_shows(pl
     assert _explained(three, "temperature") < 0.1
     # The position is the last move: nothing earlier explains it either way.
     assert _explained(one, "valve_position") < 0.1 and _explained(three, "valve_position") < 0.1
+
+
+def test_the_history_check_chooses_the_rows_that_hold_the_delay(compared):
+    report, plants = compared
+    rows = {row["history"]: row for row in report["rows"]}
+    # Each model scored on the same held-out episodes, over the fit's horizon.
+    assert report["heldout_episodes"] == plants[1]["model"].card["dataset"]["holdout_episodes"]
+    assert report["heldout_episodes"] == plants[3]["model"].card["dataset"]["holdout_episodes"]
+    assert report["horizon"] == 10
+    # One row misses the move two samples back; its open-loop error grows with it.
+    one, three = rows[1]["long_horizon_error"], rows[3]["long_horizon_error"]
+    assert three < 0.7 * one, (one, three)
+    assert report["choice"] == 3
+    assert rows[3]["errors"]["10"]["relative_rmse"] == three
 
 
 def act(params, observation, key=None, deterministic=True):
@@ -137,3 +155,58 @@ def test_a_policy_of_the_rows_is_served_the_whole_observation_by_name(plants, tm
         refused = client.post("/v1/act", json={"observation": newest}, headers=AS_ACT)
         assert refused.status_code == 422
         assert "missing 4 of the 6 names: 'temperature@t-1'" in refused.text
+
+
+def test_model_history_compares_the_log_s_histories_and_says_which_to_set(tmp_path, capsys):
+    """``model history`` is the check a user runs on their own log: small settings here,
+    the same answer as the fixture's (three rows hold the delay)."""
+    from neorl_industrial import cli
+
+    write_log(tmp_path / "log.csv")
+    (tmp_path / "schema.yaml").write_text(SCHEMA)
+    argv = ["model", "history", "--data", str(tmp_path / "log.csv")]
+    argv += ["--schema", str(tmp_path / "schema.yaml"), "--histories", "1,3"]
+    argv += ["--hidden", "32,32", "--members", "3", "--elites", "3", "--updates", "1000"]
+    argv += ["--chunk", "500", "--batch-size", "64", "--horizon", "10", "--windows", "16"]
+    argv += ["--json", str(tmp_path / "history.json")]
+    assert cli.main(argv) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "Choose history: 3 (the shortest history whose open-loop error at 10 steps" in said
+    assert "Set history: 3 in" in said
+    report = json.loads((tmp_path / "history.json").read_text())
+    assert report["choice"] == 3 and [row["history"] for row in report["rows"]] == [1, 3]
+    # The schema is the user's: the check does not change it.
+    assert (tmp_path / "schema.yaml").read_text() == SCHEMA
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--histories", "3"], "expected at least two histories"),
+        (["--histories", "1,x"], "expected histories such as 1,3,10"),
+        (["--histories", "0,3"], "expected at least two histories >= 1"),
+    ],
+)
+def test_model_history_refuses_bad_histories(argv, message, tmp_path, capsys):
+    from neorl_industrial import cli
+
+    base = ["model", "history", "--data", str(tmp_path / "log.csv"), "--schema", "s.yaml"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*base, *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_model_history_needs_a_plant_log_and_its_schema(tmp_path, capsys):
+    from neorl_industrial import cli
+
+    write_log(tmp_path / "log.csv")
+    (tmp_path / "schema.yaml").write_text(SCHEMA)
+    folder = tmp_path / "imported"
+    assert cli.main(["datasets", "import", str(tmp_path / "log.csv"), "--schema",
+                     str(tmp_path / "schema.yaml"), "--out", str(folder)]) == 0  # fmt: skip
+    capsys.readouterr()
+    argv = ["model", "history", "--data", str(folder), "--schema", str(tmp_path / "schema.yaml")]
+    assert cli.main(argv) != 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "model history: expects a plant log (.csv or .parquet) and its --schema" in said

@@ -40,6 +40,7 @@ from neorl_industrial.integration.datasets.card import ColumnInfo, DatasetCard
 from neorl_industrial.integration.datasets.errors import DatasetFormatError
 from neorl_industrial.integration.datasets.expressions import Expression
 from neorl_industrial.integration.datasets.plant_schema import (
+    MAX_HISTORY,
     PlantLogSchema,
     load_plant_schema,
     require_regular_file,
@@ -70,12 +71,17 @@ def load_plant_log(
     schema_path: str | os.PathLike[str],
     *,
     missing: str | None = None,
+    history: int | None = None,
 ) -> tuple[Dataset, DatasetCard]:
     """Reads a plant log as episodes of transitions, as its schema describes.
 
     Args:
         table_path: a ``.csv`` (optionally compressed) or ``.parquet`` file.
         schema_path: the YAML schema (see :class:`PlantLogSchema`).
+        missing: rows with missing values: ``error``, ``drop`` or ``split`` (None: the
+            schema's ``missing``).
+        history: rows per observation in place of the schema's ``history`` (None: the
+            schema's), to compare histories on one log (``model history``).
 
     Returns:
         ``(dataset, card)``; the card carries units and bounds of every column, the
@@ -90,6 +96,7 @@ def load_plant_log(
     table_path, schema_path = Path(table_path), Path(schema_path)
     require_regular_file(table_path, "plant log")
     schema = _with_missing(load_plant_schema(schema_path), missing, schema_path)
+    schema = _with_history(schema, history, schema_path)
     available = column_names(table_path)
     definitions = _definitions(schema, available, schema_path)
     numeric = _numeric_columns(schema, definitions)
@@ -153,6 +160,18 @@ def _with_missing(schema: PlantLogSchema, missing: str | None, schema_path: Path
             f"missing: expected 'error', 'drop' or 'split', got {missing!r}", path=schema_path
         )
     return schema.model_copy(update={"missing": missing})
+
+
+def _with_history(schema: PlantLogSchema, history: int | None, schema_path: Path) -> PlantLogSchema:
+    """``schema`` with its ``history`` overridden by ``history`` (None: kept)."""
+    if history is None:
+        return schema
+    if type(history) is not int or not 1 <= history <= MAX_HISTORY:
+        raise DatasetFormatError(
+            f"history: expected a whole number from 1 to {MAX_HISTORY}, got {history!r}",
+            path=schema_path,
+        )
+    return schema.model_copy(update={"history": history})
 
 
 def _definitions(
