@@ -119,17 +119,15 @@ TARGETS = {"mean_regret": 0.10, "worst_regret": 0.25, "mean_correlation": 0.7, "
 
 
 def _fidelity_summary(fidelity: dict[str, Any]) -> dict[str, Any]:
-    """Mean over observation features of the relative error and the coverage per step,
-    and the memory check's shares per feature (where the fidelity has them)."""
-    out: dict[str, Any] = {"horizon": fidelity["horizon"], "steps": {}}
-    for step in fidelity["steps"]:
-        rows = [r for r in fidelity["rows"] if r["kind"] == "observation" and r["step"] == step]
-        relative = [r["relative_rmse"] for r in rows if r.get("relative_rmse") is not None]
-        coverage = [r["coverage"] for r in rows if r.get("coverage") is not None]
-        out["steps"][str(step)] = {
-            "relative_rmse": float(np.mean(relative)) if relative else None,
-            "coverage": float(np.mean(coverage)) if coverage else None,
-        }
+    """Mean over the predicted observation features of the relative error and the
+    coverage per step (``fidelity_errors``, as the history check reads them), and the
+    memory check's shares per feature (where the fidelity has them)."""
+    from neorl_industrial.wrappers.models.history_check import fidelity_errors
+
+    out: dict[str, Any] = {
+        "horizon": fidelity["horizon"],
+        "steps": {str(step): value for step, value in fidelity_errors(fidelity).items()},
+    }
     if "outside_data_share" in fidelity:
         out["outside_data_share"] = fidelity["outside_data_share"]
     if fidelity.get("memory"):  # per feature: the one-step error earlier steps explain
@@ -183,7 +181,7 @@ def _rankings(candidates: Sequence[dict[str, Any]], truth: np.ndarray) -> dict[s
 def _fitted_model(label: str, task: Any, dataset: Any, card: Any, args: argparse.Namespace) -> Any:
     """The study's plant model of ``dataset``, fitted with the study's settings."""
     from neorl_industrial.core.models import DynamicsConfig
-    from neorl_industrial.wrappers.models import FitSettings, PlantModel
+    from neorl_industrial.wrappers.models import PlantModel
 
     model = PlantModel(
         task,
@@ -191,17 +189,20 @@ def _fitted_model(label: str, task: Any, dataset: Any, card: Any, args: argparse
         definitions=card.definitions,
     )
     progress(f"{label}: plant model, at most {args.model_updates} updates")
-    model.fit(
-        dataset,
-        FitSettings(
-            max_updates=args.model_updates,
-            holdout=args.holdout,
-            split_seed=args.split_seed,
-            window_steps=getattr(args, "model_window", 1),
-        ),
-        dataset_name=card.name,
-    )
+    model.fit(dataset, _fit_settings(args), dataset_name=card.name)
     return model
+
+
+def _fit_settings(args: argparse.Namespace) -> Any:
+    """The study's plant-model fit settings."""
+    from neorl_industrial.wrappers.models import FitSettings
+
+    return FitSettings(
+        max_updates=args.model_updates,
+        holdout=args.holdout,
+        split_seed=args.split_seed,
+        window_steps=getattr(args, "model_window", 1),
+    )
 
 
 def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -402,6 +403,74 @@ def _window_text(config: dict[str, Any]) -> str:
     return f" on {steps}-step windows of its own predictions" if steps > 1 else ""
 
 
+def _history_option(text: str) -> int | tuple[int, ...]:
+    """``--history``: rows per observation, or ``check:1,3,10`` (the histories the
+    product's check compares)."""
+    try:
+        if text.startswith("check:"):
+            histories = tuple(int(part) for part in text[len("check:") :].split(","))
+            if len(histories) >= 2 and min(histories) >= 1:
+                return histories
+        elif int(text) >= 1:
+            return int(text)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected rows such as 3, or check:1,3,10, got {text!r}")
+
+
+def _plant_model_with_history(
+    name: str, folder: Any, args: argparse.Namespace
+) -> tuple[Any, Any, Any, dict[str, Any] | None]:
+    """The plant's log written and imported, and its plant model: with a fixed
+    ``--history``, that history; with ``check:...``, the one the product's history check
+    chooses (``compare_histories``, the study's fit settings), its model reused.
+    Returns ``(dataset, card, model, check report or None)``."""
+    from benchmarks.plants import write_plant
+    from neorl_industrial.core.models import DynamicsConfig
+    from neorl_industrial.integration.datasets import load_plant_log
+    from neorl_industrial.wrappers.models.history_check import compare_histories
+
+    progress(f"{name}: the operators' log, {args.plant_episodes} episodes")
+    if isinstance(args.history, int):
+        csv = write_plant(
+            name, folder, seed=args.data_seed, episodes=args.plant_episodes, history=args.history
+        )
+        dataset, card = load_plant_log(csv, folder / "schema.yaml")
+        return (
+            csv,
+            dataset,
+            card,
+            _fitted_model(name, card.task(dataset), dataset, card, args),
+            None,
+        )
+    csv = write_plant(name, folder, seed=args.data_seed, episodes=args.plant_episodes)
+
+    def load(history: int) -> tuple[Any, Any, Any, Any]:
+        dataset, card = load_plant_log(csv, folder / "schema.yaml", history=history)
+        return dataset, card.task(dataset), card.definitions, card.reward_row
+
+    report = compare_histories(
+        load,
+        args.history,
+        _fit_settings(args),
+        DynamicsConfig(**({"hidden": tuple(args.model_hidden)} if args.model_hidden else {})),
+        dataset_name=name,
+        progress=lambda message: progress(f"{name}: {message}"),
+        keep_models=True,
+    )
+    models = report.pop("models")
+    choice = report["choice"]
+    progress(f"{name}: the history check chose {choice} rows")
+    # The same log (the same seed), its schema and run files now with the chosen history.
+    csv = write_plant(
+        name, folder, seed=args.data_seed, episodes=args.plant_episodes, history=choice
+    )
+    dataset, card = load_plant_log(csv, folder / "schema.yaml")
+    model = models[choice]
+    model.check_same_data(dataset)
+    return dataset, card, model, report
+
+
 def _plant_candidates(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
     return [entry for entry in PLANT_CANDIDATES if entry[1] in args.algorithms]
 
@@ -417,9 +486,8 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     import jax
 
-    from benchmarks.plants import make_plant, write_plant
+    from benchmarks.plants import make_plant
     from benchmarks.plants.truth import PlantTruth, mean_interval, verdict_starts
-    from neorl_industrial.integration.datasets import load_plant_log
     from neorl_industrial.wrappers.agents import Agent
     from neorl_industrial.wrappers.training.verdict import (
         PlantRules,
@@ -430,16 +498,11 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     plant = make_plant(name)
     folder = Path(args.plant_dir or tempfile.mkdtemp(prefix="verdict-study-")) / name
-    progress(f"{name}: the operators' log, {args.plant_episodes} episodes")
-    csv = write_plant(
-        name, folder, seed=args.data_seed, episodes=args.plant_episodes, history=args.history
-    )
-    dataset, card = load_plant_log(csv, folder / "schema.yaml")
+    model_started = time.perf_counter()
+    dataset, card, model, history_check = _plant_model_with_history(name, folder, args)
+    model_seconds = time.perf_counter() - model_started
     task = card.task(dataset)
     constraints = folder / "constraints.yaml"
-    model_started = time.perf_counter()
-    model = _fitted_model(name, task, dataset, card, args)
-    model_seconds = time.perf_counter() - model_started
     holdout_ids = np.asarray(model.card["dataset"]["holdout_episodes"])
     heldout = dataset.select_episodes(holdout_ids)
     training = dataset.select_episodes(np.asarray(model.card["dataset"]["train_episodes"]))
@@ -599,6 +662,8 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "simulator": None,
             "model_updates": model.card["fit"]["updates"],
         },
+        "history": int(dataset.frame_stack),
+        "history_check": history_check,
         "candidates": candidates,
         "ranking": ranking,
         "verdict": outcome,
@@ -1102,6 +1167,29 @@ def _plants_section(rows: list[dict[str, Any]], total: dict[str, Any] | None) ->
     return lines
 
 
+def _history_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Where the product's history check chose a plant log's history: its errors."""
+    checked = [row for row in rows if row.get("history_check")]
+    if not checked:
+        return []
+    lines = [
+        "",
+        "The history check (`neorl-industrial model history`) chose each plant log's rows "
+        "per observation: "
+        + checked[0]["history_check"]["rule"]
+        + ". Open-loop error at that horizon, relative to each feature's spread:",
+        "",
+    ]
+    for row in checked:
+        check = row["history_check"]
+        errors = ", ".join(
+            f"{entry['history']} rows {_number(entry['long_horizon_error'])}"
+            for entry in check["rows"]
+        )
+        lines.append(f"- {row['dataset']}: {errors}; chosen: **{check['choice']}**")
+    return lines
+
+
 def page(config: dict[str, Any], results: dict[str, Any]) -> str:
     """The markdown page of a study's result."""
     rows, total = results["datasets"], results["summary"]
@@ -1262,6 +1350,7 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
             f"| {row['dataset']} | {row['fidelity']['model_updates']} | {' | '.join(cells)} | "
             f"{_number(outside)} |"
         )
+    lines += _history_lines(rows)
     lines += [
         "",
         "## Candidates",
@@ -1315,9 +1404,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--history",
-        type=int,
+        type=_history_option,
         default=1,
-        help="rows per observation of a study plant's log (its schema's history)",
+        help="rows per observation of a study plant's log (its schema's history); or "
+        "'check:1,3,10': the product's history check (model history) chooses among them",
     )
     parser.add_argument(
         "--truth-episodes", type=int, default=100, help="a study plant's truth: episodes"
