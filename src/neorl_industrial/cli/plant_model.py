@@ -493,7 +493,7 @@ def _memory_line(memory: dict | None) -> str | None:
             f"not see ({', '.join(escape(name) for name in remembered)}): a transport delay, "
             "a slow hidden drift or an unrecorded state. Estimates for policies that act "
             "unlike the logged operation may miss part of the plant's response. For a plant "
-            "log, the schema's history: H gives the model and the policies the last H rows "
-            "(docs/datasets.md)."
+            "log, the schema's history: H gives the model and the policies the last H rows; "
+            "`neorl-industrial model history` compares the histories (docs/plant_model.md)."
         )
     return text

@@ -189,20 +189,25 @@ def init_ensemble(dynamics: Dynamics, seeds: Sequence[int]) -> EnsembleTrainStat
     """Fresh networks of every seed's members (``[S, M]``), their optimizer states and
     keys; best scores start at infinity."""
     members = dynamics.config.n_members
-    keys = jnp.stack(
-        [jax.random.split(jax.random.PRNGKey(int(seed)), members * 2) for seed in seeds]
-    ).reshape(len(seeds), members, 2, -1)
-    init_keys, run_keys = keys[:, :, 0], keys[:, :, 1]
-    networks = jax.vmap(jax.vmap(dynamics.init))(init_keys)
     optimizer = _optimizer(dynamics)
-    return EnsembleTrainState(
-        networks=networks,
-        opt_state=jax.vmap(jax.vmap(optimizer.init))(networks),
-        best_networks=networks,
-        best_score=jnp.full((len(seeds), members), jnp.inf, jnp.float32),
-        key=run_keys,
-        updates=jnp.zeros((), jnp.int32),
-    )
+
+    @jax.jit  # one program, not one eager operation per layer and leaf
+    def build(seed_values: jax.Array) -> EnsembleTrainState:
+        keys = jax.vmap(lambda seed: jax.random.split(jax.random.PRNGKey(seed), members * 2))(
+            seed_values
+        ).reshape(len(seeds), members, 2, -1)
+        init_keys, run_keys = keys[:, :, 0], keys[:, :, 1]
+        networks = jax.vmap(jax.vmap(dynamics.init))(init_keys)
+        return EnsembleTrainState(
+            networks=networks,
+            opt_state=jax.vmap(jax.vmap(optimizer.init))(networks),
+            best_networks=networks,
+            best_score=jnp.full((len(seeds), members), jnp.inf, jnp.float32),
+            key=run_keys,
+            updates=jnp.zeros((), jnp.int32),
+        )
+
+    return build(jnp.asarray(np.asarray([int(seed) for seed in seeds], np.uint32)))
 
 
 def bootstrap_indices(episode_id: np.ndarray, n_seeds: int, n_members: int, seed: int) -> jax.Array:
@@ -407,8 +412,9 @@ def select_elites(
     member indices ``[S, n_elites]``."""
     scores = np.asarray(jax.device_get(state.best_score))
     elites = np.argsort(scores, axis=1, kind="stable")[:, :n_elites]
-    networks = jax.tree.map(
-        lambda leaf: jax.vmap(lambda per_seed, index: per_seed[index])(leaf, jnp.asarray(elites)),
-        state.best_networks,
+    seeds = np.arange(elites.shape[0])[:, None]
+    networks = jax.tree.map(  # on the host: no program per leaf shape
+        lambda leaf: jnp.asarray(np.asarray(leaf)[seeds, elites]),
+        jax.device_get(state.best_networks),
     )
     return stats.replace(networks=networks), elites

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from neorl_industrial.functional.state_management.dataset import Dataset
+from neorl_industrial.functional.state_management.frames import gather_stacked
 from neorl_industrial.functional.transformations.dynamics import MIN_STD
 
 __all__ = ["LAGS", "REMEMBERED", "memory_table", "one_step_errors"]
@@ -53,9 +54,10 @@ def one_step_errors(
     for begin in range(0, n, size):
         rows = np.arange(begin, min(begin + size, n))
         padded = np.concatenate([rows, np.full(size - len(rows), rows[-1])])
-        observations = dataset.observations_at(jnp.asarray(index[padded]))
+        observations = gather_stacked(frames, index[padded], dataset.frame_stack)
         predicted = np.asarray(
-            jax.device_get(predict(observations, jnp.asarray(actions[padded]))), np.float32
+            jax.device_get(predict(jnp.asarray(observations), jnp.asarray(actions[padded]))),
+            np.float32,
         )[: len(rows), :frame]
         errors.append(frames[index[rows] + 1] - predicted)
     return np.concatenate(errors) if errors else np.zeros((0, frame), np.float32)
@@ -87,9 +89,7 @@ def memory_table(
     rows = np.flatnonzero(position >= lags)
     if len(rows) > _MOST_ROWS:
         rows = rows[np.linspace(0, len(rows) - 1, _MOST_ROWS).astype(np.int64)]
-    observations = np.asarray(
-        jax.device_get(dataset.observations_at(jnp.asarray(index[rows]))), np.float64
-    )
+    observations = gather_stacked(frames, index[rows], dataset.frame_stack)
     own = np.concatenate([observations, actions[rows]], axis=1)
     earlier = np.concatenate(
         [np.concatenate([frames[index[rows - lag]], actions[rows - lag]], axis=1)

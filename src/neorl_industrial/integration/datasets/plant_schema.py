@@ -43,7 +43,8 @@ a value taken from the log.
 first: the newest row's columns under their own names, each earlier row's as
 ``column@t-1`` ... ``column@t-{H-1}``. Set it when the plant's next row depends on more
 than the current one: a transport or dead time, a slow analyser, a hidden drift (the
-plant model's memory check measures how much earlier rows explain). Before an episode's
+plant model's memory check measures how much earlier rows explain; ``model history``
+compares histories by the held-out error over the long horizon). Before an episode's
 first row the history repeats that row. Agents, the plant model and the verdict see the
 stacked observation; a server is sent it whole, the plant-floor loop keeps the last rows
 itself.
