@@ -29,14 +29,17 @@ SAME_NAMED_FIT_OPTIONS = (
 )  # fmt: skip
 
 
+def _numbers(text: str, example: str) -> tuple[int, ...]:
+    """Comma-separated whole numbers (an argparse type's first step)."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {example}, got {text!r}") from None
+
+
 def _widths(text: str) -> tuple[int, ...]:
     """An argparse type: layer widths such as ``200,200,200``."""
-    try:
-        widths = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated layer widths such as 200,200, got {text!r}"
-        ) from None
+    widths = _numbers(text, "comma-separated layer widths such as 200,200")
     if not widths or any(width < 1 for width in widths):
         raise argparse.ArgumentTypeError(f"expected positive layer widths, got {text!r}")
     return widths
@@ -55,13 +58,20 @@ def _share(text: str) -> float:
 
 def _seeds(text: str) -> tuple[int, ...]:
     """An argparse type: seeds such as ``0,1,2``."""
-    try:
-        seeds = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seeds such as 0,1,2, got {text!r}") from None
+    seeds = _numbers(text, "seeds such as 0,1,2")
     if not seeds:
         raise argparse.ArgumentTypeError("expected at least one seed")
     return seeds
+
+
+def _histories(text: str) -> tuple[int, ...]:
+    """An argparse type: histories such as ``1,3,10``."""
+    histories = _numbers(text, "histories such as 1,3,10")
+    if len(histories) < 2 or any(history < 1 for history in histories):
+        raise argparse.ArgumentTypeError(
+            f"expected at least two histories >= 1 such as 1,3,10, got {text!r}"
+        )
+    return histories
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
@@ -223,21 +233,6 @@ def _track(args: argparse.Namespace, card: dict[str, Any], path: Path, console: 
             f"[yellow]warning:[/yellow] MLflow ({uri}) did not take the run; it waits in "
             f"{summary.spool_path} (neorl-industrial mlflow replay {summary.spool_path})"
         )
-
-
-def _histories(text: str) -> tuple[int, ...]:
-    """An argparse type: histories such as ``1,3,10``."""
-    try:
-        histories = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected histories such as 1,3,10, got {text!r}"
-        ) from None
-    if len(histories) < 2 or any(history < 1 for history in histories):
-        raise argparse.ArgumentTypeError(
-            f"expected at least two histories >= 1 such as 1,3,10, got {text!r}"
-        )
-    return histories
 
 
 def command_history(args: argparse.Namespace) -> int:
