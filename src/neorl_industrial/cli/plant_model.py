@@ -274,8 +274,11 @@ def command_history(args: argparse.Namespace) -> int:
         title=f"Held-out open-loop error, relative to each feature's spread "
         f"({len(report['heldout_episodes'])} held-out episodes)"
     )
-    for column in ("history", "1 step", "10 steps", f"{horizon} steps", "inside the 90 % interval",
-                   "updates", "seconds"):  # fmt: skip
+    steps = sorted(int(step) for step in report["rows"][0]["errors"])  # 1, 10, the horizon
+    table.add_column("history", justify="right")
+    for step in steps:
+        table.add_column(f"{step} step" + ("s" if step > 1 else ""), justify="right")
+    for column in (f"inside the 90 % interval at {horizon}", "updates", "seconds"):
         table.add_column(column, justify="right")
     for row in report["rows"]:
         errors = row["errors"]
@@ -286,9 +289,7 @@ def command_history(args: argparse.Namespace) -> int:
 
         table.add_row(
             str(row["history"]) + (" ←" if row["history"] == report["choice"] else ""),
-            cell(1),
-            cell(10),
-            cell(horizon),
+            *(cell(step) for step in steps),
             cell(horizon, "coverage"),
             str(row["updates"]),
             f"{row['seconds']:.1f}",

@@ -174,7 +174,7 @@ def compare_histories(
         "margin": HISTORY_MARGIN,
         "rule": (
             f"the shortest history whose open-loop error at {horizon} steps on the held-out "
-            f"episodes is within {HISTORY_MARGIN:.0%} of the lowest"
+            f"episodes is within {HISTORY_MARGIN * 100:.0f} % of the lowest"
         ),
     }
     if keep_models:
