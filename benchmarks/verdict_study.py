@@ -1175,15 +1175,17 @@ def _history_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "",
         "The history check (`neorl-industrial model history`) chose each plant log's rows "
-        "per observation: "
-        + checked[0]["history_check"]["rule"]
-        + ". Open-loop error at that horizon, relative to each feature's spread:",
+        "per observation: the shortest history whose open-loop error at "
+        f"{checked[0]['history_check']['horizon']} steps on the held-out episodes is within "
+        f"{checked[0]['history_check']['margin'] * 100:.0f} % of the lowest. That error, "
+        "relative to each feature's spread:",
         "",
     ]
     for row in checked:
         check = row["history_check"]
         errors = ", ".join(
-            f"{entry['history']} rows {_number(entry['long_horizon_error'])}"
+            f"{entry['history']} row{'s' if entry['history'] > 1 else ''} "
+            f"{_number(entry['long_horizon_error'])}"
             for entry in check["rows"]
         )
         lines.append(f"- {row['dataset']}: {errors}; chosen: **{check['choice']}**")

@@ -201,12 +201,34 @@ def test_the_summary_counts_a_recommendation_worse_than_the_operators():
         (["--plant-episodes", "3"], "--plant-episodes: expected at least 4, got 3"),
         (["--algorithms", "sac"], "--algorithms: unknown"),
         (["--seeds", "0"], "--seeds: expected a positive integer"),
+        (["--history", "check:3"], "--history: expected rows such as 3, or check:1,3,10"),
+        (["--history", "0"], "--history: expected rows such as 3, or check:1,3,10"),
     ],
 )
 def test_bad_options_are_refused_by_name(argv, message, capsys):
     with pytest.raises(SystemExit):
         verdict_study.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_the_history_option_fixes_the_rows_or_lets_the_check_choose_and_the_page_says_so():
+    assert verdict_study.parse_args(["--history", "3"]).history == 3
+    assert verdict_study.parse_args(["--history", "check:1,3,10"]).history == (1, 3, 10)
+    check = {
+        "horizon": 100,
+        "margin": 0.1,
+        "choice": 3,
+        "rows": [
+            {"history": 1, "long_horizon_error": 0.18},
+            {"history": 3, "long_horizon_error": 0.08},
+        ],
+    }
+    rows = [{"dataset": "fired-heater", "history_check": check}, {"dataset": "other"}]
+    text = "\n".join(verdict_study._history_lines(rows))
+    assert "open-loop error at 100 steps on the held-out episodes is within 10 % of" in text
+    assert "- fired-heater: 1 row 0.18, 3 rows 0.08; chosen: **3**" in text
+    assert "other" not in text
+    assert verdict_study._history_lines([{"dataset": "other"}]) == []
 
 
 def test_each_candidate_acts_with_its_own_algorithm():
