@@ -99,7 +99,8 @@ def _memory_lines(memory: dict | None) -> list[str]:
             f"What the plant does next depends on what the model sees: the {memory['lags']} "
             "earlier steps explain little of its one-step error ("
             + ", ".join(f"{row['name']} {row['explained']:.0%}" for row in rows)
-            + ").",
+            + "). A slow drift shows little in one step: `neorl-industrial model history` "
+            "compares the log's histories by the model's error over many steps.",
         ]
     return [
         "",
@@ -110,7 +111,8 @@ def _memory_lines(memory: dict | None) -> list[str]:
         "operation (the check below), a policy that acts unlike the operators meets the "
         "part of the plant's response the model misses: its estimates may be off by more "
         "than their intervals say. Importing the log with the schema's `history` (the last "
-        "rows in each observation) lets the model and the policies see those steps.",
+        "rows in each observation) lets the model and the policies see those steps; "
+        "`neorl-industrial model history` says how many.",
     ]
 
 
