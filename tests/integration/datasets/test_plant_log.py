@@ -426,7 +426,7 @@ def test_a_history_given_to_the_loader_replaces_the_schema_s(tmp_path):
     written = schema_path.read_text()
     stacked, _ = load_plant_log(table_path, schema_path)
     one, one_card = load_plant_log(table_path, schema_path, history=1)
-    two, two_card = load_plant_log(table_path, schema_path, history=2)
+    two, _ = load_plant_log(table_path, schema_path, history=2)
     assert (one.frame_stack, two.frame_stack, stacked.frame_stack) == (1, 2, 3)
     np.testing.assert_array_equal(
         two.transition_observations(), stacked.transition_observations()[:, :4]
