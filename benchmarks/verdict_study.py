@@ -152,6 +152,26 @@ def _ranking(estimates: np.ndarray, truth: np.ndarray) -> dict[str, Any]:
     }
 
 
+def _truth_ceiling(
+    means: np.ndarray, errors: np.ndarray, draws: int = 2000, seed: int = 0
+) -> dict[str, float] | None:
+    """What the truth's own noise leaves of a rank correlation: Spearman's correlation of
+    the candidates' measured true returns (``means``) with the same returns measured again
+    (``means`` plus normal noise of their standard errors ``errors``), over ``draws``
+    draws: its median and 95 % range. A perfect estimator would correlate with the
+    measured truth about that well. None without an error for every candidate."""
+    from scipy.stats import spearmanr
+
+    means, errors = np.asarray(means, np.float64), np.asarray(errors, np.float64)
+    if len(means) < 3 or not np.isfinite(errors).all():
+        return None
+    rng = np.random.default_rng(seed)
+    again = means + rng.normal(size=(draws, len(means))) * errors
+    values = np.asarray([spearmanr(means, draw).statistic for draw in again])
+    low, median, high = np.percentile(values, [2.5, 50, 97.5])
+    return {"median": float(median), "low": float(low), "high": float(high)}
+
+
 def _rankings(candidates: Sequence[dict[str, Any]], truth: np.ndarray) -> dict[str, Any]:
     """Per estimator every candidate has: :func:`_ranking` of its estimates, and the
     rank correlation over the candidates it answers for (``answered_rank_correlation``:
@@ -328,6 +348,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
                         if name in estimates
                     },
                     "true_return": run["return"],
+                    "true_return_error": run["return_std"] / np.sqrt(run["episodes"]),
                     "true_normalized_cost": run["normalized_cost"],
                     "true_episode_cost": run["episode_cost"],
                     "fit_seconds": seconds / len(agent.seeds),
@@ -337,6 +358,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     behaviour_return = float(returns.mean())
     per_channel = episode_costs.mean(axis=0) / np.asarray(limits) if limits else np.zeros(0)
     ranking = _rankings(candidates, truth)
+    ceiling = _truth_ceiling(truth, [c["true_return_error"] for c in candidates])
     names = [c["name"] for c in candidates]
     recommended = names.index(merged.recommended) if merged.recommended else None
     outcome: dict[str, Any] = {"decision": merged.decision, "recommended": merged.recommended}
@@ -374,6 +396,7 @@ def study_dataset(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         },
         "candidates": candidates,
         "ranking": ranking,
+        "truth_ceiling": ceiling,
         "verdict": outcome,
         "statement": merged.statement,
         "calibration": merged.to_dict()["calibration"],
@@ -599,6 +622,10 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
                     },
                     "true_return": whole["return"]["value"],
                     "true_return_interval": whole["return"],
+                    "true_return_error": float(
+                        np.std(whole["_runs"].returns, ddof=1)
+                        / np.sqrt(len(whole["_runs"].returns))
+                    ),
                     "true_normalized_cost": whole["normalized_cost"],
                     "true_episode_cost": [c["value"] for c in whole["cost"]],
                     "true_improvement": gain.to_dict(),
@@ -610,6 +637,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
             )
     truth_values = np.asarray([c["true_return"] for c in candidates])
     ranking = _rankings(candidates, truth_values)
+    ceiling = _truth_ceiling(truth_values, [c["true_return_error"] for c in candidates])
     behaviour_return = operators["return"]["value"]
     outcome: dict[str, Any] = {"decision": merged.decision, "recommended": merged.recommended}
     if merged.recommended:
@@ -666,6 +694,7 @@ def study_plant(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "history_check": history_check,
         "candidates": candidates,
         "ranking": ranking,
+        "truth_ceiling": ceiling,
         "verdict": outcome,
         "statement": merged.statement,
         "calibration": merged.to_dict()["calibration"],
@@ -1167,6 +1196,30 @@ def _plants_section(rows: list[dict[str, Any]], total: dict[str, Any] | None) ->
     return lines
 
 
+def _ceiling_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Where the truth was measured with its errors: how well a perfect estimator would
+    rank against it (:func:`_truth_ceiling`), beside the model's correlation."""
+    measured = [row for row in rows if row.get("truth_ceiling")]
+    if not measured:
+        return []
+    cells = []
+    for row in measured:
+        ceiling = row["truth_ceiling"]
+        model = (row["ranking"].get("model") or {}).get("rank_correlation")
+        cells.append(
+            f"{row['dataset']} {_number(ceiling['median'])} [{_number(ceiling['low'])}, "
+            f"{_number(ceiling['high'])}] (model {_number(model)})"
+        )
+    return [
+        "",
+        "The truth's own noise bounds a rank correlation: the candidates' true returns are "
+        "means over the simulator episodes, and measured again they would rank differently. "
+        "Spearman's correlation of the measured truth with itself measured again (normal "
+        "noise of each mean's standard error; median [95 % range] over 2,000 draws), what "
+        "a perfect estimator would reach: " + "; ".join(cells) + ".",
+    ]
+
+
 def _history_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Where the product's history check chose a plant log's history: its errors."""
     checked = [row for row in rows if row.get("history_check")]
@@ -1317,6 +1370,7 @@ def page(config: dict[str, Any], results: dict[str, Any]) -> str:
             f"| {row['dataset']} | {' | '.join(cells)} | {outcome['decision']} | {decided} | "
             f"{row['truly_better_and_safe']} of {len(row['candidates'])} (within limits) |"
         )
+    lines += _ceiling_lines(rows)
     lines += _kept_section(rows)
     lines += _plants_section(rows, total.get("plants"))
     lines += [

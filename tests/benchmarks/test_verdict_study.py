@@ -231,6 +231,24 @@ def test_the_history_option_fixes_the_rows_or_lets_the_check_choose_and_the_page
     assert verdict_study._history_lines([{"dataset": "other"}]) == []
 
 
+def test_the_truth_s_own_noise_bounds_the_rank_correlation_and_the_page_says_how_much():
+    means = np.arange(10.0)
+    clear = verdict_study._truth_ceiling(means, np.full(10, 0.01))
+    assert clear["median"] == pytest.approx(1.0) and clear["low"] == pytest.approx(1.0)
+    noisy = verdict_study._truth_ceiling(means, np.full(10, 5.0))
+    assert noisy["low"] < noisy["median"] < 0.7 and noisy["high"] <= 1.0
+    assert verdict_study._truth_ceiling(means, np.full(10, np.nan)) is None
+    assert verdict_study._truth_ceiling(means[:2], np.ones(2)) is None
+    rows = [
+        {"dataset": "a", "truth_ceiling": noisy, "ranking": {"model": {"rank_correlation": 0.4}}},
+        {"dataset": "b", "ranking": {}},
+    ]
+    text = "\n".join(verdict_study._ceiling_lines(rows))
+    assert f"a {noisy['median']:.2f} [" in text and "(model 0.40)" in text
+    assert "b " not in text
+    assert verdict_study._ceiling_lines([{"dataset": "b", "ranking": {}}]) == []
+
+
 def test_each_candidate_acts_with_its_own_algorithm():
     import jax
     import jax.numpy as jnp

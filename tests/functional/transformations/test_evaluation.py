@@ -53,6 +53,7 @@ def test_tail_metrics_average_the_worst_episodes():
         _stats(returns, costs), [37.0, 1.0], random_return=0.0, expert_return=10.0
     )
     assert metrics["return_cvar"] == pytest.approx(0.5)
+    assert metrics["return_std"] == pytest.approx(np.std(returns, ddof=1))
     assert metrics["normalized_return_cvar"] == pytest.approx(0.05)
     assert metrics["episode_cost_cvar"] == {"cost_0": 18.5, "cost_1": 0.0}
     assert metrics["normalized_cost_cvar"] == pytest.approx(0.5)

@@ -171,6 +171,9 @@ def safety_metrics(
     metrics: dict[str, Any] = {
         "episodes": int(returns.size),
         "return": float(returns.mean()),
+        # The spread of the episodes' returns (0 for one episode): the return's standard
+        # error is this over the square root of ``episodes``.
+        "return_std": float(returns.std(ddof=1)) if returns.size > 1 else 0.0,
         "episode_cost": {name: float(c) for name, c in zip(names, costs.mean(axis=0), strict=True)},
         "normalized_cost": float(per_channel.max()),
         "normalized_cost_per_channel": {
