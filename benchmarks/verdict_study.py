@@ -459,13 +459,8 @@ def _plant_model_with_history(
             name, folder, seed=args.data_seed, episodes=args.plant_episodes, history=args.history
         )
         dataset, card = load_plant_log(csv, folder / "schema.yaml")
-        return (
-            csv,
-            dataset,
-            card,
-            _fitted_model(name, card.task(dataset), dataset, card, args),
-            None,
-        )
+        model = _fitted_model(name, card.task(dataset), dataset, card, args)
+        return dataset, card, model, None
     csv = write_plant(name, folder, seed=args.data_seed, episodes=args.plant_episodes)
 
     def load(history: int) -> tuple[Any, Any, Any, Any]:
