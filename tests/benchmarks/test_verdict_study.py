@@ -231,6 +231,48 @@ def test_the_history_option_fixes_the_rows_or_lets_the_check_choose_and_the_page
     assert verdict_study._history_lines([{"dataset": "other"}]) == []
 
 
+def test_a_plant_log_is_imported_with_the_fixed_history_or_the_one_the_check_chose(
+    tmp_path, monkeypatch
+):
+    """The plumbing around the fits (the fits themselves are the slow study's): a fixed
+    history imports the log with it; ``check:`` imports it with the check's choice and
+    reuses that history's model, after checking it was fitted on the same data."""
+    from neorl_industrial.wrappers.models import history_check
+
+    monkeypatch.setattr(
+        verdict_study, "_fitted_model", lambda name, task, data, card, args: ("fitted", data)
+    )
+    args = verdict_study.parse_args(["--plant-episodes", "4", "--history", "3"])
+    dataset, card, model, check = verdict_study._plant_model_with_history(
+        "fired-heater", tmp_path / "fixed", args
+    )
+    assert dataset.frame_stack == 3 and model == ("fitted", dataset) and check is None
+    assert card.task(dataset).observation_names[-1].endswith("@t-2")
+
+    class Fitted:
+        def __init__(self, history):
+            self.history, self.checked = history, None
+
+        def check_same_data(self, data):
+            self.checked = data.frame_stack
+
+    seen = []
+
+    def compare(load, histories, settings, config, **options):
+        seen.extend(load(history)[0].frame_stack for history in histories)
+        assert options["keep_models"] and settings.max_updates == args.model_updates
+        return {"choice": 10, "models": {h: Fitted(h) for h in histories}, "rows": []}
+
+    monkeypatch.setattr(history_check, "compare_histories", compare)
+    args = verdict_study.parse_args(["--plant-episodes", "4", "--history", "check:1,10"])
+    dataset, _, model, check = verdict_study._plant_model_with_history(
+        "fired-heater", tmp_path / "checked", args
+    )
+    assert seen == [1, 10] and dataset.frame_stack == 10
+    assert model.history == 10 and model.checked == 10
+    assert check["choice"] == 10 and "models" not in check
+
+
 def test_the_truth_s_own_noise_bounds_the_rank_correlation_and_the_page_says_how_much():
     means = np.arange(10.0)
     clear = verdict_study._truth_ceiling(means, np.full(10, 0.01))
