@@ -284,9 +284,15 @@ def test_the_truth_s_own_noise_bounds_the_rank_correlation_and_the_page_says_how
     rows = [
         {"dataset": "a", "truth_ceiling": noisy, "ranking": {"model": {"rank_correlation": 0.4}}},
         {"dataset": "b", "ranking": {}},
+        {
+            "dataset": "c",
+            "truth_ceiling": clear | {"first_steps": {"100": 0.5, "300": 0.8}},
+            "ranking": {"model": {"rank_correlation": 0.6}},
+        },
     ]
     text = "\n".join(verdict_study._ceiling_lines(rows))
     assert f"a {noisy['median']:.2f} [" in text and "(model 0.40)" in text
+    assert "c 1.00 [1.00, 1.00] (first 100 steps 0.50, first 300 steps 0.80, model 0.60)" in text
     assert "b " not in text
     assert verdict_study._ceiling_lines([{"dataset": "b", "ranking": {}}]) == []
 
