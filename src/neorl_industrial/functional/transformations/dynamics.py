@@ -27,8 +27,11 @@ from flax import struct
 
 from neorl_industrial.core.models.dynamics import (
     Dynamics,
+    DynamicsConfig,
+    DynamicsLayout,
     DynamicsParams,
     ModelBatch,
+    make_dynamics,
 )
 from neorl_industrial.core.optimizers import apply_gradients, make_optimizer
 from neorl_industrial.functional.state_management.dataset import Dataset
@@ -188,26 +191,38 @@ def window_batch(
 def init_ensemble(dynamics: Dynamics, seeds: Sequence[int]) -> EnsembleTrainState:
     """Fresh networks of every seed's members (``[S, M]``), their optimizer states and
     keys; best scores start at infinity."""
-    members = dynamics.config.n_members
+    build = _init_program(dynamics.config, dynamics.layout, len(seeds))
+    return build(jnp.asarray(np.asarray([int(seed) for seed in seeds], np.uint32)))
+
+
+@functools.lru_cache(maxsize=16)
+def _init_program(
+    config: DynamicsConfig, layout: DynamicsLayout, n_seeds: int
+) -> Callable[[jax.Array], EnsembleTrainState]:
+    """:func:`init_ensemble` as one compiled program (not one eager operation per layer
+    and leaf), shared by every fit of the same model shape in the process (a history
+    check's, a sweep's)."""
+    dynamics = make_dynamics(config, layout)
+    members = config.n_members
     optimizer = _optimizer(dynamics)
 
-    @jax.jit  # one program, not one eager operation per layer and leaf
+    @jax.jit
     def build(seed_values: jax.Array) -> EnsembleTrainState:
         keys = jax.vmap(lambda seed: jax.random.split(jax.random.PRNGKey(seed), members * 2))(
             seed_values
-        ).reshape(len(seeds), members, 2, -1)
+        ).reshape(n_seeds, members, 2, -1)
         init_keys, run_keys = keys[:, :, 0], keys[:, :, 1]
         networks = jax.vmap(jax.vmap(dynamics.init))(init_keys)
         return EnsembleTrainState(
             networks=networks,
             opt_state=jax.vmap(jax.vmap(optimizer.init))(networks),
             best_networks=networks,
-            best_score=jnp.full((len(seeds), members), jnp.inf, jnp.float32),
+            best_score=jnp.full((n_seeds, members), jnp.inf, jnp.float32),
             key=run_keys,
             updates=jnp.zeros((), jnp.int32),
         )
 
-    return build(jnp.asarray(np.asarray([int(seed) for seed in seeds], np.uint32)))
+    return build
 
 
 def bootstrap_indices(episode_id: np.ndarray, n_seeds: int, n_members: int, seed: int) -> jax.Array:
