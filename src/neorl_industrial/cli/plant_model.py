@@ -241,7 +241,7 @@ def command_history(args: argparse.Namespace) -> int:
     from neorl_industrial.wrappers.models.history_check import compare_histories
 
     console = make_console()
-    if args.schema is None or not is_table(args.data):
+    if not is_table(args.data):  # --schema is required by the parser
         raise DatasetFormatError(
             "model history: expects a plant log (.csv or .parquet) and its --schema: the "
             "history is the schema's setting; other data has its history fixed",
